@@ -1,0 +1,35 @@
+"""stampede: one load per cache miss, across threads, processes and machines."""
+
+from ._codec import JsonSerializer, Serializer
+from ._config import Settings
+from ._errors import (
+    BackendUnavailable,
+    ConfigError,
+    InvalidKey,
+    SerializationError,
+    StampedeError,
+    WaitTimeout,
+)
+from ._layer import Stampede, cached_loader, default_layer
+from ._loader import CachedLoader
+
+__version__ = "0.1.0"
+
+__all__ = [
+    # the layer and its decorator
+    "Stampede",
+    "CachedLoader",
+    "cached_loader",
+    "default_layer",
+    "Settings",
+    # values
+    "Serializer",
+    "JsonSerializer",
+    # errors
+    "StampedeError",
+    "ConfigError",
+    "InvalidKey",
+    "SerializationError",
+    "WaitTimeout",
+    "BackendUnavailable",
+]

@@ -1,0 +1,108 @@
+"""The value envelope: what a cache entry holds, and how raw bytes are classified.
+
+Layout (version 1), a fixed header then the serializer's payload::
+
+    0   2  magic b"\\xa7S"
+    2   1  envelope version (1)
+    3   1  kind: 1 value, 2 null sentinel
+    4   8  loaded_at: when the load started, seconds since the epoch (big-endian double)
+    12  4  load_duration: seconds the loader took (big-endian float)
+    16  -  payload: serializer.dumps(value); empty for the null sentinel
+
+loaded_at and load_duration are what stale-while-revalidate and probabilistic early
+refresh need. Bytes that do not parse (another program's value, an old version, a
+payload the serializer rejects) classify as CORRUPT, which callers treat as a miss.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+
+from ._errors import SerializationError
+
+_HEADER = struct.Struct(">2sBBdf")
+_MAGIC = b"\xa7S"
+_VERSION = 1
+_VALUE, _NULL = 1, 2
+
+
+class Serializer(Protocol):
+    """A dumps/loads pair; the default is orjson. Never pickle data others can write to."""
+
+    def dumps(self, value: Any) -> bytes: ...
+
+    def loads(self, data: bytes) -> Any: ...
+
+
+class JsonSerializer:
+    """orjson: JSON types, plus dataclasses, datetimes and UUIDs (which read back as str)."""
+
+    def dumps(self, value: Any) -> bytes:
+        return orjson.dumps(value)
+
+    def loads(self, data: bytes) -> Any:
+        return orjson.loads(data)
+
+
+class Kind(enum.Enum):
+    VALUE = "value"
+    NULL = "null"
+    CORRUPT = "corrupt"
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    kind: Kind
+    value: Any = None
+    loaded_at: float = 0.0
+    load_duration: float = 0.0
+    problem: str = ""
+
+
+class Codec:
+    """Encodes loaded values into envelopes and classifies what a key holds."""
+
+    def __init__(self, serializer: Serializer | None = None) -> None:
+        self.serializer: Serializer = serializer if serializer is not None else JsonSerializer()
+
+    def encode(self, value: Any, loaded_at: float, load_duration: float, *, key: str) -> bytes:
+        """The envelope for ``value``; None becomes the null sentinel."""
+        if value is None:
+            return _HEADER.pack(_MAGIC, _VERSION, _NULL, loaded_at, load_duration)
+        try:
+            payload = self.serializer.dumps(value)
+        except Exception as error:
+            raise SerializationError(
+                f"cannot cache the value loaded for {key!r}: {type(value).__qualname__} "
+                f"is not serializable ({error}); nothing was written",
+                key=key,
+            ) from error
+        if not isinstance(payload, bytes):
+            raise SerializationError(
+                f"serializer.dumps returned {type(payload).__qualname__}, not bytes, for {key!r}",
+                key=key,
+            )
+        return _HEADER.pack(_MAGIC, _VERSION, _VALUE, loaded_at, load_duration) + payload
+
+    def decode(self, raw: bytes) -> Decoded:
+        """Classify ``raw`` as a value, the null sentinel or corrupt; never raises."""
+        try:
+            magic, version, kind, loaded_at, duration = _HEADER.unpack_from(raw)
+        except struct.error:
+            return Decoded(Kind.CORRUPT, problem=f"{len(raw)} bytes, shorter than an envelope")
+        if magic != _MAGIC or version != _VERSION:
+            return Decoded(Kind.CORRUPT, problem="not a stampede envelope of a known version")
+        if kind == _NULL and len(raw) == _HEADER.size:
+            return Decoded(Kind.NULL, None, loaded_at, duration)
+        if kind != _VALUE:
+            return Decoded(Kind.CORRUPT, problem=f"unknown envelope kind {kind}")
+        try:
+            value = self.serializer.loads(raw[_HEADER.size :])
+        except Exception as error:
+            return Decoded(Kind.CORRUPT, problem=f"payload does not deserialize ({error})")
+        return Decoded(Kind.VALUE, value, loaded_at, duration)

@@ -1,0 +1,82 @@
+"""Settings of a layer or of one loader: a frozen dataclass checked when it is built."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ._errors import ConfigError
+
+Policy = Literal["load", "raise"]
+
+_NAMESPACE = re.compile(r"[A-Za-z0-9_.\-]+(:[A-Za-z0-9_.\-]+)*")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How long values live and how long callers wait; every duration is in seconds."""
+
+    ttl: float = 300.0
+    """Lifetime of a loaded value, before jitter."""
+    null_ttl: float = 30.0
+    """Lifetime of the null sentinel written when the loader returns None."""
+    lock_ttl: float = 10.0
+    """Lease of the distributed lock; the watchdog renews it every lock_ttl/3 while the loader runs."""
+    wait_timeout: float = 30.0
+    """The longest a caller waits for another caller's load before ``on_wait_timeout`` applies."""
+    jitter: float = 0.1
+    """Each TTL is scaled by a random factor in [1 - jitter, 1 + jitter] so entries loaded together expire apart."""
+    on_wait_timeout: Policy = "load"
+    """After wait_timeout: "load" calls the loader (value returned, not cached); "raise" raises WaitTimeout."""
+    on_redis_error: Policy = "load"
+    """When Redis fails: "load" calls the loader (fail open, value not cached); "raise" raises BackendUnavailable."""
+    recheck_interval: float = 1.0
+    """A waiter re-checks at least this often even without a notification, which bounds a lost message."""
+    max_key_length: int = 200
+    """Longer keys keep a readable prefix and end in a hash of the whole key."""
+    inline_value_limit: int = 65536
+    """Values up to this many encoded bytes travel inside the wake-up message; larger ones are read back."""
+
+    def __post_init__(self) -> None:
+        for name in ("ttl", "null_ttl", "lock_ttl", "wait_timeout", "recheck_interval"):
+            _positive(name, getattr(self, name))
+        if self.lock_ttl < 0.05:
+            raise ConfigError(f"lock_ttl must be at least 0.05 s, got {self.lock_ttl!r}")
+        if not _is_number(self.jitter) or not 0 <= self.jitter <= 0.5:
+            raise ConfigError(f"jitter must be a number from 0 to 0.5, got {self.jitter!r}")
+        for name in ("on_wait_timeout", "on_redis_error"):
+            if getattr(self, name) not in ("load", "raise"):
+                raise ConfigError(f'{name} must be "load" or "raise", got {getattr(self, name)!r}')
+        for name, low in (("max_key_length", 64), ("inline_value_limit", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with ``changes`` applied (None values ignored), validated like a new one."""
+        changes = {name: value for name, value in changes.items() if value is not None}
+        unknown = set(changes) - {field.name for field in dataclasses.fields(self)}
+        if unknown:
+            raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+        return dataclasses.replace(self, **changes) if changes else self
+
+
+def check_namespace(namespace: str) -> str:
+    """Return ``namespace`` if it can prefix keys safely: no braces, spaces or empty parts."""
+    if not isinstance(namespace, str) or not _NAMESPACE.fullmatch(namespace):
+        raise ConfigError(
+            f"namespace must be letters, digits, '_', '.', '-' in ':'-separated parts, got {namespace!r}"
+        )
+    return namespace
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _positive(name: str, value: object) -> None:
+    if not _is_number(value) or value <= 0:  # type: ignore[operator]
+        raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")

@@ -1,0 +1,40 @@
+"""The errors stampede raises: one base class, each error naming the cache key it concerns.
+
+Each subclass also derives from the built-in exception a caller would already catch
+(TimeoutError, ValueError, ConnectionError), so code written against the standard
+taxonomy keeps working.
+"""
+
+from __future__ import annotations
+
+
+class StampedeError(Exception):
+    """Base of every error stampede raises; ``key`` is the cache key concerned, if any."""
+
+    def __init__(self, message: str, *, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class ConfigError(StampedeError, ValueError):
+    """A setting, template or namespace is invalid; raised when it is given, not at call time."""
+
+
+class InvalidKey(StampedeError, ValueError):
+    """A cache key cannot be built from the arguments of a call."""
+
+
+class SerializationError(StampedeError, ValueError):
+    """A loaded value cannot be encoded; nothing was written and the lock was released."""
+
+
+class WaitTimeout(StampedeError, TimeoutError):
+    """A caller waited ``wait_timeout`` for another caller's load and policy is "raise"."""
+
+
+class BackendUnavailable(StampedeError, ConnectionError):
+    """Redis did not answer, or answered with an error, and policy is "raise".
+
+    Also raised by ``invalidate()`` whatever the policy: an invalidation that silently
+    failed would leave stale data behind.
+    """

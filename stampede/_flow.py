@@ -1,0 +1,286 @@
+"""The miss path of one cache entry, written once, as a generator of effects (sans-IO).
+
+Rules of the flow:
+
+* It performs no I/O. It yields an effect (``Acquire``, ``Subscribe``, ``AwaitNotice``,
+  ``Load``, ``WriteRelease``, ``Release``) and a driver, blocking or asyncio, performs it
+  and sends the reply back in. A failure of the store comes back in as
+  ``BackendUnavailable``; an exception of the loader comes back in as itself. Drivers
+  deliver every exception with ``throw`` and never ``close()`` a flow that holds the lock.
+* The hit path is not here: drivers read the key themselves, so a hit is one round trip.
+  The flow starts after a miss, in the one caller per process that leads for the key.
+* Only the holder of the lock loads and writes, and the write succeeds only if the lease
+  is still the holder's (checked inside the write script). An invalidation deletes the
+  lease, so a load that was in flight when it ran is returned to its callers but never
+  written over it; so is a load whose lease expired or was taken over.
+* A waiter subscribes to the entry's channel *before* it re-checks, so a write between
+  the re-check and the wait still wakes it. Any wake-up, spurious or not, leads to
+  another ``Acquire``, which re-checks the value and takes over a dead holder's lock;
+  the wait between two checks never exceeds the holder's remaining lease nor
+  ``recheck_interval``, which bounds a lost message.
+
+A timeline of a takeover::
+
+    t=0     A: Acquire -> locked, Load starts (watchdog renews every lock_ttl/3)
+    t=0.01  B: Acquire -> held (lease 10 s left); Subscribe; Acquire -> held; AwaitNotice
+    t=3     A is killed: no more renewals, nothing written, no message
+    t=10    the lease expires; B's wait (bounded by the lease) ends with no notice
+    t=10    B: Acquire -> locked (a takeover); B loads and writes; A's lease is gone
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, Generator, Union
+
+from ._codec import Codec, Kind
+from ._config import Settings
+from ._errors import BackendUnavailable, SerializationError, WaitTimeout
+from ._keys import EntryKeys
+from ._observe import RateLimitedLog, Stats
+
+log = logging.getLogger("stampede")
+
+# A wait for a lease to run out ends this long after it should have, so the re-check
+# finds it expired rather than racing the server's clock.
+LEASE_MARGIN = 0.005
+
+
+# --- effects: what the flow asks a driver to do ------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Acquire:
+    """Re-check the value and take the lock. Reply: ``AcquireReply``."""
+
+    check_value: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribe:
+    """Start listening on the entry's channel. Reply: None."""
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitNotice:
+    """Wait for a message on the channel. Reply: None if ``timeout`` passed in silence,
+    ``b""`` if the state changed (released, invalidated), else the written envelope."""
+
+    timeout: float
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """Call the loader. Reply: its return value. ``leased``: the driver keeps the lock's
+    lease renewed while it runs."""
+
+    leased: bool
+
+
+@dataclass(frozen=True, slots=True)
+class WriteRelease:
+    """Write the envelope, release the lock, wake the waiters. Reply: True if written,
+    False if the lease had been lost and nothing was written."""
+
+    envelope: bytes
+    ttl: float
+    inline: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Release the lock without writing and wake the waiters. Reply: None."""
+
+
+Effect = Union[Acquire, Subscribe, AwaitNotice, Load, WriteRelease, Release]
+Flow = Generator[Effect, Any, Any]
+
+
+class LockState(enum.Enum):
+    VALUE = "value"  # the value is there; no lock taken
+    LOCKED = "locked"  # the lock is ours
+    HELD = "held"  # another holder has it
+
+
+@dataclass(frozen=True, slots=True)
+class AcquireReply:
+    state: LockState
+    raw: bytes | None = None
+    lease_left: float = 0.0  # seconds, for HELD
+
+
+# --- the context of one miss ---------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Context:
+    """What one run of the flow works with. Clocks and randomness are injected so the
+    flow's decisions can be tested without a server and without sleeping."""
+
+    keys: EntryKeys
+    settings: Settings
+    codec: Codec
+    stats: Stats
+    warn: RateLimitedLog
+    clock: Callable[[], float]  # monotonic seconds: deadlines, load duration
+    wall_clock: Callable[[], float]  # epoch seconds: loaded_at in the envelope
+    uniform: Callable[[float, float], float]  # TTL jitter
+
+
+# --- the flow --------------------------------------------------------------------------
+
+
+def fill(ctx: Context, *, backend_ok: bool = True) -> Flow:
+    """Get the entry's value after a miss: wait for another holder, or lock, load and write.
+
+    ``backend_ok=False`` when the read that missed already failed: the store is not
+    asked again, so a stalled server costs one socket timeout, not one per step.
+    """
+    if not backend_ok:
+        return (yield from _backend_failed(ctx, None))
+    settings, key = ctx.settings, ctx.keys.value
+    deadline = ctx.clock() + settings.wait_timeout
+    check_value = True
+    subscribed = False
+    silent_wait = False  # the last wait ended with no message: a dead holder is possible
+    while True:
+        try:
+            reply: AcquireReply = yield Acquire(check_value)
+        except BackendUnavailable as error:
+            return (yield from _backend_failed(ctx, error))
+
+        if reply.state is LockState.VALUE:
+            assert reply.raw is not None
+            decoded = ctx.codec.decode(reply.raw)
+            if decoded.kind is not Kind.CORRUPT:
+                log.debug("%s: value found on re-check", key)
+                return decoded.value
+            _corrupt(ctx, decoded.problem)
+            check_value = False
+            continue
+
+        if reply.state is LockState.LOCKED:
+            if silent_wait:
+                ctx.stats.incr("takeovers")
+                log.info("%s: the holder's lease ran out with nothing written; taking over", key)
+            return (yield from _load_and_write(ctx))
+
+        # Another holder is loading.
+        if not subscribed:
+            ctx.stats.incr("lock_waits")
+            log.debug("%s: lock held elsewhere (%.3f s left); subscribing", key, reply.lease_left)
+            try:
+                yield Subscribe()
+            except BackendUnavailable as error:
+                return (yield from _backend_failed(ctx, error))
+            subscribed = True
+            continue  # re-check now that no wake-up can be missed
+        remaining = deadline - ctx.clock()
+        if remaining <= 0:
+            return (yield from after_wait_timeout(ctx))
+        lease_left = reply.lease_left if reply.lease_left > 0 else settings.lock_ttl
+        timeout = min(remaining, lease_left + LEASE_MARGIN, settings.recheck_interval)
+        try:
+            notice = yield AwaitNotice(timeout)
+        except BackendUnavailable as error:
+            return (yield from _backend_failed(ctx, error))
+        silent_wait = notice is None
+        if notice:
+            decoded = ctx.codec.decode(notice)
+            if decoded.kind is not Kind.CORRUPT:
+                log.debug("%s: woken with the value", key)
+                return decoded.value
+        log.debug("%s: %s; re-checking", key, "no message" if notice is None else "state changed")
+
+
+def after_wait_timeout(ctx: Context) -> Flow:
+    """A caller waited ``wait_timeout`` for another load: load uncached, or raise."""
+    ctx.stats.incr("wait_timeouts")
+    key = ctx.keys.value
+    if ctx.settings.on_wait_timeout == "raise":
+        raise WaitTimeout(
+            f"gave up waiting {ctx.settings.wait_timeout} s for another caller to load {key!r}",
+            key=key,
+        )
+    log.warning("%s: waited %s s for another load; loading without caching", key, ctx.settings.wait_timeout)
+    ctx.stats.incr("loads")
+    return (yield Load(leased=False))
+
+
+def _load_and_write(ctx: Context) -> Flow:
+    key = ctx.keys.value
+    loaded_at, started = ctx.wall_clock(), ctx.clock()
+    ctx.stats.incr("loads")
+    log.debug("%s: lock taken; loading", key)
+    try:
+        value = yield Load(leased=True)
+    except BaseException as error:
+        if isinstance(error, Exception):
+            ctx.stats.incr("loader_errors")
+        log.debug("%s: the loader raised %s; releasing the lock", key, type(error).__name__)
+        yield from _release(ctx)
+        raise
+    try:
+        envelope = ctx.codec.encode(value, loaded_at, ctx.clock() - started, key=key)
+    except SerializationError:
+        yield from _release(ctx)
+        raise
+    ttl = _jittered(ctx, ctx.settings.null_ttl if value is None else ctx.settings.ttl)
+    inline = len(envelope) <= ctx.settings.inline_value_limit
+    try:
+        written = yield WriteRelease(envelope, ttl, inline)
+    except BackendUnavailable as error:
+        _count_backend_error(ctx, error)
+        return value  # the value is good; only caching it failed
+    if not written:
+        ctx.stats.incr("stale_writes_prevented")
+        log.info("%s: lease lost during the load (invalidated or expired); result not written", key)
+    else:
+        log.debug("%s: written (ttl %.3f s) and released", key, ttl)
+    return value
+
+
+def _release(ctx: Context) -> Flow:
+    try:
+        yield Release()
+    except BackendUnavailable:
+        pass  # the lease runs out by itself
+
+
+def _backend_failed(ctx: Context, error: BackendUnavailable | None) -> Flow:
+    if error is not None:
+        _count_backend_error(ctx, error)
+    key = ctx.keys.value
+    if ctx.settings.on_redis_error == "raise":
+        if error is not None:
+            raise error
+        raise BackendUnavailable(f"the cache backend is unavailable for {key!r}", key=key)
+    ctx.stats.incr("loads")
+    return (yield Load(leased=False))
+
+
+def _count_backend_error(ctx: Context, error: BaseException) -> None:
+    note_backend_error(ctx.stats, ctx.warn, error)
+
+
+def _corrupt(ctx: Context, problem: str) -> None:
+    note_corrupt(ctx.stats, ctx.warn, ctx.keys.value, problem)
+
+
+def note_backend_error(stats: Stats, warn: RateLimitedLog, error: BaseException) -> None:
+    """Count a failed store command and warn, at most every few seconds."""
+    stats.incr("redis_errors")
+    warn.warning("stampede: cache backend failed (%s); serving without the cache", error)
+
+
+def note_corrupt(stats: Stats, warn: RateLimitedLog, key: str, problem: str) -> None:
+    """Count an unreadable value and warn; the caller treats it as a miss."""
+    stats.incr("corrupt_values")
+    warn.warning("stampede: unreadable value at %r (%s); treating it as a miss", key, problem)
+
+
+def _jittered(ctx: Context, ttl: float) -> float:
+    jitter = ctx.settings.jitter
+    return ttl * ctx.uniform(1.0 - jitter, 1.0 + jitter) if jitter else ttl

@@ -1,0 +1,143 @@
+"""Cache keys: from a template and a call's arguments to keys no other arguments can produce.
+
+The keys of one entry share a Redis Cluster hash tag (the part between braces), so every
+script touches one slot::
+
+    <namespace>:{<entry>}          the value
+    <namespace>:{<entry>}:lock     the distributed lock
+    <namespace>:{<entry>}:notify   the channel waiters listen on
+
+``<entry>`` is the template with each field replaced by its argument. A str argument is
+percent-escaped (``%`` ``:`` ``{`` ``}`` ``#`` ``~`` and whitespace/control characters),
+so under ``"u:{a}:{b}"`` the calls ("x:y", "z") and ("x", "y:z") give ``u:x%3Ay:z`` and
+``u:x:y%3Az``. An int is written in decimal: ``1`` and ``"1"`` are deliberately one entry,
+the way a URL route treats them. Any other value is ``~`` plus its escaped canonical JSON,
+which no str or int renders as. Without a template the entry is ``module.qualname`` and
+every parameter in signature order. An entry longer than ``max_key_length`` keeps a
+readable prefix and ends in ``#`` plus a SHA-256 of the whole; ``#`` never occurs otherwise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import re
+import string
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import orjson
+
+from ._errors import ConfigError, InvalidKey
+
+_ESCAPED = re.compile(r"[%:{}#~\x00-\x20\x7f]")
+_FORBIDDEN_IN_TEMPLATE = re.compile(r"[{}#~\x00-\x20\x7f]")
+_HASH_CHARS = 40
+
+
+@dataclass(frozen=True, slots=True)
+class EntryKeys:
+    """The Redis keys (and channel) of one cache entry; all in one hash slot."""
+
+    value: str
+    lock: str
+    channel: str
+
+    @classmethod
+    def of(cls, namespace: str, entry: str) -> EntryKeys:
+        base = f"{namespace}:{{{entry}}}"
+        return cls(base, base + ":lock", base + ":notify")
+
+
+def escape(text: str) -> str:
+    """Percent-escape the characters that could forge a separator or a hash tag."""
+    if _ESCAPED.search(text) is None:
+        return text
+    return _ESCAPED.sub(lambda match: "%{:02X}".format(ord(match.group())), text)
+
+
+def render(value: Any, *, name: str = "argument") -> str:
+    """The key text of one argument value (see the module docstring for the rules)."""
+    kind = type(value)
+    if kind is str:
+        return escape(value)
+    if kind is int:
+        return str(value)
+    try:
+        encoded = orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+    except TypeError:
+        raise InvalidKey(
+            f"{name} of type {kind.__qualname__} cannot be part of a cache key: pass a str, an int "
+            "or a JSON-encodable value, or give the loader a template without this parameter"
+        ) from None
+    return "~" + escape(encoded.decode())
+
+
+class KeyBuilder:
+    """Builds the keys of a loader's entries from the arguments of each call."""
+
+    def __init__(
+        self, func: Callable[..., Any], template: str | None, namespace: str, max_key_length: int
+    ) -> None:
+        self._signature = inspect.signature(func)
+        params = self._signature.parameters
+        self._names = list(params)
+        # Plain positional calls bind by zip, which is what keeps the hit path cheap.
+        self._zip_ok = all(
+            p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params.values()
+        )
+        self._namespace = namespace
+        self._max_length = max_key_length
+        if template is None:
+            prefix = f"{func.__module__}.{func.__qualname__}"
+            self._parts: list[tuple[str, str | None]] = [(prefix, None)] + [
+                (":", name) for name in self._names
+            ]
+        else:
+            self._parts = _parse_template(template, set(self._names))
+
+    def keys(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> EntryKeys:
+        """The keys of the entry that ``func(*args, **kwargs)`` loads."""
+        if not kwargs and self._zip_ok and len(args) == len(self._names):
+            bound = dict(zip(self._names, args))
+        else:
+            call = self._signature.bind(*args, **kwargs)  # TypeError, as calling func would
+            call.apply_defaults()
+            bound = call.arguments
+        pieces = []
+        for literal, field in self._parts:
+            pieces.append(literal)
+            if field is not None:
+                pieces.append(render(bound[field], name=f"argument {field!r}"))
+        return EntryKeys.of(self._namespace, self._shorten("".join(pieces)))
+
+    def _shorten(self, entry: str) -> str:
+        if len(entry) <= self._max_length:
+            return entry
+        digest = hashlib.sha256(entry.encode()).hexdigest()[:_HASH_CHARS]
+        return entry[: self._max_length - _HASH_CHARS - 1] + "#" + digest
+
+
+def _parse_template(template: str, names: set[str]) -> list[tuple[str, str | None]]:
+    if not isinstance(template, str) or not template:
+        raise ConfigError(f"a key template must be a non-empty str, got {template!r}")
+    parts: list[tuple[str, str | None]] = []
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as error:
+        raise ConfigError(f"key template {template!r} is malformed: {error}") from None
+    for literal, field, spec, conversion in parsed:
+        if _FORBIDDEN_IN_TEMPLATE.search(literal):
+            raise ConfigError(
+                f"key template {template!r}: literal text may not contain braces, '#', '~' or whitespace"
+            )
+        if field is not None:
+            if field not in names:
+                raise ConfigError(
+                    f"key template {template!r} names {{{field}}}, which is not a parameter "
+                    f"of the loader (parameters: {', '.join(sorted(names)) or 'none'})"
+                )
+            if spec or conversion:
+                raise ConfigError(f"key template {template!r}: fields take no format spec or conversion")
+        parts.append((literal, field))
+    return parts

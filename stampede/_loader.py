@@ -1,0 +1,61 @@
+"""``CachedLoader``: what ``@cached_loader`` turns a function into."""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Callable, Generic, ParamSpec, TypeVar
+
+from ._codec import Codec
+from ._config import Settings
+from ._keys import KeyBuilder
+
+if TYPE_CHECKING:
+    from ._sync import SyncRunner
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class CachedLoader(Generic[P, R]):
+    """A loader whose calls read the cache first and collapse concurrent misses into one load.
+
+    Call it as the function it wraps. ``invalidate(...)`` takes the same arguments and
+    drops that entry; a load already in flight for it is not written afterwards.
+    """
+
+    def __init__(
+        self,
+        func: Callable[P, R],
+        runner: SyncRunner,
+        keys: KeyBuilder,
+        settings: Settings,
+        codec: Codec,
+    ) -> None:
+        functools.update_wrapper(self, func)
+        self.__wrapped__ = func
+        self._func = func
+        self._runner = runner
+        self._keys = keys
+        self.settings = settings
+        self._codec = codec
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        keys = self._keys.keys(args, kwargs)
+        load = functools.partial(self._func, *args, **kwargs)
+        return self._runner.call(keys, self.settings, self._codec, load)  # type: ignore[no-any-return]
+
+    def invalidate(self, *args: P.args, **kwargs: P.kwargs) -> None:
+        """Drop the entry of these arguments, and keep any load in flight from writing it.
+
+        Raises BackendUnavailable if Redis cannot be reached, whatever ``on_redis_error``
+        says: an invalidation must not fail silently.
+        """
+        self._runner.invalidate(self._keys.keys(args, kwargs))
+
+    def key(self, *args: P.args, **kwargs: P.kwargs) -> str:
+        """The Redis key of the value these arguments load (for inspection and tooling)."""
+        return self._keys.keys(args, kwargs).value
+
+    def __repr__(self) -> str:
+        return f"<CachedLoader {self._func.__module__}.{self._func.__qualname__}>"
+

@@ -1,0 +1,114 @@
+"""The embedded backend: the store in this process's memory, for zero-setup use.
+
+Values live in a cachetools TLRUCache whose per-item expiry is the envelope's TTL, so
+the value and the null sentinel keep their own lifetimes and the cache stays bounded.
+Leases and wake-ups behave as in Redis, so the one flow serves both backends: an
+invalidation still wins over a load in flight.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from cachetools import TLRUCache
+
+from ._flow import AcquireReply, LockState
+from ._keys import EntryKeys
+from ._notify import Subscription
+
+
+class MemoryStore:
+    """A Store in memory; thread-safe; shared by every loader of one layer."""
+
+    def __init__(self, max_entries: int = 10_000, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        # item = (envelope, expires_at); TLRUCache drops it at expires_at
+        self._values: TLRUCache[str, tuple[bytes, float]] = TLRUCache(
+            maxsize=max_entries, ttu=lambda _key, item, _now: item[1], timer=clock
+        )
+        self._leases: dict[str, tuple[str, float]] = {}  # lock key -> (token, expires_at)
+        self._subscriptions: dict[str, set[Subscription]] = {}
+
+    def get(self, key: str) -> bytes | None:
+        with self._lock:
+            item = self._values.get(key)
+        return None if item is None else item[0]
+
+    def acquire(self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool) -> AcquireReply:
+        now = self._clock()
+        with self._lock:
+            item = self._values.get(keys.value) if check_value else None
+            if item is not None:
+                return AcquireReply(LockState.VALUE, item[0])
+            holder = self._live_lease(keys, now)
+            if holder is not None:
+                return AcquireReply(LockState.HELD, lease_left=holder[1] - now)
+            self._leases[keys.lock] = (token, now + lease_ms / 1000)
+            return AcquireReply(LockState.LOCKED)
+
+    def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
+        now = self._clock()
+        with self._lock:
+            if not self._holds(keys, token, now):
+                return False
+            self._leases[keys.lock] = (token, now + lease_ms / 1000)
+            return True
+
+    def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> bool:
+        now = self._clock()
+        with self._lock:
+            if not self._holds(keys, token, now):
+                return False
+            self._values[keys.value] = (envelope, now + ttl_ms / 1000)
+            del self._leases[keys.lock]
+            self._publish(keys, envelope if inline else b"")
+            return True
+
+    def release(self, keys: EntryKeys, token: str) -> None:
+        with self._lock:
+            if self._holds(keys, token, self._clock()):
+                del self._leases[keys.lock]
+                self._publish(keys, b"")
+
+    def invalidate(self, keys: EntryKeys) -> None:
+        with self._lock:
+            self._values.pop(keys.value, None)
+            self._leases.pop(keys.lock, None)
+            self._publish(keys, b"")
+
+    def subscribe(self, keys: EntryKeys) -> Subscription:
+        subscription = Subscription(keys.channel, self._unsubscribe)
+        with self._lock:
+            self._subscriptions.setdefault(keys.channel, set()).add(subscription)
+        return subscription
+
+    def close(self) -> None:
+        with self._lock:
+            self._values.clear()
+            self._leases.clear()
+
+    def _unsubscribe(self, subscription: Subscription) -> None:
+        with self._lock:
+            members = self._subscriptions.get(subscription.channel)
+            if members is not None:
+                members.discard(subscription)
+                if not members:
+                    del self._subscriptions[subscription.channel]
+
+    def _live_lease(self, keys: EntryKeys, now: float) -> tuple[str, float] | None:
+        lease = self._leases.get(keys.lock)
+        if lease is not None and lease[1] <= now:
+            del self._leases[keys.lock]
+            return None
+        return lease
+
+    def _holds(self, keys: EntryKeys, token: str, now: float) -> bool:
+        lease = self._live_lease(keys, now)
+        return lease is not None and lease[0] == token
+
+    def _publish(self, keys: EntryKeys, message: bytes) -> None:
+        for subscription in self._subscriptions.get(keys.channel, ()):
+            subscription.deliver(message)

@@ -1,0 +1,66 @@
+"""Counters of what a layer did, and a warning that does not flood the log."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+COUNTERS = (
+    "hits",  # a value was read from the cache
+    "null_hits",  # the null sentinel was read: the loader had returned None
+    "misses",  # nothing usable at the key on the first read
+    "loads",  # the loader was called
+    "collapsed",  # a caller in this process waited for another caller's load instead of loading
+    "lock_waits",  # a caller found the distributed lock held by another process and waited
+    "takeovers",  # a waiter took the lock after the holder's lease ran out
+    "wait_timeouts",  # a wait exceeded wait_timeout
+    "redis_errors",  # Redis failed to answer a command
+    "loader_errors",  # the loader raised
+    "stale_writes_prevented",  # a load finished after its lease was lost; its value was not written
+    "corrupt_values",  # bytes at a key were not a readable envelope; treated as a miss
+)
+
+
+class Stats:
+    """Thread-safe counters; ``snapshot()`` is what ``Stampede.stats()`` returns."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(COUNTERS, 0)
+
+    def incr(self, name: str) -> None:
+        with self._lock:
+            self._counts[name] += 1
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+
+class RateLimitedLog:
+    """Logs a warning at most once per ``interval`` seconds, counting what it held back."""
+
+    def __init__(
+        self, log: logging.Logger, interval: float = 10.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._log = log
+        self._interval = interval
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._next = 0.0
+        self._held_back = 0
+
+    def warning(self, message: str, *args: object) -> None:
+        now = self._clock()
+        with self._lock:
+            if now < self._next:
+                self._held_back += 1
+                return
+            held_back, self._held_back = self._held_back, 0
+            self._next = now + self._interval
+        if held_back:
+            message += " (%d similar warnings suppressed)"
+            args = (*args, held_back)
+        self._log.warning(message, *args)

@@ -1,0 +1,71 @@
+"""The Lua scripts of the Redis backend, one constant each.
+
+Every script touches only the keys of one entry, which share a hash tag, so each runs in
+one Redis Cluster slot. Channels are not keys and travel in ARGV. A script runs
+atomically, so "check the lock token, then act" has no window between the two steps.
+"""
+
+ACQUIRE = """
+-- Double-check the value and take the lock, in one step.
+-- KEYS[1] value key, KEYS[2] lock key
+-- ARGV[1] token, ARGV[2] lease in ms,
+-- ARGV[3] '1' to return an existing value rather than lock; '0' to lock over it (it was corrupt)
+-- Returns {1, value}: the value exists
+--         {2}: the lock is now held with our token
+--         {3, pttl}: another holder has the lock for pttl more ms (-1: no expiry set)
+if ARGV[3] == '1' then
+  local value = redis.call('GET', KEYS[1])
+  if value then return {1, value} end
+end
+if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {2} end
+return {3, redis.call('PTTL', KEYS[2])}
+"""
+
+WRITE_AND_RELEASE = """
+-- Write the loaded value, release the lock and wake the waiters, if our lease still holds.
+-- KEYS[1] value key, KEYS[2] lock key
+-- ARGV[1] token, ARGV[2] envelope, ARGV[3] ttl in ms, ARGV[4] channel,
+-- ARGV[5] '1' to publish the envelope itself, '0' to publish '' (waiters read the key)
+-- Returns 1: written; 0: the lease was lost (invalidated, expired or taken over), nothing written
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+redis.call('DEL', KEYS[2])
+if ARGV[5] == '1' then
+  redis.call('PUBLISH', ARGV[4], ARGV[2])
+else
+  redis.call('PUBLISH', ARGV[4], '')
+end
+return 1
+"""
+
+RENEW = """
+-- Extend our lease (the watchdog), only if we still hold the lock.
+-- KEYS[1] lock key; ARGV[1] token, ARGV[2] lease in ms
+-- Returns 1: renewed; 0: the lock is gone or someone else's
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+RELEASE = """
+-- Release the lock without writing (the loader raised), and wake the waiters to retry.
+-- KEYS[1] lock key; ARGV[1] token, ARGV[2] channel
+-- Returns 1: released; 0: the lock was not ours any more
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], '')
+  return 1
+end
+return 0
+"""
+
+INVALIDATE = """
+-- Drop the value and any holder's lease, so an in-flight load cannot write its (stale)
+-- result afterwards, and wake the waiters so one of them loads afresh.
+-- KEYS[1] value key, KEYS[2] lock key; ARGV[1] channel
+-- Returns the number of keys deleted
+local deleted = redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('PUBLISH', ARGV[1], '')
+return deleted
+"""

@@ -1,0 +1,44 @@
+"""What the flow needs from a store: the interface every backend implements.
+
+A backend stores envelopes, holds leases (a lock key with a token and an expiry) and
+wakes waiters. Methods raise ``BackendUnavailable`` when the store fails, never a
+client library's own exception. Durations are in milliseconds, as Redis takes them.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ._flow import AcquireReply
+from ._keys import EntryKeys
+from ._notify import Subscription
+
+
+class Store(Protocol):
+    def get(self, key: str) -> bytes | None:
+        """The raw bytes at ``key``, or None."""
+
+    def acquire(self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool) -> AcquireReply:
+        """Return the value if there is one (and ``check_value``), else take the lock or
+        report how long another holder's lease has left."""
+
+    def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
+        """Extend the lease if ``token`` still holds it."""
+
+    def write_release(
+        self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool
+    ) -> bool:
+        """If ``token`` still holds the lease: write, release, wake waiters (with the
+        envelope if ``inline``) and return True; else write nothing and return False."""
+
+    def release(self, keys: EntryKeys, token: str) -> None:
+        """Release the lease if ``token`` holds it, and wake waiters to re-check."""
+
+    def invalidate(self, keys: EntryKeys) -> None:
+        """Delete the value and any lease, and wake waiters to re-check."""
+
+    def subscribe(self, keys: EntryKeys) -> Subscription:
+        """A confirmed mailbox on the entry's channel."""
+
+    def close(self) -> None:
+        """Release connections and threads the store started."""

@@ -1,0 +1,133 @@
+"""The blocking driver: the hit path, the in-process singleflight, and the effects of the
+flow performed with blocking calls (threads, or greenlets under gevent)."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from random import uniform
+from typing import Any, Callable
+
+from ._codec import Codec, Kind
+from ._config import Settings
+from ._errors import BackendUnavailable
+from ._flow import (
+    Acquire,
+    AwaitNotice,
+    Context,
+    Flow,
+    Load,
+    Release,
+    Subscribe,
+    WriteRelease,
+    after_wait_timeout,
+    fill,
+    note_backend_error,
+    note_corrupt,
+)
+from ._keys import EntryKeys
+from ._notify import Subscription
+from ._observe import RateLimitedLog, Stats
+from ._singleflight import FlightTable
+from ._store import Store
+from ._watchdog import Watchdog
+
+
+def milliseconds(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+class SyncRunner:
+    """Runs calls of blocking loaders against one store."""
+
+    def __init__(self, store: Store, stats: Stats, warn: RateLimitedLog, watchdog: Watchdog) -> None:
+        self.store = store
+        self.flights = FlightTable()
+        self._stats = stats
+        self._warn = warn
+        self._watchdog = watchdog
+
+    def call(self, keys: EntryKeys, settings: Settings, codec: Codec, loader: Callable[[], Any]) -> Any:
+        """The value of the entry: from the cache, from another caller's load, or loaded."""
+        stats = self._stats
+        backend_ok = True
+        try:
+            raw = self.store.get(keys.value)
+        except BackendUnavailable as error:
+            note_backend_error(stats, self._warn, error)
+            backend_ok = False
+        else:
+            if raw is not None:
+                decoded = codec.decode(raw)
+                if decoded.kind is Kind.VALUE:
+                    stats.incr("hits")
+                    return decoded.value
+                if decoded.kind is Kind.NULL:
+                    stats.incr("null_hits")
+                    return None
+                note_corrupt(stats, self._warn, keys.value, decoded.problem)
+        stats.incr("misses")
+        ctx = Context(keys, settings, codec, stats, self._warn, time.monotonic, time.time, uniform)
+        flight, leads = self.flights.join(keys.value)
+        if leads:
+            try:
+                value = self._drive(fill(ctx, backend_ok=backend_ok), ctx, loader)
+            except BaseException as error:
+                self.flights.finish(keys.value, flight, error=error)
+                raise
+            self.flights.finish(keys.value, flight, value=value)
+            return value
+        if not flight.done.wait(settings.wait_timeout):
+            return self._drive(after_wait_timeout(ctx), ctx, loader)
+        stats.incr("collapsed")
+        if flight.error is not None:
+            raise flight.error
+        return flight.value
+
+    def invalidate(self, keys: EntryKeys) -> None:
+        try:
+            self.store.invalidate(keys)
+        finally:
+            self.flights.forget(keys.value)
+
+    def _drive(self, flow: Flow, ctx: Context, loader: Callable[[], Any]) -> Any:
+        """Perform the flow's effects until it returns; every exception goes back into it."""
+        keys, store = ctx.keys, self.store
+        token = secrets.token_hex(16)
+        lease_ms = milliseconds(ctx.settings.lock_ttl)
+        subscription: Subscription | None = None
+        reply: Any = None
+        error: BaseException | None = None
+        try:
+            while True:
+                try:
+                    effect = flow.send(reply) if error is None else flow.throw(error)
+                except StopIteration as stop:
+                    return stop.value
+                reply, error = None, None
+                try:
+                    if isinstance(effect, Acquire):
+                        reply = store.acquire(keys, token, lease_ms, effect.check_value)
+                    elif isinstance(effect, AwaitNotice):
+                        assert subscription is not None
+                        reply = subscription.wait(effect.timeout)
+                    elif isinstance(effect, Subscribe):
+                        subscription = store.subscribe(keys)
+                    elif isinstance(effect, Load):
+                        if effect.leased:
+                            with self._watchdog.guard(store, keys, token, lease_ms):
+                                reply = loader()
+                        else:
+                            reply = loader()
+                    elif isinstance(effect, WriteRelease):
+                        ttl_ms = milliseconds(effect.ttl)
+                        reply = store.write_release(keys, token, effect.envelope, ttl_ms, effect.inline)
+                    elif isinstance(effect, Release):
+                        store.release(keys, token)
+                    else:  # pragma: no cover - a new effect without a driver branch
+                        raise TypeError(f"unknown effect {effect!r}")
+                except BaseException as raised:
+                    error = raised
+        finally:
+            if subscription is not None:
+                subscription.close()

@@ -1,0 +1,113 @@
+"""The lease watchdog: one thread per layer renews the lease of every load in progress.
+
+A loader slower than ``lock_ttl`` must not lose its lock to a waiter (that would load a
+second time), and a holder that dies must lose it within ``lock_ttl``. So a lease is
+short and renewed every lock_ttl/3 while its loader runs. A renewal that finds the lock
+gone or someone else's marks the lease lost; the write then fails by itself, because
+the write script checks the token too.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import os
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from ._errors import BackendUnavailable
+from ._keys import EntryKeys
+from ._store import Store
+
+log = logging.getLogger("stampede")
+
+
+@dataclass(eq=False)
+class Lease:
+    store: Store
+    keys: EntryKeys
+    token: str
+    lease_ms: int
+    due: float  # monotonic time of the next renewal
+    lost: bool = False
+    active: bool = field(default=True)
+
+
+class Watchdog:
+    """Renews registered leases every lease/3 from one daemon thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._heap: list[tuple[float, int, Lease]] = []
+        self._order = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+        self._closed = False
+
+    @contextmanager
+    def guard(self, store: Store, keys: EntryKeys, token: str, lease_ms: int) -> Iterator[Lease]:
+        """Keep the lease renewed for the duration of the ``with`` block."""
+        lease = Lease(store, keys, token, lease_ms, time.monotonic() + lease_ms / 3000)
+        with self._lock:
+            self._start_thread()
+            heapq.heappush(self._heap, (lease.due, next(self._order), lease))
+            self._changed.notify()
+        try:
+            yield lease
+        finally:
+            lease.active = False  # dropped from the heap when it comes due
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._changed.notify()
+
+    def _start_thread(self) -> None:
+        if self._pid != os.getpid():  # forked: the parent's thread did not come along
+            self._pid, self._thread, self._heap = os.getpid(), None, []
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="stampede-watchdog", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._closed:
+                    while self._heap and not self._heap[0][2].active:
+                        heapq.heappop(self._heap)
+                    if not self._heap:
+                        self._changed.wait()
+                        continue
+                    delay = self._heap[0][0] - time.monotonic()
+                    if delay <= 0:
+                        break
+                    self._changed.wait(delay)
+                if self._closed:
+                    return
+                _, _, lease = heapq.heappop(self._heap)
+            self._renew(lease)
+            if lease.active and not lease.lost:
+                with self._lock:
+                    heapq.heappush(self._heap, (lease.due, next(self._order), lease))
+
+    @staticmethod
+    def _renew(lease: Lease) -> None:
+        interval = lease.lease_ms / 3000
+        try:
+            renewed = lease.store.renew(lease.keys, lease.token, lease.lease_ms)
+        except BackendUnavailable as error:
+            log.warning("stampede: cannot renew the lease of %r (%s); retrying", lease.keys.value, error)
+            lease.due = time.monotonic() + interval / 2
+            return
+        if not renewed:
+            lease.lost = True
+            log.warning(
+                "stampede: the lease of %r was lost (invalidated or expired); its result will not be written",
+                lease.keys.value,
+            )
+        lease.due = time.monotonic() + interval
