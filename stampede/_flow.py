@@ -132,17 +132,18 @@ class Context:
 # --- the flow --------------------------------------------------------------------------
 
 
-def fill(ctx: Context, *, backend_ok: bool = True) -> Flow:
+def fill(ctx: Context, *, backend_ok: bool = True, corrupt: bool = False) -> Flow:
     """Get the entry's value after a miss: wait for another holder, or lock, load and write.
 
     ``backend_ok=False`` when the read that missed already failed: the store is not
     asked again, so a stalled server costs one socket timeout, not one per step.
+    ``corrupt=True`` when that read found unreadable bytes: the lock is taken over them.
     """
     if not backend_ok:
         return (yield from _backend_failed(ctx, None))
     settings, key = ctx.settings, ctx.keys.value
     deadline = ctx.clock() + settings.wait_timeout
-    check_value = True
+    check_value = not corrupt
     subscribed = False
     silent_wait = False  # the last wait ended with no message: a dead holder is possible
     while True:

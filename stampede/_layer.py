@@ -82,19 +82,26 @@ class Stampede:
         *,
         socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
         socket_connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        max_connections: int = 64,
         namespace: str = "stampede",
         serializer: Serializer | None = None,
         **settings: Any,
     ) -> Stampede:
         """A layer over a client for ``url`` with bounded timeouts and no hidden retries,
-        so no call spends longer than wait_timeout plus one socket timeout on Redis."""
-        client = redis.Redis.from_url(
+        so no call spends longer than wait_timeout plus one socket timeout on Redis.
+        ``max_connections`` bounds the pool; threads beyond it wait for a connection."""
+        no_retries = Retry(NoBackoff(), 0)
+        # A blocking pool: a burst of threads waits (one socket timeout at most) for a
+        # connection instead of failing with "Too many connections".
+        pool = redis.BlockingConnectionPool.from_url(
             url,
+            max_connections=max_connections,
+            timeout=socket_timeout,
             socket_timeout=socket_timeout,
             socket_connect_timeout=socket_connect_timeout,
-            retry=Retry(NoBackoff(), 0),
-            retry_on_timeout=False,
+            retry=no_retries,
         )
+        client = redis.Redis(connection_pool=pool, retry=no_retries)
         layer = cls(client, namespace=namespace, serializer=serializer, **settings)
         layer._owned_client = client
         return layer

@@ -50,7 +50,7 @@ class SyncRunner:
     def call(self, keys: EntryKeys, settings: Settings, codec: Codec, loader: Callable[[], Any]) -> Any:
         """The value of the entry: from the cache, from another caller's load, or loaded."""
         stats = self._stats
-        backend_ok = True
+        backend_ok, corrupt = True, False
         try:
             raw = self.store.get(keys.value)
         except BackendUnavailable as error:
@@ -66,12 +66,13 @@ class SyncRunner:
                     stats.incr("null_hits")
                     return None
                 note_corrupt(stats, self._warn, keys.value, decoded.problem)
+                corrupt = True
         stats.incr("misses")
         ctx = Context(keys, settings, codec, stats, self._warn, time.monotonic, time.time, uniform)
         flight, leads = self.flights.join(keys.value)
         if leads:
             try:
-                value = self._drive(fill(ctx, backend_ok=backend_ok), ctx, loader)
+                value = self._drive(fill(ctx, backend_ok=backend_ok, corrupt=corrupt), ctx, loader)
             except BaseException as error:
                 self.flights.finish(keys.value, flight, error=error)
                 raise

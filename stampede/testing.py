@@ -91,6 +91,7 @@ class RedisServer:
         process, self.process = self.process, None
         if process is None or process.poll() is not None:
             return
+        process.send_signal(signal.SIGCONT)  # a paused server cannot act on SIGTERM
         process.send_signal(signal.SIGTERM)
         try:
             process.wait(5)

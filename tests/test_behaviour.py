@@ -1,0 +1,230 @@
+"""The promises of cached_loader, run over every backend (Redis and embedded)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+import pytest
+
+from stampede import SerializationError, Stampede, WaitTimeout
+
+
+class CountingLoader:
+    """A fake database: counts calls per key; can block until released."""
+
+    def __init__(self, result: Callable[[Any], Any] = lambda key: {"id": key}, delay: float = 0.0) -> None:
+        self.result = result
+        self.delay = delay
+        self.calls: dict[Any, int] = {}
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.release.set()
+        self._lock = threading.Lock()
+
+    def __call__(self, key: Any) -> Any:
+        with self._lock:
+            self.calls[key] = self.calls.get(key, 0) + 1
+        try:  # the database is read when the load starts, as a query would
+            value, error = self.result(key), None
+        except Exception as raised:
+            value, error = None, raised
+        self.started.set()
+        assert self.release.wait(30), "test never released the loader"
+        if self.delay:
+            time.sleep(self.delay)
+        if error is not None:
+            raise error
+        return value
+
+    @property
+    def total(self) -> int:
+        return sum(self.calls.values())
+
+
+def hammer(func: Callable[[Any], Any], args: list[Any]) -> list[Any]:
+    """Call ``func(arg)`` for every arg from its own thread, all released at once."""
+    barrier = threading.Barrier(len(args))
+
+    def one(arg: Any) -> Any:
+        barrier.wait(10)
+        return func(arg)
+
+    with ThreadPoolExecutor(len(args)) as pool:
+        return list(pool.map(one, args))
+
+
+def test_threads_on_one_cold_key_cause_one_load(layer_of_each_backend: Callable[..., Stampede]) -> None:
+    layer = layer_of_each_backend()
+    db = CountingLoader(delay=0.05)
+    load = layer.cached_loader("item:{key}")(db)
+
+    results = hammer(load, [7] * 32)
+
+    assert db.calls == {7: 1}
+    assert results == [{"id": 7}] * 32
+    stats = layer.stats()
+    assert stats["loads"] == 1 and stats["misses"] + stats["hits"] == 32
+
+
+def test_each_of_many_cold_keys_loads_once(layer_of_each_backend: Callable[..., Stampede]) -> None:
+    layer = layer_of_each_backend()
+    db = CountingLoader(delay=0.01)
+    load = layer.cached_loader("item:{key}")(db)
+
+    results = hammer(load, [k % 200 for k in range(400)])
+
+    assert db.calls == {k: 1 for k in range(200)}
+    assert results == [{"id": k % 200} for k in range(400)]
+
+
+def test_none_is_cached_as_the_null_sentinel_until_null_ttl(layer_of_each_backend: Callable[..., Stampede]) -> None:
+    layer = layer_of_each_backend(null_ttl=0.5, jitter=0)
+    db = CountingLoader(result=lambda key: None)
+    load = layer.cached_loader("missing:{key}")(db)
+
+    start = time.monotonic()
+    assert load(1) is None
+    for _ in range(20):
+        assert load(1) is None
+    assert db.calls == {1: 1}
+    assert layer.stats()["null_hits"] == 20
+    while db.calls[1] == 1:  # the sentinel expires: the next call loads again
+        assert time.monotonic() - start < 5, "null sentinel never expired"
+        load(1)
+    assert time.monotonic() - start >= 0.5
+
+
+def test_loader_error_reaches_every_waiter_and_nothing_is_cached(
+    layer_of_each_backend: Callable[..., Stampede],
+) -> None:
+    layer = layer_of_each_backend()
+    failing = [True]
+
+    def result(key: Any) -> Any:
+        if failing[0]:
+            raise LookupError(f"database down for {key}")
+        return {"id": key}
+
+    db = CountingLoader(result=result, delay=0.05)
+    load = layer.cached_loader("item:{key}")(db)
+
+    def call(key: Any) -> Any:
+        try:
+            return load(key)
+        except LookupError as error:
+            return error
+
+    outcomes = hammer(call, [3] * 16)
+
+    assert db.calls == {3: 1}
+    assert all(isinstance(o, LookupError) for o in outcomes)
+    assert layer.stats()["loader_errors"] == 1
+    failing[0] = False
+    assert load(3) == {"id": 3}  # the lock was released: the next call loads at once
+    assert db.calls == {3: 2}
+    assert load(3) == {"id": 3} and db.calls == {3: 2}
+
+
+def test_unencodable_value_raises_and_writes_nothing(layer_of_each_backend: Callable[..., Stampede]) -> None:
+    layer = layer_of_each_backend()
+    db = CountingLoader(result=lambda key: {"tags": {1, 2}})  # a set is not JSON
+    load = layer.cached_loader("item:{key}")(db)
+
+    with pytest.raises(SerializationError) as raised:
+        load(1)
+    assert raised.value.key == load.key(1)
+    assert "set" in str(raised.value)
+    db.result = lambda key: {"tags": [1, 2]}
+    assert load(1) == {"tags": [1, 2]}  # not blocked by a leftover lock
+    assert db.calls == {1: 2}
+
+
+def test_arguments_that_join_alike_are_different_entries(layer_of_each_backend: Callable[..., Stampede]) -> None:
+    layer = layer_of_each_backend()
+    calls = []
+
+    @layer.cached_loader("u:{a}:{b}")
+    def load(a: str, b: str) -> str:
+        calls.append((a, b))
+        return f"{a}|{b}"
+
+    assert load("x:y", "z") == "x:y|z"
+    assert load("x", "y:z") == "x|y:z"
+    assert load("x:y", "z") == "x:y|z"
+    assert calls == [("x:y", "z"), ("x", "y:z")]
+
+
+def test_invalidate_wins_over_a_load_in_flight(layer_of_each_backend: Callable[..., Stampede]) -> None:
+    layer = layer_of_each_backend()
+    database = {"version": 1}
+    db = CountingLoader(result=lambda key: dict(database))
+    db.release.clear()
+    load = layer.cached_loader("doc:{key}")(db)
+
+    with ThreadPoolExecutor(2) as pool:
+        in_flight = pool.submit(load, "a")
+        assert db.started.wait(5)
+        database["version"] = 2  # the database changes while the old load runs
+        load.invalidate("a")
+        db.release.set()
+        assert load("a") == {"version": 2}  # a caller after the invalidate does not join the old load
+        assert in_flight.result(5) == {"version": 1}  # the old load goes to its own caller only
+
+    assert load("a") == {"version": 2}  # ...and was not written over the new value
+    assert db.calls == {"a": 2}
+    assert layer.stats()["stale_writes_prevented"] == 1
+
+
+@pytest.mark.parametrize("policy", ["raise", "load"])
+def test_a_waiter_gives_up_after_wait_timeout(layer_of_each_backend: Callable[..., Stampede], policy: str) -> None:
+    layer = layer_of_each_backend(wait_timeout=0.3, on_wait_timeout=policy)
+    db = CountingLoader()
+    db.release.clear()
+    load = layer.cached_loader("item:{key}")(db)
+
+    with ThreadPoolExecutor(1) as pool:
+        leader = pool.submit(load, 1)
+        assert db.started.wait(5)
+        start = time.monotonic()
+        if policy == "raise":
+            with pytest.raises(WaitTimeout) as raised:
+                load(1)
+            assert raised.value.key == load.key(1)
+        else:
+            waiter = threading.Thread(target=lambda: results.append(load(1)))
+            results: list[Any] = []
+            waiter.start()
+            while db.calls[1] < 2:  # the waiter loads for itself after the timeout
+                assert time.monotonic() - start < 5
+                time.sleep(0.01)
+            db.release.set()
+            waiter.join(5)
+            assert results == [{"id": 1}]
+        elapsed = time.monotonic() - start
+        db.release.set()
+        assert leader.result(5) == {"id": 1}
+    assert 0.3 <= elapsed < 2.0
+    assert layer.stats()["wait_timeouts"] == 1
+
+
+def test_corrupt_bytes_at_a_key_are_a_miss(layer_of_each_backend: Callable[..., Stampede]) -> None:
+    layer = layer_of_each_backend()
+    db = CountingLoader()
+    load = layer.cached_loader("item:{key}")(db)
+    store = layer._runner.store
+    for garbage in (b"", b"\xa7S\x01\x01", b"not an envelope at all", b"\xa7S\x01\x01" + b"\0" * 12 + b"{bad json"):
+        _put_raw(store, load.key(5), garbage)
+        assert load(5) == {"id": 5}
+        assert load(5) == {"id": 5}  # the good value replaced the garbage
+    assert db.calls == {5: 4}
+    assert layer.stats()["corrupt_values"] == 4
+
+
+def _put_raw(store: Any, key: str, raw: bytes) -> None:
+    if hasattr(store, "client"):
+        store.client.set(key, raw)
+    else:
+        store._values[key] = (raw, time.monotonic() + 60)

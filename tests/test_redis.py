@@ -1,0 +1,222 @@
+"""Redis-specific promises: round trips, leases across layers, failures of the server."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+import pytest
+import redis
+
+from stampede import BackendUnavailable, ConfigError, Stampede
+from stampede.testing import RedisServer
+
+from .monitor import CommandMonitor, names
+from .test_behaviour import CountingLoader, hammer
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.005)
+
+
+def test_round_trips_of_a_hit_a_leader_and_a_waiter(make_layer: Callable[..., Stampede], redis_url: str) -> None:
+    leader_layer, waiter_layer = make_layer(), make_layer()
+    db = CountingLoader()
+    leader = leader_layer.cached_loader("item:{key}")(db)
+    waiter = waiter_layer.cached_loader("item:{key}")(db)
+    leader(0)  # loads the scripts into the server
+    waiter(0)
+
+    with CommandMonitor(redis_url) as monitor:
+        assert waiter(0) == {"id": 0}
+        assert names(monitor.checkpoint()) == ["GET"]  # a hit: one round trip
+
+        assert leader(1) == {"id": 1}
+        assert names(monitor.checkpoint()) == ["GET", "EVALSHA", "EVALSHA"]  # read, lock, write
+
+        db.release.clear()
+        db.started.clear()
+        with ThreadPoolExecutor(2) as pool:
+            held = pool.submit(leader, 2)
+            assert db.started.wait(5)
+            monitor.checkpoint()
+            waiting = pool.submit(waiter, 2)
+            wait_until(lambda: waiter_layer.stats()["lock_waits"] == 1)
+            wait_until(lambda: len(monitor.checkpoint_peek()) >= 4)
+            db.release.set()
+            assert held.result(5) == waiting.result(5) == {"id": 2}
+        sent = names(monitor.checkpoint())
+    sent.remove("EVALSHA")  # the leader's write
+    # The waiter: read, lock attempt, subscribe, re-check; then woken with the value.
+    # Its UNSUBSCRIBE is sent without waiting for the reply: not a round trip.
+    assert sorted(c for c in sent if c != "UNSUBSCRIBE") == ["EVALSHA", "EVALSHA", "GET", "SUBSCRIBE"]
+    assert sent.count("UNSUBSCRIBE") <= 1
+    assert db.calls == {0: 1, 1: 1, 2: 1}
+
+
+def test_loader_slower_than_the_lease_runs_once(make_layer: Callable[..., Stampede]) -> None:
+    layers = [make_layer(lock_ttl=0.2) for _ in range(3)]
+    db = CountingLoader(delay=1.0)
+    loaders = [layer.cached_loader("slow:{key}")(db) for layer in layers]
+
+    results = hammer(lambda i: loaders[i % 3](1), list(range(12)))
+
+    assert results == [{"id": 1}] * 12
+    assert db.calls == {1: 1}
+    assert sum(layer.stats()["takeovers"] for layer in layers) == 0
+
+
+def test_a_dead_holders_lock_is_taken_over_when_its_lease_ends(
+    make_layer: Callable[..., Stampede], redis_client: redis.Redis
+) -> None:
+    layer = make_layer()
+    db = CountingLoader()
+    load = layer.cached_loader("item:{key}")(db)
+    redis_client.set(load.key(1) + ":lock", "token-of-a-dead-process", px=400)
+
+    start = time.monotonic()
+    assert load(1) == {"id": 1}
+    elapsed = time.monotonic() - start
+
+    assert 0.35 <= elapsed < 1.5
+    assert db.calls == {1: 1}
+    assert layer.stats()["takeovers"] == 1
+    assert not redis_client.exists(load.key(1) + ":lock")
+
+
+def test_a_released_lock_wakes_waiters_of_other_layers_at_once(
+    make_layer: Callable[..., Stampede], redis_client: redis.Redis
+) -> None:
+    first, second = make_layer(lock_ttl=10), make_layer(lock_ttl=10)
+    failing = CountingLoader(result=lambda key: 1 / 0)
+    failing.release.clear()
+    fine = CountingLoader()
+    doomed = first.cached_loader("item:{key}")(failing)
+    survivor = second.cached_loader("item:{key}")(fine)
+
+    with ThreadPoolExecutor(2) as pool:
+        holder = pool.submit(doomed, 1)
+        assert failing.started.wait(5)
+        waiting = pool.submit(survivor, 1)
+        wait_until(lambda: redis_client.pubsub_numsub(survivor.key(1) + ":notify")[0][1] == 1)
+        start = time.monotonic()
+        failing.release.set()
+        with pytest.raises(ZeroDivisionError):
+            holder.result(5)
+        assert waiting.result(5) == {"id": 1}
+    assert time.monotonic() - start < 1.0  # not the 10 s lease
+    assert fine.calls == {1: 1}
+
+
+def test_values_too_large_to_travel_in_the_message_are_read_back(
+    make_layer: Callable[..., Stampede], redis_client: redis.Redis
+) -> None:
+    layers = [make_layer(inline_value_limit=0) for _ in range(2)]
+    db = CountingLoader(result=lambda key: {"blob": "x" * 100_000}, delay=0.2)
+    loaders = [layer.cached_loader("big:{key}")(db) for layer in layers]
+
+    results = hammer(lambda i: loaders[i % 2](1), list(range(8)))
+
+    assert all(r == {"blob": "x" * 100_000} for r in results)
+    assert db.calls == {1: 1}
+
+
+def test_ttl_is_jittered_within_bounds(make_layer: Callable[..., Stampede], redis_client: redis.Redis) -> None:
+    layer = make_layer(ttl=100, jitter=0.1)
+    load = layer.cached_loader("item:{key}")(CountingLoader())
+    ttls = set()
+    for key in range(20):
+        load(key)
+        ttls.add(redis_client.pttl(load.key(key)))
+        assert not redis_client.exists(load.key(key) + ":lock")
+    assert all(89_000 <= ttl <= 110_000 for ttl in ttls)
+    assert len(ttls) > 1
+
+
+def test_a_client_decoding_responses_is_refused(redis_url: str) -> None:
+    with pytest.raises(ConfigError, match="decode_responses"):
+        Stampede(redis.Redis.from_url(redis_url, decode_responses=True))
+
+
+def test_redis_stopped_mid_run_fails_open_and_caching_resumes(own_server: RedisServer) -> None:
+    layer = Stampede.from_url(own_server.url, socket_timeout=0.5, socket_connect_timeout=0.5)
+    db = CountingLoader(delay=0.3)  # long enough for every thread to join the one flight
+    load = layer.cached_loader("item:{key}")(db)
+    try:
+        assert load(1) == {"id": 1}
+        own_server.stop()
+
+        results = hammer(load, [1] * 8 + [2] * 8)  # served by the loader, still collapsed per process
+        assert results == [{"id": 1}] * 8 + [{"id": 2}] * 8
+        assert db.calls == {1: 2, 2: 1}
+        assert layer.stats()["redis_errors"] > 0
+        with pytest.raises(BackendUnavailable):
+            load.invalidate(1)  # an invalidation never fails silently
+
+        own_server.start()
+        before = dict(db.calls)
+        assert load(3) == {"id": 3}
+        assert load(3) == {"id": 3}
+        assert db.calls[3] == before.get(3, 0) + 1  # cached again, no restart of the layer
+    finally:
+        layer.close()
+
+
+def test_policy_raise_surfaces_a_dead_redis(own_server: RedisServer) -> None:
+    layer = Stampede.from_url(own_server.url, on_redis_error="raise", socket_timeout=0.5)
+    db = CountingLoader()
+    load = layer.cached_loader("item:{key}")(db)
+    try:
+        own_server.stop()
+        with pytest.raises(BackendUnavailable) as raised:
+            load(1)
+        assert raised.value.key == load.key(1)
+        assert db.calls == {}
+    finally:
+        layer.close()
+
+
+def test_a_stalled_server_costs_one_socket_timeout(own_server: RedisServer) -> None:
+    layer = Stampede.from_url(own_server.url, socket_timeout=0.3, socket_connect_timeout=0.3)
+    db = CountingLoader()
+    load = layer.cached_loader("item:{key}")(db)
+    try:
+        assert load(1) == {"id": 1}  # connections are open before the stall
+        own_server.pause()
+        start = time.monotonic()
+        assert load(2) == {"id": 2}
+        elapsed = time.monotonic() - start
+        assert elapsed < 0.3 + 0.4, f"a stalled server cost {elapsed:.2f} s"
+    finally:
+        own_server.resume()
+        layer.close()
+
+
+def test_waiters_survive_a_lost_subscriber_connection(
+    make_layer: Callable[..., Stampede], redis_client: redis.Redis
+) -> None:
+    holder_layer, waiter_layer = make_layer(), make_layer(recheck_interval=5)
+    db = CountingLoader()
+    db.release.clear()
+    holder = holder_layer.cached_loader("item:{key}")(db)
+    waiter = waiter_layer.cached_loader("item:{key}")(db)
+
+    with ThreadPoolExecutor(2) as pool:
+        held = pool.submit(holder, 1)
+        assert db.started.wait(5)
+        waiting = pool.submit(waiter, 1)
+        channel = waiter.key(1) + ":notify"
+        wait_until(lambda: redis_client.pubsub_numsub(channel)[0][1] == 1)
+        redis_client.client_kill_filter(_type="pubsub")  # the subscriber's connection drops
+        wait_until(lambda: redis_client.pubsub_numsub(channel)[0][1] == 1)  # and comes back
+        start = time.monotonic()
+        db.release.set()
+        assert held.result(5) == waiting.result(5) == {"id": 1}
+    assert time.monotonic() - start < 2.0  # woken by the message, not the 5 s re-check
+    assert db.calls == {1: 1}
+
+
