@@ -217,6 +217,8 @@ def _load_and_write(ctx: Context) -> Flow:
     log.debug("%s: lock taken; loading", key)
     try:
         value = yield Load(leased=True)
+    except GeneratorExit:
+        raise  # closed by its driver: nothing may be yielded now; the lease runs out
     except BaseException as error:
         if isinstance(error, Exception):
             ctx.stats.incr("loader_errors")

@@ -1,0 +1,248 @@
+"""The flow's decisions, stepped by hand: no server, no threads, no sleeping."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from stampede import BackendUnavailable, SerializationError, WaitTimeout
+from stampede._codec import Codec
+from stampede._config import Settings
+from stampede._flow import (
+    LEASE_MARGIN,
+    Acquire,
+    AcquireReply,
+    AwaitNotice,
+    Context,
+    Load,
+    LockState,
+    Release,
+    Subscribe,
+    WriteRelease,
+    after_wait_timeout,
+    fill,
+)
+from stampede._keys import EntryKeys
+from stampede._observe import RateLimitedLog, Stats
+
+CODEC = Codec()
+KEYS = EntryKeys.of("t", "item:1")
+HELD = AcquireReply(LockState.HELD, lease_left=4.0)
+LOCKED = AcquireReply(LockState.LOCKED)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_ctx(**settings: Any) -> tuple[Context, Clock]:
+    clock = Clock()
+    ctx = Context(
+        keys=KEYS,
+        settings=Settings(**settings),
+        codec=CODEC,
+        stats=Stats(),
+        warn=RateLimitedLog(logging.getLogger("test")),
+        clock=clock,
+        wall_clock=lambda: 1_700_000_000.0,
+        uniform=lambda low, high: high,
+    )
+    return ctx, clock
+
+
+def envelope(value: Any) -> bytes:
+    return CODEC.encode(value, 1.0, 0.5, key="k")
+
+
+class Stepper:
+    """Drives a flow one effect at a time, as a driver would."""
+
+    def __init__(self, flow: Any) -> None:
+        self.flow = flow
+        self.effect = next(flow)
+        self.result: Any = None
+        self.done = False
+
+    def reply(self, value: Any = None) -> Any:
+        return self._advance(lambda: self.flow.send(value))
+
+    def fail(self, error: BaseException) -> Any:
+        return self._advance(lambda: self.flow.throw(error))
+
+    def _advance(self, step: Any) -> Any:
+        try:
+            self.effect = step()
+        except StopIteration as stop:
+            self.effect, self.result, self.done = None, stop.value, True
+        return self.effect
+
+
+def test_the_holder_loads_writes_and_returns() -> None:
+    ctx, clock = make_ctx(ttl=60, jitter=0.1)
+    step = Stepper(fill(ctx))
+    assert step.effect == Acquire(check_value=True)
+    assert step.reply(LOCKED) == Load(leased=True)
+    clock.now += 0.25
+    write = step.reply({"a": 1})
+    assert isinstance(write, WriteRelease)
+    assert write.ttl == pytest.approx(66.0)  # the injected jitter picks the top of +/-10%
+    assert write.inline
+    decoded = CODEC.decode(write.envelope)
+    assert (decoded.value, decoded.loaded_at, decoded.load_duration) == ({"a": 1}, 1_700_000_000.0, 0.25)
+    step.reply(True)
+    assert step.done and step.result == {"a": 1}
+    assert ctx.stats.snapshot()["loads"] == 1
+
+
+def test_none_is_written_as_the_null_sentinel_with_null_ttl() -> None:
+    ctx, _ = make_ctx(null_ttl=5, jitter=0)
+    step = Stepper(fill(ctx))
+    step.reply(LOCKED)
+    write = step.reply(None)
+    assert write.ttl == 5 and CODEC.decode(write.envelope).kind.name == "NULL"
+
+
+def test_a_value_found_on_the_recheck_is_returned_without_loading() -> None:
+    ctx, _ = make_ctx()
+    step = Stepper(fill(ctx))
+    step.reply(AcquireReply(LockState.VALUE, envelope([1, 2])))
+    assert step.done and step.result == [1, 2]
+    assert ctx.stats.snapshot()["loads"] == 0
+
+
+def test_a_waiter_subscribes_then_rechecks_then_waits_at_most_the_lease() -> None:
+    ctx, _ = make_ctx(wait_timeout=30, recheck_interval=10)
+    step = Stepper(fill(ctx))
+    assert step.reply(HELD) == Subscribe()
+    assert step.reply(None) == Acquire(check_value=True)  # the re-check after subscribing
+    assert step.reply(HELD) == AwaitNotice(timeout=4.0 + LEASE_MARGIN)
+    step.reply(envelope("v"))
+    assert step.done and step.result == "v"
+    assert ctx.stats.snapshot()["lock_waits"] == 1
+
+
+def test_waits_are_bounded_by_recheck_interval_and_the_deadline() -> None:
+    ctx, clock = make_ctx(wait_timeout=3, recheck_interval=1)
+    step = Stepper(fill(ctx))
+    step.reply(HELD)
+    step.reply(None)
+    assert step.reply(HELD) == AwaitNotice(timeout=1)
+    clock.now += 2.5
+    step.reply(b"")  # a state change: re-check
+    assert step.reply(HELD) == AwaitNotice(timeout=pytest.approx(0.5))
+
+
+def test_silence_then_a_free_lock_is_a_takeover() -> None:
+    ctx, _ = make_ctx()
+    step = Stepper(fill(ctx))
+    step.reply(HELD)
+    step.reply(None)
+    step.reply(HELD)
+    assert step.reply(None) == Acquire(check_value=True)  # no message: the holder may be dead
+    assert step.reply(LOCKED) == Load(leased=True)
+    assert ctx.stats.snapshot()["takeovers"] == 1
+
+
+def test_a_release_notice_then_a_free_lock_is_not_a_takeover() -> None:
+    ctx, _ = make_ctx()
+    step = Stepper(fill(ctx))
+    step.reply(HELD)
+    step.reply(None)
+    step.reply(HELD)
+    step.reply(b"")  # the holder released (its loader raised)
+    assert step.reply(LOCKED) == Load(leased=True)
+    assert ctx.stats.snapshot()["takeovers"] == 0
+
+
+@pytest.mark.parametrize("policy", ["load", "raise"])
+def test_the_deadline_applies_the_wait_timeout_policy(policy: str) -> None:
+    ctx, clock = make_ctx(wait_timeout=2, on_wait_timeout=policy)
+    step = Stepper(fill(ctx))
+    step.reply(HELD)
+    step.reply(None)
+    clock.now += 2
+    if policy == "raise":
+        with pytest.raises(WaitTimeout):
+            step.reply(HELD)
+    else:
+        assert step.reply(HELD) == Load(leased=False)  # loads for itself, writes nothing
+        step.reply("mine")
+        assert step.done and step.result == "mine"
+    assert ctx.stats.snapshot()["wait_timeouts"] == 1
+
+
+@pytest.mark.parametrize("policy", ["load", "raise"])
+def test_a_failing_store_applies_the_redis_error_policy(policy: str) -> None:
+    ctx, _ = make_ctx(on_redis_error=policy)
+    step = Stepper(fill(ctx))
+    error = BackendUnavailable("down", key=KEYS.value)
+    if policy == "raise":
+        with pytest.raises(BackendUnavailable):
+            step.fail(error)
+    else:
+        assert step.fail(error) == Load(leased=False)
+        step.reply("uncached")
+        assert step.done and step.result == "uncached"
+    assert ctx.stats.snapshot()["redis_errors"] == 1
+
+
+def test_a_failed_first_read_goes_straight_to_the_policy() -> None:
+    ctx, _ = make_ctx()
+    step = Stepper(fill(ctx, backend_ok=False))
+    assert step.effect == Load(leased=False)
+
+
+def test_a_loader_error_releases_the_lock_and_propagates() -> None:
+    ctx, _ = make_ctx()
+    step = Stepper(fill(ctx))
+    step.reply(LOCKED)
+    assert step.fail(KeyError("db")) == Release()
+    with pytest.raises(KeyError):
+        step.reply(None)
+    assert ctx.stats.snapshot()["loader_errors"] == 1
+
+
+def test_an_unencodable_value_releases_the_lock_and_raises() -> None:
+    ctx, _ = make_ctx()
+    step = Stepper(fill(ctx))
+    step.reply(LOCKED)
+    assert step.reply({1, 2}) == Release()
+    with pytest.raises(SerializationError):
+        step.reply(None)
+    assert ctx.stats.snapshot()["loader_errors"] == 0
+
+
+def test_a_lost_lease_is_counted_and_the_value_still_returned() -> None:
+    ctx, _ = make_ctx()
+    step = Stepper(fill(ctx))
+    step.reply(LOCKED)
+    step.reply("v")
+    step.reply(False)
+    assert step.done and step.result == "v"
+    assert ctx.stats.snapshot()["stale_writes_prevented"] == 1
+
+
+def test_a_corrupt_value_on_recheck_is_locked_over() -> None:
+    ctx, _ = make_ctx()
+    step = Stepper(fill(ctx))
+    assert step.reply(AcquireReply(LockState.VALUE, b"garbage")) == Acquire(check_value=False)
+    assert ctx.stats.snapshot()["corrupt_values"] == 1
+    assert Stepper(fill(ctx, corrupt=True)).effect == Acquire(check_value=False)
+
+
+def test_large_values_are_not_sent_inline() -> None:
+    ctx, _ = make_ctx(inline_value_limit=10)
+    step = Stepper(fill(ctx))
+    step.reply(LOCKED)
+    assert not step.reply("x" * 100).inline
+
+
+def test_after_wait_timeout_alone_is_the_in_process_waiters_policy() -> None:
+    ctx, _ = make_ctx(on_wait_timeout="load")
+    assert Stepper(after_wait_timeout(ctx)).effect == Load(leased=False)

@@ -1,0 +1,77 @@
+"""A worker process for the multi-process tests: threads calling one cached loader.
+
+Prints "ready" once its layer is connected, waits for "go" on stdin, then every thread
+calls the loader for each of its keys; prints one JSON line with what it saw. The loader
+counts its calls on the server (INCR), so the count spans every process.
+With --hang the loader prints "loading" and never returns (the holder to be killed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+
+import redis
+
+from stampede import Stampede
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--threads", type=int, default=16)
+    parser.add_argument("--keys", type=int, default=1)
+    parser.add_argument("--delay", type=float, default=0.05)
+    parser.add_argument("--lock-ttl", type=float, default=10.0)
+    parser.add_argument("--wait-timeout", type=float, default=30.0)
+    parser.add_argument("--hang", action="store_true")
+    options = parser.parse_args()
+
+    counter = redis.Redis.from_url(options.url, socket_timeout=5)
+    layer = Stampede.from_url(
+        options.url, namespace="proc", lock_ttl=options.lock_ttl, wait_timeout=options.wait_timeout
+    )
+
+    @layer.cached_loader("item:{key}")
+    def load(key: int) -> dict[str, int]:
+        counter.incr(f"calls:{key}")
+        if options.hang:
+            print("loading", flush=True)
+            time.sleep(3600)
+        time.sleep(options.delay)
+        return {"key": key}
+
+    layer._runner.store.get("warm-up")  # type: ignore[attr-defined]  # open a connection
+    print("ready", flush=True)
+    if sys.stdin.readline().strip() != "go":
+        return
+    latencies: list[float] = []
+    wrong: list[object] = []
+    lock = threading.Lock()
+
+    def run(index: int) -> None:
+        for step in range(options.keys):
+            key = (index * 13 + step) % options.keys
+            start = time.perf_counter()
+            value = load(key)
+            elapsed = time.perf_counter() - start
+            with lock:
+                latencies.append(elapsed)
+                if value != {"key": key}:
+                    wrong.append(value)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(options.threads)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    print(json.dumps({"calls": len(latencies), "wrong": wrong, "max_latency": max(latencies),
+                      "stats": layer.stats()}), flush=True)  # fmt: skip
+    layer.close()
+
+
+if __name__ == "__main__":
+    main()
