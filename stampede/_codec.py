@@ -29,6 +29,7 @@ _HEADER = struct.Struct(">2sBBdf")
 _MAGIC = b"\xa7S"
 _VERSION = 1
 _VALUE, _NULL = 1, 2
+_VALUE_PREFIX = _MAGIC + bytes((_VERSION, _VALUE))
 
 
 class Serializer(Protocol):
@@ -47,6 +48,13 @@ class JsonSerializer:
 
     def loads(self, data: bytes) -> Any:
         return orjson.loads(data)
+
+
+class _NotAValue(enum.Enum):
+    NOT_A_VALUE = "not a value"
+
+
+NOT_A_VALUE = _NotAValue.NOT_A_VALUE
 
 
 class Kind(enum.Enum):
@@ -88,6 +96,16 @@ class Codec:
                 key=key,
             )
         return _HEADER.pack(_MAGIC, _VERSION, _VALUE, loaded_at, load_duration) + payload
+
+    def decode_hit(self, raw: bytes) -> Any:
+        """The value in ``raw`` if it is a readable value envelope, else ``NOT_A_VALUE``
+        (then ``decode`` tells why). The hit path: no metadata, no allocation."""
+        if raw[:4] == _VALUE_PREFIX and len(raw) > _HEADER.size:
+            try:
+                return self.serializer.loads(raw[_HEADER.size :])
+            except Exception:
+                pass
+        return NOT_A_VALUE
 
     def decode(self, raw: bytes) -> Decoded:
         """Classify ``raw`` as a value, the null sentinel or corrupt; never raises."""

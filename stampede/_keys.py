@@ -45,8 +45,11 @@ class EntryKeys:
 
     @classmethod
     def of(cls, namespace: str, entry: str) -> EntryKeys:
-        base = f"{namespace}:{{{entry}}}"
-        return cls(base, base + ":lock", base + ":notify")
+        return cls.for_value(f"{namespace}:{{{entry}}}")
+
+    @classmethod
+    def for_value(cls, value_key: str) -> EntryKeys:
+        return cls(value_key, value_key + ":lock", value_key + ":notify")
 
 
 def escape(text: str) -> str:
@@ -89,31 +92,41 @@ class KeyBuilder:
         self._namespace = namespace
         self._max_length = max_key_length
         if template is None:
-            prefix = f"{func.__module__}.{func.__qualname__}"
-            self._parts: list[tuple[str, str | None]] = [(prefix, None)] + [
-                (":", name) for name in self._names
-            ]
+            self._prefix = f"{func.__module__}.{func.__qualname__}"
+            fields: list[tuple[str, str | None]] = [(":", name) for name in self._names]
         else:
-            self._parts = _parse_template(template, set(self._names))
+            self._prefix = ""
+            fields = _parse_template(template, set(self._names))
+        # (literal, index of the parameter whose value follows it, or -1)
+        self._parts = [(literal, -1 if name is None else self._names.index(name)) for literal, name in fields]
+
+    def _render(self, value: Any, index: int) -> str:
+        return render(value, name=f"argument {self._names[index]!r}")
 
     def keys(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> EntryKeys:
         """The keys of the entry that ``func(*args, **kwargs)`` loads."""
+        return EntryKeys.for_value(self.value_key(args, kwargs))
+
+    def value_key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """The key of the value alone: all a hit needs."""
         if not kwargs and self._zip_ok and len(args) == len(self._names):
-            bound = dict(zip(self._names, args))
+            values: Any = args
         else:
             call = self._signature.bind(*args, **kwargs)  # TypeError, as calling func would
             call.apply_defaults()
-            bound = call.arguments
-        pieces = []
-        for literal, field in self._parts:
+            values = [call.arguments[name] for name in self._names]
+        pieces = [self._prefix]
+        for literal, index in self._parts:
             pieces.append(literal)
-            if field is not None:
-                pieces.append(render(bound[field], name=f"argument {field!r}"))
-        return EntryKeys.of(self._namespace, self._shorten("".join(pieces)))
+            if index >= 0:
+                value = values[index]
+                pieces.append(str(value) if type(value) is int else self._render(value, index))
+        entry = "".join(pieces)
+        if len(entry) > self._max_length:
+            entry = self._shorten(entry)
+        return f"{self._namespace}:{{{entry}}}"
 
     def _shorten(self, entry: str) -> str:
-        if len(entry) <= self._max_length:
-            return entry
         digest = hashlib.sha256(entry.encode()).hexdigest()[:_HASH_CHARS]
         return entry[: self._max_length - _HASH_CHARS - 1] + "#" + digest
 

@@ -40,9 +40,8 @@ class CachedLoader(Generic[P, R]):
         self._codec = codec
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        keys = self._keys.keys(args, kwargs)
-        load = functools.partial(self._func, *args, **kwargs)
-        return self._runner.call(keys, self.settings, self._codec, load)  # type: ignore[no-any-return]
+        value_key = self._keys.value_key(args, kwargs)
+        return self._runner.call(value_key, self.settings, self._codec, self._func, args, kwargs)  # type: ignore[no-any-return]
 
     def invalidate(self, *args: P.args, **kwargs: P.kwargs) -> None:
         """Drop the entry of these arguments, and keep any load in flight from writing it.
@@ -54,7 +53,7 @@ class CachedLoader(Generic[P, R]):
 
     def key(self, *args: P.args, **kwargs: P.kwargs) -> str:
         """The Redis key of the value these arguments load (for inspection and tooling)."""
-        return self._keys.keys(args, kwargs).value
+        return self._keys.value_key(args, kwargs)
 
     def __repr__(self) -> str:
         return f"<CachedLoader {self._func.__module__}.{self._func.__qualname__}>"

@@ -16,6 +16,7 @@ re-check made after it cannot miss the write's message.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import Any, Callable
 
@@ -74,6 +75,7 @@ class Subscriber:
         self._unconfirmed: dict[str, _Confirmation] = {}
         self._reader: threading.Thread | None = None
         self._closed = False
+        self._pid = os.getpid()
 
     def subscribe(self, channel: str) -> Subscription:
         """A mailbox on ``channel``, once the server has confirmed the subscription."""
@@ -81,6 +83,8 @@ class Subscriber:
         with self._lock:
             if self._closed:
                 raise BackendUnavailable("the layer is closed")
+            if self._pid != os.getpid():
+                self._forget_parent()
             try:
                 self._ensure_connected()
                 members = self._subscriptions.setdefault(channel, set())
@@ -145,6 +149,13 @@ class Subscriber:
             self._reader = threading.Thread(target=self._read, name="stampede-subscriber", daemon=True)
             self._reader.start()
         self._wake_reader.notify_all()
+
+    def _forget_parent(self) -> None:
+        """After a fork: the parent's socket, reader and waiters are not ours to touch."""
+        self._pid = os.getpid()
+        self._connection, self._reader = None, None
+        self._subscriptions.clear()
+        self._unconfirmed.clear()
 
     def _drop_connection(self) -> None:
         """Disconnect and wake everyone: waiters re-check, unconfirmed subscribers fail."""

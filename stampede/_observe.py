@@ -8,11 +8,11 @@ import time
 from typing import Callable
 
 COUNTERS = (
-    "hits",  # a value was read from the cache
-    "null_hits",  # the null sentinel was read: the loader had returned None
-    "misses",  # nothing usable at the key on the first read
+    "hits",  # a read found a value
+    "null_hits",  # a read found the null sentinel: the loader had returned None
+    "misses",  # a read found nothing usable
     "loads",  # the loader was called
-    "collapsed",  # a caller in this process waited for another caller's load instead of loading
+    "collapsed",  # a caller shared another caller's read or load in this process instead of its own
     "lock_waits",  # a caller found the distributed lock held by another process and waited
     "takeovers",  # a waiter took the lock after the holder's lease ran out
     "wait_timeouts",  # a wait exceeded wait_timeout

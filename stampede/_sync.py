@@ -3,12 +3,13 @@ flow performed with blocking calls (threads, or greenlets under gevent)."""
 
 from __future__ import annotations
 
+import functools
 import secrets
 import time
 from random import uniform
 from typing import Any, Callable
 
-from ._codec import Codec, Kind
+from ._codec import NOT_A_VALUE, Codec, Kind
 from ._config import Settings
 from ._errors import BackendUnavailable
 from ._flow import (
@@ -47,43 +48,73 @@ class SyncRunner:
         self._warn = warn
         self._watchdog = watchdog
 
-    def call(self, keys: EntryKeys, settings: Settings, codec: Codec, loader: Callable[[], Any]) -> Any:
-        """The value of the entry: from the cache, from another caller's load, or loaded."""
+    def call(
+        self,
+        value_key: str,
+        settings: Settings,
+        codec: Codec,
+        func: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """The value of the entry: from the cache, from another caller's read or load, or loaded.
+
+        Of the callers of one key in this process, the first leads and the rest wait for
+        its outcome: concurrent callers share one read, and on a miss one load.
+        """
+        flight, done = self.flights.join(value_key)
+        if done is not None:
+            if not done.wait(settings.wait_timeout):
+                ctx = self._context(value_key, settings, codec)
+                return self._drive(after_wait_timeout(ctx), ctx, functools.partial(func, *args, **kwargs))
+            self._stats.incr("collapsed")
+            if flight.error is not None:
+                raise flight.error
+            return flight.value
+        try:
+            value = self._lead(value_key, settings, codec, func, args, kwargs)
+        except BaseException as error:
+            self.flights.finish(value_key, flight, error=error)
+            raise
+        self.flights.finish(value_key, flight, value=value)
+        return value
+
+    def _lead(
+        self,
+        value_key: str,
+        settings: Settings,
+        codec: Codec,
+        func: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
         stats = self._stats
         backend_ok, corrupt = True, False
         try:
-            raw = self.store.get(keys.value)
+            raw = self.store.get(value_key)
         except BackendUnavailable as error:
             note_backend_error(stats, self._warn, error)
             backend_ok = False
         else:
             if raw is not None:
-                decoded = codec.decode(raw)
-                if decoded.kind is Kind.VALUE:
+                value = codec.decode_hit(raw)
+                if value is not NOT_A_VALUE:
                     stats.incr("hits")
-                    return decoded.value
+                    return value
+                decoded = codec.decode(raw)
                 if decoded.kind is Kind.NULL:
                     stats.incr("null_hits")
                     return None
-                note_corrupt(stats, self._warn, keys.value, decoded.problem)
+                note_corrupt(stats, self._warn, value_key, decoded.problem)
                 corrupt = True
         stats.incr("misses")
-        ctx = Context(keys, settings, codec, stats, self._warn, time.monotonic, time.time, uniform)
-        flight, leads = self.flights.join(keys.value)
-        if leads:
-            try:
-                value = self._drive(fill(ctx, backend_ok=backend_ok, corrupt=corrupt), ctx, loader)
-            except BaseException as error:
-                self.flights.finish(keys.value, flight, error=error)
-                raise
-            self.flights.finish(keys.value, flight, value=value)
-            return value
-        if not flight.done.wait(settings.wait_timeout):
-            return self._drive(after_wait_timeout(ctx), ctx, loader)
-        stats.incr("collapsed")
-        if flight.error is not None:
-            raise flight.error
-        return flight.value
+        ctx = self._context(value_key, settings, codec)
+        loader = functools.partial(func, *args, **kwargs)
+        return self._drive(fill(ctx, backend_ok=backend_ok, corrupt=corrupt), ctx, loader)
+
+    def _context(self, value_key: str, settings: Settings, codec: Codec) -> Context:
+        keys = EntryKeys.for_value(value_key)
+        return Context(keys, settings, codec, self._stats, self._warn, time.monotonic, time.time, uniform)
 
     def invalidate(self, keys: EntryKeys) -> None:
         try:

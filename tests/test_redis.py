@@ -10,9 +10,8 @@ import pytest
 import redis
 
 from stampede import BackendUnavailable, ConfigError, Stampede
-from stampede.testing import RedisServer
+from stampede.testing import CommandMonitor, RedisServer, names
 
-from .monitor import CommandMonitor, names
 from .test_behaviour import CountingLoader, hammer
 
 
@@ -220,3 +219,33 @@ def test_waiters_survive_a_lost_subscriber_connection(
     assert db.calls == {1: 1}
 
 
+
+
+def test_a_forked_child_gets_its_own_subscriber_and_watchdog(
+    make_layer: Callable[..., Stampede], redis_client: redis.Redis
+) -> None:
+    import os
+
+    layer = make_layer()
+    db = CountingLoader()
+    db.release.clear()
+    holder_layer = make_layer()
+    holder = holder_layer.cached_loader("item:{key}")(db)
+    load = layer.cached_loader("item:{key}")(lambda key: {"id": key, "loaded_by": "the waiter"})
+    # The parent's subscriber connects and its reader thread starts before the fork.
+    redis_client.set(load.key(0) + ":lock", "someone", px=200)
+    assert load(0) == {"id": 0, "loaded_by": "the waiter"}
+
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(holder, 1)
+        assert db.started.wait(5)
+        pid = os.fork()
+        if pid == 0:  # the child waits for the holder's load through its own subscriber
+            code = 0 if load(1) == {"id": 1} and layer.stats()["redis_errors"] == 0 else 1
+            os._exit(code)
+        wait_until(lambda: redis_client.pubsub_numsub(load.key(1) + ":notify")[0][1] >= 1)
+        db.release.set()
+        assert held.result(5) == {"id": 1}
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert db.calls == {1: 1}
