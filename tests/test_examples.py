@@ -1,0 +1,28 @@
+"""The README's demo and the core benchmark run, in their short forms, and say what they should."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(*args: str) -> str:
+    done = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_the_demo_shows_one_query_with_protection_and_many_without() -> None:
+    out = run("examples/demo.py", "--processes", "2", "--threads", "8")
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split()[:1] in (["off"], ["sleep-spin"], ["stampede"])}
+    assert int(rows["stampede"][1]) == 1
+    assert int(rows["sleep-spin"][1]) == 1
+    assert int(rows["off"][1]) > 1
+
+
+def test_the_core_benchmark_runs_in_its_quick_form() -> None:
+    out = run("loadtest/bench_core.py", "--quick", "--processes", "2", "--threads", "8")
+    assert "ratio" in out and "stampede" in out
