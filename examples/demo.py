@@ -167,7 +167,8 @@ def run_embedded(strategy: str, threads: int, delay: float) -> dict[str, Any]:
 
 
 def report(rows: list[tuple[str, dict[str, Any]]], delay: float) -> None:
-    print(f"\n{'strategy':<12} {'db queries':>10} {'p50 ms':>8} {'max ms':>8}   (database query takes {delay * 1000:.0f} ms)")
+    print(f"\n{'strategy':<12} {'db queries':>10} {'p50 ms':>8} {'max ms':>8}", end="   ")
+    print(f"(database query takes {delay * 1000:.0f} ms)")
     for name, figures in rows:
         latencies = sorted(figures["latencies"])
         print(f"{name:<12} {figures['queries']:>10} {statistics.median(latencies) * 1000:>8.1f} "

@@ -52,18 +52,23 @@ def cold_key_stampede(url: str, options: argparse.Namespace) -> None:
 
     callers = options.processes * options.threads
     print(f"\n1. Cold key: {options.processes} processes x {options.threads} threads = {callers} callers, "
-          f"loader {options.delay * 1000:.0f} ms, {options.rounds} rounds (worst round shown)")  # fmt: skip
-    print(f"   {'':<12} {'loader calls':>12} {'slowest ms':>11} {'over loader':>12} {'commands':>9} {'per process':>12}")
+          f"loader {options.delay * 1000:.0f} ms, {options.rounds} round(s)")  # fmt: skip
+    header = ("", "loader calls", "slowest ms", "median round", "over loader", "commands", "per process")
+    print("   {:<12} {:>12} {:>11} {:>13} {:>12} {:>9} {:>12}".format(*header))
     for name, results in rounds.items():
-        slowest = max(max(r["latencies"]) for r in results) * 1000
-        calls = max(r["queries"] for r in results)
-        over = slowest - options.delay * 1000 if name != "warm floor" else slowest
+        slowest = [max(r["latencies"]) * 1000 for r in results]
+        loaded = name != "warm floor"
         commands = max(r.get("commands", 0) for r in results)
-        per_process = f"{commands / options.processes:.1f}" if name != "warm floor" else "-"
-        print(f"   {name:<12} {calls:>12} {slowest:>11.1f} {over:>+12.1f} {commands if name != 'warm floor' else '-':>9} "
-              f"{per_process:>12}")  # fmt: skip
-        median_slowest = statistics.median(max(r["latencies"]) for r in results) * 1000
-        print(f"   {'':<12} {'':>12} {median_slowest:>11.1f} (median of rounds)")
+        print("   {:<12} {:>12} {:>11.1f} {:>13.1f} {:>+12.1f} {:>9} {:>12}".format(
+            name,
+            max(r["queries"] for r in results),
+            max(slowest),
+            statistics.median(slowest),
+            max(slowest) - (options.delay * 1000 if loaded else 0),
+            commands if loaded else "-",
+            f"{commands / options.processes:.1f}" if loaded else "-",
+        ))  # fmt: skip
+    print("   (slowest: the worst round; commands: the worst round, MONITOR, scripts' inner commands excluded)")
     assert all(r["queries"] == 1 for r in rounds["stampede"]), "stampede let more than one load through"
 
 
@@ -103,7 +108,8 @@ def warm_hits(url: str, options: argparse.Namespace) -> None:
     print(f"\n2. Warm hit path, one thread, {options.hit_rounds} interleaved rounds of {options.calls} calls")
     print(f"   raw GET + orjson.loads  {statistics.median(raw_rates):>9.0f} calls/s (median)")
     print(f"   stampede cached_loader  {statistics.median(cached_rates):>9.0f} calls/s (median)")
-    print(f"   ratio                   {statistics.median(ratios):>9.3f} (median; min {min(ratios):.3f}, max {max(ratios):.3f})")
+    spread = f"min {min(ratios):.3f}, max {max(ratios):.3f}"
+    print(f"   ratio                   {statistics.median(ratios):>9.3f} (median; {spread})")
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ from ._memory import MemoryStore
 from ._observe import RateLimitedLog, Stats
 from ._redis import RedisStore
 from ._store import Store
-from ._sync import SyncRunner
+from ._sync import LoaderSpec, SyncRunner
 from ._watchdog import Watchdog
 
 log = logging.getLogger("stampede")
@@ -135,7 +135,7 @@ class Stampede:
             if inspect.iscoroutinefunction(func):
                 raise ConfigError(f"{func.__qualname__} is async; async loaders are not supported yet")
             keys = KeyBuilder(func, template, self.namespace, settings.max_key_length)
-            return CachedLoader(func, self._runner, keys, settings, codec)
+            return CachedLoader(LoaderSpec(func, settings, codec), self._runner, keys)
 
         return decorate
 

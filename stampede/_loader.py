@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Callable, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Generic, ParamSpec, TypeVar
 
-from ._codec import Codec
-from ._config import Settings
 from ._keys import KeyBuilder
 
 if TYPE_CHECKING:
-    from ._sync import SyncRunner
+    from ._sync import LoaderSpec, SyncRunner
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -25,23 +23,19 @@ class CachedLoader(Generic[P, R]):
 
     def __init__(
         self,
-        func: Callable[P, R],
+        spec: LoaderSpec,
         runner: SyncRunner,
         keys: KeyBuilder,
-        settings: Settings,
-        codec: Codec,
     ) -> None:
-        functools.update_wrapper(self, func)
-        self.__wrapped__ = func
-        self._func = func
+        functools.update_wrapper(self, spec.func)
+        self._spec = spec
         self._runner = runner
         self._keys = keys
-        self.settings = settings
-        self._codec = codec
+        self.settings = spec.settings
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         value_key = self._keys.value_key(args, kwargs)
-        return self._runner.call(value_key, self.settings, self._codec, self._func, args, kwargs)  # type: ignore[no-any-return]
+        return self._runner.call(value_key, self._spec, args, kwargs)  # type: ignore[no-any-return]
 
     def invalidate(self, *args: P.args, **kwargs: P.kwargs) -> None:
         """Drop the entry of these arguments, and keep any load in flight from writing it.
@@ -56,5 +50,6 @@ class CachedLoader(Generic[P, R]):
         return self._keys.value_key(args, kwargs)
 
     def __repr__(self) -> str:
-        return f"<CachedLoader {self._func.__module__}.{self._func.__qualname__}>"
+        func = self._spec.func
+        return f"<CachedLoader {func.__module__}.{func.__qualname__}>"
 

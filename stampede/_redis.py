@@ -44,7 +44,7 @@ class RedisStore:
     def get(self, key: str) -> bytes | None:
         # The hit path: a plain try costs less than the context manager the others use.
         try:
-            raw: Any = self.client.get(key)
+            raw: bytes | None = self.client.get(key)  # type: ignore[assignment]
         except (RedisError, OSError) as error:
             raise BackendUnavailable(f"redis failed to read {key!r}: {error}", key=key) from error
         return raw

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import secrets
 import time
+from dataclasses import dataclass
 from random import uniform
 from typing import Any, Callable
 
@@ -34,6 +35,15 @@ from ._store import Store
 from ._watchdog import Watchdog
 
 
+@dataclass(frozen=True)
+class LoaderSpec:
+    """What a driver needs to know of one decorated loader."""
+
+    func: Callable[..., Any]
+    settings: Settings
+    codec: Codec
+
+
 def milliseconds(seconds: float) -> int:
     return max(1, int(seconds * 1000))
 
@@ -48,15 +58,7 @@ class SyncRunner:
         self._warn = warn
         self._watchdog = watchdog
 
-    def call(
-        self,
-        value_key: str,
-        settings: Settings,
-        codec: Codec,
-        func: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ) -> Any:
+    def call(self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The value of the entry: from the cache, from another caller's read or load, or loaded.
 
         Of the callers of one key in this process, the first leads and the rest wait for
@@ -64,31 +66,23 @@ class SyncRunner:
         """
         flight, done = self.flights.join(value_key)
         if done is not None:
-            if not done.wait(settings.wait_timeout):
-                ctx = self._context(value_key, settings, codec)
-                return self._drive(after_wait_timeout(ctx), ctx, functools.partial(func, *args, **kwargs))
+            if not done.wait(spec.settings.wait_timeout):
+                ctx = self._context(value_key, spec)
+                return self._drive(after_wait_timeout(ctx), ctx, functools.partial(spec.func, *args, **kwargs))
             self._stats.incr("collapsed")
             if flight.error is not None:
                 raise flight.error
             return flight.value
         try:
-            value = self._lead(value_key, settings, codec, func, args, kwargs)
+            value = self._lead(value_key, spec, args, kwargs)
         except BaseException as error:
             self.flights.finish(value_key, flight, error=error)
             raise
         self.flights.finish(value_key, flight, value=value)
         return value
 
-    def _lead(
-        self,
-        value_key: str,
-        settings: Settings,
-        codec: Codec,
-        func: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ) -> Any:
-        stats = self._stats
+    def _lead(self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        stats, codec = self._stats, spec.codec
         backend_ok, corrupt = True, False
         try:
             raw = self.store.get(value_key)
@@ -108,13 +102,13 @@ class SyncRunner:
                 note_corrupt(stats, self._warn, value_key, decoded.problem)
                 corrupt = True
         stats.incr("misses")
-        ctx = self._context(value_key, settings, codec)
-        loader = functools.partial(func, *args, **kwargs)
+        ctx = self._context(value_key, spec)
+        loader = functools.partial(spec.func, *args, **kwargs)
         return self._drive(fill(ctx, backend_ok=backend_ok, corrupt=corrupt), ctx, loader)
 
-    def _context(self, value_key: str, settings: Settings, codec: Codec) -> Context:
+    def _context(self, value_key: str, spec: LoaderSpec) -> Context:
         keys = EntryKeys.for_value(value_key)
-        return Context(keys, settings, codec, self._stats, self._warn, time.monotonic, time.time, uniform)
+        return Context(keys, spec.settings, spec.codec, self._stats, self._warn, time.monotonic, time.time, uniform)
 
     def invalidate(self, keys: EntryKeys) -> None:
         try:

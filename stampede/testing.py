@@ -131,7 +131,7 @@ class CommandMonitor:
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> CommandMonitor:
-        self._monitor = self._client.monitor()
+        self._monitor = self._client.monitor()  # type: ignore[no-untyped-call]
         self._monitor.__enter__()
         self._thread = threading.Thread(target=self._read, daemon=True)
         self._thread.start()

@@ -64,7 +64,9 @@ def make_layer(redis_url: str, redis_client: redis.Redis) -> Iterator[Callable[.
 
 
 @pytest.fixture(params=BACKENDS)
-def layer_of_each_backend(request: pytest.FixtureRequest, make_layer: Callable[..., Stampede]) -> Iterator[Callable[..., Stampede]]:
+def layer_of_each_backend(
+    request: pytest.FixtureRequest, make_layer: Callable[..., Stampede]
+) -> Iterator[Callable[..., Stampede]]:
     """The behaviour suite runs over every backend: Redis and the embedded one."""
     embedded: list[Stampede] = []
 
@@ -80,12 +82,3 @@ def layer_of_each_backend(request: pytest.FixtureRequest, make_layer: Callable[.
     for layer in embedded:
         layer.close()
 
-
-def command_counts(client: redis.Redis) -> dict[str, int]:
-    """Calls per command on the server (INFO commandstats), client-issued ones only."""
-    stats = client.info("commandstats")
-    return {
-        name.removeprefix("cmdstat_"): int(value["calls"])
-        for name, value in stats.items()
-        if name.removeprefix("cmdstat_") in ("get", "evalsha", "eval", "subscribe", "unsubscribe", "script|load", "script")
-    }

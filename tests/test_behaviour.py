@@ -122,6 +122,7 @@ def test_loader_error_reaches_every_waiter_and_nothing_is_cached(
     assert db.calls == {3: 1}
     assert all(isinstance(o, LookupError) for o in outcomes)
     assert layer.stats()["loader_errors"] == 1
+    assert not lock_is_held(layer, load.key(3))
     failing[0] = False
     assert load(3) == {"id": 3}  # the lock was released: the next call loads at once
     assert db.calls == {3: 2}
@@ -137,6 +138,8 @@ def test_unencodable_value_raises_and_writes_nothing(layer_of_each_backend: Call
         load(1)
     assert raised.value.key == load.key(1)
     assert "set" in str(raised.value)
+    assert not lock_is_held(layer, load.key(1))
+    assert layer._runner.store.get(load.key(1)) is None
     db.result = lambda key: {"tags": [1, 2]}
     assert load(1) == {"tags": [1, 2]}  # not blocked by a leftover lock
     assert db.calls == {1: 2}
@@ -223,8 +226,36 @@ def test_corrupt_bytes_at_a_key_are_a_miss(layer_of_each_backend: Callable[..., 
     assert layer.stats()["corrupt_values"] == 4
 
 
+def lock_is_held(layer: Stampede, value_key: str) -> bool:
+    store: Any = layer._runner.store
+    lock_key = value_key + ":lock"
+    if hasattr(store, "client"):
+        return bool(store.client.exists(lock_key))
+    return lock_key in store._leases
+
+
 def _put_raw(store: Any, key: str, raw: bytes) -> None:
     if hasattr(store, "client"):
         store.client.set(key, raw)
     else:
         store._values[key] = (raw, time.monotonic() + 60)
+
+
+def test_the_module_decorator_uses_the_default_layer(monkeypatch: pytest.MonkeyPatch, redis_url: str) -> None:
+    import stampede
+    from stampede import _layer
+
+    monkeypatch.setattr(_layer, "_default_layer", None)
+    monkeypatch.delenv("STAMPEDE_REDIS_URL", raising=False)
+    db = CountingLoader()
+    load = stampede.cached_loader("item:{key}")(db)
+    assert load(1) == load(1) == {"id": 1}
+    assert db.calls == {1: 1}
+    assert type(stampede.default_layer()._runner.store).__name__ == "MemoryStore"
+
+    monkeypatch.setattr(_layer, "_default_layer", None)
+    monkeypatch.setenv("STAMPEDE_REDIS_URL", redis_url)
+    try:
+        assert type(stampede.default_layer()._runner.store).__name__ == "RedisStore"
+    finally:
+        stampede.default_layer().close()

@@ -17,7 +17,8 @@ def run(*args: str) -> str:
 
 def test_the_demo_shows_one_query_with_protection_and_many_without() -> None:
     out = run("examples/demo.py", "--processes", "2", "--threads", "8")
-    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split()[:1] in (["off"], ["sleep-spin"], ["stampede"])}
+    table = [line.split() for line in out.splitlines()]
+    rows = {words[0]: words for words in table if words[:1] in (["off"], ["sleep-spin"], ["stampede"])}
     assert int(rows["stampede"][1]) == 1
     assert int(rows["sleep-spin"][1]) == 1
     assert int(rows["off"][1]) > 1

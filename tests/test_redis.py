@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 import redis
 
-from stampede import BackendUnavailable, ConfigError, Stampede
+from stampede import BackendUnavailable, CachedLoader, ConfigError, Stampede
 from stampede.testing import CommandMonitor, RedisServer, names
 
 from .test_behaviour import CountingLoader, hammer
@@ -20,6 +20,11 @@ def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not reached in time"
         time.sleep(0.005)
+
+
+def subscribers(client: redis.Redis, loader: CachedLoader[..., Any], *args: Any) -> int:
+    """How many connections listen on the channel of ``loader(*args)``'s entry."""
+    return int(client.pubsub_numsub(loader.key(*args) + ":notify")[0][1])
 
 
 def test_round_trips_of_a_hit_a_leader_and_a_waiter(make_layer: Callable[..., Stampede], redis_url: str) -> None:
@@ -101,7 +106,7 @@ def test_a_released_lock_wakes_waiters_of_other_layers_at_once(
         holder = pool.submit(doomed, 1)
         assert failing.started.wait(5)
         waiting = pool.submit(survivor, 1)
-        wait_until(lambda: redis_client.pubsub_numsub(survivor.key(1) + ":notify")[0][1] == 1)
+        wait_until(lambda: subscribers(redis_client, survivor, 1) == 1)
         start = time.monotonic()
         failing.release.set()
         with pytest.raises(ZeroDivisionError):
@@ -109,6 +114,29 @@ def test_a_released_lock_wakes_waiters_of_other_layers_at_once(
         assert waiting.result(5) == {"id": 1}
     assert time.monotonic() - start < 1.0  # not the 10 s lease
     assert fine.calls == {1: 1}
+
+
+def test_a_holder_whose_lease_was_lost_does_not_overwrite_the_new_value(
+    make_layer: Callable[..., Stampede], redis_client: redis.Redis
+) -> None:
+    old_layer, new_layer = make_layer(), make_layer()
+    database = {"version": 1}
+    slow = CountingLoader(result=lambda key: dict(database))
+    slow.release.clear()
+    stale = old_layer.cached_loader("doc:{key}")(slow)
+    fresh = new_layer.cached_loader("doc:{key}")(lambda key: dict(database))
+
+    with ThreadPoolExecutor(1) as pool:
+        in_flight = pool.submit(stale, 1)
+        assert slow.started.wait(5)
+        redis_client.delete(stale.key(1) + ":lock")  # the lease ran out (a long GC pause, say)
+        database["version"] = 2
+        assert fresh(1) == {"version": 2}  # a new holder loads and writes
+        slow.release.set()
+        assert in_flight.result(5) == {"version": 1}  # to its own caller only
+
+    assert stale(1) == {"version": 2}
+    assert old_layer.stats()["stale_writes_prevented"] == 1
 
 
 def test_values_too_large_to_travel_in_the_message_are_read_back(
@@ -208,10 +236,9 @@ def test_waiters_survive_a_lost_subscriber_connection(
         held = pool.submit(holder, 1)
         assert db.started.wait(5)
         waiting = pool.submit(waiter, 1)
-        channel = waiter.key(1) + ":notify"
-        wait_until(lambda: redis_client.pubsub_numsub(channel)[0][1] == 1)
+        wait_until(lambda: subscribers(redis_client, waiter, 1) == 1)
         redis_client.client_kill_filter(_type="pubsub")  # the subscriber's connection drops
-        wait_until(lambda: redis_client.pubsub_numsub(channel)[0][1] == 1)  # and comes back
+        wait_until(lambda: subscribers(redis_client, waiter, 1) == 1)  # and comes back
         start = time.monotonic()
         db.release.set()
         assert held.result(5) == waiting.result(5) == {"id": 1}
@@ -243,7 +270,7 @@ def test_a_forked_child_gets_its_own_subscriber_and_watchdog(
         if pid == 0:  # the child waits for the holder's load through its own subscriber
             code = 0 if load(1) == {"id": 1} and layer.stats()["redis_errors"] == 0 else 1
             os._exit(code)
-        wait_until(lambda: redis_client.pubsub_numsub(load.key(1) + ":notify")[0][1] >= 1)
+        wait_until(lambda: subscribers(redis_client, load, 1) >= 1)
         db.release.set()
         assert held.result(5) == {"id": 1}
         _, status = os.waitpid(pid, 0)
