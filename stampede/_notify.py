@@ -191,6 +191,10 @@ class Subscriber:
             try:
                 if not connection.can_read(timeout=1.0):
                     continue
+                if connection is not self._connection:
+                    # Dropped while we polled (can_read reconnects a closed connection).
+                    connection.disconnect()
+                    continue
                 reply = connection.read_response(disconnect_on_error=False)
             except (RedisError, OSError, ValueError, AttributeError) as error:
                 with self._lock:
