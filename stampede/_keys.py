@@ -8,11 +8,12 @@ script touches one slot::
     <namespace>:{<entry>}:notify   the channel waiters listen on
 
 ``<entry>`` is the template with each field replaced by its argument. A str argument is
-percent-escaped (``%`` ``:`` ``{`` ``}`` ``#`` ``~`` and whitespace/control characters),
-so under ``"u:{a}:{b}"`` the calls ("x:y", "z") and ("x", "y:z") give ``u:x%3Ay:z`` and
-``u:x:y%3Az``. An int is written in decimal: ``1`` and ``"1"`` are deliberately one entry,
-the way a URL route treats them. Any other value is ``~`` plus its escaped canonical JSON,
-which no str or int renders as. Without a template the entry is ``module.qualname`` and
+percent-escaped (``%`` ``:`` ``{`` ``}`` ``#`` ``~``, whitespace, control characters, and
+lone surrogates, which could not be encoded), so under ``"u:{a}:{b}"`` the calls
+("x:y", "z") and ("x", "y:z") give ``u:x%3Ay:z`` and ``u:x:y%3Az``. An int is written in
+decimal: ``1`` and ``"1"`` are deliberately one entry, the way a URL route treats them.
+Bytes are ``~x`` and their hex; any other value is ``~`` plus its escaped canonical JSON;
+no str or int renders as either. Without a template the entry is ``module.qualname`` and
 every parameter in signature order. An entry longer than ``max_key_length`` keeps a
 readable prefix and ends in ``#`` plus a SHA-256 of the whole; ``#`` never occurs otherwise.
 """
@@ -30,7 +31,7 @@ import orjson
 
 from ._errors import ConfigError, InvalidKey
 
-_ESCAPED = re.compile(r"[%:{}#~\x00-\x20\x7f]")
+_ESCAPED = re.compile(r"[%:{}#~\x00-\x20\x7f\ud800-\udfff]")
 _FORBIDDEN_IN_TEMPLATE = re.compile(r"[{}#~\x00-\x20\x7f]")
 _HASH_CHARS = 40
 
@@ -66,6 +67,8 @@ def render(value: Any, *, name: str = "argument") -> str:
         return escape(value)
     if kind is int:
         return str(value)
+    if kind is bytes:
+        return "~x" + value.hex()
     try:
         encoded = orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
     except TypeError:

@@ -259,3 +259,21 @@ def test_the_module_decorator_uses_the_default_layer(monkeypatch: pytest.MonkeyP
         assert type(stampede.default_layer()._runner.store).__name__ == "RedisStore"
     finally:
         stampede.default_layer().close()
+
+
+def test_hostile_arguments_make_distinct_working_keys(layer_of_each_backend: Callable[..., Stampede]) -> None:
+    layer = layer_of_each_backend()
+
+    def tag(key: str) -> dict[str, str]:
+        return {"id": key.encode("utf-8", "surrogatepass").hex()}  # JSON cannot hold a lone surrogate
+
+    db = CountingLoader(result=tag)
+    load = layer.cached_loader("user:{key}")(db)
+    hostile = ["a}b{c", "x\r\nSET evil 1", "\ud800", "%3A", ":", "#", "~null", "k" * 10_000, "k" * 9_999 + "j", "", " "]
+
+    for _ in range(2):
+        assert [load(arg) for arg in hostile] == [tag(arg) for arg in hostile]
+
+    assert db.calls == {arg: 1 for arg in hostile}
+    assert len({load.key(arg) for arg in hostile}) == len(hostile)
+    assert all(len(load.key(arg)) < 300 for arg in hostile)

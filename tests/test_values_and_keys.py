@@ -27,6 +27,8 @@ def test_separators_inside_arguments_cannot_collide() -> None:
     assert key("a}b", "{c") == "ns:{u:a%7Db:%7Bc}"  # braces cannot forge a hash tag
     assert key("%3A", "") != key(":", "")
     assert key(" ", "\n") == "ns:{u:%20:%0A}"
+    assert key("\ud800", "é") == "ns:{u:%D800:é}"  # a lone surrogate could not be encoded
+    assert key("\ud800", "").encode()
 
 
 def test_values_of_other_types_are_tagged_and_canonical() -> None:
@@ -35,6 +37,7 @@ def test_values_of_other_types_are_tagged_and_canonical() -> None:
     assert key(None, 1) != key("None", 1) != key("~null", 1)
     assert key({"b": 1, "a": 2}, 0) == key({"a": 2, "b": 1}, 0)
     assert key(True, 0) != key(1, 0)
+    assert key(b"\x00:", 0) == "ns:{u:~x003a:0}" != key("~x003a", 0)
     assert key(uuid.UUID(int=1), 0).startswith("ns:{u:~")
     with pytest.raises(InvalidKey, match="argument 'a' of type object"):
         key(object(), 1)
