@@ -168,7 +168,8 @@ def fill(ctx: Context, *, backend_ok: bool = True, corrupt: bool = False) -> Flo
                 log.info("%s: the holder's lease ran out with nothing written; taking over", key)
             return (yield from _load_and_write(ctx))
 
-        # Another holder is loading.
+        # Another holder is loading; what it writes is fresh, so read it on re-checks.
+        check_value = True
         if not subscribed:
             ctx.stats.incr("lock_waits")
             log.debug("%s: lock held elsewhere (%.3f s left); subscribing", key, reply.lease_left)
@@ -205,7 +206,9 @@ def after_wait_timeout(ctx: Context) -> Flow:
             f"gave up waiting {ctx.settings.wait_timeout} s for another caller to load {key!r}",
             key=key,
         )
-    log.warning("%s: waited %s s for another load; loading without caching", key, ctx.settings.wait_timeout)
+    ctx.warn.warning(
+        "stampede: waited %s s for another load of %r; loading without caching", ctx.settings.wait_timeout, key
+    )
     ctx.stats.incr("loads")
     return (yield Load(leased=False))
 

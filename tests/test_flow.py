@@ -236,6 +236,17 @@ def test_a_corrupt_value_on_recheck_is_locked_over() -> None:
     assert Stepper(fill(ctx, corrupt=True)).effect == Acquire(check_value=False)
 
 
+def test_after_a_corrupt_value_a_holders_write_is_read_not_reloaded() -> None:
+    ctx, _ = make_ctx()
+    step = Stepper(fill(ctx, corrupt=True))
+    assert step.reply(HELD) == Subscribe()  # another process is already replacing it
+    assert step.reply(None) == Acquire(check_value=True)
+    step.reply(HELD)
+    assert step.reply(b"") == Acquire(check_value=True)  # written, too large to travel inline
+    step.reply(AcquireReply(LockState.VALUE, envelope("fresh")))
+    assert step.done and step.result == "fresh"
+
+
 def test_large_values_are_not_sent_inline() -> None:
     ctx, _ = make_ctx(inline_value_limit=10)
     step = Stepper(fill(ctx))
