@@ -35,7 +35,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Generator, Union
 
-from ._codec import Codec, Kind
+from ._codec import NOT_A_VALUE, Codec, Kind
 from ._config import Settings
 from ._errors import BackendUnavailable, SerializationError, WaitTimeout
 from ._keys import EntryKeys
@@ -132,18 +132,41 @@ class Context:
 # --- the flow --------------------------------------------------------------------------
 
 
-def fill(ctx: Context, *, backend_ok: bool = True, corrupt: bool = False) -> Flow:
-    """Get the entry's value after a miss: wait for another holder, or lock, load and write.
+class Miss(enum.Enum):
+    """Why the first read of a call did not return a value."""
 
-    ``backend_ok=False`` when the read that missed already failed: the store is not
-    asked again, so a stalled server costs one socket timeout, not one per step.
-    ``corrupt=True`` when that read found unreadable bytes: the lock is taken over them.
-    """
-    if not backend_ok:
+    ABSENT = "absent"  # nothing at the key
+    CORRUPT = "corrupt"  # unreadable bytes at the key: the lock is taken over them
+    FAILED = "failed"  # the read failed: the store is not asked again, so a stalled
+    # server costs one socket timeout, not one per step
+
+
+def first_read(raw: bytes | None, codec: Codec, stats: Stats, warn: RateLimitedLog, key: str) -> Any:
+    """What a call's first read found: the value to return (None for the null sentinel),
+    or a ``Miss``. Drivers perform the read and call this; a hit never enters the flow."""
+    if raw is not None:
+        value = codec.decode_hit(raw)
+        if value is not NOT_A_VALUE:
+            stats.incr("hits")
+            return value
+        decoded = codec.decode(raw)
+        if decoded.kind is Kind.NULL:
+            stats.incr("null_hits")
+            return None
+        note_corrupt(stats, warn, key, decoded.problem)
+        stats.incr("misses")
+        return Miss.CORRUPT
+    stats.incr("misses")
+    return Miss.ABSENT
+
+
+def fill(ctx: Context, miss: Miss = Miss.ABSENT) -> Flow:
+    """Get the entry's value after a miss: wait for another holder, or lock, load and write."""
+    if miss is Miss.FAILED:
         return (yield from _backend_failed(ctx, None))
     settings, key = ctx.settings, ctx.keys.value
     deadline = ctx.clock() + settings.wait_timeout
-    check_value = not corrupt
+    check_value = miss is not Miss.CORRUPT
     subscribed = False
     silent_wait = False  # the last wait ended with no message: a dead holder is possible
     while True:

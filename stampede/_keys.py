@@ -68,7 +68,7 @@ def render(value: Any, *, name: str = "argument") -> str:
     if kind is int:
         return str(value)
     if kind is bytes:
-        return "~x" + value.hex()
+        return "~x" + bytes(value).hex()
     try:
         encoded = orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
     except TypeError:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from random import uniform
 from typing import Any, Callable
 
-from ._codec import NOT_A_VALUE, Codec, Kind
+from ._codec import Codec
 from ._config import Settings
 from ._errors import BackendUnavailable
 from ._flow import (
@@ -19,13 +19,14 @@ from ._flow import (
     Context,
     Flow,
     Load,
+    Miss,
     Release,
     Subscribe,
     WriteRelease,
     after_wait_timeout,
     fill,
+    first_read,
     note_backend_error,
-    note_corrupt,
 )
 from ._keys import EntryKeys
 from ._notify import Subscription
@@ -82,29 +83,19 @@ class SyncRunner:
         return value
 
     def _lead(self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        stats, codec = self._stats, spec.codec
-        backend_ok, corrupt = True, False
         try:
             raw = self.store.get(value_key)
         except BackendUnavailable as error:
-            note_backend_error(stats, self._warn, error)
-            backend_ok = False
+            note_backend_error(self._stats, self._warn, error)
+            self._stats.incr("misses")
+            found: Any = Miss.FAILED
         else:
-            if raw is not None:
-                value = codec.decode_hit(raw)
-                if value is not NOT_A_VALUE:
-                    stats.incr("hits")
-                    return value
-                decoded = codec.decode(raw)
-                if decoded.kind is Kind.NULL:
-                    stats.incr("null_hits")
-                    return None
-                note_corrupt(stats, self._warn, value_key, decoded.problem)
-                corrupt = True
-        stats.incr("misses")
+            found = first_read(raw, spec.codec, self._stats, self._warn, value_key)
+            if not isinstance(found, Miss):
+                return found
         ctx = self._context(value_key, spec)
         loader = functools.partial(spec.func, *args, **kwargs)
-        return self._drive(fill(ctx, backend_ok=backend_ok, corrupt=corrupt), ctx, loader)
+        return self._drive(fill(ctx, found), ctx, loader)
 
     def _context(self, value_key: str, spec: LoaderSpec) -> Context:
         keys = EntryKeys.for_value(value_key)

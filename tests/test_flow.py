@@ -18,6 +18,7 @@ from stampede._flow import (
     Context,
     Load,
     LockState,
+    Miss,
     Release,
     Subscribe,
     WriteRelease,
@@ -194,7 +195,7 @@ def test_a_failing_store_applies_the_redis_error_policy(policy: str) -> None:
 
 def test_a_failed_first_read_goes_straight_to_the_policy() -> None:
     ctx, _ = make_ctx()
-    step = Stepper(fill(ctx, backend_ok=False))
+    step = Stepper(fill(ctx, Miss.FAILED))
     assert step.effect == Load(leased=False)
 
 
@@ -233,12 +234,12 @@ def test_a_corrupt_value_on_recheck_is_locked_over() -> None:
     step = Stepper(fill(ctx))
     assert step.reply(AcquireReply(LockState.VALUE, b"garbage")) == Acquire(check_value=False)
     assert ctx.stats.snapshot()["corrupt_values"] == 1
-    assert Stepper(fill(ctx, corrupt=True)).effect == Acquire(check_value=False)
+    assert Stepper(fill(ctx, Miss.CORRUPT)).effect == Acquire(check_value=False)
 
 
 def test_after_a_corrupt_value_a_holders_write_is_read_not_reloaded() -> None:
     ctx, _ = make_ctx()
-    step = Stepper(fill(ctx, corrupt=True))
+    step = Stepper(fill(ctx, Miss.CORRUPT))
     assert step.reply(HELD) == Subscribe()  # another process is already replacing it
     assert step.reply(None) == Acquire(check_value=True)
     step.reply(HELD)
