@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
 import pytest
@@ -25,6 +25,22 @@ def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
 def subscribers(client: redis.Redis, loader: CachedLoader[..., Any], *args: Any) -> int:
     """How many connections listen on the channel of ``loader(*args)``'s entry."""
     return int(client.pubsub_numsub(loader.key(*args) + ":notify")[0][1])
+
+
+def hold_and_wait(
+    pool: ThreadPoolExecutor,
+    holder: CachedLoader[..., Any],
+    holder_db: CountingLoader,
+    waiter: CachedLoader[..., Any],
+    client: redis.Redis,
+) -> tuple[Future[Any], Future[Any]]:
+    """Start ``holder(1)`` (its loader blocked until ``holder_db.release``), then
+    ``waiter(1)`` from another layer; return once the waiter listens for the write."""
+    held = pool.submit(holder, 1)
+    assert holder_db.started.wait(5)
+    waiting = pool.submit(waiter, 1)
+    wait_until(lambda: subscribers(client, waiter, 1) == 1)
+    return held, waiting
 
 
 def test_round_trips_of_a_hit_a_leader_and_a_waiter(make_layer: Callable[..., Stampede], redis_url: str) -> None:
@@ -103,10 +119,7 @@ def test_a_released_lock_wakes_waiters_of_other_layers_at_once(
     survivor = second.cached_loader("item:{key}")(fine)
 
     with ThreadPoolExecutor(2) as pool:
-        holder = pool.submit(doomed, 1)
-        assert failing.started.wait(5)
-        waiting = pool.submit(survivor, 1)
-        wait_until(lambda: subscribers(redis_client, survivor, 1) == 1)
+        holder, waiting = hold_and_wait(pool, doomed, failing, survivor, redis_client)
         start = time.monotonic()
         failing.release.set()
         with pytest.raises(ZeroDivisionError):
@@ -233,10 +246,7 @@ def test_waiters_survive_a_lost_subscriber_connection(
     waiter = waiter_layer.cached_loader("item:{key}")(db)
 
     with ThreadPoolExecutor(2) as pool:
-        held = pool.submit(holder, 1)
-        assert db.started.wait(5)
-        waiting = pool.submit(waiter, 1)
-        wait_until(lambda: subscribers(redis_client, waiter, 1) == 1)
+        held, waiting = hold_and_wait(pool, holder, db, waiter, redis_client)
         redis_client.client_kill_filter(_type="pubsub")  # the subscriber's connection drops
         wait_until(lambda: subscribers(redis_client, waiter, 1) == 1)  # and comes back
         start = time.monotonic()
