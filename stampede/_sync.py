@@ -63,17 +63,23 @@ class SyncRunner:
         """The value of the entry: from the cache, from another caller's read or load, or loaded.
 
         Of the callers of one key in this process, the first leads and the rest wait for
-        its outcome: concurrent callers share one read, and on a miss one load.
+        its outcome: concurrent callers share one read, and on a miss one load. A leader
+        stopped by something other than an Exception (KeyboardInterrupt, a killed greenlet)
+        passes nothing on: those who waited start over, and one of them leads.
         """
-        flight, done = self.flights.join(value_key)
-        if done is not None:
+        while True:
+            flight, done = self.flights.join(value_key)
+            if done is None:
+                break
             if not done.wait(spec.settings.wait_timeout):
                 ctx = self._context(value_key, spec)
                 return self._drive(after_wait_timeout(ctx), ctx, functools.partial(spec.func, *args, **kwargs))
-            self._stats.incr("collapsed")
-            if flight.error is not None:
+            if flight.error is None:
+                self._stats.incr("collapsed")
+                return flight.value
+            if isinstance(flight.error, Exception):
+                self._stats.incr("collapsed")
                 raise flight.error
-            return flight.value
         try:
             value = self._lead(value_key, spec, args, kwargs)
         except BaseException as error:

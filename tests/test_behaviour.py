@@ -29,7 +29,7 @@ class CountingLoader:
             self.calls[key] = self.calls.get(key, 0) + 1
         try:  # the database is read when the load starts, as a query would
             value, error = self.result(key), None
-        except Exception as raised:
+        except BaseException as raised:
             value, error = None, raised
         self.started.set()
         assert self.release.wait(30), "test never released the loader"
@@ -277,3 +277,35 @@ def test_hostile_arguments_make_distinct_working_keys(layer_of_each_backend: Cal
     assert db.calls == {arg: 1 for arg in hostile}
     assert len({load.key(arg) for arg in hostile}) == len(hostile)
     assert all(len(load.key(arg)) < 300 for arg in hostile)
+
+
+class Interrupted(BaseException):
+    """Stands for KeyboardInterrupt or a killed greenlet: not an error of the loader."""
+
+
+def test_an_interrupted_leader_hands_over_to_a_waiter(layer_of_each_backend: Callable[..., Stampede]) -> None:
+    layer = layer_of_each_backend()
+    first_call = threading.Event()
+
+    def result(key: Any) -> Any:
+        if not first_call.is_set():
+            first_call.set()
+            raise Interrupted()
+        return {"id": key}
+
+    db = CountingLoader(result=result)
+    db.release.clear()
+    load = layer.cached_loader("item:{key}")(db)
+
+    with ThreadPoolExecutor(5) as pool:
+        leader = pool.submit(load, 1)
+        assert db.started.wait(5)
+        waiters = [pool.submit(load, 1) for _ in range(4)]
+        while layer._runner.flights._flights[load.key(1)].done is None:
+            time.sleep(0.001)  # until at least one waiter has joined
+        db.release.set()
+        with pytest.raises(Interrupted):
+            leader.result(5)
+        assert [w.result(5) for w in waiters] == [{"id": 1}] * 4  # nobody inherits the interrupt
+    assert db.calls == {1: 2}
+    assert not lock_is_held(layer, load.key(1))
