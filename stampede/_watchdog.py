@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator
 
 from ._errors import BackendUnavailable
@@ -34,7 +34,7 @@ class Lease:
     lease_ms: int
     due: float  # monotonic time of the next renewal
     lost: bool = False
-    active: bool = field(default=True)
+    active: bool = True  # false once its load is over: dropped when it comes due
 
 
 class Watchdog:
