@@ -95,13 +95,14 @@ class KeyBuilder:
         self._namespace = namespace
         self._max_length = max_key_length
         if template is None:
-            self._prefix = f"{func.__module__}.{func.__qualname__}"
-            fields: list[tuple[str, str | None]] = [(":", name) for name in self._names]
+            prefix = f"{func.__module__}.{func.__qualname__}"
+            fields: list[tuple[str, str | None]] = [(prefix, None)] + [(":", name) for name in self._names]
         else:
-            self._prefix = ""
             fields = _parse_template(template, set(self._names))
-        # (literal, index of the parameter whose value follows it, or -1)
-        self._parts = [(literal, -1 if name is None else self._names.index(name)) for literal, name in fields]
+        # The entry as a format string with one {} per field (literals never hold braces),
+        # and the index of the parameter each {} takes.
+        self._format = "".join(literal + ("" if name is None else "{}") for literal, name in fields)
+        self._fields = [self._names.index(name) for _, name in fields if name is not None]
 
     def _render(self, value: Any, index: int) -> str:
         return render(value, name=f"argument {self._names[index]!r}")
@@ -118,13 +119,11 @@ class KeyBuilder:
             call = self._signature.bind(*args, **kwargs)  # TypeError, as calling func would
             call.apply_defaults()
             values = [call.arguments[name] for name in self._names]
-        pieces = [self._prefix]
-        for literal, index in self._parts:
-            pieces.append(literal)
-            if index >= 0:
-                value = values[index]
-                pieces.append(str(value) if type(value) is int else self._render(value, index))
-        entry = "".join(pieces)
+        rendered = []
+        for index in self._fields:
+            value = values[index]
+            rendered.append(str(value) if type(value) is int else self._render(value, index))
+        entry = self._format.format(*rendered)
         if len(entry) > self._max_length:
             entry = self._shorten(entry)
         return f"{self._namespace}:{{{entry}}}"
