@@ -154,10 +154,18 @@ def first_read(raw: bytes | None, codec: Codec, stats: Stats, warn: RateLimitedL
             stats.incr("null_hits")
             return None
         note_corrupt(stats, warn, key, decoded.problem)
-        stats.incr("misses")
-        return Miss.CORRUPT
+        miss = Miss.CORRUPT
+    else:
+        miss = Miss.ABSENT
     stats.incr("misses")
-    return Miss.ABSENT
+    return miss
+
+
+def failed_read(stats: Stats, warn: RateLimitedLog, error: BackendUnavailable) -> Miss:
+    """What a call's first read means when the store failed to answer it."""
+    note_backend_error(stats, warn, error)
+    stats.incr("misses")
+    return Miss.FAILED
 
 
 def fill(ctx: Context, miss: Miss = Miss.ABSENT) -> Flow:

@@ -45,11 +45,8 @@ class EntryKeys:
     channel: str
 
     @classmethod
-    def of(cls, namespace: str, entry: str) -> EntryKeys:
-        return cls.for_value(f"{namespace}:{{{entry}}}")
-
-    @classmethod
     def for_value(cls, value_key: str) -> EntryKeys:
+        """The lock and channel that go with a value key from ``KeyBuilder.value_key``."""
         return cls(value_key, value_key + ":lock", value_key + ":notify")
 
 

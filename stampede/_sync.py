@@ -24,9 +24,9 @@ from ._flow import (
     Subscribe,
     WriteRelease,
     after_wait_timeout,
+    failed_read,
     fill,
     first_read,
-    note_backend_error,
 )
 from ._keys import EntryKeys
 from ._notify import Subscription
@@ -74,12 +74,11 @@ class SyncRunner:
             if not done.wait(spec.settings.wait_timeout):
                 ctx = self._context(value_key, spec)
                 return self._drive(after_wait_timeout(ctx), ctx, functools.partial(spec.func, *args, **kwargs))
-            if flight.error is None:
+            if flight.error is None or isinstance(flight.error, Exception):
                 self._stats.incr("collapsed")
+                if flight.error is not None:
+                    raise flight.error
                 return flight.value
-            if isinstance(flight.error, Exception):
-                self._stats.incr("collapsed")
-                raise flight.error
         try:
             value = self._lead(value_key, spec, args, kwargs)
         except BaseException as error:
@@ -92,9 +91,7 @@ class SyncRunner:
         try:
             raw = self.store.get(value_key)
         except BackendUnavailable as error:
-            note_backend_error(self._stats, self._warn, error)
-            self._stats.incr("misses")
-            found: Any = Miss.FAILED
+            found: Any = failed_read(self._stats, self._warn, error)
         else:
             found = first_read(raw, spec.codec, self._stats, self._warn, value_key)
             if not isinstance(found, Miss):

@@ -29,7 +29,7 @@ from stampede._keys import EntryKeys
 from stampede._observe import RateLimitedLog, Stats
 
 CODEC = Codec()
-KEYS = EntryKeys.of("t", "item:1")
+KEYS = EntryKeys.for_value("t:{item:1}")
 HELD = AcquireReply(LockState.HELD, lease_left=4.0)
 LOCKED = AcquireReply(LockState.LOCKED)
 
