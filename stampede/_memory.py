@@ -14,6 +14,7 @@ from typing import Callable
 
 from cachetools import TLRUCache
 
+from ._channels import Mailbox
 from ._flow import AcquireReply, LockState
 from ._keys import EntryKeys
 from ._notify import Subscription
@@ -30,7 +31,7 @@ class MemoryStore:
             maxsize=max_entries, ttu=lambda _key, item, _now: item[1], timer=clock
         )
         self._leases: dict[str, tuple[str, float]] = {}  # lock key -> (token, expires_at)
-        self._subscriptions: dict[str, set[Subscription]] = {}
+        self._mailboxes: dict[str, set[Mailbox]] = {}
 
     def get(self, key: str) -> bytes | None:
         with self._lock:
@@ -80,23 +81,28 @@ class MemoryStore:
             self._publish(keys, b"")
 
     def subscribe(self, keys: EntryKeys) -> Subscription:
-        subscription = Subscription(keys.channel, self._unsubscribe)
-        with self._lock:
-            self._subscriptions.setdefault(keys.channel, set()).add(subscription)
+        subscription = Subscription(keys.channel, self.detach)
+        self.attach(subscription)
         return subscription
+
+    def attach(self, mailbox: Mailbox) -> None:
+        """Deliver the entry's wake-ups to ``mailbox`` (of a blocking or an asyncio waiter)."""
+        with self._lock:
+            self._mailboxes.setdefault(mailbox.channel, set()).add(mailbox)
+        mailbox.confirm(True)
+
+    def detach(self, mailbox: Mailbox) -> None:
+        with self._lock:
+            members = self._mailboxes.get(mailbox.channel)
+            if members is not None:
+                members.discard(mailbox)
+                if not members:
+                    del self._mailboxes[mailbox.channel]
 
     def close(self) -> None:
         with self._lock:
             self._values.clear()
             self._leases.clear()
-
-    def _unsubscribe(self, subscription: Subscription) -> None:
-        with self._lock:
-            members = self._subscriptions.get(subscription.channel)
-            if members is not None:
-                members.discard(subscription)
-                if not members:
-                    del self._subscriptions[subscription.channel]
 
     def _live_lease(self, keys: EntryKeys, now: float) -> tuple[str, float] | None:
         lease = self._leases.get(keys.lock)
@@ -110,5 +116,5 @@ class MemoryStore:
         return lease is not None and lease[0] == token
 
     def _publish(self, keys: EntryKeys, message: bytes) -> None:
-        for subscription in self._subscriptions.get(keys.channel, ()):
-            subscription.deliver(message)
+        for mailbox in self._mailboxes.get(keys.channel, ()):
+            mailbox.deliver(message)

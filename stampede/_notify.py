@@ -1,10 +1,9 @@
-"""Wake-ups for waiters: one subscriber connection per process for every waiting entry.
+"""Wake-ups for blocking waiters: one subscriber connection per layer for every waiting entry.
 
 A ``Subscription`` is one waiter's mailbox on one channel. Delivery never blocks and
 keeps only the latest message: a waiter that is woken re-checks the entry anyway, so
-what matters is that it wakes, not how many messages it missed. For the same reason a
-spurious wake-up (``b""``) is always safe, and the subscriber sends one to everybody
-whenever its connection breaks.
+what matters is that it wakes, not how many messages it missed. Who waits on what, and
+what a lost connection means, is decided in ``_channels``.
 
 ``Subscriber`` threading rules: commands (SUBSCRIBE, UNSUBSCRIBE) are sent by the calling
 thread under ``_lock``; only the reader thread reads replies and messages. Sending and
@@ -23,25 +22,35 @@ from typing import Any, Callable
 import redis
 from redis.exceptions import RedisError
 
+from ._channels import Channels
 from ._errors import BackendUnavailable
 
 log = logging.getLogger("stampede")
 
 
 class Subscription:
-    """One waiter's mailbox on one channel."""
+    """One blocking waiter's mailbox on one channel (a ``Mailbox``)."""
 
-    __slots__ = ("channel", "_event", "_message", "_on_close")
+    __slots__ = ("channel", "_event", "_message", "_confirmed", "_ok", "_on_close")
 
     def __init__(self, channel: str, on_close: Callable[[Subscription], None]) -> None:
         self.channel = channel
         self._event = threading.Event()
         self._message = b""  # the latest message; read only after _event is set
+        self._confirmed = threading.Event()
+        self._ok = False  # written before _confirmed is set
         self._on_close = on_close
 
     def deliver(self, message: bytes) -> None:
         self._message = message
         self._event.set()
+
+    def confirm(self, ok: bool) -> None:
+        self._ok = ok
+        self._confirmed.set()
+
+    def wait_confirmed(self, timeout: float) -> bool:
+        return self._confirmed.wait(timeout) and self._ok
 
     def wait(self, timeout: float) -> bytes | None:
         """The latest message since the last wait, or None after ``timeout`` in silence."""
@@ -54,16 +63,8 @@ class Subscription:
         self._on_close(self)
 
 
-class _Confirmation:
-    __slots__ = ("event", "ok")
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.ok = False
-
-
 class Subscriber:
-    """One pub/sub connection for all waiting entries of a process (per layer)."""
+    """One pub/sub connection for all blocking waiters of a process (per layer)."""
 
     def __init__(self, client: redis.Redis, timeout: float) -> None:
         self._client = client
@@ -71,8 +72,7 @@ class Subscriber:
         self._lock = threading.Lock()
         self._wake_reader = threading.Condition(self._lock)
         self._connection: Any = None  # a redis-py Connection while connected, else None
-        self._subscriptions: dict[str, set[Subscription]] = {}
-        self._unconfirmed: dict[str, _Confirmation] = {}
+        self._channels = Channels()
         self._reader: threading.Thread | None = None
         self._closed = False
         self._pid = os.getpid()
@@ -87,18 +87,13 @@ class Subscriber:
                 self._forget_parent()
             try:
                 self._ensure_connected()
-                members = self._subscriptions.setdefault(channel, set())
-                members.add(subscription)
-                confirmation = self._unconfirmed.get(channel)
-                if len(members) == 1:
-                    confirmation = self._unconfirmed[channel] = _Confirmation()
+                if self._channels.add(subscription):
                     self._connection.send_command("SUBSCRIBE", channel)
             except (RedisError, OSError) as error:
                 self._drop_connection()
+                self._channels.remove(subscription)
                 raise BackendUnavailable(f"cannot subscribe to {channel!r}: {error}") from error
-        if confirmation is not None and not (
-            confirmation.event.wait(self._timeout) and confirmation.ok
-        ):
+        if not subscription.wait_confirmed(self._timeout):
             subscription.close()
             raise BackendUnavailable(f"the server did not confirm the subscription to {channel!r}")
         return subscription
@@ -113,14 +108,7 @@ class Subscriber:
 
     def _unsubscribe(self, subscription: Subscription) -> None:
         with self._lock:
-            members = self._subscriptions.get(subscription.channel)
-            if members is None:
-                return
-            members.discard(subscription)
-            if members:
-                return
-            del self._subscriptions[subscription.channel]
-            if self._connection is not None:
+            if self._channels.remove(subscription) and self._connection is not None:
                 try:  # fire and forget: the reader reads the confirmation
                     self._connection.send_command("UNSUBSCRIBE", subscription.channel)
                 except (RedisError, OSError):
@@ -129,22 +117,10 @@ class Subscriber:
     def _ensure_connected(self) -> None:
         if self._connection is not None:
             return
-        pool = self._client.connection_pool
-        # Our own connection, outside the pool: RESP2 messages, and no health-check
-        # PINGs, which would read replies from the sending thread.
-        kwargs = {
-            name: value
-            for name, value in pool.connection_kwargs.items()
-            if "maint_notifications" not in name  # RESP3-only; this connection speaks RESP2
-        }
-        kwargs.update(health_check_interval=0, protocol=2)
-        if kwargs.get("socket_connect_timeout") is None:
-            kwargs["socket_connect_timeout"] = self._timeout
-        connection = pool.connection_class(**kwargs)
-        connection.connect()
-        self._connection = connection
-        if self._subscriptions:  # after a reconnect: subscribe again to what is awaited
-            self._connection.send_command("SUBSCRIBE", *self._subscriptions)
+        self._connection = connect_pubsub(self._client.connection_pool, self._timeout)
+        self._connection.connect()
+        if self._channels:  # after a reconnect: subscribe again to what is awaited
+            self._connection.send_command("SUBSCRIBE", *self._channels.resubscribe())
         if self._reader is None or not self._reader.is_alive():
             self._reader = threading.Thread(target=self._read, name="stampede-subscriber", daemon=True)
             self._reader.start()
@@ -154,8 +130,7 @@ class Subscriber:
         """After a fork: the parent's socket, reader and waiters are not ours to touch."""
         self._pid = os.getpid()
         self._connection, self._reader = None, None
-        self._subscriptions.clear()
-        self._unconfirmed.clear()
+        self._channels.clear()
 
     def _drop_connection(self) -> None:
         """Disconnect and wake everyone: waiters re-check, unconfirmed subscribers fail."""
@@ -165,18 +140,13 @@ class Subscriber:
                 connection.disconnect()
             except (RedisError, OSError):
                 pass
-        for confirmation in self._unconfirmed.values():
-            confirmation.event.set()
-        self._unconfirmed.clear()
-        for members in self._subscriptions.values():
-            for subscription in members:
-                subscription.deliver(b"")
+        self._channels.on_connection_lost()
 
     def _read(self) -> None:
         while True:
             with self._lock:
                 while self._connection is None and not self._closed:
-                    if self._subscriptions:
+                    if self._channels:
                         # Waiters are still there: try to reconnect now and then.
                         self._wake_reader.wait(0.5)
                         try:
@@ -202,19 +172,20 @@ class Subscriber:
                         log.info("stampede: subscriber connection lost (%s)", error)
                         self._drop_connection()
                 continue
-            self._dispatch(reply)
+            with self._lock:
+                self._channels.on_reply(reply)
 
-    def _dispatch(self, reply: Any) -> None:
-        if not isinstance(reply, list) or len(reply) != 3:
-            return
-        kind, channel_raw, data = reply
-        channel = channel_raw.decode() if isinstance(channel_raw, bytes) else str(channel_raw)
-        with self._lock:
-            if kind == b"message":
-                for subscription in self._subscriptions.get(channel, ()):
-                    subscription.deliver(data)
-            elif kind == b"subscribe":
-                confirmation = self._unconfirmed.pop(channel, None)
-                if confirmation is not None:
-                    confirmation.ok = True
-                    confirmation.event.set()
+
+def connect_pubsub(pool: Any, timeout: float) -> Any:
+    """A connection of ``pool``'s class and settings, outside the pool, for pub/sub only:
+    RESP2 messages, and no health-check PINGs, which would read replies from the sender.
+    Works for the blocking and the asyncio pools alike; the caller connects it."""
+    kwargs = {
+        name: value
+        for name, value in pool.connection_kwargs.items()
+        if "maint_notifications" not in name  # RESP3-only; this connection speaks RESP2
+    }
+    kwargs.update(health_check_interval=0, protocol=2)
+    if kwargs.get("socket_connect_timeout") is None:
+        kwargs["socket_connect_timeout"] = timeout
+    return pool.connection_class(**kwargs)

@@ -1,0 +1,104 @@
+"""Who waits on which channel: the bookkeeping of a subscriber, without its I/O.
+
+The blocking subscriber (a reader thread) and the asyncio one (a reader task per event
+loop) differ only in how they send and read; the rules live here, once:
+
+* The first mailbox on a channel makes the subscriber send SUBSCRIBE; mailboxes that
+  join before the server confirms it wait for the same confirmation; later ones are
+  confirmed at once. The last one to leave makes it send UNSUBSCRIBE.
+* A message goes to every mailbox on its channel.
+* A lost connection wakes every mailbox with ``b""`` (a spurious wake-up is always safe:
+  a waiter re-checks the entry) and fails every unconfirmed subscription. After a
+  reconnect the subscriber subscribes again to every channel still awaited.
+
+Not thread-safe: the blocking subscriber calls it under its lock, the asyncio one from
+its loop only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+
+class Mailbox(Protocol):
+    """One waiter's end of a subscription."""
+
+    channel: str
+
+    def deliver(self, message: bytes) -> None:
+        """Keep ``message`` as the latest and wake the waiter. Never blocks; any thread."""
+
+    def confirm(self, ok: bool) -> None:
+        """The server confirmed the subscription (``ok``), or the connection was lost first."""
+
+
+class Channels:
+    def __init__(self) -> None:
+        self._members: dict[str, set[Mailbox]] = {}
+        self._unconfirmed: dict[str, list[Mailbox]] = {}
+
+    def add(self, mailbox: Mailbox) -> bool:
+        """Register ``mailbox``; True if the caller must send SUBSCRIBE for its channel."""
+        members = self._members.setdefault(mailbox.channel, set())
+        members.add(mailbox)
+        if len(members) == 1:
+            self._unconfirmed[mailbox.channel] = [mailbox]
+            return True
+        waiting = self._unconfirmed.get(mailbox.channel)
+        if waiting is not None:
+            waiting.append(mailbox)
+        else:
+            mailbox.confirm(True)
+        return False
+
+    def remove(self, mailbox: Mailbox) -> bool:
+        """Unregister ``mailbox``; True if the caller must send UNSUBSCRIBE for its channel."""
+        members = self._members.get(mailbox.channel)
+        if members is None or mailbox not in members:
+            return False
+        members.discard(mailbox)
+        waiting = self._unconfirmed.get(mailbox.channel)
+        if waiting is not None and mailbox in waiting:
+            waiting.remove(mailbox)
+        if members:
+            return False
+        del self._members[mailbox.channel]
+        self._unconfirmed.pop(mailbox.channel, None)
+        return True
+
+    def on_reply(self, reply: Any) -> None:
+        """Route one reply read from the subscriber's connection (RESP2 arrays)."""
+        if not isinstance(reply, list) or len(reply) != 3:
+            return
+        kind, channel_raw, data = reply
+        channel = channel_raw.decode() if isinstance(channel_raw, bytes) else str(channel_raw)
+        if kind == b"message":
+            for mailbox in self._members.get(channel, ()):
+                mailbox.deliver(data)
+        elif kind == b"subscribe":
+            for mailbox in self._unconfirmed.pop(channel, ()):
+                mailbox.confirm(True)
+
+    def on_connection_lost(self) -> None:
+        """Fail unconfirmed subscriptions and wake every waiter to re-check."""
+        unconfirmed, self._unconfirmed = self._unconfirmed, {}
+        for waiting in unconfirmed.values():
+            for mailbox in waiting:
+                mailbox.confirm(False)
+        for members in self._members.values():
+            for mailbox in members:
+                mailbox.deliver(b"")
+
+    def resubscribe(self) -> list[str]:
+        """The channels to subscribe to again on a new connection. Mailboxes that join
+        them now wait for the server's confirmation, like those of a new channel."""
+        for channel in self._members:
+            self._unconfirmed.setdefault(channel, [])
+        return list(self._members)
+
+    def clear(self) -> None:
+        self._members.clear()
+        self._unconfirmed.clear()
+
+    def __bool__(self) -> bool:
+        return bool(self._members)
