@@ -18,6 +18,10 @@ Rules of the flow:
   another ``Acquire``, which re-checks the value and takes over a dead holder's lock;
   the wait between two checks never exceeds the holder's remaining lease nor
   ``recheck_interval``, which bounds a lost message.
+* A caller interrupted while it may hold the lock (a cancelled task, KeyboardInterrupt:
+  anything but an Exception thrown into the flow at Acquire, Load or WriteRelease)
+  releases it by token before the interruption goes on, so waiters elsewhere take over
+  at once instead of after the lease.
 
 A timeline of a takeover::
 
@@ -32,6 +36,8 @@ from __future__ import annotations
 
 import enum
 import logging
+import random
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Generator, Union
 
@@ -129,6 +135,25 @@ class Context:
     uniform: Callable[[float, float], float]  # TTL jitter
 
 
+@dataclass(frozen=True)
+class LoaderSpec:
+    """What a driver needs to know of one decorated loader."""
+
+    func: Callable[..., Any]
+    settings: Settings
+    codec: Codec
+
+
+def new_context(value_key: str, spec: LoaderSpec, stats: Stats, warn: RateLimitedLog) -> Context:
+    """The context of one miss, on the real clocks."""
+    keys = EntryKeys.for_value(value_key)
+    return Context(keys, spec.settings, spec.codec, stats, warn, time.monotonic, time.time, random.uniform)
+
+
+def milliseconds(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
 # --- the flow --------------------------------------------------------------------------
 
 
@@ -182,6 +207,14 @@ def fill(ctx: Context, miss: Miss = Miss.ABSENT) -> Flow:
             reply: AcquireReply = yield Acquire(check_value)
         except BackendUnavailable as error:
             return (yield from _backend_failed(ctx, error))
+        except GeneratorExit:
+            raise
+        except BaseException:
+            # Interrupted (a cancelled task) with the command possibly run: the lock may
+            # be ours. Releasing by token is safe either way, and waiters need not wait
+            # out a lease nobody renews.
+            yield from _release(ctx)
+            raise
 
         if reply.state is LockState.VALUE:
             assert reply.raw is not None
@@ -271,6 +304,11 @@ def _load_and_write(ctx: Context) -> Flow:
     except BackendUnavailable as error:
         _count_backend_error(ctx, error)
         return value  # the value is good; only caching it failed
+    except GeneratorExit:
+        raise
+    except BaseException:
+        yield from _release(ctx)  # interrupted: the write may not have run
+        raise
     if not written:
         ctx.stats.incr("stale_writes_prevented")
         log.info("%s: lease lost during the load (invalidated or expired); result not written", key)

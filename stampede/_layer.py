@@ -2,27 +2,34 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import functools
 import inspect
 import logging
 import os
 import threading
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Coroutine, TypeVar, Union, overload
 
 import redis
+import redis.asyncio
+import redis.asyncio.retry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from ._aredis import AsyncRedisStore
+from ._async import AsyncRunner
 from ._codec import Codec, Serializer
 from ._config import Policy, Settings, check_namespace
 from ._errors import ConfigError
+from ._flow import LoaderSpec
 from ._keys import KeyBuilder
-from ._loader import CachedLoader, P
-from ._memory import MemoryStore
+from ._loader import AsyncCachedLoader, CachedLoader, P
+from ._memory import AsyncMemoryStore, MemoryStore
 from ._observe import RateLimitedLog, Stats
 from ._redis import RedisStore
-from ._store import Store
-from ._sync import LoaderSpec, SyncRunner
+from ._store import AsyncStore, Store
+from ._sync import SyncRunner
 from ._watchdog import Watchdog
 
 log = logging.getLogger("stampede")
@@ -33,21 +40,28 @@ DEFAULT_SOCKET_TIMEOUT = 2.0
 DEFAULT_CONNECT_TIMEOUT = 1.0
 
 
+AsyncClient = Union["redis.asyncio.Redis", Callable[[], "redis.asyncio.Redis"]]
+
+
 class Stampede:
     """A cache layer: loaders decorated by it share one store, one set of counters, one
-    lease watchdog and one subscriber connection.
+    lease watchdog and one subscriber connection (per event loop for async loaders).
 
     ``Stampede(client)`` uses a redis-py client you configured; give it a
     ``socket_timeout``, a ``socket_connect_timeout`` and ``retry=Retry(NoBackoff(), 0)``,
-    or one command against a stalled server can outlast every bound here.
-    ``Stampede.from_url(url)`` builds such a client. ``Stampede()`` keeps everything in
-    this process's memory: no server, protection across threads only.
+    or one command against a stalled server can outlast every bound here. For
+    ``async def`` loaders add ``async_client=``: a redis.asyncio client (usable in one
+    event loop, as redis.asyncio clients are), or a function that makes one, called once
+    per event loop. ``Stampede.from_url(url)`` builds both, with bounded timeouts.
+    ``Stampede()`` keeps everything in this process's memory: no server, protection
+    across threads and tasks only.
     """
 
     def __init__(
         self,
         client: redis.Redis | None = None,
         *,
+        async_client: AsyncClient | None = None,
         namespace: str = "stampede",
         serializer: Serializer | None = None,
         max_entries: int = 10_000,
@@ -62,18 +76,19 @@ class Stampede:
         self._stats = Stats()
         self._watchdog = Watchdog()
         self._owned_client: redis.Redis | None = None
-        store: Store
-        if client is None:
-            store = MemoryStore(max_entries)
-        else:
-            socket_timeout = client.connection_pool.connection_kwargs.get("socket_timeout")
-            if socket_timeout is None:
-                log.warning(
-                    "stampede: the redis client has no socket_timeout; a stalled server can "
-                    "block callers without bound (see Stampede.from_url)"
-                )
-            store = RedisStore(client, subscribe_timeout=socket_timeout or DEFAULT_SOCKET_TIMEOUT)
-        self._runner = SyncRunner(store, self._stats, RateLimitedLog(log), self._watchdog)
+        warn = RateLimitedLog(log)
+        store: Store | None = None
+        make_async_store: Callable[[], AsyncStore] | None = None
+        if client is None and async_client is None:
+            memory = MemoryStore(max_entries)
+            store = memory
+            make_async_store = functools.partial(AsyncMemoryStore, memory)
+        if client is not None:
+            store = RedisStore(client, subscribe_timeout=_socket_timeout(client))
+        if async_client is not None:
+            make_async_store = _async_store_maker(async_client)
+        self._runner = SyncRunner(store, self._stats, warn, self._watchdog) if store is not None else None
+        self._async_runner = AsyncRunner(make_async_store, self._stats, warn) if make_async_store else None
 
     @classmethod
     def from_url(
@@ -87,22 +102,27 @@ class Stampede:
         serializer: Serializer | None = None,
         **settings: Any,
     ) -> Stampede:
-        """A layer over a client for ``url`` with bounded timeouts and no hidden retries,
+        """A layer over clients for ``url`` with bounded timeouts and no hidden retries,
         so no call spends longer than wait_timeout plus one socket timeout on Redis.
-        ``max_connections`` bounds the pool; threads beyond it wait for a connection."""
-        no_retries = Retry(NoBackoff(), 0)
-        # A blocking pool: a burst of threads waits (one socket timeout at most) for a
-        # connection instead of failing with "Too many connections".
-        pool = redis.BlockingConnectionPool.from_url(
-            url,
+        ``max_connections`` bounds the pool (one pool for threads, one per event loop
+        for async loaders, made when that loop first calls); callers beyond it wait,
+        one socket timeout at most, for a connection instead of failing."""
+        options: dict[str, Any] = dict(
             max_connections=max_connections,
             timeout=socket_timeout,
             socket_timeout=socket_timeout,
             socket_connect_timeout=socket_connect_timeout,
-            retry=no_retries,
         )
+        no_retries = Retry(NoBackoff(), 0)
+        pool = redis.BlockingConnectionPool.from_url(url, retry=no_retries, **options)
         client = redis.Redis(connection_pool=pool, retry=no_retries)
-        layer = cls(client, namespace=namespace, serializer=serializer, **settings)
+
+        def make_async_client() -> redis.asyncio.Redis:
+            no_async_retries = redis.asyncio.retry.Retry(NoBackoff(), 0)
+            async_pool = redis.asyncio.BlockingConnectionPool.from_url(url, retry=no_async_retries, **options)
+            return redis.asyncio.Redis(connection_pool=async_pool, retry=no_async_retries)
+
+        layer = cls(client, async_client=make_async_client, namespace=namespace, serializer=serializer, **settings)
         layer._owned_client = client
         return layer
 
@@ -117,10 +137,11 @@ class Stampede:
         on_wait_timeout: Policy | None = None,
         on_redis_error: Policy | None = None,
         serializer: Serializer | None = None,
-    ) -> Callable[[Callable[P, R]], CachedLoader[P, R]]:
-        """Decorate a loader. ``template`` (``"product:{product_id}"``) names the entry from
-        the loader's arguments; without one the key is the loader's qualified name and all
-        its arguments. Keyword settings override the layer's for this loader."""
+    ) -> LoaderDecorator:
+        """Decorate a loader, plain or ``async def``. ``template`` (``"product:{product_id}"``)
+        names the entry from the loader's arguments; without one the key is the loader's
+        qualified name and all its arguments. Keyword settings override the layer's for
+        this loader."""
         settings = self.settings.replace(
             ttl=ttl,
             null_ttl=null_ttl,
@@ -130,25 +151,36 @@ class Stampede:
             on_redis_error=on_redis_error,
         )
         codec = self._codec if serializer is None else Codec(serializer)
+        return LoaderDecorator(self, template, settings, codec)
 
-        def decorate(func: Callable[P, R]) -> CachedLoader[P, R]:
-            if inspect.iscoroutinefunction(func):
-                raise ConfigError(f"{func.__qualname__} is async; async loaders are not supported yet")
-            keys = KeyBuilder(func, template, self.namespace, settings.max_key_length)
-            return CachedLoader(LoaderSpec(func, settings, codec), self._runner, keys)
-
-        return decorate
+    def _forget(self, key: str) -> None:
+        """After an invalidation: callers of every kind in this process read afresh."""
+        if self._runner is not None:
+            self._runner.forget(key)
+        if self._async_runner is not None:
+            self._async_runner.forget(key)
 
     def stats(self) -> dict[str, int]:
-        """Counters since the layer was made: hits, misses, loads, collapsed, lock_waits, ..."""
+        """Counters since the layer was made, blocking and async callers together: hits,
+        misses, loads, collapsed, lock_waits, ..."""
         return self._stats.snapshot()
 
     def close(self) -> None:
-        """Stop the layer's threads and close the connections it opened."""
+        """Stop the layer's threads and close the connections it opened. Connections of
+        async loaders are closed by ``aclose()`` in their event loop."""
         self._watchdog.close()
-        self._runner.store.close()
+        if self._runner is not None:
+            self._runner.store.close()
+        if self._async_runner is not None:
+            self._async_runner.close()
         if self._owned_client is not None:
             self._owned_client.close()
+
+    async def aclose(self) -> None:
+        """``close()`` from a coroutine: also closes this event loop's connections."""
+        if self._async_runner is not None:
+            await self._async_runner.aclose()
+        await asyncio.to_thread(self.close)  # joins the subscriber thread
 
     def __enter__(self) -> Stampede:
         return self
@@ -156,9 +188,76 @@ class Stampede:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    async def __aenter__(self) -> Stampede:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
     def __repr__(self) -> str:
-        store = type(self._runner.store).__name__
+        store = type(self._runner.store).__name__ if self._runner is not None else "none"
         return f"<Stampede namespace={self.namespace!r} store={store} {dataclasses.asdict(self.settings)}>"
+
+
+class LoaderDecorator:
+    """What ``cached_loader(...)`` returns: applied to a plain function it makes a
+    ``CachedLoader``, to an ``async def`` an ``AsyncCachedLoader``."""
+
+    def __init__(self, layer: Stampede, template: str | None, settings: Settings, codec: Codec) -> None:
+        self._layer = layer
+        self._template = template
+        self._settings = settings
+        self._codec = codec
+
+    @overload
+    def __call__(self, func: Callable[P, Coroutine[Any, Any, R]]) -> AsyncCachedLoader[P, R]: ...  # type: ignore[overload-overlap]
+
+    @overload
+    def __call__(self, func: Callable[P, R]) -> CachedLoader[P, R]: ...
+
+    def __call__(self, func: Callable[P, Any]) -> CachedLoader[P, Any] | AsyncCachedLoader[P, Any]:
+        layer = self._layer
+        keys = KeyBuilder(func, self._template, layer.namespace, self._settings.max_key_length)
+        spec = LoaderSpec(func, self._settings, self._codec)
+        if inspect.iscoroutinefunction(func):
+            if layer._async_runner is None:
+                raise ConfigError(
+                    f"{func.__qualname__} is async, and this layer has no asyncio client: "
+                    "pass async_client= to Stampede, or use Stampede.from_url"
+                )
+            return AsyncCachedLoader(spec, layer._async_runner, keys, layer._forget)
+        if layer._runner is None:
+            raise ConfigError(
+                f"{func.__qualname__} is not async, and this layer has only an asyncio client: "
+                "pass a blocking client too, or use Stampede.from_url"
+            )
+        return CachedLoader(spec, layer._runner, keys, layer._forget)
+
+
+def _socket_timeout(client: redis.Redis) -> float:
+    socket_timeout = client.connection_pool.connection_kwargs.get("socket_timeout")
+    if socket_timeout is None:
+        log.warning(
+            "stampede: the redis client has no socket_timeout; a stalled server can "
+            "block callers without bound (see Stampede.from_url)"
+        )
+    return float(socket_timeout or DEFAULT_SOCKET_TIMEOUT)
+
+
+def _async_store_maker(async_client: AsyncClient) -> Callable[[], AsyncStore]:
+    """A maker of one event loop's store: over the given client, or over a new one from
+    the given function (closed with the store)."""
+    if callable(async_client) and not isinstance(async_client, redis.asyncio.Redis):
+        factory = async_client
+
+        def make() -> AsyncStore:
+            client = factory()
+            return AsyncRedisStore(client, _socket_timeout(client), owns_client=True)  # type: ignore[arg-type]
+
+        return make
+    client = async_client
+    timeout = _socket_timeout(client)  # type: ignore[arg-type]
+    return lambda: AsyncRedisStore(client, timeout)
 
 
 _default_layer: Stampede | None = None
@@ -176,8 +275,6 @@ def default_layer() -> Stampede:
         return _default_layer
 
 
-def cached_loader(
-    template: str | None = None, **options: Any
-) -> Callable[[Callable[P, R]], CachedLoader[P, R]]:
+def cached_loader(template: str | None = None, **options: Any) -> LoaderDecorator:
     """``Stampede.cached_loader`` on the default layer (see ``default_layer``)."""
     return default_layer().cached_loader(template, **options)

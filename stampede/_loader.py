@@ -1,14 +1,16 @@
-"""``CachedLoader``: what ``@cached_loader`` turns a function into."""
+"""``CachedLoader`` and ``AsyncCachedLoader``: what ``@cached_loader`` turns a function into."""
 
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Callable, Generic, ParamSpec, TypeVar
 
 from ._keys import KeyBuilder
 
 if TYPE_CHECKING:
-    from ._sync import LoaderSpec, SyncRunner
+    from ._async import AsyncRunner
+    from ._flow import LoaderSpec
+    from ._sync import SyncRunner
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -21,16 +23,12 @@ class CachedLoader(Generic[P, R]):
     drops that entry; a load already in flight for it is not written afterwards.
     """
 
-    def __init__(
-        self,
-        spec: LoaderSpec,
-        runner: SyncRunner,
-        keys: KeyBuilder,
-    ) -> None:
+    def __init__(self, spec: LoaderSpec, runner: SyncRunner, keys: KeyBuilder, forget: Callable[[str], None]) -> None:
         functools.update_wrapper(self, spec.func)
         self._spec = spec
         self._runner = runner
         self._keys = keys
+        self._forget = forget
         self.settings = spec.settings
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -43,7 +41,11 @@ class CachedLoader(Generic[P, R]):
         Raises BackendUnavailable if Redis cannot be reached, whatever ``on_redis_error``
         says: an invalidation must not fail silently.
         """
-        self._runner.invalidate(self._keys.keys(args, kwargs))
+        keys = self._keys.keys(args, kwargs)
+        try:
+            self._runner.invalidate(keys)
+        finally:
+            self._forget(keys.value)
 
     def key(self, *args: P.args, **kwargs: P.kwargs) -> str:
         """The Redis key of the value these arguments load (for inspection and tooling)."""
@@ -53,3 +55,42 @@ class CachedLoader(Generic[P, R]):
         func = self._spec.func
         return f"<CachedLoader {func.__module__}.{func.__qualname__}>"
 
+
+class AsyncCachedLoader(Generic[P, R]):
+    """``CachedLoader`` for an ``async def`` loader: awaiting a call reads the cache first
+    and collapses concurrent misses (tasks, threads, processes) into one load.
+
+    Concurrent tasks of one event loop share one read and one load; cancelling one of
+    them cancels only its own wait, and a cancelled loading task hands over to another.
+    """
+
+    def __init__(
+        self, spec: LoaderSpec, runner: AsyncRunner, keys: KeyBuilder, forget: Callable[[str], None]
+    ) -> None:
+        functools.update_wrapper(self, spec.func)
+        self._spec = spec
+        self._runner = runner
+        self._keys = keys
+        self._forget = forget
+        self.settings = spec.settings
+
+    async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        value_key = self._keys.value_key(args, kwargs)
+        return await self._runner.call(value_key, self._spec, args, kwargs)  # type: ignore[no-any-return]
+
+    async def invalidate(self, *args: P.args, **kwargs: P.kwargs) -> None:
+        """Drop the entry of these arguments, and keep any load in flight from writing it.
+        Raises BackendUnavailable if Redis cannot be reached."""
+        keys = self._keys.keys(args, kwargs)
+        try:
+            await self._runner.invalidate(keys)
+        finally:
+            self._forget(keys.value)
+
+    def key(self, *args: P.args, **kwargs: P.kwargs) -> str:
+        """The Redis key of the value these arguments load (for inspection and tooling)."""
+        return self._keys.value_key(args, kwargs)
+
+    def __repr__(self) -> str:
+        func = self._spec.func
+        return f"<AsyncCachedLoader {func.__module__}.{func.__qualname__}>"

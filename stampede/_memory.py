@@ -8,12 +8,14 @@ invalidation still wins over a load in flight.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Callable
 
 from cachetools import TLRUCache
 
+from ._anotify import AsyncSubscription
 from ._channels import Mailbox
 from ._flow import AcquireReply, LockState
 from ._keys import EntryKeys
@@ -118,3 +120,38 @@ class MemoryStore:
     def _publish(self, keys: EntryKeys, message: bytes) -> None:
         for mailbox in self._mailboxes.get(keys.channel, ()):
             mailbox.deliver(message)
+
+
+class AsyncMemoryStore:
+    """The embedded store for asyncio callers: the same ``MemoryStore`` (so blocking and
+    asyncio callers of one layer share entries, leases and wake-ups), its brief
+    in-memory steps called directly from the loop."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self._store = store
+
+    async def get(self, key: str) -> bytes | None:
+        return self._store.get(key)
+
+    async def acquire(self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool) -> AcquireReply:
+        return self._store.acquire(keys, token, lease_ms, check_value)
+
+    async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
+        return self._store.renew(keys, token, lease_ms)
+
+    async def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> bool:
+        return self._store.write_release(keys, token, envelope, ttl_ms, inline)
+
+    async def release(self, keys: EntryKeys, token: str) -> None:
+        self._store.release(keys, token)
+
+    async def invalidate(self, keys: EntryKeys) -> None:
+        self._store.invalidate(keys)
+
+    async def subscribe(self, keys: EntryKeys) -> AsyncSubscription:
+        subscription = AsyncSubscription(keys.channel, asyncio.get_running_loop(), self._store.detach)
+        self._store.attach(subscription)
+        return subscription
+
+    async def aclose(self) -> None:
+        pass  # the blocking side owns the store

@@ -6,6 +6,7 @@ READONLY) leaves this module as ``BackendUnavailable``, which the flow turns int
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -18,21 +19,39 @@ from ._flow import AcquireReply, LockState
 from ._keys import EntryKeys
 from ._notify import Subscriber, Subscription
 
+# What a failing command raises, blocking or asyncio (on Python 3.10 asyncio's timeout
+# is not an OSError).
+FAILURES = (RedisError, OSError, asyncio.TimeoutError)
+
 
 @contextmanager
-def _translated(what: str, key: str) -> Iterator[None]:
+def translated(what: str, key: str) -> Iterator[None]:
     try:
         yield
-    except (RedisError, OSError) as error:
+    except FAILURES as error:
         raise BackendUnavailable(f"redis failed to {what} {key!r}: {error}", key=key) from error
+
+
+def acquire_reply(reply: Any) -> AcquireReply:
+    """The ACQUIRE script's reply as the flow's ``AcquireReply``."""
+    state = reply[0]
+    if state == 1:
+        return AcquireReply(LockState.VALUE, reply[1])
+    if state == 2:
+        return AcquireReply(LockState.LOCKED)
+    return AcquireReply(LockState.HELD, lease_left=max(int(reply[1]), 0) / 1000)
+
+
+def check_client(client: Any) -> None:
+    if client.connection_pool.connection_kwargs.get("decode_responses"):
+        raise ConfigError("the redis client must not use decode_responses=True: values are bytes")
 
 
 class RedisStore:
     """A Store on one Redis server (or anything speaking its protocol)."""
 
     def __init__(self, client: redis.Redis, subscribe_timeout: float) -> None:
-        if client.connection_pool.connection_kwargs.get("decode_responses"):
-            raise ConfigError("the redis client must not use decode_responses=True: values are bytes")
+        check_client(client)
         self.client = client
         self._acquire = client.register_script(_scripts.ACQUIRE)
         self._write_release = client.register_script(_scripts.WRITE_AND_RELEASE)
@@ -45,28 +64,23 @@ class RedisStore:
         # The hit path: a plain try costs less than the context manager the others use.
         try:
             raw: bytes | None = self.client.get(key)  # type: ignore[assignment]
-        except (RedisError, OSError) as error:
+        except FAILURES as error:
             raise BackendUnavailable(f"redis failed to read {key!r}: {error}", key=key) from error
         return raw
 
     def acquire(self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool) -> AcquireReply:
-        with _translated("lock", keys.value):
+        with translated("lock", keys.value):
             reply: Any = self._acquire(
                 keys=[keys.value, keys.lock], args=[token, lease_ms, "1" if check_value else "0"]
             )
-        state = reply[0]
-        if state == 1:
-            return AcquireReply(LockState.VALUE, reply[1])
-        if state == 2:
-            return AcquireReply(LockState.LOCKED)
-        return AcquireReply(LockState.HELD, lease_left=max(int(reply[1]), 0) / 1000)
+        return acquire_reply(reply)
 
     def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
-        with _translated("renew the lease of", keys.value):
+        with translated("renew the lease of", keys.value):
             return bool(self._renew(keys=[keys.lock], args=[token, lease_ms]))
 
     def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> bool:
-        with _translated("write", keys.value):
+        with translated("write", keys.value):
             written = self._write_release(
                 keys=[keys.value, keys.lock],
                 args=[token, envelope, ttl_ms, keys.channel, "1" if inline else "0"],
@@ -74,11 +88,11 @@ class RedisStore:
         return bool(written)
 
     def release(self, keys: EntryKeys, token: str) -> None:
-        with _translated("release the lock of", keys.value):
+        with translated("release the lock of", keys.value):
             self._release(keys=[keys.lock], args=[token, keys.channel])
 
     def invalidate(self, keys: EntryKeys) -> None:
-        with _translated("invalidate", keys.value):
+        with translated("invalidate", keys.value):
             self._invalidate(keys=[keys.value, keys.lock], args=[keys.channel])
 
     def subscribe(self, keys: EntryKeys) -> Subscription:

@@ -1,18 +1,27 @@
-"""In-process singleflight: of all threads asking for one key, one leads and the rest wait.
+"""In-process singleflight: of all callers asking for one key, one leads and the rest wait.
 
 The leader reads the cache and, on a miss, loads; those who join share its outcome, so
-concurrent callers of one key cost one read, and on a miss one load, per process.
+concurrent callers of one key cost one read, and on a miss one load, per process (per
+event loop for asyncio callers). What a joiner does with the outcome is decided once,
+in ``Flight``: it shares the leader's value or Exception, and if the leader was
+interrupted (a BaseException that is not an Exception: a cancelled task, a
+KeyboardInterrupt) it starts over, so that one of the joiners leads.
 
-Invariants, all under the table's lock: a key maps to at most one open flight; a flight's
-``done`` event exists once somebody joined it (most flights are hits nobody joins, and
-an Event costs more than the rest of a hit in memory); ``finish`` writes ``value`` and
-``error`` before it sets ``done``, and joiners read them only after. ``forget`` detaches
-a key's flight (an invalidation): its leader still finishes and wakes those who joined,
-but later callers start a new flight instead of joining a stale one.
+Invariants of ``FlightTable``, all under its lock: a key maps to at most one open flight;
+a flight's ``done`` event exists once somebody joined it (most flights are hits nobody
+joins, and an Event costs more than the rest of a hit in memory); ``finish`` writes
+``value`` and ``error`` before it sets ``done``, and joiners read them only after.
+``forget`` detaches a key's flight (an invalidation): its leader still finishes and wakes
+those who joined, but later callers start a new flight instead of joining a stale one.
+
+``AsyncFlightTable`` keeps the same invariants for the tasks of one event loop without a
+lock (one thread); each joiner waits on a future of its own, so a cancelled joiner
+cancels nobody else.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import Any
 
@@ -21,12 +30,25 @@ class Flight:
     __slots__ = ("done", "value", "error")
 
     def __init__(self) -> None:
-        self.done: threading.Event | None = None  # made by the first joiner
+        self.done: Any = None  # threading.Event, or a list of futures; made by the first joiner
         self.value: Any = None
         self.error: BaseException | None = None
 
+    @property
+    def interrupted(self) -> bool:
+        """The leader was stopped by something other than an Exception: its joiners start over."""
+        return self.error is not None and not isinstance(self.error, Exception)
+
+    def shared(self) -> Any:
+        """The leader's outcome for a joiner: its value, or its Exception raised."""
+        if self.error is not None:
+            raise self.error
+        return self.value
+
 
 class FlightTable:
+    """The flights of the blocking callers (threads) of one layer."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._flights: dict[str, Flight] = {}
@@ -41,7 +63,8 @@ class FlightTable:
                 return flight, None
             if flight.done is None:
                 flight.done = threading.Event()
-            return flight, flight.done
+            done: threading.Event = flight.done
+            return flight, done
 
     def finish(self, key: str, flight: Flight, value: Any = None, error: BaseException | None = None) -> None:
         """Record the leader's outcome and wake everyone who joined."""
@@ -56,3 +79,51 @@ class FlightTable:
     def forget(self, key: str) -> None:
         with self._lock:
             self._flights.pop(key, None)
+
+
+class AsyncFlightTable:
+    """The flights of the tasks of one event loop."""
+
+    def __init__(self) -> None:
+        self._flights: dict[str, Flight] = {}
+
+    def join(self, key: str) -> tuple[Flight, bool]:
+        """The open flight for ``key``, and True if the caller leads it."""
+        flight = self._flights.get(key)
+        if flight is None:
+            self._flights[key] = flight = Flight()
+            return flight, True
+        return flight, False
+
+    async def wait(self, flight: Flight, timeout: float) -> bool:
+        """Wait for the flight's leader; False after ``timeout``."""
+        waiter = asyncio.get_running_loop().create_future()
+        if flight.done is None:
+            flight.done = []
+        flight.done.append(waiter)
+        return await within(waiter, timeout)
+
+    def finish(self, key: str, flight: Flight, value: Any = None, error: BaseException | None = None) -> None:
+        flight.value, flight.error = value, error
+        if self._flights.get(key) is flight:
+            del self._flights[key]
+        for waiter in flight.done or ():
+            settle(waiter, True)
+
+    def forget(self, key: str) -> None:
+        self._flights.pop(key, None)  # one dict operation: safe from another thread too
+
+
+def settle(future: asyncio.Future[bool], result: bool) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+async def within(future: asyncio.Future[bool], timeout: float) -> bool:
+    """The future's result, or False after ``timeout``; no task is made for the wait.
+    ``future`` must be the caller's own: cancelling the caller cancels it."""
+    handle = asyncio.get_running_loop().call_later(timeout, settle, future, False)
+    try:
+        return await future
+    finally:
+        handle.cancel()

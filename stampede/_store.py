@@ -1,4 +1,5 @@
-"""What the flow needs from a store: the interface every backend implements.
+"""What the flow needs from a store: the interface every backend implements, blocking
+(``Store``) and asyncio (``AsyncStore``: the same methods, awaited).
 
 A backend stores envelopes, holds leases (a lock key with a token and an expiry) and
 wakes waiters. Methods raise ``BackendUnavailable`` when the store fails, never a
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from ._anotify import AsyncSubscription
 from ._flow import AcquireReply
 from ._keys import EntryKeys
 from ._notify import Subscription
@@ -42,3 +44,25 @@ class Store(Protocol):
 
     def close(self) -> None:
         """Release connections and threads the store started."""
+
+
+class AsyncStore(Protocol):
+    """``Store`` for the tasks of one event loop; see ``Store`` for each method."""
+
+    async def get(self, key: str) -> bytes | None: ...
+
+    async def acquire(self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool) -> AcquireReply: ...
+
+    async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool: ...
+
+    async def write_release(
+        self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool
+    ) -> bool: ...
+
+    async def release(self, keys: EntryKeys, token: str) -> None: ...
+
+    async def invalidate(self, keys: EntryKeys) -> None: ...
+
+    async def subscribe(self, keys: EntryKeys) -> AsyncSubscription: ...
+
+    async def aclose(self) -> None: ...

@@ -5,13 +5,8 @@ from __future__ import annotations
 
 import functools
 import secrets
-import time
-from dataclasses import dataclass
-from random import uniform
 from typing import Any, Callable
 
-from ._codec import Codec
-from ._config import Settings
 from ._errors import BackendUnavailable
 from ._flow import (
     Acquire,
@@ -19,6 +14,7 @@ from ._flow import (
     Context,
     Flow,
     Load,
+    LoaderSpec,
     Miss,
     Release,
     Subscribe,
@@ -27,6 +23,8 @@ from ._flow import (
     failed_read,
     fill,
     first_read,
+    milliseconds,
+    new_context,
 )
 from ._keys import EntryKeys
 from ._notify import Subscription
@@ -34,19 +32,6 @@ from ._observe import RateLimitedLog, Stats
 from ._singleflight import FlightTable
 from ._store import Store
 from ._watchdog import Watchdog
-
-
-@dataclass(frozen=True)
-class LoaderSpec:
-    """What a driver needs to know of one decorated loader."""
-
-    func: Callable[..., Any]
-    settings: Settings
-    codec: Codec
-
-
-def milliseconds(seconds: float) -> int:
-    return max(1, int(seconds * 1000))
 
 
 class SyncRunner:
@@ -74,11 +59,10 @@ class SyncRunner:
             if not done.wait(spec.settings.wait_timeout):
                 ctx = self._context(value_key, spec)
                 return self._drive(after_wait_timeout(ctx), ctx, functools.partial(spec.func, *args, **kwargs))
-            if flight.error is None or isinstance(flight.error, Exception):
-                self._stats.incr("collapsed")
-                if flight.error is not None:
-                    raise flight.error
-                return flight.value
+            if flight.interrupted:
+                continue
+            self._stats.incr("collapsed")
+            return flight.shared()
         try:
             value = self._lead(value_key, spec, args, kwargs)
         except BaseException as error:
@@ -101,14 +85,14 @@ class SyncRunner:
         return self._drive(fill(ctx, found), ctx, loader)
 
     def _context(self, value_key: str, spec: LoaderSpec) -> Context:
-        keys = EntryKeys.for_value(value_key)
-        return Context(keys, spec.settings, spec.codec, self._stats, self._warn, time.monotonic, time.time, uniform)
+        return new_context(value_key, spec, self._stats, self._warn)
 
     def invalidate(self, keys: EntryKeys) -> None:
-        try:
-            self.store.invalidate(keys)
-        finally:
-            self.flights.forget(keys.value)
+        self.store.invalidate(keys)
+
+    def forget(self, key: str) -> None:
+        """Detach the key's flight: later callers read afresh (after an invalidation)."""
+        self.flights.forget(key)
 
     def _drive(self, flow: Flow, ctx: Context, loader: Callable[[], Any]) -> Any:
         """Perform the flow's effects until it returns; every exception goes back into it."""

@@ -97,17 +97,29 @@ class Watchdog:
 
     @staticmethod
     def _renew(lease: Lease) -> None:
-        interval = lease.lease_ms / 3000
+        outcome: bool | BackendUnavailable
         try:
-            renewed = lease.store.renew(lease.keys, lease.token, lease.lease_ms)
+            outcome = lease.store.renew(lease.keys, lease.token, lease.lease_ms)
         except BackendUnavailable as error:
-            log.warning("stampede: cannot renew the lease of %r (%s); retrying", lease.keys.value, error)
-            lease.due = time.monotonic() + interval / 2
-            return
-        if not renewed:
+            outcome = error
+        delay = next_renewal(lease.keys, lease.lease_ms, outcome)
+        if delay is None:
             lease.lost = True
-            log.warning(
-                "stampede: the lease of %r was lost (invalidated or expired); its result will not be written",
-                lease.keys.value,
-            )
-        lease.due = time.monotonic() + interval
+        else:
+            lease.due = time.monotonic() + delay
+
+
+def next_renewal(keys: EntryKeys, lease_ms: int, outcome: bool | BackendUnavailable) -> float | None:
+    """Seconds until the next renewal after one attempt, or None once the lease is lost.
+    Shared by this thread and the asyncio renewal task."""
+    interval = lease_ms / 3000
+    if isinstance(outcome, BackendUnavailable):
+        log.warning("stampede: cannot renew the lease of %r (%s); retrying", keys.value, outcome)
+        return interval / 2
+    if not outcome:
+        log.warning(
+            "stampede: the lease of %r was lost (invalidated or expired); its result will not be written",
+            keys.value,
+        )
+        return None
+    return interval

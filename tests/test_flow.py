@@ -209,6 +209,32 @@ def test_a_loader_error_releases_the_lock_and_propagates() -> None:
     assert ctx.stats.snapshot()["loader_errors"] == 1
 
 
+class Interrupted(BaseException):
+    """Stands for a cancelled task or a KeyboardInterrupt."""
+
+
+@pytest.mark.parametrize("at", ["acquire", "load", "write"])
+def test_an_interrupted_caller_releases_the_lock_it_may_hold(at: str) -> None:
+    ctx, _ = make_ctx()
+    step = Stepper(fill(ctx))
+    if at != "acquire":
+        step.reply(LOCKED)
+        if at == "write":
+            assert isinstance(step.reply("v"), WriteRelease)
+    assert step.fail(Interrupted()) == Release()
+    with pytest.raises(Interrupted):
+        step.reply(None)
+    assert ctx.stats.snapshot()["loader_errors"] == 0
+
+
+def test_an_interrupted_waiter_has_nothing_to_release() -> None:
+    ctx, _ = make_ctx()
+    step = Stepper(fill(ctx))
+    step.reply(HELD)
+    with pytest.raises(Interrupted):
+        step.fail(Interrupted())
+
+
 def test_an_unencodable_value_releases_the_lock_and_raises() -> None:
     ctx, _ = make_ctx()
     step = Stepper(fill(ctx))

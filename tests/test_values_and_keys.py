@@ -6,6 +6,8 @@ import dataclasses
 import uuid
 
 import pytest
+import redis
+import redis.asyncio
 
 from stampede import ConfigError, InvalidKey, SerializationError, Settings, Stampede
 from stampede._codec import Codec, Kind
@@ -117,9 +119,18 @@ def test_settings_are_validated_with_the_field_named() -> None:
         Stampede(tll=3)
 
 
-def test_async_loaders_are_refused_until_supported() -> None:
-    async def load(x: int) -> int:
+def test_a_loader_kind_without_a_client_is_refused_at_decoration(redis_url: str) -> None:
+    async def load_async(x: int) -> int:
         return x
 
-    with pytest.raises(ConfigError, match="async"):
-        Stampede().cached_loader()(load)
+    def load(x: int) -> int:
+        return x
+
+    sync_only = Stampede(redis.Redis.from_url(redis_url, socket_timeout=1))
+    with pytest.raises(ConfigError, match="async_client"):
+        sync_only.cached_loader()(load_async)
+    async_only = Stampede(async_client=redis.asyncio.Redis.from_url(redis_url, socket_timeout=1))
+    with pytest.raises(ConfigError, match="blocking client"):
+        async_only.cached_loader()(load)
+    sync_only.close()
+    async_only.close()

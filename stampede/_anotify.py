@@ -1,0 +1,190 @@
+"""Wake-ups for asyncio waiters: one subscriber connection per event loop.
+
+The rules are ``_channels``'s, as for the blocking subscriber; this module only performs
+them with redis.asyncio. Everything here belongs to one event loop: a redis.asyncio
+connection cannot be used from another, so each loop that waits gets its own subscriber.
+
+Ordering: SUBSCRIBE and UNSUBSCRIBE go through one outbox, sent in order by one task, so
+an UNSUBSCRIBE of a channel can never overtake the SUBSCRIBE that follows it. Only the
+reader task reads from the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import math
+from typing import Any, Callable
+
+from ._channels import Channels
+from ._errors import BackendUnavailable
+from ._notify import connect_pubsub
+from ._redis import FAILURES
+from ._singleflight import settle, within
+
+log = logging.getLogger("stampede")
+
+RECONNECT_INTERVAL = 0.5
+
+
+class AsyncSubscription:
+    """One asyncio waiter's mailbox on one channel (a ``Mailbox``). ``deliver`` and
+    ``confirm`` may be called from any thread (the embedded store's writer can be a
+    thread); they hop onto the waiter's loop, where all the state lives."""
+
+    __slots__ = ("channel", "_loop", "_message", "_fired", "_waiter", "_confirmed", "_on_close")
+
+    def __init__(
+        self, channel: str, loop: asyncio.AbstractEventLoop, on_close: Callable[[AsyncSubscription], None]
+    ) -> None:
+        self.channel = channel
+        self._loop = loop
+        self._message = b""
+        self._fired = False  # a message arrived since the last wait
+        self._waiter: asyncio.Future[bool] | None = None
+        self._confirmed: asyncio.Future[bool] = loop.create_future()
+        self._on_close = on_close
+
+    def deliver(self, message: bytes) -> None:
+        self._call_soon(self._fire, message)
+
+    def confirm(self, ok: bool) -> None:
+        self._call_soon(settle, self._confirmed, ok)
+
+    async def wait_confirmed(self, timeout: float) -> bool:
+        return await within(self._confirmed, timeout)
+
+    async def wait(self, timeout: float) -> bytes | None:
+        """The latest message since the last wait, or None after ``timeout`` in silence."""
+        if not self._fired:
+            self._waiter = self._loop.create_future()
+            if not await within(self._waiter, timeout):
+                return None
+        self._fired = False
+        return self._message
+
+    def close(self) -> None:
+        self._on_close(self)
+
+    def _fire(self, message: bytes) -> None:
+        self._message, self._fired = message, True
+        if self._waiter is not None:
+            settle(self._waiter, True)
+
+    def _call_soon(self, callback: Callable[..., None], *args: Any) -> None:
+        try:
+            self._loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:
+            pass  # the loop is closed: nobody waits here any more
+
+
+class AsyncSubscriber:
+    """One pub/sub connection for the asyncio waiters of one event loop (per layer)."""
+
+    def __init__(self, client: Any, timeout: float) -> None:
+        self._client = client  # a redis.asyncio.Redis of this loop
+        self._timeout = timeout  # for connecting and for the server's confirmation
+        self._channels = Channels()
+        self._connection: Any = None
+        self._connecting = asyncio.Lock()
+        self._outbox: collections.deque[tuple[str, ...]] = collections.deque()
+        self._sender: asyncio.Task[None] | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._closed = False
+
+    async def subscribe(self, channel: str) -> AsyncSubscription:
+        """A mailbox on ``channel``, once the server has confirmed the subscription."""
+        if self._closed:
+            raise BackendUnavailable("the layer is closed")
+        subscription = AsyncSubscription(channel, asyncio.get_running_loop(), self._unsubscribe)
+        try:
+            await self._ensure_connected()
+        except FAILURES as error:
+            raise BackendUnavailable(f"cannot subscribe to {channel!r}: {error}") from error
+        if self._channels.add(subscription):
+            self._send("SUBSCRIBE", channel)
+        try:
+            confirmed = await subscription.wait_confirmed(self._timeout)
+        except BaseException:
+            subscription.close()
+            raise
+        if not confirmed:
+            subscription.close()
+            raise BackendUnavailable(f"the server did not confirm the subscription to {channel!r}")
+        return subscription
+
+    async def aclose(self) -> None:
+        self._closed = True
+        for task in (self._reader, self._sender):
+            if task is not None:
+                task.cancel()
+        await self._drop(self._connection)
+
+    def _unsubscribe(self, subscription: AsyncSubscription) -> None:
+        if self._channels.remove(subscription):
+            self._send("UNSUBSCRIBE", subscription.channel)
+
+    def _send(self, *command: str) -> None:
+        if self._connection is None:
+            return  # the next connection subscribes to whatever is awaited then
+        self._outbox.append(command)
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.get_running_loop().create_task(self._flush())
+
+    async def _flush(self) -> None:
+        while self._outbox:
+            connection = self._connection
+            if connection is None:
+                self._outbox.clear()
+                return
+            command = self._outbox.popleft()
+            try:
+                await connection.send_command(*command, check_health=False)
+            except FAILURES as error:
+                log.info("stampede: subscriber connection lost (%s)", error)
+                await self._drop(connection)
+
+    async def _ensure_connected(self) -> None:
+        if self._connection is not None:
+            return
+        async with self._connecting:
+            if self._connection is not None or self._closed:
+                return
+            connection = connect_pubsub(self._client.connection_pool, self._timeout)
+            await connection.connect()
+            self._connection = connection
+            if self._channels:  # after a reconnect: subscribe again to what is awaited
+                self._send("SUBSCRIBE", *self._channels.resubscribe())
+            self._reader = asyncio.get_running_loop().create_task(self._read(connection))
+
+    async def _drop(self, connection: Any) -> None:
+        """Disconnect and wake everyone: waiters re-check, unconfirmed subscribers fail."""
+        if connection is None or connection is not self._connection:
+            return
+        self._connection = None
+        self._outbox.clear()
+        self._channels.on_connection_lost()
+        try:
+            await connection.disconnect(nowait=True)
+        except FAILURES:
+            pass
+
+    async def _read(self, connection: Any) -> None:
+        try:
+            while True:
+                reply = await connection.read_response(timeout=math.inf, disconnect_on_error=False)
+                self._channels.on_reply(reply)
+        except asyncio.CancelledError:
+            await self._drop(connection)
+            raise
+        except Exception as error:  # the reader must not die while waiters depend on it
+            log.info("stampede: subscriber connection lost (%s)", error)
+        await self._drop(connection)
+        # Waiters are still there: try to reconnect now and then.
+        while self._channels and not self._closed and self._connection is None:
+            await asyncio.sleep(RECONNECT_INTERVAL)
+            try:
+                await self._ensure_connected()
+            except FAILURES:
+                self._channels.on_connection_lost()

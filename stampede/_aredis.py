@@ -1,0 +1,70 @@
+"""The Redis backend for asyncio callers: the same scripts and replies as ``_redis``,
+over a redis.asyncio client of one event loop."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _scripts
+from ._anotify import AsyncSubscriber, AsyncSubscription
+from ._errors import BackendUnavailable
+from ._flow import AcquireReply
+from ._keys import EntryKeys
+from ._redis import FAILURES, acquire_reply, check_client, translated
+
+
+class AsyncRedisStore:
+    """An ``AsyncStore`` on one Redis server, for the tasks of one event loop."""
+
+    def __init__(self, client: Any, subscribe_timeout: float, owns_client: bool = False) -> None:
+        check_client(client)
+        self.client = client
+        self._owns_client = owns_client
+        self._acquire = client.register_script(_scripts.ACQUIRE)
+        self._write_release = client.register_script(_scripts.WRITE_AND_RELEASE)
+        self._renew = client.register_script(_scripts.RENEW)
+        self._release = client.register_script(_scripts.RELEASE)
+        self._invalidate = client.register_script(_scripts.INVALIDATE)
+        self._subscriber = AsyncSubscriber(client, subscribe_timeout)
+
+    async def get(self, key: str) -> bytes | None:
+        try:
+            raw: bytes | None = await self.client.get(key)
+        except FAILURES as error:
+            raise BackendUnavailable(f"redis failed to read {key!r}: {error}", key=key) from error
+        return raw
+
+    async def acquire(self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool) -> AcquireReply:
+        with translated("lock", keys.value):
+            reply = await self._acquire(
+                keys=[keys.value, keys.lock], args=[token, lease_ms, "1" if check_value else "0"]
+            )
+        return acquire_reply(reply)
+
+    async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
+        with translated("renew the lease of", keys.value):
+            return bool(await self._renew(keys=[keys.lock], args=[token, lease_ms]))
+
+    async def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> bool:
+        with translated("write", keys.value):
+            written = await self._write_release(
+                keys=[keys.value, keys.lock],
+                args=[token, envelope, ttl_ms, keys.channel, "1" if inline else "0"],
+            )
+        return bool(written)
+
+    async def release(self, keys: EntryKeys, token: str) -> None:
+        with translated("release the lock of", keys.value):
+            await self._release(keys=[keys.lock], args=[token, keys.channel])
+
+    async def invalidate(self, keys: EntryKeys) -> None:
+        with translated("invalidate", keys.value):
+            await self._invalidate(keys=[keys.value, keys.lock], args=[keys.channel])
+
+    async def subscribe(self, keys: EntryKeys) -> AsyncSubscription:
+        return await self._subscriber.subscribe(keys.channel)
+
+    async def aclose(self) -> None:
+        await self._subscriber.aclose()
+        if self._owns_client:
+            await self.client.aclose()

@@ -1,0 +1,204 @@
+"""The asyncio driver: the hit path, the singleflight of one event loop, and the effects
+of the flow performed with awaits. The decisions are the flow's and the flight's; this
+module only performs I/O, like the blocking driver in ``_sync``.
+
+Each event loop gets its own flight table and store (a redis.asyncio client and a
+subscriber connection cannot be shared across loops); state of a closed loop is dropped
+when the next loop arrives.
+
+Cancellation: a cancelled leader's CancelledError goes into the flow like any
+interruption, so the lock is released (by token, shielded from a second cancellation)
+before it propagates, and the tasks that joined its flight start over, one of them
+leading. A cancelled joiner only cancels its own wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import secrets
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+from ._anotify import AsyncSubscription
+from ._errors import BackendUnavailable
+from ._flow import (
+    Acquire,
+    AwaitNotice,
+    Context,
+    Flow,
+    Load,
+    LoaderSpec,
+    Miss,
+    Release,
+    Subscribe,
+    WriteRelease,
+    after_wait_timeout,
+    failed_read,
+    fill,
+    first_read,
+    milliseconds,
+    new_context,
+)
+from ._keys import EntryKeys
+from ._observe import RateLimitedLog, Stats
+from ._singleflight import AsyncFlightTable
+from ._store import AsyncStore
+from ._watchdog import next_renewal
+
+
+@dataclass
+class LoopState:
+    """What one event loop's callers share."""
+
+    store: AsyncStore
+    flights: AsyncFlightTable = field(default_factory=AsyncFlightTable)
+
+
+class AsyncRunner:
+    """Runs calls of async loaders against a store per event loop."""
+
+    def __init__(self, make_store: Callable[[], AsyncStore], stats: Stats, warn: RateLimitedLog) -> None:
+        self._make_store = make_store
+        self._stats = stats
+        self._warn = warn
+        self._lock = threading.Lock()  # loops may run in several threads
+        self._loops: dict[asyncio.AbstractEventLoop, LoopState] = {}
+
+    async def call(self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The value of the entry, as ``SyncRunner.call``, for the tasks of this loop."""
+        state = self._state()
+        flights = state.flights
+        while True:
+            flight, leads = flights.join(value_key)
+            if leads:
+                break
+            if not await flights.wait(flight, spec.settings.wait_timeout):
+                ctx = self._context(value_key, spec)
+                loader = functools.partial(spec.func, *args, **kwargs)
+                return await self._drive(after_wait_timeout(ctx), ctx, loader, state.store)
+            if flight.interrupted:
+                continue
+            self._stats.incr("collapsed")
+            return flight.shared()
+        try:
+            value = await self._lead(value_key, spec, args, kwargs, state.store)
+        except BaseException as error:
+            flights.finish(value_key, flight, error=error)
+            raise
+        flights.finish(value_key, flight, value=value)
+        return value
+
+    async def _lead(
+        self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any], store: AsyncStore
+    ) -> Any:
+        try:
+            raw = await store.get(value_key)
+        except BackendUnavailable as error:
+            found: Any = failed_read(self._stats, self._warn, error)
+        else:
+            found = first_read(raw, spec.codec, self._stats, self._warn, value_key)
+            if not isinstance(found, Miss):
+                return found
+        ctx = self._context(value_key, spec)
+        loader = functools.partial(spec.func, *args, **kwargs)
+        return await self._drive(fill(ctx, found), ctx, loader, store)
+
+    def _context(self, value_key: str, spec: LoaderSpec) -> Context:
+        return new_context(value_key, spec, self._stats, self._warn)
+
+    async def invalidate(self, keys: EntryKeys) -> None:
+        await self._state().store.invalidate(keys)
+
+    def forget(self, key: str) -> None:
+        """Detach the key's flight in every loop (after an invalidation)."""
+        for state in list(self._loops.values()):
+            state.flights.forget(key)
+
+    async def aclose(self) -> None:
+        """Close this loop's store (its subscriber, and the client if the layer made it)."""
+        with self._lock:
+            state = self._loops.pop(asyncio.get_running_loop(), None)
+        if state is not None:
+            await state.store.aclose()
+
+    def close(self) -> None:
+        """Forget every loop's state; what is bound to a loop can only be closed in it."""
+        with self._lock:
+            self._loops.clear()
+
+    def _state(self) -> LoopState:
+        loop = asyncio.get_running_loop()
+        state = self._loops.get(loop)
+        if state is None:
+            with self._lock:
+                for closed in [other for other in self._loops if other.is_closed()]:
+                    del self._loops[closed]
+                state = self._loops.get(loop)
+                if state is None:
+                    state = self._loops[loop] = LoopState(self._make_store())
+        return state
+
+    async def _drive(
+        self, flow: Flow, ctx: Context, loader: Callable[[], Awaitable[Any]], store: AsyncStore
+    ) -> Any:
+        """Perform the flow's effects until it returns; every exception goes back into it."""
+        keys = ctx.keys
+        token = secrets.token_hex(16)
+        lease_ms = milliseconds(ctx.settings.lock_ttl)
+        subscription: AsyncSubscription | None = None
+        reply: Any = None
+        error: BaseException | None = None
+        try:
+            while True:
+                try:
+                    effect = flow.send(reply) if error is None else flow.throw(error)
+                except StopIteration as stop:
+                    return stop.value
+                reply, error = None, None
+                try:
+                    if isinstance(effect, Acquire):
+                        reply = await store.acquire(keys, token, lease_ms, effect.check_value)
+                    elif isinstance(effect, AwaitNotice):
+                        assert subscription is not None
+                        reply = await subscription.wait(effect.timeout)
+                    elif isinstance(effect, Subscribe):
+                        subscription = await store.subscribe(keys)
+                    elif isinstance(effect, Load):
+                        if effect.leased:
+                            renewal = asyncio.ensure_future(keep_renewed(store, keys, token, lease_ms))
+                            try:
+                                reply = await loader()
+                            finally:
+                                renewal.cancel()
+                        else:
+                            reply = await loader()
+                    elif isinstance(effect, WriteRelease):
+                        ttl_ms = milliseconds(effect.ttl)
+                        # Shielded: a cancellation now must not cut the write and release short.
+                        reply = await asyncio.shield(
+                            store.write_release(keys, token, effect.envelope, ttl_ms, effect.inline)
+                        )
+                    elif isinstance(effect, Release):
+                        await asyncio.shield(store.release(keys, token))
+                    else:  # pragma: no cover - a new effect without a driver branch
+                        raise TypeError(f"unknown effect {effect!r}")
+                except BaseException as raised:
+                    error = raised
+        finally:
+            if subscription is not None:
+                subscription.close()
+
+
+async def keep_renewed(store: AsyncStore, keys: EntryKeys, token: str, lease_ms: int) -> None:
+    """Renew the lease every lease/3 until cancelled or lost (the watchdog's rules)."""
+    delay: float | None = lease_ms / 3000
+    while delay is not None:
+        await asyncio.sleep(delay)
+        outcome: bool | BackendUnavailable
+        try:
+            outcome = await store.renew(keys, token, lease_ms)
+        except BackendUnavailable as error:
+            outcome = error
+        delay = next_renewal(keys, lease_ms, outcome)
