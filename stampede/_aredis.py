@@ -67,4 +67,4 @@ class AsyncRedisStore:
     async def aclose(self) -> None:
         await self._subscriber.aclose()
         if self._owns_client:
-            await self.client.aclose()
+            await self.client.aclose(close_connection_pool=True)

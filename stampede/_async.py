@@ -3,8 +3,9 @@ of the flow performed with awaits. The decisions are the flow's and the flight's
 module only performs I/O, like the blocking driver in ``_sync``.
 
 Each event loop gets its own flight table and store (a redis.asyncio client and a
-subscriber connection cannot be shared across loops); state of a closed loop is dropped
-when the next loop arrives.
+subscriber connection cannot be shared across loops). The store is closed when its loop
+shuts down (or by ``Stampede.aclose()``); a loop closed without finalizing its async
+generators has its state dropped when the next loop arrives.
 
 Cancellation: a cancelled leader's CancelledError goes into the flow like any
 interruption, so the lock is released (by token, shielded from a second cancellation)
@@ -19,7 +20,7 @@ import functools
 import secrets
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from ._anotify import AsyncSubscription
 from ._errors import BackendUnavailable
@@ -54,6 +55,13 @@ class LoopState:
 
     store: AsyncStore
     flights: AsyncFlightTable = field(default_factory=AsyncFlightTable)
+    closer: Any = None  # the async generator that closes the store when the loop shuts down
+    closed: bool = False
+
+    async def aclose(self) -> None:
+        if not self.closed:
+            self.closed = True
+            await self.store.aclose()
 
 
 class AsyncRunner:
@@ -121,7 +129,7 @@ class AsyncRunner:
         with self._lock:
             state = self._loops.pop(asyncio.get_running_loop(), None)
         if state is not None:
-            await state.store.aclose()
+            await state.aclose()
 
     def close(self) -> None:
         """Forget every loop's state; what is bound to a loop can only be closed in it."""
@@ -138,7 +146,21 @@ class AsyncRunner:
                 state = self._loops.get(loop)
                 if state is None:
                     state = self._loops[loop] = LoopState(self._make_store())
+                    state.closer = self._closing_with(loop, state)
+                    loop.create_task(_start(state.closer))
         return state
+
+    async def _closing_with(self, loop: asyncio.AbstractEventLoop, state: LoopState) -> AsyncIterator[None]:
+        """Closes the loop's store when the loop shuts down: the loop finalizes the async
+        generators it started (``asyncio.run`` does, via ``shutdown_asyncgens``), while it
+        can still run the close. No task is left pending meanwhile."""
+        try:
+            yield
+        finally:
+            with self._lock:
+                if self._loops.get(loop) is state:
+                    del self._loops[loop]
+            await state.aclose()
 
     async def _drive(
         self, flow: Flow, ctx: Context, loader: Callable[[], Awaitable[Any]], store: AsyncStore
@@ -189,6 +211,10 @@ class AsyncRunner:
         finally:
             if subscription is not None:
                 subscription.close()
+
+
+async def _start(generator: AsyncIterator[None]) -> None:
+    await generator.__anext__()
 
 
 async def keep_renewed(store: AsyncStore, keys: EntryKeys, token: str, lease_ms: int) -> None:

@@ -219,7 +219,7 @@ class LoaderDecorator:
         layer = self._layer
         keys = KeyBuilder(func, self._template, layer.namespace, self._settings.max_key_length)
         spec = LoaderSpec(func, self._settings, self._codec)
-        if inspect.iscoroutinefunction(func):
+        if _is_async(func):
             if layer._async_runner is None:
                 raise ConfigError(
                     f"{func.__qualname__} is async, and this layer has no asyncio client: "
@@ -232,6 +232,11 @@ class LoaderDecorator:
                 "pass a blocking client too, or use Stampede.from_url"
             )
         return CachedLoader(spec, layer._runner, keys, layer._forget)
+
+
+def _is_async(func: Callable[..., Any]) -> bool:
+    """An ``async def`` function, or an object whose ``__call__`` is one."""
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__)
 
 
 def _socket_timeout(client: redis.Redis) -> float:

@@ -93,15 +93,18 @@ class RedisServer:
     def stop(self) -> None:
         """Stop the process this object started (SIGTERM, then SIGKILL)."""
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
+        if process is None:
             return
-        process.send_signal(signal.SIGCONT)  # a paused server cannot act on SIGTERM
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
+        if process.poll() is None:
+            process.send_signal(signal.SIGCONT)  # a paused server cannot act on SIGTERM
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(5)
+        if process.stderr is not None:
+            process.stderr.close()
 
     def pause(self) -> None:
         """SIGSTOP the server: it keeps its connections but answers nothing."""

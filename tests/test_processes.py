@@ -54,6 +54,9 @@ class Workers:
             if process.poll() is None:
                 process.kill()
                 process.wait(5)
+            for pipe in (process.stdin, process.stdout):
+                if pipe is not None:
+                    pipe.close()
 
 
 def run_stampede(url: str, processes: int, *args: str) -> list[dict[str, Any]]:

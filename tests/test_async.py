@@ -1,0 +1,454 @@
+"""The promises of cached_loader for ``async def`` loaders, over real servers.
+
+Each test runs its own event loop(s) with asyncio.run; no plugin is needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+import pytest
+import redis
+
+from stampede import BackendUnavailable, Stampede, WaitTimeout
+from stampede.testing import CommandMonitor, RedisServer, names
+
+from .test_processes import Workers
+
+
+class AsyncDatabase:
+    """A fake database for async loaders: counts calls per key; can block until released.
+    Made inside the loop that uses it (its events belong to that loop)."""
+
+    def __init__(self, delay: float = 0.0, blocked: bool = False) -> None:
+        self.delay = delay
+        self.calls: dict[Any, int] = {}
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+        if not blocked:
+            self.release.set()
+
+    async def __call__(self, key: Any) -> Any:
+        self.calls[key] = self.calls.get(key, 0) + 1
+        self.started.set()
+        await asyncio.wait_for(self.release.wait(), 30)
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        return {"id": key}
+
+    @property
+    def total(self) -> int:
+        return sum(self.calls.values())
+
+
+def test_a_thousand_coroutines_on_one_cold_key_cause_one_load(
+    layer_of_each_backend: Callable[..., Stampede],
+) -> None:
+    layer = layer_of_each_backend()
+
+    async def main() -> None:
+        db = AsyncDatabase(delay=0.05)
+        load = layer.cached_loader("item:{key}")(db)
+        results = await asyncio.gather(*(load(7) for _ in range(1000)))
+        assert db.total == 1
+        assert results == [{"id": 7}] * 1000
+
+    asyncio.run(main())
+    stats = layer.stats()
+    assert stats["loads"] == 1 and stats["collapsed"] == 999
+
+
+def test_five_hundred_coroutines_over_a_hundred_keys_load_each_key_once(
+    layer_of_each_backend: Callable[..., Stampede],
+) -> None:
+    layer = layer_of_each_backend()
+
+    async def main() -> None:
+        db = AsyncDatabase(delay=0.01)
+        load = layer.cached_loader("item:{key}")(db)
+        keys = [i % 100 for i in range(500)]
+        results = await asyncio.gather(*(load(key) for key in keys))
+        assert db.calls == {key: 1 for key in range(100)}
+        assert results == [{"id": key} for key in keys]
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_leader_hands_over_and_releases_the_lock(
+    layer_of_each_backend: Callable[..., Stampede], redis_client: redis.Redis
+) -> None:
+    layer = layer_of_each_backend(lock_ttl=10)
+
+    async def main() -> float:
+        db = AsyncDatabase(blocked=True)
+        load = layer.cached_loader("item:{key}")(db)
+        leader = asyncio.ensure_future(load(1))
+        others = [asyncio.ensure_future(load(1)) for _ in range(20)]  # they join the leader's flight
+        await asyncio.wait_for(db.started.wait(), 5)
+        assert db.total == 1
+        leader.cancel()
+        cancelled_at = time.monotonic()
+        db.release.set()  # the next leader's load returns at once
+        results = await asyncio.gather(*others)
+        assert results == [{"id": 1}] * 20
+        with pytest.raises(asyncio.CancelledError):
+            await leader
+        assert db.total == 2  # the cancelled load and one more, not one per waiter
+        return time.monotonic() - cancelled_at
+
+    handed_over_in = asyncio.run(main())
+    assert handed_over_in < 5  # well under lock_ttl: the lock was released, not left to expire
+    assert redis_client.keys("test:*:lock") == []
+
+
+def test_a_cancelled_waiter_cancels_only_itself(layer_of_each_backend: Callable[..., Stampede]) -> None:
+    layer = layer_of_each_backend()
+
+    async def main() -> None:
+        db = AsyncDatabase(blocked=True)
+        load = layer.cached_loader("item:{key}")(db)
+        leader = asyncio.ensure_future(load(1))
+        waiters = [asyncio.ensure_future(load(1)) for _ in range(5)]
+        await asyncio.wait_for(db.started.wait(), 5)
+        waiters[0].cancel()
+        await asyncio.sleep(0)  # let the cancellation land before the leader finishes
+        db.release.set()
+        assert await leader == {"id": 1}
+        assert await asyncio.gather(*waiters[1:]) == [{"id": 1}] * 4
+        with pytest.raises(asyncio.CancelledError):
+            await waiters[0]
+        assert db.total == 1
+
+    asyncio.run(main())
+
+
+def test_invalidate_is_awaitable_and_wins_over_a_load_in_flight(
+    layer_of_each_backend: Callable[..., Stampede],
+) -> None:
+    layer = layer_of_each_backend()
+
+    async def main() -> None:
+        version = {"n": 1}
+
+        async def query(key: int) -> dict[str, int]:
+            seen = version["n"]
+            started.set()
+            await release.wait()
+            return {"id": key, "version": seen}
+
+        started, release = asyncio.Event(), asyncio.Event()
+        load = layer.cached_loader("item:{key}")(query)
+        in_flight = asyncio.ensure_future(load(1))
+        await asyncio.wait_for(started.wait(), 5)
+        version["n"] = 2  # the database changes, then the cache is invalidated
+        await load.invalidate(1)
+        release.set()
+        assert await in_flight == {"id": 1, "version": 1}  # its caller gets what it read
+        assert await load(1) == {"id": 1, "version": 2}  # but it was never cached
+
+    asyncio.run(main())
+    assert layer.stats()["stale_writes_prevented"] == 1
+
+
+def test_none_is_cached_as_the_null_sentinel(layer_of_each_backend: Callable[..., Stampede]) -> None:
+    layer = layer_of_each_backend()
+    calls: list[int] = []
+
+    @layer.cached_loader("missing:{key}")
+    async def find(key: int) -> None:
+        calls.append(key)
+        return None
+
+    async def main() -> None:
+        assert await asyncio.gather(*(find(1) for _ in range(50))) == [None] * 50
+        assert await find(1) is None
+
+    asyncio.run(main())
+    assert calls == [1]
+    assert layer.stats()["null_hits"] == 1
+
+
+def test_a_loader_error_reaches_every_joiner_and_is_not_cached(
+    layer_of_each_backend: Callable[..., Stampede],
+) -> None:
+    layer = layer_of_each_backend()
+    calls: list[int] = []
+
+    @layer.cached_loader("item:{key}")
+    async def broken(key: int) -> int:
+        calls.append(key)
+        await asyncio.sleep(0.02)
+        raise KeyError(key)
+
+    async def main() -> None:
+        results = await asyncio.gather(*(broken(1) for _ in range(30)), return_exceptions=True)
+        assert all(isinstance(result, KeyError) for result in results)
+        with pytest.raises(KeyError):
+            await broken(1)
+
+    asyncio.run(main())
+    assert calls == [1, 1]  # one per burst: the failure was shared, never cached
+
+
+def test_several_event_loops_in_threads_share_one_load(layer_of_each_backend: Callable[..., Stampede]) -> None:
+    layer = layer_of_each_backend()
+    calls: list[int] = []
+    calls_lock = threading.Lock()
+    barrier = threading.Barrier(4)
+
+    @layer.cached_loader("item:{key}")
+    async def load(key: int) -> dict[str, int]:
+        with calls_lock:
+            calls.append(key)
+        await asyncio.sleep(0.2)
+        return {"id": key}
+
+    async def burst() -> list[Any]:
+        return await asyncio.gather(*(load(1) for _ in range(50)))
+
+    def one_loop() -> list[Any]:
+        barrier.wait(10)
+        return asyncio.run(burst())
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: one_loop(), range(4)))
+    assert results == [[{"id": 1}] * 50] * 4
+    assert calls == [1]
+
+
+def test_blocking_and_async_callers_of_one_key_share_one_load(layer_of_each_backend: Callable[..., Stampede]) -> None:
+    layer = layer_of_each_backend()
+    calls: list[str] = []
+    calls_lock = threading.Lock()
+    barrier = threading.Barrier(9)
+
+    @layer.cached_loader("item:{key}")
+    def load_blocking(key: int) -> dict[str, int]:
+        with calls_lock:
+            calls.append("blocking")
+        time.sleep(0.2)
+        return {"id": key}
+
+    @layer.cached_loader("item:{key}")
+    async def load_async(key: int) -> dict[str, int]:
+        with calls_lock:
+            calls.append("async")
+        await asyncio.sleep(0.2)
+        return {"id": key}
+
+    async def tasks() -> list[Any]:
+        barrier.wait(10)
+        return await asyncio.gather(*(load_async(1) for _ in range(50)))
+
+    def thread() -> Any:
+        barrier.wait(10)
+        return load_blocking(1)
+
+    with ThreadPoolExecutor(9) as pool:
+        blocking = [pool.submit(thread) for _ in range(8)]
+        assert asyncio.run(tasks()) == [{"id": 1}] * 50
+        assert [future.result(10) for future in blocking] == [{"id": 1}] * 8
+    assert len(calls) == 1
+
+
+# --- Redis only ----------------------------------------------------------------------
+
+
+def test_sync_threads_async_tasks_and_another_process_load_once(
+    make_layer: Callable[..., Stampede], redis_url: str, redis_client: redis.Redis
+) -> None:
+    layer = make_layer(namespace="proc")
+    counter = redis.Redis.from_url(redis_url, socket_timeout=5)
+
+    @layer.cached_loader("item:{key}")
+    def load_blocking(key: int) -> dict[str, int]:
+        counter.incr(f"calls:{key}")
+        time.sleep(0.3)
+        return {"key": key}
+
+    @layer.cached_loader("item:{key}")
+    async def load_async(key: int) -> dict[str, int]:
+        counter.incr(f"calls:{key}")
+        await asyncio.sleep(0.3)
+        return {"key": key}
+
+    workers = Workers()
+    try:
+        other = workers.start(redis_url, "--threads", "16", "--delay", "0.3")
+        workers.expect(other, "ready")
+        barrier = threading.Barrier(9)
+
+        async def tasks() -> list[Any]:
+            barrier.wait(10)
+            return await asyncio.gather(*(load_async(0) for _ in range(100)))
+
+        def thread() -> Any:
+            barrier.wait(10)
+            return load_blocking(0)
+
+        workers.go([other])
+        with ThreadPoolExecutor(8) as pool:
+            blocking = [pool.submit(thread) for _ in range(8)]
+            assert asyncio.run(tasks()) == [{"key": 0}] * 100
+            assert [future.result(10) for future in blocking] == [{"key": 0}] * 8
+        result = workers.result(other)
+    finally:
+        workers.stop_all()
+    assert result["wrong"] == [] and result["calls"] == 16
+    assert int(redis_client.get("calls:0") or 0) == 1
+
+
+def test_a_killed_holder_process_is_taken_over_by_async_waiters(
+    make_layer: Callable[..., Stampede], redis_url: str, redis_client: redis.Redis
+) -> None:
+    layer = make_layer(namespace="proc", lock_ttl=1, wait_timeout=10)
+    counter = redis.Redis.from_url(redis_url, socket_timeout=5)
+
+    @layer.cached_loader("item:{key}")
+    async def load(key: int) -> dict[str, int]:
+        counter.incr(f"calls:{key}")
+        return {"key": key}
+
+    workers = Workers()
+    try:
+        holder = workers.start(redis_url, "--threads", "1", "--hang", "--lock-ttl", "1")
+        workers.expect(holder, "ready")
+        workers.go([holder])
+        workers.expect(holder, "loading")  # it holds the lock; its watchdog renews it
+
+        async def main() -> tuple[list[Any], float]:
+            waiters = asyncio.gather(*(load(0) for _ in range(100)))
+            deadline = time.monotonic() + 10
+            while redis_client.pubsub_numsub("proc:{item:0}:notify")[0][1] < 1:
+                assert time.monotonic() < deadline, "the async waiter never subscribed"
+                await asyncio.sleep(0.01)
+            holder.kill()  # SIGKILL mid-load: no release, no write
+            killed_at = time.monotonic()
+            results = await waiters
+            return results, time.monotonic() - killed_at
+
+        results, finished = asyncio.run(main())
+    finally:
+        workers.stop_all()
+    assert results == [{"key": 0}] * 100
+    assert int(redis_client.get("calls:0") or 0) == 2  # the dead holder's and one takeover
+    assert layer.stats()["takeovers"] == 1
+    assert finished < 5  # about one lease (1 s), far from wait_timeout
+    assert not redis_client.exists("proc:{item:0}:lock")
+
+
+def test_round_trips_of_an_async_hit_and_miss(make_layer: Callable[..., Stampede], redis_url: str) -> None:
+    layer = make_layer()
+    db_calls: list[int] = []
+
+    @layer.cached_loader("item:{key}")
+    async def load(key: int) -> dict[str, int]:
+        db_calls.append(key)
+        return {"id": key}
+
+    async def main() -> None:
+        await load(0)  # loads the scripts, opens a connection
+        with CommandMonitor(redis_url) as monitor:
+            assert await load(0) == {"id": 0}
+            assert names(monitor.checkpoint()) == ["GET"]
+            assert await asyncio.gather(*(load(1) for _ in range(200))) == [{"id": 1}] * 200
+            assert names(monitor.checkpoint()) == ["GET", "EVALSHA", "EVALSHA"]  # read, lock, write
+        await layer.aclose()
+
+    asyncio.run(main())
+
+
+def test_async_waiters_survive_a_lost_subscriber_connection(
+    make_layer: Callable[..., Stampede], redis_client: redis.Redis
+) -> None:
+    holder_layer, waiter_layer = make_layer(), make_layer(recheck_interval=30)
+    release = threading.Event()
+    started = threading.Event()
+
+    @holder_layer.cached_loader("item:{key}")
+    def hold(key: int) -> dict[str, int]:
+        started.set()
+        assert release.wait(10)
+        return {"id": key}
+
+    @waiter_layer.cached_loader("item:{key}")
+    async def wait(key: int) -> dict[str, int]:
+        raise AssertionError("the waiter must not load")
+
+    channel = hold.key(1) + ":notify"
+
+    async def main() -> Any:
+        waiting = asyncio.ensure_future(wait(1))
+        while redis_client.pubsub_numsub(channel)[0][1] < 1:
+            await asyncio.sleep(0.01)
+        redis_client.client_kill_filter(_type="pubsub")  # the subscriber's connection drops
+        while redis_client.pubsub_numsub(channel)[0][1] < 1:  # and comes back
+            await asyncio.sleep(0.01)
+        release.set()
+        return await asyncio.wait_for(waiting, 5)
+
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(hold, 1)
+        assert started.wait(5)
+        assert asyncio.run(main()) == {"id": 1}
+        assert held.result(5) == {"id": 1}
+
+
+@pytest.mark.parametrize("policy", ["load", "raise"])
+def test_a_stopped_server_applies_the_redis_error_policy(own_server: RedisServer, policy: str) -> None:
+    layer = Stampede.from_url(own_server.url, socket_timeout=0.5, socket_connect_timeout=0.5, on_redis_error=policy)
+    calls: list[int] = []
+
+    @layer.cached_loader("item:{key}")
+    async def load(key: int) -> dict[str, int]:
+        calls.append(key)
+        return {"id": key}
+
+    async def main() -> None:
+        assert await load(1) == {"id": 1}
+        own_server.stop()
+        started = time.monotonic()
+        if policy == "load":
+            assert await load(2) == {"id": 2}
+        else:
+            with pytest.raises(BackendUnavailable):
+                await load(2)
+        assert time.monotonic() - started < 2  # one bounded attempt, no retries
+
+    try:
+        asyncio.run(main())
+    finally:
+        layer.close()
+    assert calls == ([1, 2] if policy == "load" else [1])
+
+
+@pytest.mark.parametrize("policy", ["load", "raise"])
+def test_a_lock_held_past_wait_timeout_applies_the_policy(
+    make_layer: Callable[..., Stampede], redis_client: redis.Redis, policy: str
+) -> None:
+    layer = make_layer(wait_timeout=0.3, on_wait_timeout=policy)
+    calls: list[int] = []
+
+    @layer.cached_loader("item:{key}")
+    async def load(key: int) -> dict[str, int]:
+        calls.append(key)
+        return {"id": key}
+
+    redis_client.set(load.key(1) + ":lock", "another holder", px=10_000)
+
+    async def main() -> None:
+        started = time.monotonic()
+        if policy == "load":
+            assert await load(1) == {"id": 1}
+        else:
+            with pytest.raises(WaitTimeout):
+                await load(1)
+        assert time.monotonic() - started < 2
+
+    asyncio.run(main())
+    assert calls == ([1] if policy == "load" else [])
+    assert not redis_client.exists(load.key(1))  # loaded without caching
