@@ -1,9 +1,17 @@
 """The Redis backend for asyncio callers: the same scripts and replies as ``_redis``,
-over a redis.asyncio client of one event loop."""
+over a redis.asyncio client of one event loop.
+
+When the layer made the client, it bounds the connections itself: at most ``slots``
+commands are in flight (each store method sends one at a time), so the pool never runs
+out, and a command that finds every slot taken waits at most ``slot_timeout``. That
+costs far less per call than redis.asyncio's blocking pool, which makes a task and a
+timer for every connection it hands out.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from typing import Any, Awaitable, Callable, TypeVar
 
 from . import _scripts
 from ._anotify import AsyncSubscriber, AsyncSubscription
@@ -12,14 +20,25 @@ from ._flow import AcquireReply
 from ._keys import EntryKeys
 from ._redis import FAILURES, acquire_reply, check_client, translated
 
+T = TypeVar("T")
+
 
 class AsyncRedisStore:
     """An ``AsyncStore`` on one Redis server, for the tasks of one event loop."""
 
-    def __init__(self, client: Any, subscribe_timeout: float, owns_client: bool = False) -> None:
+    def __init__(
+        self,
+        client: Any,
+        subscribe_timeout: float,
+        owns_client: bool = False,
+        slots: int | None = None,
+        slot_timeout: float = 2.0,
+    ) -> None:
         check_client(client)
         self.client = client
         self._owns_client = owns_client
+        self._slots = asyncio.Semaphore(slots) if slots else None
+        self._slot_timeout = slot_timeout
         self._acquire = client.register_script(_scripts.ACQUIRE)
         self._write_release = client.register_script(_scripts.WRITE_AND_RELEASE)
         self._renew = client.register_script(_scripts.RENEW)
@@ -29,25 +48,30 @@ class AsyncRedisStore:
 
     async def get(self, key: str) -> bytes | None:
         try:
-            raw: bytes | None = await self.client.get(key)
+            raw: bytes | None = await self._send(key, self.client.get, key)
         except FAILURES as error:
             raise BackendUnavailable(f"redis failed to read {key!r}: {error}", key=key) from error
         return raw
 
     async def acquire(self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool) -> AcquireReply:
         with translated("lock", keys.value):
-            reply = await self._acquire(
-                keys=[keys.value, keys.lock], args=[token, lease_ms, "1" if check_value else "0"]
+            reply = await self._send(
+                keys.value,
+                self._acquire,
+                keys=[keys.value, keys.lock],
+                args=[token, lease_ms, "1" if check_value else "0"],
             )
         return acquire_reply(reply)
 
     async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         with translated("renew the lease of", keys.value):
-            return bool(await self._renew(keys=[keys.lock], args=[token, lease_ms]))
+            return bool(await self._send(keys.value, self._renew, keys=[keys.lock], args=[token, lease_ms]))
 
     async def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> bool:
         with translated("write", keys.value):
-            written = await self._write_release(
+            written = await self._send(
+                keys.value,
+                self._write_release,
                 keys=[keys.value, keys.lock],
                 args=[token, envelope, ttl_ms, keys.channel, "1" if inline else "0"],
             )
@@ -55,11 +79,32 @@ class AsyncRedisStore:
 
     async def release(self, keys: EntryKeys, token: str) -> None:
         with translated("release the lock of", keys.value):
-            await self._release(keys=[keys.lock], args=[token, keys.channel])
+            await self._send(keys.value, self._release, keys=[keys.lock], args=[token, keys.channel])
 
     async def invalidate(self, keys: EntryKeys) -> None:
         with translated("invalidate", keys.value):
-            await self._invalidate(keys=[keys.value, keys.lock], args=[keys.channel])
+            await self._send(
+                keys.value, self._invalidate, keys=[keys.value, keys.lock], args=[keys.channel]
+            )
+
+    async def _send(self, key: str, command: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """Run one command, within a connection slot when the layer bounds them."""
+        slots = self._slots
+        if slots is None:
+            return await command(*args, **kwargs)
+        if slots.locked():
+            try:
+                await asyncio.wait_for(slots.acquire(), self._slot_timeout)
+            except asyncio.TimeoutError:
+                raise BackendUnavailable(
+                    f"no free redis connection within {self._slot_timeout} s for {key!r}", key=key
+                ) from None
+        else:
+            await slots.acquire()
+        try:
+            return await command(*args, **kwargs)
+        finally:
+            slots.release()
 
     async def subscribe(self, keys: EntryKeys) -> AsyncSubscription:
         return await self._subscriber.subscribe(keys.channel)

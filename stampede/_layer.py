@@ -76,7 +76,7 @@ class Stampede:
         self._stats = Stats()
         self._watchdog = Watchdog()
         self._owned_client: redis.Redis | None = None
-        warn = RateLimitedLog(log)
+        self._warn = warn = RateLimitedLog(log)
         store: Store | None = None
         make_async_store: Callable[[], AsyncStore] | None = None
         if client is None and async_client is None:
@@ -107,23 +107,27 @@ class Stampede:
         ``max_connections`` bounds the pool (one pool for threads, one per event loop
         for async loaders, made when that loop first calls); callers beyond it wait,
         one socket timeout at most, for a connection instead of failing."""
-        options: dict[str, Any] = dict(
-            max_connections=max_connections,
-            timeout=socket_timeout,
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=socket_connect_timeout,
-        )
         no_retries = Retry(NoBackoff(), 0)
-        pool = redis.BlockingConnectionPool.from_url(url, retry=no_retries, **options)
+        timeouts = dict(socket_timeout=socket_timeout, socket_connect_timeout=socket_connect_timeout)
+        pool = redis.BlockingConnectionPool.from_url(
+            url, max_connections=max_connections, timeout=socket_timeout, retry=no_retries, **timeouts
+        )
         client = redis.Redis(connection_pool=pool, retry=no_retries)
 
-        def make_async_client() -> redis.asyncio.Redis:
+        def make_async_store() -> AsyncStore:
+            # A plain pool, bounded by the store's slots (see _aredis).
             no_async_retries = redis.asyncio.retry.Retry(NoBackoff(), 0)
-            async_pool = redis.asyncio.BlockingConnectionPool.from_url(url, retry=no_async_retries, **options)
-            return redis.asyncio.Redis(connection_pool=async_pool, retry=no_async_retries)
+            async_pool = redis.asyncio.ConnectionPool.from_url(
+                url, max_connections=max_connections, retry=no_async_retries, **timeouts
+            )
+            async_client = redis.asyncio.Redis(connection_pool=async_pool, retry=no_async_retries)
+            return AsyncRedisStore(
+                async_client, socket_timeout, owns_client=True, slots=max_connections, slot_timeout=socket_timeout
+            )
 
-        layer = cls(client, async_client=make_async_client, namespace=namespace, serializer=serializer, **settings)
+        layer = cls(client, namespace=namespace, serializer=serializer, **settings)
         layer._owned_client = client
+        layer._async_runner = AsyncRunner(make_async_store, layer._stats, layer._warn)
         return layer
 
     def cached_loader(

@@ -27,12 +27,14 @@ from typing import Any
 
 
 class Flight:
-    __slots__ = ("done", "value", "error")
+    __slots__ = ("done", "value", "error", "timer")
 
     def __init__(self) -> None:
-        self.done: Any = None  # threading.Event, or a list of futures; made by the first joiner
+        # threading.Event, or a list of (deadline, future); made by the first joiner
+        self.done: Any = None
         self.value: Any = None
         self.error: BaseException | None = None
+        self.timer: asyncio.TimerHandle | None = None  # asyncio: the earliest joiner's deadline
 
     @property
     def interrupted(self) -> bool:
@@ -95,23 +97,50 @@ class AsyncFlightTable:
             return flight, True
         return flight, False
 
-    async def wait(self, flight: Flight, timeout: float) -> bool:
-        """Wait for the flight's leader; False after ``timeout``."""
-        waiter = asyncio.get_running_loop().create_future()
+    def wait(self, flight: Flight, timeout: float) -> asyncio.Future[bool]:
+        """A future of the caller's own: True once the leader finishes, False after
+        ``timeout``. One timer per flight serves all its joiners (a thousand joiners
+        must not cost a thousand timers)."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[bool] = loop.create_future()
+        deadline = loop.time() + timeout
         if flight.done is None:
             flight.done = []
-        flight.done.append(waiter)
-        return await within(waiter, timeout)
+        flight.done.append((deadline, waiter))
+        if flight.timer is None or deadline < flight.timer.when():
+            if flight.timer is not None:
+                flight.timer.cancel()
+            flight.timer = loop.call_at(deadline, self._expire, flight, loop)
+        return waiter
 
     def finish(self, key: str, flight: Flight, value: Any = None, error: BaseException | None = None) -> None:
         flight.value, flight.error = value, error
         if self._flights.get(key) is flight:
             del self._flights[key]
-        for waiter in flight.done or ():
+        if flight.timer is not None:
+            flight.timer.cancel()
+            flight.timer = None
+        for _, waiter in flight.done or ():
             settle(waiter, True)
+
+    @staticmethod
+    def _expire(flight: Flight, loop: asyncio.AbstractEventLoop) -> None:
+        now = loop.time() + EXPIRY_SLACK
+        pending = []
+        for deadline, waiter in flight.done:
+            if deadline <= now:
+                settle(waiter, False)
+            elif not waiter.done():
+                pending.append((deadline, waiter))
+        flight.done = pending
+        soonest = min((deadline for deadline, _ in pending), default=None)
+        flight.timer = None if soonest is None else loop.call_at(soonest, AsyncFlightTable._expire, flight, loop)
 
     def forget(self, key: str) -> None:
         self._flights.pop(key, None)  # one dict operation: safe from another thread too
+
+
+EXPIRY_SLACK = 0.001  # a loop may run a timer up to its clock resolution early
 
 
 def settle(future: asyncio.Future[bool], result: bool) -> None:
