@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import pytest
 import redis
+import redis.asyncio
 
 from stampede import BackendUnavailable, Stampede, WaitTimeout
 from stampede.testing import CommandMonitor, RedisServer, names
@@ -452,3 +453,46 @@ def test_a_lock_held_past_wait_timeout_applies_the_policy(
     asyncio.run(main())
     assert calls == ([1] if policy == "load" else [])
     assert not redis_client.exists(load.key(1))  # loaded without caching
+
+
+def test_more_concurrent_keys_than_connections_wait_for_a_slot(make_layer: Callable[..., Stampede]) -> None:
+    layer = make_layer(max_connections=4)
+
+    async def main() -> None:
+        db = AsyncDatabase(delay=0.01)
+        load = layer.cached_loader("item:{key}")(db)
+        results = await asyncio.gather(*(load(key) for key in range(300)))
+        assert results == [{"id": key} for key in range(300)]
+        assert db.calls == {key: 1 for key in range(300)}
+
+    asyncio.run(main())
+    assert layer.stats()["redis_errors"] == 0
+
+
+def test_a_given_async_client_or_a_function_making_one_per_loop(redis_url: str) -> None:
+    blocking = redis.Redis.from_url(redis_url, socket_timeout=2)
+    made: list[redis.asyncio.Redis] = []
+
+    def make_client() -> redis.asyncio.Redis:
+        made.append(redis.asyncio.Redis.from_url(redis_url, socket_timeout=2))
+        return made[-1]
+
+    async def burst(layer: Stampede) -> None:
+        db = AsyncDatabase(delay=0.01)
+        load = layer.cached_loader("given:{key}", ttl=0.5)(db)
+        assert await asyncio.gather(*(load(1) for _ in range(20))) == [{"id": 1}] * 20
+        await load.invalidate(1)
+        assert db.total == 1
+
+    async def with_given_client() -> None:
+        client = redis.asyncio.Redis.from_url(redis_url, socket_timeout=2)
+        await burst(Stampede(blocking, async_client=client, namespace="given"))
+        await client.aclose()
+
+    asyncio.run(with_given_client())
+    layer = Stampede(blocking, async_client=make_client, namespace="given")
+    asyncio.run(burst(layer))
+    asyncio.run(burst(layer))  # a second loop gets a client of its own
+    assert len(made) == 2 and made[0] is not made[1]
+    layer.close()
+    blocking.close()

@@ -1,4 +1,4 @@
-"""The README's demo and the core benchmark run, in their short forms, and say what they should."""
+"""The README's demo, the examples and the benchmarks run, in their short forms, and say what they should."""
 
 from __future__ import annotations
 
@@ -27,3 +27,14 @@ def test_the_demo_shows_one_query_with_protection_and_many_without() -> None:
 def test_the_core_benchmark_runs_in_its_quick_form() -> None:
     out = run("loadtest/bench_core.py", "--quick", "--processes", "2", "--threads", "8")
     assert "ratio" in out and "stampede" in out
+
+
+def test_the_async_benchmark_runs_in_its_quick_form() -> None:
+    out = run("loadtest/bench_async.py", "--quick", "--coroutines", "200")
+    assert "ratio" in out and "stampede" in out
+
+
+def test_the_web_app_serves_a_burst_with_one_database_query() -> None:
+    out = run("examples/web_app.py", "--check", "--requests", "100")
+    assert "(cold): 1 distinct body, database queries so far: 1" in out
+    assert "(after invalidate): 1 distinct body, database queries so far: 2" in out

@@ -1,0 +1,100 @@
+"""The subscriber's bookkeeping and the asyncio flight table: pure rules, no server."""
+
+from __future__ import annotations
+
+import asyncio
+
+from stampede._channels import Channels
+from stampede._singleflight import AsyncFlightTable
+
+
+class Box:
+    def __init__(self, channel: str) -> None:
+        self.channel = channel
+        self.messages: list[bytes] = []
+        self.confirmed: list[bool] = []
+
+    def deliver(self, message: bytes) -> None:
+        self.messages.append(message)
+
+    def confirm(self, ok: bool) -> None:
+        self.confirmed.append(ok)
+
+
+def test_the_first_mailbox_subscribes_and_joiners_share_its_confirmation() -> None:
+    channels = Channels()
+    first, second = Box("a"), Box("a")
+    assert channels.add(first) is True  # send SUBSCRIBE
+    assert channels.add(second) is False  # already being subscribed
+    assert first.confirmed == second.confirmed == []
+    channels.on_reply([b"subscribe", b"a", 1])
+    assert first.confirmed == second.confirmed == [True]
+    late = Box("a")
+    assert channels.add(late) is False and late.confirmed == [True]  # confirmed at once
+
+
+def test_messages_reach_their_channel_only_and_the_last_to_leave_unsubscribes() -> None:
+    channels = Channels()
+    a1, a2, b = Box("a"), Box("a"), Box("b")
+    for box in (a1, a2, b):
+        channels.add(box)
+    channels.on_reply([b"message", b"a", b"value"])
+    assert a1.messages == a2.messages == [b"value"] and b.messages == []
+    assert channels.remove(a1) is False
+    assert channels.remove(a2) is True  # send UNSUBSCRIBE
+    assert channels.remove(a2) is False  # twice is harmless
+    assert channels.resubscribe() == ["b"]
+
+
+def test_a_lost_connection_fails_the_unconfirmed_and_wakes_everyone() -> None:
+    channels = Channels()
+    confirmed, pending = Box("a"), Box("b")
+    channels.add(confirmed)
+    channels.on_reply([b"subscribe", b"a", 1])
+    channels.add(pending)
+    channels.on_connection_lost()
+    assert pending.confirmed == [False]
+    assert confirmed.messages == [b""] and pending.messages == [b""]  # re-check, spuriously or not
+
+
+def test_mailboxes_joining_during_a_resubscribe_wait_for_its_confirmation() -> None:
+    channels = Channels()
+    channels.add(Box("a"))
+    channels.on_reply([b"subscribe", b"a", 1])
+    channels.on_connection_lost()
+    assert channels.resubscribe() == ["a"]
+    joiner = Box("a")
+    channels.add(joiner)
+    assert joiner.confirmed == []  # not before the new connection's SUBSCRIBE is confirmed
+    channels.on_reply([b"subscribe", b"a", 1])
+    assert joiner.confirmed == [True]
+
+
+def test_joiners_of_an_async_flight_time_out_on_their_own_deadlines() -> None:
+    async def main() -> list[object]:
+        table = AsyncFlightTable()
+        flight, leads = table.join("k")
+        assert leads
+        short = table.wait(table.join("k")[0], 0.01)
+        long = table.wait(flight, 5)
+        shorter_late = table.wait(flight, 0.001)  # joined later, due sooner: the timer moves up
+        outcomes: list[object] = [await shorter_late, await short]
+        assert not long.done()
+        table.finish("k", flight, value=42)
+        outcomes.append(await long)
+        assert flight.timer is None
+        return outcomes
+
+    assert asyncio.run(main()) == [False, False, True]
+
+
+def test_a_cancelled_joiner_does_not_cancel_the_others() -> None:
+    async def main() -> bool:
+        table = AsyncFlightTable()
+        flight, _ = table.join("k")
+        first, second = table.wait(flight, 5), table.wait(flight, 5)
+        first.cancel()
+        table.finish("k", flight, value=1)
+        return await second
+
+    assert asyncio.run(main()) is True
