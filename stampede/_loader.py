@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import TYPE_CHECKING, Callable, Generic, ParamSpec, TypeVar
 
 from ._keys import KeyBuilder
@@ -68,6 +69,8 @@ class AsyncCachedLoader(Generic[P, R]):
         self, spec: LoaderSpec, runner: AsyncRunner, keys: KeyBuilder, forget: Callable[[str], None]
     ) -> None:
         functools.update_wrapper(self, spec.func)
+        if hasattr(inspect, "markcoroutinefunction"):  # Python 3.12+: frameworks see an async callable
+            inspect.markcoroutinefunction(self)
         self._spec = spec
         self._runner = runner
         self._keys = keys
