@@ -114,20 +114,16 @@ class Stampede:
         )
         client = redis.Redis(connection_pool=pool, retry=no_retries)
 
-        def make_async_store() -> AsyncStore:
-            # A plain pool, bounded by the store's slots (see _aredis).
+        def make_async_client() -> redis.asyncio.Redis:
+            # A plain pool: the store bounds its commands to max_connections (see _aredis).
             no_async_retries = redis.asyncio.retry.Retry(NoBackoff(), 0)
             async_pool = redis.asyncio.ConnectionPool.from_url(
                 url, max_connections=max_connections, retry=no_async_retries, **timeouts
             )
-            async_client = redis.asyncio.Redis(connection_pool=async_pool, retry=no_async_retries)
-            return AsyncRedisStore(
-                async_client, socket_timeout, owns_client=True, slots=max_connections, slot_timeout=socket_timeout
-            )
+            return redis.asyncio.Redis(connection_pool=async_pool, retry=no_async_retries)
 
-        layer = cls(client, namespace=namespace, serializer=serializer, **settings)
+        layer = cls(client, async_client=make_async_client, namespace=namespace, serializer=serializer, **settings)
         layer._owned_client = client
-        layer._async_runner = AsyncRunner(make_async_store, layer._stats, layer._warn)
         return layer
 
     def cached_loader(
@@ -255,13 +251,19 @@ def _socket_timeout(client: redis.Redis) -> float:
 
 def _async_store_maker(async_client: AsyncClient) -> Callable[[], AsyncStore]:
     """A maker of one event loop's store: over the given client, or over a new one from
-    the given function (closed with the store)."""
+    the given function. The store owns (closes) a client it had made, and when that
+    client's pool does not block for a free connection, bounds its commands to the pool's
+    size so that a burst waits for a connection instead of failing."""
     if callable(async_client) and not isinstance(async_client, redis.asyncio.Redis):
         factory = async_client
 
         def make() -> AsyncStore:
             client = factory()
-            return AsyncRedisStore(client, _socket_timeout(client), owns_client=True)  # type: ignore[arg-type]
+            timeout = _socket_timeout(client)  # type: ignore[arg-type]
+            pool = client.connection_pool
+            blocks = isinstance(pool, redis.asyncio.BlockingConnectionPool)
+            slots = None if blocks else getattr(pool, "max_connections", None)
+            return AsyncRedisStore(client, timeout, owns_client=True, slots=slots, slot_timeout=timeout)
 
         return make
     client = async_client
