@@ -13,12 +13,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Awaitable, Callable, TypeVar
 
-from . import _scripts
 from ._anotify import AsyncSubscriber, AsyncSubscription
 from ._errors import BackendUnavailable
 from ._flow import AcquireReply
 from ._keys import EntryKeys
-from ._redis import FAILURES, acquire_reply, check_client, translated
+from ._redis import FAILURES, Scripts, acquire_reply, check_client, translated
 
 T = TypeVar("T")
 
@@ -39,11 +38,7 @@ class AsyncRedisStore:
         self._owns_client = owns_client
         self._slots = asyncio.Semaphore(slots) if slots else None
         self._slot_timeout = slot_timeout
-        self._acquire = client.register_script(_scripts.ACQUIRE)
-        self._write_release = client.register_script(_scripts.WRITE_AND_RELEASE)
-        self._renew = client.register_script(_scripts.RENEW)
-        self._release = client.register_script(_scripts.RELEASE)
-        self._invalidate = client.register_script(_scripts.INVALIDATE)
+        self._scripts = Scripts(client)
         self._subscriber = AsyncSubscriber(client, subscribe_timeout)
 
     async def get(self, key: str) -> bytes | None:
@@ -57,7 +52,7 @@ class AsyncRedisStore:
         with translated("lock", keys.value):
             reply = await self._send(
                 keys.value,
-                self._acquire,
+                self._scripts.acquire,
                 keys=[keys.value, keys.lock],
                 args=[token, lease_ms, "1" if check_value else "0"],
             )
@@ -65,13 +60,13 @@ class AsyncRedisStore:
 
     async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         with translated("renew the lease of", keys.value):
-            return bool(await self._send(keys.value, self._renew, keys=[keys.lock], args=[token, lease_ms]))
+            return bool(await self._send(keys.value, self._scripts.renew, keys=[keys.lock], args=[token, lease_ms]))
 
     async def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> bool:
         with translated("write", keys.value):
             written = await self._send(
                 keys.value,
-                self._write_release,
+                self._scripts.write_release,
                 keys=[keys.value, keys.lock],
                 args=[token, envelope, ttl_ms, keys.channel, "1" if inline else "0"],
             )
@@ -79,12 +74,12 @@ class AsyncRedisStore:
 
     async def release(self, keys: EntryKeys, token: str) -> None:
         with translated("release the lock of", keys.value):
-            await self._send(keys.value, self._release, keys=[keys.lock], args=[token, keys.channel])
+            await self._send(keys.value, self._scripts.release, keys=[keys.lock], args=[token, keys.channel])
 
     async def invalidate(self, keys: EntryKeys) -> None:
         with translated("invalidate", keys.value):
             await self._send(
-                keys.value, self._invalidate, keys=[keys.value, keys.lock], args=[keys.channel]
+                keys.value, self._scripts.invalidate, keys=[keys.value, keys.lock], args=[keys.channel]
             )
 
     async def _send(self, key: str, command: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:

@@ -17,7 +17,27 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-class CachedLoader(Generic[P, R]):
+class _Loader(Generic[P, R]):
+    """What both kinds of cached loader share: the wrapped function's identity, its
+    settings and its keys."""
+
+    def __init__(self, spec: LoaderSpec, keys: KeyBuilder, forget: Callable[[str], None]) -> None:
+        functools.update_wrapper(self, spec.func)  # type: ignore[arg-type]  # a callable object, not a function
+        self._spec = spec
+        self._keys = keys
+        self._forget = forget
+        self.settings = spec.settings
+
+    def key(self, *args: P.args, **kwargs: P.kwargs) -> str:
+        """The Redis key of the value these arguments load (for inspection and tooling)."""
+        return self._keys.value_key(args, kwargs)
+
+    def __repr__(self) -> str:
+        func = self._spec.func
+        return f"<{type(self).__name__} {func.__module__}.{func.__qualname__}>"
+
+
+class CachedLoader(_Loader[P, R]):
     """A loader whose calls read the cache first and collapse concurrent misses into one load.
 
     Call it as the function it wraps. ``invalidate(...)`` takes the same arguments and
@@ -25,12 +45,8 @@ class CachedLoader(Generic[P, R]):
     """
 
     def __init__(self, spec: LoaderSpec, runner: SyncRunner, keys: KeyBuilder, forget: Callable[[str], None]) -> None:
-        functools.update_wrapper(self, spec.func)
-        self._spec = spec
+        super().__init__(spec, keys, forget)
         self._runner = runner
-        self._keys = keys
-        self._forget = forget
-        self.settings = spec.settings
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         value_key = self._keys.value_key(args, kwargs)
@@ -48,16 +64,8 @@ class CachedLoader(Generic[P, R]):
         finally:
             self._forget(keys.value)
 
-    def key(self, *args: P.args, **kwargs: P.kwargs) -> str:
-        """The Redis key of the value these arguments load (for inspection and tooling)."""
-        return self._keys.value_key(args, kwargs)
 
-    def __repr__(self) -> str:
-        func = self._spec.func
-        return f"<CachedLoader {func.__module__}.{func.__qualname__}>"
-
-
-class AsyncCachedLoader(Generic[P, R]):
+class AsyncCachedLoader(_Loader[P, R]):
     """``CachedLoader`` for an ``async def`` loader: awaiting a call reads the cache first
     and collapses concurrent misses (tasks, threads, processes) into one load.
 
@@ -68,32 +76,19 @@ class AsyncCachedLoader(Generic[P, R]):
     def __init__(
         self, spec: LoaderSpec, runner: AsyncRunner, keys: KeyBuilder, forget: Callable[[str], None]
     ) -> None:
-        functools.update_wrapper(self, spec.func)
+        super().__init__(spec, keys, forget)
         if hasattr(inspect, "markcoroutinefunction"):  # Python 3.12+: frameworks see an async callable
             inspect.markcoroutinefunction(self)
-        self._spec = spec
         self._runner = runner
-        self._keys = keys
-        self._forget = forget
-        self.settings = spec.settings
 
     async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         value_key = self._keys.value_key(args, kwargs)
         return await self._runner.call(value_key, self._spec, args, kwargs)  # type: ignore[no-any-return]
 
     async def invalidate(self, *args: P.args, **kwargs: P.kwargs) -> None:
-        """Drop the entry of these arguments, and keep any load in flight from writing it.
-        Raises BackendUnavailable if Redis cannot be reached."""
+        """``CachedLoader.invalidate``, awaited."""
         keys = self._keys.keys(args, kwargs)
         try:
             await self._runner.invalidate(keys)
         finally:
             self._forget(keys.value)
-
-    def key(self, *args: P.args, **kwargs: P.kwargs) -> str:
-        """The Redis key of the value these arguments load (for inspection and tooling)."""
-        return self._keys.value_key(args, kwargs)
-
-    def __repr__(self) -> str:
-        func = self._spec.func
-        return f"<AsyncCachedLoader {func.__module__}.{func.__qualname__}>"

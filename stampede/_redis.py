@@ -42,6 +42,18 @@ def acquire_reply(reply: Any) -> AcquireReply:
     return AcquireReply(LockState.HELD, lease_left=max(int(reply[1]), 0) / 1000)
 
 
+class Scripts:
+    """The backend's scripts registered on a client, blocking or asyncio (both clients
+    call them by EVALSHA and load them again after NOSCRIPT)."""
+
+    def __init__(self, client: Any) -> None:
+        self.acquire = client.register_script(_scripts.ACQUIRE)
+        self.write_release = client.register_script(_scripts.WRITE_AND_RELEASE)
+        self.renew = client.register_script(_scripts.RENEW)
+        self.release = client.register_script(_scripts.RELEASE)
+        self.invalidate = client.register_script(_scripts.INVALIDATE)
+
+
 def check_client(client: Any) -> None:
     if client.connection_pool.connection_kwargs.get("decode_responses"):
         raise ConfigError("the redis client must not use decode_responses=True: values are bytes")
@@ -53,11 +65,7 @@ class RedisStore:
     def __init__(self, client: redis.Redis, subscribe_timeout: float) -> None:
         check_client(client)
         self.client = client
-        self._acquire = client.register_script(_scripts.ACQUIRE)
-        self._write_release = client.register_script(_scripts.WRITE_AND_RELEASE)
-        self._renew = client.register_script(_scripts.RENEW)
-        self._release = client.register_script(_scripts.RELEASE)
-        self._invalidate = client.register_script(_scripts.INVALIDATE)
+        self._scripts = Scripts(client)
         self._subscriber = Subscriber(client, subscribe_timeout)
 
     def get(self, key: str) -> bytes | None:
@@ -70,18 +78,18 @@ class RedisStore:
 
     def acquire(self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool) -> AcquireReply:
         with translated("lock", keys.value):
-            reply: Any = self._acquire(
+            reply: Any = self._scripts.acquire(
                 keys=[keys.value, keys.lock], args=[token, lease_ms, "1" if check_value else "0"]
             )
         return acquire_reply(reply)
 
     def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         with translated("renew the lease of", keys.value):
-            return bool(self._renew(keys=[keys.lock], args=[token, lease_ms]))
+            return bool(self._scripts.renew(keys=[keys.lock], args=[token, lease_ms]))
 
     def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> bool:
         with translated("write", keys.value):
-            written = self._write_release(
+            written = self._scripts.write_release(
                 keys=[keys.value, keys.lock],
                 args=[token, envelope, ttl_ms, keys.channel, "1" if inline else "0"],
             )
@@ -89,11 +97,11 @@ class RedisStore:
 
     def release(self, keys: EntryKeys, token: str) -> None:
         with translated("release the lock of", keys.value):
-            self._release(keys=[keys.lock], args=[token, keys.channel])
+            self._scripts.release(keys=[keys.lock], args=[token, keys.channel])
 
     def invalidate(self, keys: EntryKeys) -> None:
         with translated("invalidate", keys.value):
-            self._invalidate(keys=[keys.value, keys.lock], args=[keys.channel])
+            self._scripts.invalidate(keys=[keys.value, keys.lock], args=[keys.channel])
 
     def subscribe(self, keys: EntryKeys) -> Subscription:
         return self._subscriber.subscribe(keys.channel)
