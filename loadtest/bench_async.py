@@ -26,7 +26,7 @@ import orjson
 import redis.asyncio
 
 from stampede import Stampede
-from stampede.testing import CommandMonitor, RedisServer, names
+from stampede.testing import CommandMonitor, names, server_url
 
 VALUE = {"id": 42, "name": "category map", "children": [{"id": i, "name": f"c{i}"} for i in range(20)]}
 
@@ -182,13 +182,8 @@ def main() -> None:
     options = parser.parse_args()
     if options.quick:
         options.rounds, options.calls, options.hit_rounds = 1, 1000, 3
-    server = None if options.redis else RedisServer().start()
-    url = options.redis or server.url  # type: ignore[union-attr]
-    try:
+    with server_url(options.redis) as url:
         asyncio.run(run(url, options))
-    finally:
-        if server is not None:
-            server.stop()
 
 
 if __name__ == "__main__":

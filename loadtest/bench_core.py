@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 from demo import run_processes  # noqa: E402
 
 from stampede import Stampede  # noqa: E402
-from stampede.testing import CommandMonitor, RedisServer, names  # noqa: E402
+from stampede.testing import CommandMonitor, names, server_url  # noqa: E402
 
 NOT_CACHE_TRAFFIC = {"INCR", "ECHO", "PING"}  # the demo's query log, markers, warm-up
 
@@ -129,14 +129,9 @@ def main() -> None:
     options = parser.parse_args()
     if options.quick:
         options.rounds, options.calls, options.hit_rounds = 1, 1000, 3
-    server = None if options.redis else RedisServer().start()
-    url = options.redis or server.url  # type: ignore[union-attr]
-    try:
+    with server_url(options.redis) as url:
         cold_key_stampede(url, options)
         warm_hits(url, options)
-    finally:
-        if server is not None:
-            server.stop()
 
 
 if __name__ == "__main__":

@@ -21,11 +21,21 @@ from ._channels import Channels
 from ._errors import BackendUnavailable
 from ._notify import connect_pubsub
 from ._redis import FAILURES
-from ._singleflight import settle, within
+from ._singleflight import settle
 
 log = logging.getLogger("stampede")
 
 RECONNECT_INTERVAL = 0.5
+
+
+async def within(future: asyncio.Future[bool], timeout: float) -> bool:
+    """The future's result, or False after ``timeout``; no task is made for the wait.
+    ``future`` must be the caller's own: cancelling the caller cancels it."""
+    handle = asyncio.get_running_loop().call_later(timeout, settle, future, False)
+    try:
+        return await future
+    finally:
+        handle.cancel()
 
 
 class AsyncSubscription:

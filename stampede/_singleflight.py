@@ -146,13 +146,3 @@ EXPIRY_SLACK = 0.001  # a loop may run a timer up to its clock resolution early
 def settle(future: asyncio.Future[bool], result: bool) -> None:
     if not future.done():
         future.set_result(result)
-
-
-async def within(future: asyncio.Future[bool], timeout: float) -> bool:
-    """The future's result, or False after ``timeout``; no task is made for the wait.
-    ``future`` must be the caller's own: cancelling the caller cancels it."""
-    handle = asyncio.get_running_loop().call_later(timeout, settle, future, False)
-    try:
-        return await future
-    finally:
-        handle.cancel()

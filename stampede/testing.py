@@ -17,8 +17,9 @@ import subprocess
 import threading
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import redis
 
@@ -183,3 +184,13 @@ HANDSHAKE = ("CLIENT", "HELLO", "AUTH", "SELECT")
 def names(commands: list[tuple[str, ...]]) -> list[str]:
     """Command names, without a new connection's handshake (sent once per connection)."""
     return [command[0] for command in commands if command[0] not in HANDSHAKE]
+
+
+@contextmanager
+def server_url(url: str | None) -> Iterator[str]:
+    """``url`` if given, else the URL of a throwaway server started here and stopped on exit."""
+    if url is not None:
+        yield url
+        return
+    with RedisServer() as server:
+        yield server.url
