@@ -38,3 +38,16 @@ def test_the_web_app_serves_a_burst_with_one_database_query() -> None:
     out = run("examples/web_app.py", "--check", "--requests", "100")
     assert "(cold): 1 distinct body, database queries so far: 1" in out
     assert "(after invalidate): 1 distinct body, database queries so far: 2" in out
+
+
+def test_the_category_map_example_shows_one_query_per_burst_and_the_null_sentinel(redis_url: str) -> None:
+    for backend in ([], ["--redis", redis_url]):
+        out = run("examples/category_map.py", "--threads", "30", *backend)
+        assert "a cold shop" in out and out.rstrip().endswith("OK")
+
+
+def test_the_orm_example_caches_rows_as_their_own_type(redis_url: str) -> None:
+    for backend in ([], ["--redis", redis_url]):
+        out = run("examples/orm_sqlalchemy.py", "--threads", "30", *backend)
+        assert "a cold product                         30 threads: 1 SELECT" in out
+        assert out.rstrip().endswith("OK")

@@ -1,0 +1,193 @@
+"""Locust: hundreds of users over several processes read through the cache, and the
+database's query log says how many queries each key cost per expiry.
+
+    python loadtest/run_locust.py        # the one command: server, database, web app, both runs, report
+
+or by hand, against a web app (examples/web_app.py) already serving the same database:
+
+    locust -f loadtest/locustfile.py --headless --processes 4 -u 200 -r 100 -t 60s \\
+        --host http://127.0.0.1:8000 --redis-url redis://127.0.0.1:6379/0 \\
+        --db shop.sqlite --ttl 3 --protection on
+
+Two kinds of users, as many of each:
+
+* ``DirectUser`` calls cached loaders in its own process. Locust runs users as gevent
+  greenlets, so stampede runs monkey-patched: its lease watchdog and its pub/sub
+  subscriber are greenlets too.
+* ``WebUser`` calls the web app over HTTP on 127.0.0.1.
+
+Both read the same entries (namespace "shop", the same templates), so "one query per
+key per expiry" must hold across the web app and every Locust process together. Keys
+are picked with a long-tailed popularity (a few hot shops and products, many cold ones,
+and a shop that does not exist), and TTLs are a few seconds, so entries expire all the
+time under load. ``--protection off`` runs the same users over plain cache-aside.
+
+When the run ends, the master reads the query log and prints queries per key per
+expiry window (see expiry_windows.py); with protection on it exits non-zero if any key
+was queried twice in one window.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from locust import FastHttpUser, User, between, events, task
+from locust.runners import WorkerRunner
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+
+import redis  # noqa: E402
+from cache_aside import read_through  # noqa: E402
+from category_map import make_category_map  # noqa: E402
+from expiry_windows import expiry_windows, summarize  # noqa: E402
+from shop import ShopDatabase  # noqa: E402
+
+from stampede import Stampede  # noqa: E402
+
+SHOPS = [f"shop-{index}" for index in range(20)] + ["no-such-shop"]
+SHOP_WEIGHTS = [1 / (rank + 1) for rank in range(20)] + [0.2]
+PRODUCTS = list(range(1, 41)) + [999_999]
+PRODUCT_WEIGHTS = [1 / (rank + 1) for rank in range(40)] + [0.1]
+
+
+@events.init_command_line_parser.add_listener
+def _options(parser: Any) -> None:
+    group = parser.add_argument_group("stampede")
+    group.add_argument("--redis-url", default=os.environ.get("STAMPEDE_REDIS_URL"), help="the cache's Redis")
+    group.add_argument("--db", help="the shop database (examples/shop.py) the web app also reads")
+    group.add_argument("--ttl", type=float, default=3.0, help="seconds an entry stays cached")
+    group.add_argument("--protection", choices=("on", "off"), default="on")
+    group.add_argument("--summary", help="write the query-log figures to this JSON file")
+
+
+def pick_shop() -> str:
+    return random.choices(SHOPS, SHOP_WEIGHTS)[0]
+
+
+def pick_product() -> int:
+    return random.choices(PRODUCTS, PRODUCT_WEIGHTS)[0]
+
+
+class Loaders:
+    """This process's way to the data: cached loaders (protection on) or cache-aside."""
+
+    def __init__(self, options: Any) -> None:
+        database = ShopDatabase(options.db)
+        ttl = options.ttl
+        if options.protection == "on":
+            layer = Stampede.from_url(options.redis_url, namespace="shop")
+            self.category_map: Callable[[str], Any] = make_category_map(layer, database, ttl)
+            self.product: Callable[[int], Any] = layer.cached_loader("product:{product_id}", ttl=ttl, null_ttl=ttl)(
+                database.product
+            )
+        else:
+            client = redis.Redis.from_url(options.redis_url, socket_timeout=5)
+            self.category_map = lambda shop: read_through(
+                client, f"off:category-map:{shop}", ttl, lambda: database.category_map(shop)
+            )
+            self.product = lambda product_id: read_through(
+                client, f"off:product:{product_id}", ttl, lambda: database.product(product_id)
+            )
+
+
+_loaders: dict[int, Loaders] = {}
+
+
+def loaders(options: Any) -> Loaders:
+    """Built on first use in each process: Locust forks its worker processes after
+    importing this file, and connections must not cross a fork."""
+    pid = os.getpid()
+    if pid not in _loaders:
+        _loaders[pid] = Loaders(options)
+    return _loaders[pid]
+
+
+class DirectUser(User):
+    """Calls the loaders in this process, as application code does."""
+
+    wait_time = between(0.05, 0.25)
+
+    def _call(self, name: str, load: Callable[[], Any]) -> None:
+        started = time.perf_counter()
+        error: Exception | None = None
+        try:
+            load()
+        except Exception as raised:  # reported to Locust as a failure
+            error = raised
+        self.environment.events.request.fire(
+            request_type="call", name=name, response_time=(time.perf_counter() - started) * 1000,
+            response_length=0, exception=error, context={},
+        )  # fmt: skip
+
+    @task(3)
+    def category_map(self) -> None:
+        shop = pick_shop()
+        self._call("category_map(shop)", lambda: loaders(self.environment.parsed_options).category_map(shop))
+
+    @task(1)
+    def product(self) -> None:
+        product_id = pick_product()
+        self._call("product(id)", lambda: loaders(self.environment.parsed_options).product(product_id))
+
+
+class WebUser(FastHttpUser):
+    """Calls the web app, whose endpoints are async cached loaders (or cache-aside)."""
+
+    wait_time = between(0.05, 0.25)
+
+    def _get(self, path: str, name: str, missing: bool) -> None:
+        with self.client.get(path, name=name, catch_response=True) as response:
+            if response.status_code == 404 and missing:
+                response.success()  # the unknown shop or product: a 404 is the right answer
+
+    @task(3)
+    def categories(self) -> None:
+        shop = pick_shop()
+        self._get(f"/categories/{shop}", "/categories/[shop]", shop == "no-such-shop")
+
+    @task(1)
+    def product(self) -> None:
+        product_id = pick_product()
+        self._get(f"/products/{product_id}", "/products/[id]", product_id == 999_999)
+
+
+_started: list[float] = []
+
+
+@events.test_start.add_listener
+def _note_start(environment: Any, **kwargs: Any) -> None:
+    if not isinstance(environment.runner, WorkerRunner):
+        _started.append(time.time())
+
+
+@events.quitting.add_listener
+def _report(environment: Any, **kwargs: Any) -> None:
+    """On the master (or a single process): the single-hit check over the query log."""
+    options = environment.parsed_options
+    if isinstance(environment.runner, WorkerRunner) or not options.db:
+        return
+    since = _started[0] if _started else 0.0
+    queries = [query for query in ShopDatabase(options.db).queries() if query.started >= since]
+    min_ttl = options.ttl * (1 - 0.1)  # the layer's default jitter; cache-aside has none
+    figures = summarize(expiry_windows(queries, min_ttl))
+    figures.update(protection=options.protection, ttl=options.ttl, min_ttl=min_ttl, since=since,
+                   processes=getattr(options, "processes", None), users=options.num_users)  # fmt: skip
+    print(f"\nprotection {options.protection}: {figures['queries']} database queries, {figures['keys']} keys, "
+          f"{figures['windows']} expiry windows; queries per window: max {figures['max_queries_per_window']}, "
+          f"mean {figures['mean_queries_per_window']}; windows with more than one query: "
+          f"{figures['windows_with_more_than_one_query']}", flush=True)  # fmt: skip
+    if options.summary:
+        Path(options.summary).write_text(json.dumps(figures, indent=2))
+    if options.protection == "on" and figures["max_queries_per_window"] > 1:
+        print(f"FAILED: a key was queried more than once in one expiry window: {figures['worst_windows']}")
+        environment.process_exit_code = 1
+    elif not queries:
+        print("FAILED: no database query was logged; is the web app reading the same --db?")
+        environment.process_exit_code = 1

@@ -1,0 +1,61 @@
+"""The Locust load test: its single-hit check reads the query log right, and its short
+form (what CI can afford) holds with protection on."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "loadtest"))
+
+from expiry_windows import expiry_windows, queries_per_second, summarize  # noqa: E402
+
+
+@dataclass
+class Q:
+    started: float
+    finished: float
+    what: str
+
+
+def test_queries_of_one_key_while_its_first_load_runs_share_its_window() -> None:
+    # A stampede without protection: three callers miss at once and all query.
+    log = [Q(10.00, 10.05, "k"), Q(10.01, 10.06, "k"), Q(10.04, 10.09, "k"), Q(10.02, 10.07, "other")]
+    figures = summarize(expiry_windows(log, min_ttl=2.7))
+    assert figures["max_queries_per_window"] == 3
+    assert figures["windows_with_more_than_one_query"] == 1
+    assert figures["worst_windows"] == [{"key": "k", "queries": 3}]
+    assert figures["queries"] == 4 and figures["keys"] == 2
+
+
+def test_a_query_while_the_loaded_value_is_still_valid_is_a_second_hit() -> None:
+    log = [Q(0.0, 0.05, "k"), Q(2.0, 2.05, "k")]  # the value lives at least until 0.05 + 2.7
+    assert summarize(expiry_windows(log, min_ttl=2.7))["max_queries_per_window"] == 2
+
+
+def test_one_query_per_expiry_is_one_per_window() -> None:
+    log = [Q(0.0, 0.05, "k"), Q(2.76, 2.81, "k"), Q(5.52, 5.57, "k")]
+    figures = summarize(expiry_windows(log, min_ttl=2.7))
+    assert figures["windows"] == 3 and figures["max_queries_per_window"] == 1
+    assert queries_per_second(log, since=0.0) == [1, 0, 1, 0, 0, 1]
+
+
+@pytest.mark.timeout(90)
+def test_the_short_locust_run_makes_one_query_per_key_per_expiry_window(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "loadtest/run_locust.py", "--quick", "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=85,
+    )  # fmt: skip
+    logs = "".join(path.read_text()[-3000:] for path in tmp_path.glob("*.log"))
+    assert done.returncode == 0, done.stdout + done.stderr + logs
+    figures = json.loads((tmp_path / "figures.json").read_text())["on"]
+    assert figures["locust_exit_code"] == 0
+    assert figures["max_queries_per_window"] == 1
+    assert figures["windows"] >= 100  # TTL 1 s for 12 s over dozens of keys: expiries happened
+    assert figures["requests"] >= 1000 and figures["failures"] == 0
