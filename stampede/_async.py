@@ -42,6 +42,7 @@ from ._flow import (
     milliseconds,
     new_context,
 )
+from ._fork import reset_after_fork
 from ._keys import EntryKeys
 from ._observe import RateLimitedLog, Stats
 from ._singleflight import AsyncFlightTable
@@ -73,6 +74,13 @@ class AsyncRunner:
         self._warn = warn
         self._lock = threading.Lock()  # loops may run in several threads
         self._loops: dict[asyncio.AbstractEventLoop, LoopState] = {}
+        reset_after_fork(self)
+
+    def after_fork_in_child(self) -> None:
+        """The parent's loops ran in threads that are not in this process. (Forking from
+        inside a running loop is not supported: its tasks carry on in the child.)"""
+        self._lock = threading.Lock()
+        self._loops = {}
 
     async def call(self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The value of the entry, as ``SyncRunner.call``, for the tasks of this loop."""

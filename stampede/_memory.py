@@ -18,6 +18,7 @@ from cachetools import TLRUCache
 from ._anotify import AsyncSubscription
 from ._channels import Mailbox
 from ._flow import AcquireReply, LockState
+from ._fork import reset_after_fork
 from ._keys import EntryKeys
 from ._notify import Subscription
 
@@ -34,6 +35,12 @@ class MemoryStore:
         )
         self._leases: dict[str, tuple[str, float]] = {}  # lock key -> (token, expires_at)
         self._mailboxes: dict[str, set[Mailbox]] = {}
+        reset_after_fork(self)
+
+    def after_fork_in_child(self) -> None:
+        """The child keeps the values; the parent's loads and waiters are not here."""
+        self._lock = threading.Lock()
+        self._leases, self._mailboxes = {}, {}
 
     def get(self, key: str) -> bytes | None:
         with self._lock:

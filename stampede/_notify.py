@@ -15,7 +15,6 @@ re-check made after it cannot miss the write's message.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from typing import Any, Callable
 
@@ -24,6 +23,7 @@ from redis.exceptions import RedisError
 
 from ._channels import Channels
 from ._errors import BackendUnavailable
+from ._fork import reset_after_fork
 
 log = logging.getLogger("stampede")
 
@@ -75,7 +75,7 @@ class Subscriber:
         self._channels = Channels()
         self._reader: threading.Thread | None = None
         self._closed = False
-        self._pid = os.getpid()
+        reset_after_fork(self)
 
     def subscribe(self, channel: str) -> Subscription:
         """A mailbox on ``channel``, once the server has confirmed the subscription."""
@@ -83,8 +83,6 @@ class Subscriber:
         with self._lock:
             if self._closed:
                 raise BackendUnavailable("the layer is closed")
-            if self._pid != os.getpid():
-                self._forget_parent()
             try:
                 self._ensure_connected()
                 if self._channels.add(subscription):
@@ -126,9 +124,10 @@ class Subscriber:
             self._reader.start()
         self._wake_reader.notify_all()
 
-    def _forget_parent(self) -> None:
-        """After a fork: the parent's socket, reader and waiters are not ours to touch."""
-        self._pid = os.getpid()
+    def after_fork_in_child(self) -> None:
+        """The parent's socket, reader and waiters are not ours to touch."""
+        self._lock = threading.Lock()
+        self._wake_reader = threading.Condition(self._lock)
         self._connection, self._reader = None, None
         self._channels.clear()
 

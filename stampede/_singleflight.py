@@ -25,6 +25,8 @@ import asyncio
 import threading
 from typing import Any
 
+from ._fork import reset_after_fork
+
 
 class Flight:
     __slots__ = ("done", "value", "error", "timer")
@@ -54,6 +56,12 @@ class FlightTable:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._flights: dict[str, Flight] = {}
+        reset_after_fork(self)
+
+    def after_fork_in_child(self) -> None:
+        """The parent's leaders are not in this process: nobody here waits for them."""
+        self._lock = threading.Lock()
+        self._flights = {}
 
     def join(self, key: str) -> tuple[Flight, threading.Event | None]:
         """The open flight for ``key``, and the event to wait on; None if the caller

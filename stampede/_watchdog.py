@@ -12,7 +12,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import os
 import threading
 import time
 from contextlib import contextmanager
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from ._errors import BackendUnavailable
+from ._fork import reset_after_fork
 from ._keys import EntryKeys
 from ._store import Store
 
@@ -46,8 +46,8 @@ class Watchdog:
         self._heap: list[tuple[float, int, Lease]] = []
         self._order = itertools.count()
         self._thread: threading.Thread | None = None
-        self._pid = os.getpid()
         self._closed = False
+        reset_after_fork(self)
 
     @contextmanager
     def guard(self, store: Store, keys: EntryKeys, token: str, lease_ms: int) -> Iterator[Lease]:
@@ -67,9 +67,13 @@ class Watchdog:
             self._closed = True
             self._changed.notify()
 
+    def after_fork_in_child(self) -> None:
+        """The parent's thread and the leases of its loads did not come along."""
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._heap, self._thread = [], None
+
     def _start_thread(self) -> None:
-        if self._pid != os.getpid():  # forked: the parent's thread did not come along
-            self._pid, self._thread, self._heap = os.getpid(), None, []
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._run, name="stampede-watchdog", daemon=True)
             self._thread.start()

@@ -122,3 +122,17 @@ def test_a_killed_holder_is_taken_over_by_a_waiter_in_another_process(
     assert finished < 10  # nobody waited out wait_timeout
     assert max(r["max_latency"] for r in results) < 10
     assert not redis_client.exists("proc:{item:0}:lock")
+
+
+def test_a_child_forked_mid_load_does_not_wait_for_its_parents_flights(redis_url: str, redis_client: Any) -> None:
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("fork_worker.py")), redis_url],
+        capture_output=True, text=True, timeout=50,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    child, calls = (json.loads(line) for line in done.stdout.splitlines()[-2:])
+    assert child["child_values"] == ["child", "during"]
+    # The parent's in-flight "during" is not awaited in memory (wait_timeout 20 s): the
+    # child's callers read the value the parent wrote, or wait for it through Redis.
+    assert child["child_wait_timeouts"] == 0 and child["child_seconds"] < 5
+    assert calls == {"calls:warm": 1, "calls:during": 1, "calls:child": 1}
