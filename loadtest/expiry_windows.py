@@ -56,6 +56,9 @@ def expiry_windows(queries: Iterable[LoggedQuery], min_ttl: float) -> list[Windo
 def summarize(windows: list[Window]) -> dict[str, Any]:
     """The figures of one run: per window, how many queries; which windows broke the rule."""
     counts = [window.queries for window in windows]
+    per_key: dict[str, int] = {}
+    for window in windows:
+        per_key[window.what] = per_key.get(window.what, 0) + window.queries
     broken = sorted((window for window in windows if window.queries > 1), key=lambda window: -window.queries)
     return {
         "keys": len({window.what for window in windows}),
@@ -65,6 +68,7 @@ def summarize(windows: list[Window]) -> dict[str, Any]:
         "mean_queries_per_window": round(statistics.fmean(counts), 2) if counts else 0.0,
         "windows_with_more_than_one_query": len(broken),
         "worst_windows": [{"key": window.what, "queries": window.queries} for window in broken[:5]],
+        "queries_by_key": dict(sorted(per_key.items(), key=lambda item: -item[1])),
     }
 
 

@@ -150,8 +150,12 @@ def report(results: dict[str, dict[str, Any]], options: argparse.Namespace) -> N
     for name, figures in results.items():
         print(f"{name:<11}" + "".join(f"{figures.get(field, '-')!s:>14}" for _, field in columns))
     if "on" in results and "off" in results and results["on"].get("queries"):
-        ratio = results["off"]["queries"] / results["on"]["queries"]
-        print(f"\ndatabase queries, off / on: {ratio:.1f}x")
+        off, on = results["off"], results["on"]
+        print(f"\ndatabase queries, off / on: {off['queries'] / on['queries']:.1f}x")
+        hottest = next(iter(off["queries_by_key"]), None)
+        if hottest is not None:
+            print(f"the most queried key, {hottest!r}: {off['queries_by_key'][hottest]} queries off, "
+                  f"{on['queries_by_key'].get(hottest, 0)} on")  # fmt: skip
     if options.plot:
         path = options.out / "db_queries.png"
         plot({name: figures["per_second"] for name, figures in results.items()}, options.ttl, str(path))

@@ -11,7 +11,7 @@ from ._errors import (
     WaitTimeout,
 )
 from ._layer import Stampede, cached_loader, default_layer
-from ._loader import CachedLoader
+from ._loader import AsyncCachedLoader, CachedLoader
 
 __version__ = "0.1.0"
 
@@ -19,6 +19,7 @@ __all__ = [
     # the layer and its decorator
     "Stampede",
     "CachedLoader",
+    "AsyncCachedLoader",
     "cached_loader",
     "default_layer",
     "Settings",
