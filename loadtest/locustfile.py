@@ -49,7 +49,7 @@ from category_map import make_category_map  # noqa: E402
 from expiry_windows import expiry_windows, summarize  # noqa: E402
 from shop import ShopDatabase  # noqa: E402
 
-from stampede import Stampede  # noqa: E402
+from stampede import Settings, Stampede  # noqa: E402
 
 SHOPS = [f"shop-{index}" for index in range(20)] + ["no-such-shop"]
 SHOP_WEIGHTS = [1 / (rank + 1) for rank in range(20)] + [0.2]
@@ -79,6 +79,8 @@ class Loaders:
     """This process's way to the data: cached loaders (protection on) or cache-aside."""
 
     def __init__(self, options: Any) -> None:
+        if not options.db or not options.redis_url:
+            raise RuntimeError("--db and --redis-url are needed (loadtest/run_locust.py passes them)")
         database = ShopDatabase(options.db)
         ttl = options.ttl
         if options.protection == "on":
@@ -175,7 +177,7 @@ def _report(environment: Any, **kwargs: Any) -> None:
         return
     since = _started[0] if _started else 0.0
     queries = [query for query in ShopDatabase(options.db).queries() if query.started >= since]
-    min_ttl = options.ttl * (1 - 0.1)  # the layer's default jitter; cache-aside has none
+    min_ttl = options.ttl * (1 - Settings().jitter)  # the layer's default jitter; cache-aside has none
     figures = summarize(expiry_windows(queries, min_ttl))
     figures.update(protection=options.protection, ttl=options.ttl, min_ttl=min_ttl, since=since,
                    processes=getattr(options, "processes", None), users=options.num_users)  # fmt: skip

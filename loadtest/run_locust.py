@@ -96,7 +96,6 @@ def run(protection: str, url: str, options: argparse.Namespace) -> dict[str, Any
     app = WebApp(url, database.path, protection, options.ttl, out / f"web_app-{protection}.log")
     try:
         app.wait_ready()
-        database.log_path.write_text("")  # the readiness probe's queries (none) and nothing else
         command = [
             sys.executable, "-m", "locust", "-f", str(HERE / "locustfile.py"), "--headless",
             "--processes", str(options.processes), "-u", str(options.users), "-r", str(options.spawn_rate),
