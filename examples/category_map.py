@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from shop import ShopDatabase
+from shop import CATEGORY_MAP_ENTRY, ShopDatabase
 
 from stampede import CachedLoader, Stampede
 
@@ -39,7 +39,7 @@ from stampede import CachedLoader, Stampede
 def make_category_map(layer: Stampede, database: ShopDatabase, ttl: float) -> CachedLoader[[str], Any]:
     """The cached loader the examples and the load test share (the same keys everywhere)."""
 
-    @layer.cached_loader("category-map:{shop}", ttl=ttl, null_ttl=ttl)
+    @layer.cached_loader(CATEGORY_MAP_ENTRY, ttl=ttl, null_ttl=ttl)
     def category_map(shop: str) -> dict[str, list[str]] | None:
         return database.category_map(shop)  # None (no such shop) is cached as the null sentinel
 

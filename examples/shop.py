@@ -20,6 +20,11 @@ from typing import Any, Iterator
 
 QUERY_SECONDS = 0.05
 
+# The cache entries of the two queries. The web app and every load-test process use these
+# templates, so they share entries; cache-aside (the baseline) prefixes them with "off:".
+CATEGORY_MAP_ENTRY = "category-map:{shop}"
+PRODUCT_ENTRY = "product:{product_id}"
+
 SCHEMA = """
 CREATE TABLE shops (id INTEGER PRIMARY KEY, slug TEXT NOT NULL UNIQUE, name TEXT NOT NULL);
 CREATE TABLE categories (

@@ -33,7 +33,7 @@ import httpx
 import redis.asyncio
 import uvicorn
 from cache_aside import aread_through
-from shop import ShopDatabase
+from shop import CATEGORY_MAP_ENTRY, PRODUCT_ENTRY, ShopDatabase
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -49,11 +49,11 @@ def protected_queries(layer: Stampede, database: ShopDatabase, ttl: float) -> tu
     """The endpoints' queries as cached loaders: one database query per key per expiry,
     across every process on the same Redis (the load test's direct callers included)."""
 
-    @layer.cached_loader("category-map:{shop}", ttl=ttl, null_ttl=ttl)
+    @layer.cached_loader(CATEGORY_MAP_ENTRY, ttl=ttl, null_ttl=ttl)
     async def category_map(shop: str) -> dict[str, list[str]] | None:
         return await asyncio.to_thread(database.category_map, shop)
 
-    @layer.cached_loader("product:{product_id}", ttl=ttl, null_ttl=ttl)
+    @layer.cached_loader(PRODUCT_ENTRY, ttl=ttl, null_ttl=ttl)
     async def product(product_id: int) -> dict[str, Any] | None:
         return await asyncio.to_thread(database.product, product_id)
 
@@ -64,15 +64,15 @@ def unprotected_queries(client: redis.asyncio.Redis, database: ShopDatabase, ttl
     """The same queries through plain cache-aside: the baseline with no protection."""
 
     async def category_map(shop: str) -> Any:
-        return await aread_through(client, f"off:category-map:{shop}", ttl,
+        return await aread_through(client, "off:" + CATEGORY_MAP_ENTRY.format(shop=shop), ttl,
                                    lambda: asyncio.to_thread(database.category_map, shop))  # fmt: skip
 
     async def product(product_id: int) -> Any:
-        return await aread_through(client, f"off:product:{product_id}", ttl,
+        return await aread_through(client, "off:" + PRODUCT_ENTRY.format(product_id=product_id), ttl,
                                    lambda: asyncio.to_thread(database.product, product_id))  # fmt: skip
 
     async def invalidate(shop: str) -> None:
-        await client.delete(f"off:category-map:{shop}")
+        await client.delete("off:" + CATEGORY_MAP_ENTRY.format(shop=shop))
 
     return category_map, product, invalidate
 

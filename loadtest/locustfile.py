@@ -47,7 +47,7 @@ import redis  # noqa: E402
 from cache_aside import read_through  # noqa: E402
 from category_map import make_category_map  # noqa: E402
 from expiry_windows import expiry_windows, summarize  # noqa: E402
-from shop import ShopDatabase  # noqa: E402
+from shop import CATEGORY_MAP_ENTRY, PRODUCT_ENTRY, ShopDatabase  # noqa: E402
 
 from stampede import Settings, Stampede  # noqa: E402
 
@@ -86,16 +86,15 @@ class Loaders:
         if options.protection == "on":
             layer = Stampede.from_url(options.redis_url, namespace="shop")
             self.category_map: Callable[[str], Any] = make_category_map(layer, database, ttl)
-            self.product: Callable[[int], Any] = layer.cached_loader("product:{product_id}", ttl=ttl, null_ttl=ttl)(
-                database.product
-            )
+            cached_product = layer.cached_loader(PRODUCT_ENTRY, ttl=ttl, null_ttl=ttl)
+            self.product: Callable[[int], Any] = cached_product(database.product)
         else:
             client = redis.Redis.from_url(options.redis_url, socket_timeout=5)
             self.category_map = lambda shop: read_through(
-                client, f"off:category-map:{shop}", ttl, lambda: database.category_map(shop)
+                client, "off:" + CATEGORY_MAP_ENTRY.format(shop=shop), ttl, lambda: database.category_map(shop)
             )
             self.product = lambda product_id: read_through(
-                client, f"off:product:{product_id}", ttl, lambda: database.product(product_id)
+                client, "off:" + PRODUCT_ENTRY.format(product_id=product_id), ttl, lambda: database.product(product_id)
             )
 
 
