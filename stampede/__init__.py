@@ -8,6 +8,7 @@ from ._errors import (
     InvalidKey,
     SerializationError,
     StampedeError,
+    ValueTooLarge,
     WaitTimeout,
 )
 from ._layer import Stampede, cached_loader, default_layer
@@ -31,6 +32,7 @@ __all__ = [
     "ConfigError",
     "InvalidKey",
     "SerializationError",
+    "ValueTooLarge",
     "WaitTimeout",
     "BackendUnavailable",
 ]

@@ -39,6 +39,8 @@ class Settings:
     """Longer keys keep a readable prefix and end in a hash of the whole key."""
     inline_value_limit: int = 65536
     """Values up to this many encoded bytes travel inside the wake-up message; larger ones are read back."""
+    max_value_bytes: int = 4 * 1024 * 1024
+    """A value that encodes to more bytes is not cached: ValueTooLarge is raised instead."""
 
     def __post_init__(self) -> None:
         for name in ("ttl", "null_ttl", "lock_ttl", "wait_timeout", "recheck_interval"):
@@ -50,7 +52,7 @@ class Settings:
         for name in ("on_wait_timeout", "on_redis_error"):
             if getattr(self, name) not in ("load", "raise"):
                 raise ConfigError(f'{name} must be "load" or "raise", got {getattr(self, name)!r}')
-        for name, low in (("max_key_length", 64), ("inline_value_limit", 0)):
+        for name, low in (("max_key_length", 64), ("inline_value_limit", 0), ("max_value_bytes", 64)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")

@@ -28,6 +28,12 @@ class SerializationError(StampedeError, ValueError):
     """A loaded value cannot be encoded; nothing was written and the lock was released."""
 
 
+class ValueTooLarge(SerializationError):
+    """A loaded value encodes to more than ``max_value_bytes``; nothing was written and the
+    lock was released. The limit keeps one oversized value from filling the server's
+    memory or stalling its single thread, and every reader's connection, on each read."""
+
+
 class WaitTimeout(StampedeError, TimeoutError):
     """A caller waited ``wait_timeout`` for another caller's load and policy is "raise"."""
 

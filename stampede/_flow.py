@@ -43,7 +43,7 @@ from typing import Any, Callable, Generator, Union
 
 from ._codec import NOT_A_VALUE, Codec, Kind
 from ._config import Settings
-from ._errors import BackendUnavailable, SerializationError, WaitTimeout
+from ._errors import BackendUnavailable, SerializationError, ValueTooLarge, WaitTimeout
 from ._keys import EntryKeys
 from ._observe import RateLimitedLog, Stats
 
@@ -294,6 +294,12 @@ def _load_and_write(ctx: Context) -> Flow:
         raise
     try:
         envelope = ctx.codec.encode(value, loaded_at, ctx.clock() - started, key=key)
+        if len(envelope) > ctx.settings.max_value_bytes:
+            raise ValueTooLarge(
+                f"the value loaded for {key!r} encodes to {len(envelope)} bytes, more than "
+                f"max_value_bytes={ctx.settings.max_value_bytes}; nothing was written",
+                key=key,
+            )
     except SerializationError:
         yield from _release(ctx)
         raise

@@ -136,6 +136,7 @@ class Stampede:
         wait_timeout: float | None = None,
         on_wait_timeout: Policy | None = None,
         on_redis_error: Policy | None = None,
+        max_value_bytes: int | None = None,
         serializer: Serializer | None = None,
     ) -> LoaderDecorator:
         """Decorate a loader, plain or ``async def``. ``template`` (``"product:{product_id}"``)
@@ -149,6 +150,7 @@ class Stampede:
             wait_timeout=wait_timeout,
             on_wait_timeout=on_wait_timeout,
             on_redis_error=on_redis_error,
+            max_value_bytes=max_value_bytes,
         )
         codec = self._codec if serializer is None else Codec(serializer)
         return LoaderDecorator(self, template, settings, codec)

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import pytest
 
-from stampede import SerializationError, Stampede, WaitTimeout
+from stampede import SerializationError, Stampede, ValueTooLarge, WaitTimeout
 
 
 class CountingLoader:
@@ -143,6 +143,33 @@ def test_unencodable_value_raises_and_writes_nothing(layer_of_each_backend: Call
     db.result = lambda key: {"tags": [1, 2]}
     assert load(1) == {"tags": [1, 2]}  # not blocked by a leftover lock
     assert db.calls == {1: 2}
+
+
+def test_a_value_over_max_value_bytes_is_refused_for_every_caller_and_writes_nothing(
+    layer_of_each_backend: Callable[..., Stampede],
+) -> None:
+    layer = layer_of_each_backend()
+    db = CountingLoader(result=lambda key: "x" * 5000, delay=0.05)
+    load = layer.cached_loader("item:{key}", max_value_bytes=4096)(db)
+
+    def call(key: Any) -> Any:
+        try:
+            return load(key)
+        except SerializationError as error:
+            return error
+
+    outcomes = hammer(call, [1] * 8)
+
+    assert all(isinstance(outcome, ValueTooLarge) for outcome in outcomes), outcomes
+    error = outcomes[0]
+    assert isinstance(error, SerializationError) and error.key == load.key(1)
+    assert "max_value_bytes=4096" in str(error) and "nothing was written" in str(error)
+    assert not lock_is_held(layer, load.key(1))
+    assert layer._runner.store.get(load.key(1)) is None
+    loads_before = db.calls[1]
+    db.result = lambda key: "x" * 4000  # fits: 16 bytes of envelope + 4002 of JSON
+    assert load(1) == "x" * 4000  # not blocked by a leftover lock
+    assert load(1) == "x" * 4000 and db.calls[1] == loads_before + 1
 
 
 def test_arguments_that_join_alike_are_different_entries(layer_of_each_backend: Callable[..., Stampede]) -> None:

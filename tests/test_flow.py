@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from stampede import BackendUnavailable, SerializationError, WaitTimeout
+from stampede import BackendUnavailable, SerializationError, ValueTooLarge, WaitTimeout
 from stampede._codec import Codec
 from stampede._config import Settings
 from stampede._flow import (
@@ -243,6 +243,18 @@ def test_an_unencodable_value_releases_the_lock_and_raises() -> None:
     with pytest.raises(SerializationError):
         step.reply(None)
     assert ctx.stats.snapshot()["loader_errors"] == 0
+
+
+def test_a_value_over_the_size_limit_releases_the_lock_and_raises() -> None:
+    ctx, _ = make_ctx(max_value_bytes=100)
+    fits = Stepper(fill(ctx))
+    fits.reply(LOCKED)
+    assert isinstance(fits.reply("x" * 82), WriteRelease)  # 16 bytes of envelope + 84 of JSON = 100
+    too_large = Stepper(fill(ctx))
+    too_large.reply(LOCKED)
+    assert too_large.reply("x" * 83) == Release()
+    with pytest.raises(ValueTooLarge, match="101 bytes"):
+        too_large.reply(None)
 
 
 def test_a_lost_lease_is_counted_and_the_value_still_returned() -> None:

@@ -106,7 +106,8 @@ def test_a_custom_serializer_is_used() -> None:
 
 def test_settings_are_validated_with_the_field_named() -> None:
     for bad in ({"ttl": 0}, {"ttl": float("nan")}, {"lock_ttl": 0.01}, {"jitter": 0.9},
-                {"on_wait_timeout": "wait"}, {"max_key_length": 10}, {"wait_timeout": True}):  # fmt: skip
+                {"on_wait_timeout": "wait"}, {"max_key_length": 10}, {"wait_timeout": True},
+                {"max_value_bytes": 10}):  # fmt: skip
         field = next(iter(bad))
         with pytest.raises(ConfigError, match=field):
             Settings(**bad)
