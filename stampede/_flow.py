@@ -162,8 +162,14 @@ class Miss(enum.Enum):
 
     ABSENT = "absent"  # nothing at the key
     CORRUPT = "corrupt"  # unreadable bytes at the key: the lock is taken over them
-    FAILED = "failed"  # the read failed: the store is not asked again, so a stalled
-    # server costs one socket timeout, not one per step
+
+
+@dataclass(frozen=True)
+class FailedRead:
+    """The first read failed: the store is not asked again, so a stalled server costs one
+    socket timeout, not one per step; ``error`` is what callers see under policy "raise"."""
+
+    error: BackendUnavailable
 
 
 def first_read(raw: bytes | None, codec: Codec, stats: Stats, warn: RateLimitedLog, key: str) -> Any:
@@ -186,17 +192,17 @@ def first_read(raw: bytes | None, codec: Codec, stats: Stats, warn: RateLimitedL
     return miss
 
 
-def failed_read(stats: Stats, warn: RateLimitedLog, error: BackendUnavailable) -> Miss:
+def failed_read(stats: Stats, warn: RateLimitedLog, error: BackendUnavailable) -> FailedRead:
     """What a call's first read means when the store failed to answer it."""
     note_backend_error(stats, warn, error)
     stats.incr("misses")
-    return Miss.FAILED
+    return FailedRead(error)
 
 
-def fill(ctx: Context, miss: Miss = Miss.ABSENT) -> Flow:
+def fill(ctx: Context, miss: Miss | FailedRead = Miss.ABSENT) -> Flow:
     """Get the entry's value after a miss: wait for another holder, or lock, load and write."""
-    if miss is Miss.FAILED:
-        return (yield from _backend_failed(ctx, None))
+    if isinstance(miss, FailedRead):
+        return (yield from _backend_failed(ctx, miss.error, counted=True))
     settings, key = ctx.settings, ctx.keys.value
     deadline = ctx.clock() + settings.wait_timeout
     check_value = miss is not Miss.CORRUPT
@@ -330,14 +336,11 @@ def _release(ctx: Context) -> Flow:
         pass  # the lease runs out by itself
 
 
-def _backend_failed(ctx: Context, error: BackendUnavailable | None) -> Flow:
-    if error is not None:
+def _backend_failed(ctx: Context, error: BackendUnavailable, counted: bool = False) -> Flow:
+    if not counted:
         _count_backend_error(ctx, error)
-    key = ctx.keys.value
     if ctx.settings.on_redis_error == "raise":
-        if error is not None:
-            raise error
-        raise BackendUnavailable(f"the cache backend is unavailable for {key!r}", key=key)
+        raise error
     ctx.stats.incr("loads")
     return (yield Load(leased=False))
 

@@ -19,7 +19,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import redis
 
@@ -50,7 +50,16 @@ def free_port() -> int:
 class RedisServer:
     """One server process on 127.0.0.1; ``url`` while it runs. A context manager."""
 
-    def __init__(self, binary: str | None = None, port: int | None = None) -> None:
+    def __init__(
+        self,
+        binary: str | None = None,
+        port: int | None = None,
+        *,
+        args: Sequence[str] = (),
+        password: str | None = None,
+    ) -> None:
+        """``args`` are more server options (``["--user", "app", "on", ...]``); ``password``
+        is the default user's (``--requirepass``), put in ``url`` as well."""
         found = binary or find_server_binary()
         if found is None:
             raise RuntimeError(
@@ -59,11 +68,14 @@ class RedisServer:
             )
         self.binary = found
         self.port = port or free_port()
+        self.args = list(args)
+        self.password = password
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        credentials = f":{self.password}@" if self.password else ""
+        return f"redis://{credentials}127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> RedisServer:
         """Start the server and return once it answers PING."""
@@ -71,9 +83,12 @@ class RedisServer:
             self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
             "--save", "", "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning",
         ]  # fmt: skip
+        if self.password:
+            args += ["--requirepass", self.password]
+        args += self.args
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + timeout
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1, socket_connect_timeout=1)
+        client = redis.Redis.from_url(self.url, socket_timeout=1, socket_connect_timeout=1)
         try:
             while True:
                 if self.process.poll() is not None:

@@ -23,6 +23,7 @@ from stampede._flow import (
     Subscribe,
     WriteRelease,
     after_wait_timeout,
+    failed_read,
     fill,
 )
 from stampede._keys import EntryKeys
@@ -195,8 +196,11 @@ def test_a_failing_store_applies_the_redis_error_policy(policy: str) -> None:
 
 def test_a_failed_first_read_goes_straight_to_the_policy() -> None:
     ctx, _ = make_ctx()
-    step = Stepper(fill(ctx, Miss.FAILED))
+    step = Stepper(fill(ctx, failed_read(ctx.stats, ctx.warn, BackendUnavailable("no permission to read k"))))
     assert step.effect == Load(leased=False)
+    strict, _ = make_ctx(on_redis_error="raise")
+    with pytest.raises(BackendUnavailable, match="no permission to read k"):  # the cause, not a generic error
+        Stepper(fill(strict, failed_read(strict.stats, strict.warn, BackendUnavailable("no permission to read k"))))
 
 
 def test_a_loader_error_releases_the_lock_and_propagates() -> None:

@@ -1,0 +1,139 @@
+"""Servers that ask who is calling: a password (AUTH), and an ACL user confined to its
+namespace's keys and channels. Every connection stampede opens (commands, the lock
+scripts, the subscriber) must authenticate; what the user may not touch fails as a
+Redis error under the layer's policy, never as a hang."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from stampede import BackendUnavailable, Stampede
+from stampede.testing import RedisServer, find_server_binary
+
+PASSWORD = "default-user-secret"
+# The least an ACL user needs for a layer of namespace "app" (as the README states it).
+APP_COMMANDS = "+get +evalsha +eval +script|load +subscribe +unsubscribe +ping +client|setinfo"
+SCRIPT_COMMANDS = "+set +del +pexpire +pttl +publish"  # what the Lua scripts call
+APP_USER = ["--user", "app", "on", ">app-secret", "~app:*", "&app:*", *APP_COMMANDS.split(), *SCRIPT_COMMANDS.split()]
+
+
+@pytest.fixture
+def secured_server() -> Iterator[RedisServer]:
+    if find_server_binary() is None:
+        pytest.skip("no server binary to start")
+    with RedisServer(password=PASSWORD, args=APP_USER) as server:
+        yield server
+
+
+def app_url(server: RedisServer) -> str:
+    return f"redis://app:app-secret@127.0.0.1:{server.port}/0"
+
+
+@pytest.fixture
+def layers() -> Iterator[Callable[..., Stampede]]:
+    made: list[Stampede] = []
+
+    def make(url: str, **options: Any) -> Stampede:
+        made.append(Stampede.from_url(url, **options))
+        return made[-1]
+
+    yield make
+    for layer in made:
+        layer.close()
+
+
+def one_load_and_a_wake_up(first: Stampede, second: Stampede) -> tuple[int, float]:
+    """A load in ``first`` while ``second`` waits on its lease: loads, and how long after
+    the write the waiter had the value. Lease and re-check are 20 s, so only the pub/sub
+    message (on the subscriber's own, authenticated, connection) wakes it in time."""
+    calls: list[int] = []
+    loading, finish = threading.Event(), threading.Event()
+
+    def slow(key: int) -> dict[str, int]:
+        calls.append(key)
+        loading.set()
+        assert finish.wait(10)
+        return {"key": key}
+
+    load_first = first.cached_loader("item:{key}")(slow)
+    load_second = second.cached_loader("item:{key}")(slow)
+    done: dict[str, float] = {}
+    leader = threading.Thread(target=lambda: done.setdefault("leader", (load_first(1), time.monotonic())[1]))
+    leader.start()
+    assert loading.wait(10)
+    waiter_value: list[Any] = []
+    waiter = threading.Thread(target=lambda: waiter_value.append((load_second(1), time.monotonic())))
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while second.stats()["lock_waits"] == 0 and time.monotonic() < deadline:  # it found the lease held
+        time.sleep(0.005)
+    finish.set()
+    leader.join(10)
+    waiter.join(10)
+    assert waiter_value and waiter_value[0][0] == {"key": 1}
+    return len(calls), waiter_value[0][1] - done["leader"]
+
+
+def test_a_password_protected_server_is_used_by_every_connection(
+    secured_server: RedisServer, layers: Callable[..., Stampede]
+) -> None:
+    options = dict(namespace="auth", lock_ttl=20, recheck_interval=20, on_redis_error="raise")
+    loads, lag = one_load_and_a_wake_up(layers(secured_server.url, **options), layers(secured_server.url, **options))
+    assert loads == 1
+    assert lag < 1.0
+
+
+def test_a_wrong_password_is_a_redis_error_under_the_policy_not_a_hang(
+    secured_server: RedisServer, layers: Callable[..., Stampede]
+) -> None:
+    wrong = f"redis://:not-the-password@127.0.0.1:{secured_server.port}/0"
+    strict = layers(wrong, namespace="auth", on_redis_error="raise")
+    started = time.monotonic()
+    with pytest.raises(BackendUnavailable, match="(?i)password|auth"):
+        strict.cached_loader("item:{key}")(lambda key: key)(1)
+    lenient = layers(wrong, namespace="auth", on_redis_error="load")
+    calls: list[int] = []
+    load = lenient.cached_loader("item:{key}")(lambda key: calls.append(key) or key)
+    assert load(1) == 1 and load(1) == 1 and calls == [1, 1]  # served, never cached
+    assert time.monotonic() - started < 5
+
+
+def test_an_acl_user_works_inside_its_namespace(secured_server: RedisServer, layers: Callable[..., Stampede]) -> None:
+    options = dict(namespace="app", lock_ttl=20, recheck_interval=20, on_redis_error="raise")
+    url = app_url(secured_server)
+    loads, lag = one_load_and_a_wake_up(layers(url, **options), layers(url, **options))
+    assert loads == 1
+    assert lag < 1.0
+
+
+def test_an_acl_user_outside_its_namespace_gets_a_clear_error(
+    secured_server: RedisServer, layers: Callable[..., Stampede]
+) -> None:
+    outside = layers(app_url(secured_server), namespace="other", on_redis_error="raise")
+    load = outside.cached_loader("item:{key}")(lambda key: key)
+    with pytest.raises(BackendUnavailable, match="(?i)permission"):
+        load(1)
+    with pytest.raises(BackendUnavailable, match="(?i)permission"):
+        load.invalidate(1)
+
+
+def test_an_acl_user_renews_leases_and_invalidates_inside_its_namespace(
+    secured_server: RedisServer, layers: Callable[..., Stampede]
+) -> None:
+    layer = layers(app_url(secured_server), namespace="app", lock_ttl=0.3, on_redis_error="raise")
+    calls: list[int] = []
+
+    @layer.cached_loader("slow:{key}")
+    def slow(key: int) -> int:
+        calls.append(key)
+        time.sleep(0.5)  # longer than the lease: the watchdog must renew it (PEXPIRE in a script)
+        return key
+
+    assert slow(1) == 1 and slow(1) == 1 and calls == [1]
+    assert layer.stats()["stale_writes_prevented"] == 0 and layer.stats()["redis_errors"] == 0
+    slow.invalidate(1)
+    assert slow(1) == 1 and calls == [1, 1]
