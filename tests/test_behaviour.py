@@ -56,6 +56,18 @@ def hammer(func: Callable[[Any], Any], args: list[Any]) -> list[Any]:
         return list(pool.map(one, args))
 
 
+def returning_errors(load: Callable[[Any], Any], expected: type[Exception]) -> Callable[[Any], Any]:
+    """``load``, but an ``expected`` error is returned rather than raised (to collect outcomes)."""
+
+    def call(key: Any) -> Any:
+        try:
+            return load(key)
+        except expected as error:
+            return error
+
+    return call
+
+
 def test_threads_on_one_cold_key_cause_one_load(layer_of_each_backend: Callable[..., Stampede]) -> None:
     layer = layer_of_each_backend()
     db = CountingLoader(delay=0.05)
@@ -111,13 +123,7 @@ def test_loader_error_reaches_every_waiter_and_nothing_is_cached(
     db = CountingLoader(result=result, delay=0.05)
     load = layer.cached_loader("item:{key}")(db)
 
-    def call(key: Any) -> Any:
-        try:
-            return load(key)
-        except LookupError as error:
-            return error
-
-    outcomes = hammer(call, [3] * 16)
+    outcomes = hammer(returning_errors(load, LookupError), [3] * 16)
 
     assert db.calls == {3: 1}
     assert all(isinstance(o, LookupError) for o in outcomes)
@@ -152,13 +158,7 @@ def test_a_value_over_max_value_bytes_is_refused_for_every_caller_and_writes_not
     db = CountingLoader(result=lambda key: "x" * 5000, delay=0.05)
     load = layer.cached_loader("item:{key}", max_value_bytes=4096)(db)
 
-    def call(key: Any) -> Any:
-        try:
-            return load(key)
-        except SerializationError as error:
-            return error
-
-    outcomes = hammer(call, [1] * 8)
+    outcomes = hammer(returning_errors(load, SerializationError), [1] * 8)
 
     assert all(isinstance(outcome, ValueTooLarge) for outcome in outcomes), outcomes
     error = outcomes[0]
