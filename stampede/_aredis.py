@@ -14,10 +14,11 @@ import asyncio
 from typing import Any, Awaitable, Callable, TypeVar
 
 from ._anotify import AsyncSubscriber, AsyncSubscription
+from ._breaker import CircuitBreaker
 from ._errors import BackendUnavailable
 from ._flow import AcquireReply
 from ._keys import EntryKeys
-from ._redis import FAILURES, Scripts, acquire_reply, check_client, translated
+from ._redis import FAILURES, UNREACHABLE, Scripts, acquire_reply, check_client, translated
 
 T = TypeVar("T")
 
@@ -29,12 +30,14 @@ class AsyncRedisStore:
         self,
         client: Any,
         subscribe_timeout: float,
+        breaker: CircuitBreaker,
         owns_client: bool = False,
         slots: int | None = None,
         slot_timeout: float = 2.0,
     ) -> None:
         check_client(client)
         self.client = client
+        self.breaker = breaker
         self._owns_client = owns_client
         self._slots = asyncio.Semaphore(slots) if slots else None
         self._slot_timeout = slot_timeout
@@ -42,14 +45,18 @@ class AsyncRedisStore:
         self._subscriber = AsyncSubscriber(client, subscribe_timeout)
 
     async def get(self, key: str) -> bytes | None:
+        breaker = self.breaker
+        breaker.check(key)
         try:
             raw: bytes | None = await self._send(key, self.client.get, key)
         except FAILURES as error:
+            breaker.failed() if isinstance(error, UNREACHABLE) else breaker.succeeded()
             raise BackendUnavailable(f"redis failed to read {key!r}: {error}", key=key) from error
+        breaker.succeeded()
         return raw
 
     async def acquire(self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool) -> AcquireReply:
-        with translated("lock", keys.value):
+        with translated("lock", keys.value, self.breaker):
             reply = await self._send(
                 keys.value,
                 self._scripts.acquire,
@@ -59,11 +66,11 @@ class AsyncRedisStore:
         return acquire_reply(reply)
 
     async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
-        with translated("renew the lease of", keys.value):
+        with translated("renew the lease of", keys.value, self.breaker):
             return bool(await self._send(keys.value, self._scripts.renew, keys=[keys.lock], args=[token, lease_ms]))
 
     async def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> bool:
-        with translated("write", keys.value):
+        with translated("write", keys.value, self.breaker):
             written = await self._send(
                 keys.value,
                 self._scripts.write_release,
@@ -73,11 +80,11 @@ class AsyncRedisStore:
         return bool(written)
 
     async def release(self, keys: EntryKeys, token: str) -> None:
-        with translated("release the lock of", keys.value):
+        with translated("release the lock of", keys.value, self.breaker):
             await self._send(keys.value, self._scripts.release, keys=[keys.lock], args=[token, keys.channel])
 
     async def invalidate(self, keys: EntryKeys) -> None:
-        with translated("invalidate", keys.value):
+        with translated("invalidate", keys.value, self.breaker):
             await self._send(
                 keys.value, self._scripts.invalidate, keys=[keys.value, keys.lock], args=[keys.channel]
             )

@@ -41,9 +41,13 @@ class Settings:
     """Values up to this many encoded bytes travel inside the wake-up message; larger ones are read back."""
     max_value_bytes: int = 4 * 1024 * 1024
     """A value that encodes to more bytes is not cached: ValueTooLarge is raised instead."""
+    breaker_threshold: int = 5
+    """After this many failures in a row to reach Redis, the circuit opens (0: never)."""
+    breaker_cooldown: float = 5.0
+    """While open, the layer does not ask Redis for this long; then one command probes."""
 
     def __post_init__(self) -> None:
-        for name in ("ttl", "null_ttl", "lock_ttl", "wait_timeout", "recheck_interval"):
+        for name in ("ttl", "null_ttl", "lock_ttl", "wait_timeout", "recheck_interval", "breaker_cooldown"):
             _positive(name, getattr(self, name))
         if self.lock_ttl < 0.05:
             raise ConfigError(f"lock_ttl must be at least 0.05 s, got {self.lock_ttl!r}")
@@ -52,7 +56,8 @@ class Settings:
         for name in ("on_wait_timeout", "on_redis_error"):
             if getattr(self, name) not in ("load", "raise"):
                 raise ConfigError(f'{name} must be "load" or "raise", got {getattr(self, name)!r}')
-        for name, low in (("max_key_length", 64), ("inline_value_limit", 0), ("max_value_bytes", 64)):
+        for name, low in (("max_key_length", 64), ("inline_value_limit", 0), ("max_value_bytes", 64),
+                          ("breaker_threshold", 0)):  # fmt: skip
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")

@@ -19,6 +19,7 @@ from redis.retry import Retry
 
 from ._aredis import AsyncRedisStore
 from ._async import AsyncRunner
+from ._breaker import CircuitBreaker
 from ._codec import Codec, Serializer
 from ._config import Policy, Settings, check_namespace
 from ._errors import ConfigError
@@ -77,6 +78,8 @@ class Stampede:
         self._watchdog = Watchdog()
         self._owned_client: redis.Redis | None = None
         self._warn = warn = RateLimitedLog(log)
+        # One verdict on the server for the blocking store and every loop's store.
+        breaker = CircuitBreaker(self.settings.breaker_threshold, self.settings.breaker_cooldown)
         store: Store | None = None
         make_async_store: Callable[[], AsyncStore] | None = None
         if client is None and async_client is None:
@@ -84,9 +87,9 @@ class Stampede:
             store = memory
             make_async_store = functools.partial(AsyncMemoryStore, memory)
         if client is not None:
-            store = RedisStore(client, subscribe_timeout=_socket_timeout(client))
+            store = RedisStore(client, _socket_timeout(client), breaker)
         if async_client is not None:
-            make_async_store = _async_store_maker(async_client)
+            make_async_store = _async_store_maker(async_client, breaker)
         self._runner = SyncRunner(store, self._stats, warn, self._watchdog) if store is not None else None
         self._async_runner = AsyncRunner(make_async_store, self._stats, warn) if make_async_store else None
 
@@ -251,7 +254,7 @@ def _socket_timeout(client: redis.Redis) -> float:
     return float(socket_timeout or DEFAULT_SOCKET_TIMEOUT)
 
 
-def _async_store_maker(async_client: AsyncClient) -> Callable[[], AsyncStore]:
+def _async_store_maker(async_client: AsyncClient, breaker: CircuitBreaker) -> Callable[[], AsyncStore]:
     """A maker of one event loop's store: over the given client, or over a new one from
     the given function. The store owns (closes) a client it had made, and when that
     client's pool does not block for a free connection, bounds its commands to the pool's
@@ -265,12 +268,12 @@ def _async_store_maker(async_client: AsyncClient) -> Callable[[], AsyncStore]:
             pool = client.connection_pool
             blocks = isinstance(pool, redis.asyncio.BlockingConnectionPool)
             slots = None if blocks else getattr(pool, "max_connections", None)
-            return AsyncRedisStore(client, timeout, owns_client=True, slots=slots, slot_timeout=timeout)
+            return AsyncRedisStore(client, timeout, breaker, owns_client=True, slots=slots, slot_timeout=timeout)
 
         return make
     client = async_client
     timeout = _socket_timeout(client)  # type: ignore[arg-type]
-    return lambda: AsyncRedisStore(client, timeout)
+    return lambda: AsyncRedisStore(client, timeout, breaker)
 
 
 _default_layer: Stampede | None = None

@@ -14,22 +14,29 @@ import redis
 from redis.exceptions import RedisError
 
 from . import _scripts
+from ._breaker import CircuitBreaker
 from ._errors import BackendUnavailable, ConfigError
 from ._flow import AcquireReply, LockState
 from ._keys import EntryKeys
 from ._notify import Subscriber, Subscription
 
 # What a failing command raises, blocking or asyncio (on Python 3.10 asyncio's timeout
-# is not an OSError).
+# is not an OSError); of those, what says the server could not be reached.
 FAILURES = (RedisError, OSError, asyncio.TimeoutError)
+UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, OSError, asyncio.TimeoutError)
 
 
 @contextmanager
-def translated(what: str, key: str) -> Iterator[None]:
+def translated(what: str, key: str, breaker: CircuitBreaker) -> Iterator[None]:
+    """One command: refused at once while the circuit is open; its failure translated to
+    BackendUnavailable and its outcome told to the breaker."""
+    breaker.check(key)
     try:
         yield
     except FAILURES as error:
+        breaker.failed() if isinstance(error, UNREACHABLE) else breaker.succeeded()
         raise BackendUnavailable(f"redis failed to {what} {key!r}: {error}", key=key) from error
+    breaker.succeeded()
 
 
 def acquire_reply(reply: Any) -> AcquireReply:
@@ -62,33 +69,38 @@ def check_client(client: Any) -> None:
 class RedisStore:
     """A Store on one Redis server (or anything speaking its protocol)."""
 
-    def __init__(self, client: redis.Redis, subscribe_timeout: float) -> None:
+    def __init__(self, client: redis.Redis, subscribe_timeout: float, breaker: CircuitBreaker) -> None:
         check_client(client)
         self.client = client
+        self.breaker = breaker
         self._scripts = Scripts(client)
         self._subscriber = Subscriber(client, subscribe_timeout)
 
     def get(self, key: str) -> bytes | None:
         # The hit path: a plain try costs less than the context manager the others use.
+        breaker = self.breaker
+        breaker.check(key)
         try:
             raw: bytes | None = self.client.get(key)  # type: ignore[assignment]
         except FAILURES as error:
+            breaker.failed() if isinstance(error, UNREACHABLE) else breaker.succeeded()
             raise BackendUnavailable(f"redis failed to read {key!r}: {error}", key=key) from error
+        breaker.succeeded()
         return raw
 
     def acquire(self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool) -> AcquireReply:
-        with translated("lock", keys.value):
+        with translated("lock", keys.value, self.breaker):
             reply: Any = self._scripts.acquire(
                 keys=[keys.value, keys.lock], args=[token, lease_ms, "1" if check_value else "0"]
             )
         return acquire_reply(reply)
 
     def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
-        with translated("renew the lease of", keys.value):
+        with translated("renew the lease of", keys.value, self.breaker):
             return bool(self._scripts.renew(keys=[keys.lock], args=[token, lease_ms]))
 
     def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> bool:
-        with translated("write", keys.value):
+        with translated("write", keys.value, self.breaker):
             written = self._scripts.write_release(
                 keys=[keys.value, keys.lock],
                 args=[token, envelope, ttl_ms, keys.channel, "1" if inline else "0"],
@@ -96,11 +108,11 @@ class RedisStore:
         return bool(written)
 
     def release(self, keys: EntryKeys, token: str) -> None:
-        with translated("release the lock of", keys.value):
+        with translated("release the lock of", keys.value, self.breaker):
             self._scripts.release(keys=[keys.lock], args=[token, keys.channel])
 
     def invalidate(self, keys: EntryKeys) -> None:
-        with translated("invalidate", keys.value):
+        with translated("invalidate", keys.value, self.breaker):
             self._scripts.invalidate(keys=[keys.value, keys.lock], args=[keys.channel])
 
     def subscribe(self, keys: EntryKeys) -> Subscription:

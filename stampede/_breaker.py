@@ -1,0 +1,85 @@
+"""The circuit breaker: after repeated connection failures, stop asking Redis for a while.
+
+A stalled or unreachable server costs every caller one socket timeout before the
+fail-open path serves it: a second or two per request, for as long as the outage lasts.
+After ``threshold`` connection failures in a row the breaker opens: for ``cooldown``
+seconds every command fails at once (BackendUnavailable, "circuit open"), so callers
+go straight to the ``on_redis_error`` policy. Then one caller's command is let through
+as a probe; its success closes the breaker, its failure opens it for another cool-down.
+Only failures to reach the server count (connection refused or reset, timeouts): an
+error reply means the server is there.
+
+Timeline, threshold 3, cool-down 5 s:
+
+    t=0.0  GET times out (failure 1) ... t=4.0 failure 3: open until t=9.0
+    t=4.0-9.0  every command fails at once; nobody waits on a socket
+    t=9.1  a caller's GET is the probe; the others still fail at once
+    t=9.1  the probe answers: closed, every command goes to Redis again
+
+Shared by a layer's blocking store and its asyncio stores (one server, one verdict).
+The closed state is read without the lock: the hit path pays one comparison.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+from ._errors import BackendUnavailable
+from ._fork import reset_after_fork
+
+log = logging.getLogger("stampede")
+
+
+class CircuitBreaker:
+    def __init__(self, threshold: int, cooldown: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.threshold = threshold  # 0: never opens
+        self.cooldown = cooldown
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._failures = 0  # connection failures in a row; >= threshold while open
+        self._open_until = 0.0  # no command before this time (clock)
+        self._probe_until = 0.0  # a probe is out until this time; after it, another may go
+        reset_after_fork(self)
+
+    def after_fork_in_child(self) -> None:
+        self._lock = threading.Lock()
+
+    def check(self, key: str) -> None:
+        """Raise BackendUnavailable if no command may go to the server now."""
+        if not self.threshold or self._failures < self.threshold:
+            return
+        now = self._clock()
+        with self._lock:
+            if self._failures < self.threshold:
+                return  # closed meanwhile
+            if now >= self._open_until and now >= self._probe_until:
+                self._probe_until = now + self.cooldown  # this caller probes
+                log.info("stampede: circuit half-open; probing the server")
+                return
+        raise BackendUnavailable(
+            f"circuit open: redis failed {self._failures} times in a row; not asking it about {key!r} "
+            f"for up to {self.cooldown} s",
+            key=key,
+        )
+
+    def succeeded(self) -> None:
+        if self._failures:
+            with self._lock:
+                if self._failures >= self.threshold > 0:
+                    log.warning("stampede: redis answers again; circuit closed")
+                self._failures = 0
+                self._probe_until = 0.0
+
+    def failed(self) -> None:
+        with self._lock:
+            self._failures += 1
+            if self.threshold and self._failures >= self.threshold:
+                if self._failures == self.threshold:
+                    log.warning(
+                        "stampede: redis failed %d times in a row; circuit open for %s s", self._failures, self.cooldown
+                    )
+                self._open_until = self._clock() + self.cooldown
+                self._probe_until = 0.0
