@@ -18,7 +18,7 @@ from ._breaker import CircuitBreaker
 from ._errors import BackendUnavailable
 from ._flow import AcquireReply
 from ._keys import EntryKeys
-from ._redis import FAILURES, UNREACHABLE, Scripts, acquire_reply, check_client, translated
+from ._redis import FAILURES, Scripts, acquire_reply, check_client, failure, translated
 
 T = TypeVar("T")
 
@@ -50,8 +50,7 @@ class AsyncRedisStore:
         try:
             raw: bytes | None = await self._send(key, self.client.get, key)
         except FAILURES as error:
-            breaker.failed() if isinstance(error, UNREACHABLE) else breaker.succeeded()
-            raise BackendUnavailable(f"redis failed to read {key!r}: {error}", key=key) from error
+            raise failure(breaker, "read", key, error) from error
         breaker.succeeded()
         return raw
 

@@ -34,9 +34,15 @@ def translated(what: str, key: str, breaker: CircuitBreaker) -> Iterator[None]:
     try:
         yield
     except FAILURES as error:
-        breaker.failed() if isinstance(error, UNREACHABLE) else breaker.succeeded()
-        raise BackendUnavailable(f"redis failed to {what} {key!r}: {error}", key=key) from error
+        raise failure(breaker, what, key, error) from error
     breaker.succeeded()
+
+
+def failure(breaker: CircuitBreaker, what: str, key: str, error: BaseException) -> BackendUnavailable:
+    """Tell the breaker about a failed command (an error reply means the server is
+    there), and translate the error."""
+    breaker.failed() if isinstance(error, UNREACHABLE) else breaker.succeeded()
+    return BackendUnavailable(f"redis failed to {what} {key!r}: {error}", key=key)
 
 
 def acquire_reply(reply: Any) -> AcquireReply:
@@ -83,8 +89,7 @@ class RedisStore:
         try:
             raw: bytes | None = self.client.get(key)  # type: ignore[assignment]
         except FAILURES as error:
-            breaker.failed() if isinstance(error, UNREACHABLE) else breaker.succeeded()
-            raise BackendUnavailable(f"redis failed to read {key!r}: {error}", key=key) from error
+            raise failure(breaker, "read", key, error) from error
         breaker.succeeded()
         return raw
 
