@@ -3,7 +3,8 @@
 Prints "ready" once its layer is connected, waits for "go" on stdin, then every thread
 calls the loader for each of its keys; prints one JSON line with what it saw. The loader
 counts its calls on the server (INCR), so the count spans every process.
-With --hang the loader prints "loading" and never returns (the holder to be killed).
+With --hang the loader prints "loading" and never returns (the holder to be killed); with
+--announce it prints "loading" and goes on. --tag marks the values this worker loads.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import sys
 import threading
 import time
+from typing import Any
 
 import redis
 
@@ -28,6 +30,8 @@ def main() -> None:
     parser.add_argument("--lock-ttl", type=float, default=10.0)
     parser.add_argument("--wait-timeout", type=float, default=30.0)
     parser.add_argument("--hang", action="store_true")
+    parser.add_argument("--announce", action="store_true")
+    parser.add_argument("--tag", default="")
     options = parser.parse_args()
 
     counter = redis.Redis.from_url(options.url, socket_timeout=5)
@@ -36,13 +40,14 @@ def main() -> None:
     )
 
     @layer.cached_loader("item:{key}")
-    def load(key: int) -> dict[str, int]:
+    def load(key: int) -> dict[str, Any]:
         counter.incr(f"calls:{key}")
-        if options.hang:
+        if options.hang or options.announce:
             print("loading", flush=True)
+        if options.hang:
             time.sleep(3600)
         time.sleep(options.delay)
-        return {"key": key}
+        return {"key": key, "by": options.tag} if options.tag else {"key": key}
 
     layer._runner.store.get("warm-up")  # type: ignore[attr-defined]  # open a connection
     print("ready", flush=True)
@@ -60,7 +65,7 @@ def main() -> None:
             elapsed = time.perf_counter() - start
             with lock:
                 latencies.append(elapsed)
-                if value != {"key": key}:
+                if value.get("key") != key:
                     wrong.append(value)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(options.threads)]

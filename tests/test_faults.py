@@ -1,0 +1,80 @@
+"""Faults with real processes: a lock holder paused (SIGSTOP) past its lease and resumed.
+
+It must not overwrite the value written by the process that took over, and must not
+release a lock that is now someone else's: its lease was lost, so its write is refused by
+token. Timeline (lease 0.6 s, renewed every 0.2 s by the holder's watchdog):
+
+    t=0    A takes the lock and starts a 2 s load; SIGSTOP: its watchdog stops too
+    t=0.6  A's lease runs out; B takes over, loads, writes {"by": "B"}, releases
+    t~1    the entry is invalidated; C takes the lock and hangs in its load
+    t~1.5  SIGCONT: A's load ends; its write finds C's lock, not A's: nothing written
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import redis
+
+from stampede import Stampede
+
+from .test_processes import Workers
+
+KEY, LOCK = "proc:{item:0}", "proc:{item:0}:lock"
+
+
+def wait_until(condition: Any, what: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_a_holder_paused_past_its_lease_neither_overwrites_nor_releases_anothers_lock(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    workers = Workers()
+    lease = ["--lock-ttl", "0.6"]
+    try:
+        paused = workers.start(redis_url, "--threads", "1", "--delay", "2", "--announce", "--tag", "A", *lease)
+        workers.expect(paused, "ready")
+        workers.go([paused])
+        workers.expect(paused, "loading")
+        os.kill(paused.pid, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+
+        taker = workers.start(redis_url, "--threads", "2", "--delay", "0.05", "--tag", "B", *lease)
+        workers.expect(taker, "ready")
+        workers.go([taker])
+        took_over = workers.result(taker)
+        assert took_over["stats"]["takeovers"] == 1 and took_over["wrong"] == []
+        assert time.monotonic() - stopped_at < 5  # within about one lease, not wait_timeout
+
+        checker = Stampede.from_url(redis_url, namespace="proc")
+        read = checker.cached_loader("item:{key}")(lambda key: {"key": key, "by": "checker"})
+        assert read(0) == {"key": 0, "by": "B"}
+        read.invalidate(0)
+        holder = workers.start(redis_url, "--threads", "1", "--hang", *lease)
+        workers.expect(holder, "ready")
+        workers.go([holder])
+        workers.expect(holder, "loading")  # C holds the lock now, renewed by its watchdog
+        lock_of_c = redis_client.get(LOCK)
+        assert lock_of_c is not None
+
+        os.kill(paused.pid, signal.SIGCONT)
+        resumed = workers.result(paused)
+        assert resumed["stats"]["stale_writes_prevented"] == 1  # its write was refused by token
+        assert resumed["wrong"] == []  # its caller still got the value it loaded
+        assert redis_client.get(LOCK) == lock_of_c  # C's lock untouched
+        assert not redis_client.exists(KEY)  # and A's stale value not written
+        assert int(redis_client.get("calls:0") or 0) == 3  # A, B and C: no other load
+        checker.close()
+    finally:
+        for process in workers.processes:
+            if process.poll() is None:
+                os.kill(process.pid, signal.SIGCONT)
+        workers.stop_all()
+    assert not redis_client.exists(LOCK) or redis_client.pttl(LOCK) <= 600  # C's lease runs out
