@@ -122,6 +122,16 @@ class RedisServer:
         if process.stderr is not None:
             process.stderr.close()
 
+    def kill(self) -> None:
+        """SIGKILL the server: no shutdown, every connection cut, every key gone (no
+        persistence). ``start()`` brings up an empty one on the same port."""
+        process, self.process = self.process, None
+        if process is not None:
+            process.kill()
+            process.wait(5)
+            if process.stderr is not None:
+                process.stderr.close()
+
     def pause(self) -> None:
         """SIGSTOP the server: it keeps its connections but answers nothing."""
         assert self.process is not None

@@ -1,8 +1,11 @@
-"""Faults with real processes: a lock holder paused (SIGSTOP) past its lease and resumed.
+"""Faults with real processes: a lock holder paused past its lease, and the cache server
+killed and restarted mid-stampede. Loader calls are counted on the shared server
+(``redis_url``), which outlives the cache server a test kills (``own_server``).
 
-It must not overwrite the value written by the process that took over, and must not
-release a lock that is now someone else's: its lease was lost, so its write is refused by
-token. Timeline (lease 0.6 s, renewed every 0.2 s by the holder's watchdog):
+A holder paused (SIGSTOP) past its lease and resumed must not overwrite the value
+written by the process that took over, and must not release a lock that is now someone
+else's: its lease was lost, so its write is refused by token. Timeline (lease 0.6 s,
+renewed every 0.2 s by the holder's watchdog):
 
     t=0    A takes the lock and starts a 2 s load; SIGSTOP: its watchdog stops too
     t=0.6  A's lease runs out; B takes over, loads, writes {"by": "B"}, releases
@@ -20,6 +23,7 @@ from typing import Any
 import redis
 
 from stampede import Stampede
+from stampede.testing import RedisServer
 
 from .test_processes import Workers
 
@@ -78,3 +82,36 @@ def test_a_holder_paused_past_its_lease_neither_overwrites_nor_releases_anothers
                 os.kill(process.pid, signal.SIGCONT)
         workers.stop_all()
     assert not redis_client.exists(LOCK) or redis_client.pttl(LOCK) <= 600  # C's lease runs out
+
+
+def test_redis_killed_and_restarted_mid_stampede(
+    own_server: RedisServer, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Two processes of 8 threads on one cold key; the cache server is SIGKILLed while the
+    holder loads and the other process waits on pub/sub, and restarted empty. Nobody
+    hangs, everyone gets the right value, and each process loads at most once."""
+    workers = Workers()
+    options = ["--count-url", redis_url, "--threads", "8", "--lock-ttl", "1", "--wait-timeout", "10"]
+    cache = redis.Redis.from_url(own_server.url, socket_timeout=2)
+    try:
+        holder = workers.start(own_server.url, *options, "--delay", "1.5", "--announce")
+        workers.expect(holder, "ready")
+        workers.go([holder])
+        workers.expect(holder, "loading")
+        waiter = workers.start(own_server.url, *options, "--delay", "0.05")
+        workers.expect(waiter, "ready")
+        workers.go([waiter])
+        wait_until(lambda: cache.pubsub_numsub(KEY + ":notify")[0][1] >= 1, "the waiter's subscription")
+        own_server.kill()
+        killed_at = time.monotonic()
+        own_server.start()
+        results = [workers.result(process, timeout=20) for process in (holder, waiter)]
+        finished = time.monotonic() - killed_at
+    finally:
+        workers.stop_all()
+    assert all(result["wrong"] == [] and result["calls"] == 8 for result in results)
+    assert 1 <= int(redis_client.get("calls:0") or 0) <= 2  # at most one load per process
+    assert finished < 10  # within wait_timeout: nobody waited it out
+    assert max(result["max_latency"] for result in results) < 10
+    assert not cache.exists(LOCK)
+    cache.close()

@@ -2,7 +2,8 @@
 
 Prints "ready" once its layer is connected, waits for "go" on stdin, then every thread
 calls the loader for each of its keys; prints one JSON line with what it saw. The loader
-counts its calls on the server (INCR), so the count spans every process.
+counts its calls on the server (INCR; --count-url names another one, which outlives a
+killed cache server), so the count spans every process.
 With --hang the loader prints "loading" and never returns (the holder to be killed); with
 --announce it prints "loading" and goes on. --tag marks the values this worker loads.
 """
@@ -24,6 +25,7 @@ from stampede import Stampede
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--url", required=True)
+    parser.add_argument("--count-url", help="where to count loader calls; default: --url")
     parser.add_argument("--threads", type=int, default=16)
     parser.add_argument("--keys", type=int, default=1)
     parser.add_argument("--delay", type=float, default=0.05)
@@ -34,7 +36,7 @@ def main() -> None:
     parser.add_argument("--tag", default="")
     options = parser.parse_args()
 
-    counter = redis.Redis.from_url(options.url, socket_timeout=5)
+    counter = redis.Redis.from_url(options.count_url or options.url, socket_timeout=5)
     layer = Stampede.from_url(
         options.url, namespace="proc", lock_ttl=options.lock_ttl, wait_timeout=options.wait_timeout
     )
