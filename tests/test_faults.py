@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from typing import Any
 
@@ -115,3 +116,46 @@ def test_redis_killed_and_restarted_mid_stampede(
     assert max(result["max_latency"] for result in results) < 10
     assert not cache.exists(LOCK)
     cache.close()
+
+
+def test_a_loader_failing_under_load_is_never_run_twice_at_once(make_layer: Any, redis_client: redis.Redis) -> None:
+    """16 threads in two layers (two processes' worth of flight tables and subscribers)
+    call a key whose loader always fails after 50 ms, for one second. Failures are not
+    cached, so calls keep coming; but the lock lets one load run at a time, across
+    layers: the database sees at most one query in flight, at most 1 s / 50 ms of them."""
+    layers = [make_layer(), make_layer()]
+    state = {"running": 0, "most": 0, "calls": 0}
+    guard = threading.Lock()
+
+    def failing(key: int) -> Any:
+        with guard:
+            state["running"] += 1
+            state["calls"] += 1
+            state["most"] = max(state["most"], state["running"])
+        time.sleep(0.05)
+        with guard:
+            state["running"] -= 1
+        raise LookupError("the database is down")
+
+    loads = [layer.cached_loader("failing:{key}")(failing) for layer in layers]
+    outcomes: list[str] = []
+    stop_at = time.monotonic() + 1.0
+
+    def caller(index: int) -> None:
+        while time.monotonic() < stop_at:
+            try:
+                loads[index % 2](1)
+                outcomes.append("value")
+            except LookupError:
+                outcomes.append("error")
+
+    threads = [threading.Thread(target=caller, args=(index,)) for index in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert state["most"] == 1
+    assert 5 <= state["calls"] <= 1.0 / 0.05 + 2, state
+    assert outcomes and set(outcomes) == {"error"}
+    assert not redis_client.exists(loads[0].key(1) + ":lock")
+    assert not redis_client.exists(loads[0].key(1))
