@@ -45,7 +45,7 @@ from ._flow import (
 from ._fork import reset_after_fork
 from ._keys import EntryKeys
 from ._observe import RateLimitedLog, Stats
-from ._singleflight import AsyncFlightTable
+from ._singleflight import AsyncFlightTable, Flight
 from ._store import AsyncStore
 from ._watchdog import next_renewal
 
@@ -94,12 +94,12 @@ class AsyncRunner:
                 ctx = self._context(value_key, spec)
                 loader = functools.partial(spec.func, *args, **kwargs)
                 return await self._drive(after_wait_timeout(ctx), ctx, loader, state.store)
-            if flight.interrupted:
+            if flight.start_over:
                 continue
             self._stats.incr("collapsed")
             return flight.shared()
         try:
-            value = await self._lead(value_key, spec, args, kwargs, state.store)
+            value = await self._lead(value_key, spec, args, kwargs, state.store, flight)
         except BaseException as error:
             flights.finish(value_key, flight, error=error)
             raise
@@ -107,7 +107,13 @@ class AsyncRunner:
         return value
 
     async def _lead(
-        self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any], store: AsyncStore
+        self,
+        value_key: str,
+        spec: LoaderSpec,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        store: AsyncStore,
+        flight: Flight,
     ) -> Any:
         try:
             raw = await store.get(value_key)
@@ -119,7 +125,9 @@ class AsyncRunner:
                 return found
         ctx = self._context(value_key, spec)
         loader = functools.partial(spec.func, *args, **kwargs)
-        return await self._drive(fill(ctx, found), ctx, loader, store)
+        value = await self._drive(fill(ctx, found), ctx, loader, store)
+        flight.unwritten = ctx.unwritten
+        return value
 
     def _context(self, value_key: str, spec: LoaderSpec) -> Context:
         return new_context(value_key, spec, self._stats, self._warn)

@@ -11,8 +11,10 @@ Rules of the flow:
   The flow starts after a miss, in the one caller per process that leads for the key.
 * Only the holder of the lock loads and writes, and the write succeeds only if the lease
   is still the holder's (checked inside the write script). An invalidation deletes the
-  lease, so a load that was in flight when it ran is returned to its callers but never
-  written over it; so is a load whose lease expired or was taken over.
+  lease, so a load that was in flight when it ran is never written over it; so is a load
+  whose lease expired or was taken over. Such a value goes to the leader's caller only
+  (``Context.unwritten``): callers who joined it in this process, perhaps after an
+  invalidation in another process, start over and read afresh.
 * A waiter subscribes to the entry's channel *before* it re-checks, so a write between
   the re-check and the wait still wakes it. Any wake-up, spurious or not, leads to
   another ``Acquire``, which re-checks the value and takes over a dead holder's lock;
@@ -133,6 +135,7 @@ class Context:
     clock: Callable[[], float]  # monotonic seconds: deadlines, load duration
     wall_clock: Callable[[], float]  # epoch seconds: loaded_at in the envelope
     uniform: Callable[[float, float], float]  # TTL jitter
+    unwritten: bool = False  # set when the loaded value's write was refused (see _load_and_write)
 
 
 @dataclass(frozen=True)
@@ -322,6 +325,10 @@ def _load_and_write(ctx: Context) -> Flow:
         yield from _release(ctx)  # interrupted: the write may not have run
         raise
     if not written:
+        # The lease was lost during the load: invalidated, or expired while this holder
+        # was paused. The value is returned to this caller, whose call began before; but
+        # it may predate an invalidation, so it is not handed to the process's joiners.
+        ctx.unwritten = True
         ctx.stats.incr("stale_writes_prevented")
         log.info("%s: lease lost during the load (invalidated or expired); result not written", key)
     else:

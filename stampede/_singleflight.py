@@ -5,7 +5,8 @@ concurrent callers of one key cost one read, and on a miss one load, per process
 event loop for asyncio callers). What a joiner does with the outcome is decided once,
 in ``Flight``: it shares the leader's value or Exception, and if the leader was
 interrupted (a BaseException that is not an Exception: a cancelled task, a
-KeyboardInterrupt) it starts over, so that one of the joiners leads.
+KeyboardInterrupt) or its value could not be written, it starts over, so that one of
+the joiners leads.
 
 Invariants of ``FlightTable``, all under its lock: a key maps to at most one open flight;
 a flight's ``done`` event exists once somebody joined it (most flights are hits nobody
@@ -29,7 +30,7 @@ from ._fork import reset_after_fork
 
 
 class Flight:
-    __slots__ = ("done", "value", "error", "timer")
+    __slots__ = ("done", "value", "error", "timer", "unwritten")
 
     def __init__(self) -> None:
         # threading.Event, or a list of (deadline, future); made by the first joiner
@@ -37,11 +38,14 @@ class Flight:
         self.value: Any = None
         self.error: BaseException | None = None
         self.timer: asyncio.TimerHandle | None = None  # asyncio: the earliest joiner's deadline
+        self.unwritten = False  # the leader's value was loaded but its write refused; set before done
 
     @property
-    def interrupted(self) -> bool:
-        """The leader was stopped by something other than an Exception: its joiners start over."""
-        return self.error is not None and not isinstance(self.error, Exception)
+    def start_over(self) -> bool:
+        """Its joiners must start over instead of sharing the outcome: the leader was stopped
+        by something other than an Exception (a cancelled task, a KeyboardInterrupt), or its
+        value's write was refused, so the value may predate an invalidation elsewhere."""
+        return self.unwritten or (self.error is not None and not isinstance(self.error, Exception))
 
     def shared(self) -> Any:
         """The leader's outcome for a joiner: its value, or its Exception raised."""

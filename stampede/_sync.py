@@ -29,7 +29,7 @@ from ._flow import (
 from ._keys import EntryKeys
 from ._notify import Subscription
 from ._observe import RateLimitedLog, Stats
-from ._singleflight import FlightTable
+from ._singleflight import Flight, FlightTable
 from ._store import Store
 from ._watchdog import Watchdog
 
@@ -59,19 +59,21 @@ class SyncRunner:
             if not done.wait(spec.settings.wait_timeout):
                 ctx = self._context(value_key, spec)
                 return self._drive(after_wait_timeout(ctx), ctx, functools.partial(spec.func, *args, **kwargs))
-            if flight.interrupted:
+            if flight.start_over:
                 continue
             self._stats.incr("collapsed")
             return flight.shared()
         try:
-            value = self._lead(value_key, spec, args, kwargs)
+            value = self._lead(value_key, spec, args, kwargs, flight)
         except BaseException as error:
             self.flights.finish(value_key, flight, error=error)
             raise
         self.flights.finish(value_key, flight, value=value)
         return value
 
-    def _lead(self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _lead(
+        self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any], flight: Flight
+    ) -> Any:
         try:
             raw = self.store.get(value_key)
         except BackendUnavailable as error:
@@ -82,7 +84,9 @@ class SyncRunner:
                 return found
         ctx = self._context(value_key, spec)
         loader = functools.partial(spec.func, *args, **kwargs)
-        return self._drive(fill(ctx, found), ctx, loader)
+        value = self._drive(fill(ctx, found), ctx, loader)
+        flight.unwritten = ctx.unwritten
+        return value
 
     def _context(self, value_key: str, spec: LoaderSpec) -> Context:
         return new_context(value_key, spec, self._stats, self._warn)

@@ -155,6 +155,40 @@ def test_invalidate_is_awaitable_and_wins_over_a_load_in_flight(
     assert layer.stats()["stale_writes_prevented"] == 1
 
 
+def test_a_task_joining_a_load_after_another_layers_invalidation_reads_afresh(
+    make_layer: Callable[..., Stampede],
+) -> None:
+    layer_a, layer_b = make_layer(), make_layer()  # two processes' worth of state
+
+    async def main() -> None:
+        version = {"n": 1}
+        started, release = asyncio.Event(), asyncio.Event()
+
+        async def query(key: int) -> dict[str, int]:
+            seen = version["n"]
+            started.set()
+            await release.wait()
+            return {"id": key, "version": seen}
+
+        load_a = layer_a.cached_loader("item:{key}")(query)
+        load_b = layer_b.cached_loader("item:{key}")(query)
+        leader = asyncio.ensure_future(load_b(1))
+        await asyncio.wait_for(started.wait(), 5)
+        version["n"] = 2
+        await load_a.invalidate(1)  # layer B's flight table does not hear of it
+        late = asyncio.ensure_future(load_b(1))
+        await asyncio.sleep(0)  # the late task runs up to its wait on B's flight
+        started.clear()
+        release.set()
+        assert await leader == {"id": 1, "version": 1}  # its call began before the invalidation
+        assert await late == {"id": 1, "version": 2}  # not handed the unwritten value
+        await layer_a.aclose()
+        await layer_b.aclose()
+
+    asyncio.run(main())
+    assert layer_b.stats()["stale_writes_prevented"] == 1
+
+
 def test_none_is_cached_as_the_null_sentinel(layer_of_each_backend: Callable[..., Stampede]) -> None:
     layer = layer_of_each_backend()
     calls: list[int] = []

@@ -152,6 +152,39 @@ def test_a_holder_whose_lease_was_lost_does_not_overwrite_the_new_value(
     assert old_layer.stats()["stale_writes_prevented"] == 1
 
 
+def test_an_invalidation_in_another_process_reaches_callers_who_join_the_load_after_it(
+    make_layer: Callable[..., Stampede], redis_client: redis.Redis
+) -> None:
+    """Process B is loading version 1 when process A updates the database and invalidates.
+    A caller in B who arrives after that joins B's load in flight, whose write is now
+    refused; it must not be handed version 1: it starts over and reads version 2."""
+    layer_a, layer_b = make_layer(), make_layer()
+    database = {"version": 1}
+    db = CountingLoader(result=lambda key: dict(database))
+    db.release.clear()
+    load_b = layer_b.cached_loader("doc:{key}")(db)
+    load_a = layer_a.cached_loader("doc:{key}")(db)
+
+    with ThreadPoolExecutor(2) as pool:
+        leader = pool.submit(load_b, 1)
+        assert db.started.wait(5)
+        database["version"] = 2
+        load_a.invalidate(1)  # in "process" A: B's flight table does not hear of it
+        late = pool.submit(load_b, 1)
+        flights: Any = layer_b._runner.flights  # type: ignore[union-attr]
+        deadline = time.monotonic() + 5
+        while flights._flights[load_b.key(1)].done is None:  # the late caller has joined
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        db.release.set()
+        assert leader.result(5) == {"version": 1}  # its own call began before the invalidation
+        assert late.result(5) == {"version": 2}
+
+    assert load_a(1) == {"version": 2} and load_b(1) == {"version": 2}
+    assert db.calls == {1: 2}
+    assert layer_b.stats()["stale_writes_prevented"] == 1
+
+
 def test_values_too_large_to_travel_in_the_message_are_read_back(
     make_layer: Callable[..., Stampede], redis_client: redis.Redis
 ) -> None:
