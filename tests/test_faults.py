@@ -92,7 +92,10 @@ def test_redis_killed_and_restarted_mid_stampede(
 ) -> None:
     """Two processes of 8 threads on one cold key; the cache server is SIGKILLed while the
     holder loads and the other process waits on pub/sub, and restarted empty. Nobody
-    hangs, everyone gets the right value, and each process loads at most once."""
+    hangs and everyone gets the right value. Loads: the holder's (its write is refused:
+    the new server has no lease of it), at most one more in its process (the callers who
+    joined it start over: an unwritten value is never handed on), and at most one in the
+    waiting process (through the new server, or without the cache while it was down)."""
     workers = Workers()
     options = ["--count-url", redis_url, "--threads", "8", "--lock-ttl", "1", "--wait-timeout", "10"]
     cache = redis.Redis.from_url(own_server.url, socket_timeout=2)
@@ -113,7 +116,7 @@ def test_redis_killed_and_restarted_mid_stampede(
     finally:
         workers.stop_all()
     assert all(result["wrong"] == [] and result["calls"] == 8 for result in results)
-    assert 1 <= int(redis_client.get("calls:0") or 0) <= 2  # at most one load per process
+    assert 1 <= int(redis_client.get("calls:0") or 0) <= 3
     assert finished < 10  # within wait_timeout: nobody waited it out
     assert max(result["max_latency"] for result in results) < 10
     assert not cache.exists(LOCK)
