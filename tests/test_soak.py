@@ -1,0 +1,143 @@
+"""A bounded soak: many keys, random loader latencies, random faults, for a while.
+
+Three layers (three processes' worth of flight tables, subscribers and watchdogs) reach
+Redis through a FaultProxy, 8 threads each, over 40 keys. A chaos thread meanwhile cuts
+every connection, adds latency beyond the socket timeout, stalls the network, and
+invalidates keys after bumping their version in the "database". It stops by itself.
+
+Asserted at the end: no call hung (each within its bound), no caller got another key's
+value, no caller of a layer got a version older than one that layer's own completed
+invalidation had already published, no wait ran out, and no lock is left behind.
+
+    STAMPEDE_SOAK_SECONDS=300 python -m pytest tests/test_soak.py -s   # the long form
+
+CI runs the short form (8 s). ``-s`` prints the figures.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from typing import Any
+
+import redis
+
+from stampede import BackendUnavailable, Stampede
+from stampede.testing import FaultProxy
+
+SECONDS = float(os.environ.get("STAMPEDE_SOAK_SECONDS", "8"))
+KEYS = 40
+SOCKET_TIMEOUT = 0.2
+CALL_BOUND = 5.0  # seconds: wait_timeout is 10, so a call this slow means a lost wake-up
+
+
+def test_soak_with_random_faults(redis_url: str, redis_client: redis.Redis) -> None:
+    port = redis_client.connection_pool.connection_kwargs["port"]
+    versions = [0] * KEYS  # the database: a version per key, bumped before an invalidation
+    versions_lock = threading.Lock()
+    loads = [0] * KEYS
+    stop = threading.Event()
+    problems: list[str] = []
+    figures = {"calls": 0, "faults": 0, "invalidations": 0, "backend_errors": 0, "slowest": 0.0}
+    figures_lock = threading.Lock()
+
+    def query(key: int) -> dict[str, int]:
+        with versions_lock:
+            loads[key] += 1
+            version = versions[key]
+        time.sleep(random.uniform(0, 0.03))
+        return {"key": key, "version": version}
+
+    with FaultProxy(port) as proxy:
+        layers = [
+            Stampede.from_url(proxy.url, namespace="soak", ttl=1.0, lock_ttl=0.6, wait_timeout=10,
+                              socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_TIMEOUT,
+                              breaker_threshold=5, breaker_cooldown=0.3)  # fmt: skip
+            for _ in range(3)
+        ]
+        loaders = [layer.cached_loader("item:{key}")(query) for layer in layers]
+        # per layer: the version its completed invalidations published, per key
+        floors = [[0] * KEYS for _ in layers]
+
+        def caller(index: int) -> None:
+            layer = index % len(layers)
+            rng = random.Random(index)
+            while not stop.is_set():
+                key = rng.randrange(KEYS)
+                floor = floors[layer][key]
+                started = time.monotonic()
+                try:
+                    value = loaders[layer](key)
+                except BackendUnavailable:
+                    continue  # not with on_redis_error="load"; recorded as a problem below
+                elapsed = time.monotonic() - started
+                with figures_lock:
+                    figures["calls"] += 1
+                    figures["slowest"] = max(figures["slowest"], elapsed)
+                    if value.get("key") != key:
+                        problems.append(f"key {key} got {value}")
+                    elif value["version"] < floor:
+                        problems.append(f"key {key} got version {value['version']} after invalidating {floor}")
+                    if elapsed > CALL_BOUND:
+                        problems.append(f"a call of key {key} took {elapsed:.1f} s")
+
+        def chaos() -> None:
+            rng = random.Random(7)
+            while not stop.wait(rng.uniform(0.05, 0.4)):
+                fault = rng.choice(["cut", "latency", "stall", "invalidate", "invalidate"])
+                if fault == "cut":
+                    proxy.cut()
+                elif fault == "latency":
+                    proxy.delay = SOCKET_TIMEOUT * 1.5
+                    stop.wait(rng.uniform(0.1, 0.5))
+                    proxy.delay = 0.0
+                elif fault == "stall":
+                    proxy.stall()
+                    stop.wait(rng.uniform(0.1, 0.5))
+                    proxy.flow()
+                else:
+                    layer, key = rng.randrange(len(layers)), rng.randrange(KEYS)
+                    with versions_lock:
+                        versions[key] += 1
+                        version = versions[key]
+                    try:
+                        loaders[layer].invalidate(key)
+                    except BackendUnavailable:
+                        with figures_lock:
+                            figures["backend_errors"] += 1
+                        continue  # not completed: it promises nothing
+                    floors[layer][key] = max(floors[layer][key], version)
+                    with figures_lock:
+                        figures["invalidations"] += 1
+                    continue
+                with figures_lock:
+                    figures["faults"] += 1
+
+        threads = [threading.Thread(target=caller, args=(index,)) for index in range(24)]
+        threads.append(threading.Thread(target=chaos))
+        for thread in threads:
+            thread.start()
+        time.sleep(SECONDS)  # the soak's length: the threads run meanwhile
+        stop.set()
+        proxy.flow()
+        proxy.delay = 0.0
+        for thread in threads:
+            thread.join(CALL_BOUND + 5)
+        hung = [thread.name for thread in threads if thread.is_alive()]
+        stats = [layer.stats() for layer in layers]
+        for layer in layers:
+            layer.close()
+
+    figures["loads"] = sum(loads)
+    figures["wait_timeouts"] = sum(s["wait_timeouts"] for s in stats)
+    figures["stale_writes_prevented"] = sum(s["stale_writes_prevented"] for s in stats)
+    print(f"\nsoak {SECONDS:g} s: {figures}")
+    assert hung == [], f"hung: {hung}"
+    assert problems == [], problems[:10]
+    assert figures["calls"] > 100 and figures["faults"] > 0 and figures["invalidations"] > 0, figures
+    assert figures["wait_timeouts"] == 0
+    assert figures["loads"] < figures["calls"] / 2, figures  # the cache still collapsed the load
+    leftover: list[Any] = [key for key in redis_client.scan_iter("soak:*:lock") if redis_client.pttl(key) > 600]
+    assert leftover == []  # a lock outliving its lease would mean a renewal that never stopped
