@@ -5,7 +5,6 @@ Redis error under the layer's policy, never as a hang."""
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any, Callable, Iterator
 
@@ -13,6 +12,8 @@ import pytest
 
 from stampede import BackendUnavailable, Stampede
 from stampede.testing import RedisServer, find_server_binary
+
+from .scenarios import one_load_and_a_wake_up
 
 PASSWORD = "default-user-secret"
 # The least an ACL user needs for a layer of namespace "app" (as the README states it).
@@ -44,38 +45,6 @@ def layers() -> Iterator[Callable[..., Stampede]]:
     yield make
     for layer in made:
         layer.close()
-
-
-def one_load_and_a_wake_up(first: Stampede, second: Stampede) -> tuple[int, float]:
-    """A load in ``first`` while ``second`` waits on its lease: loads, and how long after
-    the write the waiter had the value. Lease and re-check are 20 s, so only the pub/sub
-    message (on the subscriber's own, authenticated, connection) wakes it in time."""
-    calls: list[int] = []
-    loading, finish = threading.Event(), threading.Event()
-
-    def slow(key: int) -> dict[str, int]:
-        calls.append(key)
-        loading.set()
-        assert finish.wait(10)
-        return {"key": key}
-
-    load_first = first.cached_loader("item:{key}")(slow)
-    load_second = second.cached_loader("item:{key}")(slow)
-    done: dict[str, float] = {}
-    leader = threading.Thread(target=lambda: done.setdefault("leader", (load_first(1), time.monotonic())[1]))
-    leader.start()
-    assert loading.wait(10)
-    waiter_value: list[Any] = []
-    waiter = threading.Thread(target=lambda: waiter_value.append((load_second(1), time.monotonic())))
-    waiter.start()
-    deadline = time.monotonic() + 10
-    while second.stats()["lock_waits"] == 0 and time.monotonic() < deadline:  # it found the lease held
-        time.sleep(0.005)
-    finish.set()
-    leader.join(10)
-    waiter.join(10)
-    assert waiter_value and waiter_value[0][0] == {"key": 1}
-    return len(calls), waiter_value[0][1] - done["leader"]
 
 
 def test_a_password_protected_server_is_used_by_every_connection(

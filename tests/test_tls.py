@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import ssl
 import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -19,6 +17,8 @@ import pytest
 import redis
 
 from stampede import BackendUnavailable, Stampede
+
+from .scenarios import one_load_and_a_wake_up
 
 trustme = pytest.importorskip("trustme")
 
@@ -89,36 +89,14 @@ def rediss(terminator: TlsTerminator, ca_file: Path) -> str:
 
 def test_blocking_callers_over_tls_load_once_and_are_woken(tls: tuple[TlsTerminator, Path]) -> None:
     url = rediss(*tls)
-    layers = [Stampede.from_url(url, namespace="tls", lock_ttl=20, recheck_interval=20) for _ in range(2)]
-    calls: list[int] = []
-    loading, finish = threading.Event(), threading.Event()
-
-    def slow(key: int) -> dict[str, int]:
-        calls.append(key)
-        loading.set()
-        assert finish.wait(10)
-        return {"key": key}
-
-    loads = [layer.cached_loader("item:{key}")(slow) for layer in layers]
+    first, second = (Stampede.from_url(url, namespace="tls", lock_ttl=20, recheck_interval=20) for _ in range(2))
     try:
-        with ThreadPoolExecutor(8) as pool:
-            holders = [pool.submit(loads[0], 1) for _ in range(4)]
-            assert loading.wait(5)
-            waiters = [pool.submit(loads[1], 1) for _ in range(4)]
-            deadline = time.monotonic() + 5
-            while layers[1].stats()["lock_waits"] == 0:  # the other layer found the lease held
-                assert time.monotonic() < deadline
-                time.sleep(0.005)
-            finish.set()
-            released = time.monotonic()
-            results = [future.result(5) for future in holders + waiters]
-            woken_after = time.monotonic() - released
-        assert results == [{"key": 1}] * 8 and calls == [1]
-        assert woken_after < 1.0  # by the message over TLS, not the 20 s re-check
-        assert loads[1](1) == {"key": 1} and calls == [1]  # a hit over TLS
+        loads, lag = one_load_and_a_wake_up(first, second)
+        assert loads == 1
+        assert lag < 1.0  # by the message over TLS, not the 20 s re-check
     finally:
-        for layer in layers:
-            layer.close()
+        first.close()
+        second.close()
 
 
 def test_async_callers_over_tls(tls: tuple[TlsTerminator, Path]) -> None:
