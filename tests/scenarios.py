@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from stampede import Stampede
+
+
+def wait_until(condition: Callable[[], Any], what: str = "condition", timeout: float = 5.0) -> None:
+    """Poll ``condition`` until it holds; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
 
 
 def one_load_and_a_wake_up(first: Stampede, second: Stampede) -> tuple[int, float]:
@@ -32,9 +40,7 @@ def one_load_and_a_wake_up(first: Stampede, second: Stampede) -> tuple[int, floa
     waiter_value: list[Any] = []
     waiter = threading.Thread(target=lambda: waiter_value.append((load_second(1), time.monotonic())))
     waiter.start()
-    deadline = time.monotonic() + 10
-    while second.stats()["lock_waits"] == 0 and time.monotonic() < deadline:  # it found the lease held
-        time.sleep(0.005)
+    wait_until(lambda: second.stats()["lock_waits"], "the waiter to find the lease held", timeout=10)
     finish.set()
     leader.join(10)
     waiter.join(10)

@@ -20,7 +20,7 @@ import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 import redis
@@ -28,21 +28,15 @@ import redis
 from stampede import Stampede
 from stampede.testing import FaultProxy, RedisServer
 
+from .scenarios import wait_until
 from .test_behaviour import CountingLoader
 from .test_processes import Workers
 
 KEY, LOCK = "proc:{item:0}", "proc:{item:0}:lock"
 
 
-def wait_until(condition: Any, what: str, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
-
-
 def test_a_holder_paused_past_its_lease_neither_overwrites_nor_releases_anothers_lock(
-    redis_url: str, redis_client: redis.Redis
+    redis_url: str, redis_client: redis.Redis, make_layer: Callable[..., Stampede]
 ) -> None:
     workers = Workers()
     lease = ["--lock-ttl", "0.6"]
@@ -61,7 +55,7 @@ def test_a_holder_paused_past_its_lease_neither_overwrites_nor_releases_anothers
         assert took_over["stats"]["takeovers"] == 1 and took_over["wrong"] == []
         assert time.monotonic() - stopped_at < 5  # within about one lease, not wait_timeout
 
-        checker = Stampede.from_url(redis_url, namespace="proc")
+        checker = make_layer(namespace="proc")
         read = checker.cached_loader("item:{key}")(lambda key: {"key": key, "by": "checker"})
         assert read(0) == {"key": 0, "by": "B"}
         read.invalidate(0)
@@ -79,7 +73,6 @@ def test_a_holder_paused_past_its_lease_neither_overwrites_nor_releases_anothers
         assert redis_client.get(LOCK) == lock_of_c  # C's lock untouched
         assert not redis_client.exists(KEY)  # and A's stale value not written
         assert int(redis_client.get("calls:0") or 0) == 3  # A, B and C: no other load
-        checker.close()
     finally:
         for process in workers.processes:
             if process.poll() is None:
@@ -108,7 +101,7 @@ def test_redis_killed_and_restarted_mid_stampede(
         waiter = workers.start(own_server.url, *options, "--delay", "0.05")
         workers.expect(waiter, "ready")
         workers.go([waiter])
-        wait_until(lambda: cache.pubsub_numsub(KEY + ":notify")[0][1] >= 1, "the waiter's subscription")
+        wait_until(lambda: cache.pubsub_numsub(KEY + ":notify")[0][1] >= 1, "the waiter's subscription", timeout=10)
         own_server.kill()
         killed_at = time.monotonic()
         own_server.start()
@@ -173,55 +166,54 @@ def proxy(redis_url: str) -> Iterator[FaultProxy]:
         yield faulty
 
 
-def test_connections_cut_mid_stampede(proxy: FaultProxy, redis_client: redis.Redis) -> None:
+def test_connections_cut_mid_stampede(
+    proxy: FaultProxy, redis_client: redis.Redis, make_layer: Callable[..., Stampede]
+) -> None:
     """Two layers (two processes' worth) of 8 threads reach Redis through a proxy that
     cuts every connection while one layer loads and the other waits on pub/sub. Everyone
     gets the value, nobody waits out wait_timeout, at most one load per layer."""
-    layers = [Stampede.from_url(proxy.url, namespace="cut", lock_ttl=1, wait_timeout=10) for _ in range(2)]
+    layers = [make_layer(proxy.url, namespace="cut", lock_ttl=1, wait_timeout=10) for _ in range(2)]
     db = CountingLoader()
     db.release.clear()
     loads = [layer.cached_loader("item:{key}")(db) for layer in layers]
-    try:
-        with ThreadPoolExecutor(16) as pool:
-            holders = [pool.submit(loads[0], 1) for _ in range(8)]
-            assert db.started.wait(5)
-            waiters = [pool.submit(loads[1], 1) for _ in range(8)]
-            wait_until(lambda: redis_client.pubsub_numsub("cut:{item:1}:notify")[0][1] >= 1, "the waiting layer")
-            proxy.cut()
-            cut_at = time.monotonic()
-            db.release.set()
-            results = [future.result(15) for future in holders + waiters]
-            elapsed = time.monotonic() - cut_at
-        assert results == [{"id": 1}] * 16
-        assert 1 <= db.calls[1] <= 2
-        assert elapsed < 5, elapsed
-        wait_until(lambda: not redis_client.exists("cut:{item:1}:lock"), "no lock left", timeout=2)
-    finally:
-        for layer in layers:
-            layer.close()
+    with ThreadPoolExecutor(16) as pool:
+        holders = [pool.submit(loads[0], 1) for _ in range(8)]
+        assert db.started.wait(5)
+        waiters = [pool.submit(loads[1], 1) for _ in range(8)]
+        wait_until(
+            lambda: redis_client.pubsub_numsub("cut:{item:1}:notify")[0][1] >= 1, "the waiting layer", timeout=10
+        )
+        proxy.cut()
+        cut_at = time.monotonic()
+        db.release.set()
+        results = [future.result(15) for future in holders + waiters]
+        elapsed = time.monotonic() - cut_at
+    assert results == [{"id": 1}] * 16
+    assert 1 <= db.calls[1] <= 2
+    assert elapsed < 5, elapsed
+    wait_until(lambda: not redis_client.exists("cut:{item:1}:lock"), "no lock left", timeout=2)
 
 
-def test_latency_beyond_the_socket_timeout_is_bounded_and_opens_the_circuit(proxy: FaultProxy) -> None:
+def test_latency_beyond_the_socket_timeout_is_bounded_and_opens_the_circuit(
+    proxy: FaultProxy, make_layer: Callable[..., Stampede]
+) -> None:
     """The network becomes slower than the socket timeout: each call fails open within one
     socket timeout until the breaker opens, then at once; when the network recovers and
     the cool-down ends, caching resumes."""
-    layer = Stampede.from_url(proxy.url, namespace="slow", socket_timeout=0.2, socket_connect_timeout=0.2,
-                              breaker_threshold=3, breaker_cooldown=0.5)  # fmt: skip
+    layer = make_layer(proxy.url, namespace="slow", socket_timeout=0.2, socket_connect_timeout=0.2,
+                       breaker_threshold=3, breaker_cooldown=0.5)  # fmt: skip
     calls: list[int] = []
     load = layer.cached_loader("item:{key}")(lambda key: calls.append(key) or key)
-    try:
-        assert load(0) == 0
-        proxy.delay = 0.5
-        timings = []
-        for key in range(1, 11):
-            started = time.monotonic()
-            assert load(key) == key  # served by the loader
-            timings.append(time.monotonic() - started)
-        assert max(timings) < 0.2 + 0.25, timings  # one socket timeout at most
-        assert max(timings[4:]) < 0.05, timings  # the circuit is open: no waiting at all
-        proxy.delay = 0.0
-        time.sleep(0.5)  # the configured cool-down
-        calls.clear()
-        assert load(42) == 42 and load(42) == 42 and calls == [42]  # cached again
-    finally:
-        layer.close()
+    assert load(0) == 0
+    proxy.delay = 0.5
+    timings = []
+    for key in range(1, 11):
+        started = time.monotonic()
+        assert load(key) == key  # served by the loader
+        timings.append(time.monotonic() - started)
+    assert max(timings) < 0.2 + 0.25, timings  # one socket timeout at most
+    assert max(timings[4:]) < 0.05, timings  # the circuit is open: no waiting at all
+    proxy.delay = 0.0
+    time.sleep(0.5)  # the configured cool-down
+    calls.clear()
+    assert load(42) == 42 and load(42) == 42 and calls == [42]  # cached again

@@ -12,14 +12,8 @@ import redis
 from stampede import BackendUnavailable, CachedLoader, ConfigError, Stampede
 from stampede.testing import CommandMonitor, RedisServer, names
 
+from .scenarios import wait_until
 from .test_behaviour import CountingLoader, hammer
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.005)
 
 
 def subscribers(client: redis.Redis, loader: CachedLoader[..., Any], *args: Any) -> int:
@@ -172,10 +166,7 @@ def test_an_invalidation_in_another_process_reaches_callers_who_join_the_load_af
         load_a.invalidate(1)  # in "process" A: B's flight table does not hear of it
         late = pool.submit(load_b, 1)
         flights: Any = layer_b._runner.flights  # type: ignore[union-attr]
-        deadline = time.monotonic() + 5
-        while flights._flights[load_b.key(1)].done is None:  # the late caller has joined
-            assert time.monotonic() < deadline
-            time.sleep(0.001)
+        wait_until(lambda: flights._flights[load_b.key(1)].done is not None, "the late caller to join")
         db.release.set()
         assert leader.result(5) == {"version": 1}  # its own call began before the invalidation
         assert late.result(5) == {"version": 2}

@@ -6,7 +6,7 @@ Redis error under the layer's policy, never as a hang."""
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 import pytest
 
@@ -34,55 +34,45 @@ def app_url(server: RedisServer) -> str:
     return f"redis://app:app-secret@127.0.0.1:{server.port}/0"
 
 
-@pytest.fixture
-def layers() -> Iterator[Callable[..., Stampede]]:
-    made: list[Stampede] = []
-
-    def make(url: str, **options: Any) -> Stampede:
-        made.append(Stampede.from_url(url, **options))
-        return made[-1]
-
-    yield make
-    for layer in made:
-        layer.close()
-
-
 def test_a_password_protected_server_is_used_by_every_connection(
-    secured_server: RedisServer, layers: Callable[..., Stampede]
+    secured_server: RedisServer, make_layer: Callable[..., Stampede]
 ) -> None:
     options = dict(namespace="auth", lock_ttl=20, recheck_interval=20, on_redis_error="raise")
-    loads, lag = one_load_and_a_wake_up(layers(secured_server.url, **options), layers(secured_server.url, **options))
+    url = secured_server.url
+    loads, lag = one_load_and_a_wake_up(make_layer(url, **options), make_layer(url, **options))
     assert loads == 1
     assert lag < 1.0
 
 
 def test_a_wrong_password_is_a_redis_error_under_the_policy_not_a_hang(
-    secured_server: RedisServer, layers: Callable[..., Stampede]
+    secured_server: RedisServer, make_layer: Callable[..., Stampede]
 ) -> None:
     wrong = f"redis://:not-the-password@127.0.0.1:{secured_server.port}/0"
-    strict = layers(wrong, namespace="auth", on_redis_error="raise")
+    strict = make_layer(wrong, namespace="auth", on_redis_error="raise")
     started = time.monotonic()
     with pytest.raises(BackendUnavailable, match="(?i)password|auth"):
         strict.cached_loader("item:{key}")(lambda key: key)(1)
-    lenient = layers(wrong, namespace="auth", on_redis_error="load")
+    lenient = make_layer(wrong, namespace="auth", on_redis_error="load")
     calls: list[int] = []
     load = lenient.cached_loader("item:{key}")(lambda key: calls.append(key) or key)
     assert load(1) == 1 and load(1) == 1 and calls == [1, 1]  # served, never cached
     assert time.monotonic() - started < 5
 
 
-def test_an_acl_user_works_inside_its_namespace(secured_server: RedisServer, layers: Callable[..., Stampede]) -> None:
+def test_an_acl_user_works_inside_its_namespace(
+    secured_server: RedisServer, make_layer: Callable[..., Stampede]
+) -> None:
     options = dict(namespace="app", lock_ttl=20, recheck_interval=20, on_redis_error="raise")
     url = app_url(secured_server)
-    loads, lag = one_load_and_a_wake_up(layers(url, **options), layers(url, **options))
+    loads, lag = one_load_and_a_wake_up(make_layer(url, **options), make_layer(url, **options))
     assert loads == 1
     assert lag < 1.0
 
 
 def test_an_acl_user_outside_its_namespace_gets_a_clear_error(
-    secured_server: RedisServer, layers: Callable[..., Stampede]
+    secured_server: RedisServer, make_layer: Callable[..., Stampede]
 ) -> None:
-    outside = layers(app_url(secured_server), namespace="other", on_redis_error="raise")
+    outside = make_layer(app_url(secured_server), namespace="other", on_redis_error="raise")
     load = outside.cached_loader("item:{key}")(lambda key: key)
     with pytest.raises(BackendUnavailable, match="(?i)permission"):
         load(1)
@@ -91,9 +81,9 @@ def test_an_acl_user_outside_its_namespace_gets_a_clear_error(
 
 
 def test_an_acl_user_renews_leases_and_invalidates_inside_its_namespace(
-    secured_server: RedisServer, layers: Callable[..., Stampede]
+    secured_server: RedisServer, make_layer: Callable[..., Stampede]
 ) -> None:
-    layer = layers(app_url(secured_server), namespace="app", lock_ttl=0.3, on_redis_error="raise")
+    layer = make_layer(app_url(secured_server), namespace="app", lock_ttl=0.3, on_redis_error="raise")
     calls: list[int] = []
 
     @layer.cached_loader("slow:{key}")

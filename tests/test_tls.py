@@ -11,7 +11,7 @@ import asyncio
 import ssl
 import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 import redis
@@ -87,20 +87,18 @@ def rediss(terminator: TlsTerminator, ca_file: Path) -> str:
     return f"rediss://127.0.0.1:{terminator.port}/0?ssl_ca_certs={ca_file}&ssl_cert_reqs=required"
 
 
-def test_blocking_callers_over_tls_load_once_and_are_woken(tls: tuple[TlsTerminator, Path]) -> None:
+def test_blocking_callers_over_tls_load_once_and_are_woken(
+    tls: tuple[TlsTerminator, Path], make_layer: Callable[..., Stampede]
+) -> None:
     url = rediss(*tls)
-    first, second = (Stampede.from_url(url, namespace="tls", lock_ttl=20, recheck_interval=20) for _ in range(2))
-    try:
-        loads, lag = one_load_and_a_wake_up(first, second)
-        assert loads == 1
-        assert lag < 1.0  # by the message over TLS, not the 20 s re-check
-    finally:
-        first.close()
-        second.close()
+    first, second = (make_layer(url, namespace="tls", lock_ttl=20, recheck_interval=20) for _ in range(2))
+    loads, lag = one_load_and_a_wake_up(first, second)
+    assert loads == 1
+    assert lag < 1.0  # by the message over TLS, not the 20 s re-check
 
 
-def test_async_callers_over_tls(tls: tuple[TlsTerminator, Path]) -> None:
-    layer = Stampede.from_url(rediss(*tls), namespace="tls-async")
+def test_async_callers_over_tls(tls: tuple[TlsTerminator, Path], make_layer: Callable[..., Stampede]) -> None:
+    layer = make_layer(rediss(*tls), namespace="tls-async")
     calls: list[int] = []
 
     @layer.cached_loader("item:{key}")
@@ -114,19 +112,15 @@ def test_async_callers_over_tls(tls: tuple[TlsTerminator, Path]) -> None:
         await layer.aclose()
         return results
 
-    try:
-        assert asyncio.run(main()) == [{"key": 1}] * 50 and calls == [1]
-    finally:
-        layer.close()
+    assert asyncio.run(main()) == [{"key": 1}] * 50 and calls == [1]
 
 
-def test_a_certificate_from_another_authority_is_refused(tls: tuple[TlsTerminator, Path], tmp_path: Path) -> None:
+def test_a_certificate_from_another_authority_is_refused(
+    tls: tuple[TlsTerminator, Path], tmp_path: Path, make_layer: Callable[..., Stampede]
+) -> None:
     terminator, _ = tls
     stranger = tmp_path / "other-ca.pem"
     trustme.CA().cert_pem.write_to_path(str(stranger))
-    layer = Stampede.from_url(rediss(terminator, stranger), namespace="tls", on_redis_error="raise")
-    try:
-        with pytest.raises(BackendUnavailable, match="(?i)certificate"):
-            layer.cached_loader("item:{key}")(lambda key: key)(1)
-    finally:
-        layer.close()
+    layer = make_layer(rediss(terminator, stranger), namespace="tls", on_redis_error="raise")
+    with pytest.raises(BackendUnavailable, match="(?i)certificate"):
+        layer.cached_loader("item:{key}")(lambda key: key)(1)
