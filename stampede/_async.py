@@ -19,6 +19,7 @@ import asyncio
 import functools
 import secrets
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable
 
@@ -41,6 +42,7 @@ from ._flow import (
     first_read,
     milliseconds,
     new_context,
+    produces_value,
 )
 from ._fork import reset_after_fork
 from ._keys import EntryKeys
@@ -86,15 +88,21 @@ class AsyncRunner:
         """The value of the entry, as ``SyncRunner.call``, for the tasks of this loop."""
         state = self._state()
         flights = state.flights
+        deadline = 0.0
+        early = False  # after starting over: early for every flight (see _singleflight)
         while True:
             flight, leads = flights.join(value_key)
             if leads:
                 break
-            if not await flights.wait(flight, spec.settings.wait_timeout):
+            joined_at = None if early else flight.sent
+            if not deadline:
+                deadline = time.monotonic() + spec.settings.wait_timeout
+            if not await flights.wait(flight, max(0.0, deadline - time.monotonic())):
                 ctx = self._context(value_key, spec)
                 loader = functools.partial(spec.func, *args, **kwargs)
                 return await self._drive(after_wait_timeout(ctx), ctx, loader, state.store)
-            if flight.start_over:
+            if flight.starts_over(joined_at):
+                early = True
                 continue
             self._stats.incr("collapsed")
             return flight.shared()
@@ -115,6 +123,7 @@ class AsyncRunner:
         store: AsyncStore,
         flight: Flight,
     ) -> Any:
+        flight.sent = 1
         try:
             raw = await store.get(value_key)
         except BackendUnavailable as error:
@@ -125,7 +134,7 @@ class AsyncRunner:
                 return found
         ctx = self._context(value_key, spec)
         loader = functools.partial(spec.func, *args, **kwargs)
-        value = await self._drive(fill(ctx, found), ctx, loader, store)
+        value = await self._drive(fill(ctx, found), ctx, loader, store, flight)
         flight.unwritten = ctx.unwritten
         return value
 
@@ -179,9 +188,15 @@ class AsyncRunner:
             await state.aclose()
 
     async def _drive(
-        self, flow: Flow, ctx: Context, loader: Callable[[], Awaitable[Any]], store: AsyncStore
+        self,
+        flow: Flow,
+        ctx: Context,
+        loader: Callable[[], Awaitable[Any]],
+        store: AsyncStore,
+        flight: Flight | None = None,
     ) -> Any:
-        """Perform the flow's effects until it returns; every exception goes back into it."""
+        """Perform the flow's effects until it returns; every exception goes back into it.
+        Each step that may produce the value is counted in the leader's ``flight.sent`` first."""
         keys = ctx.keys
         token = secrets.token_hex(16)
         lease_ms = milliseconds(ctx.settings.lock_ttl)
@@ -195,6 +210,8 @@ class AsyncRunner:
                 except StopIteration as stop:
                     return stop.value
                 reply, error = None, None
+                if flight is not None and produces_value(effect):
+                    flight.sent += 1
                 try:
                     if isinstance(effect, Acquire):
                         reply = await store.acquire(keys, token, lease_ms, effect.check_value)

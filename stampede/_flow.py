@@ -106,6 +106,16 @@ Effect = Union[Acquire, Subscribe, AwaitNotice, Load, WriteRelease, Release]
 Flow = Generator[Effect, Any, Any]
 
 
+def produces_value(effect: Effect) -> bool:
+    """Whether the value a flow returns may come from this step: a command to the cache,
+    or a load without the lease. Waiting does not; a leased load's value is decided by
+    the write that follows it. Callers who arrive after such a step began are not handed
+    its value (see ``_singleflight``)."""
+    if isinstance(effect, Load):
+        return not effect.leased
+    return not isinstance(effect, AwaitNotice)
+
+
 class LockState(enum.Enum):
     VALUE = "value"  # the value is there; no lock taken
     LOCKED = "locked"  # the lock is ours

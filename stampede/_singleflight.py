@@ -8,6 +8,26 @@ interrupted (a BaseException that is not an Exception: a cancelled task, a
 KeyboardInterrupt) or its value could not be written, it starts over, so that one of
 the joiners leads.
 
+A value is shared only with those who joined before the leader sent the command that
+produced it (``Flight.sent``). Another process's invalidation may complete while a GET is
+on the wire; a caller who arrives after that must not be handed what the GET read before:
+
+    t=0    process B's leader sends GET k (the cache holds version 1)
+    t=1    process A updates the database to version 2 and invalidates k: done
+    t=2    a caller in B arrives and joins B's flight for k
+    t=3    the GET's reply (version 1) arrives
+
+The caller at t=2 began after the invalidation completed, so version 1 would be stale.
+It starts over instead, and is sure to be early for every flight it meets then: its
+first flight has left the table, so any flight there now began after it did. So late
+callers cost one more round trip, shared, and reads stay shared: one GET of a key in
+flight per process at a time, however many callers. The steps that may produce the value
+are the commands to the cache and a load made without the lease (``produces_value``). A
+leased load's joiners keep its value: they arrived before its write was sent, and a write
+sent after an invalidation is refused (the lease is gone; ``unwritten`` sends them back).
+A load without the lease (the cache unreachable) has no such guard, so those who arrive
+during it wait for the next one, which they share: still one load in flight per key.
+
 Invariants of ``FlightTable``, all under its lock: a key maps to at most one open flight;
 a flight's ``done`` event exists once somebody joined it (most flights are hits nobody
 joins, and an Event costs more than the rest of a hit in memory); ``finish`` writes
@@ -30,7 +50,7 @@ from ._fork import reset_after_fork
 
 
 class Flight:
-    __slots__ = ("done", "value", "error", "timer", "unwritten")
+    __slots__ = ("done", "value", "error", "timer", "unwritten", "sent")
 
     def __init__(self) -> None:
         # threading.Event, or a list of (deadline, future); made by the first joiner
@@ -39,13 +59,18 @@ class Flight:
         self.error: BaseException | None = None
         self.timer: asyncio.TimerHandle | None = None  # asyncio: the earliest joiner's deadline
         self.unwritten = False  # the leader's value was loaded but its write refused; set before done
+        self.sent = 0  # the leader's steps that may produce its value; bumped just before each
 
-    @property
-    def start_over(self) -> bool:
-        """Its joiners must start over instead of sharing the outcome: the leader was stopped
-        by something other than an Exception (a cancelled task, a KeyboardInterrupt), or its
-        value's write was refused, so the value may predate an invalidation elsewhere."""
-        return self.unwritten or (self.error is not None and not isinstance(self.error, Exception))
+    def starts_over(self, joined_at: int | None) -> bool:
+        """Whether a joiner must start over instead of sharing the outcome: the leader was
+        stopped by something other than an Exception (a cancelled task, a KeyboardInterrupt);
+        or its value's write was refused, so the value may predate an invalidation
+        elsewhere; or the value came from a command sent before the joiner arrived
+        (``joined_at`` is ``sent`` as the joiner saw it on joining; None for a caller that
+        started over once, which is early for every flight it meets)."""
+        if self.error is not None:
+            return not isinstance(self.error, Exception)
+        return self.unwritten or (joined_at is not None and joined_at >= self.sent)
 
     def shared(self) -> Any:
         """The leader's outcome for a joiner: its value, or its Exception raised."""

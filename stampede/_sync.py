@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import secrets
+import time
 from typing import Any, Callable
 
 from ._errors import BackendUnavailable
@@ -25,6 +26,7 @@ from ._flow import (
     first_read,
     milliseconds,
     new_context,
+    produces_value,
 )
 from ._keys import EntryKeys
 from ._notify import Subscription
@@ -52,14 +54,20 @@ class SyncRunner:
         stopped by something other than an Exception (KeyboardInterrupt, a killed greenlet)
         passes nothing on: those who waited start over, and one of them leads.
         """
+        deadline = 0.0
+        early = False  # after starting over: early for every flight (see _singleflight)
         while True:
             flight, done = self.flights.join(value_key)
             if done is None:
                 break
-            if not done.wait(spec.settings.wait_timeout):
+            joined_at = None if early else flight.sent
+            if not deadline:
+                deadline = time.monotonic() + spec.settings.wait_timeout
+            if not done.wait(max(0.0, deadline - time.monotonic())):
                 ctx = self._context(value_key, spec)
                 return self._drive(after_wait_timeout(ctx), ctx, functools.partial(spec.func, *args, **kwargs))
-            if flight.start_over:
+            if flight.starts_over(joined_at):
+                early = True
                 continue
             self._stats.incr("collapsed")
             return flight.shared()
@@ -74,6 +82,7 @@ class SyncRunner:
     def _lead(
         self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any], flight: Flight
     ) -> Any:
+        flight.sent = 1
         try:
             raw = self.store.get(value_key)
         except BackendUnavailable as error:
@@ -84,7 +93,7 @@ class SyncRunner:
                 return found
         ctx = self._context(value_key, spec)
         loader = functools.partial(spec.func, *args, **kwargs)
-        value = self._drive(fill(ctx, found), ctx, loader)
+        value = self._drive(fill(ctx, found), ctx, loader, flight)
         flight.unwritten = ctx.unwritten
         return value
 
@@ -98,8 +107,9 @@ class SyncRunner:
         """Detach the key's flight: later callers read afresh (after an invalidation)."""
         self.flights.forget(key)
 
-    def _drive(self, flow: Flow, ctx: Context, loader: Callable[[], Any]) -> Any:
-        """Perform the flow's effects until it returns; every exception goes back into it."""
+    def _drive(self, flow: Flow, ctx: Context, loader: Callable[[], Any], flight: Flight | None = None) -> Any:
+        """Perform the flow's effects until it returns; every exception goes back into it.
+        Each step that may produce the value is counted in the leader's ``flight.sent`` first."""
         keys, store = ctx.keys, self.store
         token = secrets.token_hex(16)
         lease_ms = milliseconds(ctx.settings.lock_ttl)
@@ -113,6 +123,8 @@ class SyncRunner:
                 except StopIteration as stop:
                     return stop.value
                 reply, error = None, None
+                if flight is not None and produces_value(effect):
+                    flight.sent += 1
                 try:
                     if isinstance(effect, Acquire):
                         reply = store.acquire(keys, token, lease_ms, effect.check_value)

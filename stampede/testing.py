@@ -154,7 +154,8 @@ class FaultProxy:
 
     * ``delay``: seconds added before each chunk is relayed, both ways (a slow network);
     * ``stall()`` / ``flow()``: stop relaying, connections kept open (a black hole), and
-      start again;
+      start again; ``stall_replies()`` holds back only what the server sends, so commands
+      still reach it and run, but their replies wait;
     * ``cut()``: close every open connection at once (a reset, a failover).
 
     Only connections it accepted and made are closed; ``close()`` stops it.
@@ -163,8 +164,9 @@ class FaultProxy:
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
         self.delay = 0.0
-        self._flowing = threading.Event()
-        self._flowing.set()
+        self._requests_flowing = threading.Event()
+        self._replies_flowing = threading.Event()
+        self.flow()
         self._lock = threading.Lock()
         self._sockets: set[socket.socket] = set()
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -177,10 +179,15 @@ class FaultProxy:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def stall(self) -> None:
-        self._flowing.clear()
+        self._requests_flowing.clear()
+        self._replies_flowing.clear()
+
+    def stall_replies(self) -> None:
+        self._replies_flowing.clear()
 
     def flow(self) -> None:
-        self._flowing.set()
+        self._requests_flowing.set()
+        self._replies_flowing.set()
 
     def cut(self) -> None:
         with self._lock:
@@ -191,7 +198,7 @@ class FaultProxy:
     def close(self) -> None:
         self._closed = True
         _close(self._listener)
-        self._flowing.set()
+        self.flow()
         self.cut()
 
     def __enter__(self) -> FaultProxy:
@@ -214,16 +221,19 @@ class FaultProxy:
                 continue
             with self._lock:
                 self._sockets.update((client, server))
-            for source, sink in ((client, server), (server, client)):
-                threading.Thread(target=self._relay, args=(source, sink), daemon=True).start()
+            for source, sink, flowing in (
+                (client, server, self._requests_flowing),
+                (server, client, self._replies_flowing),
+            ):
+                threading.Thread(target=self._relay, args=(source, sink, flowing), daemon=True).start()
 
-    def _relay(self, source: socket.socket, sink: socket.socket) -> None:
+    def _relay(self, source: socket.socket, sink: socket.socket, flowing: threading.Event) -> None:
         try:
             while True:
                 data = source.recv(65536)
                 if not data:
                     break
-                self._flowing.wait()
+                flowing.wait()
                 if self.delay:
                     time.sleep(self.delay)
                 sink.sendall(data)

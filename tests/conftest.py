@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from stampede import Stampede
-from stampede.testing import RedisServer, find_server_binary
+from stampede.testing import FaultProxy, RedisServer, find_server_binary
 
 BACKENDS = ["redis", "embedded"]
 
@@ -45,6 +45,13 @@ def own_server() -> Iterator[RedisServer]:
     server = RedisServer().start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def proxy(redis_url: str) -> Iterator[FaultProxy]:
+    """A FaultProxy in front of the shared server."""
+    with FaultProxy(redis.Redis.from_url(redis_url).connection_pool.connection_kwargs["port"]) as faulty:
+        yield faulty
 
 
 @pytest.fixture

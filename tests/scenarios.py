@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import random
 import threading
 import time
 from typing import Any, Callable
 
 from stampede import Stampede
+from stampede.testing import FaultProxy
+
+NETWORK_FAULTS = ["cut", "latency", "stall"]
 
 
 def wait_until(condition: Callable[[], Any], what: str = "condition", timeout: float = 5.0) -> None:
@@ -15,6 +20,14 @@ def wait_until(condition: Callable[[], Any], what: str = "condition", timeout: f
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.005)
+
+
+async def until(condition: Callable[[], Any], what: str = "condition", timeout: float = 5.0) -> None:
+    """``wait_until`` for a coroutine: the event loop runs while it polls."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)
 
 
 def one_load_and_a_wake_up(first: Stampede, second: Stampede) -> tuple[int, float]:
@@ -46,3 +59,26 @@ def one_load_and_a_wake_up(first: Stampede, second: Stampede) -> tuple[int, floa
     waiter.join(10)
     assert waiter_value and waiter_value[0][0] == {"key": 1}
     return len(calls), waiter_value[0][1] - done["leader"]
+
+
+def commands_run(client: Any, command: str) -> int:
+    """How many times the server has run ``command`` (INFO commandstats)."""
+    stats = client.info("commandstats").get(f"cmdstat_{command}")
+    return int(stats["calls"]) if stats else 0
+
+
+def disturb(proxy: FaultProxy, fault: str, latency: float, rng: random.Random, stop: threading.Event) -> None:
+    """One network fault through ``proxy``: cut every connection, or add ``latency`` to
+    each chunk, or stall the network, for 0.1-0.5 s (less if ``stop`` is set)."""
+    if fault == "cut":
+        proxy.cut()
+    elif fault == "latency":
+        proxy.delay = latency
+        stop.wait(rng.uniform(0.1, 0.5))
+        proxy.delay = 0.0
+    elif fault == "stall":
+        proxy.stall()
+        stop.wait(rng.uniform(0.1, 0.5))
+        proxy.flow()
+    else:
+        raise ValueError(f"unknown network fault {fault!r}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from stampede._channels import Channels
-from stampede._singleflight import AsyncFlightTable
+from stampede._singleflight import AsyncFlightTable, Flight
 
 
 class Box:
@@ -98,3 +98,24 @@ def test_a_cancelled_joiner_does_not_cancel_the_others() -> None:
         return await second
 
     assert asyncio.run(main()) is True
+
+
+def finished(sent: int, value: object = "v", error: BaseException | None = None, unwritten: bool = False) -> Flight:
+    flight = Flight()
+    flight.sent, flight.value, flight.error, flight.unwritten = sent, value, error, unwritten
+    return flight
+
+
+def test_a_value_is_shared_only_with_those_who_joined_before_its_command_was_sent() -> None:
+    # a hit: the leader's GET was command 1; a joiner who saw sent == 1 arrived after it
+    assert finished(sent=1).starts_over(joined_at=1)
+    # a load: joined during the load (GET and acquire sent), before the write (command 3)
+    assert not finished(sent=3).starts_over(joined_at=2)
+    # a caller that started over once is early for every flight it meets
+    assert not finished(sent=1).starts_over(joined_at=None)
+
+
+def test_refused_writes_and_interruptions_send_everyone_back_but_errors_are_shared() -> None:
+    assert finished(sent=3, unwritten=True).starts_over(joined_at=None)
+    assert finished(sent=2, error=KeyboardInterrupt()).starts_over(joined_at=0)
+    assert not finished(sent=1, error=LookupError("down")).starts_over(joined_at=1)

@@ -20,7 +20,7 @@ import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import pytest
 import redis
@@ -28,7 +28,7 @@ import redis
 from stampede import Stampede
 from stampede.testing import FaultProxy, RedisServer
 
-from .scenarios import wait_until
+from .scenarios import commands_run, wait_until
 from .test_behaviour import CountingLoader
 from .test_processes import Workers
 
@@ -160,12 +160,6 @@ def test_a_loader_failing_under_load_is_never_run_twice_at_once(make_layer: Any,
     assert not redis_client.exists(loads[0].key(1))
 
 
-@pytest.fixture
-def proxy(redis_url: str) -> Iterator[FaultProxy]:
-    with FaultProxy(redis.Redis.from_url(redis_url).connection_pool.connection_kwargs["port"]) as faulty:
-        yield faulty
-
-
 def test_connections_cut_mid_stampede(
     proxy: FaultProxy, redis_client: redis.Redis, make_layer: Callable[..., Stampede]
 ) -> None:
@@ -217,3 +211,46 @@ def test_latency_beyond_the_socket_timeout_is_bounded_and_opens_the_circuit(
     time.sleep(0.5)  # the configured cool-down
     calls.clear()
     assert load(42) == 42 and load(42) == 42 and calls == [42]  # cached again
+
+
+@pytest.mark.parametrize("window", ["read", "write"])
+def test_a_caller_arriving_after_an_invalidation_elsewhere_is_not_handed_an_earlier_reply(
+    window: str, proxy: FaultProxy, redis_client: redis.Redis, make_layer: Callable[..., Stampede]
+) -> None:
+    """Layer B has a command on the wire (its GET of the cached version 1, or the write of
+    the version 1 it loaded) whose reply the network holds back, when layer A updates the
+    database to version 2 and invalidates. A caller in B who arrives after that joins B's
+    flight; it must not be handed what the command carried: it reads again and gets 2."""
+    layer_b = make_layer(proxy.url, namespace="window", lock_ttl=30)
+    layer_a = make_layer(namespace="window")
+    database = {"version": 1}
+    db = CountingLoader(result=lambda key: dict(database))
+    load_b = layer_b.cached_loader("doc:{key}")(db)
+    load_a = layer_a.cached_loader("doc:{key}")(db)
+    load_b(0)  # loads B's scripts: a NOSCRIPT reply held back would stall the test
+    db.started.clear()
+    command = "get" if window == "read" else "evalsha"
+    flights: Any = layer_b._runner.flights  # type: ignore[union-attr]
+    with ThreadPoolExecutor(2) as pool:
+        if window == "read":
+            assert load_b(1) == {"version": 1}  # cached
+            sent = commands_run(redis_client, command)
+            proxy.stall_replies()
+            first = pool.submit(load_b, 1)
+        else:
+            db.release.clear()
+            first = pool.submit(load_b, 1)
+            assert db.started.wait(5)  # B holds the lock and loads version 1
+            sent = commands_run(redis_client, command)
+            proxy.stall_replies()
+            db.release.set()
+        wait_until(lambda: commands_run(redis_client, command) > sent, f"B's {command} to run on the server")
+        database["version"] = 2
+        load_a.invalidate(1)  # completed: B's flight table does not hear of it
+        late = pool.submit(load_b, 1)
+        wait_until(lambda: flights._flights[load_b.key(1)].done is not None, "the late caller to join")
+        proxy.flow()
+        assert first.result(5) == {"version": 1}  # its call began before the invalidation
+        assert late.result(5) == {"version": 2}
+    assert load_a(1) == {"version": 2}
+    assert db.calls[1] == 2

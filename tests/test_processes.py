@@ -20,9 +20,9 @@ class Workers:
     def __init__(self) -> None:
         self.processes: list[subprocess.Popen[str]] = []
 
-    def start(self, url: str, *args: str) -> subprocess.Popen[str]:
+    def start(self, url: str, *args: str, script: str = WORKER) -> subprocess.Popen[str]:
         process = subprocess.Popen(
-            [sys.executable, WORKER, "--url", url, *args],
+            [sys.executable, script, "--url", url, *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

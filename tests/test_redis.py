@@ -216,7 +216,9 @@ def test_redis_stopped_mid_run_fails_open_and_caching_resumes(own_server: RedisS
 
         results = hammer(load, [1] * 8 + [2] * 8)  # served by the loader, still collapsed per process
         assert results == [{"id": 1}] * 8 + [{"id": 2}] * 8
-        assert db.calls == {1: 2, 2: 1}
+        # one load per key, and one more for callers who arrived after it began: a value
+        # loaded without the lease is not handed to them (see _singleflight)
+        assert 2 <= db.calls[1] <= 3 and 1 <= db.calls[2] <= 2, db.calls
         assert layer.stats()["redis_errors"] > 0
         with pytest.raises(BackendUnavailable):
             load.invalidate(1)  # an invalidation never fails silently

@@ -1,0 +1,134 @@
+"""Invalidations racing loads under load and faults, across processes: no caller whose
+call began after an invalidation completed is served a version older than the one that
+invalidation was made for.
+
+Three worker processes (``stress_worker.py``) of 6 threads call a cached loader over 30
+keys, each through a FaultProxy of its own. This process is the writer: it bumps a key's
+version in the "database", invalidates the key (directly, not through a proxy), and
+notes when the invalidation completed. Meanwhile it cuts a worker's connections, slows
+its network past the socket timeout, stalls it, or pauses the whole worker (SIGSTOP) for
+up to 0.9 s, past its 0.6 s leases. It stops by itself.
+
+    STAMPEDE_STRESS_SECONDS=120 python -m pytest tests/test_invalidation_stress.py -s -o timeout=300
+
+CI runs the short form (6 s). ``-s`` prints the figures.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import random
+import signal
+import threading
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from stampede import BackendUnavailable, Stampede
+from stampede.testing import FaultProxy
+
+from .scenarios import NETWORK_FAULTS, disturb
+from .test_processes import Workers
+
+SECONDS = float(os.environ.get("STAMPEDE_STRESS_SECONDS", "6"))
+WORKER = str(Path(__file__).with_name("stress_worker.py"))
+PROCESSES, THREADS, KEYS = 3, 6, 30
+CALL_BOUND = 5.0  # seconds: a pause lasts at most 0.9 s, wait_timeout is 10
+
+
+def test_no_stale_value_after_an_invalidation_across_processes_under_faults(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    port = redis_client.connection_pool.connection_kwargs["port"]
+    completed: dict[int, list[tuple[float, int]]] = {key: [] for key in range(KEYS)}
+    figures: dict[str, Any] = {"faults": 0, "pauses": 0, "invalidations": 0, "refused": 0}
+    workers = Workers()
+    stop = threading.Event()
+    with ExitStack() as stack:
+        proxies = [stack.enter_context(FaultProxy(port)) for _ in range(PROCESSES)]
+        writer = Stampede.from_url(redis_url, namespace="stress", socket_timeout=2)
+        stack.callback(writer.close)
+        stack.callback(workers.stop_all)
+        invalidate = writer.cached_loader("item:{key}")(lambda key: None).invalidate
+        processes = [
+            workers.start(proxy.url, "--db-url", redis_url, "--threads", str(THREADS), "--keys", str(KEYS),
+                          "--seed", str(index), script=WORKER)  # fmt: skip
+            for index, proxy in enumerate(proxies)
+        ]
+        for process in processes:
+            workers.expect(process, "ready")
+        workers.go(processes)
+
+        def write() -> None:
+            rng = random.Random(5)
+            while not stop.wait(rng.uniform(0.005, 0.03)):
+                key = rng.randrange(KEYS)
+                version = int(redis_client.incr(f"db:{key}"))
+                try:
+                    invalidate(key)
+                except BackendUnavailable:
+                    figures["refused"] += 1  # not completed: it promises nothing
+                    continue
+                completed[key].append((time.monotonic(), version))
+                figures["invalidations"] += 1
+
+        def chaos() -> None:
+            rng = random.Random(11)
+            while not stop.wait(rng.uniform(0.05, 0.3)):
+                victim = rng.randrange(PROCESSES)
+                proxy, process = proxies[victim], processes[victim]
+                fault = rng.choice(NETWORK_FAULTS + ["pause"])
+                figures["faults"] += 1
+                if fault == "pause":
+                    figures["pauses"] += 1
+                    process.send_signal(signal.SIGSTOP)
+                    stop.wait(rng.uniform(0.2, 0.9))
+                    process.send_signal(signal.SIGCONT)
+                else:
+                    disturb(proxy, fault, 0.3, rng, stop)  # 0.3 s: past the workers' socket timeout
+
+        threads = [threading.Thread(target=write), threading.Thread(target=chaos)]
+        for thread in threads:
+            thread.start()
+        time.sleep(SECONDS)  # the run's length: workers, writer and chaos run meanwhile
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+        for proxy, process in zip(proxies, processes, strict=True):
+            process.send_signal(signal.SIGCONT)
+            proxy.flow()
+            proxy.delay = 0.0
+        results = [workers.result(process, timeout=60) for process in processes]
+
+    stale = []
+    for result in results:
+        for key, started, version in result["calls"]:
+            done = completed[key]
+            before = bisect.bisect_left(done, (started, -1))  # invalidations completed before the call
+            floor = max((v for _, v in done[:before]), default=0)
+            if version < floor:
+                stale.append((key, started, version, floor))
+    calls = sum(len(result["calls"]) for result in results)
+    figures.update(
+        calls=calls,
+        stale=len(stale),
+        hung=sum(result["hung"] for result in results),
+        wrong=sum(len(result["wrong"]) for result in results),
+        loads=sum(result["loads"] for result in results),
+        slowest=round(max(result["slowest"] for result in results), 3),
+        wait_timeouts=sum(result["stats"]["wait_timeouts"] for result in results),
+        stale_writes_prevented=sum(result["stats"]["stale_writes_prevented"] for result in results),
+    )
+    print(f"\ninvalidation stress {SECONDS:g} s: {figures}")
+    assert stale == [], stale[:10]
+    assert figures["hung"] == 0 and figures["wrong"] == 0, figures
+    assert figures["slowest"] < CALL_BOUND, figures
+    assert figures["wait_timeouts"] == 0, figures
+    assert calls > 1000 and figures["invalidations"] > 50 and figures["faults"] > 3, figures
+    assert figures["loads"] < calls / 2, figures  # the cache still collapsed the load
+    leftover = [key for key in redis_client.scan_iter("stress:*:lock") if redis_client.pttl(key) > 600]
+    assert leftover == []
