@@ -7,6 +7,7 @@ pause a server start their own (``own_server``).
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Callable, Iterator
 
@@ -89,3 +90,22 @@ def layer_of_each_backend(
     for layer in embedded:
         layer.close()
 
+
+
+@pytest.fixture
+def figures(request: pytest.FixtureRequest) -> Callable[..., None]:
+    """Records what a fault scenario measured, for ``loadtest/fault_figures.py``: one JSON
+    line appended to the file STAMPEDE_FIGURES names; nothing when it is unset. Recorded
+    before the test asserts, so a failing run still shows its numbers."""
+
+    def record(
+        scenario: str, *, worst: float, deadline: float, loads: int, bound: float | str, exceptions: str = "none"
+    ) -> None:
+        path = os.environ.get("STAMPEDE_FIGURES")
+        if path:
+            line = {"test": request.node.name, "scenario": scenario, "worst": worst, "deadline": deadline,
+                    "loads": loads, "bound": bound, "exceptions": exceptions}  # fmt: skip
+            with open(path, "a", encoding="utf-8") as file:
+                file.write(json.dumps(line) + "\n")
+
+    return record

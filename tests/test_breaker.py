@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -92,7 +92,9 @@ def timed(call: Any) -> tuple[Any, float]:
     return result, time.monotonic() - start
 
 
-def test_a_stalled_server_costs_threshold_socket_timeouts_then_none(own_server: RedisServer) -> None:
+def test_a_stalled_server_costs_threshold_socket_timeouts_then_none(
+    own_server: RedisServer, figures: Callable[..., None]
+) -> None:
     layer = Stampede.from_url(own_server.url, socket_timeout=0.3, socket_connect_timeout=0.3,
                               breaker_threshold=3, breaker_cooldown=1.0)  # fmt: skip
     calls: list[int] = []
@@ -104,6 +106,9 @@ def test_a_stalled_server_costs_threshold_socket_timeouts_then_none(own_server: 
         assert [value for value, _ in slow] == [1, 2, 3]
         assert all(elapsed >= 0.25 for _, elapsed in slow), slow  # each waited its socket timeout
         fast = [timed(lambda key=key: load(key)) for key in range(4, 24)]
+        figures("Redis paused (SIGSTOP), socket timeout 0.3 s, 23 calls (breaker threshold 3)",
+                worst=max(elapsed for _, elapsed in slow + fast), deadline=0.3 + 0.4,
+                loads=len(calls) - 1, bound="1 per call (no cache)")  # fmt: skip
         assert [value for value, _ in fast] == list(range(4, 24))  # served by the loader (fail open)
         assert max(elapsed for _, elapsed in fast) < 0.1, fast
 

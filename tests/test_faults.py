@@ -36,7 +36,7 @@ KEY, LOCK = "proc:{item:0}", "proc:{item:0}:lock"
 
 
 def test_a_holder_paused_past_its_lease_neither_overwrites_nor_releases_anothers_lock(
-    redis_url: str, redis_client: redis.Redis, make_layer: Callable[..., Stampede]
+    redis_url: str, redis_client: redis.Redis, make_layer: Callable[..., Stampede], figures: Callable[..., None]
 ) -> None:
     workers = Workers()
     lease = ["--lock-ttl", "0.6"]
@@ -52,8 +52,9 @@ def test_a_holder_paused_past_its_lease_neither_overwrites_nor_releases_anothers
         workers.expect(taker, "ready")
         workers.go([taker])
         took_over = workers.result(taker)
+        taken_over_in = time.monotonic() - stopped_at
         assert took_over["stats"]["takeovers"] == 1 and took_over["wrong"] == []
-        assert time.monotonic() - stopped_at < 5  # within about one lease, not wait_timeout
+        assert taken_over_in < 5  # within about one lease, not wait_timeout
 
         checker = make_layer(namespace="proc")
         read = checker.cached_loader("item:{key}")(lambda key: {"key": key, "by": "checker"})
@@ -68,6 +69,8 @@ def test_a_holder_paused_past_its_lease_neither_overwrites_nor_releases_anothers
 
         os.kill(paused.pid, signal.SIGCONT)
         resumed = workers.result(paused)
+        figures("lock holder SIGSTOPped past its lease (0.6 s), then resumed", worst=taken_over_in, deadline=5,
+                loads=int(redis_client.get("calls:0") or 0), bound=3)  # fmt: skip
         assert resumed["stats"]["stale_writes_prevented"] == 1  # its write was refused by token
         assert resumed["wrong"] == []  # its caller still got the value it loaded
         assert redis_client.get(LOCK) == lock_of_c  # C's lock untouched
@@ -82,7 +85,7 @@ def test_a_holder_paused_past_its_lease_neither_overwrites_nor_releases_anothers
 
 
 def test_redis_killed_and_restarted_mid_stampede(
-    own_server: RedisServer, redis_url: str, redis_client: redis.Redis
+    own_server: RedisServer, redis_url: str, redis_client: redis.Redis, figures: Callable[..., None]
 ) -> None:
     """Two processes of 8 threads on one cold key; the cache server is SIGKILLed while the
     holder loads and the other process waits on pub/sub, and restarted empty. Nobody
@@ -109,6 +112,9 @@ def test_redis_killed_and_restarted_mid_stampede(
         finished = time.monotonic() - killed_at
     finally:
         workers.stop_all()
+    figures("Redis SIGKILLed and restarted empty mid-stampede, 2 processes x 8 threads",
+            worst=max(result["max_latency"] for result in results), deadline=10,
+            loads=int(redis_client.get("calls:0") or 0), bound=3)  # fmt: skip
     assert all(result["wrong"] == [] and result["calls"] == 8 for result in results)
     assert 1 <= int(redis_client.get("calls:0") or 0) <= 3
     assert finished < 10  # within wait_timeout: nobody waited it out
@@ -117,7 +123,9 @@ def test_redis_killed_and_restarted_mid_stampede(
     cache.close()
 
 
-def test_a_loader_failing_under_load_is_never_run_twice_at_once(make_layer: Any, redis_client: redis.Redis) -> None:
+def test_a_loader_failing_under_load_is_never_run_twice_at_once(
+    make_layer: Any, redis_client: redis.Redis, figures: Callable[..., None]
+) -> None:
     """16 threads in two layers (two processes' worth of flight tables and subscribers)
     call a key whose loader always fails after 50 ms, for one second. Failures are not
     cached, so calls keep coming; but the lock lets one load run at a time, across
@@ -138,22 +146,29 @@ def test_a_loader_failing_under_load_is_never_run_twice_at_once(make_layer: Any,
 
     loads = [layer.cached_loader("failing:{key}")(failing) for layer in layers]
     outcomes: list[str] = []
+    worst = [0.0]
     stop_at = time.monotonic() + 1.0
 
     def caller(index: int) -> None:
         while time.monotonic() < stop_at:
+            started = time.monotonic()
             try:
                 loads[index % 2](1)
                 outcomes.append("value")
             except LookupError:
                 outcomes.append("error")
+            worst[0] = max(worst[0], time.monotonic() - started)
 
     threads = [threading.Thread(target=caller, args=(index,)) for index in range(16)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(10)
+    figures("loader raising on every call, 16 threads in 2 layers for 1 s (50 ms per load)", worst=worst[0],
+            deadline=1.0, loads=state["calls"], bound=int(1.0 / 0.05 + 2),
+            exceptions=f"the loader's LookupError ({len(outcomes)} of {len(outcomes)} calls)")  # fmt: skip
     assert state["most"] == 1
+    assert worst[0] < 1.0  # each caller waits for a load or two, never the lease or wait_timeout
     assert 5 <= state["calls"] <= 1.0 / 0.05 + 2, state
     assert outcomes and set(outcomes) == {"error"}
     assert not redis_client.exists(loads[0].key(1) + ":lock")
@@ -161,7 +176,7 @@ def test_a_loader_failing_under_load_is_never_run_twice_at_once(make_layer: Any,
 
 
 def test_connections_cut_mid_stampede(
-    proxy: FaultProxy, redis_client: redis.Redis, make_layer: Callable[..., Stampede]
+    proxy: FaultProxy, redis_client: redis.Redis, make_layer: Callable[..., Stampede], figures: Callable[..., None]
 ) -> None:
     """Two layers (two processes' worth) of 8 threads reach Redis through a proxy that
     cuts every connection while one layer loads and the other waits on pub/sub. Everyone
@@ -182,6 +197,8 @@ def test_connections_cut_mid_stampede(
         db.release.set()
         results = [future.result(15) for future in holders + waiters]
         elapsed = time.monotonic() - cut_at
+    figures("every connection cut mid-stampede, 2 layers x 8 threads", worst=elapsed, deadline=5,
+            loads=db.calls[1], bound=2)  # fmt: skip
     assert results == [{"id": 1}] * 16
     assert 1 <= db.calls[1] <= 2
     assert elapsed < 5, elapsed
@@ -189,7 +206,7 @@ def test_connections_cut_mid_stampede(
 
 
 def test_latency_beyond_the_socket_timeout_is_bounded_and_opens_the_circuit(
-    proxy: FaultProxy, make_layer: Callable[..., Stampede]
+    proxy: FaultProxy, make_layer: Callable[..., Stampede], figures: Callable[..., None]
 ) -> None:
     """The network becomes slower than the socket timeout: each call fails open within one
     socket timeout until the breaker opens, then at once; when the network recovers and
@@ -205,6 +222,8 @@ def test_latency_beyond_the_socket_timeout_is_bounded_and_opens_the_circuit(
         started = time.monotonic()
         assert load(key) == key  # served by the loader
         timings.append(time.monotonic() - started)
+    figures("network latency 0.5 s, socket timeout 0.2 s, 10 calls (breaker threshold 3)", worst=max(timings),
+            deadline=0.45, loads=len(calls) - 1, bound="1 per call (no cache)")  # fmt: skip
     assert max(timings) < 0.2 + 0.25, timings  # one socket timeout at most
     assert max(timings[4:]) < 0.05, timings  # the circuit is open: no waiting at all
     proxy.delay = 0.0

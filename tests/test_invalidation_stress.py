@@ -24,7 +24,7 @@ import threading
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import redis
 
@@ -41,11 +41,11 @@ CALL_BOUND = 5.0  # seconds: a pause lasts at most 0.9 s, wait_timeout is 10
 
 
 def test_no_stale_value_after_an_invalidation_across_processes_under_faults(
-    redis_url: str, redis_client: redis.Redis
+    redis_url: str, redis_client: redis.Redis, figures: Callable[..., None]
 ) -> None:
     port = redis_client.connection_pool.connection_kwargs["port"]
     completed: dict[int, list[tuple[float, int]]] = {key: [] for key in range(KEYS)}
-    figures: dict[str, Any] = {"faults": 0, "pauses": 0, "invalidations": 0, "refused": 0}
+    counts: dict[str, Any] = {"faults": 0, "pauses": 0, "invalidations": 0, "refused": 0}
     workers = Workers()
     stop = threading.Event()
     with ExitStack() as stack:
@@ -71,10 +71,10 @@ def test_no_stale_value_after_an_invalidation_across_processes_under_faults(
                 try:
                     invalidate(key)
                 except BackendUnavailable:
-                    figures["refused"] += 1  # not completed: it promises nothing
+                    counts["refused"] += 1  # not completed: it promises nothing
                     continue
                 completed[key].append((time.monotonic(), version))
-                figures["invalidations"] += 1
+                counts["invalidations"] += 1
 
         def chaos() -> None:
             rng = random.Random(11)
@@ -82,9 +82,9 @@ def test_no_stale_value_after_an_invalidation_across_processes_under_faults(
                 victim = rng.randrange(PROCESSES)
                 proxy, process = proxies[victim], processes[victim]
                 fault = rng.choice(NETWORK_FAULTS + ["pause"])
-                figures["faults"] += 1
+                counts["faults"] += 1
                 if fault == "pause":
-                    figures["pauses"] += 1
+                    counts["pauses"] += 1
                     process.send_signal(signal.SIGSTOP)
                     stop.wait(rng.uniform(0.2, 0.9))
                     process.send_signal(signal.SIGCONT)
@@ -113,7 +113,7 @@ def test_no_stale_value_after_an_invalidation_across_processes_under_faults(
             if version < floor:
                 stale.append((key, started, version, floor))
     calls = sum(len(result["calls"]) for result in results)
-    figures.update(
+    counts.update(
         calls=calls,
         stale=len(stale),
         hung=sum(result["hung"] for result in results),
@@ -123,12 +123,16 @@ def test_no_stale_value_after_an_invalidation_across_processes_under_faults(
         wait_timeouts=sum(result["stats"]["wait_timeouts"] for result in results),
         stale_writes_prevented=sum(result["stats"]["stale_writes_prevented"] for result in results),
     )
-    print(f"\ninvalidation stress {SECONDS:g} s: {figures}")
+    print(f"\ninvalidation stress {SECONDS:g} s: {counts}")
+    figures(f"invalidations racing loads, {PROCESSES} processes x {THREADS} threads, {KEYS} keys, "
+            f"cuts/latency/stalls/SIGSTOP, {SECONDS:g} s", worst=counts["slowest"], deadline=CALL_BOUND,
+            loads=counts["loads"], bound=f"< calls/2 ({calls} calls)",
+            exceptions=f"none; stale values {len(stale)} after {counts['invalidations']} invalidations")  # fmt: skip
     assert stale == [], stale[:10]
-    assert figures["hung"] == 0 and figures["wrong"] == 0, figures
-    assert figures["slowest"] < CALL_BOUND, figures
-    assert figures["wait_timeouts"] == 0, figures
-    assert calls > 1000 and figures["invalidations"] > 50 and figures["faults"] > 3, figures
-    assert figures["loads"] < calls / 2, figures  # the cache still collapsed the load
+    assert counts["hung"] == 0 and counts["wrong"] == 0, counts
+    assert counts["slowest"] < CALL_BOUND, counts
+    assert counts["wait_timeouts"] == 0, counts
+    assert calls > 1000 and counts["invalidations"] > 50 and counts["faults"] > 3, counts
+    assert counts["loads"] < calls / 2, counts  # the cache still collapsed the load
     leftover = [key for key in redis_client.scan_iter("stress:*:lock") if redis_client.pttl(key) > 600]
     assert leftover == []

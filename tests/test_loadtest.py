@@ -59,3 +59,13 @@ def test_the_short_locust_run_makes_one_query_per_key_per_expiry_window(tmp_path
     assert figures["max_queries_per_window"] == 1
     assert figures["windows"] >= 100  # TTL 1 s for 12 s over dozens of keys: expiries happened
     assert figures["requests"] >= 1000 and figures["failures"] == 0
+
+
+def test_the_fault_figures_script_runs_a_scenario_and_prints_its_row() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "loadtest" / "fault_figures.py"), "--rounds", "1", "-k", "policy_raise"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    row = [line for line in done.stdout.splitlines() if line.startswith('| Redis stopped, on_redis_error="raise"')]
+    assert len(row) == 1 and "BackendUnavailable" in row[0], done.stdout

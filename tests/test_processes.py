@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import redis
 
@@ -91,7 +91,7 @@ def test_two_hundred_cold_keys_are_loaded_two_hundred_times(redis_url: str, redi
 
 
 def test_a_killed_holder_is_taken_over_by_a_waiter_in_another_process(
-    redis_url: str, redis_client: redis.Redis
+    redis_url: str, redis_client: redis.Redis, figures: Callable[..., None]
 ) -> None:
     workers = Workers()
     try:
@@ -116,6 +116,8 @@ def test_a_killed_holder_is_taken_over_by_a_waiter_in_another_process(
     finally:
         workers.stop_all()
 
+    figures("lock holder SIGKILLed (lease 1 s), 2 processes x 4 threads waiting", worst=finished, deadline=10,
+            loads=int(redis_client.get("calls:0") or 0), bound=2)  # fmt: skip
     assert int(redis_client.get("calls:0") or 0) == 2  # the dead holder's and one takeover
     assert all(r["wrong"] == [] and r["calls"] == 4 for r in results)
     assert sum(r["stats"]["takeovers"] for r in results) == 1

@@ -20,7 +20,7 @@ import os
 import random
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import redis
 
@@ -35,15 +35,15 @@ SOCKET_TIMEOUT = 0.2
 CALL_BOUND = 5.0  # seconds: wait_timeout is 10, so a call this slow means a lost wake-up
 
 
-def test_soak_with_random_faults(redis_url: str, redis_client: redis.Redis) -> None:
+def test_soak_with_random_faults(redis_url: str, redis_client: redis.Redis, figures: Callable[..., None]) -> None:
     port = redis_client.connection_pool.connection_kwargs["port"]
     versions = [0] * KEYS  # the database: a version per key, bumped before an invalidation
     versions_lock = threading.Lock()
     loads = [0] * KEYS
     stop = threading.Event()
     problems: list[str] = []
-    figures = {"calls": 0, "faults": 0, "invalidations": 0, "backend_errors": 0, "slowest": 0.0}
-    figures_lock = threading.Lock()
+    counts = {"calls": 0, "faults": 0, "invalidations": 0, "backend_errors": 0, "slowest": 0.0}
+    counts_lock = threading.Lock()
 
     def query(key: int) -> dict[str, int]:
         with versions_lock:
@@ -74,9 +74,9 @@ def test_soak_with_random_faults(redis_url: str, redis_client: redis.Redis) -> N
                 except BackendUnavailable:
                     continue  # not with on_redis_error="load"; recorded as a problem below
                 elapsed = time.monotonic() - started
-                with figures_lock:
-                    figures["calls"] += 1
-                    figures["slowest"] = max(figures["slowest"], elapsed)
+                with counts_lock:
+                    counts["calls"] += 1
+                    counts["slowest"] = max(counts["slowest"], elapsed)
                     if value.get("key") != key:
                         problems.append(f"key {key} got {value}")
                     elif value["version"] < floor:
@@ -98,15 +98,15 @@ def test_soak_with_random_faults(redis_url: str, redis_client: redis.Redis) -> N
                     try:
                         loaders[layer].invalidate(key)
                     except BackendUnavailable:
-                        with figures_lock:
-                            figures["backend_errors"] += 1
+                        with counts_lock:
+                            counts["backend_errors"] += 1
                         continue  # not completed: it promises nothing
                     floors[key] = max(floors[key], version)
-                    with figures_lock:
-                        figures["invalidations"] += 1
+                    with counts_lock:
+                        counts["invalidations"] += 1
                     continue
-                with figures_lock:
-                    figures["faults"] += 1
+                with counts_lock:
+                    counts["faults"] += 1
 
         threads = [threading.Thread(target=caller, args=(index,)) for index in range(24)]
         threads.append(threading.Thread(target=chaos))
@@ -123,14 +123,18 @@ def test_soak_with_random_faults(redis_url: str, redis_client: redis.Redis) -> N
         for layer in layers:
             layer.close()
 
-    figures["loads"] = sum(loads)
-    figures["wait_timeouts"] = sum(s["wait_timeouts"] for s in stats)
-    figures["stale_writes_prevented"] = sum(s["stale_writes_prevented"] for s in stats)
-    print(f"\nsoak {SECONDS:g} s: {figures}")
+    counts["loads"] = sum(loads)
+    counts["wait_timeouts"] = sum(s["wait_timeouts"] for s in stats)
+    counts["stale_writes_prevented"] = sum(s["stale_writes_prevented"] for s in stats)
+    print(f"\nsoak {SECONDS:g} s: {counts}")
+    figures(f"soak: 3 layers x 8 threads, {KEYS} keys, cuts/latency/stalls, invalidations, {SECONDS:g} s",
+            worst=counts["slowest"], deadline=CALL_BOUND, loads=counts["loads"],
+            bound=f"< calls/2 ({counts['calls']} calls)",
+            exceptions=f"none; stale values {len(problems)} after {counts['invalidations']} invalidations")  # fmt: skip
     assert hung == [], f"hung: {hung}"
     assert problems == [], problems[:10]
-    assert figures["calls"] > 100 and figures["faults"] > 0 and figures["invalidations"] > 0, figures
-    assert figures["wait_timeouts"] == 0
-    assert figures["loads"] < figures["calls"] / 2, figures  # the cache still collapsed the load
+    assert counts["calls"] > 100 and counts["faults"] > 0 and counts["invalidations"] > 0, counts
+    assert counts["wait_timeouts"] == 0
+    assert counts["loads"] < counts["calls"] / 2, counts  # the cache still collapsed the load
     leftover: list[Any] = [key for key in redis_client.scan_iter("soak:*:lock") if redis_client.pttl(key) > 600]
     assert leftover == []  # a lock outliving its lease would mean a renewal that never stopped
