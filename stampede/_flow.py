@@ -14,7 +14,8 @@ Rules of the flow:
   lease, so a load that was in flight when it ran is never written over it; so is a load
   whose lease expired or was taken over. Such a value goes to the leader's caller only
   (``Context.unwritten``): callers who joined it in this process, perhaps after an
-  invalidation in another process, start over and read afresh.
+  invalidation in another process, start over and read afresh. So does a value whose
+  write failed (the connection cut mid-write): it may have been refused.
 * A waiter subscribes to the entry's channel *before* it re-checks, so a write between
   the re-check and the wait still wakes it. Any wake-up, spurious or not, leads to
   another ``Acquire``, which re-checks the value and takes over a dead holder's lock;
@@ -145,7 +146,12 @@ class Context:
     clock: Callable[[], float]  # monotonic seconds: deadlines, load duration
     wall_clock: Callable[[], float]  # epoch seconds: loaded_at in the envelope
     uniform: Callable[[float, float], float]  # TTL jitter
-    unwritten: bool = False  # set when the loaded value's write was refused (see _load_and_write)
+    unwritten: bool = False  # the loaded value's write was refused, or failed (see _load_and_write)
+    # The value came in a message: written by another process at some point after this
+    # flow subscribed, perhaps before an invalidation that a message still on its way
+    # would have announced. The driver shares it only with callers who arrived before
+    # the subscription (see _singleflight).
+    via_notice: bool = False
 
 
 @dataclass(frozen=True)
@@ -276,6 +282,7 @@ def fill(ctx: Context, miss: Miss | FailedRead = Miss.ABSENT) -> Flow:
             decoded = ctx.codec.decode(notice)
             if decoded.kind is not Kind.CORRUPT:
                 log.debug("%s: woken with the value", key)
+                ctx.via_notice = True
                 return decoded.value
         log.debug("%s: %s; re-checking", key, "no message" if notice is None else "state changed")
 
@@ -327,8 +334,11 @@ def _load_and_write(ctx: Context) -> Flow:
     try:
         written = yield WriteRelease(envelope, ttl, inline)
     except BackendUnavailable as error:
+        # The value is good for this caller; but whether the write ran, or was refused
+        # because an invalidation took the lease, is unknown: not for the joiners.
         _count_backend_error(ctx, error)
-        return value  # the value is good; only caching it failed
+        ctx.unwritten = True
+        return value
     except GeneratorExit:
         raise
     except BaseException:

@@ -27,6 +27,8 @@ leased load's joiners keep its value: they arrived before its write was sent, an
 sent after an invalidation is refused (the lease is gone; ``unwritten`` sends them back).
 A load without the lease (the cache unreachable) has no such guard, so those who arrive
 during it wait for the next one, which they share: still one load in flight per key.
+A value that came in another process's message was written some time after the leader
+subscribed, so it goes to those who arrived before the subscription (``via_notice``).
 
 Invariants of ``FlightTable``, all under its lock: a key maps to at most one open flight;
 a flight's ``done`` event exists once somebody joined it (most flights are hits nobody
@@ -46,11 +48,12 @@ import asyncio
 import threading
 from typing import Any
 
+from ._flow import Effect, Subscribe, produces_value
 from ._fork import reset_after_fork
 
 
 class Flight:
-    __slots__ = ("done", "value", "error", "timer", "unwritten", "sent")
+    __slots__ = ("done", "value", "error", "timer", "unwritten", "sent", "subscribed_at")
 
     def __init__(self) -> None:
         # threading.Event, or a list of (deadline, future); made by the first joiner
@@ -60,6 +63,20 @@ class Flight:
         self.timer: asyncio.TimerHandle | None = None  # asyncio: the earliest joiner's deadline
         self.unwritten = False  # the leader's value was loaded but its write refused; set before done
         self.sent = 0  # the leader's steps that may produce its value; bumped just before each
+        self.subscribed_at = 0  # ``sent`` when the leader subscribed to the entry's channel
+
+    def count(self, effect: Effect) -> None:
+        """The leader is about to perform ``effect``: count it if it may produce the value."""
+        if produces_value(effect):
+            self.sent += 1
+            if isinstance(effect, Subscribe):
+                self.subscribed_at = self.sent
+
+    def decided(self, via_notice: bool) -> None:
+        """The leader's flow returned its value; one from a message goes only to those
+        who arrived before the subscription."""
+        if via_notice:
+            self.sent = self.subscribed_at
 
     def starts_over(self, joined_at: int | None) -> bool:
         """Whether a joiner must start over instead of sharing the outcome: the leader was

@@ -26,7 +26,6 @@ from ._flow import (
     first_read,
     milliseconds,
     new_context,
-    produces_value,
 )
 from ._keys import EntryKeys
 from ._notify import Subscription
@@ -109,7 +108,7 @@ class SyncRunner:
 
     def _drive(self, flow: Flow, ctx: Context, loader: Callable[[], Any], flight: Flight | None = None) -> Any:
         """Perform the flow's effects until it returns; every exception goes back into it.
-        Each step that may produce the value is counted in the leader's ``flight.sent`` first."""
+        The leader's ``flight`` counts the steps that may produce the value (see Flight)."""
         keys, store = ctx.keys, self.store
         token = secrets.token_hex(16)
         lease_ms = milliseconds(ctx.settings.lock_ttl)
@@ -121,10 +120,12 @@ class SyncRunner:
                 try:
                     effect = flow.send(reply) if error is None else flow.throw(error)
                 except StopIteration as stop:
+                    if flight is not None:
+                        flight.decided(ctx.via_notice)
                     return stop.value
                 reply, error = None, None
-                if flight is not None and produces_value(effect):
-                    flight.sent += 1
+                if flight is not None:
+                    flight.count(effect)
                 try:
                     if isinstance(effect, Acquire):
                         reply = store.acquire(keys, token, lease_ms, effect.check_value)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -20,6 +21,17 @@ def wait_until(condition: Callable[[], Any], what: str = "condition", timeout: f
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.005)
+
+
+def parked_in(function: Callable[..., Any]) -> bool:
+    """Whether some thread is inside ``function`` now (blocked in it, as a rule)."""
+    code = function.__code__
+    for frame in sys._current_frames().values():
+        while frame is not None:
+            if frame.f_code is code:
+                return True
+            frame = frame.f_back  # type: ignore[assignment]
+    return False
 
 
 async def until(condition: Callable[[], Any], what: str = "condition", timeout: float = 5.0) -> None:

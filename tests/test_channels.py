@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from stampede._channels import Channels
+from stampede._flow import Acquire, AwaitNotice, Load, Release, Subscribe, WriteRelease
 from stampede._singleflight import AsyncFlightTable, Flight
 
 
@@ -119,3 +120,23 @@ def test_refused_writes_and_interruptions_send_everyone_back_but_errors_are_shar
     assert finished(sent=3, unwritten=True).starts_over(joined_at=None)
     assert finished(sent=2, error=KeyboardInterrupt()).starts_over(joined_at=0)
     assert not finished(sent=1, error=LookupError("down")).starts_over(joined_at=1)
+
+
+def test_the_leader_counts_the_steps_that_may_produce_its_value() -> None:
+    flight = Flight()
+    for effect in (Acquire(), Load(leased=True), WriteRelease(b"v", 1.0, True)):
+        flight.count(effect)
+    assert flight.sent == 2  # a leased load's value is decided by its write
+    flight.count(Load(leased=False))  # without the lease, the load itself decides
+    flight.count(Release())
+    assert flight.sent == 4
+
+
+def test_a_value_from_a_message_goes_only_to_who_arrived_before_the_subscription() -> None:
+    flight = Flight()
+    for effect in (Acquire(), Subscribe(), Acquire(), AwaitNotice(1.0), Acquire(), AwaitNotice(1.0)):
+        flight.count(effect)
+    flight.value = "v"
+    flight.decided(via_notice=True)
+    assert not flight.starts_over(joined_at=1)  # joined before the subscription
+    assert flight.starts_over(joined_at=3)  # joined during the first wait, before the re-check

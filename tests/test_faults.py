@@ -26,9 +26,10 @@ import pytest
 import redis
 
 from stampede import Stampede
+from stampede._notify import Subscription
 from stampede.testing import FaultProxy, RedisServer
 
-from .scenarios import commands_run, wait_until
+from .scenarios import commands_run, parked_in, wait_until
 from .test_behaviour import CountingLoader
 from .test_processes import Workers
 
@@ -273,3 +274,72 @@ def test_a_caller_arriving_after_an_invalidation_elsewhere_is_not_handed_an_earl
         assert late.result(5) == {"version": 2}
     assert load_a(1) == {"version": 2}
     assert db.calls[1] == 2
+
+
+
+def test_a_caller_joining_a_load_whose_write_fails_after_an_invalidation_elsewhere_reads_again(
+    proxy: FaultProxy, redis_client: redis.Redis, make_layer: Callable[..., Stampede]
+) -> None:
+    """B is loading version 1 when A updates the database to version 2 and invalidates; a
+    caller in B joins B's load after that. Then the network to B stalls and B's write
+    fails on its socket timeout, so B cannot know the write would have been refused. Its
+    own caller gets version 1 (its call began first); the late caller must not."""
+    layer_b = make_layer(proxy.url, namespace="failed-write", socket_timeout=0.3)
+    layer_a = make_layer(namespace="failed-write")
+    database = {"version": 1}
+    db = CountingLoader(result=lambda key: dict(database))
+    db.release.clear()
+    load_b = layer_b.cached_loader("doc:{key}")(db)
+    load_a = layer_a.cached_loader("doc:{key}")(db)
+    flights: Any = layer_b._runner.flights  # type: ignore[union-attr]
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(load_b, 1)
+        assert db.started.wait(5)
+        database["version"] = 2
+        load_a.invalidate(1)
+        late = pool.submit(load_b, 1)
+        wait_until(lambda: flights._flights[load_b.key(1)].done is not None, "the late caller to join")
+        proxy.stall()
+        db.release.set()
+        assert first.result(5) == {"version": 1}  # after the write's socket timeout
+        proxy.flow()
+        assert late.result(5) == {"version": 2}
+    assert db.calls[1] == 2
+    assert layer_b.stats()["redis_errors"] >= 1
+
+
+def test_a_value_in_a_message_goes_only_to_callers_who_arrived_before_the_subscription(
+    redis_client: redis.Redis, make_layer: Callable[..., Stampede]
+) -> None:
+    """Layer B waits for layer A's load. A message may arrive late: written before an
+    invalidation that completed before a caller of B arrived, and announced after it
+    (messages of one channel come in order). B's waiting leader gets such a message, which
+    the test publishes, in its second wait (after a "state changed" message and a
+    re-check); its own caller may have it (its call began before), but a caller who joined
+    B's flight during the first wait must read again, and gets A's write."""
+    layer_b = make_layer(namespace="late-message", lock_ttl=30, recheck_interval=30)
+    layer_a = make_layer(namespace="late-message", lock_ttl=30)
+    db = CountingLoader(result=lambda key: {"version": 2})
+    db.release.clear()
+    load_a = layer_a.cached_loader("doc:{key}")(db)
+    load_b = layer_b.cached_loader("doc:{key}")(db)
+    key = load_b.key(1)
+    flights: Any = layer_b._runner.flights  # type: ignore[union-attr]
+    with ThreadPoolExecutor(3) as pool:
+        holder = pool.submit(load_a, 1)
+        assert db.started.wait(5)
+        waiter = pool.submit(load_b, 1)
+        wait_until(lambda: parked_in(Subscription.wait), "B to wait for A's message")
+        late = pool.submit(load_b, 1)
+        flight = flights._flights[key]
+        wait_until(lambda: flight.done is not None, "the late caller to join")
+        commands = flight.sent  # GET, lock, subscribe, lock again
+        redis_client.publish(key + ":notify", b"")  # "state changed": B re-checks and waits again
+        wait_until(lambda: flight.sent > commands and parked_in(Subscription.wait), "B's second wait")
+        old = load_b._spec.codec.encode({"version": 1}, time.time(), 0.0, key=key)
+        redis_client.publish(key + ":notify", old)
+        assert waiter.result(5) == {"version": 1}
+        db.release.set()
+        assert holder.result(5) == {"version": 2}
+        assert late.result(5) == {"version": 2}
+    assert db.calls[1] == 1

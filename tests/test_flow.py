@@ -124,8 +124,10 @@ def test_a_waiter_subscribes_then_rechecks_then_waits_at_most_the_lease() -> Non
     assert step.reply(HELD) == Subscribe()
     assert step.reply(None) == Acquire(check_value=True)  # the re-check after subscribing
     assert step.reply(HELD) == AwaitNotice(timeout=4.0 + LEASE_MARGIN)
+    assert not ctx.via_notice
     step.reply(envelope("v"))
     assert step.done and step.result == "v"
+    assert ctx.via_notice  # so the driver shares it only with who arrived before the subscription
     assert ctx.stats.snapshot()["lock_waits"] == 1
 
 
@@ -271,6 +273,16 @@ def test_a_lost_lease_is_counted_and_the_value_still_returned() -> None:
     assert step.done and step.result == "v"
     assert ctx.stats.snapshot()["stale_writes_prevented"] == 1
     assert ctx.unwritten  # so the driver does not hand it to this process's joiners
+
+
+def test_a_failed_write_returns_the_value_but_not_to_joiners() -> None:
+    ctx, _ = make_ctx()
+    step = Stepper(fill(ctx))
+    step.reply(LOCKED)
+    assert isinstance(step.reply("v"), WriteRelease)
+    step.fail(BackendUnavailable("connection cut", key=KEYS.value))
+    assert step.done and step.result == "v"
+    assert ctx.unwritten  # the write may have been refused by an invalidation: joiners read again
 
 
 def test_a_corrupt_value_on_recheck_is_locked_over() -> None:
