@@ -6,6 +6,8 @@ from ._errors import (
     BackendUnavailable,
     ConfigError,
     InvalidKey,
+    LockLost,
+    LockNotOwned,
     SerializationError,
     StampedeError,
     ValueTooLarge,
@@ -13,6 +15,7 @@ from ._errors import (
 )
 from ._layer import Stampede, cached_loader, default_layer
 from ._loader import AsyncCachedLoader, CachedLoader
+from ._lock import Lock
 
 __version__ = "0.1.0"
 
@@ -24,6 +27,8 @@ __all__ = [
     "cached_loader",
     "default_layer",
     "Settings",
+    # named locks
+    "Lock",
     # values
     "Serializer",
     "JsonSerializer",
@@ -35,4 +40,6 @@ __all__ = [
     "ValueTooLarge",
     "WaitTimeout",
     "BackendUnavailable",
+    "LockNotOwned",
+    "LockLost",
 ]

@@ -78,9 +78,23 @@ class AsyncRedisStore:
             )
         return bool(written)
 
-    async def release(self, keys: EntryKeys, token: str) -> None:
+    async def release(self, keys: EntryKeys, token: str) -> bool:
         with translated("release the lock of", keys.value, self.breaker):
-            await self._send(keys.value, self._scripts.release, keys=[keys.lock], args=[token, keys.channel])
+            return bool(
+                await self._send(keys.value, self._scripts.release, keys=[keys.lock], args=[token, keys.channel])
+            )
+
+    async def holder(self, keys: EntryKeys) -> str | None:
+        with translated("read the lock of", keys.lock, self.breaker):
+            token = await self._send(keys.lock, self.client.get, keys.lock)
+        return None if token is None else bytes(token).decode(errors="replace")
+
+    async def take_lock(self, keys: EntryKeys, token: str, lease_ms: int) -> AcquireReply:
+        with translated("lock", keys.lock, self.breaker):
+            reply = await self._send(
+                keys.lock, self._scripts.take_lock, keys=[keys.value, keys.lock], args=[token, lease_ms]
+            )
+        return acquire_reply(reply)
 
     async def invalidate(self, keys: EntryKeys) -> None:
         with translated("invalidate", keys.value, self.breaker):

@@ -140,6 +140,10 @@ class AsyncRunner:
     def _context(self, value_key: str, spec: LoaderSpec) -> Context:
         return new_context(value_key, spec, self._stats, self._warn)
 
+    def loop_store(self) -> AsyncStore:
+        """The running event loop's store."""
+        return self._state().store
+
     async def invalidate(self, keys: EntryKeys) -> None:
         await self._state().store.invalidate(keys)
 

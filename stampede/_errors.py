@@ -38,6 +38,16 @@ class WaitTimeout(StampedeError, TimeoutError):
     """A caller waited ``wait_timeout`` for another caller's load and policy is "raise"."""
 
 
+class LockNotOwned(StampedeError, RuntimeError):
+    """A named lock was released or extended by a caller that does not hold it."""
+
+
+class LockLost(LockNotOwned):
+    """A named lock's lease ran out, or was taken, while its holder still thought it held
+    it: the work done under it may have overlapped another holder's. Raised when the
+    holder releases or extends it (leaving a ``with`` block, too)."""
+
+
 class BackendUnavailable(StampedeError, ConnectionError):
     """Redis did not answer, or answered with an error, and policy is "raise".
 

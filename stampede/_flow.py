@@ -128,6 +128,7 @@ class AcquireReply:
     state: LockState
     raw: bytes | None = None
     lease_left: float = 0.0  # seconds, for HELD
+    fence: int = 0  # a named lock's fencing token, for LOCKED by ``take_lock``
 
 
 # --- the context of one miss ---------------------------------------------------------

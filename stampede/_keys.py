@@ -50,6 +50,21 @@ class EntryKeys:
         return cls(value_key, value_key + ":lock", value_key + ":notify")
 
 
+def lock_keys(namespace: str, name: str, max_key_length: int) -> EntryKeys:
+    """The keys of the named lock ``name``: its lease, its channel and, in the place of a
+    value, its fencing counter. The entry starts with ``~lock:``, which no template (no
+    ``~`` allowed) and no argument (``~`` is escaped; values start ``~x`` or ``~`` and JSON)
+    can produce, so a named lock never shares a key with a cache entry."""
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"a lock name must be a non-empty str, got {name!r}")
+    entry = "~lock:" + escape(name)
+    if len(entry) > max_key_length:
+        digest = hashlib.sha256(entry.encode()).hexdigest()[:_HASH_CHARS]
+        entry = entry[: max_key_length - _HASH_CHARS - 1] + "#" + digest
+    base = f"{namespace}:{{{entry}}}"
+    return EntryKeys(base + ":fence", base + ":lock", base + ":notify")
+
+
 def escape(text: str) -> str:
     """Percent-escape the characters that could forge a separator or a hash tag."""
     if _ESCAPED.search(text) is None:

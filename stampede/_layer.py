@@ -24,8 +24,9 @@ from ._codec import Codec, Serializer
 from ._config import Policy, Settings, check_namespace
 from ._errors import ConfigError
 from ._flow import LoaderSpec
-from ._keys import KeyBuilder
+from ._keys import KeyBuilder, lock_keys
 from ._loader import AsyncCachedLoader, CachedLoader, P
+from ._lock import Lock
 from ._memory import AsyncMemoryStore, MemoryStore
 from ._observe import RateLimitedLog, Stats
 from ._redis import RedisStore
@@ -157,6 +158,37 @@ class Stampede:
         )
         codec = self._codec if serializer is None else Codec(serializer)
         return LoaderDecorator(self, template, settings, codec)
+
+    def lock(
+        self,
+        name: str,
+        *,
+        ttl: float | None = None,
+        blocking: bool = True,
+        timeout: float | None = None,
+        retry_interval: float | None = None,
+        retries: int | None = None,
+        renew: bool = True,
+    ) -> Lock:
+        """A named lock in this layer's store (see ``Lock``): ``with layer.lock("report"):``
+        or ``async with``. ``ttl`` (default: the layer's lock_ttl) is the lease, renewed
+        every ttl/3 while held unless ``renew`` is False. A blocking acquire waits for a
+        release message, up to ``timeout`` seconds (None: no limit); ``retry_interval``
+        makes it poll instead, and ``retries`` bounds the number of tries after the first."""
+        return Lock(
+            name,
+            lock_keys(self.namespace, name, self.settings.max_key_length),
+            ttl=self.settings.lock_ttl if ttl is None else ttl,
+            blocking=blocking,
+            timeout=timeout,
+            retry_interval=retry_interval,
+            retries=retries,
+            renew=renew,
+            recheck_interval=self.settings.recheck_interval,
+            store=self._runner.store if self._runner is not None else None,
+            async_store=self._async_runner.loop_store if self._async_runner is not None else None,
+            watchdog=self._watchdog,
+        )
 
     def _forget(self, key: str) -> None:
         """After an invalidation: callers of every kind in this process read afresh."""

@@ -34,6 +34,7 @@ class MemoryStore:
             maxsize=max_entries, ttu=lambda _key, item, _now: item[1], timer=clock
         )
         self._leases: dict[str, tuple[str, float]] = {}  # lock key -> (token, expires_at)
+        self._fences: dict[str, int] = {}  # a named lock's fence key -> the last token drawn
         self._mailboxes: dict[str, set[Mailbox]] = {}
         reset_after_fork(self)
 
@@ -77,11 +78,28 @@ class MemoryStore:
             self._publish(keys, envelope if inline else b"")
             return True
 
-    def release(self, keys: EntryKeys, token: str) -> None:
+    def release(self, keys: EntryKeys, token: str) -> bool:
         with self._lock:
-            if self._holds(keys, token, self._clock()):
-                del self._leases[keys.lock]
-                self._publish(keys, b"")
+            if not self._holds(keys, token, self._clock()):
+                return False
+            del self._leases[keys.lock]
+            self._publish(keys, b"")
+            return True
+
+    def holder(self, keys: EntryKeys) -> str | None:
+        with self._lock:
+            lease = self._live_lease(keys, self._clock())
+        return None if lease is None else lease[0]
+
+    def take_lock(self, keys: EntryKeys, token: str, lease_ms: int) -> AcquireReply:
+        now = self._clock()
+        with self._lock:
+            holder = self._live_lease(keys, now)
+            if holder is not None:
+                return AcquireReply(LockState.HELD, lease_left=holder[1] - now)
+            self._leases[keys.lock] = (token, now + lease_ms / 1000)
+            fence = self._fences[keys.value] = self._fences.get(keys.value, 0) + 1
+            return AcquireReply(LockState.LOCKED, fence=fence)
 
     def invalidate(self, keys: EntryKeys) -> None:
         with self._lock:
@@ -149,8 +167,14 @@ class AsyncMemoryStore:
     async def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> bool:
         return self._store.write_release(keys, token, envelope, ttl_ms, inline)
 
-    async def release(self, keys: EntryKeys, token: str) -> None:
-        self._store.release(keys, token)
+    async def release(self, keys: EntryKeys, token: str) -> bool:
+        return self._store.release(keys, token)
+
+    async def take_lock(self, keys: EntryKeys, token: str, lease_ms: int) -> AcquireReply:
+        return self._store.take_lock(keys, token, lease_ms)
+
+    async def holder(self, keys: EntryKeys) -> str | None:
+        return self._store.holder(keys)
 
     async def invalidate(self, keys: EntryKeys) -> None:
         self._store.invalidate(keys)

@@ -51,7 +51,7 @@ def acquire_reply(reply: Any) -> AcquireReply:
     if state == 1:
         return AcquireReply(LockState.VALUE, reply[1])
     if state == 2:
-        return AcquireReply(LockState.LOCKED)
+        return AcquireReply(LockState.LOCKED, fence=int(reply[1]) if len(reply) > 1 else 0)
     return AcquireReply(LockState.HELD, lease_left=max(int(reply[1]), 0) / 1000)
 
 
@@ -65,6 +65,7 @@ class Scripts:
         self.renew = client.register_script(_scripts.RENEW)
         self.release = client.register_script(_scripts.RELEASE)
         self.invalidate = client.register_script(_scripts.INVALIDATE)
+        self.take_lock = client.register_script(_scripts.TAKE_LOCK)
 
 
 def check_client(client: Any) -> None:
@@ -112,9 +113,19 @@ class RedisStore:
             )
         return bool(written)
 
-    def release(self, keys: EntryKeys, token: str) -> None:
+    def release(self, keys: EntryKeys, token: str) -> bool:
         with translated("release the lock of", keys.value, self.breaker):
-            self._scripts.release(keys=[keys.lock], args=[token, keys.channel])
+            return bool(self._scripts.release(keys=[keys.lock], args=[token, keys.channel]))
+
+    def holder(self, keys: EntryKeys) -> str | None:
+        with translated("read the lock of", keys.lock, self.breaker):
+            token: Any = self.client.get(keys.lock)
+        return None if token is None else bytes(token).decode(errors="replace")
+
+    def take_lock(self, keys: EntryKeys, token: str, lease_ms: int) -> AcquireReply:
+        with translated("lock", keys.lock, self.breaker):
+            reply: Any = self._scripts.take_lock(keys=[keys.value, keys.lock], args=[token, lease_ms])
+        return acquire_reply(reply)
 
     def invalidate(self, keys: EntryKeys) -> None:
         with translated("invalidate", keys.value, self.breaker):

@@ -49,7 +49,8 @@ return 0
 """
 
 RELEASE = """
--- Release the lock without writing (the loader raised), and wake the waiters to retry.
+-- Release the lock without writing (the loader raised, or a named lock's holder is done),
+-- and wake the waiters to retry.
 -- KEYS[1] lock key; ARGV[1] token, ARGV[2] channel
 -- Returns 1: released; 0: the lock was not ours any more
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -58,6 +59,19 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   return 1
 end
 return 0
+"""
+
+TAKE_LOCK = """
+-- Take a named lock and draw its fencing token, in one step.
+-- KEYS[1] fence counter key (never expires), KEYS[2] lock key
+-- ARGV[1] token, ARGV[2] lease in ms
+-- Returns {2, fence}: the lock is now held with our token; fence is one more than the
+--                     last one drawn for this lock, so a later holder's is always greater
+--         {3, pttl}: another holder has the lock for pttl more ms
+if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {2, redis.call('INCR', KEYS[1])}
+end
+return {3, redis.call('PTTL', KEYS[2])}
 """
 
 INVALIDATE = """

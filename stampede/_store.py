@@ -33,8 +33,16 @@ class Store(Protocol):
         """If ``token`` still holds the lease: write, release, wake waiters (with the
         envelope if ``inline``) and return True; else write nothing and return False."""
 
-    def release(self, keys: EntryKeys, token: str) -> None:
-        """Release the lease if ``token`` holds it, and wake waiters to re-check."""
+    def release(self, keys: EntryKeys, token: str) -> bool:
+        """Release the lease if ``token`` holds it, wake waiters to re-check, and return
+        True; return False if the lease was not ``token``'s."""
+
+    def take_lock(self, keys: EntryKeys, token: str, lease_ms: int) -> AcquireReply:
+        """Take a named lock (LOCKED, with the next fencing token from ``keys.value``) or
+        report how long the holder's lease has left (HELD)."""
+
+    def holder(self, keys: EntryKeys) -> str | None:
+        """The token holding the lease, or None."""
 
     def invalidate(self, keys: EntryKeys) -> None:
         """Delete the value and any lease, and wake waiters to re-check."""
@@ -59,7 +67,11 @@ class AsyncStore(Protocol):
         self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool
     ) -> bool: ...
 
-    async def release(self, keys: EntryKeys, token: str) -> None: ...
+    async def release(self, keys: EntryKeys, token: str) -> bool: ...
+
+    async def take_lock(self, keys: EntryKeys, token: str, lease_ms: int) -> AcquireReply: ...
+
+    async def holder(self, keys: EntryKeys) -> str | None: ...
 
     async def invalidate(self, keys: EntryKeys) -> None: ...
 

@@ -52,15 +52,20 @@ class Watchdog:
     @contextmanager
     def guard(self, store: Store, keys: EntryKeys, token: str, lease_ms: int) -> Iterator[Lease]:
         """Keep the lease renewed for the duration of the ``with`` block."""
+        lease = self.watch(store, keys, token, lease_ms)
+        try:
+            yield lease
+        finally:
+            lease.active = False  # dropped from the heap when it comes due
+
+    def watch(self, store: Store, keys: EntryKeys, token: str, lease_ms: int) -> Lease:
+        """Keep the lease renewed until its ``active`` is set False."""
         lease = Lease(store, keys, token, lease_ms, time.monotonic() + lease_ms / 3000)
         with self._lock:
             self._start_thread()
             heapq.heappush(self._heap, (lease.due, next(self._order), lease))
             self._changed.notify()
-        try:
-            yield lease
-        finally:
-            lease.active = False  # dropped from the heap when it comes due
+        return lease
 
     def close(self) -> None:
         with self._lock:
@@ -121,9 +126,6 @@ def next_renewal(keys: EntryKeys, lease_ms: int, outcome: bool | BackendUnavaila
         log.warning("stampede: cannot renew the lease of %r (%s); retrying", keys.value, outcome)
         return interval / 2
     if not outcome:
-        log.warning(
-            "stampede: the lease of %r was lost (invalidated or expired); its result will not be written",
-            keys.value,
-        )
+        log.warning("stampede: the lease of %r was lost (invalidated, expired or taken over)", keys.lock)
         return None
     return interval

@@ -51,3 +51,9 @@ def test_the_orm_example_caches_rows_as_their_own_type(redis_url: str) -> None:
         out = run("examples/orm_sqlalchemy.py", "--threads", "30", *backend)
         assert "a cold product                         30 threads: 1 SELECT" in out
         assert out.rstrip().endswith("OK")
+
+
+def test_the_fencing_example_refuses_the_paused_holders_late_write(redis_url: str) -> None:
+    for backend in ([], ["--redis", redis_url]):
+        out = run("examples/fencing.py", *backend)
+        assert "accepted: False" in out and out.rstrip().endswith("OK")

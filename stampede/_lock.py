@@ -1,0 +1,364 @@
+"""Named locks: the cache's distributed lock as an API of its own.
+
+``layer.lock(name)`` is a lease in the layer's store with a random token, taken by one
+script that also draws a fencing token, released and extended only by compare-and-act
+scripts, and renewed while held (the layer's watchdog thread, or a task per lock for
+asyncio callers). What makes the textbook Redis locks fail cannot happen here:
+
+* no SETNX-then-EXPIRE: the lease and its expiry are set in one command, so a holder that
+  dies at any point leaves a lock that expires within ``ttl``;
+* no release by a holder whose lease has run out: release and extend compare the token
+  and act in one script; a holder that finds its lease gone gets ``LockLost``;
+* no timestamp locks (SETNX + GETSET): expiry is the server's, no client clock decides;
+* no sleep-spinning: a waiter subscribes to the lock's channel and is woken by the
+  release, re-checking at the latest when the holder's lease would end;
+* no lease shorter than the work: it is renewed every ttl/3 while held;
+* a holder paused past its lease cannot be told apart by the lock alone, so every
+  acquisition returns a fencing token, one greater than any before it for this name,
+  which the protected resource can check to refuse a paused ex-holder's late write.
+
+The decisions of acquiring are ``acquiring``, written once (no I/O); ``Lock`` performs
+them with blocking calls or with awaits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Generator, Union
+
+from ._anotify import AsyncSubscription
+from ._async import keep_renewed
+from ._errors import ConfigError, LockLost, LockNotOwned, WaitTimeout
+from ._flow import LEASE_MARGIN, AcquireReply, AwaitNotice, LockState, Subscribe, milliseconds
+from ._keys import EntryKeys
+from ._notify import Subscription
+from ._store import AsyncStore, Store
+from ._watchdog import Lease, Watchdog
+
+log = logging.getLogger("stampede")
+
+
+@dataclass(frozen=True, slots=True)
+class TakeLock:
+    """Try to take the lock. Reply: ``AcquireReply`` (LOCKED with the fence, or HELD)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """Sleep before the next try (bounded polling, when the caller asked for it). Reply: None."""
+
+    seconds: float
+
+
+LockEffect = Union[TakeLock, Subscribe, AwaitNotice, Pause]
+Acquiring = Generator[LockEffect, Any, Union[int, None]]
+
+
+def acquiring(
+    blocking: bool,
+    timeout: float | None,
+    retry_interval: float | None,
+    retries: int | None,
+    recheck_interval: float,
+    clock: Callable[[], float] = time.monotonic,
+) -> Acquiring:
+    """Take the lock: once if not ``blocking``; else until taken, ``timeout`` has passed,
+    or ``retries`` more tries have failed. Returns the fencing token, or None.
+
+    Without ``retry_interval`` a waiter subscribes to the lock's channel, tries once more
+    (a release between the first try and the subscription is not missed), then waits for
+    a release message, at most the holder's remaining lease or ``recheck_interval``. With
+    it, the waiter polls every ``retry_interval`` and never subscribes."""
+    deadline = None if timeout is None else clock() + timeout
+    subscribed = False
+    tries_left = retries
+    while True:
+        reply: AcquireReply = yield TakeLock()
+        if reply.state is LockState.LOCKED:
+            return reply.fence
+        if not blocking:
+            return None
+        remaining = None if deadline is None else deadline - clock()
+        if remaining is not None and remaining <= 0:
+            return None
+        if retry_interval is None and not subscribed:
+            yield Subscribe()
+            subscribed = True
+            continue
+        if tries_left is not None:
+            if tries_left <= 0:
+                return None
+            tries_left -= 1
+        if retry_interval is not None:
+            yield Pause(retry_interval if remaining is None else min(retry_interval, remaining))
+            continue
+        wait = recheck_interval
+        if reply.lease_left > 0:
+            wait = min(wait, reply.lease_left + LEASE_MARGIN)
+        yield AwaitNotice(wait if remaining is None else min(wait, remaining))
+
+
+class Lock:
+    """A named lock over a layer's store, for threads (``with``, ``acquire``) and for
+    tasks (``async with``, ``aacquire``). One object is one holder: make one per use
+    (``layer.lock(name)`` is cheap); it is not shared between threads or tasks.
+
+    ``fence`` is the fencing token of the current acquisition: greater than that of every
+    earlier acquisition of this name, in any process.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        keys: EntryKeys,
+        *,
+        ttl: float,
+        blocking: bool,
+        timeout: float | None,
+        retry_interval: float | None,
+        retries: int | None,
+        renew: bool,
+        recheck_interval: float,
+        store: Store | None,
+        async_store: Callable[[], AsyncStore] | None,
+        watchdog: Watchdog,
+    ) -> None:
+        if ttl <= 0:
+            raise ConfigError(f"lock {name!r}: ttl must be > 0, got {ttl!r}")
+        for option, value in (("timeout", timeout), ("retry_interval", retry_interval)):
+            if value is not None and value < 0:
+                raise ConfigError(f"lock {name!r}: {option} must be >= 0 or None, got {value!r}")
+        if retries is not None and retries < 0:
+            raise ConfigError(f"lock {name!r}: retries must be >= 0 or None, got {retries!r}")
+        self.name = name
+        self.keys = keys
+        self.ttl = ttl
+        self.blocking = blocking
+        self.timeout = timeout
+        self.retry_interval = retry_interval
+        self.retries = retries
+        self.renew = renew
+        self._recheck_interval = recheck_interval
+        self._store = store
+        self._async_store = async_store
+        self._watchdog = watchdog
+        self.token: str | None = None  # ours while held
+        self.fence: int | None = None
+        self._lease: Lease | None = None  # the watchdog's record, for blocking holders
+        self._renewal: asyncio.Future[None] | None = None  # the renewal task, for async holders
+
+    def __repr__(self) -> str:
+        state = f"held, fence {self.fence}" if self.token else "not held"
+        return f"<Lock {self.name!r} {state}>"
+
+    # --- blocking ---------------------------------------------------------------------
+
+    def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
+        """Take the lock; True once held, False if not blocking or out of time or tries."""
+        store = self._blocking_store()
+        if self.token is not None:
+            raise LockNotOwned(f"lock {self.name!r} is already held by this Lock object", key=self.keys.lock)
+        token = secrets.token_hex(16)
+        flow = self._acquiring(blocking, timeout)
+        subscription: Subscription | None = None
+        reply: Any = None
+        try:
+            while True:
+                try:
+                    effect = flow.send(reply)
+                except StopIteration as stop:
+                    fence = stop.value
+                    break
+                reply = None
+                if isinstance(effect, TakeLock):
+                    reply = store.take_lock(self.keys, token, milliseconds(self.ttl))
+                elif isinstance(effect, Subscribe):
+                    subscription = store.subscribe(self.keys)
+                elif isinstance(effect, AwaitNotice):
+                    assert subscription is not None
+                    subscription.wait(effect.timeout)
+                else:
+                    time.sleep(effect.seconds)
+        except BaseException:
+            if isinstance(reply, AcquireReply) and reply.state is LockState.LOCKED:
+                store.release(self.keys, token)  # interrupted just after taking it
+            raise
+        finally:
+            if subscription is not None:
+                subscription.close()
+        if fence is None:
+            return False
+        self.token, self.fence = token, fence
+        if self.renew:
+            self._lease = self._watchdog.watch(store, self.keys, token, milliseconds(self.ttl))
+        log.debug("lock %r acquired (fence %d)", self.name, fence)
+        return True
+
+    def release(self) -> None:
+        """Give the lock up. LockNotOwned if this object does not hold it; LockLost if its
+        lease had already run out or been taken (the work under it was not protected)."""
+        store = self._blocking_store()
+        token = self._give_up()
+        if not store.release(self.keys, token):
+            raise self._lost("released")
+
+    def extend(self, ttl: float | None = None) -> None:
+        """Reset the lease to ``ttl`` (default: the lock's) from now; LockLost if it is gone."""
+        store = self._blocking_store()
+        token = self._held_token()
+        if not store.renew(self.keys, token, milliseconds(ttl or self.ttl)):
+            self._give_up()
+            raise self._lost("extended")
+
+    def locked(self) -> bool:
+        """Whether anyone holds the lock now."""
+        return self._blocking_store().holder(self.keys) is not None
+
+    def owned(self) -> bool:
+        """Whether this object holds the lock now, by the server's account."""
+        return self.token is not None and self._blocking_store().holder(self.keys) == self.token
+
+    def __enter__(self) -> Lock:
+        if not self.acquire():
+            raise self._timed_out()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, traceback: Any) -> None:
+        try:
+            self.release()
+        except LockLost:
+            if exc_type is None:
+                raise
+            log.warning("stampede: lock %r was lost while its block raised %s", self.name, exc_type.__name__)
+
+    # --- asyncio ----------------------------------------------------------------------
+
+    async def aacquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
+        """``acquire`` for a task."""
+        store = self._loop_store()
+        if self.token is not None:
+            raise LockNotOwned(f"lock {self.name!r} is already held by this Lock object", key=self.keys.lock)
+        token = secrets.token_hex(16)
+        flow = self._acquiring(blocking, timeout)
+        subscription: AsyncSubscription | None = None
+        reply: Any = None
+        try:
+            while True:
+                try:
+                    effect = flow.send(reply)
+                except StopIteration as stop:
+                    fence = stop.value
+                    break
+                reply = None
+                if isinstance(effect, TakeLock):
+                    reply = await store.take_lock(self.keys, token, milliseconds(self.ttl))
+                elif isinstance(effect, Subscribe):
+                    subscription = await store.subscribe(self.keys)
+                elif isinstance(effect, AwaitNotice):
+                    assert subscription is not None
+                    await subscription.wait(effect.timeout)
+                else:
+                    await asyncio.sleep(effect.seconds)
+        except BaseException:
+            if isinstance(reply, AcquireReply) and reply.state is LockState.LOCKED:
+                await asyncio.shield(store.release(self.keys, token))  # cancelled just after taking it
+            raise
+        finally:
+            if subscription is not None:
+                subscription.close()
+        if fence is None:
+            return False
+        self.token, self.fence = token, fence
+        if self.renew:
+            self._renewal = asyncio.ensure_future(keep_renewed(store, self.keys, token, milliseconds(self.ttl)))
+        return True
+
+    async def arelease(self) -> None:
+        """``release`` for a task."""
+        store = self._loop_store()
+        token = self._give_up()
+        if not await asyncio.shield(store.release(self.keys, token)):
+            raise self._lost("released")
+
+    async def aextend(self, ttl: float | None = None) -> None:
+        """``extend`` for a task."""
+        store = self._loop_store()
+        token = self._held_token()
+        if not await store.renew(self.keys, token, milliseconds(ttl or self.ttl)):
+            self._give_up()
+            raise self._lost("extended")
+
+    async def alocked(self) -> bool:
+        return await self._loop_store().holder(self.keys) is not None
+
+    async def aowned(self) -> bool:
+        return self.token is not None and await self._loop_store().holder(self.keys) == self.token
+
+    async def __aenter__(self) -> Lock:
+        if not await self.aacquire():
+            raise self._timed_out()
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: Any, traceback: Any) -> None:
+        try:
+            await self.arelease()
+        except LockLost:
+            if exc_type is None:
+                raise
+            log.warning("stampede: lock %r was lost while its block raised %s", self.name, exc_type.__name__)
+
+    # --- shared -----------------------------------------------------------------------
+
+    def _acquiring(self, blocking: bool | None, timeout: float | None) -> Acquiring:
+        return acquiring(
+            self.blocking if blocking is None else blocking,
+            self.timeout if timeout is None else timeout,
+            self.retry_interval,
+            self.retries,
+            self._recheck_interval,
+        )
+
+    def _held_token(self) -> str:
+        if self.token is None:
+            raise LockNotOwned(f"lock {self.name!r} is not held by this Lock object", key=self.keys.lock)
+        return self.token
+
+    def _give_up(self) -> str:
+        """Forget the acquisition (stopping its renewal) and return its token."""
+        token = self._held_token()
+        self.token = self.fence = None
+        if self._lease is not None:
+            self._lease.active = False
+            self._lease = None
+        if self._renewal is not None:
+            self._renewal.cancel()
+            self._renewal = None
+        return token
+
+    def _lost(self, what: str) -> LockLost:
+        return LockLost(
+            f"lock {self.name!r} could not be {what}: its lease had run out or been taken over, "
+            "so the work done under it may have overlapped another holder's",
+            key=self.keys.lock,
+        )
+
+    def _timed_out(self) -> WaitTimeout:
+        return WaitTimeout(
+            f"could not acquire lock {self.name!r} (blocking={self.blocking}, timeout={self.timeout}, "
+            f"retries={self.retries})",
+            key=self.keys.lock,
+        )
+
+    def _blocking_store(self) -> Store:
+        if self._store is None:
+            raise ConfigError(f"lock {self.name!r}: this layer has no blocking client; use the async methods")
+        return self._store
+
+    def _loop_store(self) -> AsyncStore:
+        if self._async_store is None:
+            raise ConfigError(f"lock {self.name!r}: this layer has no asyncio client; use the blocking methods")
+        return self._async_store()

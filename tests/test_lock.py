@@ -1,0 +1,265 @@
+"""Named locks (``layer.lock``): mutual exclusion, fencing, waiting, leases, errors; blocking
+and asyncio holders, over Redis and the embedded store."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+import pytest
+import redis
+
+from stampede import ConfigError, LockLost, LockNotOwned, Stampede, WaitTimeout, _scripts
+from stampede._memory import MemoryStore
+from stampede.testing import CommandMonitor
+
+from .scenarios import wait_until
+
+TAKE_LOCK_SHA = hashlib.sha1(_scripts.TAKE_LOCK.encode()).hexdigest()
+
+
+def counted_increments(layers: list[Stampede], threads: int, rounds: int) -> tuple[int, list[int]]:
+    """``threads`` threads over ``layers`` each add 1 to a shared counter ``rounds`` times,
+    by read, pause, write: a lost update shows as a total below threads x rounds. Returns
+    the total and the fences, in the order the critical sections ran."""
+    counter = {"value": 0}
+    fences: list[int] = []
+
+    def work(index: int) -> None:
+        layer = layers[index % len(layers)]
+        for _ in range(rounds):
+            with layer.lock("counter", timeout=10) as lock:
+                seen = counter["value"]
+                time.sleep(0.0005)  # the window a second holder would use
+                counter["value"] = seen + 1
+                assert lock.fence is not None
+                fences.append(lock.fence)
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(work, range(threads)))
+    return counter["value"], fences
+
+
+def test_one_holder_at_a_time_and_fences_grow_with_every_acquisition(
+    layer_of_each_backend: Callable[..., Stampede],
+) -> None:
+    first = layer_of_each_backend()
+    embedded = isinstance(first._runner.store, MemoryStore)  # type: ignore[union-attr]
+    second = first if embedded else layer_of_each_backend()  # the embedded store is one layer's
+    total, fences = counted_increments([first, second], threads=8, rounds=25)
+    assert total == 200  # no lost update
+    assert fences == sorted(fences) and len(set(fences)) == 200  # strictly increasing, in lock order
+
+
+def test_a_held_lock_is_refused_at_once_without_blocking(layer_of_each_backend: Callable[..., Stampede]) -> None:
+    layer = layer_of_each_backend()
+    with layer.lock("job") as held:
+        assert held.owned() and held.locked()
+        other = layer.lock("job", blocking=False)
+        started = time.monotonic()
+        assert other.acquire() is False
+        assert time.monotonic() - started < 0.1
+        assert other.locked() and not other.owned()
+        with pytest.raises(WaitTimeout, match="'job'"):
+            with layer.lock("job", blocking=False):
+                pass  # pragma: no cover - never entered
+    assert not layer.lock("job").locked()
+
+
+def test_a_blocking_acquire_gives_up_after_its_timeout(layer_of_each_backend: Callable[..., Stampede]) -> None:
+    layer = layer_of_each_backend()
+    with layer.lock("job"):
+        started = time.monotonic()
+        assert layer.lock("job", timeout=0.3).acquire() is False
+        elapsed = time.monotonic() - started
+    assert 0.29 <= elapsed < 0.6, elapsed
+
+
+def test_polling_with_retries_stops_after_them(layer_of_each_backend: Callable[..., Stampede]) -> None:
+    layer = layer_of_each_backend()
+    with layer.lock("job"):
+        started = time.monotonic()
+        assert layer.lock("job", retry_interval=0.05, retries=4).acquire() is False
+        elapsed = time.monotonic() - started
+    assert 0.19 <= elapsed < 0.5, elapsed  # 4 pauses of 50 ms between 5 tries
+
+
+def test_a_waiter_is_woken_by_the_release_without_polling(
+    make_layer: Callable[..., Stampede], redis_url: str
+) -> None:
+    """The holder keeps the lock 0.5 s; the waiter (another layer: another process's
+    subscriber) takes it within milliseconds of the release, having tried only three
+    times: before subscribing, after, and after the release message."""
+    holder_layer, waiter_layer = make_layer(), make_layer()
+    holder = holder_layer.lock("handoff", ttl=30)
+    assert holder.acquire()
+    acquired: list[float] = []
+    with CommandMonitor(redis_url) as monitor:
+        waiter = threading.Thread(target=lambda: (waiter_layer.lock("handoff", ttl=30).acquire(),
+                                                  acquired.append(time.monotonic())))  # fmt: skip
+        waiter.start()
+        wait_until(lambda: redis.Redis.from_url(redis_url).pubsub_numsub(holder.keys.channel)[0][1] == 1)
+        time.sleep(0.5)  # the holder's work: the waiter must not spin meanwhile
+        released = time.monotonic()
+        holder.release()
+        waiter.join(5)
+        tries = [c for c in monitor.checkpoint() if c[0] == "EVALSHA" and TAKE_LOCK_SHA in c[1]]
+    assert acquired and acquired[0] - released < 0.05, acquired[0] - released
+    assert len(tries) == 3, tries
+
+
+def test_releasing_a_lock_not_held_raises_lock_not_owned(layer_of_each_backend: Callable[..., Stampede]) -> None:
+    layer = layer_of_each_backend()
+    lock = layer.lock("job")
+    with pytest.raises(LockNotOwned, match="'job'"):
+        lock.release()
+    with pytest.raises(LockNotOwned):
+        lock.extend()
+    assert lock.acquire()
+    with pytest.raises(LockNotOwned, match="already held"):
+        lock.acquire()
+    lock.release()
+
+
+def test_a_lease_that_ran_out_is_reported_lost_and_the_next_holders_lock_is_untouched(
+    layer_of_each_backend: Callable[..., Stampede],
+) -> None:
+    layer = layer_of_each_backend()
+    stale = layer.lock("job", ttl=0.2, renew=False)
+    assert stale.acquire()
+    wait_until(lambda: not stale.locked(), "the lease to run out")
+    with layer.lock("job") as current:
+        with pytest.raises(LockLost, match="overlapped"):
+            stale.release()
+        assert current.owned()  # the ex-holder's release deleted nothing of ours
+        assert current.fence is not None and stale.fence is None and current.fence > 1
+
+
+def test_leaving_a_with_block_after_the_lease_ran_out_raises_lock_lost(
+    layer_of_each_backend: Callable[..., Stampede],
+) -> None:
+    layer = layer_of_each_backend()
+    with pytest.raises(LockLost):
+        with layer.lock("job", ttl=0.2, renew=False) as lock:
+            wait_until(lambda: not lock.locked(), "the lease to run out")
+
+
+def test_a_held_lock_is_renewed_past_its_ttl_and_extend_resets_it(
+    layer_of_each_backend: Callable[..., Stampede],
+) -> None:
+    layer = layer_of_each_backend()
+    with layer.lock("job", ttl=0.3) as lock:
+        time.sleep(1.0)  # over three leases: the watchdog renews every 0.1 s
+        assert lock.owned()
+        assert layer.lock("job", blocking=False).acquire() is False
+    plain = layer.lock("plain", ttl=0.3, renew=False)
+    assert plain.acquire()
+    plain.extend(5)
+    time.sleep(0.5)
+    assert plain.owned()  # extended beyond its 0.3 s
+    plain.release()
+
+
+def test_a_killed_holders_lock_is_free_within_its_ttl(make_layer: Callable[..., Stampede], redis_url: str) -> None:
+    """A holder process SIGKILLed while holding: the lease is not renewed any more and the
+    lock passes to a waiter within one ttl, with a greater fence."""
+    script = (
+        "import sys, time\n"
+        "from stampede import Stampede\n"
+        "layer = Stampede.from_url(sys.argv[1], namespace='test')\n"
+        "lock = layer.lock('job', ttl=1.0)\n"
+        "assert lock.acquire()\n"
+        "print(lock.fence, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", script, redis_url], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None
+        dead_fence = int(holder.stdout.readline())
+        holder.kill()
+        killed_at = time.monotonic()
+        with make_layer().lock("job", ttl=1.0, timeout=5) as lock:
+            waited = time.monotonic() - killed_at
+            assert lock.fence is not None and lock.fence > dead_fence
+    finally:
+        holder.kill()
+        holder.wait(5)
+        if holder.stdout is not None:
+            holder.stdout.close()
+    assert waited < 1.0 + 0.5, waited
+
+
+def test_lock_names_are_their_own_namespace(
+    make_layer: Callable[..., Stampede], redis_client: redis.Redis
+) -> None:
+    """A lock named like a cache entry, or with separators and braces in its name, gets
+    keys no cache entry or other name can have, all in one hash slot."""
+    layer = make_layer(namespace="ns")
+    load = layer.cached_loader("lock:{name}")(lambda name: name)
+    lock = layer.lock("job")
+    assert lock.keys.lock != load.key("job") + ":lock"
+    tricky = layer.lock("a}:{b")
+    assert tricky.keys.lock == "ns:{~lock:a%7D%3A%7Bb}:lock"
+    assert layer.lock("a").keys.lock != layer.lock("a:").keys.lock
+    with pytest.raises(ConfigError, match="non-empty str"):
+        layer.lock("")
+    with pytest.raises(ConfigError, match="ttl"):
+        layer.lock("job", ttl=0)
+
+
+def test_tasks_hold_a_lock_one_at_a_time(layer_of_each_backend: Callable[..., Stampede]) -> None:
+    layer = layer_of_each_backend()
+
+    async def main() -> tuple[int, list[int]]:
+        counter = {"value": 0}
+        fences: list[int] = []
+
+        async def work() -> None:
+            for _ in range(10):
+                async with layer.lock("counter", timeout=10) as lock:
+                    seen = counter["value"]
+                    await asyncio.sleep(0.001)  # another task runs here
+                    counter["value"] = seen + 1
+                    assert lock.fence is not None and await lock.aowned()
+                    fences.append(lock.fence)
+
+        await asyncio.gather(*(work() for _ in range(20)))
+        await layer.aclose()
+        return counter["value"], fences
+
+    total, fences = asyncio.run(main())
+    assert total == 200
+    assert fences == sorted(fences) and len(set(fences)) == 200
+
+
+def test_a_cancelled_waiting_task_leaves_the_lock_to_others(layer_of_each_backend: Callable[..., Stampede]) -> None:
+    layer = layer_of_each_backend()
+
+    async def main() -> None:
+        holder = layer.lock("job")
+        assert await holder.aacquire()
+        waiting = asyncio.ensure_future(layer.lock("job").aacquire())
+        await asyncio.sleep(0.05)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await holder.arelease()
+        assert not await holder.alocked()  # the cancelled waiter took nothing
+        async with layer.lock("job", timeout=1):
+            pass
+        await layer.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_layer_without_a_blocking_client_refuses_blocking_calls(redis_url: str) -> None:
+    layer = Stampede(async_client=lambda: redis.asyncio.Redis.from_url(redis_url))
+    with pytest.raises(ConfigError, match="async methods"):
+        layer.lock("job").acquire()
+    layer.close()
