@@ -64,7 +64,8 @@ class Watchdog:
         with self._lock:
             self._start_thread()
             heapq.heappush(self._heap, (lease.due, next(self._order), lease))
-            self._changed.notify()
+            if self._heap[0][2] is lease:  # due before any other: the thread must wake earlier
+                self._changed.notify()
         return lease
 
     def close(self) -> None:

@@ -57,3 +57,8 @@ def test_the_fencing_example_refuses_the_paused_holders_late_write(redis_url: st
     for backend in ([], ["--redis", redis_url]):
         out = run("examples/fencing.py", *backend)
         assert "accepted: False" in out and out.rstrip().endswith("OK")
+
+
+def test_the_lock_benchmark_runs_in_its_quick_form() -> None:
+    out = run("loadtest/bench_lock.py", "--quick")
+    assert "stampede  2  EVALSHA EVALSHA" in out and "ratio" in out and "stampede (message)" in out

@@ -16,6 +16,8 @@ import pytest
 import redis
 
 from stampede import ConfigError, LockLost, LockNotOwned, Stampede, WaitTimeout, _scripts
+from stampede._flow import LEASE_MARGIN, AcquireReply, AwaitNotice, LockState, Subscribe
+from stampede._lock import Pause, TakeLock, acquiring
 from stampede._memory import MemoryStore
 from stampede.testing import CommandMonitor
 
@@ -263,3 +265,58 @@ def test_a_layer_without_a_blocking_client_refuses_blocking_calls(redis_url: str
     with pytest.raises(ConfigError, match="async methods"):
         layer.lock("job").acquire()
     layer.close()
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+HELD = AcquireReply(LockState.HELD, lease_left=2.0)
+
+
+def test_acquiring_subscribes_rechecks_then_waits_at_most_the_lease_or_the_recheck_interval() -> None:
+    flow = acquiring(blocking=True, timeout=None, retry_interval=None, retries=None, recheck_interval=1.0)
+    assert next(flow) == TakeLock()
+    assert flow.send(HELD) == Subscribe()
+    assert flow.send(None) == TakeLock()  # a release before the subscription is not missed
+    assert flow.send(HELD) == AwaitNotice(1.0)
+    assert flow.send(b"") == TakeLock()
+    assert flow.send(AcquireReply(LockState.HELD, lease_left=0.2)) == AwaitNotice(0.2 + LEASE_MARGIN)
+    assert flow.send(None) == TakeLock()
+    with pytest.raises(StopIteration) as done:
+        flow.send(AcquireReply(LockState.LOCKED, fence=7))
+    assert done.value.value == 7
+
+
+def test_acquiring_without_blocking_tries_once() -> None:
+    flow = acquiring(blocking=False, timeout=None, retry_interval=None, retries=None, recheck_interval=1.0)
+    assert next(flow) == TakeLock()
+    with pytest.raises(StopIteration) as done:
+        flow.send(HELD)
+    assert done.value.value is None
+
+
+def test_acquiring_polls_with_a_retry_interval_and_stops_after_the_retries_or_the_timeout() -> None:
+    clock = FakeClock()
+    flow = acquiring(blocking=True, timeout=None, retry_interval=0.1, retries=2, recheck_interval=1.0, clock=clock)
+    assert next(flow) == TakeLock()
+    assert flow.send(HELD) == Pause(0.1)  # no subscription when polling
+    assert flow.send(None) == TakeLock()
+    assert flow.send(HELD) == Pause(0.1)
+    assert flow.send(None) == TakeLock()
+    with pytest.raises(StopIteration) as done:
+        flow.send(HELD)  # two retries spent
+    assert done.value.value is None
+
+    timed = acquiring(blocking=True, timeout=0.25, retry_interval=0.1, retries=None, recheck_interval=1.0, clock=clock)
+    assert next(timed) == TakeLock()
+    clock.now += 0.2
+    assert timed.send(HELD) == Pause(pytest.approx(0.05))  # never past the deadline
+    clock.now += 0.05
+    assert timed.send(None) == TakeLock()
+    with pytest.raises(StopIteration):
+        timed.send(HELD)

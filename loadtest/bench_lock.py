@@ -1,0 +1,157 @@
+"""Figures for named locks, each against redis-py's own Lock in the same run.
+
+    python loadtest/bench_lock.py            # starts a throwaway server on 127.0.0.1
+    python loadtest/bench_lock.py --quick    # fewer rounds, for CI
+
+1. Round trips of one uncontended acquire + release, counted with MONITOR.
+2. Uncontended acquire + release cycles per second, one thread, in interleaved rounds
+   (alternating which goes first); the median of the per-round ratios is the figure.
+   stampede's lock renews its lease while held (registered with the watchdog thread);
+   redis-py's has no renewal.
+3. Hand-off latency: a holder in one thread releases; a waiter in another (with its own
+   client, as another process would be) has been blocked on the lock; the time from the
+   release to the waiter holding it. stampede's waiter is woken by the release message;
+   redis-py's Lock sleep-spins (``sleep=0.1``, the textbook 100 ms poll).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from stampede import Stampede  # noqa: E402
+from stampede.testing import CommandMonitor, names, server_url  # noqa: E402
+
+
+def round_trips(url: str, layer: Stampede, client: redis.Redis) -> None:
+    ours = layer.lock("bench:trips")
+    theirs = client.lock("bench:trips:redis-py")
+    ours.acquire(), ours.release(), theirs.acquire(), theirs.release()  # scripts loaded
+    with CommandMonitor(url) as monitor:
+        ours.acquire()
+        ours.release()
+        stampede_sent = names(monitor.checkpoint())
+        theirs.acquire()
+        theirs.release()
+        redis_py_sent = names(monitor.checkpoint())
+    print("\n1. Round trips of one uncontended acquire + release (MONITOR)")
+    print(f"   stampede  {len(stampede_sent)}  {' '.join(stampede_sent)}")
+    print(f"   redis-py  {len(redis_py_sent)}  {' '.join(redis_py_sent)}")
+
+
+def cycles_per_second(layer: Stampede, client: redis.Redis, options: argparse.Namespace) -> None:
+    def ours() -> None:
+        for _ in range(options.cycles):
+            lock = layer.lock("bench:cycles")
+            lock.acquire()
+            lock.release()
+
+    def theirs() -> None:
+        for _ in range(options.cycles):
+            lock = client.lock("bench:cycles:redis-py", timeout=10)
+            lock.acquire()
+            lock.release()
+
+    def rate(run: Callable[[], None]) -> float:
+        start = time.perf_counter()
+        run()
+        return options.cycles / (time.perf_counter() - start)
+
+    ours_rates, theirs_rates, ratios = [], [], []
+    for round_number in range(options.rounds):
+        if round_number % 2:
+            mine, other = rate(ours), rate(theirs)
+        else:
+            other, mine = rate(theirs), rate(ours)
+        ours_rates.append(mine)
+        theirs_rates.append(other)
+        ratios.append(mine / other)
+    print(f"\n2. Uncontended acquire + release, one thread, {options.rounds} interleaved rounds of {options.cycles}")
+    print(f"   redis-py Lock    {statistics.median(theirs_rates):>8.0f} cycles/s (median)")
+    print(f"   stampede lock    {statistics.median(ours_rates):>8.0f} cycles/s (median)")
+    spread = f"min {min(ratios):.3f}, max {max(ratios):.3f}"
+    print(f"   ratio            {statistics.median(ratios):>8.3f} (median; {spread})")
+
+
+def hand_off(make_holder: Callable[[], Any], make_waiter: Callable[[], Any], hold: float, rounds: int) -> list[float]:
+    """Milliseconds from each release to the waiter holding the lock."""
+
+    def wait(waiting: threading.Event, got: list[float]) -> None:
+        waiter = make_waiter()
+        waiting.set()
+        assert waiter.acquire()
+        got.append(time.perf_counter())
+        waiter.release()
+
+    latencies = []
+    for _ in range(rounds):
+        holder = make_holder()
+        assert holder.acquire()
+        got: list[float] = []
+        waiting = threading.Event()
+        thread = threading.Thread(target=wait, args=(waiting, got))
+        thread.start()
+        waiting.wait(5)
+        time.sleep(hold)  # the holder's work; the waiter is blocked meanwhile
+        released = time.perf_counter()
+        holder.release()
+        thread.join(10)
+        latencies.append((got[0] - released) * 1000)
+    return latencies
+
+
+def hand_offs(url: str, layer: Stampede, options: argparse.Namespace) -> None:
+    waiter_layer = Stampede.from_url(url, namespace="bench")  # another process's subscriber
+    waiter_client = redis.Redis.from_url(url)
+    client = redis.Redis.from_url(url)
+    results = {
+        "stampede (message)": hand_off(lambda: layer.lock("bench:handoff", ttl=30),
+                                       lambda: waiter_layer.lock("bench:handoff", ttl=30),
+                                       options.hold, options.handoffs),  # fmt: skip
+        "redis-py (100 ms spin)": hand_off(lambda: client.lock("bench:handoff:redis-py", timeout=30, sleep=0.1),
+                                           lambda: waiter_client.lock("bench:handoff:redis-py", timeout=30, sleep=0.1),
+                                           options.hold, options.handoffs),  # fmt: skip
+    }
+    waiter_layer.close()
+    waiter_client.close()
+    client.close()
+    print(f"\n3. Hand-off latency, release to the waiter holding it, {options.handoffs} hand-offs "
+          f"(holder keeps it {options.hold * 1000:.0f} ms)")  # fmt: skip
+    print("   {:<24} {:>9} {:>9} {:>9}".format("", "median ms", "p90 ms", "max ms"))
+    for name, latencies in results.items():
+        ordered = sorted(latencies)
+        p90 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.9))]
+        print(f"   {name:<24} {statistics.median(ordered):>9.2f} {p90:>9.2f} {ordered[-1]:>9.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--redis", help="a Redis URL; default: start a throwaway server")
+    parser.add_argument("--cycles", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=11)
+    parser.add_argument("--handoffs", type=int, default=30)
+    parser.add_argument("--hold", type=float, default=0.05)
+    parser.add_argument("--quick", action="store_true", help="fewer rounds (CI)")
+    options = parser.parse_args()
+    if options.quick:
+        options.cycles, options.rounds, options.handoffs = 200, 3, 5
+    with server_url(options.redis) as url:
+        client = redis.Redis.from_url(url, socket_timeout=5)
+        with Stampede.from_url(url, namespace="bench") as layer:
+            round_trips(url, layer, client)
+            cycles_per_second(layer, client, options)
+            hand_offs(url, layer, options)
+        client.close()
+
+
+if __name__ == "__main__":
+    main()
