@@ -26,7 +26,7 @@ from ._errors import ConfigError
 from ._flow import LoaderSpec
 from ._keys import KeyBuilder, lock_keys
 from ._loader import AsyncCachedLoader, CachedLoader, P
-from ._lock import Lock
+from ._lock import Lock, ReentrantHolds
 from ._memory import AsyncMemoryStore, MemoryStore
 from ._observe import RateLimitedLog, Stats
 from ._redis import RedisStore
@@ -77,6 +77,7 @@ class Stampede:
         self._codec = Codec(serializer)
         self._stats = Stats()
         self._watchdog = Watchdog()
+        self._reentrant_holds = ReentrantHolds()
         self._owned_client: redis.Redis | None = None
         self._warn = warn = RateLimitedLog(log)
         # One verdict on the server for the blocking store and every loop's store.
@@ -169,12 +170,15 @@ class Stampede:
         retry_interval: float | None = None,
         retries: int | None = None,
         renew: bool = True,
+        reentrant: bool = False,
     ) -> Lock:
         """A named lock in this layer's store (see ``Lock``): ``with layer.lock("report"):``
         or ``async with``. ``ttl`` (default: the layer's lock_ttl) is the lease, renewed
         every ttl/3 while held unless ``renew`` is False. A blocking acquire waits for a
         release message, up to ``timeout`` seconds (None: no limit); ``retry_interval``
-        makes it poll instead, and ``retries`` bounds the number of tries after the first."""
+        makes it poll instead, and ``retries`` bounds the number of tries after the first.
+        ``reentrant``: the thread or task holding it may acquire it again (and must
+        release as many times)."""
         return Lock(
             name,
             lock_keys(self.namespace, name, self.settings.max_key_length),
@@ -184,10 +188,12 @@ class Stampede:
             retry_interval=retry_interval,
             retries=retries,
             renew=renew,
+            reentrant=reentrant,
             recheck_interval=self.settings.recheck_interval,
             store=self._runner.store if self._runner is not None else None,
             async_store=self._async_runner.loop_store if self._async_runner is not None else None,
             watchdog=self._watchdog,
+            reentrant_holds=self._reentrant_holds,
         )
 
     def _forget(self, key: str) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Generator, Union
@@ -34,6 +35,7 @@ from ._anotify import AsyncSubscription
 from ._async import keep_renewed
 from ._errors import ConfigError, LockLost, LockNotOwned, WaitTimeout
 from ._flow import LEASE_MARGIN, AcquireReply, AwaitNotice, LockState, Subscribe, milliseconds
+from ._fork import reset_after_fork
 from ._keys import EntryKeys
 from ._notify import Subscription
 from ._store import AsyncStore, Store
@@ -52,6 +54,44 @@ class Pause:
     """Sleep before the next try (bounded polling, when the caller asked for it). Reply: None."""
 
     seconds: float
+
+
+@dataclass(eq=False)
+class Hold:
+    """One acquisition in Redis: what its holder (or holders, if reentrant) share."""
+
+    token: str
+    fence: int
+    count: int = 1  # acquisitions by the same owner not yet released (reentrant locks)
+    lease: Lease | None = None  # the watchdog's record, for blocking holders
+    renewal: asyncio.Future[None] | None = None  # the renewal task, for async holders
+
+    def stop_renewing(self) -> None:
+        if self.lease is not None:
+            self.lease.active = False
+        if self.renewal is not None:
+            self.renewal.cancel()
+
+
+class ReentrantHolds:
+    """The reentrant locks held in this process, by (lock key, owner): an owner is a
+    thread (or greenlet) or an asyncio task. Only the owner reads or writes its entries."""
+
+    def __init__(self) -> None:
+        self.holds: dict[tuple[str, Any], Hold] = {}
+        reset_after_fork(self)
+
+    def after_fork_in_child(self) -> None:
+        """The parent's holders are not in this process (a thread's ident can recur)."""
+        self.holds = {}
+
+
+def thread_owner() -> Any:
+    return ("thread", threading.get_ident())
+
+
+def task_owner() -> Any:
+    return asyncio.current_task()
 
 
 LockEffect = Union[TakeLock, Subscribe, AwaitNotice, Pause]
@@ -109,6 +149,10 @@ class Lock:
 
     ``fence`` is the fencing token of the current acquisition: greater than that of every
     earlier acquisition of this name, in any process.
+
+    ``reentrant``: while a thread (or task) holds the lock, its further acquisitions of
+    the name, through any ``Lock`` object of the layer, succeed at once without a round
+    trip; the lock is released in Redis when every one of them has been released.
     """
 
     def __init__(
@@ -122,10 +166,12 @@ class Lock:
         retry_interval: float | None,
         retries: int | None,
         renew: bool,
+        reentrant: bool,
         recheck_interval: float,
         store: Store | None,
         async_store: Callable[[], AsyncStore] | None,
         watchdog: Watchdog,
+        reentrant_holds: ReentrantHolds,
     ) -> None:
         if ttl <= 0:
             raise ConfigError(f"lock {name!r}: ttl must be > 0, got {ttl!r}")
@@ -142,14 +188,24 @@ class Lock:
         self.retry_interval = retry_interval
         self.retries = retries
         self.renew = renew
+        self.reentrant = reentrant
         self._recheck_interval = recheck_interval
         self._store = store
         self._async_store = async_store
         self._watchdog = watchdog
-        self.token: str | None = None  # ours while held
-        self.fence: int | None = None
-        self._lease: Lease | None = None  # the watchdog's record, for blocking holders
-        self._renewal: asyncio.Future[None] | None = None  # the renewal task, for async holders
+        self._reentrant_holds = reentrant_holds
+        self._hold: Hold | None = None  # while this object holds the lock
+        self._owner: Any = None  # the reentrant owner that acquired through this object
+
+    @property
+    def token(self) -> str | None:
+        """The random token of the lease in the store, while held."""
+        return None if self._hold is None else self._hold.token
+
+    @property
+    def fence(self) -> int | None:
+        """The fencing token of the current acquisition, while held."""
+        return None if self._hold is None else self._hold.fence
 
     def __repr__(self) -> str:
         state = f"held, fence {self.fence}" if self.token else "not held"
@@ -160,8 +216,8 @@ class Lock:
     def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
         """Take the lock; True once held, False if not blocking or out of time or tries."""
         store = self._blocking_store()
-        if self.token is not None:
-            raise LockNotOwned(f"lock {self.name!r} is already held by this Lock object", key=self.keys.lock)
+        if self._reenter(thread_owner):
+            return True
         token = secrets.token_hex(16)
         flow = self._acquiring(blocking, timeout)
         subscription: Subscription | None = None
@@ -192,26 +248,25 @@ class Lock:
                 subscription.close()
         if fence is None:
             return False
-        self.token, self.fence = token, fence
+        hold = self._held(token, fence, thread_owner)
         if self.renew:
-            self._lease = self._watchdog.watch(store, self.keys, token, milliseconds(self.ttl))
-        log.debug("lock %r acquired (fence %d)", self.name, fence)
+            hold.lease = self._watchdog.watch(store, self.keys, token, milliseconds(self.ttl))
         return True
 
     def release(self) -> None:
         """Give the lock up. LockNotOwned if this object does not hold it; LockLost if its
         lease had already run out or been taken (the work under it was not protected)."""
         store = self._blocking_store()
-        token = self._give_up()
-        if not store.release(self.keys, token):
+        hold = self._give_up()
+        if hold is not None and not store.release(self.keys, hold.token):
             raise self._lost("released")
 
     def extend(self, ttl: float | None = None) -> None:
         """Reset the lease to ``ttl`` (default: the lock's) from now; LockLost if it is gone."""
         store = self._blocking_store()
-        token = self._held_token()
+        token = self._held_hold().token
         if not store.renew(self.keys, token, milliseconds(ttl or self.ttl)):
-            self._give_up()
+            self._give_up(entirely=True)
             raise self._lost("extended")
 
     def locked(self) -> bool:
@@ -240,8 +295,8 @@ class Lock:
     async def aacquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
         """``acquire`` for a task."""
         store = self._loop_store()
-        if self.token is not None:
-            raise LockNotOwned(f"lock {self.name!r} is already held by this Lock object", key=self.keys.lock)
+        if self._reenter(task_owner):
+            return True
         token = secrets.token_hex(16)
         flow = self._acquiring(blocking, timeout)
         subscription: AsyncSubscription | None = None
@@ -272,24 +327,24 @@ class Lock:
                 subscription.close()
         if fence is None:
             return False
-        self.token, self.fence = token, fence
+        hold = self._held(token, fence, task_owner)
         if self.renew:
-            self._renewal = asyncio.ensure_future(keep_renewed(store, self.keys, token, milliseconds(self.ttl)))
+            hold.renewal = asyncio.ensure_future(keep_renewed(store, self.keys, token, milliseconds(self.ttl)))
         return True
 
     async def arelease(self) -> None:
         """``release`` for a task."""
         store = self._loop_store()
-        token = self._give_up()
-        if not await asyncio.shield(store.release(self.keys, token)):
+        hold = self._give_up()
+        if hold is not None and not await asyncio.shield(store.release(self.keys, hold.token)):
             raise self._lost("released")
 
     async def aextend(self, ttl: float | None = None) -> None:
         """``extend`` for a task."""
         store = self._loop_store()
-        token = self._held_token()
+        token = self._held_hold().token
         if not await store.renew(self.keys, token, milliseconds(ttl or self.ttl)):
-            self._give_up()
+            self._give_up(entirely=True)
             raise self._lost("extended")
 
     async def alocked(self) -> bool:
@@ -322,22 +377,48 @@ class Lock:
             self._recheck_interval,
         )
 
-    def _held_token(self) -> str:
-        if self.token is None:
-            raise LockNotOwned(f"lock {self.name!r} is not held by this Lock object", key=self.keys.lock)
-        return self.token
+    def _reenter(self, owner: Callable[[], Any]) -> bool:
+        """Refuse a second acquisition through this object; for a reentrant lock its
+        owner already holds, count one more and return True."""
+        if self._hold is not None:
+            raise LockNotOwned(f"lock {self.name!r} is already held by this Lock object", key=self.keys.lock)
+        if not self.reentrant:
+            return False
+        key = (self.keys.lock, owner())
+        hold = self._reentrant_holds.holds.get(key)
+        if hold is None:
+            return False
+        hold.count += 1
+        self._hold, self._owner = hold, key
+        return True
 
-    def _give_up(self) -> str:
-        """Forget the acquisition (stopping its renewal) and return its token."""
-        token = self._held_token()
-        self.token = self.fence = None
-        if self._lease is not None:
-            self._lease.active = False
-            self._lease = None
-        if self._renewal is not None:
-            self._renewal.cancel()
-            self._renewal = None
-        return token
+    def _held(self, token: str, fence: int, owner: Callable[[], Any]) -> Hold:
+        """Record a new acquisition in Redis."""
+        hold = self._hold = Hold(token, fence)
+        if self.reentrant:
+            self._owner = (self.keys.lock, owner())
+            self._reentrant_holds.holds[self._owner] = hold
+        log.debug("lock %r acquired (fence %d)", self.name, fence)
+        return hold
+
+    def _held_hold(self) -> Hold:
+        if self._hold is None:
+            raise LockNotOwned(f"lock {self.name!r} is not held by this Lock object", key=self.keys.lock)
+        return self._hold
+
+    def _give_up(self, entirely: bool = False) -> Hold | None:
+        """Forget this object's acquisition; return the hold if it is to be released in
+        the store now (the last of a reentrant owner's, or ``entirely``), else None."""
+        hold = self._held_hold()
+        self._hold = None
+        hold.count = 0 if entirely else max(hold.count - 1, 0)
+        if hold.count > 0:
+            return None
+        if self._owner is not None and self._reentrant_holds.holds.get(self._owner) is hold:
+            del self._reentrant_holds.holds[self._owner]
+        self._owner = None
+        hold.stop_renewing()
+        return hold
 
     def _lost(self, what: str) -> LockLost:
         return LockLost(

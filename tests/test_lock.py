@@ -19,7 +19,7 @@ from stampede import ConfigError, LockLost, LockNotOwned, Stampede, WaitTimeout,
 from stampede._flow import LEASE_MARGIN, AcquireReply, AwaitNotice, LockState, Subscribe
 from stampede._lock import Pause, TakeLock, acquiring
 from stampede._memory import MemoryStore
-from stampede.testing import CommandMonitor
+from stampede.testing import CommandMonitor, names
 
 from .scenarios import wait_until
 
@@ -320,3 +320,50 @@ def test_acquiring_polls_with_a_retry_interval_and_stops_after_the_retries_or_th
     assert timed.send(None) == TakeLock()
     with pytest.raises(StopIteration):
         timed.send(HELD)
+
+
+def test_a_reentrant_lock_is_taken_again_by_its_thread_and_freed_by_the_last_release(
+    make_layer: Callable[..., Stampede], redis_url: str
+) -> None:
+    layer = make_layer()
+    outer = layer.lock("reentrant", reentrant=True)
+    assert outer.acquire()
+    with CommandMonitor(redis_url) as monitor:
+        with layer.lock("reentrant", reentrant=True, blocking=False) as inner:
+            with layer.lock("reentrant", reentrant=True, blocking=False) as innermost:
+                assert inner.fence == innermost.fence == outer.fence
+        assert names(monitor.checkpoint()) == []  # no round trip to re-enter or to leave
+    assert outer.owned()  # still held: one acquisition left
+    elsewhere: list[bool] = []
+    other_thread = threading.Thread(target=lambda: elsewhere.append(
+        layer.lock("reentrant", reentrant=True, blocking=False).acquire()))  # fmt: skip
+    other_thread.start()
+    other_thread.join(5)
+    assert elsewhere == [False]  # another thread is another owner
+    outer.release()
+    assert not outer.locked()
+
+
+def test_a_plain_lock_is_not_reentrant(layer_of_each_backend: Callable[..., Stampede]) -> None:
+    layer = layer_of_each_backend()
+    with layer.lock("plain"):
+        assert layer.lock("plain", blocking=False).acquire() is False  # blocking would wait for itself
+
+
+def test_a_reentrant_lock_belongs_to_its_task(layer_of_each_backend: Callable[..., Stampede]) -> None:
+    layer = layer_of_each_backend()
+
+    async def main() -> None:
+        async with layer.lock("reentrant", reentrant=True) as outer:
+            async with layer.lock("reentrant", reentrant=True, blocking=False) as inner:
+                assert inner.fence == outer.fence
+
+            async def other_task() -> bool:
+                return await layer.lock("reentrant", reentrant=True, blocking=False).aacquire()
+
+            assert await asyncio.ensure_future(other_task()) is False
+            assert await outer.aowned()
+        assert not await outer.alocked()
+        await layer.aclose()
+
+    asyncio.run(main())
