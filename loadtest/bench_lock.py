@@ -12,6 +12,8 @@
    client, as another process would be) has been blocked on the lock; the time from the
    release to the waiter holding it. stampede's waiter is woken by the release message;
    redis-py's Lock sleep-spins (``sleep=0.1``, the textbook 100 ms poll).
+4. Redlock over 5 throwaway servers: uncontended acquisition latency, all five up and
+   with two of them killed, against one server's ``layer.lock`` in the same run.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from stampede import Stampede  # noqa: E402
-from stampede.testing import CommandMonitor, names, server_url  # noqa: E402
+from stampede import Redlock, Stampede  # noqa: E402
+from stampede.testing import CommandMonitor, RedisServer, names, server_url  # noqa: E402
 
 
 def round_trips(url: str, layer: Stampede, client: redis.Redis) -> None:
@@ -133,6 +135,48 @@ def hand_offs(url: str, layer: Stampede, options: argparse.Namespace) -> None:
         print(f"   {name:<24} {statistics.median(ordered):>9.2f} {p90:>9.2f} {ordered[-1]:>9.2f}")
 
 
+def acquisition_ms(acquire_release: Callable[[], Any], count: int) -> list[float]:
+    latencies = []
+    for _ in range(count):
+        started = time.perf_counter()
+        lock = acquire_release()
+        latencies.append((time.perf_counter() - started) * 1000)
+        lock.release()
+    return sorted(latencies)
+
+
+def redlock_latency(layer: Stampede, options: argparse.Namespace) -> None:
+    servers = [RedisServer().start() for _ in range(5)]
+    try:
+        rows = {}
+        with Redlock([server.url for server in servers], namespace="bench") as manager:
+
+            def redlock() -> Any:
+                lock = manager.lock("bench:redlock", ttl=10)
+                assert lock.acquire()
+                return lock
+
+            def single() -> Any:
+                lock = layer.lock("bench:single")
+                assert lock.acquire()
+                return lock
+
+            redlock().release(), single().release()  # warm connections and scripts
+            rows["layer.lock, 1 server"] = acquisition_ms(single, options.acquisitions)
+            rows["Redlock, 5 of 5 up"] = acquisition_ms(redlock, options.acquisitions)
+            servers[0].kill()
+            servers[1].kill()
+            rows["Redlock, 3 of 5 up"] = acquisition_ms(redlock, options.acquisitions)
+    finally:
+        for server in servers:
+            server.stop()
+    print(f"\n4. Uncontended acquisition latency, {options.acquisitions} acquisitions")
+    print("   {:<24} {:>9} {:>9} {:>9}".format("", "median ms", "p90 ms", "max ms"))
+    for name, ordered in rows.items():
+        p90 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.9))]
+        print(f"   {name:<24} {statistics.median(ordered):>9.2f} {p90:>9.2f} {ordered[-1]:>9.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--redis", help="a Redis URL; default: start a throwaway server")
@@ -140,16 +184,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--handoffs", type=int, default=30)
     parser.add_argument("--hold", type=float, default=0.05)
+    parser.add_argument("--acquisitions", type=int, default=300)
     parser.add_argument("--quick", action="store_true", help="fewer rounds (CI)")
     options = parser.parse_args()
     if options.quick:
-        options.cycles, options.rounds, options.handoffs = 200, 3, 5
+        options.cycles, options.rounds, options.handoffs, options.acquisitions = 200, 3, 5, 20
     with server_url(options.redis) as url:
         client = redis.Redis.from_url(url, socket_timeout=5)
         with Stampede.from_url(url, namespace="bench") as layer:
             round_trips(url, layer, client)
             cycles_per_second(layer, client, options)
             hand_offs(url, layer, options)
+            redlock_latency(layer, options)
         client.close()
 
 

@@ -16,6 +16,7 @@ from ._errors import (
 from ._layer import Stampede, cached_loader, default_layer
 from ._loader import AsyncCachedLoader, CachedLoader
 from ._lock import Lock
+from ._redlock import Redlock, RedlockLock
 
 __version__ = "0.1.0"
 
@@ -29,6 +30,8 @@ __all__ = [
     "Settings",
     # named locks
     "Lock",
+    "Redlock",
+    "RedlockLock",
     # values
     "Serializer",
     "JsonSerializer",

@@ -62,3 +62,4 @@ def test_the_fencing_example_refuses_the_paused_holders_late_write(redis_url: st
 def test_the_lock_benchmark_runs_in_its_quick_form() -> None:
     out = run("loadtest/bench_lock.py", "--quick")
     assert "stampede  2  EVALSHA EVALSHA" in out and "ratio" in out and "stampede (message)" in out
+    assert "Redlock, 3 of 5 up" in out

@@ -1,0 +1,132 @@
+"""Redlock over five local servers the test starts: majorities, dead servers, validity,
+and mutual exclusion across processes."""
+
+from __future__ import annotations
+
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import redis
+
+from stampede import ConfigError, LockLost, LockNotOwned, Redlock, WaitTimeout
+from stampede.testing import FaultProxy, RedisServer, find_server_binary
+
+from .test_processes import Workers
+
+WORKER = str(Path(__file__).with_name("redlock_worker.py"))
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[list[RedisServer]]:
+    if find_server_binary() is None:
+        pytest.skip("no server binary to start five servers")
+    with ExitStack() as stack:
+        yield [stack.enter_context(RedisServer()) for _ in range(5)]
+
+
+@pytest.fixture
+def five(servers: list[RedisServer]) -> Iterator[list[RedisServer]]:
+    """The five servers, all running and empty; stopped ones are restarted afterwards."""
+    for server in servers:
+        redis.Redis.from_url(server.url).flushall()
+    yield servers
+    for server in servers:
+        if server.process is None or server.process.poll() is not None:
+            server.start()
+
+
+def test_a_majority_grants_the_lock_and_release_frees_it_everywhere(five: list[RedisServer]) -> None:
+    with Redlock([server.url for server in five], namespace="rl") as manager:
+        first = manager.lock("job", ttl=5)
+        assert first.acquire()
+        assert first.last_granted == 5 and 4.9 < first.validity <= 5
+        assert first.owned() and first.locked()
+        assert manager.lock("job", blocking=False).acquire() is False
+        first.release()
+        assert not first.locked()
+        assert all(redis.Redis.from_url(s.url).exists(first.keys.lock) == 0 for s in five)
+        with manager.lock("job", blocking=False) as second:
+            assert second.owned()
+
+
+def test_two_servers_down_still_grant_three_down_refuse_within_the_timeout(five: list[RedisServer]) -> None:
+    with Redlock([server.url for server in five], namespace="rl") as manager:
+        five[0].kill()
+        five[1].kill()
+        with manager.lock("job", ttl=5) as lock:
+            assert lock.last_granted == 3  # a majority of five
+        five[2].kill()
+        lock = manager.lock("job", ttl=5, timeout=0.5, retry_delay=0.05)
+        started = time.monotonic()
+        assert lock.acquire() is False
+        elapsed = time.monotonic() - started
+        assert 0.45 <= elapsed < 1.0, elapsed
+        assert lock.last_granted == 2
+        with pytest.raises(WaitTimeout, match="2 of 5 servers"):
+            with manager.lock("job", ttl=5, blocking=False):
+                pass  # pragma: no cover - never entered
+        survivors = [redis.Redis.from_url(s.url) for s in five[3:]]
+        assert all(client.exists(lock.keys.lock) == 0 for client in survivors)  # minority grants undone
+
+
+def test_an_acquisition_slower_than_its_ttl_is_not_held(five: list[RedisServer]) -> None:
+    """Three servers answer through a network 60 ms slow: a majority grants the lock only
+    after 0.18 s, past a 0.15 s ttl. No validity is left, so the lock is not held and
+    what was granted is released."""
+    with ExitStack() as stack:
+        proxies = [stack.enter_context(FaultProxy(server.port)) for server in five[:3]]
+        for proxy in proxies:
+            proxy.delay = 0.03  # each way
+        urls = [proxy.url for proxy in proxies] + [server.url for server in five[3:]]
+        manager = stack.enter_context(Redlock(urls, namespace="rl", socket_timeout=1))
+        lock = manager.lock("job", ttl=0.15)
+        assert lock.acquire(blocking=False) is False
+        assert lock.last_granted == 5
+        for proxy in proxies:
+            proxy.delay = 0.0
+        assert not lock.locked()
+
+
+def test_release_after_the_validity_ran_out_raises_lock_lost(five: list[RedisServer]) -> None:
+    with Redlock([server.url for server in five], namespace="rl") as manager:
+        lock = manager.lock("job", ttl=0.2)
+        assert lock.acquire()
+        time.sleep(0.3)
+        assert lock.validity == 0 and not lock.owned()
+        with pytest.raises(LockLost, match="majority"):
+            lock.release()
+        with pytest.raises(LockNotOwned):
+            lock.release()
+        with manager.lock("job", ttl=0.5) as held:
+            held.extend(5)
+            assert held.validity > 4.5
+
+
+def test_mutual_exclusion_across_four_processes_of_eight_threads(
+    five: list[RedisServer], redis_url: str, redis_client: redis.Redis
+) -> None:
+    workers = Workers()
+    urls = [arg for server in five for arg in ("--url", server.url)]
+    try:
+        started = [workers.start(five[0].url, *urls[2:], "--counter-url", redis_url, "--rounds", "4",
+                                 script=WORKER)  # fmt: skip
+                   for _ in range(4)]
+        for process in started:
+            workers.expect(process, "ready")
+        workers.go(started)
+        results = [workers.result(process, timeout=50) for process in started]
+    finally:
+        workers.stop_all()
+    assert sum(result["failed"] for result in results) == 0
+    assert sum(result["increments"] for result in results) == 4 * 8 * 4
+    assert int(redis_client.get("redlock:counter") or 0) == 4 * 8 * 4  # no lost update
+
+
+def test_bad_settings_are_refused(five: list[RedisServer]) -> None:
+    with pytest.raises(ConfigError, match="at least one server"):
+        Redlock([])
+    with Redlock([five[0].url]) as manager, pytest.raises(ConfigError, match="ttl"):
+        manager.lock("job", ttl=0)
