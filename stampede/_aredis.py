@@ -89,12 +89,20 @@ class AsyncRedisStore:
             token = await self._send(keys.lock, self.client.get, keys.lock)
         return None if token is None else bytes(token).decode(errors="replace")
 
-    async def take_lock(self, keys: EntryKeys, token: str, lease_ms: int) -> AcquireReply:
+    async def take_lock(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int = 0) -> AcquireReply:
         with translated("lock", keys.lock, self.breaker):
-            reply = await self._send(
-                keys.lock, self._scripts.take_lock, keys=[keys.value, keys.lock], args=[token, lease_ms]
-            )
+            if queue_ms:
+                script, args = self._scripts.take_lock_fairly, [token, lease_ms, queue_ms]
+                keys_of_script = [keys.value, keys.lock, *keys.queue]
+            else:
+                script, args, keys_of_script = self._scripts.take_lock, [token, lease_ms], [keys.value, keys.lock]
+            reply = await self._send(keys.lock, script, keys=keys_of_script, args=args)
         return acquire_reply(reply)
+
+    async def leave_queue(self, keys: EntryKeys, token: str) -> None:
+        with translated("leave the queue of", keys.lock, self.breaker):
+            queue, waiters, _ = keys.queue
+            await self._send(keys.lock, self._scripts.leave_queue, keys=[queue, waiters], args=[token, keys.channel])
 
     async def invalidate(self, keys: EntryKeys) -> None:
         with translated("invalidate", keys.value, self.breaker):

@@ -44,6 +44,11 @@ class EntryKeys:
     lock: str
     channel: str
 
+    @property
+    def queue(self) -> tuple[str, str, str]:
+        """A fair lock's queue, its waiters' leases and its ticket counter."""
+        return self.lock + ":queue", self.lock + ":waiters", self.lock + ":tickets"
+
     @classmethod
     def for_value(cls, value_key: str) -> EntryKeys:
         """The lock and channel that go with a value key from ``KeyBuilder.value_key``."""

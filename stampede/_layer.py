@@ -171,6 +171,7 @@ class Stampede:
         retries: int | None = None,
         renew: bool = True,
         reentrant: bool = False,
+        fair: bool = False,
     ) -> Lock:
         """A named lock in this layer's store (see ``Lock``): ``with layer.lock("report"):``
         or ``async with``. ``ttl`` (default: the layer's lock_ttl) is the lease, renewed
@@ -178,7 +179,7 @@ class Stampede:
         release message, up to ``timeout`` seconds (None: no limit); ``retry_interval``
         makes it poll instead, and ``retries`` bounds the number of tries after the first.
         ``reentrant``: the thread or task holding it may acquire it again (and must
-        release as many times)."""
+        release as many times). ``fair``: waiters take it in arrival order."""
         return Lock(
             name,
             lock_keys(self.namespace, name, self.settings.max_key_length),
@@ -189,6 +190,7 @@ class Stampede:
             retries=retries,
             renew=renew,
             reentrant=reentrant,
+            fair=fair,
             recheck_interval=self.settings.recheck_interval,
             store=self._runner.store if self._runner is not None else None,
             async_store=self._async_runner.loop_store if self._async_runner is not None else None,

@@ -56,6 +56,11 @@ class Pause:
     seconds: float
 
 
+@dataclass(frozen=True, slots=True)
+class LeaveQueue:
+    """Give up the place in a fair lock's queue (this caller stops waiting). Reply: None."""
+
+
 @dataclass(eq=False)
 class Hold:
     """One acquisition in Redis: what its holder (or holders, if reentrant) share."""
@@ -94,7 +99,7 @@ def task_owner() -> Any:
     return asyncio.current_task()
 
 
-LockEffect = Union[TakeLock, Subscribe, AwaitNotice, Pause]
+LockEffect = Union[TakeLock, Subscribe, AwaitNotice, Pause, LeaveQueue]
 Acquiring = Generator[LockEffect, Any, Union[int, None]]
 
 
@@ -105,6 +110,7 @@ def acquiring(
     retries: int | None,
     recheck_interval: float,
     clock: Callable[[], float] = time.monotonic,
+    queue_lease: float = 0.0,
 ) -> Acquiring:
     """Take the lock: once if not ``blocking``; else until taken, ``timeout`` has passed,
     or ``retries`` more tries have failed. Returns the fencing token, or None.
@@ -112,7 +118,11 @@ def acquiring(
     Without ``retry_interval`` a waiter subscribes to the lock's channel, tries once more
     (a release between the first try and the subscription is not missed), then waits for
     a release message, at most the holder's remaining lease or ``recheck_interval``. With
-    it, the waiter polls every ``retry_interval`` and never subscribes."""
+    it, the waiter polls every ``retry_interval`` and never subscribes.
+
+    A fair lock (``queue_lease`` > 0) queues its waiters: each try keeps the caller's
+    place for ``queue_lease``, so it tries at least every third of that; a caller that
+    stops waiting gives its place up."""
     deadline = None if timeout is None else clock() + timeout
     subscribed = False
     tries_left = retries
@@ -120,23 +130,21 @@ def acquiring(
         reply: AcquireReply = yield TakeLock()
         if reply.state is LockState.LOCKED:
             return reply.fence
-        if not blocking:
-            return None
         remaining = None if deadline is None else deadline - clock()
-        if remaining is not None and remaining <= 0:
+        if not blocking or (remaining is not None and remaining <= 0) or tries_left == 0:
+            if queue_lease:
+                yield LeaveQueue()
             return None
         if retry_interval is None and not subscribed:
             yield Subscribe()
             subscribed = True
             continue
         if tries_left is not None:
-            if tries_left <= 0:
-                return None
             tries_left -= 1
         if retry_interval is not None:
             yield Pause(retry_interval if remaining is None else min(retry_interval, remaining))
             continue
-        wait = recheck_interval
+        wait = recheck_interval if not queue_lease else min(recheck_interval, queue_lease / 3)
         if reply.lease_left > 0:
             wait = min(wait, reply.lease_left + LEASE_MARGIN)
         yield AwaitNotice(wait if remaining is None else min(wait, remaining))
@@ -149,6 +157,9 @@ class Lock:
 
     ``fence`` is the fencing token of the current acquisition: greater than that of every
     earlier acquisition of this name, in any process.
+
+    ``fair``: waiters take the lock in the order they first tried, through a queue in the
+    store; a waiter that stops trying (it died) loses its place after ``ttl``.
 
     ``reentrant``: while a thread (or task) holds the lock, its further acquisitions of
     the name, through any ``Lock`` object of the layer, succeed at once without a round
@@ -167,6 +178,7 @@ class Lock:
         retries: int | None,
         renew: bool,
         reentrant: bool,
+        fair: bool,
         recheck_interval: float,
         store: Store | None,
         async_store: Callable[[], AsyncStore] | None,
@@ -189,6 +201,7 @@ class Lock:
         self.retries = retries
         self.renew = renew
         self.reentrant = reentrant
+        self.fair = fair
         self._recheck_interval = recheck_interval
         self._store = store
         self._async_store = async_store
@@ -231,9 +244,11 @@ class Lock:
                     break
                 reply = None
                 if isinstance(effect, TakeLock):
-                    reply = store.take_lock(self.keys, token, milliseconds(self.ttl))
+                    reply = store.take_lock(self.keys, token, milliseconds(self.ttl), self._queue_ms)
                 elif isinstance(effect, Subscribe):
                     subscription = store.subscribe(self.keys)
+                elif isinstance(effect, LeaveQueue):
+                    store.leave_queue(self.keys, token)
                 elif isinstance(effect, AwaitNotice):
                     assert subscription is not None
                     subscription.wait(effect.timeout)
@@ -242,6 +257,8 @@ class Lock:
         except BaseException:
             if isinstance(reply, AcquireReply) and reply.state is LockState.LOCKED:
                 store.release(self.keys, token)  # interrupted just after taking it
+            elif self.fair:
+                store.leave_queue(self.keys, token)  # interrupted while queued
             raise
         finally:
             if subscription is not None:
@@ -310,9 +327,11 @@ class Lock:
                     break
                 reply = None
                 if isinstance(effect, TakeLock):
-                    reply = await store.take_lock(self.keys, token, milliseconds(self.ttl))
+                    reply = await store.take_lock(self.keys, token, milliseconds(self.ttl), self._queue_ms)
                 elif isinstance(effect, Subscribe):
                     subscription = await store.subscribe(self.keys)
+                elif isinstance(effect, LeaveQueue):
+                    await store.leave_queue(self.keys, token)
                 elif isinstance(effect, AwaitNotice):
                     assert subscription is not None
                     await subscription.wait(effect.timeout)
@@ -321,6 +340,8 @@ class Lock:
         except BaseException:
             if isinstance(reply, AcquireReply) and reply.state is LockState.LOCKED:
                 await asyncio.shield(store.release(self.keys, token))  # cancelled just after taking it
+            elif self.fair:
+                await asyncio.shield(store.leave_queue(self.keys, token))  # cancelled while queued
             raise
         finally:
             if subscription is not None:
@@ -368,6 +389,10 @@ class Lock:
 
     # --- shared -----------------------------------------------------------------------
 
+    @property
+    def _queue_ms(self) -> int:
+        return milliseconds(self.ttl) if self.fair else 0
+
     def _acquiring(self, blocking: bool | None, timeout: float | None) -> Acquiring:
         return acquiring(
             self.blocking if blocking is None else blocking,
@@ -375,6 +400,7 @@ class Lock:
             self.retry_interval,
             self.retries,
             self._recheck_interval,
+            queue_lease=self.ttl if self.fair else 0.0,
         )
 
     def _reenter(self, owner: Callable[[], Any]) -> bool:

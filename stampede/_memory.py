@@ -35,6 +35,7 @@ class MemoryStore:
         )
         self._leases: dict[str, tuple[str, float]] = {}  # lock key -> (token, expires_at)
         self._fences: dict[str, int] = {}  # a named lock's fence key -> the last token drawn
+        self._queues: dict[str, dict[str, float]] = {}  # a fair lock's key -> {token: waiter expiry}, in order
         self._mailboxes: dict[str, set[Mailbox]] = {}
         reset_after_fork(self)
 
@@ -86,17 +87,34 @@ class MemoryStore:
             self._publish(keys, b"")
             return True
 
+    def leave_queue(self, keys: EntryKeys, token: str) -> None:
+        with self._lock:
+            queue = self._queues.get(keys.lock)
+            if queue is not None and queue.pop(token, None) is not None:
+                self._publish(keys, b"")
+
     def holder(self, keys: EntryKeys) -> str | None:
         with self._lock:
             lease = self._live_lease(keys, self._clock())
         return None if lease is None else lease[0]
 
-    def take_lock(self, keys: EntryKeys, token: str, lease_ms: int) -> AcquireReply:
+    def take_lock(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int = 0) -> AcquireReply:
         now = self._clock()
         with self._lock:
+            queue = self._queues.setdefault(keys.lock, {}) if queue_ms else None
+            if queue is not None:  # the rules of TAKE_LOCK_FAIRLY
+                for waiter, expiry in list(queue.items()):
+                    if waiter == token or expiry > now:
+                        break
+                    del queue[waiter]
+                queue[token] = now + queue_ms / 1000
             holder = self._live_lease(keys, now)
             if holder is not None:
                 return AcquireReply(LockState.HELD, lease_left=holder[1] - now)
+            if queue is not None:
+                if next(iter(queue)) != token:
+                    return AcquireReply(LockState.HELD, lease_left=-0.002)
+                del queue[token]
             self._leases[keys.lock] = (token, now + lease_ms / 1000)
             fence = self._fences[keys.value] = self._fences.get(keys.value, 0) + 1
             return AcquireReply(LockState.LOCKED, fence=fence)
@@ -170,11 +188,14 @@ class AsyncMemoryStore:
     async def release(self, keys: EntryKeys, token: str) -> bool:
         return self._store.release(keys, token)
 
-    async def take_lock(self, keys: EntryKeys, token: str, lease_ms: int) -> AcquireReply:
-        return self._store.take_lock(keys, token, lease_ms)
+    async def take_lock(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int = 0) -> AcquireReply:
+        return self._store.take_lock(keys, token, lease_ms, queue_ms)
 
     async def holder(self, keys: EntryKeys) -> str | None:
         return self._store.holder(keys)
+
+    async def leave_queue(self, keys: EntryKeys, token: str) -> None:
+        self._store.leave_queue(keys, token)
 
     async def invalidate(self, keys: EntryKeys) -> None:
         self._store.invalidate(keys)

@@ -66,6 +66,8 @@ class Scripts:
         self.release = client.register_script(_scripts.RELEASE)
         self.invalidate = client.register_script(_scripts.INVALIDATE)
         self.take_lock = client.register_script(_scripts.TAKE_LOCK)
+        self.take_lock_fairly = client.register_script(_scripts.TAKE_LOCK_FAIRLY)
+        self.leave_queue = client.register_script(_scripts.LEAVE_QUEUE)
 
 
 def check_client(client: Any) -> None:
@@ -122,10 +124,20 @@ class RedisStore:
             token: Any = self.client.get(keys.lock)
         return None if token is None else bytes(token).decode(errors="replace")
 
-    def take_lock(self, keys: EntryKeys, token: str, lease_ms: int) -> AcquireReply:
+    def take_lock(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int = 0) -> AcquireReply:
         with translated("lock", keys.lock, self.breaker):
-            reply: Any = self._scripts.take_lock(keys=[keys.value, keys.lock], args=[token, lease_ms])
+            if queue_ms:
+                reply: Any = self._scripts.take_lock_fairly(
+                    keys=[keys.value, keys.lock, *keys.queue], args=[token, lease_ms, queue_ms]
+                )
+            else:
+                reply = self._scripts.take_lock(keys=[keys.value, keys.lock], args=[token, lease_ms])
         return acquire_reply(reply)
+
+    def leave_queue(self, keys: EntryKeys, token: str) -> None:
+        with translated("leave the queue of", keys.lock, self.breaker):
+            queue, waiters, _ = keys.queue
+            self._scripts.leave_queue(keys=[queue, waiters], args=[token, keys.channel])
 
     def invalidate(self, keys: EntryKeys) -> None:
         with translated("invalidate", keys.value, self.breaker):

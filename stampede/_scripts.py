@@ -74,6 +74,54 @@ end
 return {3, redis.call('PTTL', KEYS[2])}
 """
 
+TAKE_LOCK_FAIRLY = """
+-- Take a named lock in arrival order, and draw its fencing token.
+-- KEYS[1] fence counter, KEYS[2] lock key, KEYS[3] queue (sorted set: token -> ticket),
+-- KEYS[4] waiters' leases (hash: token -> expiry, server ms), KEYS[5] ticket counter
+-- ARGV[1] token, ARGV[2] lease in ms, ARGV[3] a waiter's lease in ms
+-- A waiter joins the queue on its first try and renews its place on every try; a
+-- waiter at the head whose lease ran out (it died, or stopped trying) is dropped.
+-- Returns {2, fence}: taken (we were first in line and the lock was free)
+--         {3, pttl}: not yet: the holder's lease has pttl ms left (-2: free, but another
+--                    waiter is first in line)
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+while true do
+  local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+  if not head or head == ARGV[1] then break end
+  if tonumber(redis.call('HGET', KEYS[4], head) or '0') > now then break end
+  redis.call('ZREM', KEYS[3], head)
+  redis.call('HDEL', KEYS[4], head)
+end
+if not redis.call('ZSCORE', KEYS[3], ARGV[1]) then
+  redis.call('ZADD', KEYS[3], redis.call('INCR', KEYS[5]), ARGV[1])
+end
+redis.call('HSET', KEYS[4], ARGV[1], now + tonumber(ARGV[3]))
+local keep = 2 * tonumber(ARGV[3])
+redis.call('PEXPIRE', KEYS[3], keep)
+redis.call('PEXPIRE', KEYS[4], keep)
+redis.call('PEXPIRE', KEYS[5], keep)
+if redis.call('ZRANGE', KEYS[3], 0, 0)[1] == ARGV[1] then
+  if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    redis.call('ZREM', KEYS[3], ARGV[1])
+    redis.call('HDEL', KEYS[4], ARGV[1])
+    return {2, redis.call('INCR', KEYS[1])}
+  end
+end
+return {3, redis.call('PTTL', KEYS[2])}
+"""
+
+LEAVE_QUEUE = """
+-- A waiter gives up its place in a fair lock's queue, and wakes the others (it may have
+-- been first in line).
+-- KEYS[1] queue, KEYS[2] waiters' leases; ARGV[1] token, ARGV[2] channel
+-- Returns 1 if it was in the queue, else 0
+local removed = redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+if removed == 1 then redis.call('PUBLISH', ARGV[2], '') end
+return removed
+"""
+
 INVALIDATE = """
 -- Drop the value and any holder's lease, so an in-flight load cannot write its (stale)
 -- result afterwards, and wake the waiters so one of them loads afresh.

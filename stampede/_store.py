@@ -37,9 +37,14 @@ class Store(Protocol):
         """Release the lease if ``token`` holds it, wake waiters to re-check, and return
         True; return False if the lease was not ``token``'s."""
 
-    def take_lock(self, keys: EntryKeys, token: str, lease_ms: int) -> AcquireReply:
+    def take_lock(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int = 0) -> AcquireReply:
         """Take a named lock (LOCKED, with the next fencing token from ``keys.value``) or
-        report how long the holder's lease has left (HELD)."""
+        report how long the holder's lease has left (HELD). With ``queue_ms``, in arrival
+        order: join the queue (or renew the place in it for ``queue_ms``) and take the
+        lock only when first in line."""
+
+    def leave_queue(self, keys: EntryKeys, token: str) -> None:
+        """Give up a place in a fair lock's queue, waking the other waiters."""
 
     def holder(self, keys: EntryKeys) -> str | None:
         """The token holding the lease, or None."""
@@ -69,7 +74,9 @@ class AsyncStore(Protocol):
 
     async def release(self, keys: EntryKeys, token: str) -> bool: ...
 
-    async def take_lock(self, keys: EntryKeys, token: str, lease_ms: int) -> AcquireReply: ...
+    async def take_lock(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int = 0) -> AcquireReply: ...
+
+    async def leave_queue(self, keys: EntryKeys, token: str) -> None: ...
 
     async def holder(self, keys: EntryKeys) -> str | None: ...
 

@@ -10,14 +10,14 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 import redis
 
-from stampede import ConfigError, LockLost, LockNotOwned, Stampede, WaitTimeout, _scripts
+from stampede import ConfigError, Lock, LockLost, LockNotOwned, Stampede, WaitTimeout, _scripts
 from stampede._flow import LEASE_MARGIN, AcquireReply, AwaitNotice, LockState, Subscribe
-from stampede._lock import Pause, TakeLock, acquiring
+from stampede._lock import LeaveQueue, Pause, TakeLock, acquiring
 from stampede._memory import MemoryStore
 from stampede.testing import CommandMonitor, names
 
@@ -367,3 +367,90 @@ def test_a_reentrant_lock_belongs_to_its_task(layer_of_each_backend: Callable[..
         await layer.aclose()
 
     asyncio.run(main())
+
+
+def queued(layer: Stampede, lock: Lock) -> int:
+    """How many waiters are in a fair lock's queue."""
+    store: Any = layer._runner.store  # type: ignore[union-attr]
+    if isinstance(store, MemoryStore):
+        return len(store._queues.get(lock.keys.lock, {}))
+    return int(store.client.zcard(lock.keys.queue[0]))
+
+
+def test_a_fair_lock_goes_to_its_waiters_in_arrival_order(layer_of_each_backend: Callable[..., Stampede]) -> None:
+    layer = layer_of_each_backend()
+    holder = layer.lock("fair", fair=True, ttl=30)
+    assert holder.acquire()
+    order: list[int] = []
+
+    def wait(index: int) -> None:
+        with layer.lock("fair", fair=True, ttl=30, timeout=10):
+            order.append(index)
+
+    threads = []
+    for index in range(5):
+        threads.append(threading.Thread(target=wait, args=(index,)))
+        threads[-1].start()
+        wait_until(lambda index=index: queued(layer, holder) == index + 1, f"waiter {index} to queue")
+    holder.release()
+    for thread in threads:
+        thread.join(10)
+    assert order == [0, 1, 2, 3, 4]
+    assert queued(layer, holder) == 0
+
+
+def test_a_fair_lock_skips_a_dead_waiter_after_its_lease(layer_of_each_backend: Callable[..., Stampede]) -> None:
+    """A waiter first in line dies (it tried once and never again): the next one gets the
+    lock once the dead one's place has lapsed, one ttl after its last try."""
+    layer = layer_of_each_backend()
+    store: Any = layer._runner.store  # type: ignore[union-attr]
+    holder = layer.lock("fair", fair=True, ttl=0.5)
+    assert holder.acquire()
+    store.take_lock(holder.keys, "dead-waiter", 500, 500)  # queued, then gone
+    died_at = time.monotonic()
+    waiter = layer.lock("fair", fair=True, ttl=0.5, timeout=5)
+    result: list[float] = []
+    thread = threading.Thread(target=lambda: waiter.acquire() and result.append(time.monotonic()))
+    thread.start()
+    wait_until(lambda: queued(layer, holder) == 2, "the live waiter to queue")
+    holder.release()
+    thread.join(5)
+    assert result, "the live waiter never got the lock"
+    waited = result[0] - died_at
+    assert 0.45 <= waited < 0.5 + 0.5 / 3 + 0.3, waited  # not before the dead one's place lapsed
+    waiter.release()
+
+
+def test_a_fair_waiter_that_gives_up_leaves_the_queue(layer_of_each_backend: Callable[..., Stampede]) -> None:
+    layer = layer_of_each_backend()
+    holder = layer.lock("fair", fair=True, ttl=30)
+    assert holder.acquire()
+    assert layer.lock("fair", fair=True, blocking=False).acquire() is False
+    assert queued(layer, holder) == 0  # a single try does not stay in line
+    assert layer.lock("fair", fair=True, ttl=30, timeout=0.2).acquire() is False
+    assert queued(layer, holder) == 0  # nor does a waiter whose timeout ran out
+    next_one = layer.lock("fair", fair=True, ttl=30, timeout=5)
+    got: list[float] = []
+    thread = threading.Thread(target=lambda: next_one.acquire() and got.append(time.monotonic()))
+    thread.start()
+    wait_until(lambda: queued(layer, holder) == 1, "the next waiter to queue")
+    released = time.monotonic()
+    holder.release()
+    thread.join(5)
+    assert got and got[0] - released < 0.1  # nobody who left was waited for
+    next_one.release()
+
+
+def test_a_fair_waiter_tries_often_enough_to_keep_its_place_and_leaves_when_it_gives_up() -> None:
+    clock = FakeClock()
+    flow = acquiring(blocking=True, timeout=1.0, retry_interval=None, retries=None, recheck_interval=5.0,
+                     clock=clock, queue_lease=0.3)  # fmt: skip
+    assert next(flow) == TakeLock()
+    assert flow.send(HELD) == Subscribe()
+    assert flow.send(None) == TakeLock()
+    assert flow.send(HELD) == AwaitNotice(pytest.approx(0.1))  # a third of its place's lease
+    clock.now += 1.0
+    assert flow.send(None) == TakeLock()
+    assert flow.send(HELD) == LeaveQueue()  # out of time: its place goes to the next
+    with pytest.raises(StopIteration):
+        flow.send(None)
