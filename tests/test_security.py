@@ -20,13 +20,18 @@ PASSWORD = "default-user-secret"
 APP_COMMANDS = "+get +evalsha +eval +script|load +subscribe +unsubscribe +ping +client|setinfo"
 SCRIPT_COMMANDS = "+set +del +pexpire +pttl +publish"  # what the Lua scripts call
 APP_USER = ["--user", "app", "on", ">app-secret", "~app:*", "&app:*", *APP_COMMANDS.split(), *SCRIPT_COMMANDS.split()]
+# What named locks add: the fencing counter, and a fair lock's queue (server time, a
+# sorted set of waiters, a hash of their places' expiry).
+LOCK_COMMANDS = "+incr +time +zadd +zrange +zrem +zscore +hget +hset +hdel"
+LOCK_USER = ["--user", "locker", "on", ">locker-secret", "~app:*", "&app:*", *APP_COMMANDS.split(),
+             *SCRIPT_COMMANDS.split(), *LOCK_COMMANDS.split()]  # fmt: skip
 
 
 @pytest.fixture
 def secured_server() -> Iterator[RedisServer]:
     if find_server_binary() is None:
         pytest.skip("no server binary to start")
-    with RedisServer(password=PASSWORD, args=APP_USER) as server:
+    with RedisServer(password=PASSWORD, args=APP_USER + LOCK_USER) as server:
         yield server
 
 
@@ -96,3 +101,16 @@ def test_an_acl_user_renews_leases_and_invalidates_inside_its_namespace(
     assert layer.stats()["stale_writes_prevented"] == 0 and layer.stats()["redis_errors"] == 0
     slow.invalidate(1)
     assert slow(1) == 1 and calls == [1, 1]
+
+
+def test_named_locks_need_the_fence_and_queue_commands_and_work_with_them(
+    secured_server: RedisServer, make_layer: Callable[..., Stampede]
+) -> None:
+    cache_only = make_layer(app_url(secured_server), namespace="app")
+    with pytest.raises(BackendUnavailable, match="(?i)permission"):
+        cache_only.lock("job").acquire()  # INCR (the fence) is not granted to it
+    locker = make_layer(f"redis://locker:locker-secret@127.0.0.1:{secured_server.port}/0", namespace="app")
+    for fair in (False, True):
+        with locker.lock("job", fair=fair) as lock:
+            assert lock.owned() and lock.fence is not None
+            assert locker.lock("job", fair=fair, timeout=0.1).acquire() is False
