@@ -15,11 +15,11 @@ from typing import Any, Callable
 import pytest
 import redis
 
-from stampede import ConfigError, Lock, LockLost, LockNotOwned, Stampede, WaitTimeout, _scripts
+from stampede import BackendUnavailable, ConfigError, Lock, LockLost, LockNotOwned, Stampede, WaitTimeout, _scripts
 from stampede._flow import LEASE_MARGIN, AcquireReply, AwaitNotice, LockState, Subscribe
 from stampede._lock import LeaveQueue, Pause, TakeLock, acquiring
 from stampede._memory import MemoryStore
-from stampede.testing import CommandMonitor, names
+from stampede.testing import CommandMonitor, RedisServer, names
 
 from .scenarios import wait_until
 
@@ -454,3 +454,23 @@ def test_a_fair_waiter_tries_often_enough_to_keep_its_place_and_leaves_when_it_g
     assert flow.send(HELD) == LeaveQueue()  # out of time: its place goes to the next
     with pytest.raises(StopIteration):
         flow.send(None)
+
+
+def test_a_lock_never_fails_open_when_redis_is_down(own_server: RedisServer) -> None:
+    """A lock that cannot be taken is not held: acquire raises BackendUnavailable whatever
+    the layer's on_redis_error says, within one connect timeout; a release that cannot
+    reach the server raises too, and the lease then runs out by itself."""
+    layer = Stampede.from_url(own_server.url, socket_timeout=0.3, socket_connect_timeout=0.3, on_redis_error="load")
+    try:
+        held = layer.lock("job", ttl=1)
+        assert held.acquire()
+        own_server.stop()
+        started = time.monotonic()
+        with pytest.raises(BackendUnavailable):
+            layer.lock("other").acquire()
+        assert time.monotonic() - started < 1.0
+        with pytest.raises(BackendUnavailable):
+            held.release()
+        assert held.token is None  # forgotten here; the server's lease expires on its own
+    finally:
+        layer.close()
