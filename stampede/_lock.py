@@ -24,6 +24,7 @@ them with blocking calls or with awaits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import threading
@@ -33,7 +34,7 @@ from typing import Any, Callable, Generator, Union
 
 from ._anotify import AsyncSubscription
 from ._async import keep_renewed
-from ._errors import ConfigError, LockLost, LockNotOwned, WaitTimeout
+from ._errors import BackendUnavailable, ConfigError, LockLost, LockNotOwned, WaitTimeout
 from ._flow import LEASE_MARGIN, AcquireReply, AwaitNotice, LockState, Subscribe, milliseconds
 from ._fork import reset_after_fork
 from ._keys import EntryKeys
@@ -255,10 +256,11 @@ class Lock:
                 else:
                     time.sleep(effect.seconds)
         except BaseException:
-            if isinstance(reply, AcquireReply) and reply.state is LockState.LOCKED:
-                store.release(self.keys, token)  # interrupted just after taking it
-            elif self.fair:
-                store.leave_queue(self.keys, token)  # interrupted while queued
+            with contextlib.suppress(BackendUnavailable):  # best effort: the lease or place lapses anyway
+                if isinstance(reply, AcquireReply) and reply.state is LockState.LOCKED:
+                    store.release(self.keys, token)  # interrupted just after taking it
+                elif self.fair:
+                    store.leave_queue(self.keys, token)  # interrupted while queued
             raise
         finally:
             if subscription is not None:
@@ -279,12 +281,16 @@ class Lock:
             raise self._lost("released")
 
     def extend(self, ttl: float | None = None) -> None:
-        """Reset the lease to ``ttl`` (default: the lock's) from now; LockLost if it is gone."""
+        """Reset the lease to ``ttl`` (default: the lock's) from now, and renew it to that
+        length from then on; LockLost if it is gone."""
         store = self._blocking_store()
-        token = self._held_hold().token
-        if not store.renew(self.keys, token, milliseconds(ttl or self.ttl)):
+        hold = self._held_hold()
+        lease_ms = milliseconds(ttl or self.ttl)
+        if not store.renew(self.keys, hold.token, lease_ms):
             self._give_up(entirely=True)
             raise self._lost("extended")
+        if hold.lease is not None:
+            hold.lease.lease_ms = lease_ms
 
     def locked(self) -> bool:
         """Whether anyone holds the lock now."""
@@ -338,10 +344,11 @@ class Lock:
                 else:
                     await asyncio.sleep(effect.seconds)
         except BaseException:
-            if isinstance(reply, AcquireReply) and reply.state is LockState.LOCKED:
-                await asyncio.shield(store.release(self.keys, token))  # cancelled just after taking it
-            elif self.fair:
-                await asyncio.shield(store.leave_queue(self.keys, token))  # cancelled while queued
+            with contextlib.suppress(BackendUnavailable):  # best effort: the lease or place lapses anyway
+                if isinstance(reply, AcquireReply) and reply.state is LockState.LOCKED:
+                    await asyncio.shield(store.release(self.keys, token))  # cancelled just after taking it
+                elif self.fair:
+                    await asyncio.shield(store.leave_queue(self.keys, token))  # cancelled while queued
             raise
         finally:
             if subscription is not None:
@@ -363,10 +370,14 @@ class Lock:
     async def aextend(self, ttl: float | None = None) -> None:
         """``extend`` for a task."""
         store = self._loop_store()
-        token = self._held_hold().token
-        if not await store.renew(self.keys, token, milliseconds(ttl or self.ttl)):
+        hold = self._held_hold()
+        lease_ms = milliseconds(ttl or self.ttl)
+        if not await store.renew(self.keys, hold.token, lease_ms):
             self._give_up(entirely=True)
             raise self._lost("extended")
+        if hold.renewal is not None:
+            hold.renewal.cancel()
+            hold.renewal = asyncio.ensure_future(keep_renewed(store, self.keys, hold.token, lease_ms))
 
     async def alocked(self) -> bool:
         return await self._loop_store().holder(self.keys) is not None

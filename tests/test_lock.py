@@ -160,6 +160,13 @@ def test_a_held_lock_is_renewed_past_its_ttl_and_extend_resets_it(
         time.sleep(1.0)  # over three leases: the watchdog renews every 0.1 s
         assert lock.owned()
         assert layer.lock("job", blocking=False).acquire() is False
+    with layer.lock("renewed", ttl=0.3) as renewed:
+        renewed.extend(5)
+        time.sleep(0.5)  # past a few of the watchdog's renewals: they keep the new length
+        store: Any = layer._runner.store  # type: ignore[union-attr]
+        left = store._leases[renewed.keys.lock][1] - time.monotonic() if isinstance(store, MemoryStore) else (
+            store.client.pttl(renewed.keys.lock) / 1000)  # fmt: skip
+        assert left > 3, left
     plain = layer.lock("plain", ttl=0.3, renew=False)
     assert plain.acquire()
     plain.extend(5)
