@@ -34,6 +34,15 @@ from stampede import Redlock, Stampede  # noqa: E402
 from stampede.testing import CommandMonitor, RedisServer, names, server_url  # noqa: E402
 
 
+def print_latencies(rows: dict[str, list[float]]) -> None:
+    """One line per row of milliseconds: median, p90 and max."""
+    print("   {:<24} {:>9} {:>9} {:>9}".format("", "median ms", "p90 ms", "max ms"))
+    for name, latencies in rows.items():
+        ordered = sorted(latencies)
+        p90 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.9))]
+        print(f"   {name:<24} {statistics.median(ordered):>9.2f} {p90:>9.2f} {ordered[-1]:>9.2f}")
+
+
 def round_trips(url: str, layer: Stampede, client: redis.Redis) -> None:
     ours = layer.lock("bench:trips")
     theirs = client.lock("bench:trips:redis-py")
@@ -128,11 +137,7 @@ def hand_offs(url: str, layer: Stampede, options: argparse.Namespace) -> None:
     client.close()
     print(f"\n3. Hand-off latency, release to the waiter holding it, {options.handoffs} hand-offs "
           f"(holder keeps it {options.hold * 1000:.0f} ms)")  # fmt: skip
-    print("   {:<24} {:>9} {:>9} {:>9}".format("", "median ms", "p90 ms", "max ms"))
-    for name, latencies in results.items():
-        ordered = sorted(latencies)
-        p90 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.9))]
-        print(f"   {name:<24} {statistics.median(ordered):>9.2f} {p90:>9.2f} {ordered[-1]:>9.2f}")
+    print_latencies(results)
 
 
 def acquisition_ms(acquire_release: Callable[[], Any], count: int) -> list[float]:
@@ -142,7 +147,7 @@ def acquisition_ms(acquire_release: Callable[[], Any], count: int) -> list[float
         lock = acquire_release()
         latencies.append((time.perf_counter() - started) * 1000)
         lock.release()
-    return sorted(latencies)
+    return latencies
 
 
 def redlock_latency(layer: Stampede, options: argparse.Namespace) -> None:
@@ -171,10 +176,7 @@ def redlock_latency(layer: Stampede, options: argparse.Namespace) -> None:
         for server in servers:
             server.stop()
     print(f"\n4. Uncontended acquisition latency, {options.acquisitions} acquisitions")
-    print("   {:<24} {:>9} {:>9} {:>9}".format("", "median ms", "p90 ms", "max ms"))
-    for name, ordered in rows.items():
-        p90 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.9))]
-        print(f"   {name:<24} {statistics.median(ordered):>9.2f} {p90:>9.2f} {ordered[-1]:>9.2f}")
+    print_latencies(rows)
 
 
 def main() -> None:
