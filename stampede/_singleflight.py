@@ -61,7 +61,7 @@ class Flight:
         self.value: Any = None
         self.error: BaseException | None = None
         self.timer: asyncio.TimerHandle | None = None  # asyncio: the earliest joiner's deadline
-        self.unwritten = False  # the leader's value was loaded but its write refused; set before done
+        self.unwritten = False  # the leader loaded a value but its write was refused or failed; set before done
         self.sent = 0  # the leader's steps that may produce its value; bumped just before each
         self.subscribed_at = 0  # ``sent`` when the leader subscribed to the entry's channel
 
