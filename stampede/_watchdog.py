@@ -88,15 +88,17 @@ class Watchdog:
         while True:
             with self._lock:
                 while not self._closed:
-                    while self._heap and not self._heap[0][2].active:
-                        heapq.heappop(self._heap)
-                    if not self._heap:
-                        self._changed.wait()
+                    now = time.monotonic()
+                    if self._heap and self._heap[0][0] <= now:
+                        # Due. Leases that are over go in one batch, but only now: dropping
+                        # them as soon as they end would empty the heap after every short
+                        # hold, and each next lease would have to wake this thread.
+                        while self._heap and not self._heap[0][2].active:
+                            heapq.heappop(self._heap)
+                        if self._heap and self._heap[0][0] <= now:
+                            break
                         continue
-                    delay = self._heap[0][0] - time.monotonic()
-                    if delay <= 0:
-                        break
-                    self._changed.wait(delay)
+                    self._changed.wait(self._heap[0][0] - now if self._heap else None)
                 if self._closed:
                     return
                 _, _, lease = heapq.heappop(self._heap)

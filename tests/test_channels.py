@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
+from typing import Any
 
 from stampede._channels import Channels
 from stampede._flow import Acquire, AwaitNotice, Load, Release, Subscribe, WriteRelease
+from stampede._keys import EntryKeys
 from stampede._singleflight import AsyncFlightTable, Flight
+from stampede._watchdog import Watchdog
 
 
 class Box:
@@ -140,3 +145,34 @@ def test_a_value_from_a_message_goes_only_to_who_arrived_before_the_subscription
     flight.decided(via_notice=True)
     assert not flight.starts_over(joined_at=1)  # joined before the subscription
     assert flight.starts_over(joined_at=3)  # joined during the first wait, before the re-check
+
+
+class CountingCondition:
+    """A threading.Condition that counts how often the watchdog's thread is woken."""
+
+    def __init__(self, inner: threading.Condition) -> None:
+        self.inner, self.notified = inner, 0
+
+    def notify(self) -> None:
+        self.notified += 1
+        self.inner.notify()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_short_leases_one_after_another_do_not_wake_the_watchdog_each_time() -> None:
+    """A lock taken and released over and over registers a lease each time; the thread is
+    woken for the first only, since each later one is due after a lease already waited on."""
+    watchdog = Watchdog()
+    counting = CountingCondition(watchdog._changed)
+    watchdog._changed = counting  # type: ignore[assignment]
+    keys = EntryKeys("v", "l", "c")
+    try:
+        for _ in range(200):
+            lease = watchdog.watch(None, keys, "token", 30_000)  # type: ignore[arg-type]
+            lease.active = False
+            time.sleep(0.0002)  # the thread gets its turn
+        assert counting.notified <= 2, counting.notified
+    finally:
+        watchdog.close()
