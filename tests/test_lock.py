@@ -19,7 +19,7 @@ from stampede import BackendUnavailable, ConfigError, Lock, LockLost, LockNotOwn
 from stampede._flow import LEASE_MARGIN, AcquireReply, AwaitNotice, LockState, Subscribe
 from stampede._lock import LeaveQueue, Pause, TakeLock, acquiring
 from stampede._memory import MemoryStore
-from stampede.testing import CommandMonitor, RedisServer, names
+from stampede.testing import CommandMonitor, FaultProxy, RedisServer, names
 
 from .scenarios import wait_until
 
@@ -481,3 +481,26 @@ def test_a_lock_never_fails_open_when_redis_is_down(own_server: RedisServer) -> 
         assert held.token is None  # forgotten here; the server's lease expires on its own
     finally:
         layer.close()
+
+
+def test_a_holder_cut_off_past_its_lease_learns_it_at_release(
+    proxy: FaultProxy, make_layer: Callable[..., Stampede]
+) -> None:
+    """The network between a holder and Redis stalls for longer than the lease: its
+    renewals fail, the lease runs out, another process takes the lock (with a greater
+    fence). When the network is back, the holder's release raises LockLost and frees
+    nothing of the new holder's."""
+    cut_off = make_layer(proxy.url, socket_timeout=0.2, socket_connect_timeout=0.2, breaker_threshold=0)
+    other = make_layer()
+    held = cut_off.lock("job", ttl=0.6)
+    assert held.acquire()
+    proxy.stall()
+    try:
+        with other.lock("job", ttl=30, timeout=5) as taker:
+            assert taker.fence is not None and held.fence is not None and taker.fence > held.fence
+            proxy.flow()
+            with pytest.raises(LockLost):
+                held.release()
+            assert taker.owned()
+    finally:
+        proxy.flow()
