@@ -16,7 +16,7 @@ from stampede.testing import FaultProxy, RedisServer, find_server_binary
 
 from .test_processes import Workers
 
-WORKER = str(Path(__file__).with_name("redlock_worker.py"))
+WORKER = str(Path(__file__).with_name("mutex_worker.py"))
 
 
 @pytest.fixture(scope="module")

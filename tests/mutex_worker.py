@@ -1,8 +1,10 @@
-"""A worker process for the Redlock test: threads adding 1 to a counter under a Redlock.
+"""A worker process for the mutual-exclusion tests: threads adding 1 to a counter under a
+lock, a Redlock over every --url, or with --single a layer.lock on the first --url.
 
 The counter is on another server (--counter-url), read and written in two commands with a
 pause between, so two holders at once would lose an update. Prints "ready", waits for
-"go", then prints one JSON line: how many increments it made and how many tries failed.
+"go", then prints one JSON line: how many increments it made, how many tries failed, and
+the fences it held (layer.lock only).
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ import json
 import sys
 import threading
 import time
+from typing import Any
 
 import redis
 
-from stampede import Redlock
+from stampede import Redlock, Stampede
 
 
 def main() -> None:
@@ -24,18 +27,25 @@ def main() -> None:
     parser.add_argument("--counter-url", required=True)
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--single", action="store_true", help="layer.lock on the first --url")
     options = parser.parse_args()
     counter = redis.Redis.from_url(options.counter_url, socket_timeout=5)
     manager = Redlock(options.url, namespace="redlock-test")
+    layer = Stampede.from_url(options.url[0], namespace="lock-test")
+
+    def make_lock() -> Any:
+        if options.single:
+            return layer.lock("counter", ttl=5, timeout=30)
+        return manager.lock("counter", ttl=5, timeout=30, retry_delay=0.02)
     print("ready", flush=True)
     if sys.stdin.readline().strip() != "go":
         return
-    done = {"increments": 0, "failed": 0}
+    done: dict[str, Any] = {"increments": 0, "failed": 0, "fences": []}
     guard = threading.Lock()
 
     def work() -> None:
         for _ in range(options.rounds):
-            lock = manager.lock("counter", ttl=5, timeout=30, retry_delay=0.02)
+            lock = make_lock()
             if not lock.acquire():
                 with guard:
                     done["failed"] += 1
@@ -43,9 +53,12 @@ def main() -> None:
             value = int(counter.get("redlock:counter") or 0)
             time.sleep(0.001)  # the window a second holder would use
             counter.set("redlock:counter", value + 1)
-            lock.release()
-            with guard:
+            fence = getattr(lock, "fence", None)
+            with guard:  # still under the lock: the fences go in in the order they were held
                 done["increments"] += 1
+                if fence is not None:
+                    done["fences"].append(fence)
+            lock.release()
 
     threads = [threading.Thread(target=work) for _ in range(options.threads)]
     for thread in threads:
@@ -53,6 +66,7 @@ def main() -> None:
     for thread in threads:
         thread.join()
     manager.close()
+    layer.close()
     print(json.dumps(done), flush=True)
 
 
