@@ -23,7 +23,7 @@ from stampede._memory import MemoryStore
 from stampede.testing import CommandMonitor, FaultProxy, RedisServer, names
 
 from .scenarios import wait_until
-from .test_processes import Workers
+from .test_processes import run_stampede
 
 MUTEX_WORKER = str(Path(__file__).with_name("mutex_worker.py"))
 
@@ -513,17 +513,8 @@ def test_a_holder_cut_off_past_its_lease_learns_it_at_release(
 def test_mutual_exclusion_and_unique_fences_across_four_processes_of_eight_threads(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
-    workers = Workers()
-    try:
-        started = [workers.start(redis_url, "--single", "--counter-url", redis_url, "--rounds", "10",
-                                 script=MUTEX_WORKER)  # fmt: skip
-                   for _ in range(4)]
-        for process in started:
-            workers.expect(process, "ready")
-        workers.go(started)
-        results = [workers.result(process, timeout=50) for process in started]
-    finally:
-        workers.stop_all()
+    results = run_stampede(redis_url, 4, "--single", "--counter-url", redis_url, "--rounds", "10",
+                           script=MUTEX_WORKER, timeout=50)  # fmt: skip
     fences = [fence for result in results for fence in result["fences"]]
     assert sum(result["failed"] for result in results) == 0
     assert int(redis_client.get("redlock:counter") or 0) == 4 * 8 * 10  # no lost update

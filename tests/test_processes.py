@@ -59,14 +59,17 @@ class Workers:
                     pipe.close()
 
 
-def run_stampede(url: str, processes: int, *args: str) -> list[dict[str, Any]]:
+def run_stampede(
+    url: str, processes: int, *args: str, script: str = WORKER, timeout: float = 30
+) -> list[dict[str, Any]]:
+    """Start ``processes`` workers, let them go at once, and collect what each saw."""
     workers = Workers()
     try:
-        started = [workers.start(url, *args) for _ in range(processes)]
+        started = [workers.start(url, *args, script=script) for _ in range(processes)]
         for process in started:
             workers.expect(process, "ready")
         workers.go(started)
-        return [workers.result(process) for process in started]
+        return [workers.result(process, timeout=timeout) for process in started]
     finally:
         workers.stop_all()
 

@@ -14,7 +14,7 @@ import redis
 from stampede import ConfigError, LockLost, LockNotOwned, Redlock, WaitTimeout
 from stampede.testing import FaultProxy, RedisServer, find_server_binary
 
-from .test_processes import Workers
+from .test_processes import run_stampede
 
 WORKER = str(Path(__file__).with_name("mutex_worker.py"))
 
@@ -108,18 +108,9 @@ def test_release_after_the_validity_ran_out_raises_lock_lost(five: list[RedisSer
 def test_mutual_exclusion_across_four_processes_of_eight_threads(
     five: list[RedisServer], redis_url: str, redis_client: redis.Redis
 ) -> None:
-    workers = Workers()
-    urls = [arg for server in five for arg in ("--url", server.url)]
-    try:
-        started = [workers.start(five[0].url, *urls[2:], "--counter-url", redis_url, "--rounds", "4",
-                                 script=WORKER)  # fmt: skip
-                   for _ in range(4)]
-        for process in started:
-            workers.expect(process, "ready")
-        workers.go(started)
-        results = [workers.result(process, timeout=50) for process in started]
-    finally:
-        workers.stop_all()
+    others = [arg for server in five[1:] for arg in ("--url", server.url)]
+    results = run_stampede(five[0].url, 4, *others, "--counter-url", redis_url, "--rounds", "4",
+                           script=WORKER, timeout=50)  # fmt: skip
     assert sum(result["failed"] for result in results) == 0
     assert sum(result["increments"] for result in results) == 4 * 8 * 4
     assert int(redis_client.get("redlock:counter") or 0) == 4 * 8 * 4  # no lost update
