@@ -133,9 +133,7 @@ class AsyncRunner:
                 return found
         ctx = self._context(value_key, spec)
         loader = functools.partial(spec.func, *args, **kwargs)
-        value = await self._drive(fill(ctx, found), ctx, loader, store, flight)
-        flight.unwritten = ctx.unwritten
-        return value
+        return await self._drive(fill(ctx, found), ctx, loader, store, flight)
 
     def _context(self, value_key: str, spec: LoaderSpec) -> Context:
         return new_context(value_key, spec, self._stats, self._warn)
@@ -212,7 +210,7 @@ class AsyncRunner:
                     effect = flow.send(reply) if error is None else flow.throw(error)
                 except StopIteration as stop:
                     if flight is not None:
-                        flight.decided(ctx.via_notice)
+                        flight.decided(ctx.unwritten, ctx.via_notice)
                     return stop.value
                 reply, error = None, None
                 if flight is not None:

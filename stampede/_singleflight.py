@@ -72,9 +72,11 @@ class Flight:
             if isinstance(effect, Subscribe):
                 self.subscribed_at = self.sent
 
-    def decided(self, via_notice: bool) -> None:
-        """The leader's flow returned its value; one from a message goes only to those
-        who arrived before the subscription."""
+    def decided(self, unwritten: bool, via_notice: bool) -> None:
+        """The leader's flow returned its value: if its write was refused or failed, it
+        goes to nobody else; if it came in a message, only to those who arrived before
+        the subscription."""
+        self.unwritten = unwritten
         if via_notice:
             self.sent = self.subscribed_at
 

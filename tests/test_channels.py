@@ -142,7 +142,7 @@ def test_a_value_from_a_message_goes_only_to_who_arrived_before_the_subscription
     for effect in (Acquire(), Subscribe(), Acquire(), AwaitNotice(1.0), Acquire(), AwaitNotice(1.0)):
         flight.count(effect)
     flight.value = "v"
-    flight.decided(via_notice=True)
+    flight.decided(unwritten=False, via_notice=True)
     assert not flight.starts_over(joined_at=1)  # joined before the subscription
     assert flight.starts_over(joined_at=3)  # joined during the first wait, before the re-check
 
