@@ -49,6 +49,12 @@ class EntryKeys:
         """A fair lock's queue, its waiters' leases and its ticket counter."""
         return self.lock + ":queue", self.lock + ":waiters", self.lock + ":tickets"
 
+    @property
+    def on_lock_servers(self) -> EntryKeys:
+        """The keys of a load's lease on Redlock's lock servers: a lock key (and a channel,
+        which nobody listens to) of its own, so the cache server can be a lock server too."""
+        return EntryKeys(self.value, self.lock + ":majority", self.channel + ":majority")
+
     @classmethod
     def for_value(cls, value_key: str) -> EntryKeys:
         """The lock and channel that go with a value key from ``KeyBuilder.value_key``."""

@@ -30,6 +30,8 @@ from ._lock import Lock, ReentrantHolds
 from ._memory import AsyncMemoryStore, MemoryStore
 from ._observe import RateLimitedLog, Stats
 from ._redis import RedisStore
+from ._redlock import Redlock
+from ._redlock_store import AsyncRedlockStore, RedlockStore
 from ._store import AsyncStore, Store
 from ._sync import SyncRunner
 from ._watchdog import Watchdog
@@ -57,6 +59,11 @@ class Stampede:
     per event loop. ``Stampede.from_url(url)`` builds both, with bounded timeouts.
     ``Stampede()`` keeps everything in this process's memory: no server, protection
     across threads and tasks only.
+
+    ``redlock=Redlock(urls)`` holds every load's lease on a majority of those lock
+    servers as well as on the cache server, so no two loads of a key run at once even if
+    the cache server loses its keys; values and messages stay on the cache server (see
+    ``_redlock_store``). Its servers must be URLs for async loaders.
     """
 
     def __init__(
@@ -64,6 +71,7 @@ class Stampede:
         client: redis.Redis | None = None,
         *,
         async_client: AsyncClient | None = None,
+        redlock: Redlock | None = None,
         namespace: str = "stampede",
         serializer: Serializer | None = None,
         max_entries: int = 10_000,
@@ -84,14 +92,20 @@ class Stampede:
         breaker = CircuitBreaker(self.settings.breaker_threshold, self.settings.breaker_cooldown)
         store: Store | None = None
         make_async_store: Callable[[], AsyncStore] | None = None
+        if redlock is not None and client is None and async_client is None:
+            raise ConfigError("redlock= needs a cache server: pass a redis client, or use Stampede.from_url")
         if client is None and async_client is None:
             memory = MemoryStore(max_entries)
             store = memory
             make_async_store = functools.partial(AsyncMemoryStore, memory)
         if client is not None:
             store = RedisStore(client, _socket_timeout(client), breaker)
+            if redlock is not None:
+                store = RedlockStore(store, redlock.servers, redlock.quorum)
         if async_client is not None:
             make_async_store = _async_store_maker(async_client, breaker)
+            if redlock is not None:
+                make_async_store = _with_redlock(make_async_store, redlock)
         self._runner = SyncRunner(store, self._stats, warn, self._watchdog) if store is not None else None
         self._async_runner = AsyncRunner(make_async_store, self._stats, warn) if make_async_store else None
 
@@ -105,6 +119,7 @@ class Stampede:
         max_connections: int = 64,
         namespace: str = "stampede",
         serializer: Serializer | None = None,
+        redlock: Redlock | None = None,
         **settings: Any,
     ) -> Stampede:
         """A layer over clients for ``url`` with bounded timeouts and no hidden retries,
@@ -127,7 +142,14 @@ class Stampede:
             )
             return redis.asyncio.Redis(connection_pool=async_pool, retry=no_async_retries)
 
-        layer = cls(client, async_client=make_async_client, namespace=namespace, serializer=serializer, **settings)
+        layer = cls(
+            client,
+            async_client=make_async_client,
+            redlock=redlock,
+            namespace=namespace,
+            serializer=serializer,
+            **settings,
+        )
         layer._owned_client = client
         return layer
 
@@ -192,11 +214,15 @@ class Stampede:
             reentrant=reentrant,
             fair=fair,
             recheck_interval=self.settings.recheck_interval,
-            store=self._runner.store if self._runner is not None else None,
-            async_store=self._async_runner.loop_store if self._async_runner is not None else None,
+            store=_named_lock_store(self._runner.store) if self._runner is not None else None,
+            async_store=self._named_lock_async_store if self._async_runner is not None else None,
             watchdog=self._watchdog,
             reentrant_holds=self._reentrant_holds,
         )
+
+    def _named_lock_async_store(self) -> AsyncStore:
+        assert self._async_runner is not None
+        return _named_lock_store(self._async_runner.loop_store())
 
     def _forget(self, key: str) -> None:
         """After an invalidation: callers of every kind in this process read afresh."""
@@ -314,6 +340,23 @@ def _async_store_maker(async_client: AsyncClient, breaker: CircuitBreaker) -> Ca
     client = async_client
     timeout = _socket_timeout(client)  # type: ignore[arg-type]
     return lambda: AsyncRedisStore(client, timeout, breaker)
+
+
+StoreT = TypeVar("StoreT", Store, AsyncStore)
+
+
+def _named_lock_store(store: StoreT) -> StoreT:
+    """Where named locks live: the cache server, also in a layer with Redlock leases (a
+    named lock has a fencing token and a fair queue, which need one server)."""
+    if isinstance(store, (RedlockStore, AsyncRedlockStore)):
+        return store.cache
+    return store
+
+
+def _with_redlock(make_cache_store: Callable[[], AsyncStore], redlock: Redlock) -> Callable[[], AsyncStore]:
+    """A maker of one event loop's store whose leases are also held on ``redlock``'s servers
+    (a ConfigError, at an async loader's first call, if they were given as clients)."""
+    return lambda: AsyncRedlockStore(make_cache_store(), redlock.async_servers(), redlock.quorum)
 
 
 _default_layer: Stampede | None = None

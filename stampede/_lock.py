@@ -30,7 +30,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Generator, Union
+from typing import Any, Callable, Generator, TypeVar, Union
 
 from ._anotify import AsyncSubscription
 from ._async import keep_renewed
@@ -100,6 +100,60 @@ def task_owner() -> Any:
     return asyncio.current_task()
 
 
+class LockBlocks:
+    """``with`` and ``async with`` for a lock class with acquire/release (blocking) and
+    aacquire/arelease (asyncio): a lock that cannot be taken raises ``WaitTimeout``; one
+    lost by the time the block ends raises ``LockLost``, unless the block is already
+    raising (its own error says more, and the loss is logged)."""
+
+    name: str
+
+    def acquire(self) -> bool:
+        raise NotImplementedError
+
+    def release(self) -> None:
+        raise NotImplementedError
+
+    async def aacquire(self) -> bool:
+        raise NotImplementedError
+
+    async def arelease(self) -> None:
+        raise NotImplementedError
+
+    def _timed_out(self) -> WaitTimeout:
+        raise NotImplementedError
+
+    def __enter__(self: HolderT) -> HolderT:
+        if not self.acquire():
+            raise self._timed_out()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, traceback: Any) -> None:
+        try:
+            self.release()
+        except LockLost as lost:
+            self._lost_on_exit(lost, exc_type)
+
+    async def __aenter__(self: HolderT) -> HolderT:
+        if not await self.aacquire():
+            raise self._timed_out()
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: Any, traceback: Any) -> None:
+        try:
+            await self.arelease()
+        except LockLost as lost:
+            self._lost_on_exit(lost, exc_type)
+
+    def _lost_on_exit(self, lost: LockLost, exc_type: Any) -> None:
+        if exc_type is None:
+            raise lost
+        log.warning("stampede: lock %r was lost while its block raised %s", self.name, exc_type.__name__)
+
+
+HolderT = TypeVar("HolderT", bound=LockBlocks)
+
+
 LockEffect = Union[TakeLock, Subscribe, AwaitNotice, Pause, LeaveQueue]
 Acquiring = Generator[LockEffect, Any, Union[int, None]]
 
@@ -151,7 +205,7 @@ def acquiring(
         yield AwaitNotice(wait if remaining is None else min(wait, remaining))
 
 
-class Lock:
+class Lock(LockBlocks):
     """A named lock over a layer's store, for threads (``with``, ``acquire``) and for
     tasks (``async with``, ``aacquire``). One object is one holder: make one per use
     (``layer.lock(name)`` is cheap); it is not shared between threads or tasks.
@@ -300,19 +354,6 @@ class Lock:
         """Whether this object holds the lock now, by the server's account."""
         return self.token is not None and self._blocking_store().holder(self.keys) == self.token
 
-    def __enter__(self) -> Lock:
-        if not self.acquire():
-            raise self._timed_out()
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, traceback: Any) -> None:
-        try:
-            self.release()
-        except LockLost:
-            if exc_type is None:
-                raise
-            log.warning("stampede: lock %r was lost while its block raised %s", self.name, exc_type.__name__)
-
     # --- asyncio ----------------------------------------------------------------------
 
     async def aacquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
@@ -384,19 +425,6 @@ class Lock:
 
     async def aowned(self) -> bool:
         return self.token is not None and await self._loop_store().holder(self.keys) == self.token
-
-    async def __aenter__(self) -> Lock:
-        if not await self.aacquire():
-            raise self._timed_out()
-        return self
-
-    async def __aexit__(self, exc_type: Any, exc: Any, traceback: Any) -> None:
-        try:
-            await self.arelease()
-        except LockLost:
-            if exc_type is None:
-                raise
-            log.warning("stampede: lock %r was lost while its block raised %s", self.name, exc_type.__name__)
 
     # --- shared -----------------------------------------------------------------------
 

@@ -4,7 +4,7 @@ The algorithm (as its author specified it):
 
 1. take a random token and the time;
 2. on every server, SET the lock key to the token, NX, PX ttl, each with a short socket
-   timeout so a dead server costs little;
+   timeout so a dead server costs little (asyncio callers ask all servers at once);
 3. the lock is held if a majority (N // 2 + 1) granted it and time is left: the validity
    is ttl, minus the time the attempt took, minus an allowance for clock drift between
    the servers (``clock_drift_factor`` x ttl + 2 ms);
@@ -22,28 +22,201 @@ an occasional overlap is tolerable (efficiency, not correctness).
 
 Waiters retry after a random delay rather than listening for a release: N servers
 publish N messages with no order between them.
+
+The decisions are written once, as generators of steps (``_steps``); ``LockServers``
+performs them with blocking calls, one server after another, and ``AsyncLockServers``
+with awaits, on all servers at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 import secrets
 import time
-from typing import Any, Sequence
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import redis
+import redis.asyncio
 from redis.exceptions import RedisError
 
 from . import _scripts
 from ._errors import ConfigError, LockLost, LockNotOwned, WaitTimeout
 from ._flow import milliseconds
 from ._keys import EntryKeys, lock_keys
+from ._lock import LockBlocks
+from ._steps import Step, Steps, arun, run
 
-FAILURES = (RedisError, OSError)
+# What a lock server's failure raises, blocking or asyncio; each counts as a refusal.
+FAILURES = (RedisError, OSError, asyncio.TimeoutError)
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """What the servers answered to one command sent to each of them."""
+
+    agreed: int  # servers that granted (took, released, renewed) it
+    failed: int  # servers that did not answer: down, timed out, or an error reply
+    lease_left: float = 0.0  # a refused take: the shortest lease another holder has left (s)
+
+
+@dataclass(frozen=True, slots=True)
+class Quorum:
+    """The arithmetic of a majority of ``size`` servers (pure)."""
+
+    size: int
+    clock_drift_factor: float
+
+    @property
+    def needed(self) -> int:
+        return self.size // 2 + 1
+
+    def valid_until(self, started: float, ttl: float) -> float:
+        """When a lease of ``ttl`` seconds asked for at ``started`` stops being safe."""
+        return started + ttl - (ttl * self.clock_drift_factor + 0.002)
+
+    def holds(self, answered: Round, valid_until: float, now: float) -> bool:
+        return answered.agreed >= self.needed and now < valid_until
+
+    def reachable(self, answered: Round) -> bool:
+        """Whether enough servers answered for a majority to be possible at all."""
+        return self.size - answered.failed >= self.needed
+
+
+# --- one command, as sent to one server (blocking or asyncio client alike) --------------
+
+
+class _Server:
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.take = client.register_script(_scripts.ACQUIRE)
+        self.release = client.register_script(_scripts.RELEASE)
+        self.renew = client.register_script(_scripts.RENEW)
+
+
+def _take(server: _Server, keys: EntryKeys, token: str, lease_ms: int) -> Any:
+    return server.take(keys=[keys.value, keys.lock], args=[token, lease_ms, "0"])  # '0': the value is not read
+
+
+def _release(server: _Server, keys: EntryKeys, token: str) -> Any:
+    return server.release(keys=[keys.lock], args=[token, keys.channel])
+
+
+def _renew(server: _Server, keys: EntryKeys, token: str, lease_ms: int) -> Any:
+    return server.renew(keys=[keys.lock], args=[token, lease_ms])
+
+
+def _drop(server: _Server, keys: EntryKeys) -> Any:
+    return server.client.delete(keys.lock)
+
+
+def _holder(server: _Server, keys: EntryKeys) -> Any:
+    return server.client.get(keys.lock)
+
+
+def _tally_take(outcomes: list[Any]) -> Round:
+    granted = failed = 0
+    leases: list[int] = []
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            failed += 1
+        elif outcome[0] == 2:
+            granted += 1
+        elif int(outcome[1]) > 0:
+            leases.append(int(outcome[1]))
+    return Round(granted, failed, min(leases) / 1000 if leases else 0.0)
+
+
+def _tally(outcomes: list[Any]) -> Round:
+    failed = sum(isinstance(outcome, BaseException) for outcome in outcomes)
+    return Round(sum(bool(o) for o in outcomes if not isinstance(o, BaseException)), failed)
+
+
+def _tokens(outcomes: list[Any]) -> list[bytes | None]:
+    return [None if isinstance(outcome, BaseException) else outcome for outcome in outcomes]
+
+
+class LockServers:
+    """The lock servers for blocking callers: each command goes to one server after
+    another, every failure counted rather than raised."""
+
+    def __init__(self, clients: Sequence[redis.Redis]) -> None:
+        self._servers = [_Server(client) for client in clients]
+
+    def _everywhere(self, command: Callable[..., Any], *args: Any) -> list[Any]:
+        outcomes: list[Any] = []
+        for server in self._servers:
+            try:
+                outcomes.append(command(server, *args))
+            except FAILURES as error:
+                outcomes.append(error)
+        return outcomes
+
+    def take(self, keys: EntryKeys, token: str, lease_ms: int) -> Round:
+        return _tally_take(self._everywhere(_take, keys, token, lease_ms))
+
+    def release(self, keys: EntryKeys, token: str) -> Round:
+        return _tally(self._everywhere(_release, keys, token))
+
+    def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> Round:
+        return _tally(self._everywhere(_renew, keys, token, lease_ms))
+
+    def drop(self, keys: EntryKeys) -> Round:
+        return _tally(self._everywhere(_drop, keys))
+
+    def holders(self, keys: EntryKeys) -> list[bytes | None]:
+        return _tokens(self._everywhere(_holder, keys))
+
+    def pause(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+class AsyncLockServers:
+    """The lock servers for the tasks of one event loop: each command goes to all of them
+    at once. Owns its clients (``aclose``)."""
+
+    def __init__(self, clients: Sequence[redis.asyncio.Redis]) -> None:
+        self._servers = [_Server(client) for client in clients]
+
+    async def _everywhere(self, command: Callable[..., Any], *args: Any) -> list[Any]:
+        outcomes = await asyncio.gather(*(command(server, *args) for server in self._servers), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException) and not isinstance(outcome, FAILURES):
+                raise outcome  # a bug or a cancellation, not a server's refusal
+        return outcomes
+
+    async def take(self, keys: EntryKeys, token: str, lease_ms: int) -> Round:
+        return _tally_take(await self._everywhere(_take, keys, token, lease_ms))
+
+    async def release(self, keys: EntryKeys, token: str) -> Round:
+        return _tally(await self._everywhere(_release, keys, token))
+
+    async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> Round:
+        return _tally(await self._everywhere(_renew, keys, token, lease_ms))
+
+    async def drop(self, keys: EntryKeys) -> Round:
+        return _tally(await self._everywhere(_drop, keys))
+
+    async def holders(self, keys: EntryKeys) -> list[bytes | None]:
+        return _tokens(await self._everywhere(_holder, keys))
+
+    async def pause(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    async def aclose(self) -> None:
+        for server in self._servers:
+            await server.client.aclose(close_connection_pool=True)
 
 
 class Redlock:
-    """A lock manager over several independent servers: ``Redlock(urls).lock(name)``."""
+    """A lock manager over several independent servers: ``Redlock(urls).lock(name)``, or
+    the lock behind a layer's loads: ``Stampede(client, redlock=Redlock(urls))``.
+
+    Servers given as URLs serve blocking and asyncio callers (asyncio clients are made
+    per event loop); servers given as ``redis.Redis`` clients serve blocking callers only.
+    """
 
     def __init__(
         self,
@@ -58,20 +231,24 @@ class Redlock:
             raise ConfigError("Redlock needs at least one server (five is the usual number)")
         if not 0 <= clock_drift_factor < 1:
             raise ConfigError(f"clock_drift_factor must be in [0, 1), got {clock_drift_factor!r}")
+        if socket_timeout <= 0:
+            raise ConfigError(f"socket_timeout must be > 0, got {socket_timeout!r}")
+        self._timeouts = dict(socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout)
+        self._urls = [server for server in servers if isinstance(server, str)]
         self._owned = [isinstance(server, str) for server in servers]
         self.clients: list[redis.Redis] = [
-            redis.Redis.from_url(server, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout,
-                                 retry_on_timeout=False, retry=None)  # fmt: skip
+            redis.Redis.from_url(server, retry_on_timeout=False, retry=None, **self._timeouts)
             if isinstance(server, str)
             else server
             for server in servers
         ]
-        self.quorum = len(self.clients) // 2 + 1
+        self.quorum = Quorum(len(self.clients), clock_drift_factor)
         self.namespace = namespace
-        self.clock_drift_factor = clock_drift_factor
+        self.servers = LockServers(self.clients)
         self._max_key_length = max_key_length
-        self._release = [client.register_script(_scripts.RELEASE) for client in self.clients]
-        self._renew = [client.register_script(_scripts.RENEW) for client in self.clients]
+        self._loop_servers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncLockServers] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def lock(
         self,
@@ -87,10 +264,35 @@ class Redlock:
         keys = lock_keys(self.namespace, name, self._max_key_length)
         return RedlockLock(self, name, keys, ttl, blocking, timeout, retry_delay, retries)
 
+    def async_servers(self) -> AsyncLockServers:
+        """New asyncio clients of every server, for the running event loop."""
+        if len(self._urls) != self.quorum.size:
+            raise ConfigError("asyncio callers of a Redlock need its servers given as URLs, not clients")
+        return AsyncLockServers(
+            [redis.asyncio.Redis.from_url(url, retry_on_timeout=False, retry=None, **self._timeouts)  # type: ignore[arg-type]
+             for url in self._urls]  # fmt: skip
+        )
+
+    def loop_servers(self) -> AsyncLockServers:
+        """The running event loop's servers for this manager's own locks."""
+        loop = asyncio.get_running_loop()
+        servers = self._loop_servers.get(loop)
+        if servers is None:
+            servers = self._loop_servers[loop] = self.async_servers()
+        return servers
+
     def close(self) -> None:
+        """Close the blocking clients this manager made (``aclose`` closes asyncio ones)."""
         for client, owned in zip(self.clients, self._owned, strict=True):
             if owned:
                 client.close()
+
+    async def aclose(self) -> None:
+        """Close the running event loop's clients, then the blocking ones."""
+        servers = self._loop_servers.pop(asyncio.get_running_loop(), None)
+        if servers is not None:
+            await servers.aclose()
+        self.close()
 
     def __enter__(self) -> Redlock:
         return self
@@ -98,48 +300,17 @@ class Redlock:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    # --- one command on every server; each failure counts as a refusal ----------------
+    async def __aenter__(self) -> Redlock:
+        return self
 
-    def take_everywhere(self, keys: EntryKeys, token: str, ttl_ms: int) -> int:
-        granted = 0
-        for client in self.clients:
-            try:
-                granted += bool(client.set(keys.lock, token, nx=True, px=ttl_ms))
-            except FAILURES:
-                pass
-        return granted
-
-    def release_everywhere(self, keys: EntryKeys, token: str) -> int:
-        released = 0
-        for script in self._release:
-            try:
-                released += bool(script(keys=[keys.lock], args=[token, keys.channel]))
-            except FAILURES:
-                pass
-        return released
-
-    def renew_everywhere(self, keys: EntryKeys, token: str, ttl_ms: int) -> int:
-        renewed = 0
-        for script in self._renew:
-            try:
-                renewed += bool(script(keys=[keys.lock], args=[token, ttl_ms]))
-            except FAILURES:
-                pass
-        return renewed
-
-    def holders(self, keys: EntryKeys) -> list[bytes | None]:
-        tokens: list[bytes | None] = []
-        for client in self.clients:
-            try:
-                tokens.append(client.get(keys.lock))  # type: ignore[arg-type]
-            except FAILURES:
-                tokens.append(None)
-        return tokens
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
 
-class RedlockLock:
-    """One holder of a Redlock lock (make one per use). ``validity`` is how long the lock
-    is safely held from the moment ``acquire`` returned True: finish within it, or
+class RedlockLock(LockBlocks):
+    """One holder of a Redlock lock (make one per use), for threads (``with``,
+    ``acquire``) and tasks (``async with``, ``aacquire``). ``validity`` is how long the
+    lock is safely held from the moment ``acquire`` returned True: finish within it, or
     ``extend``. There is no automatic renewal and no fencing token (see the module)."""
 
     def __init__(
@@ -172,25 +343,78 @@ class RedlockLock:
         """Seconds of validity left (0 when not held)."""
         return 0.0 if self.valid_until is None else max(self.valid_until - time.monotonic(), 0.0)
 
+    # --- blocking ---------------------------------------------------------------------
+
     def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
         """Take the lock on a majority within its validity; True once held."""
+        return run(self._acquiring(blocking, timeout), self._manager.servers)
+
+    def release(self) -> None:
+        """Release on every server. LockNotOwned if not held; LockLost if a majority no
+        longer held it (its validity ran out: the work may have overlapped another's)."""
+        run(self._releasing(), self._manager.servers)
+
+    def extend(self, ttl: float | None = None) -> None:
+        """Reset the lease to ``ttl`` on every server that still holds it; LockLost unless
+        a majority did within the new validity."""
+        run(self._extending(ttl), self._manager.servers)
+
+    def locked(self) -> bool:
+        """Whether a majority of servers hold one same token now."""
+        return self._majority_holds(self._manager.servers.holders(self.keys), None)
+
+    def owned(self) -> bool:
+        if self.token is None or self.validity <= 0:
+            return False
+        return self._majority_holds(self._manager.servers.holders(self.keys), self.token)
+
+    # --- asyncio ----------------------------------------------------------------------
+
+    async def aacquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
+        """``acquire`` for a task."""
+        return await arun(self._acquiring(blocking, timeout), self._manager.loop_servers())
+
+    async def arelease(self) -> None:
+        """``release`` for a task."""
+        await arun(self._releasing(), self._manager.loop_servers())
+
+    async def aextend(self, ttl: float | None = None) -> None:
+        """``extend`` for a task."""
+        await arun(self._extending(ttl), self._manager.loop_servers())
+
+    async def alocked(self) -> bool:
+        return self._majority_holds(await self._manager.loop_servers().holders(self.keys), None)
+
+    async def aowned(self) -> bool:
+        if self.token is None or self.validity <= 0:
+            return False
+        return self._majority_holds(await self._manager.loop_servers().holders(self.keys), self.token)
+
+    # --- the decisions, once ----------------------------------------------------------
+
+    def _acquiring(self, blocking: bool | None, timeout: float | None) -> Steps[bool]:
         if self.token is not None:
             raise LockNotOwned(f"Redlock lock {self.name!r} is already held by this object", key=self.keys.lock)
         blocking = self.blocking if blocking is None else blocking
         timeout = self.timeout if timeout is None else timeout
         deadline = None if timeout is None else time.monotonic() + timeout
         tries_left = self.retries
-        manager, ttl_ms = self._manager, milliseconds(self.ttl)
+        quorum, ttl_ms = self._manager.quorum, milliseconds(self.ttl)
         while True:
             token = secrets.token_hex(16)
             started = time.monotonic()
-            self.last_granted = manager.take_everywhere(self.keys, token, ttl_ms)
-            drift = self.ttl * manager.clock_drift_factor + 0.002
-            valid_until = started + self.ttl - drift
-            if self.last_granted >= manager.quorum and time.monotonic() < valid_until:
+            try:
+                taken: Round = yield Step("take", (self.keys, token, ttl_ms))
+            except BaseException:
+                yield Step("release", (self.keys, token))  # interrupted: some may have granted it
+                raise
+            self.last_granted = taken.agreed
+            valid_until = quorum.valid_until(started, self.ttl)
+            if quorum.holds(taken, valid_until, time.monotonic()):
                 self.token, self.valid_until = token, valid_until
                 return True
-            manager.release_everywhere(self.keys, token)  # undo a minority (or a late majority)
+            if taken.agreed:
+                yield Step("release", (self.keys, token))  # undo a minority (or a late majority)
             if not blocking or (tries_left is not None and tries_left <= 0):
                 return False
             pause = random.uniform(0, self.retry_delay)
@@ -201,61 +425,44 @@ class RedlockLock:
                 pause = min(pause, left)
             if tries_left is not None:
                 tries_left -= 1
-            time.sleep(pause)
+            yield Step("pause", (pause,))
 
-    def release(self) -> None:
-        """Release on every server. LockNotOwned if not held; LockLost if a majority no
-        longer held it (its validity ran out: the work may have overlapped another's)."""
+    def _releasing(self) -> Steps[None]:
         token = self._held()
         self.token = self.valid_until = None
-        if self._manager.release_everywhere(self.keys, token) < self._manager.quorum:
+        released: Round = yield Step("release", (self.keys, token))
+        if released.agreed < self._manager.quorum.needed:
             raise self._lost("released")
 
-    def extend(self, ttl: float | None = None) -> None:
-        """Reset the lease to ``ttl`` on every server that still holds it; LockLost unless
-        a majority did within the new validity."""
+    def _extending(self, ttl: float | None) -> Steps[None]:
         token = self._held()
         ttl = ttl or self.ttl
+        quorum = self._manager.quorum
         started = time.monotonic()
-        renewed = self._manager.renew_everywhere(self.keys, token, milliseconds(ttl))
-        valid_until = started + ttl - (ttl * self._manager.clock_drift_factor + 0.002)
-        if renewed < self._manager.quorum or time.monotonic() >= valid_until:
+        renewed: Round = yield Step("renew", (self.keys, token, milliseconds(ttl)))
+        valid_until = quorum.valid_until(started, ttl)
+        if not quorum.holds(renewed, valid_until, time.monotonic()):
             self.token = self.valid_until = None
-            self._manager.release_everywhere(self.keys, token)
+            yield Step("release", (self.keys, token))
             raise self._lost("extended")
         self.valid_until = valid_until
 
-    def locked(self) -> bool:
-        """Whether a majority of servers hold one same token now."""
-        tokens = [token for token in self._manager.holders(self.keys) if token is not None]
-        return any(tokens.count(token) >= self._manager.quorum for token in set(tokens))
-
-    def owned(self) -> bool:
-        if self.token is None or self.validity <= 0:
-            return False
-        mine = self.token.encode()
-        return sum(token == mine for token in self._manager.holders(self.keys)) >= self._manager.quorum
-
-    def __enter__(self) -> RedlockLock:
-        if not self.acquire():
-            raise WaitTimeout(
-                f"could not acquire Redlock lock {self.name!r}: {self.last_granted} of "
-                f"{len(self._manager.clients)} servers granted the last attempt, {self._manager.quorum} needed",
-                key=self.keys.lock,
-            )
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, traceback: Any) -> None:
-        try:
-            self.release()
-        except LockLost:
-            if exc_type is None:
-                raise
+    def _majority_holds(self, tokens: list[bytes | None], token: str | None) -> bool:
+        held = [held for held in tokens if held is not None]
+        candidates = set(held) if token is None else {token.encode()}
+        return any(held.count(candidate) >= self._manager.quorum.needed for candidate in candidates)
 
     def _held(self) -> str:
         if self.token is None:
             raise LockNotOwned(f"Redlock lock {self.name!r} is not held by this object", key=self.keys.lock)
         return self.token
+
+    def _timed_out(self) -> WaitTimeout:
+        return WaitTimeout(
+            f"could not acquire Redlock lock {self.name!r}: {self.last_granted} of {self._manager.quorum.size} "
+            f"servers granted the last attempt, {self._manager.quorum.needed} needed",
+            key=self.keys.lock,
+        )
 
     def _lost(self, what: str) -> LockLost:
         return LockLost(

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import ExitStack
 from typing import Any, Callable, Iterator
 
 import pytest
 import redis
 
-from stampede import Stampede
+from stampede import Redlock, Stampede
 from stampede.testing import FaultProxy, RedisServer, find_server_binary
 
-BACKENDS = ["redis", "embedded"]
+BACKENDS = ["redis", "embedded", "redlock"]
 
 
 @pytest.fixture(scope="session")
@@ -71,16 +72,69 @@ def make_layer(redis_url: str, redis_client: redis.Redis) -> Iterator[Callable[.
         layer.close()
 
 
+@pytest.fixture(scope="session")
+def extra_servers() -> Iterator[list[RedisServer]]:
+    """Two more servers, which with the shared one make three Redlock lock servers."""
+    if find_server_binary() is None:
+        pytest.skip("no server binary to start lock servers (only STAMPEDE_TEST_REDIS_URL)")
+    with RedisServer() as second, RedisServer() as third:
+        yield [second, third]
+
+
+@pytest.fixture
+def make_redlock(
+    request: pytest.FixtureRequest, redis_url: str, redis_client: redis.Redis
+) -> Iterator[Callable[[], Redlock]]:
+    """Builds Redlocks over the shared server and two more (all three emptied first)."""
+    extra: list[RedisServer] = request.getfixturevalue("extra_servers")
+    managers: list[Redlock] = []
+    for server in extra:
+        redis.Redis.from_url(server.url).flushall()
+
+    def make() -> Redlock:
+        manager = Redlock([redis_url, *(server.url for server in extra)])
+        managers.append(manager)
+        return manager
+
+    yield make
+    for manager in managers:
+        manager.close()
+
+
+@pytest.fixture(scope="session")
+def five_servers() -> Iterator[list[RedisServer]]:
+    if find_server_binary() is None:
+        pytest.skip("no server binary to start five servers")
+    with ExitStack() as stack:
+        yield [stack.enter_context(RedisServer()) for _ in range(5)]
+
+
+@pytest.fixture
+def five(five_servers: list[RedisServer]) -> Iterator[list[RedisServer]]:
+    """Five servers of the session (Redlock's lock servers), all running and empty;
+    those a test stopped are restarted afterwards."""
+    for server in five_servers:
+        redis.Redis.from_url(server.url).flushall()
+    yield five_servers
+    for server in five_servers:
+        if server.process is None or server.process.poll() is not None:
+            server.start()
+
+
 @pytest.fixture(params=BACKENDS)
 def layer_of_each_backend(
     request: pytest.FixtureRequest, make_layer: Callable[..., Stampede]
 ) -> Iterator[Callable[..., Stampede]]:
-    """The behaviour suite runs over every backend: Redis and the embedded one."""
+    """The behaviour suite runs over every backend: Redis, the embedded one, and Redis with
+    Redlock leases over three servers (the cache server among them)."""
     embedded: list[Stampede] = []
+    make_redlock = request.getfixturevalue("make_redlock") if request.param == "redlock" else None
 
     def make(**options: Any) -> Stampede:
         if request.param == "redis":
             return make_layer(**options)
+        if make_redlock is not None:
+            return make_layer(redlock=make_redlock(), **options)
         options.setdefault("namespace", "test")
         layer = Stampede(**options)
         embedded.append(layer)

@@ -10,6 +10,8 @@ from typing import Any, Callable
 import pytest
 
 from stampede import SerializationError, Stampede, ValueTooLarge, WaitTimeout
+from stampede._keys import EntryKeys
+from stampede._redlock_store import RedlockStore
 
 
 class CountingLoader:
@@ -254,7 +256,14 @@ def test_corrupt_bytes_at_a_key_are_a_miss(layer_of_each_backend: Callable[..., 
 
 
 def lock_is_held(layer: Stampede, value_key: str) -> bool:
+    """Whether a lease of the entry is left anywhere: on the cache server, in the embedded
+    store, or (a Redlock layer) on any lock server."""
     store: Any = layer._runner.store
+    if isinstance(store, RedlockStore):
+        on_servers = EntryKeys.for_value(value_key).on_lock_servers
+        if any(token is not None for token in store.servers.holders(on_servers)):
+            return True
+        store = store.cache
     lock_key = value_key + ":lock"
     if hasattr(store, "client"):
         return bool(store.client.exists(lock_key))
@@ -262,6 +271,7 @@ def lock_is_held(layer: Stampede, value_key: str) -> bool:
 
 
 def _put_raw(store: Any, key: str, raw: bytes) -> None:
+    store = getattr(store, "cache", store)
     if hasattr(store, "client"):
         store.client.set(key, raw)
     else:

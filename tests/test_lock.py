@@ -167,7 +167,7 @@ def test_a_held_lock_is_renewed_past_its_ttl_and_extend_resets_it(
     with layer.lock("renewed", ttl=0.3) as renewed:
         renewed.extend(5)
         time.sleep(0.5)  # past a few of the watchdog's renewals: they keep the new length
-        store: Any = layer._runner.store  # type: ignore[union-attr]
+        store: Any = cache_store(layer)
         left = store._leases[renewed.keys.lock][1] - time.monotonic() if isinstance(store, MemoryStore) else (
             store.client.pttl(renewed.keys.lock) / 1000)  # fmt: skip
         assert left > 3, left
@@ -380,9 +380,15 @@ def test_a_reentrant_lock_belongs_to_its_task(layer_of_each_backend: Callable[..
     asyncio.run(main())
 
 
+def cache_store(layer: Stampede) -> Any:
+    """The layer's store on the cache server (a Redlock layer's named locks live there)."""
+    store = layer._runner.store  # type: ignore[union-attr]
+    return getattr(store, "cache", store)
+
+
 def queued(layer: Stampede, lock: Lock) -> int:
     """How many waiters are in a fair lock's queue."""
-    store: Any = layer._runner.store  # type: ignore[union-attr]
+    store: Any = cache_store(layer)
     if isinstance(store, MemoryStore):
         return len(store._queues.get(lock.keys.lock, {}))
     return int(store.client.zcard(lock.keys.queue[0]))
@@ -414,7 +420,7 @@ def test_a_fair_lock_skips_a_dead_waiter_after_its_lease(layer_of_each_backend: 
     """A waiter first in line dies (it tried once and never again): the next one gets the
     lock once the dead one's place has lapsed, one ttl after its last try."""
     layer = layer_of_each_backend()
-    store: Any = layer._runner.store  # type: ignore[union-attr]
+    store: Any = cache_store(layer)
     holder = layer.lock("fair", fair=True, ttl=0.5)
     assert holder.acquire()
     store.take_lock(holder.keys, "dead-waiter", 500, 500)  # queued, then gone

@@ -3,39 +3,20 @@ and mutual exclusion across processes."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import redis
 
 from stampede import ConfigError, LockLost, LockNotOwned, Redlock, WaitTimeout
-from stampede.testing import FaultProxy, RedisServer, find_server_binary
+from stampede.testing import FaultProxy, RedisServer
 
 from .test_processes import run_stampede
 
 WORKER = str(Path(__file__).with_name("mutex_worker.py"))
-
-
-@pytest.fixture(scope="module")
-def servers() -> Iterator[list[RedisServer]]:
-    if find_server_binary() is None:
-        pytest.skip("no server binary to start five servers")
-    with ExitStack() as stack:
-        yield [stack.enter_context(RedisServer()) for _ in range(5)]
-
-
-@pytest.fixture
-def five(servers: list[RedisServer]) -> Iterator[list[RedisServer]]:
-    """The five servers, all running and empty; stopped ones are restarted afterwards."""
-    for server in servers:
-        redis.Redis.from_url(server.url).flushall()
-    yield servers
-    for server in servers:
-        if server.process is None or server.process.poll() is not None:
-            server.start()
 
 
 def test_a_majority_grants_the_lock_and_release_frees_it_everywhere(five: list[RedisServer]) -> None:
@@ -121,3 +102,62 @@ def test_bad_settings_are_refused(five: list[RedisServer]) -> None:
         Redlock([])
     with Redlock([five[0].url]) as manager, pytest.raises(ConfigError, match="ttl"):
         manager.lock("job", ttl=0)
+
+
+def test_tasks_take_turns_under_a_redlock_and_a_majority_down_refuses_them(five: list[RedisServer]) -> None:
+    """The same decisions driven by awaits, each command sent to all five servers at once:
+    20 tasks doing a read-await-write under the lock lose no update; with three servers
+    down ``aacquire`` gives up within its timeout and ``async with`` raises."""
+
+    async def main() -> None:
+        async with Redlock([server.url for server in five], namespace="rl") as manager:
+            shared = {"count": 0, "inside": 0, "most_inside": 0}
+
+            async def increment() -> None:
+                async with manager.lock("job", ttl=5, retry_delay=0.01, timeout=20) as lock:
+                    assert lock.last_granted >= 3 and await lock.aowned()
+                    shared["inside"] += 1
+                    shared["most_inside"] = max(shared["most_inside"], shared["inside"])
+                    count = shared["count"]
+                    await asyncio.sleep(0.002)
+                    shared["count"] = count + 1
+                    shared["inside"] -= 1
+
+            await asyncio.gather(*(increment() for _ in range(20)))
+            assert shared["count"] == 20 and shared["most_inside"] == 1
+            assert not await manager.lock("job").alocked()
+
+            held = manager.lock("job", ttl=0.5)
+            assert await held.aacquire()
+            await held.aextend(5)
+            assert held.validity > 4.5
+            await held.arelease()
+            with pytest.raises(LockNotOwned):
+                await held.arelease()
+
+            for server in five[:3]:
+                server.kill()
+            lock = manager.lock("job", ttl=5, timeout=0.5, retry_delay=0.05)
+            started = time.monotonic()
+            assert await lock.aacquire() is False
+            assert 0.45 <= time.monotonic() - started < 1.0
+            assert lock.last_granted == 2
+            with pytest.raises(WaitTimeout, match="2 of 5 servers"):
+                async with manager.lock("job", blocking=False):
+                    pass  # pragma: no cover - never entered
+            survivors = [redis.Redis.from_url(s.url) for s in five[3:]]
+            assert all(client.exists(lock.keys.lock) == 0 for client in survivors)
+
+    asyncio.run(main())
+
+
+def test_asyncio_callers_need_the_servers_as_urls(five: list[RedisServer]) -> None:
+    clients = [redis.Redis.from_url(server.url) for server in five]
+
+    async def main() -> None:
+        with Redlock(clients) as manager:
+            assert manager.lock("job").acquire()  # blocking callers are served
+            with pytest.raises(ConfigError, match="as URLs"):
+                await manager.lock("other").aacquire()
+
+    asyncio.run(main())

@@ -6,6 +6,7 @@ counts its calls on the server (INCR; --count-url names another one, which outli
 killed cache server), so the count spans every process.
 With --hang the loader prints "loading" and never returns (the holder to be killed); with
 --announce it prints "loading" and goes on. --tag marks the values this worker loads.
+--redlock (repeated) holds the loads' leases on those lock servers too.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 import redis
 
-from stampede import Stampede
+from stampede import Redlock, Stampede
 
 
 def main() -> None:
@@ -34,11 +35,13 @@ def main() -> None:
     parser.add_argument("--hang", action="store_true")
     parser.add_argument("--announce", action="store_true")
     parser.add_argument("--tag", default="")
+    parser.add_argument("--redlock", action="append", default=[], help="a lock server (repeat): Redlock leases")
     options = parser.parse_args()
 
     counter = redis.Redis.from_url(options.count_url or options.url, socket_timeout=5)
+    redlock = Redlock(options.redlock) if options.redlock else None
     layer = Stampede.from_url(
-        options.url, namespace="proc", lock_ttl=options.lock_ttl, wait_timeout=options.wait_timeout
+        options.url, namespace="proc", lock_ttl=options.lock_ttl, wait_timeout=options.wait_timeout, redlock=redlock
     )
 
     @layer.cached_loader("item:{key}")
