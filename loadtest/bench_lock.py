@@ -13,12 +13,17 @@
    release to the waiter holding it. stampede's waiter is woken by the release message;
    redis-py's Lock sleep-spins (``sleep=0.1``, the textbook 100 ms poll).
 4. Redlock over 5 throwaway servers: uncontended acquisition latency, all five up and
-   with two of them killed, against one server's ``layer.lock`` in the same run.
+   with two of them killed, blocking (one server after another) and asyncio (all at
+   once), against one server's ``layer.lock`` in the same run.
+5. The cost of Redlock leases behind a layer: the latency of a miss (read, lease, load,
+   write, release) on a layer with Redlock leases over those servers, against the same
+   layer without them.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import statistics
 import sys
 import threading
@@ -150,11 +155,41 @@ def acquisition_ms(acquire_release: Callable[[], Any], count: int) -> list[float
     return latencies
 
 
-def redlock_latency(layer: Stampede, options: argparse.Namespace) -> None:
+def miss_ms(layer: Stampede, count: int, prefix: str) -> list[float]:
+    """Milliseconds of ``count`` misses in a row (distinct keys; the loader returns at
+    once): read, lease, load, write and release."""
+    load = layer.cached_loader(prefix + ":{key}", ttl=60)(lambda key: {"key": key})
+    load(-1)  # warm connections and scripts
+    latencies = []
+    for key in range(count):
+        started = time.perf_counter()
+        load(key)
+        latencies.append((time.perf_counter() - started) * 1000)
+    return latencies
+
+
+async def async_acquisition_ms(manager: Redlock, count: int) -> list[float]:
+    lock = manager.lock("bench:redlock:async", ttl=10)
+    assert await lock.aacquire()
+    await lock.arelease()  # warm connections and scripts
+    latencies = []
+    for _ in range(count):
+        lock = manager.lock("bench:redlock:async", ttl=10)
+        started = time.perf_counter()
+        assert await lock.aacquire()
+        latencies.append((time.perf_counter() - started) * 1000)
+        await lock.arelease()
+    await manager.aclose()
+    return latencies
+
+
+def redlock_latency(url: str, layer: Stampede, options: argparse.Namespace) -> None:
     servers = [RedisServer().start() for _ in range(5)]
     try:
-        rows = {}
-        with Redlock([server.url for server in servers], namespace="bench") as manager:
+        acquisitions: dict[str, list[float]] = {}
+        misses: dict[str, list[float]] = {}
+        with Redlock([server.url for server in servers], namespace="bench") as manager, \
+                Stampede.from_url(url, namespace="bench-redlock", redlock=manager) as leased:  # fmt: skip
 
             def redlock() -> Any:
                 lock = manager.lock("bench:redlock", ttl=10)
@@ -167,16 +202,24 @@ def redlock_latency(layer: Stampede, options: argparse.Namespace) -> None:
                 return lock
 
             redlock().release(), single().release()  # warm connections and scripts
-            rows["layer.lock, 1 server"] = acquisition_ms(single, options.acquisitions)
-            rows["Redlock, 5 of 5 up"] = acquisition_ms(redlock, options.acquisitions)
+            acquisitions["layer.lock, 1 server"] = acquisition_ms(single, options.acquisitions)
+            acquisitions["Redlock, 5 of 5 up"] = acquisition_ms(redlock, options.acquisitions)
+            acquisitions["Redlock async, 5 of 5"] = asyncio.run(async_acquisition_ms(manager, options.acquisitions))
+            misses["plain layer"] = miss_ms(layer, options.acquisitions, "bench:plain")
+            misses["Redlock, 5 of 5 up"] = miss_ms(leased, options.acquisitions, "bench:five")
             servers[0].kill()
             servers[1].kill()
-            rows["Redlock, 3 of 5 up"] = acquisition_ms(redlock, options.acquisitions)
+            acquisitions["Redlock, 3 of 5 up"] = acquisition_ms(redlock, options.acquisitions)
+            acquisitions["Redlock async, 3 of 5"] = asyncio.run(async_acquisition_ms(manager, options.acquisitions))
+            misses["Redlock, 3 of 5 up"] = miss_ms(leased, options.acquisitions, "bench:three")
     finally:
         for server in servers:
             server.stop()
     print(f"\n4. Uncontended acquisition latency, {options.acquisitions} acquisitions")
-    print_latencies(rows)
+    print_latencies(acquisitions)
+    print(f"\n5. A miss (read, lease, load, write), {options.acquisitions} distinct keys in a row,")
+    print("   on a layer without and with Redlock leases over the same 5 servers")
+    print_latencies(misses)
 
 
 def main() -> None:
@@ -197,7 +240,7 @@ def main() -> None:
             round_trips(url, layer, client)
             cycles_per_second(layer, client, options)
             hand_offs(url, layer, options)
-            redlock_latency(layer, options)
+            redlock_latency(url, layer, options)
         client.close()
 
 
