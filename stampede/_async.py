@@ -47,7 +47,7 @@ from ._fork import reset_after_fork
 from ._keys import EntryKeys
 from ._observe import RateLimitedLog, Stats
 from ._singleflight import AsyncFlightTable, Flight
-from ._store import AsyncStore
+from ._store import AsyncRenewable, AsyncStore
 from ._watchdog import next_renewal
 
 
@@ -253,7 +253,7 @@ async def _start(generator: AsyncIterator[None]) -> None:
     await generator.__anext__()
 
 
-async def keep_renewed(store: AsyncStore, keys: EntryKeys, token: str, lease_ms: int) -> None:
+async def keep_renewed(store: AsyncRenewable, keys: EntryKeys, token: str, lease_ms: int) -> None:
     """Renew the lease every lease/3 until cancelled or lost (the watchdog's rules)."""
     delay: float | None = lease_ms / 3000
     while delay is not None:

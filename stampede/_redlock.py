@@ -11,6 +11,10 @@ The algorithm (as its author specified it):
 4. otherwise release it everywhere (compare-and-delete, by token) and retry after a
    random delay, so contending clients do not retry in step.
 
+While held, the lease is renewed every ttl/3 on every server (compare-and-extend); each
+renewal a majority grants in time moves the validity on, and one that no majority grants
+ends the renewals: the holder learns it at release (``LockLost``).
+
 Its assumptions, stated honestly: it is safe only while processes pause for less than
 the validity and server clocks run at about the same rate; a server that restarts
 without persistence forgets the locks it granted (keep it down for a ttl after a crash,
@@ -43,11 +47,13 @@ import redis.asyncio
 from redis.exceptions import RedisError
 
 from . import _scripts
+from ._async import keep_renewed
 from ._errors import ConfigError, LockLost, LockNotOwned, WaitTimeout
 from ._flow import milliseconds
 from ._keys import EntryKeys, lock_keys
 from ._lock import LockBlocks
 from ._steps import Step, Steps, arun, run
+from ._watchdog import Lease, Watchdog
 
 # What a lock server's failure raises, blocking or asyncio; each counts as a refusal.
 FAILURES = (RedisError, OSError, asyncio.TimeoutError)
@@ -245,6 +251,7 @@ class Redlock:
         self.quorum = Quorum(len(self.clients), clock_drift_factor)
         self.namespace = namespace
         self.servers = LockServers(self.clients)
+        self.watchdog = Watchdog()  # renews the leases of blocking holders (a thread, started on first use)
         self._max_key_length = max_key_length
         self._loop_servers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncLockServers] = (
             weakref.WeakKeyDictionary()
@@ -259,10 +266,11 @@ class Redlock:
         timeout: float | None = None,
         retry_delay: float = 0.2,
         retries: int | None = None,
+        renew: bool = True,
     ) -> RedlockLock:
         """A lock named ``name`` over all the servers; see ``RedlockLock``."""
         keys = lock_keys(self.namespace, name, self._max_key_length)
-        return RedlockLock(self, name, keys, ttl, blocking, timeout, retry_delay, retries)
+        return RedlockLock(self, name, keys, ttl, blocking, timeout, retry_delay, retries, renew)
 
     def async_servers(self) -> AsyncLockServers:
         """New asyncio clients of every server, for the running event loop."""
@@ -282,7 +290,9 @@ class Redlock:
         return servers
 
     def close(self) -> None:
-        """Close the blocking clients this manager made (``aclose`` closes asyncio ones)."""
+        """Stop renewing, and close the blocking clients this manager made (``aclose``
+        closes asyncio ones)."""
+        self.watchdog.close()
         for client, owned in zip(self.clients, self._owned, strict=True):
             if owned:
                 client.close()
@@ -307,11 +317,35 @@ class Redlock:
         await self.aclose()
 
 
+class Renewal:
+    """Renews one held ``RedlockLock`` for the watchdog thread."""
+
+    def __init__(self, lock: RedlockLock, servers: LockServers) -> None:
+        self._lock, self._servers = lock, servers
+
+    def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
+        return run(self._lock._renewing(token, lease_ms), self._servers)
+
+
+class AsyncRenewal:
+    """Renews one held ``RedlockLock`` for its renewal task."""
+
+    def __init__(self, lock: RedlockLock, servers: AsyncLockServers) -> None:
+        self._lock, self._servers = lock, servers
+
+    async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
+        return await arun(self._lock._renewing(token, lease_ms), self._servers)
+
+
 class RedlockLock(LockBlocks):
     """One holder of a Redlock lock (make one per use), for threads (``with``,
-    ``acquire``) and tasks (``async with``, ``aacquire``). ``validity`` is how long the
-    lock is safely held from the moment ``acquire`` returned True: finish within it, or
-    ``extend``. There is no automatic renewal and no fencing token (see the module)."""
+    ``acquire``) and tasks (``async with``, ``aacquire``).
+
+    ``validity`` is how long the lock is safely held from now: ttl from the last
+    acquisition or renewal, less the time it took and the clock-drift allowance. While
+    ``renew`` is on (the default) a majority renews the lease every ttl/3, moving the
+    validity on; a renewal that no majority grants in time stops the renewals, and the
+    release then raises ``LockLost``. There is no fencing token (see the module)."""
 
     def __init__(
         self,
@@ -323,6 +357,7 @@ class RedlockLock(LockBlocks):
         timeout: float | None,
         retry_delay: float,
         retries: int | None,
+        renew: bool,
     ) -> None:
         if ttl <= 0 or retry_delay < 0 or (timeout is not None and timeout < 0) or (retries or 0) < 0:
             raise ConfigError(f"Redlock lock {name!r}: ttl must be > 0; timeout, retry_delay and retries >= 0")
@@ -334,9 +369,12 @@ class RedlockLock(LockBlocks):
         self.timeout = timeout
         self.retry_delay = retry_delay
         self.retries = retries
+        self.renew = renew
         self.token: str | None = None
         self.valid_until: float | None = None  # time.monotonic() deadline of the validity
         self.last_granted = 0  # how many servers granted the last attempt
+        self._lease_ms = milliseconds(ttl)  # what a renewal asks for (extend changes it)
+        self._renewal: Lease | asyncio.Future[None] | None = None  # while held and renewed
 
     @property
     def validity(self) -> float:
@@ -346,8 +384,15 @@ class RedlockLock(LockBlocks):
     # --- blocking ---------------------------------------------------------------------
 
     def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
-        """Take the lock on a majority within its validity; True once held."""
-        return run(self._acquiring(blocking, timeout), self._manager.servers)
+        """Take the lock on a majority within its validity; True once held (and renewed
+        from then on by the manager's watchdog thread, unless ``renew`` is False)."""
+        servers = self._manager.servers
+        if not run(self._acquiring(blocking, timeout), servers):
+            return False
+        if self.renew:
+            renewal = Renewal(self, servers)
+            self._renewal = self._manager.watchdog.watch(renewal, self.keys, self._held(), self._lease_ms)
+        return True
 
     def release(self) -> None:
         """Release on every server. LockNotOwned if not held; LockLost if a majority no
@@ -358,6 +403,8 @@ class RedlockLock(LockBlocks):
         """Reset the lease to ``ttl`` on every server that still holds it; LockLost unless
         a majority did within the new validity."""
         run(self._extending(ttl), self._manager.servers)
+        if isinstance(self._renewal, Lease):
+            self._renewal.lease_ms = self._lease_ms
 
     def locked(self) -> bool:
         """Whether a majority of servers hold one same token now."""
@@ -371,8 +418,13 @@ class RedlockLock(LockBlocks):
     # --- asyncio ----------------------------------------------------------------------
 
     async def aacquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
-        """``acquire`` for a task."""
-        return await arun(self._acquiring(blocking, timeout), self._manager.loop_servers())
+        """``acquire`` for a task (renewed by a task of its own, unless ``renew`` is False)."""
+        servers = self._manager.loop_servers()
+        if not await arun(self._acquiring(blocking, timeout), servers):
+            return False
+        if self.renew:
+            self._renew_in_task(servers)
+        return True
 
     async def arelease(self) -> None:
         """``release`` for a task."""
@@ -380,7 +432,11 @@ class RedlockLock(LockBlocks):
 
     async def aextend(self, ttl: float | None = None) -> None:
         """``extend`` for a task."""
-        await arun(self._extending(ttl), self._manager.loop_servers())
+        servers = self._manager.loop_servers()
+        await arun(self._extending(ttl), servers)
+        if isinstance(self._renewal, asyncio.Future):
+            self._renewal.cancel()
+            self._renew_in_task(servers)
 
     async def alocked(self) -> bool:
         return self._majority_holds(await self._manager.loop_servers().holders(self.keys), None)
@@ -429,23 +485,45 @@ class RedlockLock(LockBlocks):
 
     def _releasing(self) -> Steps[None]:
         token = self._held()
-        self.token = self.valid_until = None
+        self._forget()
         released: Round = yield Step("release", (self.keys, token))
         if released.agreed < self._manager.quorum.needed:
             raise self._lost("released")
 
     def _extending(self, ttl: float | None) -> Steps[None]:
         token = self._held()
-        ttl = ttl or self.ttl
-        quorum = self._manager.quorum
-        started = time.monotonic()
-        renewed: Round = yield Step("renew", (self.keys, token, milliseconds(ttl)))
-        valid_until = quorum.valid_until(started, ttl)
-        if not quorum.holds(renewed, valid_until, time.monotonic()):
-            self.token = self.valid_until = None
+        lease_ms = milliseconds(ttl or self.ttl)
+        if not (yield from self._renewing(token, lease_ms)):
+            self._forget()
             yield Step("release", (self.keys, token))
             raise self._lost("extended")
-        self.valid_until = valid_until
+        self._lease_ms = lease_ms  # what the renewals keep from now on
+
+    def _renewing(self, token: str, lease_ms: int) -> Steps[bool]:
+        """Reset the lease to ``lease_ms`` on every server; True, and the validity moved on,
+        if a majority did so in time."""
+        quorum = self._manager.quorum
+        started = time.monotonic()
+        renewed: Round = yield Step("renew", (self.keys, token, lease_ms))
+        valid_until = quorum.valid_until(started, lease_ms / 1000)
+        if not quorum.holds(renewed, valid_until, time.monotonic()):
+            return False
+        if self.token == token:  # not released meanwhile
+            self.valid_until = valid_until
+        return True
+
+    def _renew_in_task(self, servers: AsyncLockServers) -> None:
+        renewal = AsyncRenewal(self, servers)
+        self._renewal = asyncio.ensure_future(keep_renewed(renewal, self.keys, self._held(), self._lease_ms))
+
+    def _forget(self) -> None:
+        """No longer held by this object: stop renewing."""
+        self.token = self.valid_until = None
+        if isinstance(self._renewal, Lease):
+            self._renewal.active = False
+        elif self._renewal is not None:
+            self._renewal.cancel()
+        self._renewal = None
 
     def _majority_holds(self, tokens: list[bytes | None], token: str | None) -> bool:
         held = [held for held in tokens if held is not None]

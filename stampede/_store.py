@@ -16,6 +16,19 @@ from ._keys import EntryKeys
 from ._notify import Subscription
 
 
+class Renewable(Protocol):
+    """What the lease watchdog needs: a store, or a lock over several servers."""
+
+    def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
+        """Extend the lease if ``token`` still holds it."""
+
+
+class AsyncRenewable(Protocol):
+    """``Renewable`` for an asyncio renewal task."""
+
+    async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool: ...
+
+
 class Store(Protocol):
     def get(self, key: str) -> bytes | None:
         """The raw bytes at ``key``, or None."""

@@ -21,14 +21,14 @@ from typing import Iterator
 from ._errors import BackendUnavailable
 from ._fork import reset_after_fork
 from ._keys import EntryKeys
-from ._store import Store
+from ._store import Renewable
 
 log = logging.getLogger("stampede")
 
 
 @dataclass(eq=False)
 class Lease:
-    store: Store
+    store: Renewable
     keys: EntryKeys
     token: str
     lease_ms: int
@@ -50,7 +50,7 @@ class Watchdog:
         reset_after_fork(self)
 
     @contextmanager
-    def guard(self, store: Store, keys: EntryKeys, token: str, lease_ms: int) -> Iterator[Lease]:
+    def guard(self, store: Renewable, keys: EntryKeys, token: str, lease_ms: int) -> Iterator[Lease]:
         """Keep the lease renewed for the duration of the ``with`` block."""
         lease = self.watch(store, keys, token, lease_ms)
         try:
@@ -58,7 +58,7 @@ class Watchdog:
         finally:
             lease.active = False  # dropped from the heap when it comes due
 
-    def watch(self, store: Store, keys: EntryKeys, token: str, lease_ms: int) -> Lease:
+    def watch(self, store: Renewable, keys: EntryKeys, token: str, lease_ms: int) -> Lease:
         """Keep the lease renewed until its ``active`` is set False."""
         lease = Lease(store, keys, token, lease_ms, time.monotonic() + lease_ms / 3000)
         with self._lock:

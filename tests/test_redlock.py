@@ -14,6 +14,7 @@ import redis
 from stampede import ConfigError, LockLost, LockNotOwned, Redlock, WaitTimeout
 from stampede.testing import FaultProxy, RedisServer
 
+from .scenarios import wait_until
 from .test_processes import run_stampede
 
 WORKER = str(Path(__file__).with_name("mutex_worker.py"))
@@ -73,7 +74,7 @@ def test_an_acquisition_slower_than_its_ttl_is_not_held(five: list[RedisServer])
 
 def test_release_after_the_validity_ran_out_raises_lock_lost(five: list[RedisServer]) -> None:
     with Redlock([server.url for server in five], namespace="rl") as manager:
-        lock = manager.lock("job", ttl=0.2)
+        lock = manager.lock("job", ttl=0.2, renew=False)
         assert lock.acquire()
         time.sleep(0.3)
         assert lock.validity == 0 and not lock.owned()
@@ -84,6 +85,28 @@ def test_release_after_the_validity_ran_out_raises_lock_lost(five: list[RedisSer
         with manager.lock("job", ttl=0.5) as held:
             held.extend(5)
             assert held.validity > 4.5
+
+
+def test_a_held_lock_is_renewed_on_a_majority_until_a_majority_is_gone(five: list[RedisServer]) -> None:
+    """The watchdog renews the lease every ttl/3: held through more than three ttls,
+    with its validity moving on. With three servers killed no majority renews it: the
+    renewals stop, and the release reports the lock lost."""
+    with Redlock([server.url for server in five], namespace="rl") as manager:
+        with manager.lock("job", ttl=0.3) as lock:
+            time.sleep(1.0)
+            assert lock.owned()  # its validity too (> 0) was moved on by the renewals
+            assert manager.lock("job", blocking=False).acquire() is False
+            lock.extend(5)
+            time.sleep(0.5)  # past a few renewals: they keep the new length
+            assert all(2 < redis.Redis.from_url(s.url).pttl(lock.keys.lock) / 1000 <= 5 for s in five)
+        lock = manager.lock("job", ttl=0.3)
+        assert lock.acquire()
+        for server in five[:3]:
+            server.kill()
+        wait_until(lambda: lock.validity == 0, "the validity to run out unrenewed", timeout=2)
+        assert lock._renewal is not None and lock._renewal.lost  # type: ignore[union-attr]
+        with pytest.raises(LockLost):
+            lock.release()
 
 
 def test_mutual_exclusion_across_four_processes_of_eight_threads(
@@ -127,8 +150,10 @@ def test_tasks_take_turns_under_a_redlock_and_a_majority_down_refuses_them(five:
             assert shared["count"] == 20 and shared["most_inside"] == 1
             assert not await manager.lock("job").alocked()
 
-            held = manager.lock("job", ttl=0.5)
+            held = manager.lock("job", ttl=0.3)
             assert await held.aacquire()
+            await asyncio.sleep(1.0)  # over three ttls: its renewal task keeps it
+            assert await held.aowned()  # its validity too (> 0)
             await held.aextend(5)
             assert held.validity > 4.5
             await held.arelease()
