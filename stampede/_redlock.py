@@ -379,7 +379,9 @@ class RedlockLock(LockBlocks):
     @property
     def validity(self) -> float:
         """Seconds of validity left (0 when not held)."""
-        return 0.0 if self.valid_until is None else max(self.valid_until - time.monotonic(), 0.0)
+        if self.token is None or self.valid_until is None:
+            return 0.0
+        return max(self.valid_until - time.monotonic(), 0.0)
 
     # --- blocking ---------------------------------------------------------------------
 

@@ -5,9 +5,17 @@ Redis through a FaultProxy, 8 threads each, over 40 keys. A chaos thread meanwhi
 every connection, adds latency beyond the socket timeout, stalls the network, and
 invalidates keys after bumping their version in the "database". It stops by itself.
 
+Three more layers, each behind a FaultProxy of its own, meanwhile take a named lock
+("mutex", a 0.3 s lease) over and over, and write to a resource that checks fencing
+tokens; a second chaos thread disturbs their networks. A holder whose network stalls
+past its lease loses it, and another holder may get in.
+
 Asserted at the end: no call hung (each within its bound), no caller got another key's
 value, no caller got a version older than one a completed invalidation (by any layer) had
-already published when the call began, no wait ran out, and no lock is left behind.
+already published when the call began, no wait ran out, and no lock is left behind. For
+the named lock: every overlap of two holders, and every write the resource refused for a
+stale fence, happens to a holder that is told at release that its lease was lost (or
+that Redis could not be reached to say).
 
     STAMPEDE_SOAK_SECONDS=300 python -m pytest tests/test_soak.py -s   # the long form
 
@@ -20,11 +28,12 @@ import os
 import random
 import threading
 import time
+from contextlib import ExitStack
 from typing import Any, Callable
 
 import redis
 
-from stampede import BackendUnavailable, Stampede
+from stampede import BackendUnavailable, LockLost, Stampede
 from stampede.testing import FaultProxy
 
 from .scenarios import NETWORK_FAULTS, disturb
@@ -52,7 +61,9 @@ def test_soak_with_random_faults(redis_url: str, redis_client: redis.Redis, figu
         time.sleep(random.uniform(0, 0.03))
         return {"key": key, "version": version}
 
-    with FaultProxy(port) as proxy:
+    with ExitStack() as stack:
+        proxy = stack.enter_context(FaultProxy(port))
+        lock_proxies = [stack.enter_context(FaultProxy(port)) for _ in range(3)]
         layers = [
             Stampede.from_url(proxy.url, namespace="soak", ttl=1.0, lock_ttl=0.6, wait_timeout=10,
                               socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_TIMEOUT,
@@ -108,25 +119,95 @@ def test_soak_with_random_faults(redis_url: str, redis_client: redis.Redis, figu
                 with counts_lock:
                     counts["faults"] += 1
 
+        resource = {"fence": 0}  # the highest fence the resource has taken a write with
+        inside: set[int] = set()  # the holders inside their critical section now
+        told_to_expect: set[int] = set()  # holders overlapped by a later one, or refused a write
+        resource_lock = threading.Lock()
+        mutex = {"held": 0, "overlaps": 0, "fenced_out": 0, "lost": 0, "unknown": 0, "timeouts": 0, "faults": 0}
+
+        def note(outcome: str) -> None:
+            with resource_lock:
+                mutex[outcome] += 1
+
+        def write(holder: int, fence: int | None) -> None:
+            """The protected resource: it takes a write whose fence is no smaller than any
+            it has taken, and refuses the others."""
+            with resource_lock:
+                if fence is not None and fence >= resource["fence"]:
+                    resource["fence"] = fence
+                else:
+                    mutex["fenced_out"] += 1
+                    told_to_expect.add(holder)
+
+        def locker(layer: Stampede) -> None:
+            rng = random.Random(id(layer))
+            while not stop.is_set():
+                lock = layer.lock("mutex", ttl=0.3, timeout=2)  # shorter than the longest stalls
+                try:
+                    if not lock.acquire():
+                        note("timeouts")
+                        continue
+                except BackendUnavailable:
+                    continue
+                holder = id(lock)
+                with resource_lock:
+                    mutex["held"] += 1
+                    mutex["overlaps"] += bool(inside)
+                    told_to_expect.update(inside)  # they were inside when their lease was taken
+                    inside.add(holder)
+                write(holder, lock.fence)
+                # Mostly short; one hold in five outlasts the lease, kept by renewals unless
+                # the holder's network stalls.
+                time.sleep(rng.uniform(0, 0.1) if rng.random() < 0.8 else rng.uniform(0.3, 0.6))
+                write(holder, lock.fence)  # the late write a paused ex-holder would make
+                with resource_lock:
+                    inside.discard(holder)
+                try:
+                    lock.release()
+                except LockLost:
+                    note("lost")
+                    continue
+                except BackendUnavailable:
+                    note("unknown")
+                    continue
+                with resource_lock:
+                    if holder in told_to_expect:
+                        problems.append("a holder overlapped by another, or fenced out, released without LockLost")
+
         threads = [threading.Thread(target=caller, args=(index,)) for index in range(24)]
+        lock_layers = [
+            Stampede.from_url(lock_proxy.url, namespace="soak", socket_timeout=SOCKET_TIMEOUT,
+                              socket_connect_timeout=SOCKET_TIMEOUT, breaker_cooldown=0.3)  # fmt: skip
+            for lock_proxy in lock_proxies
+        ]
+        threads += [threading.Thread(target=locker, args=(layer,)) for layer in lock_layers]
         threads.append(threading.Thread(target=chaos))
+
+        def lock_chaos() -> None:
+            rng = random.Random(11)
+            while not stop.wait(rng.uniform(0.05, 0.4)):
+                disturb(rng.choice(lock_proxies), rng.choice(NETWORK_FAULTS), SOCKET_TIMEOUT * 1.5, rng, stop)
+                note("faults")
+
+        threads.append(threading.Thread(target=lock_chaos))
         for thread in threads:
             thread.start()
         time.sleep(SECONDS)  # the soak's length: the threads run meanwhile
         stop.set()
-        proxy.flow()
-        proxy.delay = 0.0
+        for each in (proxy, *lock_proxies):
+            each.flow()
+            each.delay = 0.0
         for thread in threads:
             thread.join(CALL_BOUND + 5)
         hung = [thread.name for thread in threads if thread.is_alive()]
         stats = [layer.stats() for layer in layers]
-        for layer in layers:
+        for layer in layers + lock_layers:
             layer.close()
 
     counts["loads"] = sum(loads)
     counts["wait_timeouts"] = sum(s["wait_timeouts"] for s in stats)
     counts["stale_writes_prevented"] = sum(s["stale_writes_prevented"] for s in stats)
-    print(f"\nsoak {SECONDS:g} s: {counts}")
+    print(f"\nsoak {SECONDS:g} s: {counts}; named lock: {mutex}")
     figures(f"soak: 3 layers x 8 threads, {KEYS} keys, cuts/latency/stalls, invalidations, {SECONDS:g} s",
             worst=counts["slowest"], deadline=CALL_BOUND, loads=counts["loads"],
             bound=f"< calls/2 ({counts['calls']} calls)",
@@ -136,5 +217,6 @@ def test_soak_with_random_faults(redis_url: str, redis_client: redis.Redis, figu
     assert counts["calls"] > 100 and counts["faults"] > 0 and counts["invalidations"] > 0, counts
     assert counts["wait_timeouts"] == 0
     assert counts["loads"] < counts["calls"] / 2, counts  # the cache still collapsed the load
+    assert mutex["held"] > 10, mutex
     leftover: list[Any] = [key for key in redis_client.scan_iter("soak:*:lock") if redis_client.pttl(key) > 600]
     assert leftover == []  # a lock outliving its lease would mean a renewal that never stopped
