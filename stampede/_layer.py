@@ -356,7 +356,12 @@ def _named_lock_store(store: StoreT) -> StoreT:
 def _with_redlock(make_cache_store: Callable[[], AsyncStore], redlock: Redlock) -> Callable[[], AsyncStore]:
     """A maker of one event loop's store whose leases are also held on ``redlock``'s servers
     (a ConfigError, at an async loader's first call, if they were given as clients)."""
-    return lambda: AsyncRedlockStore(make_cache_store(), redlock.async_servers(), redlock.quorum)
+
+    def make() -> AsyncStore:
+        servers = redlock.async_servers()  # its ConfigError before any client is made
+        return AsyncRedlockStore(make_cache_store(), servers, redlock.quorum)
+
+    return make
 
 
 _default_layer: Stampede | None = None

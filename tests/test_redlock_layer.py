@@ -15,7 +15,7 @@ from typing import Any, Callable
 import pytest
 import redis
 
-from stampede import BackendUnavailable, Redlock, Stampede
+from stampede import BackendUnavailable, ConfigError, Redlock, Stampede
 from stampede.testing import RedisServer
 
 from .scenarios import wait_until
@@ -228,3 +228,25 @@ def test_fifty_coroutines_load_once_with_two_lock_servers_down(
     assert not redis_client.exists("test:{item:1}:lock")
     live = [redis.Redis.from_url(url) for url in urls(five)[:3]]
     assert all(client.exists("test:{item:1}:lock:majority") == 0 for client in live)
+
+
+def test_a_redlock_layer_needs_a_cache_server_and_urls_for_async_loaders(
+    five: list[RedisServer], redis_url: str
+) -> None:
+    with Redlock(urls(five)) as redlock:
+        with pytest.raises(ConfigError, match="needs a cache server"):
+            Stampede(redlock=redlock)
+    clients = [redis.Redis.from_url(url) for url in urls(five)]
+
+    async def main() -> None:
+        with Redlock(clients) as redlock:
+            async with Stampede.from_url(redis_url, namespace="test", redlock=redlock) as layer:
+
+                @layer.cached_loader("item:{key}")
+                async def load(key: int) -> int:
+                    return key  # pragma: no cover - never called
+
+                with pytest.raises(ConfigError, match="as URLs"):
+                    await load(1)
+
+    asyncio.run(main())

@@ -24,6 +24,7 @@ CI runs the short form (8 s). ``-s`` prints the figures.
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import threading
@@ -122,6 +123,7 @@ def test_soak_with_random_faults(redis_url: str, redis_client: redis.Redis, figu
         resource = {"fence": 0}  # the highest fence the resource has taken a write with
         inside: set[int] = set()  # the holders inside their critical section now
         told_to_expect: set[int] = set()  # holders overlapped by a later one, or refused a write
+        holders = itertools.count()  # a number for each acquisition
         resource_lock = threading.Lock()
         mutex = {"held": 0, "overlaps": 0, "fenced_out": 0, "lost": 0, "unknown": 0, "timeouts": 0, "faults": 0}
 
@@ -149,7 +151,7 @@ def test_soak_with_random_faults(redis_url: str, redis_client: redis.Redis, figu
                         continue
                 except BackendUnavailable:
                     continue
-                holder = id(lock)
+                holder = next(holders)
                 with resource_lock:
                     mutex["held"] += 1
                     mutex["overlaps"] += bool(inside)
