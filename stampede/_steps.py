@@ -47,8 +47,6 @@ def run(steps: Steps[T], target: object) -> T:
             reply = _bound(target, step.method)(*step.args)
         except BaseException as raised:
             error, reply = raised, None
-        finally:
-            del step
 
 
 async def arun(steps: Steps[T], target: object) -> T:
@@ -65,5 +63,3 @@ async def arun(steps: Steps[T], target: object) -> T:
             reply = await _bound(target, step.method)(*step.args)
         except BaseException as raised:
             error, reply = raised, None
-        finally:
-            del step
