@@ -91,6 +91,47 @@ class Quorum:
         return self.size - answered.failed >= self.needed
 
 
+def take_majority(
+    quorum: Quorum,
+    keys: EntryKeys,
+    token: str,
+    lease_ms: int,
+    on: str = "",
+    clock: Callable[[], float] = time.monotonic,
+) -> Steps[tuple[Round, float | None]]:
+    """Take a lease on every server (steps on the servers at the dotted path ``on``).
+    Returns the answers and, if a majority granted it in time, the end of its validity;
+    else None, with what was granted undone."""
+    started = clock()
+    try:
+        taken: Round = yield Step(on + "take", (keys, token, lease_ms))
+    except BaseException:
+        yield Step(on + "release", (keys, token))  # interrupted: some may have granted it
+        raise
+    valid_until = quorum.valid_until(started, lease_ms / 1000)
+    if quorum.holds(taken, valid_until, clock()):
+        return taken, valid_until
+    if taken.agreed:
+        yield Step(on + "release", (keys, token))  # undo a minority (or a late majority)
+    return taken, None
+
+
+def renew_majority(
+    quorum: Quorum,
+    keys: EntryKeys,
+    token: str,
+    lease_ms: int,
+    on: str = "",
+    clock: Callable[[], float] = time.monotonic,
+) -> Steps[tuple[Round, float | None]]:
+    """Reset a lease to ``lease_ms`` on every server. Returns the answers and, if a
+    majority renewed it in time, the new end of its validity; else None."""
+    started = clock()
+    renewed: Round = yield Step(on + "renew", (keys, token, lease_ms))
+    valid_until = quorum.valid_until(started, lease_ms / 1000)
+    return renewed, valid_until if quorum.holds(renewed, valid_until, clock()) else None
+
+
 # --- one command, as sent to one server (blocking or asyncio client alike) --------------
 
 
@@ -460,19 +501,11 @@ class RedlockLock(LockBlocks):
         quorum, ttl_ms = self._manager.quorum, milliseconds(self.ttl)
         while True:
             token = secrets.token_hex(16)
-            started = time.monotonic()
-            try:
-                taken: Round = yield Step("take", (self.keys, token, ttl_ms))
-            except BaseException:
-                yield Step("release", (self.keys, token))  # interrupted: some may have granted it
-                raise
+            taken, valid_until = yield from take_majority(quorum, self.keys, token, ttl_ms)
             self.last_granted = taken.agreed
-            valid_until = quorum.valid_until(started, self.ttl)
-            if quorum.holds(taken, valid_until, time.monotonic()):
+            if valid_until is not None:
                 self.token, self.valid_until = token, valid_until
                 return True
-            if taken.agreed:
-                yield Step("release", (self.keys, token))  # undo a minority (or a late majority)
             if not blocking or (tries_left is not None and tries_left <= 0):
                 return False
             pause = random.uniform(0, self.retry_delay)
@@ -504,11 +537,8 @@ class RedlockLock(LockBlocks):
     def _renewing(self, token: str, lease_ms: int) -> Steps[bool]:
         """Reset the lease to ``lease_ms`` on every server; True, and the validity moved on,
         if a majority did so in time."""
-        quorum = self._manager.quorum
-        started = time.monotonic()
-        renewed: Round = yield Step("renew", (self.keys, token, lease_ms))
-        valid_until = quorum.valid_until(started, lease_ms / 1000)
-        if not quorum.holds(renewed, valid_until, time.monotonic()):
+        _, valid_until = yield from renew_majority(self._manager.quorum, self.keys, token, lease_ms)
+        if valid_until is None:
             return False
         if self.token == token:  # not released meanwhile
             self.valid_until = valid_until

@@ -36,7 +36,7 @@ from ._errors import BackendUnavailable
 from ._flow import AcquireReply, LockState
 from ._keys import EntryKeys
 from ._notify import Subscription
-from ._redlock import AsyncLockServers, LockServers, Quorum, Round
+from ._redlock import AsyncLockServers, LockServers, Quorum, renew_majority, take_majority
 from ._steps import Step, Steps, arun, run
 from ._store import AsyncStore, Store
 
@@ -51,13 +51,8 @@ class RedlockLeases:
 
     def acquire(self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool) -> Steps[AcquireReply]:
         quorum, on_servers = self.quorum, keys.on_lock_servers
-        started = self.clock()
-        try:
-            taken: Round = yield Step("servers.take", (on_servers, token, lease_ms))
-        except BaseException:
-            yield Step("servers.release", (on_servers, token))  # interrupted: some may have granted it
-            raise
-        if quorum.holds(taken, quorum.valid_until(started, lease_ms / 1000), self.clock()):
+        taken, valid_until = yield from take_majority(quorum, on_servers, token, lease_ms, "servers.", self.clock)
+        if valid_until is not None:
             try:
                 reply: AcquireReply = yield Step("cache.acquire", (keys, token, lease_ms, check_value))
             except BaseException:
@@ -66,8 +61,6 @@ class RedlockLeases:
             if reply.state is not LockState.LOCKED:  # the value is there, or a lapsed holder's key
                 yield Step("servers.release", (on_servers, token))
             return reply
-        if taken.agreed:
-            yield Step("servers.release", (on_servers, token))  # undo a minority (or a late majority)
         if not quorum.reachable(taken):
             raise BackendUnavailable(
                 f"only {quorum.size - taken.failed} of {quorum.size} lock servers answered for {keys.value!r}; "
@@ -85,9 +78,8 @@ class RedlockLeases:
         effort: without it the write is refused, but the majority keeps other loads out
         until this one ends."""
         quorum, on_servers = self.quorum, keys.on_lock_servers
-        started = self.clock()
-        renewed: Round = yield Step("servers.renew", (on_servers, token, lease_ms))
-        if not quorum.holds(renewed, quorum.valid_until(started, lease_ms / 1000), self.clock()):
+        renewed, valid_until = yield from renew_majority(quorum, on_servers, token, lease_ms, "servers.", self.clock)
+        if valid_until is None:
             if not quorum.reachable(renewed):
                 raise BackendUnavailable(
                     f"only {quorum.size - renewed.failed} of {quorum.size} lock servers answered "
