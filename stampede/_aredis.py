@@ -16,9 +16,19 @@ from typing import Any, Awaitable, Callable, TypeVar
 from ._anotify import AsyncSubscriber, AsyncSubscription
 from ._breaker import CircuitBreaker
 from ._errors import BackendUnavailable
-from ._flow import AcquireReply
+from ._flow import AcquireReply, LockState, Written
 from ._keys import EntryKeys
-from ._redis import FAILURES, Scripts, acquire_reply, check_client, failure, translated
+from ._redis import (
+    FAILURES,
+    EvictionCheck,
+    Scripts,
+    acquire_reply,
+    check_client,
+    check_key,
+    entry_value_key,
+    failure,
+    translated,
+)
 
 T = TypeVar("T")
 
@@ -34,10 +44,12 @@ class AsyncRedisStore:
         owns_client: bool = False,
         slots: int | None = None,
         slot_timeout: float = 2.0,
+        eviction: EvictionCheck | None = None,
     ) -> None:
         check_client(client)
         self.client = client
         self.breaker = breaker
+        self.eviction = eviction or EvictionCheck()
         self._owns_client = owns_client
         self._slots = asyncio.Semaphore(slots) if slots else None
         self._slot_timeout = slot_timeout
@@ -62,21 +74,53 @@ class AsyncRedisStore:
                 keys=[keys.value, keys.lock],
                 args=[token, lease_ms, "1" if check_value else "0"],
             )
-        return acquire_reply(reply)
+        acquired = acquire_reply(reply)
+        if self.eviction.pending and acquired.state is LockState.LOCKED:
+            self.eviction.pending = False
+            self.eviction.found(await self.server_config())
+        return acquired
+
+    async def server_config(self) -> dict[Any, Any] | None:
+        """``RedisStore.server_config``, awaited."""
+        try:
+            config: dict[Any, Any] = await self._send("config", self.client.config_get, "maxmemory*")
+        except FAILURES:
+            return None
+        return config
+
+    async def check(self, namespace: str) -> None:
+        """``RedisStore.check``, awaited."""
+        key = check_key(namespace)
+        with translated("check the server with", key, self.breaker):
+            await self._send(key, self.client.ping)
+            await self._send(key, self.client.set, key, b"1", px=1000)
+            await self._send(key, self.client.delete, key)
+        self.eviction.pending = False
+        self.eviction.found(await self.server_config())
+
+    async def scan(self, namespace: str) -> set[str]:
+        """``RedisStore.scan``, awaited."""
+        found: set[str] = set()
+        with translated("scan", namespace, self.breaker):
+            async for key in self.client.scan_iter(match=f"{namespace}:{{*", count=1000):
+                value_key = entry_value_key(key.decode(errors="replace") if isinstance(key, bytes) else str(key))
+                if value_key is not None:
+                    found.add(value_key)
+        return found
 
     async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         with translated("renew the lease of", keys.value, self.breaker):
             return bool(await self._send(keys.value, self._scripts.renew, keys=[keys.lock], args=[token, lease_ms]))
 
-    async def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> bool:
+    async def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> Written:
         with translated("write", keys.value, self.breaker):
             written = await self._send(
                 keys.value,
                 self._scripts.write_release,
-                keys=[keys.value, keys.lock],
+                keys=[keys.value, keys.lock, keys.invalidated],
                 args=[token, envelope, ttl_ms, keys.channel, "1" if inline else "0"],
             )
-        return bool(written)
+        return Written(int(written))
 
     async def release(self, keys: EntryKeys, token: str) -> bool:
         with translated("release the lock of", keys.value, self.breaker):
@@ -107,7 +151,7 @@ class AsyncRedisStore:
     async def invalidate(self, keys: EntryKeys) -> None:
         with translated("invalidate", keys.value, self.breaker):
             await self._send(
-                keys.value, self._scripts.invalidate, keys=[keys.value, keys.lock], args=[keys.channel]
+                keys.value, self._scripts.invalidate, keys=[keys.value, keys.lock, keys.invalidated], args=[keys.channel]
             )
 
     async def _send(self, key: str, command: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:

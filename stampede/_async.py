@@ -46,7 +46,7 @@ from ._flow import (
 from ._fork import reset_after_fork
 from ._keys import EntryKeys
 from ._observe import RateLimitedLog, Stats
-from ._singleflight import AsyncFlightTable, Flight
+from ._singleflight import AsyncFlightTable, Flight, loading, refuse_recursion
 from ._store import AsyncRenewable, AsyncStore
 from ._watchdog import next_renewal
 
@@ -93,6 +93,7 @@ class AsyncRunner:
             flight, leads = flights.join(value_key)
             if leads:
                 break
+            refuse_recursion(value_key)
             joined_at = None if early else flight.sent
             if not deadline:
                 deadline = time.monotonic() + spec.settings.wait_timeout
@@ -131,6 +132,7 @@ class AsyncRunner:
             found = first_read(raw, spec.codec, self._stats, self._warn, value_key)
             if not isinstance(found, Miss):
                 return found
+        refuse_recursion(value_key)
         ctx = self._context(value_key, spec)
         loader = functools.partial(spec.func, *args, **kwargs)
         return await self._drive(fill(ctx, found), ctx, loader, store, flight)
@@ -224,14 +226,15 @@ class AsyncRunner:
                     elif isinstance(effect, Subscribe):
                         subscription = await store.subscribe(keys)
                     elif isinstance(effect, Load):
-                        if effect.leased:
-                            renewal = asyncio.ensure_future(keep_renewed(store, keys, token, lease_ms))
-                            try:
+                        with loading(keys.value):
+                            if effect.leased:
+                                renewal = asyncio.ensure_future(keep_renewed(store, keys, token, lease_ms))
+                                try:
+                                    reply = await loader()
+                                finally:
+                                    renewal.cancel()
+                            else:
                                 reply = await loader()
-                            finally:
-                                renewal.cancel()
-                        else:
-                            reply = await loader()
                     elif isinstance(effect, WriteRelease):
                         ttl_ms = milliseconds(effect.ttl)
                         # Shielded: a cancellation now must not cut the write and release short.

@@ -16,7 +16,9 @@ payload the serializer rejects) classify as CORRUPT, which callers treat as a mi
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import math
 import struct
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -41,13 +43,30 @@ class Serializer(Protocol):
 
 
 class JsonSerializer:
-    """orjson: JSON types, plus dataclasses, datetimes and UUIDs (which read back as str)."""
+    """orjson: JSON types, plus dataclasses, datetimes and UUIDs (which read back as str).
+    NaN and infinities are refused: JSON has no form for them (orjson would write null)."""
 
     def dumps(self, value: Any) -> bytes:
-        return orjson.dumps(value)
+        payload = orjson.dumps(value)
+        if b"null" in payload and _has_non_finite(value):
+            raise ValueError("NaN and infinity have no JSON form (they would read back as None)")
+        return payload
 
     def loads(self, data: bytes) -> Any:
         return orjson.loads(data)
+
+
+def _has_non_finite(value: Any) -> bool:
+    """Whether a float that is NaN or infinite hides in ``value`` (as orjson walks it)."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, (list, tuple)):
+        return any(map(_has_non_finite, value))
+    if isinstance(value, dict):
+        return any(map(_has_non_finite, value.values()))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return any(_has_non_finite(getattr(value, field.name)) for field in dataclasses.fields(value))
+    return False
 
 
 class _NotAValue(enum.Enum):
@@ -96,6 +115,21 @@ class Codec:
                 key=key,
             )
         return _HEADER.pack(_MAGIC, _VERSION, _VALUE, loaded_at, load_duration) + payload
+
+    def read_back(self, envelope: bytes, *, key: str) -> Any:
+        """The value as every later reader will get it from ``envelope`` (which ``encode``
+        made): the loader's own object goes to nobody, so the caller who loaded gets what
+        the callers who hit get (a tuple comes back a list, a datetime a str, under JSON)."""
+        if envelope[3] == _NULL:
+            return None
+        try:
+            return self.serializer.loads(envelope[_HEADER.size :])
+        except Exception as error:
+            raise SerializationError(
+                f"the value loaded for {key!r} does not read back through the serializer "
+                f"({error}); nothing was written",
+                key=key,
+            ) from error
 
     def decode_hit(self, raw: bytes) -> Any:
         """The value in ``raw`` if it is a readable value envelope, else ``NOT_A_VALUE``

@@ -14,6 +14,11 @@ Policy = Literal["load", "raise"]
 
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.\-]+(:[A-Za-z0-9_.\-]+)*")
 
+MAX_SECONDS = 1e9
+"""The longest duration a setting may give (about 31 years): Redis refuses an expiry
+whose milliseconds overflow its clock (``ttl=1e17`` fails every write), and a thread
+cannot wait longer than ``threading.TIMEOUT_MAX``. Refused when the setting is given."""
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -58,9 +63,7 @@ class Settings:
                 raise ConfigError(f'{name} must be "load" or "raise", got {getattr(self, name)!r}')
         for name, low in (("max_key_length", 64), ("inline_value_limit", 0), ("max_value_bytes", 64),
                           ("breaker_threshold", 0)):  # fmt: skip
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+            check_count(name, getattr(self, name), low)
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` applied (None values ignored), validated like a new one."""
@@ -85,5 +88,18 @@ def _is_number(value: object) -> bool:
 
 
 def _positive(name: str, value: object) -> None:
-    if not _is_number(value) or value <= 0:  # type: ignore[operator]
-        raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+    check_seconds(name, value)
+
+
+def check_seconds(name: str, value: object) -> float:
+    """``value`` if it is a usable duration: a positive number of seconds, at most MAX_SECONDS."""
+    if not _is_number(value) or not 0 < value <= MAX_SECONDS:  # type: ignore[operator]
+        raise ConfigError(f"{name} must be a positive number of seconds, at most {MAX_SECONDS:g}, got {value!r}")
+    return float(value)  # type: ignore[arg-type]
+
+
+def check_count(name: str, value: object, low: int = 1) -> int:
+    """``value`` if it is an int (not a bool) of at least ``low``."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+    return value

@@ -38,6 +38,11 @@ class WaitTimeout(StampedeError, TimeoutError):
     """A caller waited ``wait_timeout`` for another caller's load and policy is "raise"."""
 
 
+class RecursiveLoad(StampedeError, RuntimeError):
+    """A loader called itself for the same key (directly, or through other loaders, in the
+    same thread or task): it would wait for its own load. Raised at once."""
+
+
 class LockNotOwned(StampedeError, RuntimeError):
     """A named lock was released or extended by a caller that does not hold it."""
 

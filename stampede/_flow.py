@@ -88,10 +88,18 @@ class Load:
     leased: bool
 
 
+class Written(enum.IntEnum):
+    """What became of a write (the write script's reply)."""
+
+    YES = 1  # written, the lease released, the waiters woken
+    REFUSED = 0  # the lease was not ours: invalidated, or lapsed and taken over
+    VANISHED = -1  # the lease was gone, and no invalidation had dropped it
+
+
 @dataclass(frozen=True, slots=True)
 class WriteRelease:
-    """Write the envelope, release the lock, wake the waiters. Reply: True if written,
-    False if the lease had been lost and nothing was written."""
+    """Write the envelope, release the lock, wake the waiters, if the lease is still ours.
+    Reply: a ``Written``; nothing is written unless it is ``Written.YES``."""
 
     envelope: bytes
     ttl: float
@@ -288,6 +296,14 @@ def fill(ctx: Context, miss: Miss | FailedRead = Miss.ABSENT) -> Flow:
         log.debug("%s: %s; re-checking", key, "no message" if notice is None else "state changed")
 
 
+def _load_uncached(ctx: Context) -> Flow:
+    """Call the loader without a lease; its value is not cached, but goes to its caller as
+    a cached one would (read back through the serializer), so every caller sees one form."""
+    ctx.stats.incr("loads")
+    value = yield Load(leased=False)
+    return ctx.codec.read_back(ctx.codec.encode(value, ctx.wall_clock(), 0.0, key=ctx.keys.value), key=ctx.keys.value)
+
+
 def after_wait_timeout(ctx: Context) -> Flow:
     """A caller waited ``wait_timeout`` for another load: load uncached, or raise."""
     ctx.stats.incr("wait_timeouts")
@@ -300,8 +316,7 @@ def after_wait_timeout(ctx: Context) -> Flow:
     ctx.warn.warning(
         "stampede: waited %s s for another load of %r; loading without caching", ctx.settings.wait_timeout, key
     )
-    ctx.stats.incr("loads")
-    return (yield Load(leased=False))
+    return (yield from _load_uncached(ctx))
 
 
 def _load_and_write(ctx: Context) -> Flow:
@@ -327,6 +342,7 @@ def _load_and_write(ctx: Context) -> Flow:
                 f"max_value_bytes={ctx.settings.max_value_bytes}; nothing was written",
                 key=key,
             )
+        value = ctx.codec.read_back(envelope, key=key)
     except SerializationError:
         yield from _release(ctx)
         raise
@@ -336,22 +352,36 @@ def _load_and_write(ctx: Context) -> Flow:
         written = yield WriteRelease(envelope, ttl, inline)
     except BackendUnavailable as error:
         # The value is good for this caller; but whether the write ran, or was refused
-        # because an invalidation took the lease, is unknown: not for the joiners.
+        # because an invalidation took the lease, is unknown: not for the joiners. An error
+        # reply (OOM, a refused expiry) ran nothing: release the lease so that waiters
+        # elsewhere retry now rather than after it runs out. Releasing by token is safe
+        # if the write did run: the lease is then gone, and nothing is released.
         _count_backend_error(ctx, error)
         ctx.unwritten = True
+        yield from _release(ctx)
         return value
     except GeneratorExit:
         raise
     except BaseException:
         yield from _release(ctx)  # interrupted: the write may not have run
         raise
-    if not written:
+    if written != Written.YES:  # the stores reply a Written (an int: True and False also do)
         # The lease was lost during the load: invalidated, or expired while this holder
         # was paused. The value is returned to this caller, whose call began before; but
         # it may predate an invalidation, so it is not handed to the process's joiners.
         ctx.unwritten = True
         ctx.stats.incr("stale_writes_prevented")
-        log.info("%s: lease lost during the load (invalidated or expired); result not written", key)
+        if written == Written.VANISHED and ctx.clock() - started < ctx.settings.lock_ttl - LEASE_MARGIN:
+            # Gone within its first term, with no invalidation: the server dropped it.
+            ctx.stats.incr("evicted_leases")
+            ctx.warn.warning(
+                "stampede: the lease of %r vanished mid-load without an invalidation: the server "
+                "evicted it (maxmemory-policy is not noeviction) or lost it (restart, failover); "
+                "another caller may have loaded at the same time. Set maxmemory-policy noeviction",
+                key,
+            )
+        else:
+            log.info("%s: lease lost during the load (invalidated or expired); result not written", key)
     else:
         log.debug("%s: written (ttl %.3f s) and released", key, ttl)
     return value
@@ -369,8 +399,7 @@ def _backend_failed(ctx: Context, error: BackendUnavailable, counted: bool = Fal
         _count_backend_error(ctx, error)
     if ctx.settings.on_redis_error == "raise":
         raise error
-    ctx.stats.incr("loads")
-    return (yield Load(leased=False))
+    return (yield from _load_uncached(ctx))
 
 
 def _count_backend_error(ctx: Context, error: BaseException) -> None:

@@ -12,18 +12,33 @@ percent-escaped (``%`` ``:`` ``{`` ``}`` ``#`` ``~``, whitespace, control charac
 lone surrogates, which could not be encoded), so under ``"u:{a}:{b}"`` the calls
 ("x:y", "z") and ("x", "y:z") give ``u:x%3Ay:z`` and ``u:x:y%3Az``. An int is written in
 decimal: ``1`` and ``"1"`` are deliberately one entry, the way a URL route treats them.
-Bytes are ``~x`` and their hex; any other value is ``~`` plus its escaped canonical JSON;
-no str or int renders as either. Without a template the entry is ``module.qualname`` and
-every parameter in signature order. An entry longer than ``max_key_length`` keeps a
-readable prefix and ends in ``#`` plus a SHA-256 of the whole; ``#`` never occurs otherwise.
+Any other value is ``~`` plus its escaped canonical form (``canonical``), which names its
+type, so values that differ give different keys: None, ``1.0``, ``[1]``, ``(1,)``, a
+dataclass and the dict of its fields are all distinct. NaN and infinities have no key
+(``InvalidKey``). No str or int renders with a leading ``~``.
+
+Without a template the entry is ``module.qualname`` and every parameter in signature
+order, leaving out a method's ``self`` (or ``cls``). Such a name must identify one loader:
+a lambda, a function defined inside another (``<locals>``) or an object without a
+``__qualname__`` (a ``functools.partial``) has none, so it needs a template.
+
+An entry longer than ``max_key_length`` keeps a readable prefix and ends in ``#`` plus a
+SHA-256 of the whole; ``#`` never occurs otherwise.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import decimal
+import enum
 import hashlib
 import inspect
+import json
+import math
 import re
 import string
+import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -48,6 +63,12 @@ class EntryKeys:
     def queue(self) -> tuple[str, str, str]:
         """A fair lock's queue, its waiters' leases and its ticket counter."""
         return self.lock + ":queue", self.lock + ":waiters", self.lock + ":tickets"
+
+    @property
+    def invalidated(self) -> str:
+        """Set by an invalidation that dropped a lease, for what was left of that lease: a
+        refused write tells by it an invalidation from an eviction."""
+        return self.lock + ":invalidated"
 
     @property
     def on_lock_servers(self) -> EntryKeys:
@@ -89,17 +110,109 @@ def render(value: Any, *, name: str = "argument") -> str:
     if kind is str:
         return escape(value)
     if kind is int:
-        return str(value)
-    if kind is bytes:
-        return "~x" + bytes(value).hex()
+        return _int_key(value)
     try:
-        encoded = orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
-    except TypeError:
-        raise InvalidKey(
-            f"{name} of type {kind.__qualname__} cannot be part of a cache key: pass a str, an int "
-            "or a JSON-encodable value, or give the loader a template without this parameter"
-        ) from None
-    return "~" + escape(encoded.decode())
+        return "~" + escape(canonical(value))
+    except _NoKey as error:
+        raise InvalidKey(f"{name} cannot be part of a cache key: {error}") from None
+
+
+class _NoKey(Exception):
+    """A value, or a part of it, that has no canonical form."""
+
+
+def canonical(value: Any) -> str:
+    """A text that names ``value`` and its type: two values get the same text only if they
+    are of the same type and equal. Each form starts so that no other type's can::
+
+        null  true  false       None, bools
+        12  -3  0x1f...         ints (hex beyond the decimal digits Python will print)
+        1.5  1e+100             floats (repr: always a '.' or an 'e'); NaN, inf refused
+        "text"                  str (JSON, ASCII)
+        x00ff                   bytes (hex)
+        [a,b]  (a,b)            list, tuple
+        {k:v}  set{a}  frozenset{a}   dict, set, frozenset (sorted by their forms)
+        UUID(...)  Decimal(...)  datetime(...)  date(...)  time(...)  timedelta(...)
+        module.Enum.MEMBER      an enum member, by name
+        module.Class{field:value}     a dataclass instance, its fields in order
+    """
+    try:
+        return _canonical(value)
+    except RecursionError:
+        raise _NoKey("it is nested too deeply (or contains itself)") from None
+
+
+def _canonical(value: Any) -> str:
+    if value is None:
+        return "null"
+    if value is True or value is False:
+        return "true" if value else "false"
+    if isinstance(value, enum.Enum):  # before int and str: IntEnum, StrEnum
+        kind = type(value)
+        return f"{kind.__module__}.{kind.__qualname__}.{value.name}"
+    if isinstance(value, int):
+        return _int_text(int(value))
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise _NoKey(f"{value!r} is not a finite number (NaN equals nothing; pass a str instead)")
+        return repr(float(value))
+    if isinstance(value, str):
+        return json.dumps(str(value))  # ASCII: lone surrogates too
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return "x" + bytes(value).hex()
+    if isinstance(value, list):
+        return "[" + ",".join(map(_canonical, value)) + "]"
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return "(" + ",".join(map(_canonical, value)) + ")"
+    if isinstance(value, dict):
+        items = sorted(_canonical(key) + ":" + _canonical(item) for key, item in value.items())
+        return "{" + ",".join(items) + "}"
+    if isinstance(value, (set, frozenset)):
+        prefix = "frozenset" if isinstance(value, frozenset) else "set"
+        return prefix + "{" + ",".join(sorted(map(_canonical, value))) + "}"
+    if isinstance(value, uuid.UUID):
+        return f"UUID({value})"
+    if isinstance(value, decimal.Decimal):
+        if not value.is_finite():
+            raise _NoKey(f"{value!r} is not a finite number")
+        return f"Decimal({value})"
+    if isinstance(value, (datetime.date, datetime.time)):  # datetime is a date
+        return f"{type(value).__name__}({value.isoformat()})"
+    if isinstance(value, datetime.timedelta):
+        return f"timedelta({value.days},{value.seconds},{value.microseconds})"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type) or hasattr(value, "_fields"):
+        fields = (
+            [(field.name, getattr(value, field.name)) for field in dataclasses.fields(value)]
+            if dataclasses.is_dataclass(value)
+            else list(zip(value._fields, value))  # a named tuple
+        )
+        return _type_name(value) + "{" + ",".join(f"{name}:{_canonical(item)}" for name, item in fields) + "}"
+    raise _NoKey(
+        f"{type(value).__qualname__} has no canonical form: pass a str, an int or a value built "
+        "of None, bools, numbers, str, bytes, lists, tuples, dicts, sets, UUIDs, decimals, "
+        "dates, enums and dataclasses, or give the loader a template without this parameter"
+    )
+
+
+def _type_name(value: Any) -> str:
+    kind = type(value)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _int_key(value: int) -> str:
+    """An int argument's key text: decimal, as its str would be; ``~0x..`` when too long."""
+    try:
+        return str(value)
+    except ValueError:
+        return "~" + _int_text(value)
+
+
+def _int_text(value: int) -> str:
+    """Decimal, or ``0x`` hex for an int longer than Python will print in decimal."""
+    try:
+        return str(value)
+    except ValueError:  # beyond sys.get_int_max_str_digits()
+        return ("-0x" if value < 0 else "0x") + format(abs(value), "x")
 
 
 class KeyBuilder:
@@ -117,9 +230,11 @@ class KeyBuilder:
         )
         self._namespace = namespace
         self._max_length = max_key_length
+        self.default_name: str | None = None
         if template is None:
-            prefix = f"{func.__module__}.{func.__qualname__}"
-            fields: list[tuple[str, str | None]] = [(prefix, None)] + [(":", name) for name in self._names]
+            self.default_name = default_name(func)
+            keyed = self._names[1:] if self._names[:1] in (["self"], ["cls"]) else self._names
+            fields: list[tuple[str, str | None]] = [(self.default_name, None)] + [(":", name) for name in keyed]
         else:
             fields = _parse_template(template, set(self._names))
         # The entry as a format string with one {} per field (literals never hold braces),
@@ -145,7 +260,7 @@ class KeyBuilder:
         rendered = []
         for index in self._fields:
             value = values[index]
-            rendered.append(str(value) if type(value) is int else self._render(value, index))
+            rendered.append(_int_key(value) if type(value) is int else self._render(value, index))
         entry = self._format.format(*rendered)
         if len(entry) > self._max_length:
             entry = self._shorten(entry)
@@ -154,6 +269,27 @@ class KeyBuilder:
     def _shorten(self, entry: str) -> str:
         digest = hashlib.sha256(entry.encode()).hexdigest()[:_HASH_CHARS]
         return entry[: self._max_length - _HASH_CHARS - 1] + "#" + digest
+
+
+def default_name(func: Callable[..., Any]) -> str:
+    """``module.qualname`` of a loader without a template, if that names it alone."""
+    module, qualname = getattr(func, "__module__", None), getattr(func, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str):
+        raise ConfigError(
+            f"{func!r} has no module and qualified name to build its keys from (a functools.partial "
+            "or a callable object?): give it a key template, e.g. cached_loader(\"orders:{order_id}\")"
+        )
+    if "<" in qualname:
+        raise ConfigError(
+            f"{module}.{qualname} is not a unique name: every lambda, and every function defined "
+            "inside another (each loader a factory makes), has the same one, and they would share "
+            "cached values. Give it a key template naming what it loads, e.g. "
+            "cached_loader(\"orders:{order_id}\")"
+        )
+    name = f"{module}.{qualname}"
+    if _FORBIDDEN_IN_TEMPLATE.search(name):
+        raise ConfigError(f"{name!r} cannot start a key (braces, '#', '~' or whitespace): give it a key template")
+    return name
 
 
 def _parse_template(template: str, names: set[str]) -> list[tuple[str, str | None]]:

@@ -21,15 +21,15 @@ from ._aredis import AsyncRedisStore
 from ._async import AsyncRunner
 from ._breaker import CircuitBreaker
 from ._codec import Codec, Serializer
-from ._config import Policy, Settings, check_namespace
+from ._config import Policy, Settings, check_count, check_namespace, check_seconds
 from ._errors import ConfigError
 from ._flow import LoaderSpec
-from ._keys import KeyBuilder, lock_keys
+from ._keys import EntryKeys, KeyBuilder, lock_keys
 from ._loader import AsyncCachedLoader, CachedLoader, P
 from ._lock import Lock, ReentrantHolds
 from ._memory import AsyncMemoryStore, MemoryStore
 from ._observe import RateLimitedLog, Stats
-from ._redis import RedisStore
+from ._redis import EvictionCheck, RedisStore
 from ._redlock import Redlock
 from ._redlock_store import AsyncRedlockStore, RedlockStore
 from ._store import AsyncStore, Store
@@ -81,6 +81,12 @@ class Stampede:
             self.settings = Settings(**settings)
         except TypeError as error:
             raise ConfigError(f"unknown setting: {error}") from None
+        check_count("max_entries", max_entries)
+        for given in (client, async_client):
+            if isinstance(given, (redis.Redis, redis.asyncio.Redis)):
+                _check_client_timeouts(given)
+        self._default_names: dict[str, Callable[..., Any]] = {}  # loaders without a template
+        self._names_lock = threading.Lock()
         self.namespace = check_namespace(namespace)
         self._codec = Codec(serializer)
         self._stats = Stats()
@@ -98,12 +104,13 @@ class Stampede:
             memory = MemoryStore(max_entries)
             store = memory
             make_async_store = functools.partial(AsyncMemoryStore, memory)
+        eviction = EvictionCheck()  # asked once for the layer, blocking and async stores alike
         if client is not None:
-            store = RedisStore(client, _socket_timeout(client), breaker)
+            store = RedisStore(client, _socket_timeout(client), breaker, eviction)
             if redlock is not None:
                 store = RedlockStore(store, redlock.servers, redlock.quorum)
         if async_client is not None:
-            make_async_store = _async_store_maker(async_client, breaker)
+            make_async_store = _async_store_maker(async_client, breaker, eviction)
             if redlock is not None:
                 make_async_store = _with_redlock(make_async_store, redlock)
         self._runner = SyncRunner(store, self._stats, warn, self._watchdog) if store is not None else None
@@ -120,13 +127,18 @@ class Stampede:
         namespace: str = "stampede",
         serializer: Serializer | None = None,
         redlock: Redlock | None = None,
+        check: bool = False,
         **settings: Any,
     ) -> Stampede:
         """A layer over clients for ``url`` with bounded timeouts and no hidden retries,
         so no call spends longer than wait_timeout plus one socket timeout on Redis.
         ``max_connections`` bounds the pool (one pool for threads, one per event loop
         for async loaders, made when that loop first calls); callers beyond it wait,
-        one socket timeout at most, for a connection instead of failing."""
+        one socket timeout at most, for a connection instead of failing. ``check=True``
+        runs ``check()`` before returning: fail fast on a wrong password or a replica."""
+        check_seconds("socket_timeout", socket_timeout)
+        check_seconds("socket_connect_timeout", socket_connect_timeout)
+        check_count("max_connections", max_connections)
         no_retries = Retry(NoBackoff(), 0)
         timeouts = dict(socket_timeout=socket_timeout, socket_connect_timeout=socket_connect_timeout)
         pool = redis.BlockingConnectionPool.from_url(
@@ -151,8 +163,21 @@ class Stampede:
             **settings,
         )
         layer._owned_client = client
+        if check:
+            try:
+                layer.check()
+            except BaseException:
+                layer.close()
+                raise
         return layer
 
+    @overload
+    def cached_loader(self, template: Callable[P, Coroutine[Any, Any, R]], /) -> AsyncCachedLoader[P, R]: ...  # type: ignore[overload-overlap]
+
+    @overload
+    def cached_loader(self, template: Callable[P, R], /) -> CachedLoader[P, R]: ...
+
+    @overload
     def cached_loader(
         self,
         template: str | None = None,
@@ -165,11 +190,27 @@ class Stampede:
         on_redis_error: Policy | None = None,
         max_value_bytes: int | None = None,
         serializer: Serializer | None = None,
-    ) -> LoaderDecorator:
-        """Decorate a loader, plain or ``async def``. ``template`` (``"product:{product_id}"``)
-        names the entry from the loader's arguments; without one the key is the loader's
-        qualified name and all its arguments. Keyword settings override the layer's for
-        this loader."""
+    ) -> LoaderDecorator: ...
+
+    def cached_loader(
+        self,
+        template: str | Callable[..., Any] | None = None,
+        *,
+        ttl: float | None = None,
+        null_ttl: float | None = None,
+        lock_ttl: float | None = None,
+        wait_timeout: float | None = None,
+        on_wait_timeout: Policy | None = None,
+        on_redis_error: Policy | None = None,
+        max_value_bytes: int | None = None,
+        serializer: Serializer | None = None,
+    ) -> Any:
+        """Decorate a loader, plain or ``async def``, or a method (``self`` is not part of
+        the key). ``template`` (``"product:{product_id}"``) names the entry from the
+        loader's arguments; without one the key is the loader's ``module.qualname`` and
+        all its arguments, which must name one loader of this layer (a lambda or a
+        function made inside another needs a template). Keyword settings override the
+        layer's for this loader. ``@layer.cached_loader`` without parentheses works too."""
         settings = self.settings.replace(
             ttl=ttl,
             null_ttl=null_ttl,
@@ -180,7 +221,21 @@ class Stampede:
             max_value_bytes=max_value_bytes,
         )
         codec = self._codec if serializer is None else Codec(serializer)
+        if template is not None and not isinstance(template, str):
+            if not callable(template):
+                raise ConfigError(f"a key template must be a str, got {template!r}")
+            return LoaderDecorator(self, None, settings, codec)(template)  # bare @cached_loader
         return LoaderDecorator(self, template, settings, codec)
+
+    def _claim_name(self, name: str, func: Callable[..., Any]) -> None:
+        """Refuse a second loader whose keys, built from ``name``, would be another's."""
+        with self._names_lock:
+            owner = self._default_names.setdefault(name, func)
+        if owner is not func:
+            raise ConfigError(
+                f"another loader of this layer is already named {name!r} (its keys would be this "
+                "one's): give one of them a key template"
+            )
 
     def lock(
         self,
@@ -230,6 +285,53 @@ class Stampede:
             self._runner.forget(key)
         if self._async_runner is not None:
             self._async_runner.forget(key)
+
+    def check(self) -> None:
+        """Fail fast: raise ``BackendUnavailable`` naming the cause unless the cache server
+        answers and takes writes in this layer's namespace (a wrong password, a read-only
+        replica, an ACL user outside its keys, a server down). Under the default
+        ``on_redis_error="load"`` such a server would only cost a rate-limited warning per
+        call. Also warns if the server may evict leases (see the README). Blocking client
+        needed; ``acheck()`` uses this event loop's."""
+        if self._runner is None:
+            raise ConfigError("check() needs a blocking client: use acheck() in the event loop")
+        self._runner.store.check(self.namespace)
+
+    async def acheck(self) -> None:
+        """``check()`` with this event loop's client."""
+        if self._async_runner is None:
+            raise ConfigError("acheck() needs an asyncio client: use check()")
+        await self._async_runner.loop_store().check(self.namespace)
+
+    def clear(self) -> int:
+        """Invalidate every cache entry of this layer's namespace, as ``invalidate()`` does
+        each one (loads in flight are not written, waiters load afresh); return how many.
+        Named locks, and their fencing counters, are left alone: a namespace cleared by
+        hand (``SCAN``/``DEL``) would reset the counters too."""
+        if self._runner is None:
+            raise ConfigError("clear() needs a blocking client: use aclear() in the event loop")
+        store = self._runner.store
+        entries = store.scan(self.namespace)
+        for value_key in entries:
+            keys = EntryKeys.for_value(value_key)
+            try:
+                store.invalidate(keys)
+            finally:
+                self._forget(value_key)
+        return len(entries)
+
+    async def aclear(self) -> int:
+        """``clear()`` with this event loop's client."""
+        if self._async_runner is None:
+            raise ConfigError("aclear() needs an asyncio client: use clear()")
+        store = self._async_runner.loop_store()
+        entries = await store.scan(self.namespace)
+        for value_key in entries:
+            try:
+                await store.invalidate(EntryKeys.for_value(value_key))
+            finally:
+                self._forget(value_key)
+        return len(entries)
 
     def stats(self) -> dict[str, int]:
         """Counters since the layer was made, blocking and async callers together: hits,
@@ -288,7 +390,11 @@ class LoaderDecorator:
 
     def __call__(self, func: Callable[P, Any]) -> CachedLoader[P, Any] | AsyncCachedLoader[P, Any]:
         layer = self._layer
+        if not callable(func):
+            raise ConfigError(f"cached_loader decorates a function, got {func!r}")
         keys = KeyBuilder(func, self._template, layer.namespace, self._settings.max_key_length)
+        if keys.default_name is not None:
+            layer._claim_name(keys.default_name, func)
         spec = LoaderSpec(func, self._settings, self._codec)
         if _is_async(func):
             if layer._async_runner is None:
@@ -310,7 +416,16 @@ def _is_async(func: Callable[..., Any]) -> bool:
     return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__)
 
 
+def _check_client_timeouts(client: Any) -> None:
+    """A client's timeouts must be None or usable: redis-py takes -1 and fails every call."""
+    kwargs = client.connection_pool.connection_kwargs
+    for name in ("socket_timeout", "socket_connect_timeout"):
+        if kwargs.get(name) is not None:
+            check_seconds(f"the client's {name}", kwargs[name])
+
+
 def _socket_timeout(client: redis.Redis) -> float:
+    _check_client_timeouts(client)
     socket_timeout = client.connection_pool.connection_kwargs.get("socket_timeout")
     if socket_timeout is None:
         log.warning(
@@ -320,7 +435,9 @@ def _socket_timeout(client: redis.Redis) -> float:
     return float(socket_timeout or DEFAULT_SOCKET_TIMEOUT)
 
 
-def _async_store_maker(async_client: AsyncClient, breaker: CircuitBreaker) -> Callable[[], AsyncStore]:
+def _async_store_maker(
+    async_client: AsyncClient, breaker: CircuitBreaker, eviction: EvictionCheck
+) -> Callable[[], AsyncStore]:
     """A maker of one event loop's store: over the given client, or over a new one from
     the given function. The store owns (closes) a client it had made, and when that
     client's pool does not block for a free connection, bounds its commands to the pool's
@@ -334,12 +451,14 @@ def _async_store_maker(async_client: AsyncClient, breaker: CircuitBreaker) -> Ca
             pool = client.connection_pool
             blocks = isinstance(pool, redis.asyncio.BlockingConnectionPool)
             slots = None if blocks else getattr(pool, "max_connections", None)
-            return AsyncRedisStore(client, timeout, breaker, owns_client=True, slots=slots, slot_timeout=timeout)
+            return AsyncRedisStore(
+                client, timeout, breaker, owns_client=True, slots=slots, slot_timeout=timeout, eviction=eviction
+            )
 
         return make
     client = async_client
     timeout = _socket_timeout(client)  # type: ignore[arg-type]
-    return lambda: AsyncRedisStore(client, timeout, breaker)
+    return lambda: AsyncRedisStore(client, timeout, breaker, eviction=eviction)
 
 
 StoreT = TypeVar("StoreT", Store, AsyncStore)
@@ -379,6 +498,18 @@ def default_layer() -> Stampede:
         return _default_layer
 
 
-def cached_loader(template: str | None = None, **options: Any) -> LoaderDecorator:
+@overload
+def cached_loader(template: Callable[P, Coroutine[Any, Any, R]], /) -> AsyncCachedLoader[P, R]: ...  # type: ignore[overload-overlap]
+
+
+@overload
+def cached_loader(template: Callable[P, R], /) -> CachedLoader[P, R]: ...
+
+
+@overload
+def cached_loader(template: str | None = None, **options: Any) -> LoaderDecorator: ...
+
+
+def cached_loader(template: str | Callable[..., Any] | None = None, **options: Any) -> Any:
     """``Stampede.cached_loader`` on the default layer (see ``default_layer``)."""
     return default_layer().cached_loader(template, **options)

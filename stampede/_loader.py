@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import TYPE_CHECKING, Callable, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, ParamSpec, TypeVar, overload
 
 from ._keys import KeyBuilder
 
@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 R = TypeVar("R")
+Self_ = TypeVar("Self_", bound="_Loader[Any, Any]")
 
 
 class _Loader(Generic[P, R]):
@@ -31,6 +32,17 @@ class _Loader(Generic[P, R]):
     def key(self, *args: P.args, **kwargs: P.kwargs) -> str:
         """The Redis key of the value these arguments load (for inspection and tooling)."""
         return self._keys.value_key(args, kwargs)
+
+    @overload
+    def __get__(self: Self_, instance: None, owner: type | None = None) -> Self_: ...
+
+    @overload
+    def __get__(self, instance: object, owner: type | None = None) -> BoundLoader: ...
+
+    def __get__(self, instance: object, owner: type | None = None) -> Any:
+        """Looked up on an instance, a loader decorated as a method binds it as a function
+        does; ``self`` is passed to the loader but is not part of the key."""
+        return self if instance is None else BoundLoader(self, instance)
 
     def __repr__(self) -> str:
         func = self._spec.func
@@ -92,3 +104,27 @@ class AsyncCachedLoader(_Loader[P, R]):
             await self._runner.invalidate(keys)
         finally:
             self._forget(keys.value)
+
+
+class BoundLoader:
+    """A cached loader bound to an instance, as ``obj.method`` is: calls, ``invalidate``
+    and ``key`` take the arguments after ``self``."""
+
+    __slots__ = ("_loader", "_instance")
+
+    def __init__(self, loader: _Loader[Any, Any], instance: object) -> None:
+        self._loader = loader
+        self._instance = instance
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._loader(self._instance, *args, **kwargs)  # type: ignore[operator]
+
+    def invalidate(self, *args: Any, **kwargs: Any) -> Any:
+        """The loader's ``invalidate`` (awaitable for an async loader)."""
+        return self._loader.invalidate(self._instance, *args, **kwargs)  # type: ignore[attr-defined]
+
+    def key(self, *args: Any, **kwargs: Any) -> str:
+        return self._loader.key(self._instance, *args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<bound {self._loader!r} of {self._instance!r}>"

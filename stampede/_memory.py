@@ -17,7 +17,7 @@ from cachetools import TLRUCache
 
 from ._anotify import AsyncSubscription
 from ._channels import Mailbox
-from ._flow import AcquireReply, LockState
+from ._flow import AcquireReply, LockState, Written
 from ._fork import reset_after_fork
 from ._keys import EntryKeys
 from ._notify import Subscription
@@ -69,15 +69,15 @@ class MemoryStore:
             self._leases[keys.lock] = (token, now + lease_ms / 1000)
             return True
 
-    def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> bool:
+    def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> Written:
         now = self._clock()
         with self._lock:
             if not self._holds(keys, token, now):
-                return False
+                return Written.REFUSED  # nothing here evicts a lease
             self._values[keys.value] = (envelope, now + ttl_ms / 1000)
             del self._leases[keys.lock]
             self._publish(keys, envelope if inline else b"")
-            return True
+            return Written.YES
 
     def release(self, keys: EntryKeys, token: str) -> bool:
         with self._lock:
@@ -116,7 +116,7 @@ class MemoryStore:
                     return AcquireReply(LockState.HELD, lease_left=-0.002)
                 del queue[token]
             self._leases[keys.lock] = (token, now + lease_ms / 1000)
-            fence = self._fences[keys.value] = self._fences.get(keys.value, 0) + 1
+            fence = self._fences[keys.value] = max(self._fences.get(keys.value, 0) + 1, time.time_ns() // 1000)
             return AcquireReply(LockState.LOCKED, fence=fence)
 
     def invalidate(self, keys: EntryKeys) -> None:
@@ -124,6 +124,18 @@ class MemoryStore:
             self._values.pop(keys.value, None)
             self._leases.pop(keys.lock, None)
             self._publish(keys, b"")
+
+    def check(self, namespace: str) -> None:
+        """Nothing to check: the store is this process's memory."""
+
+    def scan(self, namespace: str) -> set[str]:
+        """The value keys of every cache entry in ``namespace``: values and leases of
+        loads, not named locks (their fences must never go back)."""
+        prefix = namespace + ":{"
+        with self._lock:
+            keys = [key for key in (*self._values.keys(), *self._leases) if key.startswith(prefix)]
+        found = {key[: key.find("}") + 1] for key in keys if not key.startswith(prefix + "~lock:")}
+        return found
 
     def subscribe(self, keys: EntryKeys) -> Subscription:
         subscription = Subscription(keys.channel, self.detach)
@@ -182,7 +194,7 @@ class AsyncMemoryStore:
     async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         return self._store.renew(keys, token, lease_ms)
 
-    async def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> bool:
+    async def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> Written:
         return self._store.write_release(keys, token, envelope, ttl_ms, inline)
 
     async def release(self, keys: EntryKeys, token: str) -> bool:
@@ -199,6 +211,12 @@ class AsyncMemoryStore:
 
     async def invalidate(self, keys: EntryKeys) -> None:
         self._store.invalidate(keys)
+
+    async def check(self, namespace: str) -> None:
+        pass
+
+    async def scan(self, namespace: str) -> set[str]:
+        return self._store.scan(namespace)
 
     async def subscribe(self, keys: EntryKeys) -> AsyncSubscription:
         subscription = AsyncSubscription(keys.channel, asyncio.get_running_loop(), self._store.detach)

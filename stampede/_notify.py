@@ -19,7 +19,6 @@ import threading
 from typing import Any, Callable
 
 import redis
-from redis.exceptions import RedisError
 
 from ._channels import Channels
 from ._errors import BackendUnavailable
@@ -87,7 +86,7 @@ class Subscriber:
                 self._ensure_connected()
                 if self._channels.add(subscription):
                     self._connection.send_command("SUBSCRIBE", channel)
-            except (RedisError, OSError) as error:
+            except Exception as error:  # the parser's own errors too (see _read)
                 self._drop_connection()
                 self._channels.remove(subscription)
                 raise BackendUnavailable(f"cannot subscribe to {channel!r}: {error}") from error
@@ -109,7 +108,7 @@ class Subscriber:
             if self._channels.remove(subscription) and self._connection is not None:
                 try:  # fire and forget: the reader reads the confirmation
                     self._connection.send_command("UNSUBSCRIBE", subscription.channel)
-                except (RedisError, OSError):
+                except Exception:
                     self._drop_connection()
 
     def _ensure_connected(self) -> None:
@@ -137,8 +136,8 @@ class Subscriber:
         if connection is not None:
             try:
                 connection.disconnect()
-            except (RedisError, OSError):
-                pass
+            except Exception:
+                pass  # it is gone either way
         self._channels.on_connection_lost()
 
     def _read(self) -> None:
@@ -150,7 +149,7 @@ class Subscriber:
                         self._wake_reader.wait(0.5)
                         try:
                             self._ensure_connected()
-                        except (RedisError, OSError):
+                        except Exception:  # any failure: the next try is 0.5 s away
                             self._drop_connection()
                     else:
                         self._wake_reader.wait()
@@ -165,10 +164,14 @@ class Subscriber:
                     connection.disconnect()
                     continue
                 reply = connection.read_response(disconnect_on_error=False)
-            except (RedisError, OSError, ValueError, AttributeError) as error:
+            except Exception as error:
+                # Whatever the parser raises: a lost connection, or one disconnected by
+                # another thread mid-read (hiredis then raises TypeError, the Python
+                # parser ValueError or AttributeError). The reader must outlive it, or
+                # waiters are left to their re-check interval.
                 with self._lock:
-                    if self._connection is connection:
-                        log.info("stampede: subscriber connection lost (%s)", error)
+                    if self._connection is connection and not self._closed:
+                        log.info("stampede: subscriber connection lost (%s: %s)", type(error).__name__, error)
                         self._drop_connection()
                 continue
             with self._lock:

@@ -19,6 +19,7 @@ COUNTERS = (
     "redis_errors",  # Redis failed to answer a command
     "loader_errors",  # the loader raised
     "stale_writes_prevented",  # a load finished after its lease was lost; its value was not written
+    "evicted_leases",  # of those, a lease the server dropped within its term with no invalidation
     "corrupt_values",  # bytes at a key were not a readable envelope; treated as a miss
 )
 
@@ -40,7 +41,9 @@ class Stats:
 
 
 class RateLimitedLog:
-    """Logs a warning at most once per ``interval`` seconds, counting what it held back."""
+    """Logs each kind of warning at most once per ``interval`` seconds, counting what it
+    held back. The kind is the message's format string, so a flood of one kind (say,
+    unreadable values) never hides another (a wait that timed out)."""
 
     def __init__(
         self, log: logging.Logger, interval: float = 10.0, clock: Callable[[], float] = time.monotonic
@@ -49,17 +52,17 @@ class RateLimitedLog:
         self._interval = interval
         self._clock = clock
         self._lock = threading.Lock()
-        self._next = 0.0
-        self._held_back = 0
+        self._next: dict[str, float] = {}  # format string -> when that kind may be logged again
+        self._held_back: dict[str, int] = {}  # format string -> warnings held back since
 
     def warning(self, message: str, *args: object) -> None:
         now = self._clock()
         with self._lock:
-            if now < self._next:
-                self._held_back += 1
+            if now < self._next.get(message, 0.0):
+                self._held_back[message] = self._held_back.get(message, 0) + 1
                 return
-            held_back, self._held_back = self._held_back, 0
-            self._next = now + self._interval
+            held_back = self._held_back.pop(message, 0)
+            self._next[message] = now + self._interval
         if held_back:
             message += " (%d similar warnings suppressed)"
             args = (*args, held_back)

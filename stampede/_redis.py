@@ -7,6 +7,7 @@ READONLY) leaves this module as ``BackendUnavailable``, which the flow turns int
 from __future__ import annotations
 
 import asyncio
+import logging
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -16,9 +17,11 @@ from redis.exceptions import RedisError
 from . import _scripts
 from ._breaker import CircuitBreaker
 from ._errors import BackendUnavailable, ConfigError
-from ._flow import AcquireReply, LockState
+from ._flow import AcquireReply, LockState, Written
 from ._keys import EntryKeys
 from ._notify import Subscriber, Subscription
+
+log = logging.getLogger("stampede")
 
 # What a failing command raises, blocking or asyncio (on Python 3.10 asyncio's timeout
 # is not an OSError); of those, what says the server could not be reached.
@@ -43,6 +46,55 @@ def failure(breaker: CircuitBreaker, what: str, key: str, error: BaseException) 
     there), and translate the error."""
     breaker.failed() if isinstance(error, UNREACHABLE) else breaker.succeeded()
     return BackendUnavailable(f"redis failed to {what} {key!r}: {error}", key=key)
+
+
+def eviction_risk(config: dict[Any, Any]) -> str | None:
+    """What ``CONFIG GET maxmemory*`` says of leases: None if the server never evicts a key
+    (noeviction, or no memory limit), else a warning with the fix. Every other policy,
+    volatile-* included, may evict a lease (it has an expiry) mid-load, and a second load
+    of its key then runs beside the first."""
+    text = {_text(name): _text(value) for name, value in config.items()}
+    policy, limit = text.get("maxmemory-policy"), text.get("maxmemory", "0")
+    if policy is None or policy == "noeviction" or limit == "0":
+        return None
+    return (
+        f"the server's maxmemory-policy is {policy} (maxmemory {limit}): it may evict a lease "
+        "mid-load, and a second load of the key then runs beside the first. Set "
+        "maxmemory-policy noeviction (values still expire by their TTL; writes refused when "
+        "full are served uncached), or hold leases on Redlock lock servers that do not evict"
+    )
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+class EvictionCheck:
+    """Asks the server for its eviction policy once per layer, at its first lease (the
+    first moment the server is known to answer), and warns if leases may be evicted."""
+
+    def __init__(self) -> None:
+        self.pending = True
+        self.warning: str | None = None  # what the check found, for Stampede.check()
+
+    def found(self, config: Any) -> None:
+        self.warning = eviction_risk(config) if isinstance(config, dict) else None
+        if self.warning:
+            log.warning("stampede: %s", self.warning)
+
+
+def check_key(namespace: str) -> str:
+    """The key ``Stampede.check()`` writes and deletes: no entry can be ``~check``."""
+    return f"{namespace}:{{~check}}"
+
+
+def entry_value_key(key: str) -> str | None:
+    """The value key of the cache entry ``key`` belongs to (``ns:{entry}`` of
+    ``ns:{entry}:lock``), or None for a named lock's keys and the check key."""
+    close = key.find("}")
+    if close < 0 or "{~lock:" in key[: close] or "{~check" in key[: close]:
+        return None
+    return key[: close + 1]
 
 
 def acquire_reply(reply: Any) -> AcquireReply:
@@ -78,10 +130,17 @@ def check_client(client: Any) -> None:
 class RedisStore:
     """A Store on one Redis server (or anything speaking its protocol)."""
 
-    def __init__(self, client: redis.Redis, subscribe_timeout: float, breaker: CircuitBreaker) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        subscribe_timeout: float,
+        breaker: CircuitBreaker,
+        eviction: EvictionCheck | None = None,
+    ) -> None:
         check_client(client)
         self.client = client
         self.breaker = breaker
+        self.eviction = eviction or EvictionCheck()
         self._scripts = Scripts(client)
         self._subscriber = Subscriber(client, subscribe_timeout)
 
@@ -101,19 +160,50 @@ class RedisStore:
             reply: Any = self._scripts.acquire(
                 keys=[keys.value, keys.lock], args=[token, lease_ms, "1" if check_value else "0"]
             )
-        return acquire_reply(reply)
+        acquired = acquire_reply(reply)
+        if self.eviction.pending and acquired.state is LockState.LOCKED:
+            self.eviction.pending = False
+            self.eviction.found(self.server_config())
+        return acquired
+
+    def server_config(self) -> dict[Any, Any] | None:
+        """``CONFIG GET maxmemory*``, or None where the server refuses CONFIG (an ACL user
+        without it, a managed service that renamed it)."""
+        try:
+            return self.client.config_get("maxmemory*")
+        except FAILURES:
+            return None
+
+    def check(self, namespace: str) -> None:
+        """Raise ``BackendUnavailable`` naming the cause unless the server answers and
+        takes writes in ``namespace`` (a wrong password, a read-only replica, an ACL user
+        outside its keys all fail here); then warn if it may evict leases."""
+        key = check_key(namespace)
+        with translated("check the server with", key, self.breaker):
+            self.client.ping()
+            self.client.set(key, b"1", px=1000)
+            self.client.delete(key)
+        self.eviction.pending = False
+        self.eviction.found(self.server_config())
+
+    def scan(self, namespace: str) -> set[str]:
+        """The value keys of every cache entry in ``namespace`` (named locks left out)."""
+        with translated("scan", namespace, self.breaker):
+            found = {entry_value_key(_text(key)) for key in self.client.scan_iter(match=f"{namespace}:{{*", count=1000)}
+        found.discard(None)
+        return found  # type: ignore[return-value]
 
     def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         with translated("renew the lease of", keys.value, self.breaker):
             return bool(self._scripts.renew(keys=[keys.lock], args=[token, lease_ms]))
 
-    def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> bool:
+    def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> Written:
         with translated("write", keys.value, self.breaker):
             written = self._scripts.write_release(
-                keys=[keys.value, keys.lock],
+                keys=[keys.value, keys.lock, keys.invalidated],
                 args=[token, envelope, ttl_ms, keys.channel, "1" if inline else "0"],
             )
-        return bool(written)
+        return Written(int(written))
 
     def release(self, keys: EntryKeys, token: str) -> bool:
         with translated("release the lock of", keys.value, self.breaker):
@@ -141,7 +231,7 @@ class RedisStore:
 
     def invalidate(self, keys: EntryKeys) -> None:
         with translated("invalidate", keys.value, self.breaker):
-            self._scripts.invalidate(keys=[keys.value, keys.lock], args=[keys.channel])
+            self._scripts.invalidate(keys=[keys.value, keys.lock, keys.invalidated], args=[keys.channel])
 
     def subscribe(self, keys: EntryKeys) -> Subscription:
         return self._subscriber.subscribe(keys.channel)

@@ -33,7 +33,7 @@ from typing import Callable
 
 from ._anotify import AsyncSubscription
 from ._errors import BackendUnavailable
-from ._flow import AcquireReply, LockState
+from ._flow import AcquireReply, LockState, Written
 from ._keys import EntryKeys
 from ._notify import Subscription
 from ._redlock import AsyncLockServers, LockServers, Quorum, renew_majority, take_majority
@@ -95,10 +95,10 @@ class RedlockLeases:
 
     def write_release(
         self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool
-    ) -> Steps[bool]:
+    ) -> Steps[Written]:
         on_servers = keys.on_lock_servers
         try:
-            written: bool = yield Step("cache.write_release", (keys, token, envelope, ttl_ms, inline))
+            written: Written = yield Step("cache.write_release", (keys, token, envelope, ttl_ms, inline))
         finally:
             yield Step("servers.release", (on_servers, token))
         return written
@@ -132,7 +132,7 @@ class RedlockStore:
     def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         return run(self._leases.renew(keys, token, lease_ms), self)
 
-    def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> bool:
+    def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> Written:
         return run(self._leases.write_release(keys, token, envelope, ttl_ms, inline), self)
 
     def release(self, keys: EntryKeys, token: str) -> bool:
@@ -154,6 +154,12 @@ class RedlockStore:
 
     def subscribe(self, keys: EntryKeys) -> Subscription:
         return self.cache.subscribe(keys)
+
+    def check(self, namespace: str) -> None:
+        self.cache.check(namespace)
+
+    def scan(self, namespace: str) -> set[str]:
+        return self.cache.scan(namespace)
 
     def close(self) -> None:
         self.cache.close()  # the lock servers' clients are the Redlock manager's
@@ -177,7 +183,7 @@ class AsyncRedlockStore:
     async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         return await arun(self._leases.renew(keys, token, lease_ms), self)
 
-    async def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> bool:
+    async def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> Written:
         return await arun(self._leases.write_release(keys, token, envelope, ttl_ms, inline), self)
 
     async def release(self, keys: EntryKeys, token: str) -> bool:
@@ -197,6 +203,12 @@ class AsyncRedlockStore:
 
     async def subscribe(self, keys: EntryKeys) -> AsyncSubscription:
         return await self.cache.subscribe(keys)
+
+    async def check(self, namespace: str) -> None:
+        await self.cache.check(namespace)
+
+    async def scan(self, namespace: str) -> set[str]:
+        return await self.cache.scan(namespace)
 
     async def aclose(self) -> None:
         try:

@@ -23,11 +23,17 @@ return {3, redis.call('PTTL', KEYS[2])}
 
 WRITE_AND_RELEASE = """
 -- Write the loaded value, release the lock and wake the waiters, if our lease still holds.
--- KEYS[1] value key, KEYS[2] lock key
+-- KEYS[1] value key, KEYS[2] lock key, KEYS[3] invalidation marker (see INVALIDATE)
 -- ARGV[1] token, ARGV[2] envelope, ARGV[3] ttl in ms, ARGV[4] channel,
 -- ARGV[5] '1' to publish the envelope itself, '0' to publish '' (waiters read the key)
--- Returns 1: written; 0: the lease was lost (invalidated, expired or taken over), nothing written
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+-- Returns 1: written
+--         0: the lease was lost to an invalidation, or taken over; nothing written
+--        -1: the lease is not ours and no invalidation dropped it lately (it expired, or
+--            the server evicted or lost it); nothing written
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then
+  if redis.call('GET', KEYS[3]) then return 0 end
+  return -1
+end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 redis.call('DEL', KEYS[2])
 if ARGV[5] == '1' then
@@ -61,20 +67,37 @@ end
 return 0
 """
 
-TAKE_LOCK = """
+NEXT_FENCE = """
+-- The next fencing token of a named lock: one more than the last drawn, and never less
+-- than the server's clock in microseconds, so the tokens keep growing even if the
+-- counter is deleted (a namespace cleared by hand) or lost. A lock changes hands far less
+-- often than once a microsecond, so the counter never runs ahead of the clock for long.
+local function next_fence(counter)
+  local clock = redis.call('TIME')
+  local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+  local fence = redis.call('INCR', counter)
+  if fence < now then
+    fence = now
+    redis.call('SET', counter, string.format('%d', fence))
+  end
+  return fence
+end
+"""
+
+TAKE_LOCK = NEXT_FENCE + """
 -- Take a named lock and draw its fencing token, in one step.
 -- KEYS[1] fence counter key (never expires), KEYS[2] lock key
 -- ARGV[1] token, ARGV[2] lease in ms
--- Returns {2, fence}: the lock is now held with our token; fence is one more than the
---                     last one drawn for this lock, so a later holder's is always greater
+-- Returns {2, fence}: the lock is now held with our token; fence is greater than every
+--                     one drawn before for this lock (see NEXT_FENCE)
 --         {3, pttl}: another holder has the lock for pttl more ms
 if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {2, redis.call('INCR', KEYS[1])}
+  return {2, next_fence(KEYS[1])}
 end
 return {3, redis.call('PTTL', KEYS[2])}
 """
 
-TAKE_LOCK_FAIRLY = """
+TAKE_LOCK_FAIRLY = NEXT_FENCE + """
 -- Take a named lock in arrival order, and draw its fencing token.
 -- KEYS[1] fence counter, KEYS[2] lock key, KEYS[3] queue (sorted set: token -> ticket),
 -- KEYS[4] waiters' leases (hash: token -> expiry, server ms), KEYS[5] ticket counter
@@ -105,7 +128,7 @@ if redis.call('ZRANGE', KEYS[3], 0, 0)[1] == ARGV[1] then
   if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
     redis.call('ZREM', KEYS[3], ARGV[1])
     redis.call('HDEL', KEYS[4], ARGV[1])
-    return {2, redis.call('INCR', KEYS[1])}
+    return {2, next_fence(KEYS[1])}
   end
 end
 return {3, redis.call('PTTL', KEYS[2])}
@@ -124,10 +147,14 @@ return removed
 
 INVALIDATE = """
 -- Drop the value and any holder's lease, so an in-flight load cannot write its (stale)
--- result afterwards, and wake the waiters so one of them loads afresh.
--- KEYS[1] value key, KEYS[2] lock key; ARGV[1] channel
+-- result afterwards, and wake the waiters so one of them loads afresh. A dropped lease
+-- leaves a marker for as long as it had left, so the holder's refused write can tell an
+-- invalidation from an eviction (best effort: a marker refused under OOM is not needed).
+-- KEYS[1] value key, KEYS[2] lock key, KEYS[3] invalidation marker; ARGV[1] channel
 -- Returns the number of keys deleted
+local lease = redis.call('PTTL', KEYS[2])
 local deleted = redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('PUBLISH', ARGV[1], '')
+if lease > 0 then redis.pcall('SET', KEYS[3], '1', 'PX', lease) end
 return deleted
 """

@@ -45,9 +45,12 @@ cancels nobody else.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
+from ._errors import RecursiveLoad
 from ._flow import Effect, Subscribe, produces_value
 from ._fork import reset_after_fork
 
@@ -202,3 +205,30 @@ EXPIRY_SLACK = 0.001  # a loop may run a timer up to its clock resolution early
 def settle(future: asyncio.Future[bool], result: bool) -> None:
     if not future.done():
         future.set_result(result)
+
+
+# The keys whose loader runs in this context: the thread, or the task and the tasks it
+# starts (they copy the context). A call for one of them from inside its own load would
+# wait for itself until wait_timeout; it is refused at once instead.
+_loading: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("stampede_loading", default=frozenset())
+
+
+def refuse_recursion(key: str) -> None:
+    """Raise ``RecursiveLoad`` if ``key``'s loader is running in this context. Checked
+    by callers who would wait (a joiner, a miss), never on a hit."""
+    if key in _loading.get():
+        raise RecursiveLoad(
+            f"the loader of {key!r} called itself for the same key (directly or through other "
+            "loaders); it would wait for its own result",
+            key=key,
+        )
+
+
+@contextmanager
+def loading(key: str) -> Iterator[None]:
+    """Mark ``key``'s loader as running in this context while the block runs."""
+    token = _loading.set(_loading.get() | {key})
+    try:
+        yield
+    finally:
+        _loading.reset(token)

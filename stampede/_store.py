@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from ._anotify import AsyncSubscription
-from ._flow import AcquireReply
+from ._flow import AcquireReply, Written
 from ._keys import EntryKeys
 from ._notify import Subscription
 
@@ -42,9 +42,10 @@ class Store(Protocol):
 
     def write_release(
         self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool
-    ) -> bool:
+    ) -> Written:
         """If ``token`` still holds the lease: write, release, wake waiters (with the
-        envelope if ``inline``) and return True; else write nothing and return False."""
+        envelope if ``inline``) and return ``Written.YES``; else write nothing and say why
+        (``REFUSED``: invalidated or taken over; ``VANISHED``: gone, not invalidated)."""
 
     def release(self, keys: EntryKeys, token: str) -> bool:
         """Release the lease if ``token`` holds it, wake waiters to re-check, and return
@@ -63,10 +64,18 @@ class Store(Protocol):
         """The token holding the lease, or None."""
 
     def invalidate(self, keys: EntryKeys) -> None:
-        """Delete the value and any lease, and wake waiters to re-check."""
+        """Delete the value and any lease, and wake waiters to re-check; a holder's write
+        after it is ``REFUSED``."""
 
     def subscribe(self, keys: EntryKeys) -> Subscription:
         """A confirmed mailbox on the entry's channel."""
+
+    def check(self, namespace: str) -> None:
+        """Raise ``BackendUnavailable`` naming the cause unless the store answers and takes
+        writes in ``namespace``."""
+
+    def scan(self, namespace: str) -> set[str]:
+        """The value keys of every cache entry in ``namespace``, named locks left out."""
 
     def close(self) -> None:
         """Release connections and threads the store started."""
@@ -83,7 +92,7 @@ class AsyncStore(Protocol):
 
     async def write_release(
         self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool
-    ) -> bool: ...
+    ) -> Written: ...
 
     async def release(self, keys: EntryKeys, token: str) -> bool: ...
 
@@ -96,5 +105,9 @@ class AsyncStore(Protocol):
     async def invalidate(self, keys: EntryKeys) -> None: ...
 
     async def subscribe(self, keys: EntryKeys) -> AsyncSubscription: ...
+
+    async def check(self, namespace: str) -> None: ...
+
+    async def scan(self, namespace: str) -> set[str]: ...
 
     async def aclose(self) -> None: ...

@@ -30,7 +30,7 @@ from ._flow import (
 from ._keys import EntryKeys
 from ._notify import Subscription
 from ._observe import RateLimitedLog, Stats
-from ._singleflight import Flight, FlightTable
+from ._singleflight import Flight, FlightTable, loading, refuse_recursion
 from ._store import Store
 from ._watchdog import Watchdog
 
@@ -59,6 +59,7 @@ class SyncRunner:
             flight, done = self.flights.join(value_key)
             if done is None:
                 break
+            refuse_recursion(value_key)
             joined_at = None if early else flight.sent
             if not deadline:
                 deadline = time.monotonic() + spec.settings.wait_timeout
@@ -90,6 +91,7 @@ class SyncRunner:
             found = first_read(raw, spec.codec, self._stats, self._warn, value_key)
             if not isinstance(found, Miss):
                 return found
+        refuse_recursion(value_key)
         ctx = self._context(value_key, spec)
         loader = functools.partial(spec.func, *args, **kwargs)
         return self._drive(fill(ctx, found), ctx, loader, flight)
@@ -133,11 +135,12 @@ class SyncRunner:
                     elif isinstance(effect, Subscribe):
                         subscription = store.subscribe(keys)
                     elif isinstance(effect, Load):
-                        if effect.leased:
-                            with self._watchdog.guard(store, keys, token, lease_ms):
+                        with loading(keys.value):
+                            if effect.leased:
+                                with self._watchdog.guard(store, keys, token, lease_ms):
+                                    reply = loader()
+                            else:
                                 reply = loader()
-                        else:
-                            reply = loader()
                     elif isinstance(effect, WriteRelease):
                         ttl_ms = milliseconds(effect.ttl)
                         reply = store.write_release(keys, token, effect.envelope, ttl_ms, effect.inline)

@@ -22,6 +22,7 @@ from stampede._flow import (
     Release,
     Subscribe,
     WriteRelease,
+    Written,
     after_wait_timeout,
     failed_read,
     fill,
@@ -275,14 +276,60 @@ def test_a_lost_lease_is_counted_and_the_value_still_returned() -> None:
     assert ctx.unwritten  # so the driver does not hand it to this process's joiners
 
 
-def test_a_failed_write_returns_the_value_but_not_to_joiners() -> None:
+def test_a_failed_write_releases_the_lease_and_returns_the_value_but_not_to_joiners() -> None:
     ctx, _ = make_ctx()
     step = Stepper(fill(ctx))
     step.reply(LOCKED)
     assert isinstance(step.reply("v"), WriteRelease)
-    step.fail(BackendUnavailable("connection cut", key=KEYS.value))
+    # An error reply (OOM, a refused expiry) wrote nothing: the lease must not outlive it.
+    assert step.fail(BackendUnavailable("OOM command not allowed", key=KEYS.value)) == Release()
+    step.fail(BackendUnavailable("and the release fails too", key=KEYS.value))  # best effort
     assert step.done and step.result == "v"
     assert ctx.unwritten  # the write may have been refused by an invalidation: joiners read again
+
+
+def test_a_lease_that_vanished_within_its_term_is_counted_as_evicted() -> None:
+    ctx, clock = make_ctx(lock_ttl=10)
+    step = Stepper(fill(ctx))
+    step.reply(LOCKED)
+    clock.now += 1.0  # well inside the 10 s lease: only the server can have dropped it
+    step.reply("v")
+    step.reply(Written.VANISHED)
+    assert step.done and step.result == "v" and ctx.unwritten
+    assert ctx.stats.snapshot()["evicted_leases"] == 1
+    assert ctx.stats.snapshot()["stale_writes_prevented"] == 1
+
+
+def test_a_refused_write_or_a_lease_past_its_term_is_not_an_eviction() -> None:
+    for written, elapsed in ((Written.REFUSED, 1.0), (Written.VANISHED, 10.0)):
+        ctx, clock = make_ctx(lock_ttl=10)
+        step = Stepper(fill(ctx))
+        step.reply(LOCKED)
+        clock.now += elapsed  # invalidated mid-load; or a lease that may have run out
+        step.reply("v")
+        step.reply(written)
+        assert step.done and ctx.stats.snapshot()["evicted_leases"] == 0
+
+
+def test_every_caller_gets_the_value_as_the_cache_holds_it() -> None:
+    ctx, _ = make_ctx()
+    step = Stepper(fill(ctx))
+    step.reply(LOCKED)
+    step.reply((1, "a"))  # a tuple: JSON reads it back as a list
+    step.reply(Written.YES)
+    assert step.result == [1, "a"]  # the leader gets what a hit will get
+    step = Stepper(after_wait_timeout(make_ctx()[0]))
+    step.reply((1, "a"))
+    assert step.result == [1, "a"]  # so does an uncached load
+
+
+def test_a_value_that_does_not_round_trip_is_refused_and_the_lease_released() -> None:
+    ctx, _ = make_ctx()
+    step = Stepper(fill(ctx))
+    step.reply(LOCKED)
+    assert step.reply([1.0, float("nan")]) == Release()
+    with pytest.raises(SerializationError, match="NaN and infinity"):
+        step.reply(None)
 
 
 def test_a_corrupt_value_on_recheck_is_locked_over() -> None:

@@ -28,6 +28,7 @@ class TlsTerminator:
 
     def __init__(self, target_port: int, context: ssl.SSLContext) -> None:
         self.target_port = target_port
+        self.writers: set[asyncio.StreamWriter] = set()
         self.loop = asyncio.new_event_loop()
         started = threading.Event()
         self.thread = threading.Thread(target=self._run, args=(context, started), daemon=True)
@@ -44,7 +45,9 @@ class TlsTerminator:
         self.loop.run_forever()
 
     async def _serve(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        self.writers.add(client_writer)
         server_reader, server_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self.writers.add(server_writer)
 
         async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
@@ -64,6 +67,10 @@ class TlsTerminator:
             for task in relays:
                 task.cancel()
             await asyncio.gather(*relays, return_exceptions=True)
+            # Cancelled relays leave their streams open: close them while the loop runs.
+            for writer in self.writers:
+                writer.transport.abort()
+            await asyncio.sleep(0.01)  # the transports' connection_lost callbacks run
 
         asyncio.run_coroutine_threadsafe(stop(), self.loop).result(5)
         self.loop.call_soon_threadsafe(self.loop.stop)

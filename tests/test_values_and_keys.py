@@ -41,7 +41,7 @@ def test_values_of_other_types_are_tagged_and_canonical() -> None:
     assert key(True, 0) != key(1, 0)
     assert key(b"\x00:", 0) == "ns:{u:~x003a:0}" != key("~x003a", 0)
     assert key(uuid.UUID(int=1), 0).startswith("ns:{u:~")
-    with pytest.raises(InvalidKey, match="argument 'a' of type object"):
+    with pytest.raises(InvalidKey, match="argument 'a' .*object has no canonical form"):
         key(object(), 1)
 
 
@@ -129,9 +129,9 @@ def test_a_loader_kind_without_a_client_is_refused_at_decoration(redis_url: str)
 
     sync_only = Stampede(redis.Redis.from_url(redis_url, socket_timeout=1))
     with pytest.raises(ConfigError, match="async_client"):
-        sync_only.cached_loader()(load_async)
+        sync_only.cached_loader("x:{x}")(load_async)
     async_only = Stampede(async_client=redis.asyncio.Redis.from_url(redis_url, socket_timeout=1))
     with pytest.raises(ConfigError, match="blocking client"):
-        async_only.cached_loader()(load)
+        async_only.cached_loader("x:{x}")(load)
     sync_only.close()
     async_only.close()
