@@ -10,9 +10,12 @@ writes to must: every acquisition of ``layer.lock(name)`` returns a fencing toke
 (``lock.fence``), greater than that of any acquisition before it, and the resource keeps
 the greatest token it has seen and refuses writes that carry a smaller one.
 
-    t=0    A takes the lock: fence 1; then pauses (here: renew=False and a sleep)
-    t=0.3  A's lease runs out; B takes the lock: fence 2, writes "B" with fence 2
-    t=0.5  A wakes and writes "A" with fence 1: refused, 1 < 2
+    t=0    A takes the lock: fence f; then pauses (here: renew=False and a sleep)
+    t=0.3  A's lease runs out; B takes the lock: fence g > f, writes "B" with fence g
+    t=0.5  A wakes and writes "A" with fence f: refused, f < g
+
+(Fences are drawn from the server's clock in microseconds as well as a counter, so they
+are large numbers that keep growing even if the counter is deleted.)
 
 It prints each step and exits non-zero if the late write got through.
 """

@@ -1,0 +1,72 @@
+"""What users install is typed: mypy --strict on user code sees stampede's types (the
+package ships py.typed), in a wheel and in the README's editable install, and the suite
+runs with the parser CI asked for."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis.utils
+
+USER_CODE = '''
+import asyncio
+from stampede import RecursiveLoad, Stampede, StampedeError
+
+layer = Stampede(namespace="typed")
+
+@layer.cached_loader("product:{product_id}", ttl=60)
+def product(product_id: int) -> dict[str, int] | None:
+    return {"id": product_id}
+
+@layer.cached_loader
+def category_map(site_id: int) -> list[str]:
+    return ["a"]
+
+@layer.cached_loader("async-product:{product_id}")
+async def async_product(product_id: int) -> str:
+    return "p"
+
+class Repository:
+    @layer.cached_loader("row:{row_id}")
+    def row(self, row_id: int) -> int:
+        return row_id
+
+found: dict[str, int] | None = product(1)
+names: list[str] = category_map(1)
+key: str = product.key(1)
+product.invalidate(1)
+text: str = asyncio.run(async_product(1))
+error: type[StampedeError] = RecursiveLoad
+reveal_type(product)
+'''
+
+
+def test_user_code_type_checks_against_the_installed_package(tmp_path: Path) -> None:
+    pytest.importorskip("mypy", reason="mypy comes with the dev extra")
+    (tmp_path / "user.py").write_text(USER_CODE)
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(tmp_path / "cache"), "user.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": "", "MYPYPATH": ""},
+    )  # fmt: skip
+    hint = (
+        "mypy cannot follow setuptools' import hook of a default editable install: install with "
+        "pip install --config-settings editable_mode=compat -e '.[dev]' (see the README)"
+    )
+    assert "Cannot find implementation" not in done.stdout, hint
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r'Revealed type is "stampede\._loader\.CachedLoader\[\[product_id: (builtins\.)?int\]', done.stdout)
+
+
+def test_the_suite_runs_with_the_parser_it_was_asked_for() -> None:
+    """CI runs the suite twice: STAMPEDE_TEST_PARSER says with which redis-py parser."""
+    expected = os.environ.get("STAMPEDE_TEST_PARSER")
+    if expected is None:
+        pytest.skip("STAMPEDE_TEST_PARSER is not set (CI sets it to python or hiredis)")
+    assert expected in ("python", "hiredis")
+    assert redis.utils.HIREDIS_AVAILABLE == (expected == "hiredis")
