@@ -1,6 +1,6 @@
 """stampede: one load per cache miss, across threads, processes and machines."""
 
-from ._codec import JsonSerializer, Serializer
+from ._codec import JsonSerializer, Serializer, TypedSerializer
 from ._config import Settings
 from ._errors import (
     BackendUnavailable,
@@ -16,6 +16,7 @@ from ._errors import (
 )
 from ._layer import Stampede, cached_loader, default_layer
 from ._loader import AsyncCachedLoader, CachedLoader
+from ._msgspec import MsgspecSerializer
 from ._lock import Lock
 from ._redlock import Redlock, RedlockLock
 
@@ -36,6 +37,8 @@ __all__ = [
     # values
     "Serializer",
     "JsonSerializer",
+    "TypedSerializer",
+    "MsgspecSerializer",
     # errors
     "StampedeError",
     "ConfigError",

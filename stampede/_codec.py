@@ -21,7 +21,7 @@ import enum
 import math
 import struct
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import orjson
 
@@ -48,12 +48,25 @@ class JsonSerializer:
 
     def dumps(self, value: Any) -> bytes:
         payload = orjson.dumps(value)
-        if b"null" in payload and _has_non_finite(value):
-            raise ValueError("NaN and infinity have no JSON form (they would read back as None)")
+        reject_non_finite(payload, value)
         return payload
 
     def loads(self, data: bytes) -> Any:
         return orjson.loads(data)
+
+
+@runtime_checkable
+class TypedSerializer(Serializer, Protocol):
+    """A serializer that decodes into a loader's return type: the layer calls
+    ``for_type`` with each loader's return annotation when it decorates it."""
+
+    def for_type(self, type: Any) -> Serializer: ...
+
+
+def reject_non_finite(payload: bytes, value: Any) -> None:
+    """Raise ValueError if ``value`` held NaN or an infinity, which JSON writes as null."""
+    if b"null" in payload and _has_non_finite(value):
+        raise ValueError("NaN and infinity have no JSON form (they would read back as None)")
 
 
 def _has_non_finite(value: Any) -> bool:

@@ -258,9 +258,15 @@ class KeyBuilder:
             call.apply_defaults()
             values = [call.arguments[name] for name in self._names]
         rendered = []
-        for index in self._fields:
-            value = values[index]
-            rendered.append(_int_key(value) if type(value) is int else self._render(value, index))
+        try:
+            for index in self._fields:
+                value = values[index]
+                rendered.append(str(value) if type(value) is int else self._render(value, index))
+        except ValueError:  # an int too long for str() (or InvalidKey, raised again below)
+            rendered = [
+                _int_key(values[index]) if type(values[index]) is int else self._render(values[index], index)
+                for index in self._fields
+            ]
         entry = self._format.format(*rendered)
         if len(entry) > self._max_length:
             entry = self._shorten(entry)

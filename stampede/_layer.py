@@ -9,6 +9,7 @@ import inspect
 import logging
 import os
 import threading
+import typing
 from typing import Any, Callable, Coroutine, TypeVar, Union, overload
 
 import redis
@@ -20,7 +21,7 @@ from redis.retry import Retry
 from ._aredis import AsyncRedisStore
 from ._async import AsyncRunner
 from ._breaker import CircuitBreaker
-from ._codec import Codec, Serializer
+from ._codec import Codec, Serializer, TypedSerializer
 from ._config import Policy, Settings, check_count, check_namespace, check_seconds
 from ._errors import ConfigError
 from ._flow import LoaderSpec
@@ -393,9 +394,12 @@ class LoaderDecorator:
         if not callable(func):
             raise ConfigError(f"cached_loader decorates a function, got {func!r}")
         keys = KeyBuilder(func, self._template, layer.namespace, self._settings.max_key_length)
+        codec = self._codec
+        if isinstance(codec.serializer, TypedSerializer):
+            codec = Codec(_typed_for(codec.serializer, func))
         if keys.default_name is not None:
             layer._claim_name(keys.default_name, func)
-        spec = LoaderSpec(func, self._settings, self._codec)
+        spec = LoaderSpec(func, self._settings, codec)
         if _is_async(func):
             if layer._async_runner is None:
                 raise ConfigError(
@@ -409,6 +413,22 @@ class LoaderDecorator:
                 "pass a blocking client too, or use Stampede.from_url"
             )
         return CachedLoader(spec, layer._runner, keys, layer._forget)
+
+
+def _typed_for(serializer: TypedSerializer, func: Callable[..., Any]) -> Serializer:
+    """``serializer`` for the loader's return annotation (Any if it has none). An
+    annotation that cannot be resolved is an error, unless the serializer has its type."""
+    try:
+        annotation, problem = typing.get_type_hints(func).get("return", Any), None
+    except Exception as error:
+        annotation, problem = Any, error
+    typed = serializer.for_type(annotation)
+    if problem is not None and typed is not serializer:
+        raise ConfigError(
+            f"cannot resolve the return annotation of {getattr(func, '__qualname__', func)!r} ({problem}): "
+            "give the serializer its type, e.g. serializer=MsgspecSerializer(Order)"
+        )
+    return typed
 
 
 def _is_async(func: Callable[..., Any]) -> bool:

@@ -69,3 +69,13 @@ def test_the_fault_figures_script_runs_a_scenario_and_prints_its_row() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     row = [line for line in done.stdout.splitlines() if line.startswith('| Redis stopped, on_redis_error="raise"')]
     assert len(row) == 1 and "BackendUnavailable" in row[0], done.stdout
+
+
+def test_the_serializer_benchmark_prints_both_paths_of_both_values() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "loadtest" / "bench_serializers.py"), "--quick"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [line for line in done.stdout.splitlines() if "hit (loads)" in line or "load (dumps+back)" in line]
+    assert len(rows) == 4, done.stdout

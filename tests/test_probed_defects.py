@@ -30,6 +30,14 @@ from stampede import (
 from stampede.testing import RedisServer
 
 from .scenarios import wait_until
+from .test_behaviour import CountingLoader
+
+
+def blocked_loader(result: Callable[[Any], Any] = lambda key: key) -> CountingLoader:
+    """A loader that sets ``started`` and returns only once the test sets ``release``."""
+    loader = CountingLoader(result)
+    loader.release.clear()
+    return loader
 
 # --- 1. two loaders never share entries by accident -----------------------------------
 
@@ -127,25 +135,20 @@ def test_a_write_the_server_refuses_releases_the_lease_and_wakes_waiters_at_once
     admin = redis.Redis.from_url(own_server.url)
     options = dict(namespace="oom", lock_ttl=20, recheck_interval=20, wait_timeout=30)
     holder_layer, waiter_layer = Stampede.from_url(own_server.url, **options), Stampede.from_url(own_server.url, **options)
-    started, finish = threading.Event(), threading.Event()
-
-    def slow(key: int) -> dict[str, int]:
-        started.set()
-        assert finish.wait(10)
-        return {"key": key}
+    slow = blocked_loader(lambda key: {"key": key})
 
     holder = holder_layer.cached_loader("item:{key}")(slow)
     waiter = waiter_layer.cached_loader("item:{key}")(lambda key: {"key": key, "by": "waiter"})
     try:
         with ThreadPoolExecutor(2) as pool:
             held = pool.submit(holder, 1)
-            assert started.wait(5)
+            assert slow.started.wait(5)
             waiting = pool.submit(waiter, 1)
             wait_until(lambda: waiter_layer.stats()["lock_waits"] == 1, "the waiter to find the lease held")
             admin.set("ballast", b"x" * 4 * 1024 * 1024)
             admin.config_set("maxmemory-policy", "noeviction")
             admin.config_set("maxmemory", 2 * 1024 * 1024)  # now over the limit: writes refused
-            finish.set()
+            slow.release.set()
             assert held.result(5) == {"key": 1}
             assert admin.get("oom:{item:1}") is None  # refused: nothing written ...
             assert admin.exists("oom:{item:1}:lock") == 0  # ... and no lease left
@@ -179,19 +182,14 @@ def test_waiters_are_woken_by_message_after_their_subscriber_connection_was_cut_
     reconnect and deliver the next message: the waiter's re-check is 20 s away."""
     holder_layer = make_layer(lock_ttl=20, recheck_interval=20)
     waiter_layer = make_layer(lock_ttl=20, recheck_interval=20)
-    started, finish = threading.Event(), threading.Event()
-
-    def slow(key: int) -> int:
-        started.set()
-        assert finish.wait(10)
-        return key
+    slow = blocked_loader()
 
     holder = holder_layer.cached_loader("cut:{key}")(slow)
     waiter = waiter_layer.cached_loader("cut:{key}")(slow)
     subscriber = waiter_layer._runner.store._subscriber  # type: ignore[union-attr]
     with ThreadPoolExecutor(2) as pool:
         held = pool.submit(holder, 1)
-        assert started.wait(5)
+        assert slow.started.wait(5)
         waiting = pool.submit(waiter, 1)
         wait_until(lambda: waiter_layer.stats()["lock_waits"] == 1, "the waiter to subscribe")
         for _ in range(20):  # cut it mid-read, again and again, as a failed send does
@@ -201,7 +199,7 @@ def test_waiters_are_woken_by_message_after_their_subscriber_connection_was_cut_
         wait_until(lambda: subscriber._connection is not None, "the subscriber to reconnect")
         wait_until(lambda: holder_layer._runner.store.client.pubsub_numsub("test:{cut:1}:notify")[0][1] == 1,  # type: ignore[union-attr]
                    "the waiter to be subscribed again")  # fmt: skip
-        finish.set()
+        slow.release.set()
         assert held.result(5) == 1
         written_at = time.monotonic()
         assert waiting.result(5) == 1
@@ -217,18 +215,13 @@ def test_closing_a_layer_while_its_reader_reads_raises_nothing_in_any_thread(
     thread fails the suite (warnings are errors), so running this is the assertion."""
     for round_ in range(12):
         holder_layer, waiter_layer = make_layer(), make_layer()
-        started, finish = threading.Event(), threading.Event()
-
-        def slow(key: int) -> int:
-            started.set()
-            finish.wait(10)
-            return key
+        slow = blocked_loader()
 
         holder = holder_layer.cached_loader("close:{key}")(slow)
         waiter = waiter_layer.cached_loader("close:{key}")(slow)
         with ThreadPoolExecutor(2) as pool:
             held = pool.submit(holder, round_)
-            assert started.wait(5)
+            assert slow.started.wait(5)
             waiting = pool.submit(waiter, round_)
             wait_until(lambda: waiter_layer.stats()["lock_waits"] == 1, "the waiter to subscribe")
             reader = waiter_layer._runner.store._subscriber._reader  # type: ignore[union-attr]
@@ -236,7 +229,7 @@ def test_closing_a_layer_while_its_reader_reads_raises_nothing_in_any_thread(
             assert reader is not None
             reader.join(5)
             assert not reader.is_alive()
-            finish.set()
+            slow.release.set()
             assert held.result(5) == round_
             assert waiting.result(10) == round_
         holder_layer.close()
@@ -276,23 +269,18 @@ def test_a_lease_that_vanishes_mid_load_without_an_invalidation_is_counted_as_ev
     the holder's write is refused and counted in ``evicted_leases``. An invalidation
     mid-load is refused too, but is not an eviction."""
     layer = make_layer()
-    started, finish = threading.Event(), threading.Event()
-
-    def slow(key: int) -> int:
-        started.set()
-        assert finish.wait(10)
-        return key
+    slow = blocked_loader()
 
     load = layer.cached_loader("ev:{key}")(slow)
     for drop, evicted in ((lambda: redis_client.delete("test:{ev:1}:lock"), 1), (lambda: load.invalidate(1), 0)):
-        started.clear()
-        finish.clear()
+        slow.started.clear()
+        slow.release.clear()
         before = layer.stats()
         with ThreadPoolExecutor(1) as pool:
             held = pool.submit(load, 1)
-            assert started.wait(5)
+            assert slow.started.wait(5)
             drop()
-            finish.set()
+            slow.release.set()
             assert held.result(5) == 1
         after = layer.stats()
         assert after["stale_writes_prevented"] - before["stale_writes_prevented"] == 1
