@@ -57,5 +57,10 @@ class BackendUnavailable(StampedeError, ConnectionError):
     """Redis did not answer, or answered with an error, and policy is "raise".
 
     Also raised by ``invalidate()`` whatever the policy: an invalidation that silently
-    failed would leave stale data behind.
+    failed would leave stale data behind. ``timed_out``: the server did not answer in
+    time (stalled, or the network), so another command now would most likely wait as long.
     """
+
+    def __init__(self, message: str, *, key: str | None = None, timed_out: bool = False) -> None:
+        super().__init__(message, key=key)
+        self.timed_out = timed_out

@@ -301,7 +301,8 @@ def _load_uncached(ctx: Context) -> Flow:
     a cached one would (read back through the serializer), so every caller sees one form."""
     ctx.stats.incr("loads")
     value = yield Load(leased=False)
-    return ctx.codec.read_back(ctx.codec.encode(value, ctx.wall_clock(), 0.0, key=ctx.keys.value), key=ctx.keys.value)
+    envelope = ctx.codec.encode(value, ctx.wall_clock(), 0.0, key=ctx.keys.value)
+    return ctx.codec.read_back(envelope, key=ctx.keys.value)
 
 
 def after_wait_timeout(ctx: Context) -> Flow:
@@ -353,12 +354,14 @@ def _load_and_write(ctx: Context) -> Flow:
     except BackendUnavailable as error:
         # The value is good for this caller; but whether the write ran, or was refused
         # because an invalidation took the lease, is unknown: not for the joiners. An error
-        # reply (OOM, a refused expiry) ran nothing: release the lease so that waiters
-        # elsewhere retry now rather than after it runs out. Releasing by token is safe
-        # if the write did run: the lease is then gone, and nothing is released.
+        # reply (OOM) ran nothing, and a cut connection may not have: release the lease so
+        # that waiters elsewhere retry now rather than after it runs out (by token: if the
+        # write did run, the lease is gone and nothing is released). Not after a timeout:
+        # a stalled server would hold this caller for another one; the lease runs out.
         _count_backend_error(ctx, error)
         ctx.unwritten = True
-        yield from _release(ctx)
+        if not error.timed_out:
+            yield from _release(ctx)
         return value
     except GeneratorExit:
         raise

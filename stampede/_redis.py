@@ -45,7 +45,8 @@ def failure(breaker: CircuitBreaker, what: str, key: str, error: BaseException) 
     """Tell the breaker about a failed command (an error reply means the server is
     there), and translate the error."""
     breaker.failed() if isinstance(error, UNREACHABLE) else breaker.succeeded()
-    return BackendUnavailable(f"redis failed to {what} {key!r}: {error}", key=key)
+    timed_out = isinstance(error, (redis.TimeoutError, TimeoutError, asyncio.TimeoutError))
+    return BackendUnavailable(f"redis failed to {what} {key!r}: {error}", key=key, timed_out=timed_out)
 
 
 def eviction_risk(config: dict[Any, Any]) -> str | None:

@@ -288,6 +288,15 @@ def test_a_failed_write_releases_the_lease_and_returns_the_value_but_not_to_join
     assert ctx.unwritten  # the write may have been refused by an invalidation: joiners read again
 
 
+def test_a_write_that_timed_out_leaves_the_lease_to_run_out() -> None:
+    ctx, _ = make_ctx()
+    step = Stepper(fill(ctx))
+    step.reply(LOCKED)
+    step.reply("v")
+    step.fail(BackendUnavailable("timed out", key=KEYS.value, timed_out=True))
+    assert step.done and step.result == "v"  # no release: a stalled server would hold us again
+
+
 def test_a_lease_that_vanished_within_its_term_is_counted_as_evicted() -> None:
     ctx, clock = make_ctx(lock_ttl=10)
     step = Stepper(fill(ctx))
