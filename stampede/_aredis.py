@@ -17,15 +17,13 @@ from ._anotify import AsyncSubscriber, AsyncSubscription
 from ._breaker import CircuitBreaker
 from ._errors import BackendUnavailable
 from ._flow import AcquireReply, LockState, Written
-from ._keys import EntryKeys
+from ._keys import EntryKeys, check_key, entry_value_keys
 from ._redis import (
     FAILURES,
     EvictionCheck,
     Scripts,
     acquire_reply,
     check_client,
-    check_key,
-    entry_value_key,
     failure,
     translated,
 )
@@ -100,13 +98,9 @@ class AsyncRedisStore:
 
     async def scan(self, namespace: str) -> set[str]:
         """``RedisStore.scan``, awaited."""
-        found: set[str] = set()
         with translated("scan", namespace, self.breaker):
-            async for key in self.client.scan_iter(match=f"{namespace}:{{*", count=1000):
-                value_key = entry_value_key(key.decode(errors="replace") if isinstance(key, bytes) else str(key))
-                if value_key is not None:
-                    found.add(value_key)
-        return found
+            keys = [key async for key in self.client.scan_iter(match=f"{namespace}:{{*", count=1000)]
+        return entry_value_keys(keys)
 
     async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         with translated("renew the lease of", keys.value, self.breaker):

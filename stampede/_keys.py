@@ -40,9 +40,7 @@ import re
 import string
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable
-
-import orjson
+from typing import Any, Callable, Iterable
 
 from ._errors import ConfigError, InvalidKey
 
@@ -80,6 +78,23 @@ class EntryKeys:
     def for_value(cls, value_key: str) -> EntryKeys:
         """The lock and channel that go with a value key from ``KeyBuilder.value_key``."""
         return cls(value_key, value_key + ":lock", value_key + ":notify")
+
+
+def check_key(namespace: str) -> str:
+    """The key ``Stampede.check()`` writes and deletes: no entry is ``~check``."""
+    return f"{namespace}:{{~check}}"
+
+
+def entry_value_keys(keys: Iterable[bytes | str]) -> set[str]:
+    """The value keys (``ns:{entry}``) of the cache entries that ``keys`` (values, leases,
+    markers, of one namespace) belong to; a named lock's keys and the check key left out."""
+    found = set()
+    for key in keys:
+        text = key.decode(errors="replace") if isinstance(key, bytes) else key
+        close = text.find("}")
+        if close >= 0 and "{~lock:" not in text[:close] and "{~check" not in text[:close]:
+            found.add(text[: close + 1])
+    return found
 
 
 def lock_keys(namespace: str, name: str, max_key_length: int) -> EntryKeys:
@@ -262,11 +277,8 @@ class KeyBuilder:
             for index in self._fields:
                 value = values[index]
                 rendered.append(str(value) if type(value) is int else self._render(value, index))
-        except ValueError:  # an int too long for str() (or InvalidKey, raised again below)
-            rendered = [
-                _int_key(values[index]) if type(values[index]) is int else self._render(values[index], index)
-                for index in self._fields
-            ]
+        except ValueError:  # an int too long for str() (or InvalidKey, raised again here)
+            rendered = [self._render(values[index], index) for index in self._fields]
         entry = self._format.format(*rendered)
         if len(entry) > self._max_length:
             entry = self._shorten(entry)

@@ -83,9 +83,6 @@ class Stampede:
         except TypeError as error:
             raise ConfigError(f"unknown setting: {error}") from None
         check_count("max_entries", max_entries)
-        for given in (client, async_client):
-            if isinstance(given, (redis.Redis, redis.asyncio.Redis)):
-                _check_client_timeouts(given)
         self._default_names: dict[str, Callable[..., Any]] = {}  # loaders without a template
         self._names_lock = threading.Lock()
         self.namespace = check_namespace(namespace)

@@ -19,7 +19,7 @@ from ._anotify import AsyncSubscription
 from ._channels import Mailbox
 from ._flow import AcquireReply, LockState, Written
 from ._fork import reset_after_fork
-from ._keys import EntryKeys
+from ._keys import EntryKeys, entry_value_keys
 from ._notify import Subscription
 
 
@@ -134,8 +134,7 @@ class MemoryStore:
         prefix = namespace + ":{"
         with self._lock:
             keys = [key for key in (*self._values.keys(), *self._leases) if key.startswith(prefix)]
-        found = {key[: key.find("}") + 1] for key in keys if not key.startswith(prefix + "~lock:")}
-        return found
+        return entry_value_keys(keys)
 
     def subscribe(self, keys: EntryKeys) -> Subscription:
         subscription = Subscription(keys.channel, self.detach)

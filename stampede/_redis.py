@@ -18,7 +18,7 @@ from . import _scripts
 from ._breaker import CircuitBreaker
 from ._errors import BackendUnavailable, ConfigError
 from ._flow import AcquireReply, LockState, Written
-from ._keys import EntryKeys
+from ._keys import EntryKeys, check_key, entry_value_keys
 from ._notify import Subscriber, Subscription
 
 log = logging.getLogger("stampede")
@@ -76,26 +76,11 @@ class EvictionCheck:
 
     def __init__(self) -> None:
         self.pending = True
-        self.warning: str | None = None  # what the check found, for Stampede.check()
 
     def found(self, config: Any) -> None:
-        self.warning = eviction_risk(config) if isinstance(config, dict) else None
-        if self.warning:
-            log.warning("stampede: %s", self.warning)
-
-
-def check_key(namespace: str) -> str:
-    """The key ``Stampede.check()`` writes and deletes: no entry can be ``~check``."""
-    return f"{namespace}:{{~check}}"
-
-
-def entry_value_key(key: str) -> str | None:
-    """The value key of the cache entry ``key`` belongs to (``ns:{entry}`` of
-    ``ns:{entry}:lock``), or None for a named lock's keys and the check key."""
-    close = key.find("}")
-    if close < 0 or "{~lock:" in key[: close] or "{~check" in key[: close]:
-        return None
-    return key[: close + 1]
+        warning = eviction_risk(config) if isinstance(config, dict) else None
+        if warning:
+            log.warning("stampede: %s", warning)
 
 
 def acquire_reply(reply: Any) -> AcquireReply:
@@ -190,9 +175,7 @@ class RedisStore:
     def scan(self, namespace: str) -> set[str]:
         """The value keys of every cache entry in ``namespace`` (named locks left out)."""
         with translated("scan", namespace, self.breaker):
-            found = {entry_value_key(_text(key)) for key in self.client.scan_iter(match=f"{namespace}:{{*", count=1000)}
-        found.discard(None)
-        return found  # type: ignore[return-value]
+            return entry_value_keys(self.client.scan_iter(match=f"{namespace}:{{*", count=1000))
 
     def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         with translated("renew the lease of", keys.value, self.breaker):

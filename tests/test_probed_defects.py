@@ -10,7 +10,6 @@ import enum
 import functools
 import logging
 import math
-import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
