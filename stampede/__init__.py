@@ -16,8 +16,8 @@ from ._errors import (
 )
 from ._layer import Stampede, cached_loader, default_layer
 from ._loader import AsyncCachedLoader, CachedLoader
-from ._msgspec import MsgspecSerializer
 from ._lock import Lock
+from ._msgspec import MsgspecSerializer
 from ._redlock import Redlock, RedlockLock
 
 __version__ = "0.1.0"

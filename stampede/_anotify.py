@@ -15,78 +15,17 @@ import asyncio
 import collections
 import logging
 import math
-from typing import Any, Callable
+from typing import Any
 
 from ._channels import Channels
 from ._errors import BackendUnavailable
+from ._mailbox import LoopMailbox
 from ._notify import connect_pubsub
 from ._redis import FAILURES
-from ._singleflight import settle
 
 log = logging.getLogger("stampede")
 
 RECONNECT_INTERVAL = 0.5
-
-
-async def within(future: asyncio.Future[bool], timeout: float) -> bool:
-    """The future's result, or False after ``timeout``; no task is made for the wait.
-    ``future`` must be the caller's own: cancelling the caller cancels it."""
-    handle = asyncio.get_running_loop().call_later(timeout, settle, future, False)
-    try:
-        return await future
-    finally:
-        handle.cancel()
-
-
-class AsyncSubscription:
-    """One asyncio waiter's mailbox on one channel (a ``Mailbox``). ``deliver`` and
-    ``confirm`` may be called from any thread (the embedded store's writer can be a
-    thread); they hop onto the waiter's loop, where all the state lives."""
-
-    __slots__ = ("channel", "_loop", "_message", "_fired", "_waiter", "_confirmed", "_on_close")
-
-    def __init__(
-        self, channel: str, loop: asyncio.AbstractEventLoop, on_close: Callable[[AsyncSubscription], None]
-    ) -> None:
-        self.channel = channel
-        self._loop = loop
-        self._message = b""
-        self._fired = False  # a message arrived since the last wait
-        self._waiter: asyncio.Future[bool] | None = None
-        self._confirmed: asyncio.Future[bool] = loop.create_future()
-        self._on_close = on_close
-
-    def deliver(self, message: bytes) -> None:
-        self._call_soon(self._fire, message)
-
-    def confirm(self, ok: bool) -> None:
-        self._call_soon(settle, self._confirmed, ok)
-
-    async def wait_confirmed(self, timeout: float) -> bool:
-        return await within(self._confirmed, timeout)
-
-    async def wait(self, timeout: float) -> bytes | None:
-        """The latest message since the last wait, or None after ``timeout`` in silence."""
-        if not self._fired:
-            self._waiter = self._loop.create_future()
-            if not await within(self._waiter, timeout):
-                return None
-        self._fired = False
-        return self._message
-
-    def close(self) -> None:
-        self._on_close(self)
-
-    def _fire(self, message: bytes) -> None:
-        self._message, self._fired = message, True
-        if self._waiter is not None:
-            settle(self._waiter, True)
-
-    def _call_soon(self, callback: Callable[..., None], *args: Any) -> None:
-        try:
-            self._loop.call_soon_threadsafe(callback, *args)
-        except RuntimeError:
-            pass  # the loop is closed: nobody waits here any more
 
 
 class AsyncSubscriber:
@@ -103,11 +42,11 @@ class AsyncSubscriber:
         self._reader: asyncio.Task[None] | None = None
         self._closed = False
 
-    async def subscribe(self, channel: str) -> AsyncSubscription:
+    async def subscribe(self, channel: str) -> LoopMailbox:
         """A mailbox on ``channel``, once the server has confirmed the subscription."""
         if self._closed:
             raise BackendUnavailable("the layer is closed")
-        subscription = AsyncSubscription(channel, asyncio.get_running_loop(), self._unsubscribe)
+        subscription = LoopMailbox(channel, asyncio.get_running_loop(), self._unsubscribe)
         try:
             await self._ensure_connected()
         except FAILURES as error:
@@ -131,7 +70,7 @@ class AsyncSubscriber:
                 task.cancel()
         await self._drop(self._connection)
 
-    def _unsubscribe(self, subscription: AsyncSubscription) -> None:
+    def _unsubscribe(self, subscription: LoopMailbox) -> None:
         if self._channels.remove(subscription):
             self._send("UNSUBSCRIBE", subscription.channel)
 

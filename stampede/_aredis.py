@@ -13,10 +13,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Awaitable, Callable, TypeVar
 
-from ._anotify import AsyncSubscriber, AsyncSubscription
+from . import _scripts
+from ._anotify import AsyncSubscriber
 from ._breaker import CircuitBreaker
 from ._errors import BackendUnavailable
-from ._flow import AcquireReply, LockState, Written
 from ._keys import EntryKeys, check_key, entry_value_keys
 from ._redis import (
     FAILURES,
@@ -27,6 +27,7 @@ from ._redis import (
     failure,
     translated,
 )
+from ._store import AcquireReply, AsyncSubscription, LockState, Written
 
 T = TypeVar("T")
 
@@ -66,12 +67,8 @@ class AsyncRedisStore:
 
     async def acquire(self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool) -> AcquireReply:
         with translated("lock", keys.value, self.breaker):
-            reply = await self._send(
-                keys.value,
-                self._scripts.acquire,
-                keys=[keys.value, keys.lock],
-                args=[token, lease_ms, "1" if check_value else "0"],
-            )
+            call = _scripts.acquire_call(keys, token, lease_ms, check_value)
+            reply = await self._send(keys.value, self._scripts.acquire, *call)
         acquired = acquire_reply(reply)
         if self.eviction.pending and acquired.state is LockState.LOCKED:
             self.eviction.pending = False
@@ -104,23 +101,19 @@ class AsyncRedisStore:
 
     async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         with translated("renew the lease of", keys.value, self.breaker):
-            return bool(await self._send(keys.value, self._scripts.renew, keys=[keys.lock], args=[token, lease_ms]))
+            call = _scripts.renew_call(keys, token, lease_ms)
+            return bool(await self._send(keys.value, self._scripts.renew, *call))
 
     async def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> Written:
         with translated("write", keys.value, self.breaker):
-            written = await self._send(
-                keys.value,
-                self._scripts.write_release,
-                keys=[keys.value, keys.lock, keys.invalidated],
-                args=[token, envelope, ttl_ms, keys.channel, "1" if inline else "0"],
-            )
+            call = _scripts.write_release_call(keys, token, envelope, ttl_ms, inline)
+            written = await self._send(keys.value, self._scripts.write_release, *call)
         return Written(int(written))
 
     async def release(self, keys: EntryKeys, token: str) -> bool:
         with translated("release the lock of", keys.value, self.breaker):
-            return bool(
-                await self._send(keys.value, self._scripts.release, keys=[keys.lock], args=[token, keys.channel])
-            )
+            call = _scripts.release_call(keys, token)
+            return bool(await self._send(keys.value, self._scripts.release, *call))
 
     async def holder(self, keys: EntryKeys) -> str | None:
         with translated("read the lock of", keys.lock, self.breaker):
@@ -130,23 +123,19 @@ class AsyncRedisStore:
     async def take_lock(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int = 0) -> AcquireReply:
         with translated("lock", keys.lock, self.breaker):
             if queue_ms:
-                script, args = self._scripts.take_lock_fairly, [token, lease_ms, queue_ms]
-                keys_of_script = [keys.value, keys.lock, *keys.queue]
+                script, call = self._scripts.take_lock_fairly, _scripts.take_lock_fairly_call(keys, token, lease_ms, queue_ms)
             else:
-                script, args, keys_of_script = self._scripts.take_lock, [token, lease_ms], [keys.value, keys.lock]
-            reply = await self._send(keys.lock, script, keys=keys_of_script, args=args)
+                script, call = self._scripts.take_lock, _scripts.take_lock_call(keys, token, lease_ms)
+            reply = await self._send(keys.lock, script, *call)
         return acquire_reply(reply)
 
     async def leave_queue(self, keys: EntryKeys, token: str) -> None:
         with translated("leave the queue of", keys.lock, self.breaker):
-            queue, waiters, _ = keys.queue
-            await self._send(keys.lock, self._scripts.leave_queue, keys=[queue, waiters], args=[token, keys.channel])
+            await self._send(keys.lock, self._scripts.leave_queue, *_scripts.leave_queue_call(keys, token))
 
     async def invalidate(self, keys: EntryKeys) -> None:
         with translated("invalidate", keys.value, self.breaker):
-            await self._send(
-                keys.value, self._scripts.invalidate, keys=[keys.value, keys.lock, keys.invalidated], args=[keys.channel]
-            )
+            await self._send(keys.value, self._scripts.invalidate, *_scripts.invalidate_call(keys))
 
     async def _send(self, key: str, command: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """Run one command, within a connection slot when the layer bounds them."""

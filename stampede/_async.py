@@ -23,32 +23,25 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable
 
-from ._anotify import AsyncSubscription
+from ._effects import Effect, Lease, milliseconds
 from ._errors import BackendUnavailable
 from ._flow import (
-    Acquire,
-    AwaitNotice,
     Context,
     Flow,
-    Load,
     LoaderSpec,
     Miss,
-    Release,
-    Subscribe,
-    WriteRelease,
     after_wait_timeout,
     failed_read,
     fill,
     first_read,
-    milliseconds,
     new_context,
 )
 from ._fork import reset_after_fork
 from ._keys import EntryKeys
 from ._observe import RateLimitedLog, Stats
-from ._singleflight import AsyncFlightTable, Flight, loading, refuse_recursion
-from ._store import AsyncRenewable, AsyncStore
-from ._watchdog import next_renewal
+from ._perform import AsyncPerformer, arun
+from ._singleflight import AsyncFlightTable, Flight, refuse_recursion
+from ._store import AsyncStore
 
 
 @dataclass
@@ -198,72 +191,22 @@ class AsyncRunner:
         store: AsyncStore,
         flight: Flight | None = None,
     ) -> Any:
-        """Perform the flow's effects until it returns; every exception goes back into it.
-        The leader's ``flight`` counts the steps that may produce the value (see Flight)."""
-        keys = ctx.keys
-        token = secrets.token_hex(16)
-        lease_ms = milliseconds(ctx.settings.lock_ttl)
-        subscription: AsyncSubscription | None = None
-        reply: Any = None
-        error: BaseException | None = None
-        try:
-            while True:
-                try:
-                    effect = flow.send(reply) if error is None else flow.throw(error)
-                except StopIteration as stop:
-                    if flight is not None:
-                        flight.decided(ctx.unwritten, ctx.via_notice)
-                    return stop.value
-                reply, error = None, None
-                if flight is not None:
-                    flight.count(effect)
-                try:
-                    if isinstance(effect, Acquire):
-                        reply = await store.acquire(keys, token, lease_ms, effect.check_value)
-                    elif isinstance(effect, AwaitNotice):
-                        assert subscription is not None
-                        reply = await subscription.wait(effect.timeout)
-                    elif isinstance(effect, Subscribe):
-                        subscription = await store.subscribe(keys)
-                    elif isinstance(effect, Load):
-                        with loading(keys.value):
-                            if effect.leased:
-                                renewal = asyncio.ensure_future(keep_renewed(store, keys, token, lease_ms))
-                                try:
-                                    reply = await loader()
-                                finally:
-                                    renewal.cancel()
-                            else:
-                                reply = await loader()
-                    elif isinstance(effect, WriteRelease):
-                        ttl_ms = milliseconds(effect.ttl)
-                        # Shielded: a cancellation now must not cut the write and release short.
-                        reply = await asyncio.shield(
-                            store.write_release(keys, token, effect.envelope, ttl_ms, effect.inline)
-                        )
-                    elif isinstance(effect, Release):
-                        await asyncio.shield(store.release(keys, token))
-                    else:  # pragma: no cover - a new effect without a driver branch
-                        raise TypeError(f"unknown effect {effect!r}")
-                except BaseException as raised:
-                    error = raised
-        finally:
-            if subscription is not None:
-                subscription.close()
+        """Perform the flow (``_perform.arun``) on a lease of a new token. The leader's
+        ``flight`` counts the steps that may produce the value (see Flight)."""
+        lease = Lease(ctx.keys, secrets.token_hex(16), milliseconds(ctx.settings.lock_ttl))
+        with AsyncPerformer(lease, store=store, loader=loader) as performer:
+            if flight is None:
+                return await arun(flow, performer)
+
+            def perform(effect: Effect) -> Awaitable[Any]:
+                flight.count(effect)
+                return performer(effect)
+
+            value = await arun(flow, perform)
+        flight.decided(ctx.unwritten, ctx.via_notice)
+        return value
 
 
 async def _start(generator: AsyncIterator[None]) -> None:
     await generator.__anext__()
 
-
-async def keep_renewed(store: AsyncRenewable, keys: EntryKeys, token: str, lease_ms: int) -> None:
-    """Renew the lease every lease/3 until cancelled or lost (the watchdog's rules)."""
-    delay: float | None = lease_ms / 3000
-    while delay is not None:
-        await asyncio.sleep(delay)
-        outcome: bool | BackendUnavailable
-        try:
-            outcome = await store.renew(keys, token, lease_ms)
-        except BackendUnavailable as error:
-            outcome = error
-        delay = next_renewal(keys, lease_ms, outcome)

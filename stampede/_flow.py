@@ -3,8 +3,8 @@
 Rules of the flow:
 
 * It performs no I/O. It yields an effect (``Acquire``, ``Subscribe``, ``AwaitNotice``,
-  ``Load``, ``WriteRelease``, ``Release``) and a driver, blocking or asyncio, performs it
-  and sends the reply back in. A failure of the store comes back in as
+  ``Load``, ``WriteRelease``, ``Release``: the vocabulary of ``_effects``) and a
+  performer, blocking or asyncio (``_perform``), performs it and sends the reply back in. A failure of the store comes back in as
   ``BackendUnavailable``; an exception of the loader comes back in as itself. Drivers
   deliver every exception with ``throw`` and never ``close()`` a flow that holds the lock.
 * The hit path is not here: drivers read the key themselves, so a hit is one round trip.
@@ -42,77 +42,41 @@ import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Generator, Union
+from typing import Any, Callable, Protocol
 
 from ._codec import NOT_A_VALUE, Codec, Kind
 from ._config import Settings
+from ._effects import (
+    LEASE_MARGIN,
+    Acquire,
+    AwaitNotice,
+    Decision,
+    Effect,
+    Load,
+    Release,
+    Subscribe,
+    WriteRelease,
+    milliseconds,
+)
 from ._errors import BackendUnavailable, SerializationError, ValueTooLarge, WaitTimeout
 from ._keys import EntryKeys
-from ._observe import RateLimitedLog, Stats
+from ._store import AcquireReply, LockState, Written
+
+Flow = Decision[Any]
+
+
+class Stats(Protocol):
+    """Where the flow counts what happened (``stampede.stats()``)."""
+
+    def incr(self, name: str) -> None: ...
+
+
+class WarningLog(Protocol):
+    """Where the flow warns, at most every few seconds per kind."""
+
+    def warning(self, message: str, *args: object) -> None: ...
 
 log = logging.getLogger("stampede")
-
-# A wait for a lease to run out ends this long after it should have, so the re-check
-# finds it expired rather than racing the server's clock.
-LEASE_MARGIN = 0.005
-
-
-# --- effects: what the flow asks a driver to do ------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Acquire:
-    """Re-check the value and take the lock. Reply: ``AcquireReply``."""
-
-    check_value: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class Subscribe:
-    """Start listening on the entry's channel. Reply: None."""
-
-
-@dataclass(frozen=True, slots=True)
-class AwaitNotice:
-    """Wait for a message on the channel. Reply: None if ``timeout`` passed in silence,
-    ``b""`` if the state changed (released, invalidated), else the written envelope."""
-
-    timeout: float
-
-
-@dataclass(frozen=True, slots=True)
-class Load:
-    """Call the loader. Reply: its return value. ``leased``: the driver keeps the lock's
-    lease renewed while it runs."""
-
-    leased: bool
-
-
-class Written(enum.IntEnum):
-    """What became of a write (the write script's reply)."""
-
-    YES = 1  # written, the lease released, the waiters woken
-    REFUSED = 0  # the lease was not ours: invalidated, or lapsed and taken over
-    VANISHED = -1  # the lease was gone, and no invalidation had dropped it
-
-
-@dataclass(frozen=True, slots=True)
-class WriteRelease:
-    """Write the envelope, release the lock, wake the waiters, if the lease is still ours.
-    Reply: a ``Written``; nothing is written unless it is ``Written.YES``."""
-
-    envelope: bytes
-    ttl: float
-    inline: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Release:
-    """Release the lock without writing and wake the waiters. Reply: None."""
-
-
-Effect = Union[Acquire, Subscribe, AwaitNotice, Load, WriteRelease, Release]
-Flow = Generator[Effect, Any, Any]
 
 
 def produces_value(effect: Effect) -> bool:
@@ -123,20 +87,6 @@ def produces_value(effect: Effect) -> bool:
     if isinstance(effect, Load):
         return not effect.leased
     return not isinstance(effect, AwaitNotice)
-
-
-class LockState(enum.Enum):
-    VALUE = "value"  # the value is there; no lock taken
-    LOCKED = "locked"  # the lock is ours
-    HELD = "held"  # another holder has it
-
-
-@dataclass(frozen=True, slots=True)
-class AcquireReply:
-    state: LockState
-    raw: bytes | None = None
-    lease_left: float = 0.0  # seconds, for HELD
-    fence: int = 0  # a named lock's fencing token, for LOCKED by ``take_lock``
 
 
 # --- the context of one miss ---------------------------------------------------------
@@ -151,7 +101,7 @@ class Context:
     settings: Settings
     codec: Codec
     stats: Stats
-    warn: RateLimitedLog
+    warn: WarningLog
     clock: Callable[[], float]  # monotonic seconds: deadlines, load duration
     wall_clock: Callable[[], float]  # epoch seconds: loaded_at in the envelope
     uniform: Callable[[float, float], float]  # TTL jitter
@@ -172,14 +122,10 @@ class LoaderSpec:
     codec: Codec
 
 
-def new_context(value_key: str, spec: LoaderSpec, stats: Stats, warn: RateLimitedLog) -> Context:
+def new_context(value_key: str, spec: LoaderSpec, stats: Stats, warn: WarningLog) -> Context:
     """The context of one miss, on the real clocks."""
     keys = EntryKeys.for_value(value_key)
     return Context(keys, spec.settings, spec.codec, stats, warn, time.monotonic, time.time, random.uniform)
-
-
-def milliseconds(seconds: float) -> int:
-    return max(1, int(seconds * 1000))
 
 
 # --- the flow --------------------------------------------------------------------------
@@ -200,7 +146,7 @@ class FailedRead:
     error: BackendUnavailable
 
 
-def first_read(raw: bytes | None, codec: Codec, stats: Stats, warn: RateLimitedLog, key: str) -> Any:
+def first_read(raw: bytes | None, codec: Codec, stats: Stats, warn: WarningLog, key: str) -> Any:
     """What a call's first read found: the value to return (None for the null sentinel),
     or a ``Miss``. Drivers perform the read and call this; a hit never enters the flow."""
     if raw is not None:
@@ -220,7 +166,7 @@ def first_read(raw: bytes | None, codec: Codec, stats: Stats, warn: RateLimitedL
     return miss
 
 
-def failed_read(stats: Stats, warn: RateLimitedLog, error: BackendUnavailable) -> FailedRead:
+def failed_read(stats: Stats, warn: WarningLog, error: BackendUnavailable) -> FailedRead:
     """What a call's first read means when the store failed to answer it."""
     note_backend_error(stats, warn, error)
     stats.incr("misses")
@@ -350,7 +296,7 @@ def _load_and_write(ctx: Context) -> Flow:
     ttl = _jittered(ctx, ctx.settings.null_ttl if value is None else ctx.settings.ttl)
     inline = len(envelope) <= ctx.settings.inline_value_limit
     try:
-        written = yield WriteRelease(envelope, ttl, inline)
+        written = yield WriteRelease(envelope, milliseconds(ttl), inline)
     except BackendUnavailable as error:
         # The value is good for this caller; but whether the write ran, or was refused
         # because an invalidation took the lease, is unknown: not for the joiners. An error
@@ -413,13 +359,13 @@ def _corrupt(ctx: Context, problem: str) -> None:
     note_corrupt(ctx.stats, ctx.warn, ctx.keys.value, problem)
 
 
-def note_backend_error(stats: Stats, warn: RateLimitedLog, error: BaseException) -> None:
+def note_backend_error(stats: Stats, warn: WarningLog, error: BaseException) -> None:
     """Count a failed store command and warn, at most every few seconds."""
     stats.incr("redis_errors")
     warn.warning("stampede: cache backend failed (%s); serving without the cache", error)
 
 
-def note_corrupt(stats: Stats, warn: RateLimitedLog, key: str, problem: str) -> None:
+def note_corrupt(stats: Stats, warn: WarningLog, key: str, problem: str) -> None:
     """Count an unreadable value and warn; the caller treats it as a miss."""
     stats.incr("corrupt_values")
     warn.warning("stampede: unreadable value at %r (%s); treating it as a miss", key, problem)

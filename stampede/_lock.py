@@ -17,49 +17,29 @@ asyncio callers). What makes the textbook Redis locks fail cannot happen here:
   acquisition returns a fencing token, one greater than any before it for this name,
   which the protected resource can check to refuse a paused ex-holder's late write.
 
-The decisions of acquiring are ``acquiring``, written once (no I/O); ``Lock`` performs
-them with blocking calls or with awaits.
+The decisions of acquiring are ``_acquiring.acquiring``, written once (no I/O);
+``Lock`` performs them with blocking calls or with awaits (``_perform``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 import threading
-import time
 from dataclasses import dataclass
-from typing import Any, Callable, Generator, TypeVar, Union
+from typing import Any, Callable, TypeVar
 
-from ._anotify import AsyncSubscription
-from ._async import keep_renewed
-from ._errors import BackendUnavailable, ConfigError, LockLost, LockNotOwned, WaitTimeout
-from ._flow import LEASE_MARGIN, AcquireReply, AwaitNotice, LockState, Subscribe, milliseconds
+from ._acquiring import Acquiring, acquiring
+from ._effects import Lease, milliseconds
+from ._errors import ConfigError, LockLost, LockNotOwned, WaitTimeout
 from ._fork import reset_after_fork
 from ._keys import EntryKeys
-from ._notify import Subscription
+from ._perform import AsyncPerformer, Performer, arun, run
 from ._store import AsyncStore, Store
-from ._watchdog import Lease, Watchdog
+from ._watchdog import Watchdog, WatchedLease, keep_renewed
 
 log = logging.getLogger("stampede")
-
-
-@dataclass(frozen=True, slots=True)
-class TakeLock:
-    """Try to take the lock. Reply: ``AcquireReply`` (LOCKED with the fence, or HELD)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Pause:
-    """Sleep before the next try (bounded polling, when the caller asked for it). Reply: None."""
-
-    seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class LeaveQueue:
-    """Give up the place in a fair lock's queue (this caller stops waiting). Reply: None."""
 
 
 @dataclass(eq=False)
@@ -69,7 +49,7 @@ class Hold:
     token: str
     fence: int
     count: int = 1  # acquisitions by the same owner not yet released (reentrant locks)
-    lease: Lease | None = None  # the watchdog's record, for blocking holders
+    lease: WatchedLease | None = None  # the watchdog's record, for blocking holders
     renewal: asyncio.Future[None] | None = None  # the renewal task, for async holders
 
     def stop_renewing(self) -> None:
@@ -100,7 +80,7 @@ def task_owner() -> Any:
     return asyncio.current_task()
 
 
-class LockBlocks:
+class LockContextManager:
     """``with`` and ``async with`` for a lock class with acquire/release (blocking) and
     aacquire/arelease (asyncio): a lock that cannot be taken raises ``WaitTimeout``; one
     lost by the time the block ends raises ``LockLost``, unless the block is already
@@ -151,61 +131,10 @@ class LockBlocks:
         log.warning("stampede: lock %r was lost while its block raised %s", self.name, exc_type.__name__)
 
 
-HolderT = TypeVar("HolderT", bound=LockBlocks)
+HolderT = TypeVar("HolderT", bound=LockContextManager)
 
 
-LockEffect = Union[TakeLock, Subscribe, AwaitNotice, Pause, LeaveQueue]
-Acquiring = Generator[LockEffect, Any, Union[int, None]]
-
-
-def acquiring(
-    blocking: bool,
-    timeout: float | None,
-    retry_interval: float | None,
-    retries: int | None,
-    recheck_interval: float,
-    clock: Callable[[], float] = time.monotonic,
-    queue_lease: float = 0.0,
-) -> Acquiring:
-    """Take the lock: once if not ``blocking``; else until taken, ``timeout`` has passed,
-    or ``retries`` more tries have failed. Returns the fencing token, or None.
-
-    Without ``retry_interval`` a waiter subscribes to the lock's channel, tries once more
-    (a release between the first try and the subscription is not missed), then waits for
-    a release message, at most the holder's remaining lease or ``recheck_interval``. With
-    it, the waiter polls every ``retry_interval`` and never subscribes.
-
-    A fair lock (``queue_lease`` > 0) queues its waiters: each try keeps the caller's
-    place for ``queue_lease``, so it tries at least every third of that; a caller that
-    stops waiting gives its place up."""
-    deadline = None if timeout is None else clock() + timeout
-    subscribed = False
-    tries_left = retries
-    while True:
-        reply: AcquireReply = yield TakeLock()
-        if reply.state is LockState.LOCKED:
-            return reply.fence
-        remaining = None if deadline is None else deadline - clock()
-        if not blocking or (remaining is not None and remaining <= 0) or tries_left == 0:
-            if queue_lease:
-                yield LeaveQueue()
-            return None
-        if retry_interval is None and not subscribed:
-            yield Subscribe()
-            subscribed = True
-            continue
-        if tries_left is not None:
-            tries_left -= 1
-        if retry_interval is not None:
-            yield Pause(retry_interval if remaining is None else min(retry_interval, remaining))
-            continue
-        wait = recheck_interval if not queue_lease else min(recheck_interval, queue_lease / 3)
-        if reply.lease_left > 0:
-            wait = min(wait, reply.lease_left + LEASE_MARGIN)
-        yield AwaitNotice(wait if remaining is None else min(wait, remaining))
-
-
-class Lock(LockBlocks):
+class Lock(LockContextManager):
     """A named lock over a layer's store, for threads (``with``, ``acquire``) and for
     tasks (``async with``, ``aacquire``). One object is one holder: make one per use
     (``layer.lock(name)`` is cheap); it is not shared between threads or tasks.
@@ -287,38 +216,8 @@ class Lock(LockBlocks):
         if self._reenter(thread_owner):
             return True
         token = secrets.token_hex(16)
-        flow = self._acquiring(blocking, timeout)
-        subscription: Subscription | None = None
-        reply: Any = None
-        try:
-            while True:
-                try:
-                    effect = flow.send(reply)
-                except StopIteration as stop:
-                    fence = stop.value
-                    break
-                reply = None
-                if isinstance(effect, TakeLock):
-                    reply = store.take_lock(self.keys, token, milliseconds(self.ttl), self._queue_ms)
-                elif isinstance(effect, Subscribe):
-                    subscription = store.subscribe(self.keys)
-                elif isinstance(effect, LeaveQueue):
-                    store.leave_queue(self.keys, token)
-                elif isinstance(effect, AwaitNotice):
-                    assert subscription is not None
-                    subscription.wait(effect.timeout)
-                else:
-                    time.sleep(effect.seconds)
-        except BaseException:
-            with contextlib.suppress(BackendUnavailable):  # best effort: the lease or place lapses anyway
-                if isinstance(reply, AcquireReply) and reply.state is LockState.LOCKED:
-                    store.release(self.keys, token)  # interrupted just after taking it
-                elif self.fair:
-                    store.leave_queue(self.keys, token)  # interrupted while queued
-            raise
-        finally:
-            if subscription is not None:
-                subscription.close()
+        with Performer(self._lease(token), store=store) as performer:
+            fence = run(self._acquiring(blocking, timeout), performer)
         if fence is None:
             return False
         hold = self._held(token, fence, thread_owner)
@@ -362,38 +261,8 @@ class Lock(LockBlocks):
         if self._reenter(task_owner):
             return True
         token = secrets.token_hex(16)
-        flow = self._acquiring(blocking, timeout)
-        subscription: AsyncSubscription | None = None
-        reply: Any = None
-        try:
-            while True:
-                try:
-                    effect = flow.send(reply)
-                except StopIteration as stop:
-                    fence = stop.value
-                    break
-                reply = None
-                if isinstance(effect, TakeLock):
-                    reply = await store.take_lock(self.keys, token, milliseconds(self.ttl), self._queue_ms)
-                elif isinstance(effect, Subscribe):
-                    subscription = await store.subscribe(self.keys)
-                elif isinstance(effect, LeaveQueue):
-                    await store.leave_queue(self.keys, token)
-                elif isinstance(effect, AwaitNotice):
-                    assert subscription is not None
-                    await subscription.wait(effect.timeout)
-                else:
-                    await asyncio.sleep(effect.seconds)
-        except BaseException:
-            with contextlib.suppress(BackendUnavailable):  # best effort: the lease or place lapses anyway
-                if isinstance(reply, AcquireReply) and reply.state is LockState.LOCKED:
-                    await asyncio.shield(store.release(self.keys, token))  # cancelled just after taking it
-                elif self.fair:
-                    await asyncio.shield(store.leave_queue(self.keys, token))  # cancelled while queued
-            raise
-        finally:
-            if subscription is not None:
-                subscription.close()
+        with AsyncPerformer(self._lease(token), store=store) as performer:
+            fence = await arun(self._acquiring(blocking, timeout), performer)
         if fence is None:
             return False
         hold = self._held(token, fence, task_owner)
@@ -428,9 +297,9 @@ class Lock(LockBlocks):
 
     # --- shared -----------------------------------------------------------------------
 
-    @property
-    def _queue_ms(self) -> int:
-        return milliseconds(self.ttl) if self.fair else 0
+    def _lease(self, token: str) -> Lease:
+        ttl_ms = milliseconds(self.ttl)
+        return Lease(self.keys, token, ttl_ms, queue_ms=ttl_ms if self.fair else 0)
 
     def _acquiring(self, blocking: bool | None, timeout: float | None) -> Acquiring:
         return acquiring(

@@ -15,12 +15,11 @@ from typing import Callable
 
 from cachetools import TLRUCache
 
-from ._anotify import AsyncSubscription
 from ._channels import Mailbox
-from ._flow import AcquireReply, LockState, Written
 from ._fork import reset_after_fork
 from ._keys import EntryKeys, entry_value_keys
-from ._notify import Subscription
+from ._mailbox import LoopMailbox, ThreadMailbox
+from ._store import AcquireReply, AsyncSubscription, LockState, Subscription, Written
 
 
 class MemoryStore:
@@ -137,7 +136,7 @@ class MemoryStore:
         return entry_value_keys(keys)
 
     def subscribe(self, keys: EntryKeys) -> Subscription:
-        subscription = Subscription(keys.channel, self.detach)
+        subscription = ThreadMailbox(keys.channel, self.detach)
         self.attach(subscription)
         return subscription
 
@@ -218,7 +217,7 @@ class AsyncMemoryStore:
         return self._store.scan(namespace)
 
     async def subscribe(self, keys: EntryKeys) -> AsyncSubscription:
-        subscription = AsyncSubscription(keys.channel, asyncio.get_running_loop(), self._store.detach)
+        subscription = LoopMailbox(keys.channel, asyncio.get_running_loop(), self._store.detach)
         self._store.attach(subscription)
         return subscription
 

@@ -1,6 +1,6 @@
 """Wake-ups for blocking waiters: one subscriber connection per layer for every waiting entry.
 
-A ``Subscription`` is one waiter's mailbox on one channel. Delivery never blocks and
+A ``ThreadMailbox`` is one waiter's mailbox on one channel. Delivery never blocks and
 keeps only the latest message: a waiter that is woken re-checks the entry anyway, so
 what matters is that it wakes, not how many messages it missed. Who waits on what, and
 what a lost connection means, is decided in ``_channels``.
@@ -16,50 +16,16 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable
+from typing import Any
 
 import redis
 
 from ._channels import Channels
 from ._errors import BackendUnavailable
 from ._fork import reset_after_fork
+from ._mailbox import ThreadMailbox
 
 log = logging.getLogger("stampede")
-
-
-class Subscription:
-    """One blocking waiter's mailbox on one channel (a ``Mailbox``)."""
-
-    __slots__ = ("channel", "_event", "_message", "_confirmed", "_ok", "_on_close")
-
-    def __init__(self, channel: str, on_close: Callable[[Subscription], None]) -> None:
-        self.channel = channel
-        self._event = threading.Event()
-        self._message = b""  # the latest message; read only after _event is set
-        self._confirmed = threading.Event()
-        self._ok = False  # written before _confirmed is set
-        self._on_close = on_close
-
-    def deliver(self, message: bytes) -> None:
-        self._message = message
-        self._event.set()
-
-    def confirm(self, ok: bool) -> None:
-        self._ok = ok
-        self._confirmed.set()
-
-    def wait_confirmed(self, timeout: float) -> bool:
-        return self._confirmed.wait(timeout) and self._ok
-
-    def wait(self, timeout: float) -> bytes | None:
-        """The latest message since the last wait, or None after ``timeout`` in silence."""
-        if not self._event.wait(timeout):
-            return None
-        self._event.clear()
-        return self._message
-
-    def close(self) -> None:
-        self._on_close(self)
 
 
 class Subscriber:
@@ -76,9 +42,9 @@ class Subscriber:
         self._closed = False
         reset_after_fork(self)
 
-    def subscribe(self, channel: str) -> Subscription:
+    def subscribe(self, channel: str) -> ThreadMailbox:
         """A mailbox on ``channel``, once the server has confirmed the subscription."""
-        subscription = Subscription(channel, self._unsubscribe)
+        subscription = ThreadMailbox(channel, self._unsubscribe)
         with self._lock:
             if self._closed:
                 raise BackendUnavailable("the layer is closed")
@@ -103,7 +69,7 @@ class Subscriber:
         if self._reader is not None and self._reader is not threading.current_thread():
             self._reader.join(self._timeout + 1.0)
 
-    def _unsubscribe(self, subscription: Subscription) -> None:
+    def _unsubscribe(self, subscription: ThreadMailbox) -> None:
         with self._lock:
             if self._channels.remove(subscription) and self._connection is not None:
                 try:  # fire and forget: the reader reads the confirmation

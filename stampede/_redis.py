@@ -17,9 +17,9 @@ from redis.exceptions import RedisError
 from . import _scripts
 from ._breaker import CircuitBreaker
 from ._errors import BackendUnavailable, ConfigError
-from ._flow import AcquireReply, LockState, Written
 from ._keys import EntryKeys, check_key, entry_value_keys
-from ._notify import Subscriber, Subscription
+from ._notify import Subscriber
+from ._store import AcquireReply, LockState, Subscription, Written
 
 log = logging.getLogger("stampede")
 
@@ -143,9 +143,7 @@ class RedisStore:
 
     def acquire(self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool) -> AcquireReply:
         with translated("lock", keys.value, self.breaker):
-            reply: Any = self._scripts.acquire(
-                keys=[keys.value, keys.lock], args=[token, lease_ms, "1" if check_value else "0"]
-            )
+            reply: Any = self._scripts.acquire(*_scripts.acquire_call(keys, token, lease_ms, check_value))
         acquired = acquire_reply(reply)
         if self.eviction.pending and acquired.state is LockState.LOCKED:
             self.eviction.pending = False
@@ -179,19 +177,18 @@ class RedisStore:
 
     def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         with translated("renew the lease of", keys.value, self.breaker):
-            return bool(self._scripts.renew(keys=[keys.lock], args=[token, lease_ms]))
+            return bool(self._scripts.renew(*_scripts.renew_call(keys, token, lease_ms)))
 
     def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> Written:
         with translated("write", keys.value, self.breaker):
             written = self._scripts.write_release(
-                keys=[keys.value, keys.lock, keys.invalidated],
-                args=[token, envelope, ttl_ms, keys.channel, "1" if inline else "0"],
+                *_scripts.write_release_call(keys, token, envelope, ttl_ms, inline)
             )
         return Written(int(written))
 
     def release(self, keys: EntryKeys, token: str) -> bool:
         with translated("release the lock of", keys.value, self.breaker):
-            return bool(self._scripts.release(keys=[keys.lock], args=[token, keys.channel]))
+            return bool(self._scripts.release(*_scripts.release_call(keys, token)))
 
     def holder(self, keys: EntryKeys) -> str | None:
         with translated("read the lock of", keys.lock, self.breaker):
@@ -202,20 +199,19 @@ class RedisStore:
         with translated("lock", keys.lock, self.breaker):
             if queue_ms:
                 reply: Any = self._scripts.take_lock_fairly(
-                    keys=[keys.value, keys.lock, *keys.queue], args=[token, lease_ms, queue_ms]
+                    *_scripts.take_lock_fairly_call(keys, token, lease_ms, queue_ms)
                 )
             else:
-                reply = self._scripts.take_lock(keys=[keys.value, keys.lock], args=[token, lease_ms])
+                reply = self._scripts.take_lock(*_scripts.take_lock_call(keys, token, lease_ms))
         return acquire_reply(reply)
 
     def leave_queue(self, keys: EntryKeys, token: str) -> None:
         with translated("leave the queue of", keys.lock, self.breaker):
-            queue, waiters, _ = keys.queue
-            self._scripts.leave_queue(keys=[queue, waiters], args=[token, keys.channel])
+            self._scripts.leave_queue(*_scripts.leave_queue_call(keys, token))
 
     def invalidate(self, keys: EntryKeys) -> None:
         with translated("invalidate", keys.value, self.breaker):
-            self._scripts.invalidate(keys=[keys.value, keys.lock, keys.invalidated], args=[keys.channel])
+            self._scripts.invalidate(*_scripts.invalidate_call(keys))
 
     def subscribe(self, keys: EntryKeys) -> Subscription:
         return self._subscriber.subscribe(keys.channel)

@@ -27,9 +27,9 @@ an occasional overlap is tolerable (efficiency, not correctness).
 Waiters retry after a random delay rather than listening for a release: N servers
 publish N messages with no order between them.
 
-The decisions are written once, as generators of steps (``_steps``); ``LockServers``
-performs them with blocking calls, one server after another, and ``AsyncLockServers``
-with awaits, on all servers at once.
+The decisions are written once, as generators of effects (``_majority``, and the
+retries below); ``_perform`` performs them with blocking calls, one server after
+another, or with awaits, on all servers at once (``_lock_servers``).
 """
 
 from __future__ import annotations
@@ -39,222 +39,20 @@ import random
 import secrets
 import time
 import weakref
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Sequence
 
 import redis
 import redis.asyncio
-from redis.exceptions import RedisError
 
-from . import _scripts
-from ._async import keep_renewed
+from ._effects import Decision, Pause, ServersRelease, milliseconds
 from ._errors import ConfigError, LockLost, LockNotOwned, WaitTimeout
-from ._flow import milliseconds
 from ._keys import EntryKeys, lock_keys
-from ._lock import LockBlocks
-from ._steps import Step, Steps, arun, run
-from ._watchdog import Lease, Watchdog
-
-# What a lock server's failure raises, blocking or asyncio; each counts as a refusal.
-FAILURES = (RedisError, OSError, asyncio.TimeoutError)
-
-
-@dataclass(frozen=True, slots=True)
-class Round:
-    """What the servers answered to one command sent to each of them."""
-
-    agreed: int  # servers that granted (took, released, renewed) it
-    failed: int  # servers that did not answer: down, timed out, or an error reply
-    lease_left: float = 0.0  # a refused take: the shortest lease another holder has left (s)
-
-
-@dataclass(frozen=True, slots=True)
-class Quorum:
-    """The arithmetic of a majority of ``size`` servers (pure)."""
-
-    size: int
-    clock_drift_factor: float
-
-    @property
-    def needed(self) -> int:
-        return self.size // 2 + 1
-
-    def valid_until(self, started: float, ttl: float) -> float:
-        """When a lease of ``ttl`` seconds asked for at ``started`` stops being safe."""
-        return started + ttl - (ttl * self.clock_drift_factor + 0.002)
-
-    def holds(self, answered: Round, valid_until: float, now: float) -> bool:
-        return answered.agreed >= self.needed and now < valid_until
-
-    def reachable(self, answered: Round) -> bool:
-        """Whether enough servers answered for a majority to be possible at all."""
-        return self.size - answered.failed >= self.needed
-
-
-def take_majority(
-    quorum: Quorum,
-    keys: EntryKeys,
-    token: str,
-    lease_ms: int,
-    on: str = "",
-    clock: Callable[[], float] = time.monotonic,
-) -> Steps[tuple[Round, float | None]]:
-    """Take a lease on every server (steps on the servers at the dotted path ``on``).
-    Returns the answers and, if a majority granted it in time, the end of its validity;
-    else None, with what was granted undone."""
-    started = clock()
-    try:
-        taken: Round = yield Step(on + "take", (keys, token, lease_ms))
-    except BaseException:
-        yield Step(on + "release", (keys, token))  # interrupted: some may have granted it
-        raise
-    valid_until = quorum.valid_until(started, lease_ms / 1000)
-    if quorum.holds(taken, valid_until, clock()):
-        return taken, valid_until
-    if taken.agreed:
-        yield Step(on + "release", (keys, token))  # undo a minority (or a late majority)
-    return taken, None
-
-
-def renew_majority(
-    quorum: Quorum,
-    keys: EntryKeys,
-    token: str,
-    lease_ms: int,
-    on: str = "",
-    clock: Callable[[], float] = time.monotonic,
-) -> Steps[tuple[Round, float | None]]:
-    """Reset a lease to ``lease_ms`` on every server. Returns the answers and, if a
-    majority renewed it in time, the new end of its validity; else None."""
-    started = clock()
-    renewed: Round = yield Step(on + "renew", (keys, token, lease_ms))
-    valid_until = quorum.valid_until(started, lease_ms / 1000)
-    return renewed, valid_until if quorum.holds(renewed, valid_until, clock()) else None
-
-
-# --- one command, as sent to one server (blocking or asyncio client alike) --------------
-
-
-class _Server:
-    def __init__(self, client: Any) -> None:
-        self.client = client
-        self.take = client.register_script(_scripts.ACQUIRE)
-        self.release = client.register_script(_scripts.RELEASE)
-        self.renew = client.register_script(_scripts.RENEW)
-
-
-def _take(server: _Server, keys: EntryKeys, token: str, lease_ms: int) -> Any:
-    return server.take(keys=[keys.value, keys.lock], args=[token, lease_ms, "0"])  # '0': the value is not read
-
-
-def _release(server: _Server, keys: EntryKeys, token: str) -> Any:
-    return server.release(keys=[keys.lock], args=[token, keys.channel])
-
-
-def _renew(server: _Server, keys: EntryKeys, token: str, lease_ms: int) -> Any:
-    return server.renew(keys=[keys.lock], args=[token, lease_ms])
-
-
-def _drop(server: _Server, keys: EntryKeys) -> Any:
-    return server.client.delete(keys.lock)
-
-
-def _holder(server: _Server, keys: EntryKeys) -> Any:
-    return server.client.get(keys.lock)
-
-
-def _tally_take(outcomes: list[Any]) -> Round:
-    granted = failed = 0
-    leases: list[int] = []
-    for outcome in outcomes:
-        if isinstance(outcome, BaseException):
-            failed += 1
-        elif outcome[0] == 2:
-            granted += 1
-        elif int(outcome[1]) > 0:
-            leases.append(int(outcome[1]))
-    return Round(granted, failed, min(leases) / 1000 if leases else 0.0)
-
-
-def _tally(outcomes: list[Any]) -> Round:
-    failed = sum(isinstance(outcome, BaseException) for outcome in outcomes)
-    return Round(sum(bool(o) for o in outcomes if not isinstance(o, BaseException)), failed)
-
-
-def _tokens(outcomes: list[Any]) -> list[bytes | None]:
-    return [None if isinstance(outcome, BaseException) else outcome for outcome in outcomes]
-
-
-class LockServers:
-    """The lock servers for blocking callers: each command goes to one server after
-    another, every failure counted rather than raised."""
-
-    def __init__(self, clients: Sequence[redis.Redis]) -> None:
-        self._servers = [_Server(client) for client in clients]
-
-    def _everywhere(self, command: Callable[..., Any], *args: Any) -> list[Any]:
-        outcomes: list[Any] = []
-        for server in self._servers:
-            try:
-                outcomes.append(command(server, *args))
-            except FAILURES as error:
-                outcomes.append(error)
-        return outcomes
-
-    def take(self, keys: EntryKeys, token: str, lease_ms: int) -> Round:
-        return _tally_take(self._everywhere(_take, keys, token, lease_ms))
-
-    def release(self, keys: EntryKeys, token: str) -> Round:
-        return _tally(self._everywhere(_release, keys, token))
-
-    def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> Round:
-        return _tally(self._everywhere(_renew, keys, token, lease_ms))
-
-    def drop(self, keys: EntryKeys) -> Round:
-        return _tally(self._everywhere(_drop, keys))
-
-    def holders(self, keys: EntryKeys) -> list[bytes | None]:
-        return _tokens(self._everywhere(_holder, keys))
-
-    def pause(self, seconds: float) -> None:
-        time.sleep(seconds)
-
-
-class AsyncLockServers:
-    """The lock servers for the tasks of one event loop: each command goes to all of them
-    at once. Owns its clients (``aclose``)."""
-
-    def __init__(self, clients: Sequence[redis.asyncio.Redis]) -> None:
-        self._servers = [_Server(client) for client in clients]
-
-    async def _everywhere(self, command: Callable[..., Any], *args: Any) -> list[Any]:
-        outcomes = await asyncio.gather(*(command(server, *args) for server in self._servers), return_exceptions=True)
-        for outcome in outcomes:
-            if isinstance(outcome, BaseException) and not isinstance(outcome, FAILURES):
-                raise outcome  # a bug or a cancellation, not a server's refusal
-        return outcomes
-
-    async def take(self, keys: EntryKeys, token: str, lease_ms: int) -> Round:
-        return _tally_take(await self._everywhere(_take, keys, token, lease_ms))
-
-    async def release(self, keys: EntryKeys, token: str) -> Round:
-        return _tally(await self._everywhere(_release, keys, token))
-
-    async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> Round:
-        return _tally(await self._everywhere(_renew, keys, token, lease_ms))
-
-    async def drop(self, keys: EntryKeys) -> Round:
-        return _tally(await self._everywhere(_drop, keys))
-
-    async def holders(self, keys: EntryKeys) -> list[bytes | None]:
-        return _tokens(await self._everywhere(_holder, keys))
-
-    async def pause(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
-
-    async def aclose(self) -> None:
-        for server in self._servers:
-            await server.client.aclose(close_connection_pool=True)
+from ._lock import LockContextManager
+from ._lock_servers import AsyncRedisLockServers, RedisLockServers
+from ._majority import Quorum, renew_majority, take_majority
+from ._perform import AsyncPerformer, Performer, arun, run
+from ._store import Round
+from ._watchdog import Watchdog, WatchedLease, keep_renewed
 
 
 class Redlock:
@@ -291,10 +89,10 @@ class Redlock:
         ]
         self.quorum = Quorum(len(self.clients), clock_drift_factor)
         self.namespace = namespace
-        self.servers = LockServers(self.clients)
+        self.servers = RedisLockServers(self.clients)
         self.watchdog = Watchdog()  # renews the leases of blocking holders (a thread, started on first use)
         self._max_key_length = max_key_length
-        self._loop_servers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncLockServers] = (
+        self._loop_servers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncRedisLockServers] = (
             weakref.WeakKeyDictionary()
         )
 
@@ -313,16 +111,16 @@ class Redlock:
         keys = lock_keys(self.namespace, name, self._max_key_length)
         return RedlockLock(self, name, keys, ttl, blocking, timeout, retry_delay, retries, renew)
 
-    def async_servers(self) -> AsyncLockServers:
+    def async_servers(self) -> AsyncRedisLockServers:
         """New asyncio clients of every server, for the running event loop."""
         if len(self._urls) != self.quorum.size:
             raise ConfigError("asyncio callers of a Redlock need its servers given as URLs, not clients")
-        return AsyncLockServers(
+        return AsyncRedisLockServers(
             [redis.asyncio.Redis.from_url(url, retry_on_timeout=False, retry=None, **self._timeouts)  # type: ignore[arg-type]
              for url in self._urls]  # fmt: skip
         )
 
-    def loop_servers(self) -> AsyncLockServers:
+    def loop_servers(self) -> AsyncRedisLockServers:
         """The running event loop's servers for this manager's own locks."""
         loop = asyncio.get_running_loop()
         servers = self._loop_servers.get(loop)
@@ -361,24 +159,24 @@ class Redlock:
 class Renewal:
     """Renews one held ``RedlockLock`` for the watchdog thread."""
 
-    def __init__(self, lock: RedlockLock, servers: LockServers) -> None:
+    def __init__(self, lock: RedlockLock, servers: RedisLockServers) -> None:
         self._lock, self._servers = lock, servers
 
     def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
-        return run(self._lock._renewing(token, lease_ms), self._servers)
+        return run(self._lock._renewing(token, lease_ms), Performer(servers=self._servers))
 
 
 class AsyncRenewal:
     """Renews one held ``RedlockLock`` for its renewal task."""
 
-    def __init__(self, lock: RedlockLock, servers: AsyncLockServers) -> None:
+    def __init__(self, lock: RedlockLock, servers: AsyncRedisLockServers) -> None:
         self._lock, self._servers = lock, servers
 
     async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
-        return await arun(self._lock._renewing(token, lease_ms), self._servers)
+        return await arun(self._lock._renewing(token, lease_ms), AsyncPerformer(servers=self._servers))
 
 
-class RedlockLock(LockBlocks):
+class RedlockLock(LockContextManager):
     """One holder of a Redlock lock (make one per use), for threads (``with``,
     ``acquire``) and tasks (``async with``, ``aacquire``).
 
@@ -415,7 +213,7 @@ class RedlockLock(LockBlocks):
         self.valid_until: float | None = None  # time.monotonic() deadline of the validity
         self.last_granted = 0  # how many servers granted the last attempt
         self._lease_ms = milliseconds(ttl)  # what a renewal asks for (extend changes it)
-        self._renewal: Lease | asyncio.Future[None] | None = None  # while held and renewed
+        self._renewal: WatchedLease | asyncio.Future[None] | None = None  # while held and renewed
 
     @property
     def validity(self) -> float:
@@ -430,7 +228,7 @@ class RedlockLock(LockBlocks):
         """Take the lock on a majority within its validity; True once held (and renewed
         from then on by the manager's watchdog thread, unless ``renew`` is False)."""
         servers = self._manager.servers
-        if not run(self._acquiring(blocking, timeout), servers):
+        if not run(self._acquiring(blocking, timeout), Performer(servers=servers)):
             return False
         if self.renew:
             renewal = Renewal(self, servers)
@@ -440,13 +238,13 @@ class RedlockLock(LockBlocks):
     def release(self) -> None:
         """Release on every server. LockNotOwned if not held; LockLost if a majority no
         longer held it (its validity ran out: the work may have overlapped another's)."""
-        run(self._releasing(), self._manager.servers)
+        run(self._releasing(), Performer(servers=self._manager.servers))
 
     def extend(self, ttl: float | None = None) -> None:
         """Reset the lease to ``ttl`` on every server that still holds it; LockLost unless
         a majority did within the new validity."""
-        run(self._extending(ttl), self._manager.servers)
-        if isinstance(self._renewal, Lease):
+        run(self._extending(ttl), Performer(servers=self._manager.servers))
+        if isinstance(self._renewal, WatchedLease):
             self._renewal.lease_ms = self._lease_ms
 
     def locked(self) -> bool:
@@ -463,7 +261,7 @@ class RedlockLock(LockBlocks):
     async def aacquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
         """``acquire`` for a task (renewed by a task of its own, unless ``renew`` is False)."""
         servers = self._manager.loop_servers()
-        if not await arun(self._acquiring(blocking, timeout), servers):
+        if not await arun(self._acquiring(blocking, timeout), AsyncPerformer(servers=servers)):
             return False
         if self.renew:
             self._renew_in_task(servers)
@@ -471,12 +269,12 @@ class RedlockLock(LockBlocks):
 
     async def arelease(self) -> None:
         """``release`` for a task."""
-        await arun(self._releasing(), self._manager.loop_servers())
+        await arun(self._releasing(), AsyncPerformer(servers=self._manager.loop_servers()))
 
     async def aextend(self, ttl: float | None = None) -> None:
         """``extend`` for a task."""
         servers = self._manager.loop_servers()
-        await arun(self._extending(ttl), servers)
+        await arun(self._extending(ttl), AsyncPerformer(servers=servers))
         if isinstance(self._renewal, asyncio.Future):
             self._renewal.cancel()
             self._renew_in_task(servers)
@@ -491,7 +289,7 @@ class RedlockLock(LockBlocks):
 
     # --- the decisions, once ----------------------------------------------------------
 
-    def _acquiring(self, blocking: bool | None, timeout: float | None) -> Steps[bool]:
+    def _acquiring(self, blocking: bool | None, timeout: float | None) -> Decision[bool]:
         if self.token is not None:
             raise LockNotOwned(f"Redlock lock {self.name!r} is already held by this object", key=self.keys.lock)
         blocking = self.blocking if blocking is None else blocking
@@ -516,25 +314,25 @@ class RedlockLock(LockBlocks):
                 pause = min(pause, left)
             if tries_left is not None:
                 tries_left -= 1
-            yield Step("pause", (pause,))
+            yield Pause(pause)
 
-    def _releasing(self) -> Steps[None]:
+    def _releasing(self) -> Decision[None]:
         token = self._held()
         self._forget()
-        released: Round = yield Step("release", (self.keys, token))
+        released: Round = yield ServersRelease(self.keys, token)
         if released.agreed < self._manager.quorum.needed:
             raise self._lost("released")
 
-    def _extending(self, ttl: float | None) -> Steps[None]:
+    def _extending(self, ttl: float | None) -> Decision[None]:
         token = self._held()
         lease_ms = milliseconds(ttl or self.ttl)
         if not (yield from self._renewing(token, lease_ms)):
             self._forget()
-            yield Step("release", (self.keys, token))
+            yield ServersRelease(self.keys, token)
             raise self._lost("extended")
         self._lease_ms = lease_ms  # what the renewals keep from now on
 
-    def _renewing(self, token: str, lease_ms: int) -> Steps[bool]:
+    def _renewing(self, token: str, lease_ms: int) -> Decision[bool]:
         """Reset the lease to ``lease_ms`` on every server; True, and the validity moved on,
         if a majority did so in time."""
         _, valid_until = yield from renew_majority(self._manager.quorum, self.keys, token, lease_ms)
@@ -544,14 +342,14 @@ class RedlockLock(LockBlocks):
             self.valid_until = valid_until
         return True
 
-    def _renew_in_task(self, servers: AsyncLockServers) -> None:
+    def _renew_in_task(self, servers: AsyncRedisLockServers) -> None:
         renewal = AsyncRenewal(self, servers)
         self._renewal = asyncio.ensure_future(keep_renewed(renewal, self.keys, self._held(), self._lease_ms))
 
     def _forget(self) -> None:
         """No longer held by this object: stop renewing."""
         self.token = self.valid_until = None
-        if isinstance(self._renewal, Lease):
+        if isinstance(self._renewal, WatchedLease):
             self._renewal.active = False
         elif self._renewal is not None:
             self._renewal.cancel()

@@ -1,9 +1,24 @@
-"""The Lua scripts of the Redis backend, one constant each.
+"""The Lua scripts of the Redis backend, one constant each, and beside each the one
+function that builds its KEYS and ARGV (``Call``), which every caller uses: the blocking
+and asyncio stores and Redlock's servers cannot drift apart on what a script takes.
 
 Every script touches only the keys of one entry, which share a hash tag, so each runs in
 one Redis Cluster slot. Channels are not keys and travel in ARGV. A script runs
 atomically, so "check the lock token, then act" has no window between the two steps.
 """
+
+from __future__ import annotations
+
+from typing import NamedTuple, Union
+
+from ._keys import EntryKeys
+
+
+class Call(NamedTuple):
+    """A script's KEYS and ARGV, in the order redis-py's ``Script(keys, args)`` takes."""
+
+    keys: list[str]
+    args: list[Union[str, int, bytes]]
 
 ACQUIRE = """
 -- Double-check the value and take the lock, in one step.
@@ -20,6 +35,10 @@ end
 if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {2} end
 return {3, redis.call('PTTL', KEYS[2])}
 """
+
+
+def acquire_call(keys: EntryKeys, token: str, lease_ms: int, check_value: bool) -> Call:
+    return Call([keys.value, keys.lock], [token, lease_ms, "1" if check_value else "0"])
 
 WRITE_AND_RELEASE = """
 -- Write the loaded value, release the lock and wake the waiters, if our lease still holds.
@@ -44,6 +63,14 @@ end
 return 1
 """
 
+
+def release_call(keys: EntryKeys, token: str) -> Call:
+    return Call([keys.lock], [token, keys.channel])
+
+
+def write_release_call(keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> Call:
+    return Call([keys.value, keys.lock, keys.invalidated], [token, envelope, ttl_ms, keys.channel, "1" if inline else "0"])
+
 RENEW = """
 -- Extend our lease (the watchdog), only if we still hold the lock.
 -- KEYS[1] lock key; ARGV[1] token, ARGV[2] lease in ms
@@ -53,6 +80,10 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+
+
+def renew_call(keys: EntryKeys, token: str, lease_ms: int) -> Call:
+    return Call([keys.lock], [token, lease_ms])
 
 RELEASE = """
 -- Release the lock without writing (the loader raised, or a named lock's holder is done),
@@ -97,6 +128,10 @@ end
 return {3, redis.call('PTTL', KEYS[2])}
 """
 
+
+def take_lock_call(keys: EntryKeys, token: str, lease_ms: int) -> Call:
+    return Call([keys.value, keys.lock], [token, lease_ms])
+
 TAKE_LOCK_FAIRLY = NEXT_FENCE + """
 -- Take a named lock in arrival order, and draw its fencing token.
 -- KEYS[1] fence counter, KEYS[2] lock key, KEYS[3] queue (sorted set: token -> ticket),
@@ -134,6 +169,10 @@ end
 return {3, redis.call('PTTL', KEYS[2])}
 """
 
+
+def take_lock_fairly_call(keys: EntryKeys, token: str, lease_ms: int, queue_ms: int) -> Call:
+    return Call([keys.value, keys.lock, *keys.queue], [token, lease_ms, queue_ms])
+
 LEAVE_QUEUE = """
 -- A waiter gives up its place in a fair lock's queue, and wakes the others (it may have
 -- been first in line).
@@ -144,6 +183,11 @@ redis.call('HDEL', KEYS[2], ARGV[1])
 if removed == 1 then redis.call('PUBLISH', ARGV[2], '') end
 return removed
 """
+
+
+def leave_queue_call(keys: EntryKeys, token: str) -> Call:
+    queue, waiters, _ = keys.queue
+    return Call([queue, waiters], [token, keys.channel])
 
 INVALIDATE = """
 -- Drop the value and any holder's lease, so an in-flight load cannot write its (stale)
@@ -158,3 +202,7 @@ redis.call('PUBLISH', ARGV[1], '')
 if lease > 0 then redis.pcall('SET', KEYS[3], '1', 'PX', lease) end
 return deleted
 """
+
+
+def invalidate_call(keys: EntryKeys) -> Call:
+    return Call([keys.value, keys.lock, keys.invalidated], [keys.channel])

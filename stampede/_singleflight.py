@@ -50,8 +50,9 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+from ._effects import Effect, Subscribe
 from ._errors import RecursiveLoad
-from ._flow import Effect, Subscribe, produces_value
+from ._flow import produces_value
 from ._fork import reset_after_fork
 
 

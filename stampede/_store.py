@@ -1,19 +1,75 @@
-"""What the flow needs from a store: the interface every backend implements, blocking
-(``Store``) and asyncio (``AsyncStore``: the same methods, awaited).
+"""The store contract: what the decisions need from a backend, blocking (``Store``) and
+asyncio (``AsyncStore``: the same methods, awaited), with the replies they exchange.
 
 A backend stores envelopes, holds leases (a lock key with a token and an expiry) and
 wakes waiters. Methods raise ``BackendUnavailable`` when the store fails, never a
 client library's own exception. Durations are in milliseconds, as Redis takes them.
+Every backend passes the same contract suite (``tests/test_store_contract.py``).
+
+Lock servers (Redlock's majority) have a contract of their own: each command goes to
+every server and is answered with a ``Round``, a server's failure counted, not raised.
+
+Rules of the imports: this module, like the decisions, imports nothing of a client
+library, of threading or of asyncio; backends implement it, drivers call it.
 """
 
 from __future__ import annotations
 
+import enum
+from dataclasses import dataclass
 from typing import Protocol
 
-from ._anotify import AsyncSubscription
-from ._flow import AcquireReply, Written
 from ._keys import EntryKeys
-from ._notify import Subscription
+
+
+class LockState(enum.Enum):
+    VALUE = "value"  # the value is there; no lock taken
+    LOCKED = "locked"  # the lock is ours
+    HELD = "held"  # another holder has it
+
+
+@dataclass(frozen=True, slots=True)
+class AcquireReply:
+    state: LockState
+    raw: bytes | None = None
+    lease_left: float = 0.0  # seconds, for HELD
+    fence: int = 0  # a named lock's fencing token, for LOCKED by ``take_lock``
+
+
+class Written(enum.IntEnum):
+    """What became of a write (the write script's reply)."""
+
+    YES = 1  # written, the lease released, the waiters woken
+    REFUSED = 0  # the lease was not ours: invalidated, or lapsed and taken over
+    VANISHED = -1  # the lease was gone, and no invalidation had dropped it
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """What the lock servers answered to one command sent to each of them."""
+
+    agreed: int  # servers that granted (took, released, renewed) it
+    failed: int  # servers that did not answer: down, timed out, or an error reply
+    lease_left: float = 0.0  # a refused take: the shortest lease another holder has left (s)
+
+
+class Subscription(Protocol):
+    """A blocking waiter's confirmed mailbox on an entry's channel."""
+
+    def wait(self, timeout: float) -> bytes | None:
+        """The latest message since the last wait (``b""``: the state changed; else the
+        written envelope), or None after ``timeout`` in silence."""
+
+    def close(self) -> None:
+        """Stop listening."""
+
+
+class AsyncSubscription(Protocol):
+    """``Subscription`` for a task."""
+
+    async def wait(self, timeout: float) -> bytes | None: ...
+
+    def close(self) -> None: ...
 
 
 class Renewable(Protocol):
@@ -109,5 +165,40 @@ class AsyncStore(Protocol):
     async def check(self, namespace: str) -> None: ...
 
     async def scan(self, namespace: str) -> set[str]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class LockServers(Protocol):
+    """Redlock's servers, for blocking callers: every command goes to each server."""
+
+    def take(self, keys: EntryKeys, token: str, lease_ms: int) -> Round:
+        """SET NX PX on each server (``lease_left``: the shortest lease of a refusal)."""
+
+    def release(self, keys: EntryKeys, token: str) -> Round:
+        """Compare-and-delete on each server."""
+
+    def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> Round:
+        """Compare-and-extend on each server."""
+
+    def drop(self, keys: EntryKeys) -> Round:
+        """Delete the lease on each server, whoever holds it."""
+
+    def holders(self, keys: EntryKeys) -> list[bytes | None]:
+        """Each server's holder token (None: free, or no answer)."""
+
+
+class AsyncLockServers(Protocol):
+    """``LockServers`` for the tasks of one event loop (all servers asked at once)."""
+
+    async def take(self, keys: EntryKeys, token: str, lease_ms: int) -> Round: ...
+
+    async def release(self, keys: EntryKeys, token: str) -> Round: ...
+
+    async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> Round: ...
+
+    async def drop(self, keys: EntryKeys) -> Round: ...
+
+    async def holders(self, keys: EntryKeys) -> list[bytes | None]: ...
 
     async def aclose(self) -> None: ...

@@ -8,29 +8,23 @@ import secrets
 import time
 from typing import Any, Callable
 
+from ._effects import Effect, Lease, milliseconds
 from ._errors import BackendUnavailable
 from ._flow import (
-    Acquire,
-    AwaitNotice,
     Context,
     Flow,
-    Load,
     LoaderSpec,
     Miss,
-    Release,
-    Subscribe,
-    WriteRelease,
     after_wait_timeout,
     failed_read,
     fill,
     first_read,
-    milliseconds,
     new_context,
 )
 from ._keys import EntryKeys
-from ._notify import Subscription
 from ._observe import RateLimitedLog, Stats
-from ._singleflight import Flight, FlightTable, loading, refuse_recursion
+from ._perform import Performer, run
+from ._singleflight import Flight, FlightTable, refuse_recursion
 from ._store import Store
 from ._watchdog import Watchdog
 
@@ -107,49 +101,17 @@ class SyncRunner:
         self.flights.forget(key)
 
     def _drive(self, flow: Flow, ctx: Context, loader: Callable[[], Any], flight: Flight | None = None) -> Any:
-        """Perform the flow's effects until it returns; every exception goes back into it.
-        The leader's ``flight`` counts the steps that may produce the value (see Flight)."""
-        keys, store = ctx.keys, self.store
-        token = secrets.token_hex(16)
-        lease_ms = milliseconds(ctx.settings.lock_ttl)
-        subscription: Subscription | None = None
-        reply: Any = None
-        error: BaseException | None = None
-        try:
-            while True:
-                try:
-                    effect = flow.send(reply) if error is None else flow.throw(error)
-                except StopIteration as stop:
-                    if flight is not None:
-                        flight.decided(ctx.unwritten, ctx.via_notice)
-                    return stop.value
-                reply, error = None, None
-                if flight is not None:
-                    flight.count(effect)
-                try:
-                    if isinstance(effect, Acquire):
-                        reply = store.acquire(keys, token, lease_ms, effect.check_value)
-                    elif isinstance(effect, AwaitNotice):
-                        assert subscription is not None
-                        reply = subscription.wait(effect.timeout)
-                    elif isinstance(effect, Subscribe):
-                        subscription = store.subscribe(keys)
-                    elif isinstance(effect, Load):
-                        with loading(keys.value):
-                            if effect.leased:
-                                with self._watchdog.guard(store, keys, token, lease_ms):
-                                    reply = loader()
-                            else:
-                                reply = loader()
-                    elif isinstance(effect, WriteRelease):
-                        ttl_ms = milliseconds(effect.ttl)
-                        reply = store.write_release(keys, token, effect.envelope, ttl_ms, effect.inline)
-                    elif isinstance(effect, Release):
-                        store.release(keys, token)
-                    else:  # pragma: no cover - a new effect without a driver branch
-                        raise TypeError(f"unknown effect {effect!r}")
-                except BaseException as raised:
-                    error = raised
-        finally:
-            if subscription is not None:
-                subscription.close()
+        """Perform the flow (``_perform.run``) on a lease of a new token. The leader's
+        ``flight`` counts the steps that may produce the value (see Flight)."""
+        lease = Lease(ctx.keys, secrets.token_hex(16), milliseconds(ctx.settings.lock_ttl))
+        with Performer(lease, store=self.store, loader=loader, watchdog=self._watchdog) as performer:
+            if flight is None:
+                return run(flow, performer)
+
+            def perform(effect: Effect) -> Any:
+                flight.count(effect)
+                return performer(effect)
+
+            value = run(flow, perform)
+        flight.decided(ctx.unwritten, ctx.via_notice)
+        return value

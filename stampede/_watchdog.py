@@ -1,4 +1,5 @@
-"""The lease watchdog: one thread per layer renews the lease of every load in progress.
+"""The lease watchdog: one thread per layer renews the lease of every load in progress
+(and of every named lock held by a thread); a task renews an asyncio holder's lease.
 
 A loader slower than ``lock_ttl`` must not lose its lock to a waiter (that would load a
 second time), and a holder that dies must lose it within ``lock_ttl``. So a lease is
@@ -9,6 +10,7 @@ the write script checks the token too.
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import itertools
 import logging
@@ -21,13 +23,13 @@ from typing import Iterator
 from ._errors import BackendUnavailable
 from ._fork import reset_after_fork
 from ._keys import EntryKeys
-from ._store import Renewable
+from ._store import AsyncRenewable, Renewable
 
 log = logging.getLogger("stampede")
 
 
 @dataclass(eq=False)
-class Lease:
+class WatchedLease:
     store: Renewable
     keys: EntryKeys
     token: str
@@ -43,14 +45,14 @@ class Watchdog:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        self._heap: list[tuple[float, int, Lease]] = []
+        self._heap: list[tuple[float, int, WatchedLease]] = []
         self._order = itertools.count()
         self._thread: threading.Thread | None = None
         self._closed = False
         reset_after_fork(self)
 
     @contextmanager
-    def guard(self, store: Renewable, keys: EntryKeys, token: str, lease_ms: int) -> Iterator[Lease]:
+    def guard(self, store: Renewable, keys: EntryKeys, token: str, lease_ms: int) -> Iterator[WatchedLease]:
         """Keep the lease renewed for the duration of the ``with`` block."""
         lease = self.watch(store, keys, token, lease_ms)
         try:
@@ -58,9 +60,9 @@ class Watchdog:
         finally:
             lease.active = False  # dropped from the heap when it comes due
 
-    def watch(self, store: Renewable, keys: EntryKeys, token: str, lease_ms: int) -> Lease:
+    def watch(self, store: Renewable, keys: EntryKeys, token: str, lease_ms: int) -> WatchedLease:
         """Keep the lease renewed until its ``active`` is set False."""
-        lease = Lease(store, keys, token, lease_ms, time.monotonic() + lease_ms / 3000)
+        lease = WatchedLease(store, keys, token, lease_ms, time.monotonic() + lease_ms / 3000)
         with self._lock:
             self._start_thread()
             heapq.heappush(self._heap, (lease.due, next(self._order), lease))
@@ -108,7 +110,7 @@ class Watchdog:
                     heapq.heappush(self._heap, (lease.due, next(self._order), lease))
 
     @staticmethod
-    def _renew(lease: Lease) -> None:
+    def _renew(lease: WatchedLease) -> None:
         outcome: bool | BackendUnavailable
         try:
             outcome = lease.store.renew(lease.keys, lease.token, lease.lease_ms)
@@ -132,3 +134,17 @@ def next_renewal(keys: EntryKeys, lease_ms: int, outcome: bool | BackendUnavaila
         log.warning("stampede: the lease of %r was lost (invalidated, expired or taken over)", keys.lock)
         return None
     return interval
+
+
+async def keep_renewed(store: AsyncRenewable, keys: EntryKeys, token: str, lease_ms: int) -> None:
+    """Renew the lease every lease/3 until cancelled or lost (the watchdog's rules), for
+    an asyncio holder: a task on its loop rather than the thread."""
+    delay: float | None = lease_ms / 3000
+    while delay is not None:
+        await asyncio.sleep(delay)
+        outcome: bool | BackendUnavailable
+        try:
+            outcome = await store.renew(keys, token, lease_ms)
+        except BackendUnavailable as error:
+            outcome = error
+        delay = next_renewal(keys, lease_ms, outcome)

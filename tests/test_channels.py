@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from stampede._channels import Channels
-from stampede._flow import Acquire, AwaitNotice, Load, Release, Subscribe, WriteRelease
+from stampede._effects import Acquire, AwaitNotice, Load, Release, Subscribe, WriteRelease
 from stampede._keys import EntryKeys
 from stampede._singleflight import AsyncFlightTable, Flight
 from stampede._watchdog import Watchdog
@@ -129,7 +129,7 @@ def test_refused_writes_and_interruptions_send_everyone_back_but_errors_are_shar
 
 def test_the_leader_counts_the_steps_that_may_produce_its_value() -> None:
     flight = Flight()
-    for effect in (Acquire(), Load(leased=True), WriteRelease(b"v", 1.0, True)):
+    for effect in (Acquire(), Load(leased=True), WriteRelease(b"v", 1000, True)):
         flight.count(effect)
     assert flight.sent == 2  # a leased load's value is decided by its write
     flight.count(Load(leased=False))  # without the lease, the load itself decides

@@ -26,7 +26,7 @@ import pytest
 import redis
 
 from stampede import Stampede
-from stampede._notify import Subscription
+from stampede._mailbox import ThreadMailbox
 from stampede.testing import FaultProxy, RedisServer
 
 from .scenarios import commands_run, parked_in, wait_until
@@ -329,13 +329,13 @@ def test_a_value_in_a_message_goes_only_to_callers_who_arrived_before_the_subscr
         holder = pool.submit(load_a, 1)
         assert db.started.wait(5)
         waiter = pool.submit(load_b, 1)
-        wait_until(lambda: parked_in(Subscription.wait), "B to wait for A's message")
+        wait_until(lambda: parked_in(ThreadMailbox.wait), "B to wait for A's message")
         late = pool.submit(load_b, 1)
         flight = flights._flights[key]
         wait_until(lambda: flight.done is not None, "the late caller to join")
         commands = flight.sent  # GET, lock, subscribe, lock again
         redis_client.publish(key + ":notify", b"")  # "state changed": B re-checks and waits again
-        wait_until(lambda: flight.sent > commands and parked_in(Subscription.wait), "B's second wait")
+        wait_until(lambda: flight.sent > commands and parked_in(ThreadMailbox.wait), "B's second wait")
         old = load_b._spec.codec.encode({"version": 1}, time.time(), 0.0, key=key)
         redis_client.publish(key + ":notify", old)
         assert waiter.result(5) == {"version": 1}

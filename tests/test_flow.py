@@ -10,23 +10,9 @@ import pytest
 from stampede import BackendUnavailable, SerializationError, ValueTooLarge, WaitTimeout
 from stampede._codec import Codec
 from stampede._config import Settings
-from stampede._flow import (
-    LEASE_MARGIN,
-    Acquire,
-    AcquireReply,
-    AwaitNotice,
-    Context,
-    Load,
-    LockState,
-    Miss,
-    Release,
-    Subscribe,
-    WriteRelease,
-    Written,
-    after_wait_timeout,
-    failed_read,
-    fill,
-)
+from stampede._effects import LEASE_MARGIN, Acquire, AwaitNotice, Load, Release, Subscribe, WriteRelease
+from stampede._flow import Context, Miss, after_wait_timeout, failed_read, fill
+from stampede._store import AcquireReply, LockState, Written
 from stampede._keys import EntryKeys
 from stampede._observe import RateLimitedLog, Stats
 
@@ -94,7 +80,7 @@ def test_the_holder_loads_writes_and_returns() -> None:
     clock.now += 0.25
     write = step.reply({"a": 1})
     assert isinstance(write, WriteRelease)
-    assert write.ttl == pytest.approx(66.0)  # the injected jitter picks the top of +/-10%
+    assert write.ttl_ms == 66000  # the injected jitter picks the top of +/-10%
     assert write.inline
     decoded = CODEC.decode(write.envelope)
     assert (decoded.value, decoded.loaded_at, decoded.load_duration) == ({"a": 1}, 1_700_000_000.0, 0.25)
@@ -108,7 +94,7 @@ def test_none_is_written_as_the_null_sentinel_with_null_ttl() -> None:
     step = Stepper(fill(ctx))
     step.reply(LOCKED)
     write = step.reply(None)
-    assert write.ttl == 5 and CODEC.decode(write.envelope).kind.name == "NULL"
+    assert write.ttl_ms == 5000 and CODEC.decode(write.envelope).kind.name == "NULL"
 
 
 def test_a_value_found_on_the_recheck_is_returned_without_loading() -> None:

@@ -17,8 +17,10 @@ import pytest
 import redis
 
 from stampede import BackendUnavailable, ConfigError, Lock, LockLost, LockNotOwned, Stampede, WaitTimeout, _scripts
-from stampede._flow import LEASE_MARGIN, AcquireReply, AwaitNotice, LockState, Subscribe
-from stampede._lock import LeaveQueue, Pause, TakeLock, acquiring
+from stampede._effects import LEASE_MARGIN, AwaitNotice, Subscribe
+from stampede._store import AcquireReply, LockState
+from stampede._acquiring import acquiring
+from stampede._effects import LeaveQueue, Pause, TakeLock
 from stampede._memory import MemoryStore
 from stampede.testing import CommandMonitor, FaultProxy, RedisServer, names
 

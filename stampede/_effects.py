@@ -1,0 +1,199 @@
+"""The one vocabulary of effects: what a decision asks a performer to do (sans-IO).
+
+Every decision in the package (the miss path of an entry in ``_flow``, taking a named
+lock in ``_acquiring``, Redlock's majority in ``_majority``) is a generator that yields
+these effects and is sent their replies. ``_perform`` runs any of them with blocking
+calls (``run``) or with awaits (``arun``), and throws every exception, a store's failure
+or an interruption, back into the generator at the ``yield`` that asked for it, so
+cleanup after an interruption (release the lease, leave the queue) is written in the
+decisions, once.
+
+Two kinds of command:
+
+* lease commands act on the one lease the performer was given (``Lease``: the entry's
+  keys, the caller's token, the term); the decision never handles the token;
+* lock-server commands name their keys and token, because a Redlock decision draws a
+  fresh token for every try and addresses the cache server and the lock servers at once.
+
+Effects are frozen dataclasses, and the performers dispatch on them with ``match``
+ending in ``unreachable``: an effect without a performer branch fails ``mypy --strict``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Generator, NoReturn, TypeVar, Union
+
+from ._keys import EntryKeys
+
+T = TypeVar("T")
+
+# A wait for a lease to run out ends this long after it should have, so the re-check
+# finds it expired rather than racing the server's clock.
+LEASE_MARGIN = 0.005
+
+
+def milliseconds(seconds: float) -> int:
+    """A duration as Redis takes it: whole milliseconds, at least 1."""
+    return max(1, int(seconds * 1000))
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """The lease a performer's lease commands act on."""
+
+    keys: EntryKeys
+    token: str = ""
+    ms: int = 0  # the term asked for when it is taken
+    queue_ms: int = 0  # a fair lock's place in the queue lasts this long
+
+
+# --- lease commands: the store, for the performer's lease -------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Acquire:
+    """Re-check the value and take the lease. Reply: ``AcquireReply``."""
+
+    check_value: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class TakeLock:
+    """Take a named lock (with a fencing token; queued if fair). Reply: ``AcquireReply``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReadValue:
+    """Read the entry's value. Reply: its bytes, or None."""
+
+
+@dataclass(frozen=True, slots=True)
+class Renew:
+    """Reset the lease to ``lease_ms`` if it is still ours. Reply: bool."""
+
+    lease_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class WriteRelease:
+    """Write the envelope, release the lease, wake the waiters, if the lease is still ours.
+    Reply: a ``Written``; nothing is written unless it is ``Written.YES``."""
+
+    envelope: bytes
+    ttl_ms: int
+    inline: bool  # the envelope travels in the wake-up message
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Release the lease (by token) without writing, and wake the waiters. Reply: bool."""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaveQueue:
+    """Give up the place in a fair lock's queue, waking the others. Reply: None."""
+
+
+@dataclass(frozen=True, slots=True)
+class Invalidate:
+    """Delete the value and any lease, and wake the waiters. Reply: None."""
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribe:
+    """Start listening on the entry's channel. Reply: None."""
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitNotice:
+    """Wait for a message on the channel. Reply: None if ``timeout`` passed in silence,
+    ``b""`` if the state changed (released, invalidated), else the written envelope."""
+
+    timeout: float
+
+
+# --- work and time -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """Call the loader. Reply: its return value. ``leased``: the performer keeps the
+    lease renewed while it runs."""
+
+    leased: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """Sleep before the next try (bounded polling, a random retry delay). Reply: None."""
+
+    seconds: float
+
+
+# --- lock-server commands (Redlock): every server, by name and token --------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ServersTake:
+    """SET NX PX on every lock server. Reply: ``Round``."""
+
+    keys: EntryKeys
+    token: str
+    lease_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ServersRenew:
+    """Compare-and-extend on every lock server. Reply: ``Round``."""
+
+    keys: EntryKeys
+    token: str
+    lease_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ServersRelease:
+    """Compare-and-delete on every lock server. Reply: ``Round``."""
+
+    keys: EntryKeys
+    token: str
+
+
+@dataclass(frozen=True, slots=True)
+class ServersDrop:
+    """Delete the lease on every lock server, whoever holds it. Reply: ``Round``."""
+
+    keys: EntryKeys
+
+
+Effect = Union[
+    Acquire,
+    TakeLock,
+    ReadValue,
+    Renew,
+    WriteRelease,
+    Release,
+    LeaveQueue,
+    Invalidate,
+    Subscribe,
+    AwaitNotice,
+    Load,
+    Pause,
+    ServersTake,
+    ServersRenew,
+    ServersRelease,
+    ServersDrop,
+]
+
+# A decision: yields effects, is sent their replies, returns its outcome.
+Decision = Generator[Effect, Any, T]
+
+# The effects a performer shields from a second cancellation: cleanup and the write,
+# which must not be cut short once started.
+MUST_FINISH = (WriteRelease, Release, LeaveQueue, ServersRelease)
+
+
+def unreachable(effect: NoReturn) -> NoReturn:
+    """The end of a ``match`` over ``Effect``: mypy proves it is never reached."""
+    raise TypeError(f"no performer branch for {effect!r}")

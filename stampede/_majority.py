@@ -1,0 +1,177 @@
+"""Redlock's decisions, written once (sans-IO): the arithmetic of a majority, taking and
+renewing a lease on most of N servers, and a layer's leases held on lock servers and on
+the cache server together (``RedlockLeases``). ``_redlock`` and ``_redlock_store``
+perform them with ``_perform``; the tests step through them without a server.
+
+The algorithm is ``_redlock``'s (see there); the order of the steps of a layer's leases
+is what keeps waiters from missing a wake-up:
+
+* take: the majority first, then the cache key with the value's double-check; a refused
+  majority is followed by a read of the value, because a holder writes (and wakes its
+  waiters) before it releases the majority;
+* write: on the cache server (waking the waiters with the value), then release the
+  majority; release without a write: the majority first, then the cache key, whose
+  message wakes the waiters to take it;
+* invalidate: drop the majority first, then the value and the cache key, whose message
+  wakes the waiters.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from ._effects import (
+    Acquire,
+    Decision,
+    Invalidate,
+    ReadValue,
+    Release,
+    Renew,
+    ServersDrop,
+    ServersRelease,
+    ServersRenew,
+    ServersTake,
+    WriteRelease,
+)
+from ._errors import BackendUnavailable
+from ._keys import EntryKeys
+from ._store import AcquireReply, LockState, Round, Written
+
+
+@dataclass(frozen=True, slots=True)
+class Quorum:
+    """The arithmetic of a majority of ``size`` servers."""
+
+    size: int
+    clock_drift_factor: float
+
+    @property
+    def needed(self) -> int:
+        return self.size // 2 + 1
+
+    def valid_until(self, started: float, ttl: float) -> float:
+        """When a lease of ``ttl`` seconds asked for at ``started`` stops being safe."""
+        return started + ttl - (ttl * self.clock_drift_factor + 0.002)
+
+    def holds(self, answered: Round, valid_until: float, now: float) -> bool:
+        return answered.agreed >= self.needed and now < valid_until
+
+    def reachable(self, answered: Round) -> bool:
+        """Whether enough servers answered for a majority to be possible at all."""
+        return self.size - answered.failed >= self.needed
+
+
+def take_majority(
+    quorum: Quorum,
+    keys: EntryKeys,
+    token: str,
+    lease_ms: int,
+    clock: Callable[[], float] = time.monotonic,
+) -> Decision[tuple[Round, float | None]]:
+    """Take a lease on every server. Returns the answers and, if a majority granted it in
+    time, the end of its validity; else None, with what was granted undone."""
+    started = clock()
+    try:
+        taken: Round = yield ServersTake(keys, token, lease_ms)
+    except GeneratorExit:
+        raise
+    except BaseException:
+        yield ServersRelease(keys, token)  # interrupted: some may have granted it
+        raise
+    valid_until = quorum.valid_until(started, lease_ms / 1000)
+    if quorum.holds(taken, valid_until, clock()):
+        return taken, valid_until
+    if taken.agreed:
+        yield ServersRelease(keys, token)  # undo a minority (or a late majority)
+    return taken, None
+
+
+def renew_majority(
+    quorum: Quorum,
+    keys: EntryKeys,
+    token: str,
+    lease_ms: int,
+    clock: Callable[[], float] = time.monotonic,
+) -> Decision[tuple[Round, float | None]]:
+    """Reset a lease to ``lease_ms`` on every server. Returns the answers and, if a
+    majority renewed it in time, the new end of its validity; else None."""
+    started = clock()
+    renewed: Round = yield ServersRenew(keys, token, lease_ms)
+    valid_until = quorum.valid_until(started, lease_ms / 1000)
+    return renewed, valid_until if quorum.holds(renewed, valid_until, clock()) else None
+
+
+class RedlockLeases:
+    """The decisions of a store whose leases are Redlock leases: lease commands go to
+    the cache server (for the performer's lease), lock-server commands to the majority,
+    on the entry's ``on_lock_servers`` keys."""
+
+    def __init__(self, quorum: Quorum, clock: Callable[[], float] = time.monotonic) -> None:
+        self.quorum = quorum
+        self.clock = clock
+
+    def acquire(self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool) -> Decision[AcquireReply]:
+        quorum, on_servers = self.quorum, keys.on_lock_servers
+        taken, valid_until = yield from take_majority(quorum, on_servers, token, lease_ms, self.clock)
+        if valid_until is not None:
+            try:
+                reply: AcquireReply = yield Acquire(check_value)
+            except GeneratorExit:
+                raise
+            except BaseException:
+                yield ServersRelease(on_servers, token)
+                raise
+            if reply.state is not LockState.LOCKED:  # the value is there, or a lapsed holder's key
+                yield ServersRelease(on_servers, token)
+            return reply
+        if not quorum.reachable(taken):
+            raise BackendUnavailable(
+                f"only {quorum.size - taken.failed} of {quorum.size} lock servers answered for {keys.value!r}; "
+                f"a lease needs {quorum.needed}",
+                key=keys.value,
+            )
+        if check_value:
+            raw = yield ReadValue()
+            if raw is not None:
+                return AcquireReply(LockState.VALUE, raw)
+        return AcquireReply(LockState.HELD, lease_left=taken.lease_left)
+
+    def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> Decision[bool]:
+        """Renewed while a majority renews in time. The cache key is renewed too, best
+        effort: without it the write is refused, but the majority keeps other loads out
+        until this one ends."""
+        quorum, on_servers = self.quorum, keys.on_lock_servers
+        renewed, valid_until = yield from renew_majority(quorum, on_servers, token, lease_ms, self.clock)
+        if valid_until is None:
+            if not quorum.reachable(renewed):
+                raise BackendUnavailable(
+                    f"only {quorum.size - renewed.failed} of {quorum.size} lock servers answered "
+                    f"to renew the lease of {keys.value!r}",
+                    key=keys.value,
+                )
+            return False
+        try:
+            yield Renew(lease_ms)
+        except BackendUnavailable:
+            pass
+        return True
+
+    def write_release(
+        self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool
+    ) -> Decision[Written]:
+        try:
+            written: Written = yield WriteRelease(envelope, ttl_ms, inline)
+        finally:
+            yield ServersRelease(keys.on_lock_servers, token)
+        return written
+
+    def release(self, keys: EntryKeys, token: str) -> Decision[bool]:
+        yield ServersRelease(keys.on_lock_servers, token)
+        released: bool = yield Release()
+        return released
+
+    def invalidate(self, keys: EntryKeys) -> Decision[None]:
+        yield ServersDrop(keys.on_lock_servers)
+        yield Invalidate()

@@ -1,0 +1,250 @@
+"""The two performers of every decision: one with blocking calls, one with awaits.
+
+``run`` and ``arun`` are the only loops that drive decisions (``_effects``). Each sends
+a decision the reply to its last effect, or throws in the exception that effect raised,
+whatever it is (``BackendUnavailable``, the loader's error, a cancellation, a
+KeyboardInterrupt), until the decision returns. A decision is never closed while it may
+hold a lease: it sees every interruption and cleans up itself.
+
+``Performer`` and ``AsyncPerformer`` map each effect onto a store, the lock servers, the
+loader or the clock; the ``match`` ends in ``unreachable``, so a new effect without a
+branch here fails the type check. The asyncio performer shields the effects that must
+finish once started (the write, releases), so a second cancellation does not cut them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Awaitable, Callable, TypeVar
+
+from ._effects import (
+    MUST_FINISH,
+    Acquire,
+    AwaitNotice,
+    Decision,
+    Effect,
+    Invalidate,
+    Lease,
+    LeaveQueue,
+    Load,
+    Pause,
+    ReadValue,
+    Release,
+    Renew,
+    ServersDrop,
+    ServersRelease,
+    ServersRenew,
+    ServersTake,
+    Subscribe,
+    TakeLock,
+    WriteRelease,
+    unreachable,
+)
+from ._singleflight import loading
+from ._store import (
+    AsyncLockServers,
+    AsyncStore,
+    AsyncSubscription,
+    LockServers,
+    Store,
+    Subscription,
+)
+from ._watchdog import Watchdog, keep_renewed
+
+T = TypeVar("T")
+
+
+def run(decision: Decision[T], perform: Callable[[Effect], Any]) -> T:
+    """Perform ``decision``'s effects with blocking calls; return its outcome."""
+    reply: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            effect = decision.send(reply) if error is None else decision.throw(error)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        reply = error = None
+        try:
+            reply = perform(effect)
+        except BaseException as raised:
+            error = raised
+
+
+async def arun(decision: Decision[T], perform: Callable[[Effect], Awaitable[Any]]) -> T:
+    """Perform ``decision``'s effects with awaits; return its outcome."""
+    reply: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            effect = decision.send(reply) if error is None else decision.throw(error)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        reply = error = None
+        try:
+            reply = await perform(effect)
+        except BaseException as raised:
+            error = raised
+
+
+class _Absent:
+    """What a performer was not given: using it is a bug in the decision's caller."""
+
+    def __init__(self, what: str) -> None:
+        self._what = what
+
+    def __getattr__(self, name: str) -> Any:
+        raise TypeError(f"this performer has no {self._what} (asked for {name!r})")
+
+
+class Performer:
+    """Performs effects with blocking calls, for one decision at a time: lease commands
+    on ``store`` for ``lease``, lock-server commands on ``servers``, ``Load`` by calling
+    ``loader`` (its lease renewed by ``watchdog``). Closes its subscription on exit."""
+
+    def __init__(
+        self,
+        lease: Lease | None = None,
+        *,
+        store: Store | None = None,
+        servers: LockServers | None = None,
+        loader: Callable[[], Any] | None = None,
+        watchdog: Watchdog | None = None,
+    ) -> None:
+        self._lease: Lease = lease if lease is not None else _Absent("lease")  # type: ignore[assignment]
+        self._store: Store = store if store is not None else _Absent("store")
+        self._servers: LockServers = servers if servers is not None else _Absent("lock servers")
+        self._loader: Callable[[], Any] = loader if loader is not None else _Absent("loader")  # type: ignore[assignment]
+        self._watchdog: Watchdog = watchdog if watchdog is not None else _Absent("watchdog")  # type: ignore[assignment]
+        self._subscription: Subscription | None = None
+
+    def __enter__(self) -> Performer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._subscription is not None:
+            self._subscription.close()
+            self._subscription = None
+
+    def __call__(self, effect: Effect) -> Any:
+        lease, store = self._lease, self._store
+        match effect:
+            case Acquire(check_value=check_value):
+                return store.acquire(lease.keys, lease.token, lease.ms, check_value)
+            case TakeLock():
+                return store.take_lock(lease.keys, lease.token, lease.ms, lease.queue_ms)
+            case ReadValue():
+                return store.get(lease.keys.value)
+            case Renew(lease_ms=lease_ms):
+                return store.renew(lease.keys, lease.token, lease_ms)
+            case WriteRelease(envelope=envelope, ttl_ms=ttl_ms, inline=inline):
+                return store.write_release(lease.keys, lease.token, envelope, ttl_ms, inline)
+            case Release():
+                return store.release(lease.keys, lease.token)
+            case LeaveQueue():
+                return store.leave_queue(lease.keys, lease.token)
+            case Invalidate():
+                return store.invalidate(lease.keys)
+            case Subscribe():
+                self._subscription = store.subscribe(lease.keys)
+                return None
+            case AwaitNotice(timeout=timeout):
+                assert self._subscription is not None, "AwaitNotice before Subscribe"
+                return self._subscription.wait(timeout)
+            case Load(leased=leased):
+                with loading(lease.keys.value):
+                    if not leased:
+                        return self._loader()
+                    with self._watchdog.guard(store, lease.keys, lease.token, lease.ms):
+                        return self._loader()
+            case Pause(seconds=seconds):
+                return time.sleep(seconds)
+            case ServersTake(keys=keys, token=token, lease_ms=lease_ms):
+                return self._servers.take(keys, token, lease_ms)
+            case ServersRenew(keys=keys, token=token, lease_ms=lease_ms):
+                return self._servers.renew(keys, token, lease_ms)
+            case ServersRelease(keys=keys, token=token):
+                return self._servers.release(keys, token)
+            case ServersDrop(keys=keys):
+                return self._servers.drop(keys)
+            case _:
+                unreachable(effect)
+
+
+class AsyncPerformer:
+    """``Performer`` for a task: the same effects, awaited; ``loader`` returns an
+    awaitable, and its lease is renewed by a task while it runs."""
+
+    def __init__(
+        self,
+        lease: Lease | None = None,
+        *,
+        store: AsyncStore | None = None,
+        servers: AsyncLockServers | None = None,
+        loader: Callable[[], Awaitable[Any]] | None = None,
+    ) -> None:
+        self._lease: Lease = lease if lease is not None else _Absent("lease")  # type: ignore[assignment]
+        self._store: AsyncStore = store if store is not None else _Absent("store")
+        self._servers: AsyncLockServers = servers if servers is not None else _Absent("lock servers")
+        self._loader: Callable[[], Awaitable[Any]] = loader if loader is not None else _Absent("loader")  # type: ignore[assignment]
+        self._subscription: AsyncSubscription | None = None
+
+    def __enter__(self) -> AsyncPerformer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._subscription is not None:
+            self._subscription.close()
+            self._subscription = None
+
+    async def __call__(self, effect: Effect) -> Any:
+        if isinstance(effect, MUST_FINISH):
+            return await asyncio.shield(self._perform(effect))
+        return await self._perform(effect)
+
+    async def _perform(self, effect: Effect) -> Any:
+        lease, store = self._lease, self._store
+        match effect:
+            case Acquire(check_value=check_value):
+                return await store.acquire(lease.keys, lease.token, lease.ms, check_value)
+            case TakeLock():
+                return await store.take_lock(lease.keys, lease.token, lease.ms, lease.queue_ms)
+            case ReadValue():
+                return await store.get(lease.keys.value)
+            case Renew(lease_ms=lease_ms):
+                return await store.renew(lease.keys, lease.token, lease_ms)
+            case WriteRelease(envelope=envelope, ttl_ms=ttl_ms, inline=inline):
+                return await store.write_release(lease.keys, lease.token, envelope, ttl_ms, inline)
+            case Release():
+                return await store.release(lease.keys, lease.token)
+            case LeaveQueue():
+                return await store.leave_queue(lease.keys, lease.token)
+            case Invalidate():
+                return await store.invalidate(lease.keys)
+            case Subscribe():
+                self._subscription = await store.subscribe(lease.keys)
+                return None
+            case AwaitNotice(timeout=timeout):
+                assert self._subscription is not None, "AwaitNotice before Subscribe"
+                return await self._subscription.wait(timeout)
+            case Load(leased=leased):
+                with loading(lease.keys.value):
+                    if not leased:
+                        return await self._loader()
+                    renewal = asyncio.ensure_future(keep_renewed(store, lease.keys, lease.token, lease.ms))
+                    try:
+                        return await self._loader()
+                    finally:
+                        renewal.cancel()
+            case Pause(seconds=seconds):
+                return await asyncio.sleep(seconds)
+            case ServersTake(keys=keys, token=token, lease_ms=lease_ms):
+                return await self._servers.take(keys, token, lease_ms)
+            case ServersRenew(keys=keys, token=token, lease_ms=lease_ms):
+                return await self._servers.renew(keys, token, lease_ms)
+            case ServersRelease(keys=keys, token=token):
+                return await self._servers.release(keys, token)
+            case ServersDrop(keys=keys):
+                return await self._servers.drop(keys)
+            case _:
+                unreachable(effect)
