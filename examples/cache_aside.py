@@ -7,7 +7,8 @@ expires under load sends every concurrent caller to the database at once.
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import orjson
 import redis

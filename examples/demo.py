@@ -24,7 +24,8 @@ import sys
 import threading
 import time
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 import redis
@@ -35,9 +36,7 @@ from stampede.testing import RedisServer, find_server_binary
 STRATEGIES = ("off", "sleep-spin", "stampede")
 
 
-def make_reader(
-    strategy: str, url: str | None, delay: float, queries: Callable[[str], None]
-) -> Callable[[str], Any]:
+def make_reader(strategy: str, url: str | None, delay: float, queries: Callable[[str], None]) -> Callable[[str], Any]:
     """A function that reads a key through the cache with the given strategy."""
 
     def query_database(key: str) -> dict[str, Any]:
@@ -56,6 +55,7 @@ def make_reader(
 
     assert url is not None
     client = redis.Redis.from_url(url, socket_timeout=5)
+
     def off(key: str) -> Any:
         cache_key = f"demo:{strategy}:{key}"
         cached = client.get(cache_key)

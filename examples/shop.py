@@ -14,9 +14,10 @@ import os
 import random
 import sqlite3
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 QUERY_SECONDS = 0.05
 

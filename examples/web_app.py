@@ -26,8 +26,9 @@ import asyncio
 import contextlib
 import sys
 import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import httpx
 import redis.asyncio

@@ -20,7 +20,8 @@ import asyncio
 import itertools
 import statistics
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import orjson
 import redis.asyncio

@@ -18,18 +18,19 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
-from demo import run_processes  # noqa: E402
+from demo import run_processes
 
-from stampede import Stampede  # noqa: E402
-from stampede.testing import CommandMonitor, names, server_url  # noqa: E402
+from stampede import Stampede
+from stampede.testing import CommandMonitor, names, server_url
 
 NOT_CACHE_TRAFFIC = {"INCR", "ECHO", "PING"}  # the demo's query log, markers, warm-up
 

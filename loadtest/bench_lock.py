@@ -28,15 +28,16 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from stampede import Redlock, Stampede  # noqa: E402
-from stampede.testing import CommandMonitor, RedisServer, names, server_url  # noqa: E402
+from stampede import Redlock, Stampede
+from stampede.testing import CommandMonitor, RedisServer, names, server_url
 
 
 def print_latencies(rows: dict[str, list[float]]) -> None:
@@ -130,18 +131,26 @@ def hand_offs(url: str, layer: Stampede, options: argparse.Namespace) -> None:
     waiter_client = redis.Redis.from_url(url)
     client = redis.Redis.from_url(url)
     results = {
-        "stampede (message)": hand_off(lambda: layer.lock("bench:handoff", ttl=30),
-                                       lambda: waiter_layer.lock("bench:handoff", ttl=30),
-                                       options.hold, options.handoffs),  # fmt: skip
-        "redis-py (100 ms spin)": hand_off(lambda: client.lock("bench:handoff:redis-py", timeout=30, sleep=0.1),
-                                           lambda: waiter_client.lock("bench:handoff:redis-py", timeout=30, sleep=0.1),
-                                           options.hold, options.handoffs),  # fmt: skip
+        "stampede (message)": hand_off(
+            lambda: layer.lock("bench:handoff", ttl=30),
+            lambda: waiter_layer.lock("bench:handoff", ttl=30),
+            options.hold,
+            options.handoffs,
+        ),
+        "redis-py (100 ms spin)": hand_off(
+            lambda: client.lock("bench:handoff:redis-py", timeout=30, sleep=0.1),
+            lambda: waiter_client.lock("bench:handoff:redis-py", timeout=30, sleep=0.1),
+            options.hold,
+            options.handoffs,
+        ),
     }
     waiter_layer.close()
     waiter_client.close()
     client.close()
-    print(f"\n3. Hand-off latency, release to the waiter holding it, {options.handoffs} hand-offs "
-          f"(holder keeps it {options.hold * 1000:.0f} ms)")  # fmt: skip
+    print(
+        f"\n3. Hand-off latency, release to the waiter holding it, {options.handoffs} hand-offs "
+        f"(holder keeps it {options.hold * 1000:.0f} ms)"
+    )
     print_latencies(results)
 
 

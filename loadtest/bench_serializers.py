@@ -13,11 +13,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import statistics
 import sys
 import time
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from stampede import JsonSerializer, MsgspecSerializer
 from stampede._codec import Codec
@@ -34,7 +36,10 @@ class Order:
 CATEGORY_MAP = {f"category-{n}": {"id": n, "parent": n // 10, "name": f"Category {n}", "path": [1, 2, n]}
                 for n in range(200)}  # fmt: skip
 ORDER = Order(uuid.UUID(int=7), datetime.datetime(2026, 11, 23, 9, 30), tuple(range(20)), 12.5)
-CASES: dict[str, tuple[Any, Any]] = {"category map (200 entries)": (CATEGORY_MAP, dict[str, Any]), "order dataclass": (ORDER, Order)}
+CASES: dict[str, tuple[Any, Any]] = {
+    "category map (200 entries)": (CATEGORY_MAP, dict[str, Any]),
+    "order dataclass": (ORDER, Order),
+}
 
 
 def rate(work: Callable[[], Any], seconds: float) -> float:
@@ -44,6 +49,14 @@ def rate(work: Callable[[], Any], seconds: float) -> float:
             work()
         calls += 100
     return calls / elapsed
+
+
+def _hit(codecs: dict[str, Codec], envelopes: dict[str, bytes], kind: str) -> Callable[[], Any]:
+    return lambda: codecs[kind].decode_hit(envelopes[kind])
+
+
+def _load(codecs: dict[str, Codec], value: Any, kind: str) -> Callable[[], Any]:
+    return lambda: codecs[kind].read_back(codecs[kind].encode(value, 0.0, 0.0, key="k"), key="k")
 
 
 def main() -> None:
@@ -59,17 +72,16 @@ def main() -> None:
         codecs = {"orjson": Codec(JsonSerializer()), "msgspec": Codec(MsgspecSerializer(annotation))}
         envelopes = {kind: codec.encode(value, 0.0, 0.0, key="k") for kind, codec in codecs.items()}
         paths: dict[str, Callable[[str], Callable[[], Any]]] = {
-            "hit (loads)": lambda kind: lambda: codecs[kind].decode_hit(envelopes[kind]),
-            "load (dumps+back)": lambda kind: lambda: codecs[kind].read_back(
-                codecs[kind].encode(value, 0.0, 0.0, key="k"), key="k"),
-        }  # fmt: skip
+            "hit (loads)": functools.partial(_hit, codecs, envelopes),
+            "load (dumps+back)": functools.partial(_load, codecs, value),
+        }
         for path, make in paths.items():
             results: dict[str, list[float]] = {"orjson": [], "msgspec": []}
             for round_ in range(rounds):
                 order = ["orjson", "msgspec"] if round_ % 2 == 0 else ["msgspec", "orjson"]
                 for kind in order:
                     results[kind].append(rate(make(kind), seconds))
-            ratio = statistics.median(m / o for m, o in zip(results["msgspec"], results["orjson"]))
+            ratio = statistics.median(m / o for m, o in zip(results["msgspec"], results["orjson"], strict=True))
             print(f"{name:28} {path:18} {statistics.median(results['orjson']):>10.0f} "
                   f"{statistics.median(results['msgspec']):>10.0f} {ratio:>6.2f}")  # fmt: skip
 

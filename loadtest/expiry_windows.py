@@ -13,8 +13,9 @@ missed at the same moment lands in the same window.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable, Protocol
+from typing import Any, Protocol
 
 CLOCK_SLACK = 0.010  # seconds: millisecond TTLs and two clocks (Redis's and ours) reading one time
 

@@ -34,8 +34,9 @@ import os
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from locust import FastHttpUser, User, between, events, task
 from locust.runners import WorkerRunner
@@ -43,17 +44,17 @@ from locust.runners import WorkerRunner
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
-import redis  # noqa: E402
-from cache_aside import read_through  # noqa: E402
-from category_map import make_category_map  # noqa: E402
-from expiry_windows import expiry_windows, summarize  # noqa: E402
-from shop import CATEGORY_MAP_ENTRY, PRODUCT_ENTRY, ShopDatabase  # noqa: E402
+import redis
+from cache_aside import read_through
+from category_map import make_category_map
+from expiry_windows import expiry_windows, summarize
+from shop import CATEGORY_MAP_ENTRY, PRODUCT_ENTRY, ShopDatabase
 
-from stampede import Settings, Stampede  # noqa: E402
+from stampede import Settings, Stampede
 
 SHOPS = [f"shop-{index}" for index in range(20)] + ["no-such-shop"]
 SHOP_WEIGHTS = [1 / (rank + 1) for rank in range(20)] + [0.2]
-PRODUCTS = list(range(1, 41)) + [999_999]
+PRODUCTS = [*list(range(1, 41)), 999999]
 PRODUCT_WEIGHTS = [1 / (rank + 1) for rank in range(40)] + [0.1]
 
 

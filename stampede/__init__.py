@@ -22,7 +22,7 @@ from ._redlock import Redlock, RedlockLock
 
 __version__ = "0.1.0"
 
-__all__ = [
+__all__ = [  # grouped, not sorted
     # the layer and its decorator
     "Stampede",
     "CachedLoader",

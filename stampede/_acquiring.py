@@ -19,7 +19,7 @@ Rules:
 from __future__ import annotations
 
 import time
-from typing import Callable, Union
+from collections.abc import Callable
 
 from ._effects import (
     LEASE_MARGIN,
@@ -34,7 +34,7 @@ from ._effects import (
 from ._errors import BackendUnavailable
 from ._store import AcquireReply, LockState
 
-Acquiring = Decision[Union[int, None]]
+Acquiring = Decision[int | None]
 
 
 def acquiring(

@@ -11,7 +11,8 @@ timer for every connection it hands out.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from . import _scripts
 from ._anotify import AsyncSubscriber
@@ -123,7 +124,10 @@ class AsyncRedisStore:
     async def take_lock(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int = 0) -> AcquireReply:
         with translated("lock", keys.lock, self.breaker):
             if queue_ms:
-                script, call = self._scripts.take_lock_fairly, _scripts.take_lock_fairly_call(keys, token, lease_ms, queue_ms)
+                script, call = (
+                    self._scripts.take_lock_fairly,
+                    _scripts.take_lock_fairly_call(keys, token, lease_ms, queue_ms),
+                )
             else:
                 script, call = self._scripts.take_lock, _scripts.take_lock_call(keys, token, lease_ms)
             reply = await self._send(keys.lock, script, *call)

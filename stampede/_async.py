@@ -20,8 +20,9 @@ import functools
 import secrets
 import threading
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from ._effects import Effect, Lease, milliseconds
 from ._errors import BackendUnavailable
@@ -51,6 +52,7 @@ class LoopState:
     store: AsyncStore
     flights: AsyncFlightTable = field(default_factory=AsyncFlightTable)
     closer: Any = None  # the async generator that closes the store when the loop shuts down
+    starter: asyncio.Task[None] | None = None  # the task that starts it (kept: the loop holds tasks weakly)
     closed: bool = False
 
     async def aclose(self) -> None:
@@ -168,7 +170,7 @@ class AsyncRunner:
                 if state is None:
                     state = self._loops[loop] = LoopState(self._make_store())
                     state.closer = self._closing_with(loop, state)
-                    loop.create_task(_start(state.closer))
+                    state.starter = loop.create_task(_start(state.closer))
         return state
 
     async def _closing_with(self, loop: asyncio.AbstractEventLoop, state: LoopState) -> AsyncIterator[None]:
@@ -209,4 +211,3 @@ class AsyncRunner:
 
 async def _start(generator: AsyncIterator[None]) -> None:
     await generator.__anext__()
-

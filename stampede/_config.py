@@ -77,9 +77,7 @@ class Settings:
 def check_namespace(namespace: str) -> str:
     """Return ``namespace`` if it can prefix keys safely: no braces, spaces or empty parts."""
     if not isinstance(namespace, str) or not _NAMESPACE.fullmatch(namespace):
-        raise ConfigError(
-            f"namespace must be letters, digits, '_', '.', '-' in ':'-separated parts, got {namespace!r}"
-        )
+        raise ConfigError(f"namespace must be letters, digits, '_', '.', '-' in ':'-separated parts, got {namespace!r}")
     return namespace
 
 

@@ -21,8 +21,9 @@ ending in ``unreachable``: an effect without a performer branch fails ``mypy --s
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any, Generator, NoReturn, TypeVar, Union
+from typing import Any, NoReturn, TypeVar
 
 from ._keys import EntryKeys
 
@@ -167,24 +168,24 @@ class ServersDrop:
     keys: EntryKeys
 
 
-Effect = Union[
-    Acquire,
-    TakeLock,
-    ReadValue,
-    Renew,
-    WriteRelease,
-    Release,
-    LeaveQueue,
-    Invalidate,
-    Subscribe,
-    AwaitNotice,
-    Load,
-    Pause,
-    ServersTake,
-    ServersRenew,
-    ServersRelease,
-    ServersDrop,
-]
+Effect = (
+    Acquire
+    | TakeLock
+    | ReadValue
+    | Renew
+    | WriteRelease
+    | Release
+    | LeaveQueue
+    | Invalidate
+    | Subscribe
+    | AwaitNotice
+    | Load
+    | Pause
+    | ServersTake
+    | ServersRenew
+    | ServersRelease
+    | ServersDrop
+)
 
 # A decision: yields effects, is sent their replies, returns its outcome.
 Decision = Generator[Effect, Any, T]

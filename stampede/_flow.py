@@ -4,9 +4,10 @@ Rules of the flow:
 
 * It performs no I/O. It yields an effect (``Acquire``, ``Subscribe``, ``AwaitNotice``,
   ``Load``, ``WriteRelease``, ``Release``: the vocabulary of ``_effects``) and a
-  performer, blocking or asyncio (``_perform``), performs it and sends the reply back in. A failure of the store comes back in as
-  ``BackendUnavailable``; an exception of the loader comes back in as itself. Drivers
-  deliver every exception with ``throw`` and never ``close()`` a flow that holds the lock.
+  performer, blocking or asyncio (``_perform``), performs it and sends the reply back
+  in. A failure of the store comes back in as ``BackendUnavailable``; an exception of
+  the loader comes back in as itself. Performers deliver every exception with ``throw``
+  and never ``close()`` a flow that holds the lock.
 * The hit path is not here: drivers read the key themselves, so a hit is one round trip.
   The flow starts after a miss, in the one caller per process that leads for the key.
 * Only the holder of the lock loads and writes, and the write succeeds only if the lease
@@ -41,8 +42,9 @@ import enum
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from ._codec import NOT_A_VALUE, Codec, Kind
 from ._config import Settings
@@ -75,6 +77,7 @@ class WarningLog(Protocol):
     """Where the flow warns, at most every few seconds per kind."""
 
     def warning(self, message: str, *args: object) -> None: ...
+
 
 log = logging.getLogger("stampede")
 

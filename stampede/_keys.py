@@ -39,8 +39,9 @@ import math
 import re
 import string
 import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from ._errors import ConfigError, InvalidKey
 
@@ -116,7 +117,7 @@ def escape(text: str) -> str:
     """Percent-escape the characters that could forge a separator or a hash tag."""
     if _ESCAPED.search(text) is None:
         return text
-    return _ESCAPED.sub(lambda match: "%{:02X}".format(ord(match.group())), text)
+    return _ESCAPED.sub(lambda match: f"%{ord(match.group()):02X}", text)
 
 
 def render(value: Any, *, name: str = "argument") -> str:
@@ -195,11 +196,11 @@ def _canonical(value: Any) -> str:
         return f"{type(value).__name__}({value.isoformat()})"
     if isinstance(value, datetime.timedelta):
         return f"timedelta({value.days},{value.seconds},{value.microseconds})"
-    if dataclasses.is_dataclass(value) and not isinstance(value, type) or hasattr(value, "_fields"):
+    if (dataclasses.is_dataclass(value) and not isinstance(value, type)) or hasattr(value, "_fields"):
         fields = (
             [(field.name, getattr(value, field.name)) for field in dataclasses.fields(value)]
             if dataclasses.is_dataclass(value)
-            else list(zip(value._fields, value))  # a named tuple
+            else list(zip(value._fields, value, strict=True))  # a named tuple
         )
         return _type_name(value) + "{" + ",".join(f"{name}:{_canonical(item)}" for name, item in fields) + "}"
     raise _NoKey(
@@ -233,16 +234,12 @@ def _int_text(value: int) -> str:
 class KeyBuilder:
     """Builds the keys of a loader's entries from the arguments of each call."""
 
-    def __init__(
-        self, func: Callable[..., Any], template: str | None, namespace: str, max_key_length: int
-    ) -> None:
+    def __init__(self, func: Callable[..., Any], template: str | None, namespace: str, max_key_length: int) -> None:
         self._signature = inspect.signature(func)
         params = self._signature.parameters
         self._names = list(params)
         # Plain positional calls bind by zip, which is what keeps the hit path cheap.
-        self._zip_ok = all(
-            p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params.values()
-        )
+        self._zip_ok = all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params.values())
         self._namespace = namespace
         self._max_length = max_key_length
         self.default_name: str | None = None
@@ -295,14 +292,14 @@ def default_name(func: Callable[..., Any]) -> str:
     if not isinstance(module, str) or not isinstance(qualname, str):
         raise ConfigError(
             f"{func!r} has no module and qualified name to build its keys from (a functools.partial "
-            "or a callable object?): give it a key template, e.g. cached_loader(\"orders:{order_id}\")"
+            'or a callable object?): give it a key template, e.g. cached_loader("orders:{order_id}")'
         )
     if "<" in qualname:
         raise ConfigError(
             f"{module}.{qualname} is not a unique name: every lambda, and every function defined "
             "inside another (each loader a factory makes), has the same one, and they would share "
             "cached values. Give it a key template naming what it loads, e.g. "
-            "cached_loader(\"orders:{order_id}\")"
+            'cached_loader("orders:{order_id}")'
         )
     name = f"{module}.{qualname}"
     if _FORBIDDEN_IN_TEMPLATE.search(name):
@@ -320,9 +317,7 @@ def _parse_template(template: str, names: set[str]) -> list[tuple[str, str | Non
         raise ConfigError(f"key template {template!r} is malformed: {error}") from None
     for literal, field, spec, conversion in parsed:
         if _FORBIDDEN_IN_TEMPLATE.search(literal):
-            raise ConfigError(
-                f"key template {template!r}: literal text may not contain braces, '#', '~' or whitespace"
-            )
+            raise ConfigError(f"key template {template!r}: literal text may not contain braces, '#', '~' or whitespace")
         if field is not None:
             if field not in names:
                 raise ConfigError(

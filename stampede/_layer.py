@@ -10,7 +10,8 @@ import logging
 import os
 import threading
 import typing
-from typing import Any, Callable, Coroutine, TypeVar, Union, overload
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar, Union, overload
 
 import redis
 import redis.asyncio

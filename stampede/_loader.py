@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import TYPE_CHECKING, Any, Callable, Generic, ParamSpec, TypeVar, overload
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from ._keys import KeyBuilder
 
@@ -85,9 +86,7 @@ class AsyncCachedLoader(_Loader[P, R]):
     them cancels only its own wait, and a cancelled loading task hands over to another.
     """
 
-    def __init__(
-        self, spec: LoaderSpec, runner: AsyncRunner, keys: KeyBuilder, forget: Callable[[str], None]
-    ) -> None:
+    def __init__(self, spec: LoaderSpec, runner: AsyncRunner, keys: KeyBuilder, forget: Callable[[str], None]) -> None:
         super().__init__(spec, keys, forget)
         if hasattr(inspect, "markcoroutinefunction"):  # Python 3.12+: frameworks see an async callable
             inspect.markcoroutinefunction(self)
@@ -110,7 +109,7 @@ class BoundLoader:
     """A cached loader bound to an instance, as ``obj.method`` is: calls, ``invalidate``
     and ``key`` take the arguments after ``self``."""
 
-    __slots__ = ("_loader", "_instance")
+    __slots__ = ("_instance", "_loader")
 
     def __init__(self, loader: _Loader[Any, Any], instance: object) -> None:
         self._loader = loader

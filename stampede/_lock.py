@@ -27,8 +27,9 @@ import asyncio
 import logging
 import secrets
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from ._acquiring import Acquiring, acquiring
 from ._effects import Lease, milliseconds

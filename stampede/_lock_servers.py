@@ -5,7 +5,8 @@ is counted in the ``Round``, not raised (the store contract's ``LockServers``)."
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import redis
 import redis.asyncio

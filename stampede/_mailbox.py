@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def settle(future: asyncio.Future[bool], result: bool) -> None:
@@ -19,7 +20,7 @@ def settle(future: asyncio.Future[bool], result: bool) -> None:
 class ThreadMailbox:
     """One blocking waiter's mailbox on one channel (a ``Mailbox``)."""
 
-    __slots__ = ("channel", "_event", "_message", "_confirmed", "_ok", "_on_close")
+    __slots__ = ("_confirmed", "_event", "_message", "_ok", "_on_close", "channel")
 
     def __init__(self, channel: str, on_close: Callable[[ThreadMailbox], None]) -> None:
         self.channel = channel
@@ -66,11 +67,9 @@ class LoopMailbox:
     ``confirm`` may be called from any thread (the embedded store's writer can be a
     thread); they hop onto the waiter's loop, where all the state lives."""
 
-    __slots__ = ("channel", "_loop", "_message", "_fired", "_waiter", "_confirmed", "_on_close")
+    __slots__ = ("_confirmed", "_fired", "_loop", "_message", "_on_close", "_waiter", "channel")
 
-    def __init__(
-        self, channel: str, loop: asyncio.AbstractEventLoop, on_close: Callable[[LoopMailbox], None]
-    ) -> None:
+    def __init__(self, channel: str, loop: asyncio.AbstractEventLoop, on_close: Callable[[LoopMailbox], None]) -> None:
         self.channel = channel
         self._loop = loop
         self._message = b""

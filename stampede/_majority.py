@@ -19,8 +19,8 @@ is what keeps waiters from missing a wake-up:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from ._effects import (
     Acquire,

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import redis
 from redis.exceptions import RedisError
@@ -181,9 +182,7 @@ class RedisStore:
 
     def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> Written:
         with translated("write", keys.value, self.breaker):
-            written = self._scripts.write_release(
-                *_scripts.write_release_call(keys, token, envelope, ttl_ms, inline)
-            )
+            written = self._scripts.write_release(*_scripts.write_release_call(keys, token, envelope, ttl_ms, inline))
         return Written(int(written))
 
     def release(self, keys: EntryKeys, token: str) -> bool:

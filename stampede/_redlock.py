@@ -39,7 +39,7 @@ import random
 import secrets
 import time
 import weakref
-from typing import Sequence
+from collections.abc import Sequence
 
 import redis
 import redis.asyncio
@@ -116,8 +116,10 @@ class Redlock:
         if len(self._urls) != self.quorum.size:
             raise ConfigError("asyncio callers of a Redlock need its servers given as URLs, not clients")
         return AsyncRedisLockServers(
-            [redis.asyncio.Redis.from_url(url, retry_on_timeout=False, retry=None, **self._timeouts)  # type: ignore[arg-type]
-             for url in self._urls]  # fmt: skip
+            [
+                redis.asyncio.Redis.from_url(url, retry_on_timeout=False, retry=None, **self._timeouts)  # type: ignore[arg-type]
+                for url in self._urls
+            ]
         )
 
     def loop_servers(self) -> AsyncRedisLockServers:

@@ -9,7 +9,7 @@ atomically, so "check the lock token, then act" has no window between the two st
 
 from __future__ import annotations
 
-from typing import NamedTuple, Union
+from typing import NamedTuple
 
 from ._keys import EntryKeys
 
@@ -18,7 +18,8 @@ class Call(NamedTuple):
     """A script's KEYS and ARGV, in the order redis-py's ``Script(keys, args)`` takes."""
 
     keys: list[str]
-    args: list[Union[str, int, bytes]]
+    args: list[str | int | bytes]
+
 
 ACQUIRE = """
 -- Double-check the value and take the lock, in one step.
@@ -39,6 +40,7 @@ return {3, redis.call('PTTL', KEYS[2])}
 
 def acquire_call(keys: EntryKeys, token: str, lease_ms: int, check_value: bool) -> Call:
     return Call([keys.value, keys.lock], [token, lease_ms, "1" if check_value else "0"])
+
 
 WRITE_AND_RELEASE = """
 -- Write the loaded value, release the lock and wake the waiters, if our lease still holds.
@@ -69,7 +71,10 @@ def release_call(keys: EntryKeys, token: str) -> Call:
 
 
 def write_release_call(keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> Call:
-    return Call([keys.value, keys.lock, keys.invalidated], [token, envelope, ttl_ms, keys.channel, "1" if inline else "0"])
+    return Call(
+        [keys.value, keys.lock, keys.invalidated], [token, envelope, ttl_ms, keys.channel, "1" if inline else "0"]
+    )
+
 
 RENEW = """
 -- Extend our lease (the watchdog), only if we still hold the lock.
@@ -84,6 +89,7 @@ return 0
 
 def renew_call(keys: EntryKeys, token: str, lease_ms: int) -> Call:
     return Call([keys.lock], [token, lease_ms])
+
 
 RELEASE = """
 -- Release the lock without writing (the loader raised, or a named lock's holder is done),
@@ -115,7 +121,9 @@ local function next_fence(counter)
 end
 """
 
-TAKE_LOCK = NEXT_FENCE + """
+TAKE_LOCK = (
+    NEXT_FENCE
+    + """
 -- Take a named lock and draw its fencing token, in one step.
 -- KEYS[1] fence counter key (never expires), KEYS[2] lock key
 -- ARGV[1] token, ARGV[2] lease in ms
@@ -127,12 +135,16 @@ if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
 end
 return {3, redis.call('PTTL', KEYS[2])}
 """
+)
 
 
 def take_lock_call(keys: EntryKeys, token: str, lease_ms: int) -> Call:
     return Call([keys.value, keys.lock], [token, lease_ms])
 
-TAKE_LOCK_FAIRLY = NEXT_FENCE + """
+
+TAKE_LOCK_FAIRLY = (
+    NEXT_FENCE
+    + """
 -- Take a named lock in arrival order, and draw its fencing token.
 -- KEYS[1] fence counter, KEYS[2] lock key, KEYS[3] queue (sorted set: token -> ticket),
 -- KEYS[4] waiters' leases (hash: token -> expiry, server ms), KEYS[5] ticket counter
@@ -168,10 +180,12 @@ if redis.call('ZRANGE', KEYS[3], 0, 0)[1] == ARGV[1] then
 end
 return {3, redis.call('PTTL', KEYS[2])}
 """
+)
 
 
 def take_lock_fairly_call(keys: EntryKeys, token: str, lease_ms: int, queue_ms: int) -> Call:
     return Call([keys.value, keys.lock, *keys.queue], [token, lease_ms, queue_ms])
+
 
 LEAVE_QUEUE = """
 -- A waiter gives up its place in a fair lock's queue, and wakes the others (it may have
@@ -188,6 +202,7 @@ return removed
 def leave_queue_call(keys: EntryKeys, token: str) -> Call:
     queue, waiters, _ = keys.queue
     return Call([queue, waiters], [token, keys.channel])
+
 
 INVALIDATE = """
 -- Drop the value and any holder's lease, so an in-flight load cannot write its (stale)

@@ -47,8 +47,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from ._effects import Effect, Subscribe
 from ._errors import RecursiveLoad
@@ -57,7 +58,7 @@ from ._fork import reset_after_fork
 
 
 class Flight:
-    __slots__ = ("done", "value", "error", "timer", "unwritten", "sent", "subscribed_at")
+    __slots__ = ("done", "error", "sent", "subscribed_at", "timer", "unwritten", "value")
 
     def __init__(self) -> None:
         # threading.Event, or a list of (deadline, future); made by the first joiner

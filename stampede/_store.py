@@ -96,9 +96,7 @@ class Store(Protocol):
     def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         """Extend the lease if ``token`` still holds it."""
 
-    def write_release(
-        self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool
-    ) -> Written:
+    def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> Written:
         """If ``token`` still holds the lease: write, release, wake waiters (with the
         envelope if ``inline``) and return ``Written.YES``; else write nothing and say why
         (``REFUSED``: invalidated or taken over; ``VANISHED``: gone, not invalidated)."""

@@ -6,7 +6,8 @@ from __future__ import annotations
 import functools
 import secrets
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ._effects import Effect, Lease, milliseconds
 from ._errors import BackendUnavailable

@@ -16,9 +16,9 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
 
 from ._errors import BackendUnavailable
 from ._fork import reset_after_fork

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -143,7 +144,6 @@ def layer_of_each_backend(
     yield make
     for layer in embedded:
         layer.close()
-
 
 
 @pytest.fixture

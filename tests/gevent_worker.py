@@ -23,7 +23,8 @@ import json  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
-from typing import Any, Callable  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from typing import Any  # noqa: E402
 
 import gevent  # noqa: E402
 import gevent.event  # noqa: E402

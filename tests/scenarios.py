@@ -7,7 +7,8 @@ import random
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from stampede import Stampede
 from stampede.testing import FaultProxy

@@ -19,8 +19,9 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import redis
@@ -274,7 +275,6 @@ def test_a_caller_arriving_after_an_invalidation_elsewhere_is_not_handed_an_earl
         assert late.result(5) == {"version": 2}
     assert load_a(1) == {"version": 2}
     assert db.calls[1] == 2
-
 
 
 def test_a_caller_joining_a_load_whose_write_fails_after_an_invalidation_elsewhere_reads_again(

@@ -12,9 +12,9 @@ from stampede._codec import Codec
 from stampede._config import Settings
 from stampede._effects import LEASE_MARGIN, Acquire, AwaitNotice, Load, Release, Subscribe, WriteRelease
 from stampede._flow import Context, Miss, after_wait_timeout, failed_read, fill
-from stampede._store import AcquireReply, LockState, Written
 from stampede._keys import EntryKeys
 from stampede._observe import RateLimitedLog, Stats
+from stampede._store import AcquireReply, LockState, Written
 
 CODEC = Codec()
 KEYS = EntryKeys.for_value("t:{item:1}")

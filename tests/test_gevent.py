@@ -18,9 +18,7 @@ WORKER = Path(__file__).with_name("gevent_worker.py")
 
 
 def scenario(redis_url: str, name: str) -> dict[str, Any]:
-    done = subprocess.run(
-        [sys.executable, str(WORKER), redis_url, name], capture_output=True, text=True, timeout=50
-    )
+    done = subprocess.run([sys.executable, str(WORKER), redis_url, name], capture_output=True, text=True, timeout=50)
     assert done.returncode == 0, done.stderr
     result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
     assert result["threading_patched"]

@@ -22,9 +22,10 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import redis
 
@@ -55,8 +56,18 @@ def test_no_stale_value_after_an_invalidation_across_processes_under_faults(
         stack.callback(workers.stop_all)
         invalidate = writer.cached_loader("item:{key}")(lambda key: None).invalidate
         processes = [
-            workers.start(proxy.url, "--db-url", redis_url, "--threads", str(THREADS), "--keys", str(KEYS),
-                          "--seed", str(index), script=WORKER)  # fmt: skip
+            workers.start(
+                proxy.url,
+                "--db-url",
+                redis_url,
+                "--threads",
+                str(THREADS),
+                "--keys",
+                str(KEYS),
+                "--seed",
+                str(index),
+                script=WORKER,
+            )
             for index, proxy in enumerate(proxies)
         ]
         for process in processes:
@@ -81,7 +92,7 @@ def test_no_stale_value_after_an_invalidation_across_processes_under_faults(
             while not stop.wait(rng.uniform(0.05, 0.3)):
                 victim = rng.randrange(PROCESSES)
                 proxy, process = proxies[victim], processes[victim]
-                fault = rng.choice(NETWORK_FAULTS + ["pause"])
+                fault = rng.choice([*NETWORK_FAULTS, "pause"])
                 counts["faults"] += 1
                 if fault == "pause":
                     counts["pauses"] += 1
@@ -124,10 +135,15 @@ def test_no_stale_value_after_an_invalidation_across_processes_under_faults(
         stale_writes_prevented=sum(result["stats"]["stale_writes_prevented"] for result in results),
     )
     print(f"\ninvalidation stress {SECONDS:g} s: {counts}")
-    figures(f"invalidations racing loads, {PROCESSES} processes x {THREADS} threads, {KEYS} keys, "
-            f"cuts/latency/stalls/SIGSTOP, {SECONDS:g} s", worst=counts["slowest"], deadline=CALL_BOUND,
-            loads=counts["loads"], bound=f"< calls/2 ({calls} calls)",
-            exceptions=f"none; stale values {len(stale)} after {counts['invalidations']} invalidations")  # fmt: skip
+    figures(
+        f"invalidations racing loads, {PROCESSES} processes x {THREADS} threads, {KEYS} keys, "
+        f"cuts/latency/stalls/SIGSTOP, {SECONDS:g} s",
+        worst=counts["slowest"],
+        deadline=CALL_BOUND,
+        loads=counts["loads"],
+        bound=f"< calls/2 ({calls} calls)",
+        exceptions=f"none; stale values {len(stale)} after {counts['invalidations']} invalidations",
+    )
     assert stale == [], stale[:10]
     assert counts["hung"] == 0 and counts["wrong"] == 0, counts
     assert counts["slowest"] < CALL_BOUND, counts

@@ -9,19 +9,19 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import redis
 
 from stampede import BackendUnavailable, ConfigError, Lock, LockLost, LockNotOwned, Stampede, WaitTimeout, _scripts
-from stampede._effects import LEASE_MARGIN, AwaitNotice, Subscribe
-from stampede._store import AcquireReply, LockState
 from stampede._acquiring import acquiring
-from stampede._effects import LeaveQueue, Pause, TakeLock
+from stampede._effects import LEASE_MARGIN, AwaitNotice, LeaveQueue, Pause, Subscribe, TakeLock
 from stampede._memory import MemoryStore
+from stampede._store import AcquireReply, LockState
 from stampede.testing import CommandMonitor, FaultProxy, RedisServer, names
 
 from .scenarios import wait_until
@@ -98,9 +98,7 @@ def test_polling_with_retries_stops_after_them(layer_of_each_backend: Callable[.
     assert 0.19 <= elapsed < 0.5, elapsed  # 4 pauses of 50 ms between 5 tries
 
 
-def test_a_waiter_is_woken_by_the_release_without_polling(
-    make_layer: Callable[..., Stampede], redis_url: str
-) -> None:
+def test_a_waiter_is_woken_by_the_release_without_polling(make_layer: Callable[..., Stampede], redis_url: str) -> None:
     """The holder keeps the lock 0.5 s; the waiter (another layer: another process's
     subscriber) takes it within milliseconds of the release, having tried only three
     times: before subscribing, after, and after the release message."""
@@ -210,9 +208,7 @@ def test_a_killed_holders_lock_is_free_within_its_ttl(make_layer: Callable[..., 
     assert waited < 1.0 + 0.5, waited
 
 
-def test_lock_names_are_their_own_namespace(
-    make_layer: Callable[..., Stampede], redis_client: redis.Redis
-) -> None:
+def test_lock_names_are_their_own_namespace(make_layer: Callable[..., Stampede], redis_client: redis.Redis) -> None:
     """A lock named like a cache entry, or with separators and braces in its name, gets
     keys no cache entry or other name can have, all in one hash slot."""
     layer = make_layer(namespace="ns")

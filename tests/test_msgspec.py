@@ -8,7 +8,7 @@ import dataclasses
 import datetime
 import enum
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 import redis
@@ -80,7 +80,7 @@ def test_a_value_that_does_not_match_the_annotation_is_refused(
 
 
 def test_an_annotation_that_cannot_be_resolved_is_a_config_error() -> None:
-    def load(order_id: int) -> "Missing":  # type: ignore[name-defined]  # noqa: F821
+    def load(order_id: int) -> Missing:  # type: ignore[name-defined]  # noqa: F821
         return None
 
     with pytest.raises(ConfigError, match="MsgspecSerializer"):

@@ -12,8 +12,9 @@ import logging
 import math
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import redis
@@ -37,6 +38,7 @@ def blocked_loader(result: Callable[[Any], Any] = lambda key: key) -> CountingLo
     loader = CountingLoader(result)
     loader.release.clear()
     return loader
+
 
 # --- 1. two loaders never share entries by accident -----------------------------------
 
@@ -133,7 +135,10 @@ def test_a_write_the_server_refuses_releases_the_lease_and_wakes_waiters_at_once
     lease and re-check are 20 s) is woken by the release, not by the lease running out."""
     admin = redis.Redis.from_url(own_server.url)
     options = dict(namespace="oom", lock_ttl=20, recheck_interval=20, wait_timeout=30)
-    holder_layer, waiter_layer = Stampede.from_url(own_server.url, **options), Stampede.from_url(own_server.url, **options)
+    holder_layer, waiter_layer = (
+        Stampede.from_url(own_server.url, **options),
+        Stampede.from_url(own_server.url, **options),
+    )
     slow = blocked_loader(lambda key: {"key": key})
 
     holder = holder_layer.cached_loader("item:{key}")(slow)
@@ -190,7 +195,7 @@ def test_waiters_are_woken_by_message_after_their_subscriber_connection_was_cut_
         held = pool.submit(holder, 1)
         assert slow.started.wait(5)
         waiting = pool.submit(waiter, 1)
-        wait_until(lambda: waiter_layer.stats()["lock_waits"] == 1, "the waiter to subscribe")
+        wait_until(lambda layer=waiter_layer: layer.stats()["lock_waits"] == 1, "the waiter to subscribe")
         for _ in range(20):  # cut it mid-read, again and again, as a failed send does
             with subscriber._lock:
                 subscriber._drop_connection()
@@ -222,7 +227,7 @@ def test_closing_a_layer_while_its_reader_reads_raises_nothing_in_any_thread(
             held = pool.submit(holder, round_)
             assert slow.started.wait(5)
             waiting = pool.submit(waiter, round_)
-            wait_until(lambda: waiter_layer.stats()["lock_waits"] == 1, "the waiter to subscribe")
+            wait_until(lambda layer=waiter_layer: layer.stats()["lock_waits"] == 1, "the waiter to subscribe")
             reader = waiter_layer._runner.store._subscriber._reader  # type: ignore[union-attr]
             waiter_layer.close()
             assert reader is not None
@@ -470,9 +475,7 @@ def test_a_loader_calling_itself_for_its_own_key_fails_at_once(make_layer: Calla
 # --- 12. fail fast on a server that cannot serve as a cache --------------------------
 
 
-def test_check_names_why_a_server_cannot_serve_as_the_cache(
-    own_server: RedisServer, redis_url: str
-) -> None:
+def test_check_names_why_a_server_cannot_serve_as_the_cache(own_server: RedisServer, redis_url: str) -> None:
     with Stampede.from_url(redis_url, check=True) as healthy:
         healthy.check()
 

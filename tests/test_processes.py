@@ -6,8 +6,9 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import redis
 
@@ -74,9 +75,7 @@ def run_stampede(
         workers.stop_all()
 
 
-def test_four_processes_of_sixteen_threads_load_one_cold_key_once(
-    redis_url: str, redis_client: redis.Redis
-) -> None:
+def test_four_processes_of_sixteen_threads_load_one_cold_key_once(redis_url: str, redis_client: redis.Redis) -> None:
     results = run_stampede(redis_url, 4, "--threads", "16", "--keys", "1", "--delay", "0.2")
 
     assert int(redis_client.get("calls:0") or 0) == 1

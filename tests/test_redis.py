@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import redis
@@ -292,8 +293,6 @@ def test_waiters_survive_a_lost_subscriber_connection(
         assert held.result(5) == waiting.result(5) == {"id": 1}
     assert time.monotonic() - start < 2.0  # woken by the message, not the 5 s re-check
     assert db.calls == {1: 1}
-
-
 
 
 def test_a_forked_child_gets_its_own_subscriber_and_watchdog(

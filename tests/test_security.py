@@ -6,7 +6,7 @@ Redis error under the layer's policy, never as a hang."""
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 

@@ -29,8 +29,9 @@ import os
 import random
 import threading
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
-from typing import Any, Callable
+from typing import Any
 
 import redis
 
@@ -66,9 +67,17 @@ def test_soak_with_random_faults(redis_url: str, redis_client: redis.Redis, figu
         proxy = stack.enter_context(FaultProxy(port))
         lock_proxies = [stack.enter_context(FaultProxy(port)) for _ in range(3)]
         layers = [
-            Stampede.from_url(proxy.url, namespace="soak", ttl=1.0, lock_ttl=0.6, wait_timeout=10,
-                              socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_TIMEOUT,
-                              breaker_threshold=5, breaker_cooldown=0.3)  # fmt: skip
+            Stampede.from_url(
+                proxy.url,
+                namespace="soak",
+                ttl=1.0,
+                lock_ttl=0.6,
+                wait_timeout=10,
+                socket_timeout=SOCKET_TIMEOUT,
+                socket_connect_timeout=SOCKET_TIMEOUT,
+                breaker_threshold=5,
+                breaker_cooldown=0.3,
+            )
             for _ in range(3)
         ]
         loaders = [layer.cached_loader("item:{key}")(query) for layer in layers]
@@ -99,7 +108,7 @@ def test_soak_with_random_faults(redis_url: str, redis_client: redis.Redis, figu
         def chaos() -> None:
             rng = random.Random(7)
             while not stop.wait(rng.uniform(0.05, 0.4)):
-                fault = rng.choice(NETWORK_FAULTS + ["invalidate", "invalidate"])
+                fault = rng.choice([*NETWORK_FAULTS, "invalidate", "invalidate"])
                 if fault in NETWORK_FAULTS:
                     disturb(proxy, fault, SOCKET_TIMEOUT * 1.5, rng, stop)
                 else:
@@ -178,8 +187,13 @@ def test_soak_with_random_faults(redis_url: str, redis_client: redis.Redis, figu
 
         threads = [threading.Thread(target=caller, args=(index,)) for index in range(24)]
         lock_layers = [
-            Stampede.from_url(lock_proxy.url, namespace="soak", socket_timeout=SOCKET_TIMEOUT,
-                              socket_connect_timeout=SOCKET_TIMEOUT, breaker_cooldown=0.3)  # fmt: skip
+            Stampede.from_url(
+                lock_proxy.url,
+                namespace="soak",
+                socket_timeout=SOCKET_TIMEOUT,
+                socket_connect_timeout=SOCKET_TIMEOUT,
+                breaker_cooldown=0.3,
+            )
             for lock_proxy in lock_proxies
         ]
         threads += [threading.Thread(target=locker, args=(layer,)) for layer in lock_layers]
@@ -210,10 +224,14 @@ def test_soak_with_random_faults(redis_url: str, redis_client: redis.Redis, figu
     counts["wait_timeouts"] = sum(s["wait_timeouts"] for s in stats)
     counts["stale_writes_prevented"] = sum(s["stale_writes_prevented"] for s in stats)
     print(f"\nsoak {SECONDS:g} s: {counts}; named lock: {mutex}")
-    figures(f"soak: 3 layers x 8 threads, {KEYS} keys, cuts/latency/stalls, invalidations, {SECONDS:g} s",
-            worst=counts["slowest"], deadline=CALL_BOUND, loads=counts["loads"],
-            bound=f"< calls/2 ({counts['calls']} calls)",
-            exceptions=f"none; stale values {len(problems)} after {counts['invalidations']} invalidations")  # fmt: skip
+    figures(
+        f"soak: 3 layers x 8 threads, {KEYS} keys, cuts/latency/stalls, invalidations, {SECONDS:g} s",
+        worst=counts["slowest"],
+        deadline=CALL_BOUND,
+        loads=counts["loads"],
+        bound=f"< calls/2 ({counts['calls']} calls)",
+        exceptions=f"none; stale values {len(problems)} after {counts['invalidations']} invalidations",
+    )
     assert hung == [], f"hung: {hung}"
     assert problems == [], problems[:10]
     assert counts["calls"] > 100 and counts["faults"] > 0 and counts["invalidations"] > 0, counts

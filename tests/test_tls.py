@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import ssl
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -37,9 +38,7 @@ class TlsTerminator:
 
     def _run(self, context: ssl.SSLContext, started: threading.Event) -> None:
         asyncio.set_event_loop(self.loop)
-        self.server = self.loop.run_until_complete(
-            asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=context)
-        )
+        self.server = self.loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=context))
         self.port = self.server.sockets[0].getsockname()[1]
         started.set()
         self.loop.run_forever()

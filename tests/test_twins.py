@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import inspect
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -29,9 +30,7 @@ _ASYNC_WORDS = re.compile(r"\bAsync")
 
 def _shape(method: Callable[..., Any]) -> tuple[list[tuple[str, Any, Any]], str]:
     signature = inspect.signature(method)
-    parameters = [
-        (p.name, p.kind, p.default) for p in signature.parameters.values() if p.name not in ("self", "cls")
-    ]
+    parameters = [(p.name, p.kind, p.default) for p in signature.parameters.values() if p.name not in ("self", "cls")]
     return parameters, _ASYNC_WORDS.sub("", str(signature.return_annotation))
 
 

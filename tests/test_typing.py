@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import redis.utils
 
-USER_CODE = '''
+USER_CODE = """
 import asyncio
 from stampede import RecursiveLoad, Stampede, StampedeError
 
@@ -43,7 +43,7 @@ product.invalidate(1)
 text: str = asyncio.run(async_product(1))
 error: type[StampedeError] = RecursiveLoad
 reveal_type(product)
-'''
+"""
 
 
 def test_user_code_type_checks_against_the_installed_package(tmp_path: Path) -> None:
@@ -60,7 +60,9 @@ def test_user_code_type_checks_against_the_installed_package(tmp_path: Path) -> 
     )
     assert "Cannot find implementation" not in done.stdout, hint
     assert done.returncode == 0, done.stdout + done.stderr
-    assert re.search(r'Revealed type is "stampede\._loader\.CachedLoader\[\[product_id: (builtins\.)?int\]', done.stdout)
+    assert re.search(
+        r'Revealed type is "stampede\._loader\.CachedLoader\[\[product_id: (builtins\.)?int\]', done.stdout
+    )
 
 
 def test_the_suite_runs_with_the_parser_it_was_asked_for() -> None:
