@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from stampede import JsonSerializer, MsgspecSerializer
-from stampede._codec import Codec
+from stampede._core.codec import Codec
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """stampede: one load per cache miss, across threads, processes and machines."""
 
-from ._codec import JsonSerializer, Serializer, TypedSerializer
-from ._config import Settings
+from ._core.codec import JsonSerializer, Serializer, TypedSerializer
+from ._core.config import Settings
+from ._core.msgspec_serializer import MsgspecSerializer
 from ._errors import (
     BackendUnavailable,
     ConfigError,
@@ -17,7 +18,6 @@ from ._errors import (
 from ._layer import Stampede, cached_loader, default_layer
 from ._loader import AsyncCachedLoader, CachedLoader
 from ._lock import Lock
-from ._msgspec import MsgspecSerializer
 from ._redlock import Redlock, RedlockLock
 
 __version__ = "0.1.0"

@@ -19,24 +19,24 @@ import redis.asyncio.retry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ._aredis import AsyncRedisStore
-from ._async import AsyncRunner
-from ._breaker import CircuitBreaker
-from ._codec import Codec, Serializer, TypedSerializer
-from ._config import Policy, Settings, check_count, check_namespace, check_seconds
+from ._backends.aredis import AsyncRedisStore
+from ._backends.breaker import CircuitBreaker
+from ._backends.memory import AsyncMemoryStore, MemoryStore
+from ._backends.redis import EvictionCheck, RedisStore
+from ._core.codec import Codec, Serializer, TypedSerializer
+from ._core.config import Policy, Settings, check_count, check_namespace, check_seconds
+from ._core.flow import LoaderSpec
+from ._core.keys import EntryKeys, KeyBuilder, lock_keys
+from ._core.store import AsyncStore, Store
+from ._drivers.aio import AsyncRunner
+from ._drivers.blocking import SyncRunner
+from ._drivers.observe import RateLimitedLog, Stats
+from ._drivers.redlock_store import AsyncRedlockStore, RedlockStore
+from ._drivers.watchdog import Watchdog
 from ._errors import ConfigError
-from ._flow import LoaderSpec
-from ._keys import EntryKeys, KeyBuilder, lock_keys
 from ._loader import AsyncCachedLoader, CachedLoader, P
 from ._lock import Lock, ReentrantHolds
-from ._memory import AsyncMemoryStore, MemoryStore
-from ._observe import RateLimitedLog, Stats
-from ._redis import EvictionCheck, RedisStore
 from ._redlock import Redlock
-from ._redlock_store import AsyncRedlockStore, RedlockStore
-from ._store import AsyncStore, Store
-from ._sync import SyncRunner
-from ._watchdog import Watchdog
 
 log = logging.getLogger("stampede")
 
@@ -65,7 +65,7 @@ class Stampede:
     ``redlock=Redlock(urls)`` holds every load's lease on a majority of those lock
     servers as well as on the cache server, so no two loads of a key run at once even if
     the cache server loses its keys; values and messages stay on the cache server (see
-    ``_redlock_store``). Its servers must be URLs for async loaders.
+    ``_drivers.redlock_store``). Its servers must be URLs for async loaders.
     """
 
     def __init__(
@@ -146,7 +146,7 @@ class Stampede:
         client = redis.Redis(connection_pool=pool, retry=no_retries)
 
         def make_async_client() -> redis.asyncio.Redis:
-            # A plain pool: the store bounds its commands to max_connections (see _aredis).
+            # A plain pool: the store bounds its commands to max_connections (see _backends.aredis).
             no_async_retries = redis.asyncio.retry.Retry(NoBackoff(), 0)
             async_pool = redis.asyncio.ConnectionPool.from_url(
                 url, max_connections=max_connections, retry=no_async_retries, **timeouts

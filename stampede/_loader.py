@@ -7,12 +7,12 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
-from ._keys import KeyBuilder
+from ._core.keys import KeyBuilder
 
 if TYPE_CHECKING:
-    from ._async import AsyncRunner
-    from ._flow import LoaderSpec
-    from ._sync import SyncRunner
+    from ._core.flow import LoaderSpec
+    from ._drivers.aio import AsyncRunner
+    from ._drivers.blocking import SyncRunner
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -18,7 +18,7 @@ asyncio callers). What makes the textbook Redis locks fail cannot happen here:
   which the protected resource can check to refuse a paused ex-holder's late write.
 
 The decisions of acquiring are ``_acquiring.acquiring``, written once (no I/O);
-``Lock`` performs them with blocking calls or with awaits (``_perform``).
+``Lock`` performs them with blocking calls or with awaits (``_drivers.perform``).
 """
 
 from __future__ import annotations
@@ -31,14 +31,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ._acquiring import Acquiring, acquiring
-from ._effects import Lease, milliseconds
+from ._core.acquiring import Acquiring, acquiring
+from ._core.effects import Lease, milliseconds
+from ._core.keys import EntryKeys
+from ._core.store import AsyncStore, Store
+from ._drivers.perform import AsyncPerformer, Performer, arun, run
+from ._drivers.watchdog import Watchdog, WatchedLease, keep_renewed
 from ._errors import ConfigError, LockLost, LockNotOwned, WaitTimeout
 from ._fork import reset_after_fork
-from ._keys import EntryKeys
-from ._perform import AsyncPerformer, Performer, arun, run
-from ._store import AsyncStore, Store
-from ._watchdog import Watchdog, WatchedLease, keep_renewed
 
 log = logging.getLogger("stampede")
 

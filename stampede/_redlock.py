@@ -27,9 +27,9 @@ an occasional overlap is tolerable (efficiency, not correctness).
 Waiters retry after a random delay rather than listening for a release: N servers
 publish N messages with no order between them.
 
-The decisions are written once, as generators of effects (``_majority``, and the
-retries below); ``_perform`` performs them with blocking calls, one server after
-another, or with awaits, on all servers at once (``_lock_servers``).
+The decisions are written once, as generators of effects (``_core.majority``, and the
+retries below); ``_drivers.perform`` performs them with blocking calls, one server after
+another, or with awaits, on all servers at once (``_backends.lock_servers``).
 """
 
 from __future__ import annotations
@@ -44,15 +44,15 @@ from collections.abc import Sequence
 import redis
 import redis.asyncio
 
-from ._effects import Decision, Pause, ServersRelease, milliseconds
+from ._backends.lock_servers import AsyncRedisLockServers, RedisLockServers
+from ._core.effects import Decision, Pause, ServersRelease, milliseconds
+from ._core.keys import EntryKeys, lock_keys
+from ._core.majority import Quorum, renew_majority, take_majority
+from ._core.store import Round
+from ._drivers.perform import AsyncPerformer, Performer, arun, run
+from ._drivers.watchdog import Watchdog, WatchedLease, keep_renewed
 from ._errors import ConfigError, LockLost, LockNotOwned, WaitTimeout
-from ._keys import EntryKeys, lock_keys
 from ._lock import LockContextManager
-from ._lock_servers import AsyncRedisLockServers, RedisLockServers
-from ._majority import Quorum, renew_majority, take_majority
-from ._perform import AsyncPerformer, Performer, arun, run
-from ._store import Round
-from ._watchdog import Watchdog, WatchedLease, keep_renewed
 
 
 class Redlock:

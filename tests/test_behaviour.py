@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from stampede import SerializationError, Stampede, ValueTooLarge, WaitTimeout
-from stampede._keys import EntryKeys
-from stampede._redlock_store import RedlockStore
+from stampede._core.keys import EntryKeys
+from stampede._drivers.redlock_store import RedlockStore
 
 
 class CountingLoader:

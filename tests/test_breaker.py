@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from stampede import BackendUnavailable, Stampede
-from stampede._breaker import CircuitBreaker
+from stampede._backends.breaker import CircuitBreaker
 from stampede.testing import RedisServer
 
 

@@ -7,11 +7,11 @@ import threading
 import time
 from typing import Any
 
-from stampede._channels import Channels
-from stampede._effects import Acquire, AwaitNotice, Load, Release, Subscribe, WriteRelease
-from stampede._keys import EntryKeys
-from stampede._singleflight import AsyncFlightTable, Flight
-from stampede._watchdog import Watchdog
+from stampede._backends.channels import Channels
+from stampede._core.effects import Acquire, AwaitNotice, Load, Release, Subscribe, WriteRelease
+from stampede._core.keys import EntryKeys
+from stampede._drivers.singleflight import AsyncFlightTable, Flight
+from stampede._drivers.watchdog import Watchdog
 
 
 class Box:

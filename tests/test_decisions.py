@@ -1,7 +1,7 @@
 """The lock and Redlock decisions, and the two performers' loops, without a server.
 
 Each decision is stepped through by hand: the effect it asks for, the reply or the
-exception sent back, the next effect. ``_flow`` has its own such tests (test_flow.py).
+exception sent back, the next effect. ``_core.flow`` has its own such tests (test_flow.py).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from stampede import BackendUnavailable
-from stampede._acquiring import acquiring
-from stampede._effects import (
+from stampede._core.acquiring import acquiring
+from stampede._core.effects import (
     Acquire,
     Decision,
     Effect,
@@ -31,10 +31,10 @@ from stampede._effects import (
     TakeLock,
     WriteRelease,
 )
-from stampede._keys import EntryKeys
-from stampede._majority import Quorum, RedlockLeases, renew_majority, take_majority
-from stampede._perform import Performer, arun, run
-from stampede._store import AcquireReply, LockState, Round, Written
+from stampede._core.keys import EntryKeys
+from stampede._core.majority import Quorum, RedlockLeases, renew_majority, take_majority
+from stampede._core.store import AcquireReply, LockState, Round, Written
+from stampede._drivers.perform import Performer, arun, run
 
 KEYS = EntryKeys.for_value("t:{item:1}")
 SERVER_KEYS = KEYS.on_lock_servers

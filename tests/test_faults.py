@@ -27,7 +27,7 @@ import pytest
 import redis
 
 from stampede import Stampede
-from stampede._mailbox import ThreadMailbox
+from stampede._backends.mailbox import ThreadMailbox
 from stampede.testing import FaultProxy, RedisServer
 
 from .scenarios import commands_run, parked_in, wait_until

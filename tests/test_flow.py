@@ -8,13 +8,13 @@ from typing import Any
 import pytest
 
 from stampede import BackendUnavailable, SerializationError, ValueTooLarge, WaitTimeout
-from stampede._codec import Codec
-from stampede._config import Settings
-from stampede._effects import LEASE_MARGIN, Acquire, AwaitNotice, Load, Release, Subscribe, WriteRelease
-from stampede._flow import Context, Miss, after_wait_timeout, failed_read, fill
-from stampede._keys import EntryKeys
-from stampede._observe import RateLimitedLog, Stats
-from stampede._store import AcquireReply, LockState, Written
+from stampede._core.codec import Codec
+from stampede._core.config import Settings
+from stampede._core.effects import LEASE_MARGIN, Acquire, AwaitNotice, Load, Release, Subscribe, WriteRelease
+from stampede._core.flow import Context, Miss, after_wait_timeout, failed_read, fill
+from stampede._core.keys import EntryKeys
+from stampede._core.store import AcquireReply, LockState, Written
+from stampede._drivers.observe import RateLimitedLog, Stats
 
 CODEC = Codec()
 KEYS = EntryKeys.for_value("t:{item:1}")

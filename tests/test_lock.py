@@ -17,11 +17,12 @@ from typing import Any
 import pytest
 import redis
 
-from stampede import BackendUnavailable, ConfigError, Lock, LockLost, LockNotOwned, Stampede, WaitTimeout, _scripts
-from stampede._acquiring import acquiring
-from stampede._effects import LEASE_MARGIN, AwaitNotice, LeaveQueue, Pause, Subscribe, TakeLock
-from stampede._memory import MemoryStore
-from stampede._store import AcquireReply, LockState
+from stampede import BackendUnavailable, ConfigError, Lock, LockLost, LockNotOwned, Stampede, WaitTimeout
+from stampede._backends.memory import MemoryStore
+from stampede._core import scripts as _scripts
+from stampede._core.acquiring import acquiring
+from stampede._core.effects import LEASE_MARGIN, AwaitNotice, LeaveQueue, Pause, Subscribe, TakeLock
+from stampede._core.store import AcquireReply, LockState
 from stampede.testing import CommandMonitor, FaultProxy, RedisServer, names
 
 from .scenarios import wait_until

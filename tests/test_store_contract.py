@@ -1,4 +1,4 @@
-"""The store contract (``stampede._store.Store``): what every backend must do, the same
+"""The store contract (``stampede._core.store.Store``): what every backend must do, the same
 tests over each of them, blocking and asyncio: leases, fenced writes, invalidation,
 wake-ups, renewal, named locks. A new backend is added to ``BACKENDS`` in conftest.py
 (a layer that builds it) and must pass this file unchanged.
@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from stampede import Stampede
-from stampede._codec import Codec
-from stampede._keys import EntryKeys, lock_keys
-from stampede._store import AcquireReply, LockState, Written
+from stampede._core.codec import Codec
+from stampede._core.keys import EntryKeys, lock_keys
+from stampede._core.store import AcquireReply, LockState, Written
 
 pytestmark = pytest.mark.timeout(30)
 

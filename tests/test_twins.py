@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 
 from stampede import AsyncCachedLoader, CachedLoader, Lock, RedlockLock, Stampede
-from stampede._aredis import AsyncRedisStore
-from stampede._lock_servers import AsyncRedisLockServers, RedisLockServers
-from stampede._memory import AsyncMemoryStore, MemoryStore
-from stampede._perform import AsyncPerformer, Performer
-from stampede._redis import RedisStore
-from stampede._redlock_store import AsyncRedlockStore, RedlockStore
-from stampede._store import AsyncLockServers, AsyncStore, LockServers, Store
+from stampede._backends.aredis import AsyncRedisStore
+from stampede._backends.lock_servers import AsyncRedisLockServers, RedisLockServers
+from stampede._backends.memory import AsyncMemoryStore, MemoryStore
+from stampede._backends.redis import RedisStore
+from stampede._core.store import AsyncLockServers, AsyncStore, LockServers, Store
+from stampede._drivers.perform import AsyncPerformer, Performer
+from stampede._drivers.redlock_store import AsyncRedlockStore, RedlockStore
 
 # Names that differ between the two worlds only by being blocking or asyncio.
 _ASYNC_WORDS = re.compile(r"\bAsync")

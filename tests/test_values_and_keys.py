@@ -10,8 +10,8 @@ import redis
 import redis.asyncio
 
 from stampede import ConfigError, InvalidKey, SerializationError, Settings, Stampede
-from stampede._codec import Codec, Kind
-from stampede._keys import KeyBuilder, escape
+from stampede._core.codec import Codec, Kind
+from stampede._core.keys import KeyBuilder, escape
 
 
 def build(func, template=None, max_len=200):  # type: ignore[no-untyped-def]

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ._errors import ConfigError
+from .._errors import ConfigError
 
 Policy = Literal["load", "raise"]
 

@@ -1,7 +1,7 @@
 """Redlock's decisions, written once (sans-IO): the arithmetic of a majority, taking and
 renewing a lease on most of N servers, and a layer's leases held on lock servers and on
-the cache server together (``RedlockLeases``). ``_redlock`` and ``_redlock_store``
-perform them with ``_perform``; the tests step through them without a server.
+the cache server together (``RedlockLeases``). ``_redlock`` and ``_drivers.redlock_store``
+perform them with ``_drivers.perform``; the tests step through them without a server.
 
 The algorithm is ``_redlock``'s (see there); the order of the steps of a layer's leases
 is what keeps waiters from missing a wake-up:
@@ -22,7 +22,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ._effects import (
+from .._errors import BackendUnavailable
+from .effects import (
     Acquire,
     Decision,
     Invalidate,
@@ -35,9 +36,8 @@ from ._effects import (
     ServersTake,
     WriteRelease,
 )
-from ._errors import BackendUnavailable
-from ._keys import EntryKeys
-from ._store import AcquireReply, LockState, Round, Written
+from .keys import EntryKeys
+from .store import AcquireReply, LockState, Round, Written
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import orjson
 
-from ._errors import SerializationError
+from .._errors import SerializationError
 
 _HEADER = struct.Struct(">2sBBdf")
 _MAGIC = b"\xa7S"

@@ -20,10 +20,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from ._errors import BackendUnavailable
-from ._fork import reset_after_fork
-from ._keys import EntryKeys
-from ._store import AsyncRenewable, Renewable
+from .._core.keys import EntryKeys
+from .._core.store import AsyncRenewable, Renewable
+from .._errors import BackendUnavailable
+from .._fork import reset_after_fork
 
 log = logging.getLogger("stampede")
 

@@ -51,10 +51,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ._effects import Effect, Subscribe
-from ._errors import RecursiveLoad
-from ._flow import produces_value
-from ._fork import reset_after_fork
+from .._core.effects import Effect, Subscribe
+from .._core.flow import produces_value
+from .._errors import RecursiveLoad
+from .._fork import reset_after_fork
 
 
 class Flight:

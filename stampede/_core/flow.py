@@ -3,8 +3,8 @@
 Rules of the flow:
 
 * It performs no I/O. It yields an effect (``Acquire``, ``Subscribe``, ``AwaitNotice``,
-  ``Load``, ``WriteRelease``, ``Release``: the vocabulary of ``_effects``) and a
-  performer, blocking or asyncio (``_perform``), performs it and sends the reply back
+  ``Load``, ``WriteRelease``, ``Release``: the vocabulary of ``_core.effects``) and a
+  performer, blocking or asyncio (``_drivers.perform``), performs it and sends the reply back
   in. A failure of the store comes back in as ``BackendUnavailable``; an exception of
   the loader comes back in as itself. Performers deliver every exception with ``throw``
   and never ``close()`` a flow that holds the lock.
@@ -46,9 +46,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ._codec import NOT_A_VALUE, Codec, Kind
-from ._config import Settings
-from ._effects import (
+from .._errors import BackendUnavailable, SerializationError, ValueTooLarge, WaitTimeout
+from .codec import NOT_A_VALUE, Codec, Kind
+from .config import Settings
+from .effects import (
     LEASE_MARGIN,
     Acquire,
     AwaitNotice,
@@ -60,9 +61,8 @@ from ._effects import (
     WriteRelease,
     milliseconds,
 )
-from ._errors import BackendUnavailable, SerializationError, ValueTooLarge, WaitTimeout
-from ._keys import EntryKeys
-from ._store import AcquireReply, LockState, Written
+from .keys import EntryKeys
+from .store import AcquireReply, LockState, Written
 
 Flow = Decision[Any]
 
@@ -86,7 +86,7 @@ def produces_value(effect: Effect) -> bool:
     """Whether the value a flow returns may come from this step: a command to the cache,
     or a load without the lease. Waiting does not; a leased load's value is decided by
     the write that follows it. Callers who arrive after such a step began are not handed
-    its value (see ``_singleflight``)."""
+    its value (see ``_drivers.singleflight``)."""
     if isinstance(effect, Load):
         return not effect.leased
     return not isinstance(effect, AwaitNotice)
@@ -112,7 +112,7 @@ class Context:
     # The value came in a message: written by another process at some point after this
     # flow subscribed, perhaps before an invalidation that a message still on its way
     # would have announced. The driver shares it only with callers who arrived before
-    # the subscription (see _singleflight).
+    # the subscription (see _drivers.singleflight).
     via_notice: bool = False
 
 

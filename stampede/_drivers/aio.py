@@ -1,6 +1,6 @@
 """The asyncio driver: the hit path, the singleflight of one event loop, and the effects
 of the flow performed with awaits. The decisions are the flow's and the flight's; this
-module only performs I/O, like the blocking driver in ``_sync``.
+module only performs I/O, like the blocking driver in ``_drivers.blocking``.
 
 Each event loop gets its own flight table and store (a redis.asyncio client and a
 subscriber connection cannot be shared across loops). The store is closed when its loop
@@ -24,9 +24,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._effects import Effect, Lease, milliseconds
-from ._errors import BackendUnavailable
-from ._flow import (
+from .._core.effects import Effect, Lease, milliseconds
+from .._core.flow import (
     Context,
     Flow,
     LoaderSpec,
@@ -37,12 +36,13 @@ from ._flow import (
     first_read,
     new_context,
 )
-from ._fork import reset_after_fork
-from ._keys import EntryKeys
-from ._observe import RateLimitedLog, Stats
-from ._perform import AsyncPerformer, arun
-from ._singleflight import AsyncFlightTable, Flight, refuse_recursion
-from ._store import AsyncStore
+from .._core.keys import EntryKeys
+from .._core.store import AsyncStore
+from .._errors import BackendUnavailable
+from .._fork import reset_after_fork
+from .observe import RateLimitedLog, Stats
+from .perform import AsyncPerformer, arun
+from .singleflight import AsyncFlightTable, Flight, refuse_recursion
 
 
 @dataclass
@@ -83,7 +83,7 @@ class AsyncRunner:
         state = self._state()
         flights = state.flights
         deadline = 0.0
-        early = False  # after starting over: early for every flight (see _singleflight)
+        early = False  # after starting over: early for every flight (see _drivers.singleflight)
         while True:
             flight, leads = flights.join(value_key)
             if leads:

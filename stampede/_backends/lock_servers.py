@@ -12,9 +12,9 @@ import redis
 import redis.asyncio
 from redis.exceptions import RedisError
 
-from . import _scripts
-from ._keys import EntryKeys
-from ._store import Round
+from .._core import scripts as _scripts
+from .._core.keys import EntryKeys
+from .._core.store import Round
 
 # What a lock server's failure raises, blocking or asyncio; each counts as a refusal.
 FAILURES = (RedisError, OSError, asyncio.TimeoutError)

@@ -21,7 +21,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from ._effects import (
+from .._errors import BackendUnavailable
+from .effects import (
     LEASE_MARGIN,
     AwaitNotice,
     Decision,
@@ -31,8 +32,7 @@ from ._effects import (
     Subscribe,
     TakeLock,
 )
-from ._errors import BackendUnavailable
-from ._store import AcquireReply, LockState
+from .store import AcquireReply, LockState
 
 Acquiring = Decision[int | None]
 

@@ -1,8 +1,8 @@
 """The one vocabulary of effects: what a decision asks a performer to do (sans-IO).
 
-Every decision in the package (the miss path of an entry in ``_flow``, taking a named
-lock in ``_acquiring``, Redlock's majority in ``_majority``) is a generator that yields
-these effects and is sent their replies. ``_perform`` runs any of them with blocking
+Every decision in the package (the miss path of an entry in ``_core.flow``, taking a named
+lock in ``_core.acquiring``, Redlock's majority in ``_core.majority``) is a generator that yields
+these effects and is sent their replies. ``_drivers.perform`` runs any of them with blocking
 calls (``run``) or with awaits (``arun``), and throws every exception, a store's failure
 or an interruption, back into the generator at the ``yield`` that asked for it, so
 cleanup after an interruption (release the lease, leave the queue) is written in the
@@ -25,7 +25,7 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
-from ._keys import EntryKeys
+from .keys import EntryKeys
 
 T = TypeVar("T")
 

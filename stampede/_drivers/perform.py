@@ -1,6 +1,6 @@
 """The two performers of every decision: one with blocking calls, one with awaits.
 
-``run`` and ``arun`` are the only loops that drive decisions (``_effects``). Each sends
+``run`` and ``arun`` are the only loops that drive decisions (``_core.effects``). Each sends
 a decision the reply to its last effect, or throws in the exception that effect raised,
 whatever it is (``BackendUnavailable``, the loader's error, a cancellation, a
 KeyboardInterrupt), until the decision returns. A decision is never closed while it may
@@ -19,7 +19,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from ._effects import (
+from .._core.effects import (
     MUST_FINISH,
     Acquire,
     AwaitNotice,
@@ -42,8 +42,7 @@ from ._effects import (
     WriteRelease,
     unreachable,
 )
-from ._singleflight import loading
-from ._store import (
+from .._core.store import (
     AsyncLockServers,
     AsyncStore,
     AsyncSubscription,
@@ -51,7 +50,8 @@ from ._store import (
     Store,
     Subscription,
 )
-from ._watchdog import Watchdog, keep_renewed
+from .singleflight import loading
+from .watchdog import Watchdog, keep_renewed
 
 T = TypeVar("T")
 

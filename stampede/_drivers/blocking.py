@@ -9,9 +9,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._effects import Effect, Lease, milliseconds
-from ._errors import BackendUnavailable
-from ._flow import (
+from .._core.effects import Effect, Lease, milliseconds
+from .._core.flow import (
     Context,
     Flow,
     LoaderSpec,
@@ -22,12 +21,13 @@ from ._flow import (
     first_read,
     new_context,
 )
-from ._keys import EntryKeys
-from ._observe import RateLimitedLog, Stats
-from ._perform import Performer, run
-from ._singleflight import Flight, FlightTable, refuse_recursion
-from ._store import Store
-from ._watchdog import Watchdog
+from .._core.keys import EntryKeys
+from .._core.store import Store
+from .._errors import BackendUnavailable
+from .observe import RateLimitedLog, Stats
+from .perform import Performer, run
+from .singleflight import Flight, FlightTable, refuse_recursion
+from .watchdog import Watchdog
 
 
 class SyncRunner:
@@ -49,7 +49,7 @@ class SyncRunner:
         passes nothing on: those who waited start over, and one of them leads.
         """
         deadline = 0.0
-        early = False  # after starting over: early for every flight (see _singleflight)
+        early = False  # after starting over: early for every flight (see _drivers.singleflight)
         while True:
             flight, done = self.flights.join(value_key)
             if done is None:

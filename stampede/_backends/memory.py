@@ -15,11 +15,11 @@ from collections.abc import Callable
 
 from cachetools import TLRUCache
 
-from ._channels import Mailbox
-from ._fork import reset_after_fork
-from ._keys import EntryKeys, entry_value_keys
-from ._mailbox import LoopMailbox, ThreadMailbox
-from ._store import AcquireReply, AsyncSubscription, LockState, Subscription, Written
+from .._core.keys import EntryKeys, entry_value_keys
+from .._core.store import AcquireReply, AsyncSubscription, LockState, Subscription, Written
+from .._fork import reset_after_fork
+from .channels import Mailbox
+from .mailbox import LoopMailbox, ThreadMailbox
 
 
 class MemoryStore:

@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ._errors import ConfigError, InvalidKey
+from .._errors import ConfigError, InvalidKey
 
 _ESCAPED = re.compile(r"[%:{}#~\x00-\x20\x7f\ud800-\udfff]")
 _FORBIDDEN_IN_TEMPLATE = re.compile(r"[{}#~\x00-\x20\x7f]")

@@ -3,7 +3,7 @@
 A ``ThreadMailbox`` is one waiter's mailbox on one channel. Delivery never blocks and
 keeps only the latest message: a waiter that is woken re-checks the entry anyway, so
 what matters is that it wakes, not how many messages it missed. Who waits on what, and
-what a lost connection means, is decided in ``_channels``.
+what a lost connection means, is decided in ``_backends.channels``.
 
 ``Subscriber`` threading rules: commands (SUBSCRIBE, UNSUBSCRIBE) are sent by the calling
 thread under ``_lock``; only the reader thread reads replies and messages. Sending and
@@ -20,10 +20,10 @@ from typing import Any
 
 import redis
 
-from ._channels import Channels
-from ._errors import BackendUnavailable
-from ._fork import reset_after_fork
-from ._mailbox import ThreadMailbox
+from .._errors import BackendUnavailable
+from .._fork import reset_after_fork
+from .channels import Channels
+from .mailbox import ThreadMailbox
 
 log = logging.getLogger("stampede")
 

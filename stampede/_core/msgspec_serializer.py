@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._codec import reject_non_finite
-from ._errors import ConfigError
+from .._errors import ConfigError
+from .codec import reject_non_finite
 
 
 class MsgspecSerializer:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ._keys import EntryKeys
+from .keys import EntryKeys
 
 
 class Call(NamedTuple):

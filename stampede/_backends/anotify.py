@@ -1,6 +1,6 @@
 """Wake-ups for asyncio waiters: one subscriber connection per event loop.
 
-The rules are ``_channels``'s, as for the blocking subscriber; this module only performs
+The rules are ``_backends.channels``'s, as for the blocking subscriber; this module only performs
 them with redis.asyncio. Everything here belongs to one event loop: a redis.asyncio
 connection cannot be used from another, so each loop that waits gets its own subscriber.
 
@@ -17,11 +17,11 @@ import logging
 import math
 from typing import Any
 
-from ._channels import Channels
-from ._errors import BackendUnavailable
-from ._mailbox import LoopMailbox
-from ._notify import connect_pubsub
-from ._redis import FAILURES
+from .._errors import BackendUnavailable
+from .channels import Channels
+from .mailbox import LoopMailbox
+from .notify import connect_pubsub
+from .redis import FAILURES
 
 log = logging.getLogger("stampede")
 

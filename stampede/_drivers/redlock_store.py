@@ -12,7 +12,7 @@ A load's lease is held in two places, for two reasons:
   exactly as in a layer without Redlock. Nothing stale is written after an invalidation.
 
 The order of the steps is ``_majority.RedlockLeases``'s, written once; this module
-performs it with ``_perform``, blocking or awaited. Fair named locks and fencing stay
+performs it with ``_drivers.perform``, blocking or awaited. Fair named locks and fencing stay
 single-server: ``layer.lock()`` on such a layer lives on the cache server, as
 ``RedlockLock`` (``Redlock.lock``) lives on the lock servers.
 """
@@ -21,11 +21,10 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from ._effects import Decision, Lease
-from ._keys import EntryKeys
-from ._majority import Quorum, RedlockLeases
-from ._perform import AsyncPerformer, Performer, arun, run
-from ._store import (
+from .._core.effects import Decision, Lease
+from .._core.keys import EntryKeys
+from .._core.majority import Quorum, RedlockLeases
+from .._core.store import (
     AcquireReply,
     AsyncLockServers,
     AsyncStore,
@@ -35,6 +34,7 @@ from ._store import (
     Subscription,
     Written,
 )
+from .perform import AsyncPerformer, Performer, arun, run
 
 T = TypeVar("T")
 

@@ -19,7 +19,7 @@ import enum
 from dataclasses import dataclass
 from typing import Protocol
 
-from ._keys import EntryKeys
+from .keys import EntryKeys
 
 
 class LockState(enum.Enum):

@@ -27,8 +27,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from ._errors import BackendUnavailable
-from ._fork import reset_after_fork
+from .._errors import BackendUnavailable
+from .._fork import reset_after_fork
 
 log = logging.getLogger("stampede")
 

@@ -15,12 +15,12 @@ from typing import Any
 import redis
 from redis.exceptions import RedisError
 
-from . import _scripts
-from ._breaker import CircuitBreaker
-from ._errors import BackendUnavailable, ConfigError
-from ._keys import EntryKeys, check_key, entry_value_keys
-from ._notify import Subscriber
-from ._store import AcquireReply, LockState, Subscription, Written
+from .._core import scripts as _scripts
+from .._core.keys import EntryKeys, check_key, entry_value_keys
+from .._core.store import AcquireReply, LockState, Subscription, Written
+from .._errors import BackendUnavailable, ConfigError
+from .breaker import CircuitBreaker
+from .notify import Subscriber
 
 log = logging.getLogger("stampede")
 

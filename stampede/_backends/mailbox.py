@@ -1,7 +1,7 @@
 """Waiters' mailboxes: where a subscriber (Redis pub/sub, or the embedded store's
 publish) delivers the messages of one channel to one waiter. ``ThreadMailbox`` wakes a
 blocking waiter; ``LoopMailbox`` wakes a task on its event loop. Both are the store
-contract's ``Subscription`` (and ``AsyncSubscription``) and ``_channels``' ``Mailbox``.
+contract's ``Subscription`` (and ``AsyncSubscription``) and ``_backends.channels``' ``Mailbox``.
 """
 
 from __future__ import annotations

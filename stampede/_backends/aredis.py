@@ -1,4 +1,4 @@
-"""The Redis backend for asyncio callers: the same scripts and replies as ``_redis``,
+"""The Redis backend for asyncio callers: the same scripts and replies as ``_backends.redis``,
 over a redis.asyncio client of one event loop.
 
 When the layer made the client, it bounds the connections itself: at most ``slots``
@@ -14,12 +14,13 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from . import _scripts
-from ._anotify import AsyncSubscriber
-from ._breaker import CircuitBreaker
-from ._errors import BackendUnavailable
-from ._keys import EntryKeys, check_key, entry_value_keys
-from ._redis import (
+from .._core import scripts as _scripts
+from .._core.keys import EntryKeys, check_key, entry_value_keys
+from .._core.store import AcquireReply, AsyncSubscription, LockState, Written
+from .._errors import BackendUnavailable
+from .anotify import AsyncSubscriber
+from .breaker import CircuitBreaker
+from .redis import (
     FAILURES,
     EvictionCheck,
     Scripts,
@@ -28,7 +29,6 @@ from ._redis import (
     failure,
     translated,
 )
-from ._store import AcquireReply, AsyncSubscription, LockState, Written
 
 T = TypeVar("T")
 
