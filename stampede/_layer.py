@@ -347,6 +347,8 @@ class Stampede:
             self._async_runner.close()
         if self._owned_client is not None:
             self._owned_client.close()
+            # A client made over a pool of ours does not close the pool with itself.
+            self._owned_client.connection_pool.disconnect()
 
     async def aclose(self) -> None:
         """``close()`` from a coroutine: also closes this event loop's connections."""
