@@ -1,13 +1,19 @@
 """Locust: hundreds of users over several processes read through the cache, and the
 database's query log says how many queries each key cost per expiry.
 
-    python loadtest/run_locust.py        # the one command: server, database, web app, both runs, report
+    locust -f loadtest/locustfile.py --headless -u 60 -r 60 -t 20s --processes 2
 
-or by hand, against a web app (examples/web_app.py) already serving the same database:
+On its own like this, it starts what it was not given, on 127.0.0.1, and stops it when
+Locust exits: a throwaway server (no ``--redis-url``), a fresh shop database (no
+``--db``) and the web app over both (no ``--host``); see ``standalone.py``. Or against
+what you run, the web app (examples/web_app.py) serving the same database:
 
     locust -f loadtest/locustfile.py --headless --processes 4 -u 200 -r 100 -t 60s \\
         --host http://127.0.0.1:8000 --redis-url redis://127.0.0.1:6379/0 \\
         --db shop.sqlite --ttl 3 --protection on
+
+``python loadtest/run_locust.py`` runs it twice, protection off then on, and prints the
+two side by side.
 
 Two kinds of users, as many of each:
 
@@ -49,6 +55,7 @@ from cache_aside import read_through
 from category_map import make_category_map
 from expiry_windows import expiry_windows, summarize
 from shop import CATEGORY_MAP_ENTRY, PRODUCT_ENTRY, ShopDatabase
+from standalone import Standalone
 
 from stampede import Settings, Stampede
 
@@ -58,14 +65,60 @@ PRODUCTS = [*list(range(1, 41)), 999999]
 PRODUCT_WEIGHTS = [1 / (rank + 1) for rank in range(40)] + [0.1]
 
 
+# What this process starts when the command line does not name it. Locust parses the
+# command line once, in the process that then forks its workers, and argparse converts a
+# string default through the option's type only when the option is absent: so each
+# "auto" below starts its part there, once, and the workers inherit the parsed values.
+STANDALONE = Standalone()
+AUTO = "auto"
+
+
+def _redis_url(value: str) -> str:
+    STANDALONE.redis_url = STANDALONE.server() if value == AUTO else value
+    return STANDALONE.redis_url
+
+
+def _database(value: str) -> str:
+    STANDALONE.db = STANDALONE.database() if value == AUTO else value
+    return STANDALONE.db
+
+
+def _ttl(value: str) -> float:
+    STANDALONE.ttl = float(value)
+    return STANDALONE.ttl
+
+
+def _protection(value: str) -> str:
+    STANDALONE.protection = value
+    return value
+
+
+def _web_app(value: str) -> str:
+    """Start the web app for WebUser unless --host names one (it is parsed last)."""
+    named = os.environ.get("LOCUST_HOST") or any(arg.startswith(("--host", "-H")) for arg in sys.argv)
+    if value == AUTO and not named:
+        WebUser.host = STANDALONE.web_app()
+    return value
+
+
 @events.init_command_line_parser.add_listener
 def _options(parser: Any) -> None:
     group = parser.add_argument_group("stampede")
-    group.add_argument("--redis-url", default=os.environ.get("STAMPEDE_REDIS_URL"), help="the cache's Redis")
-    group.add_argument("--db", help="the shop database (examples/shop.py) the web app also reads")
-    group.add_argument("--ttl", type=float, default=3.0, help="seconds an entry stays cached")
-    group.add_argument("--protection", choices=("on", "off"), default="on")
+    group.add_argument(
+        "--redis-url",
+        type=_redis_url,
+        default=os.environ.get("STAMPEDE_REDIS_URL", AUTO),
+        help="the cache's Redis (default: STAMPEDE_REDIS_URL, else a throwaway server)",
+    )
+    group.add_argument(
+        "--db", type=_database, default=AUTO, help="the shop database (examples/shop.py) the web app also reads"
+    )
+    group.add_argument("--ttl", type=_ttl, default="3.0", help="seconds an entry stays cached")
+    group.add_argument("--protection", type=_protection, choices=("on", "off"), default="on")
     group.add_argument("--summary", help="write the query-log figures to this JSON file")
+    group.add_argument(
+        "--web-app", type=_web_app, default=AUTO, help="'auto': start the web app unless --host is given"
+    )
 
 
 def pick_shop() -> str:
@@ -80,8 +133,6 @@ class Loaders:
     """This process's way to the data: cached loaders (protection on) or cache-aside."""
 
     def __init__(self, options: Any) -> None:
-        if not options.db or not options.redis_url:
-            raise RuntimeError("--db and --redis-url are needed (loadtest/run_locust.py passes them)")
         database = ShopDatabase(options.db)
         ttl = options.ttl
         if options.protection == "on":
@@ -167,6 +218,8 @@ _started: list[float] = []
 def _note_start(environment: Any, **kwargs: Any) -> None:
     if not isinstance(environment.runner, WorkerRunner):
         _started.append(time.time())
+        for started in STANDALONE.started:
+            print(f"started {started}", flush=True)
 
 
 @events.quitting.add_listener
@@ -193,3 +246,4 @@ def _report(environment: Any, **kwargs: Any) -> None:
     elif not queries:
         print("FAILED: no database query was logged; is the web app reading the same --db?")
         environment.process_exit_code = 1
+    STANDALONE.stop()

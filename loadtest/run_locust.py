@@ -26,7 +26,6 @@ import json
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +37,9 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 from expiry_windows import plot, queries_per_second  # noqa: E402
 from shop import ShopDatabase  # noqa: E402
+from standalone import WebApp  # noqa: E402
 
-from stampede.testing import free_port, server_url  # noqa: E402
+from stampede.testing import server_url  # noqa: E402
 
 
 def forget_previous_runs(url: str) -> None:
@@ -49,43 +49,6 @@ def forget_previous_runs(url: str) -> None:
         for start in range(0, len(keys), 500):
             client.delete(*keys[start : start + 500])
     client.close()
-
-
-class WebApp:
-    """examples/web_app.py in a subprocess of ours, stopped by its PID."""
-
-    def __init__(self, url: str, database: Path, protection: str, ttl: float, log: Path) -> None:
-        self.port = free_port()
-        self._log = log.open("w")
-        self.process = subprocess.Popen(
-            [sys.executable, str(ROOT / "examples" / "web_app.py"), "--redis", url, "--db", str(database),
-             "--port", str(self.port), "--ttl", str(ttl), "--protection", protection],
-            stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT,
-        )  # fmt: skip
-        self.base = f"http://127.0.0.1:{self.port}"
-
-    def wait_ready(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the web app exited with {self.process.returncode}; see {self._log.name}")
-            try:
-                with urllib.request.urlopen(self.base + "/stats", timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError(f"the web app did not answer within {timeout} s")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._log.close()
 
 
 def run(protection: str, url: str, options: argparse.Namespace) -> dict[str, Any]:

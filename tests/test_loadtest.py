@@ -4,8 +4,11 @@ form (what CI can afford) holds with protection on."""
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +62,30 @@ def test_the_short_locust_run_makes_one_query_per_key_per_expiry_window(tmp_path
     assert figures["max_queries_per_window"] == 1
     assert figures["windows"] >= 100  # TTL 1 s for 12 s over dozens of keys: expiries happened
     assert figures["requests"] >= 1000 and figures["failures"] == 0
+
+
+@pytest.mark.timeout(90)
+def test_the_locustfile_runs_on_its_own_as_a_new_locust_user_starts_it(tmp_path: Path) -> None:
+    """``locust -f loadtest/locustfile.py`` with no --redis-url, --db or --host starts a
+    server, a database and the web app itself, and stops them when Locust exits."""
+    summary = tmp_path / "summary.json"
+    command = [sys.executable, "-m", "locust", "-f", "loadtest/locustfile.py", "--headless", "-u", "30", "-r", "30",
+               "-t", "8s", "--processes", "2", "--summary", str(summary)]  # fmt: skip
+    environment = {key: value for key, value in os.environ.items() if key not in ("STAMPEDE_REDIS_URL", "LOCUST_HOST")}
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=85, env=environment)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    started = [line for line in done.stdout.splitlines() if line.startswith("started ")]
+    assert [line.split(" at ")[0] for line in started] == [
+        "started a throwaway server", "started a shop database", "started the web app"
+    ]  # fmt: skip
+    figures = json.loads(summary.read_text())
+    assert figures["queries"] > 0 and figures["max_queries_per_window"] == 1
+    database = Path(started[1].split(" at ")[1])
+    assert not database.parent.exists()  # removed on exit, and the server and web app stopped with it
+    for line in (started[0], started[2]):
+        port = urllib.parse.urlparse(line.split(" at ")[1].split(" ")[0]).port
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
 
 
 def test_the_fault_figures_script_runs_a_scenario_and_prints_its_row() -> None:
