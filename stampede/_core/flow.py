@@ -67,7 +67,7 @@ from .store import AcquireReply, LockState, Written
 Flow = Decision[Any]
 
 
-class Stats(Protocol):
+class Counters(Protocol):
     """Where the flow counts what happened (``stampede.stats()``)."""
 
     def incr(self, name: str) -> None: ...
@@ -103,7 +103,7 @@ class Context:
     keys: EntryKeys
     settings: Settings
     codec: Codec
-    stats: Stats
+    stats: Counters
     warn: WarningLog
     clock: Callable[[], float]  # monotonic seconds: deadlines, load duration
     wall_clock: Callable[[], float]  # epoch seconds: loaded_at in the envelope
@@ -125,7 +125,7 @@ class LoaderSpec:
     codec: Codec
 
 
-def new_context(value_key: str, spec: LoaderSpec, stats: Stats, warn: WarningLog) -> Context:
+def new_context(value_key: str, spec: LoaderSpec, stats: Counters, warn: WarningLog) -> Context:
     """The context of one miss, on the real clocks."""
     keys = EntryKeys.for_value(value_key)
     return Context(keys, spec.settings, spec.codec, stats, warn, time.monotonic, time.time, random.uniform)
@@ -149,7 +149,7 @@ class FailedRead:
     error: BackendUnavailable
 
 
-def first_read(raw: bytes | None, codec: Codec, stats: Stats, warn: WarningLog, key: str) -> Any:
+def first_read(raw: bytes | None, codec: Codec, stats: Counters, warn: WarningLog, key: str) -> Any:
     """What a call's first read found: the value to return (None for the null sentinel),
     or a ``Miss``. Drivers perform the read and call this; a hit never enters the flow."""
     if raw is not None:
@@ -169,7 +169,7 @@ def first_read(raw: bytes | None, codec: Codec, stats: Stats, warn: WarningLog, 
     return miss
 
 
-def failed_read(stats: Stats, warn: WarningLog, error: BackendUnavailable) -> FailedRead:
+def failed_read(stats: Counters, warn: WarningLog, error: BackendUnavailable) -> FailedRead:
     """What a call's first read means when the store failed to answer it."""
     note_backend_error(stats, warn, error)
     stats.incr("misses")
@@ -362,13 +362,13 @@ def _corrupt(ctx: Context, problem: str) -> None:
     note_corrupt(ctx.stats, ctx.warn, ctx.keys.value, problem)
 
 
-def note_backend_error(stats: Stats, warn: WarningLog, error: BaseException) -> None:
+def note_backend_error(stats: Counters, warn: WarningLog, error: BaseException) -> None:
     """Count a failed store command and warn, at most every few seconds."""
     stats.incr("redis_errors")
     warn.warning("stampede: cache backend failed (%s); serving without the cache", error)
 
 
-def note_corrupt(stats: Stats, warn: WarningLog, key: str, problem: str) -> None:
+def note_corrupt(stats: Counters, warn: WarningLog, key: str, problem: str) -> None:
     """Count an unreadable value and warn; the caller treats it as a miss."""
     stats.incr("corrupt_values")
     warn.warning("stampede: unreadable value at %r (%s); treating it as a miss", key, problem)
