@@ -17,7 +17,7 @@ asyncio callers). What makes the textbook Redis locks fail cannot happen here:
   acquisition returns a fencing token, one greater than any before it for this name,
   which the protected resource can check to refuse a paused ex-holder's late write.
 
-The decisions of acquiring are ``_acquiring.acquiring``, written once (no I/O);
+The decisions of acquiring are ``_core.acquiring.acquiring``, written once (no I/O);
 ``Lock`` performs them with blocking calls or with awaits (``_drivers.perform``).
 """
 

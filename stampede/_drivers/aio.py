@@ -193,7 +193,7 @@ class AsyncRunner:
         store: AsyncStore,
         flight: Flight | None = None,
     ) -> Any:
-        """Perform the flow (``_perform.arun``) on a lease of a new token. The leader's
+        """Perform the flow (``perform.arun``) on a lease of a new token. The leader's
         ``flight`` counts the steps that may produce the value (see Flight)."""
         lease = Lease(ctx.keys, secrets.token_hex(16), milliseconds(ctx.settings.lock_ttl))
         with AsyncPerformer(lease, store=store, loader=loader) as performer:

@@ -102,7 +102,7 @@ class SyncRunner:
         self.flights.forget(key)
 
     def _drive(self, flow: Flow, ctx: Context, loader: Callable[[], Any], flight: Flight | None = None) -> Any:
-        """Perform the flow (``_perform.run``) on a lease of a new token. The leader's
+        """Perform the flow (``perform.run``) on a lease of a new token. The leader's
         ``flight`` counts the steps that may produce the value (see Flight)."""
         lease = Lease(ctx.keys, secrets.token_hex(16), milliseconds(ctx.settings.lock_ttl))
         with Performer(lease, store=self.store, loader=loader, watchdog=self._watchdog) as performer:

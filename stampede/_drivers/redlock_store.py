@@ -11,7 +11,7 @@ A load's lease is held in two places, for two reasons:
   lock servers, so a waiter takes over at once); the holder's write is then refused,
   exactly as in a layer without Redlock. Nothing stale is written after an invalidation.
 
-The order of the steps is ``_majority.RedlockLeases``'s, written once; this module
+The order of the steps is ``_core.majority.RedlockLeases``'s, written once; this module
 performs it with ``_drivers.perform``, blocking or awaited. Fair named locks and fencing stay
 single-server: ``layer.lock()`` on such a layer lives on the cache server, as
 ``RedlockLock`` (``Redlock.lock``) lives on the lock servers.
