@@ -130,6 +130,7 @@ class RedisStore:
         self.eviction = eviction or EvictionCheck()
         self._scripts = Scripts(client)
         self._subscriber = Subscriber(client, subscribe_timeout)
+        self.closed = False  # set by close(), before the layer disconnects its pool
 
     def get(self, key: str) -> bytes | None:
         # The hit path: a plain try costs less than the context manager the others use.
@@ -139,11 +140,33 @@ class RedisStore:
             raw: bytes | None = self.client.get(key)  # type: ignore[assignment]
         except FAILURES as error:
             raise failure(breaker, "read", key, error) from error
+        except Exception as error:
+            raise self._cut_by_close("read", key, error) from error
         breaker.succeeded()
         return raw
 
+    @contextmanager
+    def _translated(self, what: str, key: str) -> Iterator[None]:
+        """``translated``, and a command cut short by ``close()``."""
+        try:
+            with translated(what, key, self.breaker):
+                yield
+        except BackendUnavailable:
+            raise
+        except Exception as error:
+            raise self._cut_by_close(what, key, error) from error
+
+    def _cut_by_close(self, what: str, key: str, error: Exception) -> Exception:
+        """A command in flight when the layer closed its pool had its connection
+        disconnected under it by another thread, which redis-py's pure-Python parser
+        reports as whatever it hits (AttributeError on its dropped buffer): that is the
+        store being closed, not a bug. Any other exception is returned as it is."""
+        if not self.closed:
+            return error
+        return BackendUnavailable(f"the layer was closed while a command to {what} {key!r} ran", key=key)
+
     def acquire(self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool) -> AcquireReply:
-        with translated("lock", keys.value, self.breaker):
+        with self._translated("lock", keys.value):
             reply: Any = self._scripts.acquire(*_scripts.acquire_call(keys, token, lease_ms, check_value))
         acquired = acquire_reply(reply)
         if self.eviction.pending and acquired.state is LockState.LOCKED:
@@ -164,7 +187,7 @@ class RedisStore:
         takes writes in ``namespace`` (a wrong password, a read-only replica, an ACL user
         outside its keys all fail here); then warn if it may evict leases."""
         key = check_key(namespace)
-        with translated("check the server with", key, self.breaker):
+        with self._translated("check the server with", key):
             self.client.ping()
             self.client.set(key, b"1", px=1000)
             self.client.delete(key)
@@ -173,29 +196,29 @@ class RedisStore:
 
     def scan(self, namespace: str) -> set[str]:
         """The value keys of every cache entry in ``namespace`` (named locks left out)."""
-        with translated("scan", namespace, self.breaker):
+        with self._translated("scan", namespace):
             return entry_value_keys(self.client.scan_iter(match=f"{namespace}:{{*", count=1000))
 
     def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
-        with translated("renew the lease of", keys.value, self.breaker):
+        with self._translated("renew the lease of", keys.value):
             return bool(self._scripts.renew(*_scripts.renew_call(keys, token, lease_ms)))
 
     def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> Written:
-        with translated("write", keys.value, self.breaker):
+        with self._translated("write", keys.value):
             written = self._scripts.write_release(*_scripts.write_release_call(keys, token, envelope, ttl_ms, inline))
         return Written(int(written))
 
     def release(self, keys: EntryKeys, token: str) -> bool:
-        with translated("release the lock of", keys.value, self.breaker):
+        with self._translated("release the lock of", keys.value):
             return bool(self._scripts.release(*_scripts.release_call(keys, token)))
 
     def holder(self, keys: EntryKeys) -> str | None:
-        with translated("read the lock of", keys.lock, self.breaker):
+        with self._translated("read the lock of", keys.lock):
             token: Any = self.client.get(keys.lock)
         return None if token is None else bytes(token).decode(errors="replace")
 
     def take_lock(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int = 0) -> AcquireReply:
-        with translated("lock", keys.lock, self.breaker):
+        with self._translated("lock", keys.lock):
             if queue_ms:
                 reply: Any = self._scripts.take_lock_fairly(
                     *_scripts.take_lock_fairly_call(keys, token, lease_ms, queue_ms)
@@ -205,15 +228,16 @@ class RedisStore:
         return acquire_reply(reply)
 
     def leave_queue(self, keys: EntryKeys, token: str) -> None:
-        with translated("leave the queue of", keys.lock, self.breaker):
+        with self._translated("leave the queue of", keys.lock):
             self._scripts.leave_queue(*_scripts.leave_queue_call(keys, token))
 
     def invalidate(self, keys: EntryKeys) -> None:
-        with translated("invalidate", keys.value, self.breaker):
+        with self._translated("invalidate", keys.value):
             self._scripts.invalidate(*_scripts.invalidate_call(keys))
 
     def subscribe(self, keys: EntryKeys) -> Subscription:
         return self._subscriber.subscribe(keys.channel)
 
     def close(self) -> None:
+        self.closed = True
         self._subscriber.close()
