@@ -63,20 +63,14 @@ def test_the_core_is_pure(path: Path) -> None:
             assert any(name == leaf or name.startswith(leaf + ".") for leaf in LEAVES), f"{path.name} imports {name}"
 
 
-@pytest.mark.parametrize("path", _modules("_drivers"), ids=lambda path: path.name)
-def test_drivers_import_no_backend_and_no_public_module(path: Path) -> None:
-    for name in _imports(path):
-        layer = _layer_of(name)
-        assert layer != "_backends", f"{path.name} imports {name}"
-        if layer == "top":
-            assert any(name == leaf or name.startswith(leaf + ".") for leaf in LEAVES), f"{path.name} imports {name}"
+OUTER = [(path, "_backends") for path in _modules("_drivers")] + [(path, "_drivers") for path in _modules("_backends")]
 
 
-@pytest.mark.parametrize("path", _modules("_backends"), ids=lambda path: path.name)
-def test_backends_import_no_driver_and_no_public_module(path: Path) -> None:
+@pytest.mark.parametrize(("path", "forbidden"), OUTER, ids=lambda value: getattr(value, "name", value))
+def test_drivers_and_backends_import_neither_each_other_nor_public_modules(path: Path, forbidden: str) -> None:
     for name in _imports(path):
         layer = _layer_of(name)
-        assert layer != "_drivers", f"{path.name} imports {name}"
+        assert layer != forbidden, f"{path.name} imports {name}"
         if layer == "top":
             assert any(name == leaf or name.startswith(leaf + ".") for leaf in LEAVES), f"{path.name} imports {name}"
 
