@@ -10,14 +10,11 @@ from typing import Any
 
 import redis
 import redis.asyncio
-from redis.exceptions import RedisError
 
 from .._core import scripts as _scripts
 from .._core.keys import EntryKeys
 from .._core.store import Round
-
-# What a lock server's failure raises, blocking or asyncio; each counts as a refusal.
-FAILURES = (RedisError, OSError, asyncio.TimeoutError)
+from .redis import FAILURES  # what a server's failure raises, blocking or asyncio: a refusal here
 
 
 class _Server:
