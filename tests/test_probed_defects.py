@@ -195,7 +195,12 @@ def test_waiters_are_woken_by_message_after_their_subscriber_connection_was_cut_
         held = pool.submit(holder, 1)
         assert slow.started.wait(5)
         waiting = pool.submit(waiter, 1)
-        wait_until(lambda layer=waiter_layer: layer.stats()["lock_waits"] == 1, "the waiter to subscribe")
+        # lock_waits counts the waiter before it subscribes; cut only once the server has
+        # confirmed, or the cut fails the unconfirmed subscription and the waiter gives up.
+        channel = "test:{cut:1}:notify"
+        channels = subscriber._channels
+        wait_until(lambda: channel in channels._members and channel not in channels._unconfirmed,
+                   "the waiter's subscription to be confirmed")  # fmt: skip
         for _ in range(20):  # cut it mid-read, again and again, as a failed send does
             with subscriber._lock:
                 subscriber._drop_connection()
