@@ -16,7 +16,7 @@ from ._errors import (
     WaitTimeout,
 )
 from ._layer import Stampede, cached_loader, default_layer
-from ._loader import AsyncCachedLoader, CachedLoader
+from ._loader import AsyncCachedLoader, CachedLoader, Fetched
 from ._lock import Lock
 from ._redlock import Redlock, RedlockLock
 
@@ -27,6 +27,7 @@ __all__ = [  # grouped, not sorted
     "Stampede",
     "CachedLoader",
     "AsyncCachedLoader",
+    "Fetched",
     "cached_loader",
     "default_layer",
     "Settings",

@@ -77,6 +77,7 @@ class Stampede:
         namespace: str = "stampede",
         serializer: Serializer | None = None,
         max_entries: int = 10_000,
+        background_refreshes: int = 8,
         **settings: Any,
     ) -> None:
         try:
@@ -84,6 +85,7 @@ class Stampede:
         except TypeError as error:
             raise ConfigError(f"unknown setting: {error}") from None
         check_count("max_entries", max_entries)
+        check_count("background_refreshes", background_refreshes)
         self._default_names: dict[str, Callable[..., Any]] = {}  # loaders without a template
         self._names_lock = threading.Lock()
         self.namespace = check_namespace(namespace)
@@ -112,8 +114,9 @@ class Stampede:
             make_async_store = _async_store_maker(async_client, breaker, eviction)
             if redlock is not None:
                 make_async_store = _with_redlock(make_async_store, redlock)
-        self._runner = SyncRunner(store, self._stats, warn, self._watchdog) if store is not None else None
-        self._async_runner = AsyncRunner(make_async_store, self._stats, warn) if make_async_store else None
+        refreshes = background_refreshes
+        self._runner = SyncRunner(store, self._stats, warn, self._watchdog, refreshes) if store is not None else None
+        self._async_runner = AsyncRunner(make_async_store, self._stats, warn, refreshes) if make_async_store else None
 
     @classmethod
     def from_url(
@@ -126,6 +129,7 @@ class Stampede:
         namespace: str = "stampede",
         serializer: Serializer | None = None,
         redlock: Redlock | None = None,
+        background_refreshes: int = 8,
         check: bool = False,
         **settings: Any,
     ) -> Stampede:
@@ -159,6 +163,7 @@ class Stampede:
             redlock=redlock,
             namespace=namespace,
             serializer=serializer,
+            background_refreshes=background_refreshes,
             **settings,
         )
         layer._owned_client = client
@@ -188,6 +193,10 @@ class Stampede:
         on_wait_timeout: Policy | None = None,
         on_redis_error: Policy | None = None,
         max_value_bytes: int | None = None,
+        stale_while_revalidate: float | None = None,
+        stale_if_error: float | None = None,
+        early_refresh: float | None = None,
+        stale_retry_interval: float | None = None,
         serializer: Serializer | None = None,
     ) -> LoaderDecorator: ...
 
@@ -202,6 +211,10 @@ class Stampede:
         on_wait_timeout: Policy | None = None,
         on_redis_error: Policy | None = None,
         max_value_bytes: int | None = None,
+        stale_while_revalidate: float | None = None,
+        stale_if_error: float | None = None,
+        early_refresh: float | None = None,
+        stale_retry_interval: float | None = None,
         serializer: Serializer | None = None,
     ) -> Any:
         """Decorate a loader, plain or ``async def``, or a method (``self`` is not part of
@@ -218,6 +231,10 @@ class Stampede:
             on_wait_timeout=on_wait_timeout,
             on_redis_error=on_redis_error,
             max_value_bytes=max_value_bytes,
+            stale_while_revalidate=stale_while_revalidate,
+            stale_if_error=stale_if_error,
+            early_refresh=early_refresh,
+            stale_retry_interval=stale_retry_interval,
         )
         codec = self._codec if serializer is None else Codec(serializer)
         if template is not None and not isinstance(template, str):

@@ -5,9 +5,11 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from ._core.keys import KeyBuilder
+from ._drivers.refresh import reporting
 
 if TYPE_CHECKING:
     from ._core.flow import LoaderSpec
@@ -17,6 +19,15 @@ if TYPE_CHECKING:
 P = ParamSpec("P")
 R = TypeVar("R")
 Self_ = TypeVar("Self_", bound="_Loader[Any, Any]")
+
+
+@dataclass(frozen=True)
+class Fetched(Generic[R]):
+    """What ``fetch()`` returns: the value a call would return, and whether it was stale
+    (past its ttl: served while it is refreshed, or instead of the loader's error)."""
+
+    value: R
+    stale: bool
 
 
 class _Loader(Generic[P, R]):
@@ -65,8 +76,15 @@ class CachedLoader(_Loader[P, R]):
         value_key = self._keys.value_key(args, kwargs)
         return self._runner.call(value_key, self._spec, args, kwargs)  # type: ignore[no-any-return]
 
+    def fetch(self, *args: P.args, **kwargs: P.kwargs) -> Fetched[R]:
+        """Call the loader as ``loader(...)`` does, and also tell whether the value is stale."""
+        with reporting() as report:
+            value = self(*args, **kwargs)
+        return Fetched(value, report.stale)
+
     def invalidate(self, *args: P.args, **kwargs: P.kwargs) -> None:
         """Drop the entry of these arguments, and keep any load in flight from writing it.
+        Once it returns, no caller in any process gets the old value, stale or not.
 
         Raises BackendUnavailable if Redis cannot be reached, whatever ``on_redis_error``
         says: an invalidation must not fail silently.
@@ -74,6 +92,17 @@ class CachedLoader(_Loader[P, R]):
         keys = self._keys.keys(args, kwargs)
         try:
             self._runner.invalidate(keys)
+        finally:
+            self._forget(keys.value)
+
+    def expire(self, *args: P.args, **kwargs: P.kwargs) -> None:
+        """The soft ``invalidate``: the entry of these arguments is no longer fresh, and a
+        load in flight does not write it; the next caller refreshes it, but the old value
+        may still be served stale (``stale_while_revalidate``, ``stale_if_error``) for the
+        stale window it was written with. Without one, the same as ``invalidate``."""
+        keys = self._keys.keys(args, kwargs)
+        try:
+            self._runner.expire(keys)
         finally:
             self._forget(keys.value)
 
@@ -96,11 +125,25 @@ class AsyncCachedLoader(_Loader[P, R]):
         value_key = self._keys.value_key(args, kwargs)
         return await self._runner.call(value_key, self._spec, args, kwargs)  # type: ignore[no-any-return]
 
+    async def fetch(self, *args: P.args, **kwargs: P.kwargs) -> Fetched[R]:
+        """``CachedLoader.fetch``, awaited."""
+        with reporting() as report:
+            value = await self(*args, **kwargs)
+        return Fetched(value, report.stale)
+
     async def invalidate(self, *args: P.args, **kwargs: P.kwargs) -> None:
         """``CachedLoader.invalidate``, awaited."""
         keys = self._keys.keys(args, kwargs)
         try:
             await self._runner.invalidate(keys)
+        finally:
+            self._forget(keys.value)
+
+    async def expire(self, *args: P.args, **kwargs: P.kwargs) -> None:
+        """``CachedLoader.expire``, awaited."""
+        keys = self._keys.keys(args, kwargs)
+        try:
+            await self._runner.expire(keys)
         finally:
             self._forget(keys.value)
 
@@ -121,6 +164,14 @@ class BoundLoader:
     def invalidate(self, *args: Any, **kwargs: Any) -> Any:
         """The loader's ``invalidate`` (awaitable for an async loader)."""
         return self._loader.invalidate(self._instance, *args, **kwargs)  # type: ignore[attr-defined]
+
+    def expire(self, *args: Any, **kwargs: Any) -> Any:
+        """The loader's ``expire`` (awaitable for an async loader)."""
+        return self._loader.expire(self._instance, *args, **kwargs)  # type: ignore[attr-defined]
+
+    def fetch(self, *args: Any, **kwargs: Any) -> Any:
+        """The loader's ``fetch`` (awaitable for an async loader)."""
+        return self._loader.fetch(self._instance, *args, **kwargs)  # type: ignore[attr-defined]
 
     def key(self, *args: Any, **kwargs: Any) -> str:
         return self._loader.key(self._instance, *args, **kwargs)

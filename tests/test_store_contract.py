@@ -196,3 +196,65 @@ def test_scan_lists_the_entries_of_a_namespace_and_check_passes(store: Any, keys
     store.acquire(keys, "a", LEASE_MS, True)
     store.write_release(keys, "a", ENVELOPE, 60_000, True)
     assert keys.value in store.scan("contract")
+
+
+# --- freshness: reading with the TTL, locking over a stale value, holds, expire ----------
+
+STALE_ENVELOPE = Codec().encode({"v": 1}, 1.0, 0.0, key="k", stale_for=30.0)
+
+
+def test_a_value_is_read_with_the_seconds_the_store_keeps_it(store: Any, keys: EntryKeys) -> None:
+    assert store.get_with_ttl(keys.value) == (None, 0.0)
+    store.acquire(keys, "a", LEASE_MS, True)
+    store.write_release(keys, "a", STALE_ENVELOPE, 60_000, False)
+    raw, left = store.get_with_ttl(keys.value)
+    assert raw == STALE_ENVELOPE and 55 < left <= 60
+
+
+def test_the_lease_is_taken_over_a_stale_value_only_while_it_is_still_that_one(store: Any, keys: EntryKeys) -> None:
+    store.acquire(keys, "a", LEASE_MS, True)
+    store.write_release(keys, "a", STALE_ENVELOPE, 60_000, False)
+    identity = STALE_ENVELOPE[:16]
+    assert store.acquire(keys, "b", LEASE_MS, True, identity).state is LockState.LOCKED
+    newer = Codec().encode({"v": 2}, 2.0, 0.0, key="k", stale_for=30.0)
+    store.write_release(keys, "b", newer, 60_000, False)
+    # Another process refreshed it meanwhile: the newer value comes back, no lease.
+    assert store.acquire(keys, "c", LEASE_MS, True, identity) == AcquireReply(LockState.VALUE, newer)
+    assert store.holder(keys) is None
+
+
+def test_a_failed_loads_hold_keeps_everyone_out_and_says_so(store: Any, keys: EntryKeys) -> None:
+    store.acquire(keys, "a", LEASE_MS, True)
+    subscription = store.subscribe(keys)
+    try:
+        assert store.hold(keys, "b", 300) is False  # not b's lease
+        assert store.hold(keys, "a", 300) is True
+        assert subscription.wait(5) == b""  # the waiters are woken
+    finally:
+        subscription.close()
+    held = store.acquire(keys, "c", LEASE_MS, True)
+    assert held.state is LockState.HELD and held.failed and held.lease_left <= 0.3
+    assert store.write_release(keys, "a", ENVELOPE, 60_000, False) != Written.YES  # nobody's lease now
+    deadline = time.monotonic() + 5
+    while store.acquire(keys, "c", LEASE_MS, True).state is not LockState.LOCKED:
+        assert time.monotonic() < deadline, "the hold never ended"
+        time.sleep(0.02)
+    assert store.acquire(keys, "d", LEASE_MS, True).failed is False  # a load's lease is no hold
+
+
+def test_expire_keeps_the_value_for_its_stale_window_and_drops_the_lease(store: Any, keys: EntryKeys) -> None:
+    store.acquire(keys, "a", LEASE_MS, True)
+    store.write_release(keys, "a", STALE_ENVELOPE, 600_000, False)
+    store.acquire(keys, "b", LEASE_MS, False)  # a load in flight
+    store.expire(keys)
+    raw, left = store.get_with_ttl(keys.value)
+    assert raw == STALE_ENVELOPE and 25 < left <= 30
+    assert store.holder(keys) is None
+    assert store.write_release(keys, "b", ENVELOPE, 60_000, False) != Written.YES
+    store.expire(keys)  # again: never longer
+    assert 0 < store.get_with_ttl(keys.value)[1] <= left
+    plain = EntryKeys.for_value(keys.value + "plain")
+    store.acquire(plain, "a", LEASE_MS, True)
+    store.write_release(plain, "a", ENVELOPE, 60_000, False)
+    store.expire(plain)  # no stale window: gone, as after invalidate
+    assert store.get(plain.value) is None

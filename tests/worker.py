@@ -7,6 +7,8 @@ killed cache server), so the count spans every process.
 With --hang the loader prints "loading" and never returns (the holder to be killed); with
 --announce it prints "loading" and goes on. --tag marks the values this worker loads.
 --redlock (repeated) holds the loads' leases on those lock servers too.
+--ttl and --stale-while-revalidate set those settings; values then carry "v", the
+loader's call count, and the output lists the versions seen and how many were stale.
 """
 
 from __future__ import annotations
@@ -36,22 +38,34 @@ def main() -> None:
     parser.add_argument("--announce", action="store_true")
     parser.add_argument("--tag", default="")
     parser.add_argument("--redlock", action="append", default=[], help="a lock server (repeat): Redlock leases")
+    parser.add_argument("--ttl", type=float, default=300.0)
+    parser.add_argument("--stale-while-revalidate", type=float, default=0.0)
     options = parser.parse_args()
+    versioned = options.stale_while_revalidate > 0
 
     counter = redis.Redis.from_url(options.count_url or options.url, socket_timeout=5)
     redlock = Redlock(options.redlock) if options.redlock else None
     layer = Stampede.from_url(
-        options.url, namespace="proc", lock_ttl=options.lock_ttl, wait_timeout=options.wait_timeout, redlock=redlock
+        options.url,
+        namespace="proc",
+        lock_ttl=options.lock_ttl,
+        wait_timeout=options.wait_timeout,
+        redlock=redlock,
+        ttl=options.ttl,
+        stale_while_revalidate=options.stale_while_revalidate,
+        jitter=0 if versioned else 0.1,
     )
 
     @layer.cached_loader("item:{key}")
     def load(key: int) -> dict[str, Any]:
-        counter.incr(f"calls:{key}")
+        calls = counter.incr(f"calls:{key}")
         if options.hang or options.announce:
             print("loading", flush=True)
         if options.hang:
             time.sleep(3600)
         time.sleep(options.delay)
+        if versioned:
+            return {"key": key, "v": calls}
         return {"key": key, "by": options.tag} if options.tag else {"key": key}
 
     layer._runner.store.get("warm-up")  # type: ignore[attr-defined]  # open a connection
@@ -60,18 +74,24 @@ def main() -> None:
         return
     latencies: list[float] = []
     wrong: list[object] = []
+    versions: set[int] = set()
+    stale: list[bool] = []
     lock = threading.Lock()
 
     def run(index: int) -> None:
         for step in range(options.keys):
             key = (index * 13 + step) % options.keys
             start = time.perf_counter()
-            value = load(key)
+            fetched = load.fetch(key)
             elapsed = time.perf_counter() - start
+            value = fetched.value
             with lock:
                 latencies.append(elapsed)
+                stale.append(fetched.stale)
                 if value.get("key") != key:
                     wrong.append(value)
+                if versioned:
+                    versions.add(value["v"])
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(options.threads)]
     for thread in threads:
@@ -79,7 +99,13 @@ def main() -> None:
     for thread in threads:
         thread.join()
     print(json.dumps({"calls": len(latencies), "wrong": wrong, "max_latency": max(latencies),
-                      "stats": layer.stats()}), flush=True)  # fmt: skip
+                      "versions": sorted(versions), "stale": sum(stale), "stats": layer.stats()}),
+          flush=True)  # fmt: skip
+    if options.hang and versioned:  # hold the hanging refresh until killed
+        time.sleep(3600)
+    deadline = time.monotonic() + 10  # close() does not wait for a background refresh
+    while layer._runner.refresher.running() and time.monotonic() < deadline:  # type: ignore[union-attr]
+        time.sleep(0.01)
     layer.close()
 
 

@@ -28,6 +28,7 @@ from .redis import (
     check_client,
     failure,
     translated,
+    with_ttl,
 )
 
 T = TypeVar("T")
@@ -66,9 +67,16 @@ class AsyncRedisStore:
         breaker.succeeded()
         return raw
 
-    async def acquire(self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool) -> AcquireReply:
+    async def get_with_ttl(self, key: str) -> tuple[bytes | None, float]:
+        with translated("read", key, self.breaker):
+            call = _scripts.read_with_ttl_call(key)
+            return with_ttl(await self._send(key, self._scripts.read_with_ttl, *call))
+
+    async def acquire(
+        self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
+    ) -> AcquireReply:
         with translated("lock", keys.value, self.breaker):
-            call = _scripts.acquire_call(keys, token, lease_ms, check_value)
+            call = _scripts.acquire_call(keys, token, lease_ms, check_value, stale)
             reply = await self._send(keys.value, self._scripts.acquire, *call)
         acquired = acquire_reply(reply)
         if self.eviction.pending and acquired.state is LockState.LOCKED:
@@ -115,6 +123,15 @@ class AsyncRedisStore:
         with translated("release the lock of", keys.value, self.breaker):
             call = _scripts.release_call(keys, token)
             return bool(await self._send(keys.value, self._scripts.release, *call))
+
+    async def hold(self, keys: EntryKeys, token: str, hold_ms: int) -> bool:
+        with translated("hold the lock of", keys.value, self.breaker):
+            call = _scripts.hold_call(keys, token, hold_ms)
+            return bool(await self._send(keys.value, self._scripts.hold, *call))
+
+    async def expire(self, keys: EntryKeys) -> None:
+        with translated("expire", keys.value, self.breaker):
+            await self._send(keys.value, self._scripts.expire, *_scripts.expire_call(keys))
 
     async def holder(self, keys: EntryKeys) -> str | None:
         with translated("read the lock of", keys.lock, self.breaker):

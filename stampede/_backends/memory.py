@@ -15,8 +15,9 @@ from collections.abc import Callable
 
 from cachetools import TLRUCache
 
+from .._core.codec import stale_window_of
 from .._core.keys import EntryKeys, entry_value_keys
-from .._core.store import AcquireReply, AsyncSubscription, LockState, Subscription, Written
+from .._core.store import FAILED_HOLD, AcquireReply, AsyncSubscription, LockState, Subscription, Written
 from .._fork import reset_after_fork
 from .channels import Mailbox
 from .mailbox import LoopMailbox, ThreadMailbox
@@ -48,15 +49,23 @@ class MemoryStore:
             item = self._values.get(key)
         return None if item is None else item[0]
 
-    def acquire(self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool) -> AcquireReply:
+    def get_with_ttl(self, key: str) -> tuple[bytes | None, float]:
+        now = self._clock()
+        with self._lock:
+            item = self._values.get(key)
+        return (None, 0.0) if item is None else (item[0], item[1] - now)
+
+    def acquire(
+        self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
+    ) -> AcquireReply:
         now = self._clock()
         with self._lock:
             item = self._values.get(keys.value) if check_value else None
-            if item is not None:
+            if item is not None and not (stale and item[0].startswith(stale)):
                 return AcquireReply(LockState.VALUE, item[0])
             holder = self._live_lease(keys, now)
             if holder is not None:
-                return AcquireReply(LockState.HELD, lease_left=holder[1] - now)
+                return AcquireReply(LockState.HELD, lease_left=holder[1] - now, failed=holder[0] == FAILED_HOLD)
             self._leases[keys.lock] = (token, now + lease_ms / 1000)
             return AcquireReply(LockState.LOCKED)
 
@@ -85,6 +94,28 @@ class MemoryStore:
             del self._leases[keys.lock]
             self._publish(keys, b"")
             return True
+
+    def hold(self, keys: EntryKeys, token: str, hold_ms: int) -> bool:
+        now = self._clock()
+        with self._lock:
+            if not self._holds(keys, token, now):
+                return False
+            self._leases[keys.lock] = (FAILED_HOLD, now + hold_ms / 1000)
+            self._publish(keys, b"")
+            return True
+
+    def expire(self, keys: EntryKeys) -> None:
+        now = self._clock()
+        with self._lock:
+            item = self._values.get(keys.value)
+            if item is not None:
+                keep = stale_window_of(item[0])
+                if keep < 0.001:
+                    del self._values[keys.value]
+                elif item[1] - now > keep:
+                    self._values[keys.value] = (item[0], now + keep)
+            self._leases.pop(keys.lock, None)
+            self._publish(keys, b"")
 
     def leave_queue(self, keys: EntryKeys, token: str) -> None:
         with self._lock:
@@ -186,8 +217,19 @@ class AsyncMemoryStore:
     async def get(self, key: str) -> bytes | None:
         return self._store.get(key)
 
-    async def acquire(self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool) -> AcquireReply:
-        return self._store.acquire(keys, token, lease_ms, check_value)
+    async def get_with_ttl(self, key: str) -> tuple[bytes | None, float]:
+        return self._store.get_with_ttl(key)
+
+    async def acquire(
+        self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
+    ) -> AcquireReply:
+        return self._store.acquire(keys, token, lease_ms, check_value, stale)
+
+    async def hold(self, keys: EntryKeys, token: str, hold_ms: int) -> bool:
+        return self._store.hold(keys, token, hold_ms)
+
+    async def expire(self, keys: EntryKeys) -> None:
+        self._store.expire(keys)
 
     async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         return self._store.renew(keys, token, lease_ms)

@@ -91,7 +91,16 @@ def acquire_reply(reply: Any) -> AcquireReply:
         return AcquireReply(LockState.VALUE, reply[1])
     if state == 2:
         return AcquireReply(LockState.LOCKED, fence=int(reply[1]) if len(reply) > 1 else 0)
-    return AcquireReply(LockState.HELD, lease_left=max(int(reply[1]), 0) / 1000)
+    failed = len(reply) > 2 and int(reply[2]) == 1
+    return AcquireReply(LockState.HELD, lease_left=max(int(reply[1]), 0) / 1000, failed=failed)
+
+
+def with_ttl(reply: Any) -> tuple[bytes | None, float]:
+    """The READ_WITH_TTL script's reply: the value and its seconds left (-1: no expiry)."""
+    if reply is None:
+        return None, 0.0
+    raw, pttl = reply
+    return raw, -1.0 if int(pttl) < 0 else int(pttl) / 1000
 
 
 class Scripts:
@@ -104,6 +113,9 @@ class Scripts:
         self.renew = client.register_script(_scripts.RENEW)
         self.release = client.register_script(_scripts.RELEASE)
         self.invalidate = client.register_script(_scripts.INVALIDATE)
+        self.read_with_ttl = client.register_script(_scripts.READ_WITH_TTL)
+        self.hold = client.register_script(_scripts.HOLD_AFTER_FAILURE)
+        self.expire = client.register_script(_scripts.EXPIRE)
         self.take_lock = client.register_script(_scripts.TAKE_LOCK)
         self.take_lock_fairly = client.register_script(_scripts.TAKE_LOCK_FAIRLY)
         self.leave_queue = client.register_script(_scripts.LEAVE_QUEUE)
@@ -165,9 +177,15 @@ class RedisStore:
             return error
         return BackendUnavailable(f"the layer was closed while a command to {what} {key!r} ran", key=key)
 
-    def acquire(self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool) -> AcquireReply:
+    def get_with_ttl(self, key: str) -> tuple[bytes | None, float]:
+        with self._translated("read", key):
+            return with_ttl(self._scripts.read_with_ttl(*_scripts.read_with_ttl_call(key)))
+
+    def acquire(
+        self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
+    ) -> AcquireReply:
         with self._translated("lock", keys.value):
-            reply: Any = self._scripts.acquire(*_scripts.acquire_call(keys, token, lease_ms, check_value))
+            reply: Any = self._scripts.acquire(*_scripts.acquire_call(keys, token, lease_ms, check_value, stale))
         acquired = acquire_reply(reply)
         if self.eviction.pending and acquired.state is LockState.LOCKED:
             self.eviction.pending = False
@@ -211,6 +229,14 @@ class RedisStore:
     def release(self, keys: EntryKeys, token: str) -> bool:
         with self._translated("release the lock of", keys.value):
             return bool(self._scripts.release(*_scripts.release_call(keys, token)))
+
+    def hold(self, keys: EntryKeys, token: str, hold_ms: int) -> bool:
+        with self._translated("hold the lock of", keys.value):
+            return bool(self._scripts.hold(*_scripts.hold_call(keys, token, hold_ms)))
+
+    def expire(self, keys: EntryKeys) -> None:
+        with self._translated("expire", keys.value):
+            self._scripts.expire(*_scripts.expire_call(keys))
 
     def holder(self, keys: EntryKeys) -> str | None:
         with self._translated("read the lock of", keys.lock):

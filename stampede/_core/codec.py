@@ -1,17 +1,23 @@
 """The value envelope: what a cache entry holds, and how raw bytes are classified.
 
-Layout (version 1), a fixed header then the serializer's payload::
+Layout, a fixed header then the serializer's payload::
 
     0   2  magic b"\\xa7S"
-    2   1  envelope version (1)
+    2   1  envelope version: 1, or 2 for a value kept past its ttl
     3   1  kind: 1 value, 2 null sentinel
     4   8  loaded_at: when the load started, seconds since the epoch (big-endian double)
     12  4  load_duration: seconds the loader took (big-endian float)
-    16  -  payload: serializer.dumps(value); empty for the null sentinel
+    16  8  version 2 only: stale_for, the seconds the value is kept past its ttl (double)
+    -   -  payload: serializer.dumps(value); empty for the null sentinel
 
-loaded_at and load_duration are what stale-while-revalidate and probabilistic early
-refresh need. Bytes that do not parse (another program's value, an old version, a
-payload the serializer rejects) classify as CORRUPT, which callers treat as a miss.
+A value written with a stale window (``Settings.stale_window``) lives in the store for
+its ttl plus ``stale_for``, so it is fresh while the store's remaining TTL is more than
+``stale_for``: no clock but the store's decides (see ``_core.freshness``). The first 16
+bytes tell one load's value from another's (``identity``). load_duration is XFetch's
+delta. Version 1 is still written when there is no stale window, so readers of either
+version read what the other writes. Bytes that do not parse (another program's value,
+an unknown version, a payload the serializer rejects) classify as CORRUPT, which callers
+treat as a miss.
 """
 
 from __future__ import annotations
@@ -28,10 +34,15 @@ import orjson
 from .._errors import SerializationError
 
 _HEADER = struct.Struct(">2sBBdf")
+_STALE_FOR = struct.Struct(">d")  # after the header, in version 2
+_HEADER_2_SIZE = _HEADER.size + _STALE_FOR.size
 _MAGIC = b"\xa7S"
-_VERSION = 1
+_VERSION, _VERSION_2 = 1, 2
 _VALUE, _NULL = 1, 2
 _VALUE_PREFIX = _MAGIC + bytes((_VERSION, _VALUE))
+_VALUE_PREFIX_2 = _MAGIC + bytes((_VERSION_2, _VALUE))
+IDENTITY_BYTES = _HEADER.size
+"""How many leading bytes of an envelope tell one load's value from another's."""
 
 
 class Serializer(Protocol):
@@ -101,7 +112,23 @@ class Decoded:
     value: Any = None
     loaded_at: float = 0.0
     load_duration: float = 0.0
+    stale_for: float = 0.0  # seconds the store keeps it past its ttl
     problem: str = ""
+
+
+def identity(raw: bytes) -> bytes:
+    """What tells this envelope's load from any other: its header (when the load began,
+    how long it took). A refresh locks over a stale value only if it is still this one."""
+    return raw[:IDENTITY_BYTES]
+
+
+def stale_window_of(raw: bytes) -> float:
+    """The ``stale_for`` written in an envelope (0 for version 1, or for bytes that are
+    not an envelope)."""
+    if len(raw) >= _HEADER_2_SIZE and raw[:2] == _MAGIC and raw[2] == _VERSION_2:
+        (stale_for,) = _STALE_FOR.unpack_from(raw, _HEADER.size)
+        return float(stale_for)
+    return 0.0
 
 
 class Codec:
@@ -110,10 +137,16 @@ class Codec:
     def __init__(self, serializer: Serializer | None = None) -> None:
         self.serializer: Serializer = serializer if serializer is not None else JsonSerializer()
 
-    def encode(self, value: Any, loaded_at: float, load_duration: float, *, key: str) -> bytes:
-        """The envelope for ``value``; None becomes the null sentinel."""
+    def encode(self, value: Any, loaded_at: float, load_duration: float, *, key: str, stale_for: float = 0.0) -> bytes:
+        """The envelope for ``value``; None becomes the null sentinel. ``stale_for``: the
+        seconds the store will keep it past its ttl (version 2 if any)."""
+        if stale_for > 0:
+            header = _HEADER.pack(_MAGIC, _VERSION_2, _NULL if value is None else _VALUE, loaded_at, load_duration)
+            header += _STALE_FOR.pack(stale_for)
+        else:
+            header = _HEADER.pack(_MAGIC, _VERSION, _NULL if value is None else _VALUE, loaded_at, load_duration)
         if value is None:
-            return _HEADER.pack(_MAGIC, _VERSION, _NULL, loaded_at, load_duration)
+            return header
         try:
             payload = self.serializer.dumps(value)
         except Exception as error:
@@ -127,7 +160,7 @@ class Codec:
                 f"serializer.dumps returned {type(payload).__qualname__}, not bytes, for {key!r}",
                 key=key,
             )
-        return _HEADER.pack(_MAGIC, _VERSION, _VALUE, loaded_at, load_duration) + payload
+        return header + payload
 
     def read_back(self, envelope: bytes, *, key: str) -> Any:
         """The value as every later reader will get it from ``envelope`` (which ``encode``
@@ -136,7 +169,7 @@ class Codec:
         if envelope[3] == _NULL:
             return None
         try:
-            return self.serializer.loads(envelope[_HEADER.size :])
+            return self.serializer.loads(envelope[_header_size(envelope) :])
         except Exception as error:
             raise SerializationError(
                 f"the value loaded for {key!r} does not read back through the serializer "
@@ -147,9 +180,16 @@ class Codec:
     def decode_hit(self, raw: bytes) -> Any:
         """The value in ``raw`` if it is a readable value envelope, else ``NOT_A_VALUE``
         (then ``decode`` tells why). The hit path: no metadata, no allocation."""
-        if raw[:4] == _VALUE_PREFIX and len(raw) > _HEADER.size:
+        prefix = raw[:4]
+        if prefix == _VALUE_PREFIX:
+            size = _HEADER.size
+        elif prefix == _VALUE_PREFIX_2:
+            size = _HEADER_2_SIZE
+        else:
+            return NOT_A_VALUE
+        if len(raw) > size:
             try:
-                return self.serializer.loads(raw[_HEADER.size :])
+                return self.serializer.loads(raw[size:])
             except Exception:
                 pass
         return NOT_A_VALUE
@@ -160,14 +200,22 @@ class Codec:
             magic, version, kind, loaded_at, duration = _HEADER.unpack_from(raw)
         except struct.error:
             return Decoded(Kind.CORRUPT, problem=f"{len(raw)} bytes, shorter than an envelope")
-        if magic != _MAGIC or version != _VERSION:
+        if magic != _MAGIC or version not in (_VERSION, _VERSION_2):
             return Decoded(Kind.CORRUPT, problem="not a stampede envelope of a known version")
-        if kind == _NULL and len(raw) == _HEADER.size:
-            return Decoded(Kind.NULL, None, loaded_at, duration)
+        size = _header_size(raw)
+        if len(raw) < size:
+            return Decoded(Kind.CORRUPT, problem=f"{len(raw)} bytes, shorter than an envelope")
+        stale_for = stale_window_of(raw)
+        if kind == _NULL and len(raw) == size:
+            return Decoded(Kind.NULL, None, loaded_at, duration, stale_for)
         if kind != _VALUE:
             return Decoded(Kind.CORRUPT, problem=f"unknown envelope kind {kind}")
         try:
-            value = self.serializer.loads(raw[_HEADER.size :])
+            value = self.serializer.loads(raw[size:])
         except Exception as error:
             return Decoded(Kind.CORRUPT, problem=f"payload does not deserialize ({error})")
-        return Decoded(Kind.VALUE, value, loaded_at, duration)
+        return Decoded(Kind.VALUE, value, loaded_at, duration, stale_for)
+
+
+def _header_size(raw: bytes) -> int:
+    return _HEADER_2_SIZE if raw[2] == _VERSION_2 else _HEADER.size

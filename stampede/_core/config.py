@@ -50,6 +50,26 @@ class Settings:
     """After this many failures in a row to reach Redis, the circuit opens (0: never)."""
     breaker_cooldown: float = 5.0
     """While open, the layer does not ask Redis for this long; then one command probes."""
+    stale_while_revalidate: float = 0.0
+    """For this long past ttl a caller gets the old value at once while one refresh runs in the background."""
+    stale_if_error: float = 0.0
+    """For this long past ttl a caller gets the old value instead of the loader's error."""
+    early_refresh: float = 0.0
+    """XFetch's beta: a hit refreshes in the background when now - duration * beta * ln(random()) passes the
+    expiry (0: off; 1 is the paper's choice, larger refreshes earlier)."""
+    stale_retry_interval: float = 1.0
+    """While a stale value stands in for a failing loader, it is retried at most this often per key, across
+    processes: the failed holder keeps the lease this long (see docs/freshness.md)."""
+
+    @property
+    def stale_window(self) -> float:
+        """How long a value stays in the store past its ttl: the longer of the stale windows."""
+        return max(self.stale_while_revalidate, self.stale_if_error)
+
+    @property
+    def reads_ttl(self) -> bool:
+        """Whether a hit must know how long its value has left (any freshness setting on)."""
+        return bool(self.stale_while_revalidate or self.stale_if_error or self.early_refresh)
 
     def __post_init__(self) -> None:
         for name in ("ttl", "null_ttl", "lock_ttl", "wait_timeout", "recheck_interval", "breaker_cooldown"):
@@ -58,6 +78,11 @@ class Settings:
             raise ConfigError(f"lock_ttl must be at least 0.05 s, got {self.lock_ttl!r}")
         if not _is_number(self.jitter) or not 0 <= self.jitter <= 0.5:
             raise ConfigError(f"jitter must be a number from 0 to 0.5, got {self.jitter!r}")
+        for name in ("stale_while_revalidate", "stale_if_error"):
+            check_seconds(name, getattr(self, name), zero_allowed=True)
+        check_seconds("stale_retry_interval", self.stale_retry_interval)
+        if not _is_number(self.early_refresh) or not 0 <= self.early_refresh <= 100:
+            raise ConfigError(f"early_refresh must be a number from 0 (off) to 100, got {self.early_refresh!r}")
         for name in ("on_wait_timeout", "on_redis_error"):
             if getattr(self, name) not in ("load", "raise"):
                 raise ConfigError(f'{name} must be "load" or "raise", got {getattr(self, name)!r}')
@@ -89,10 +114,13 @@ def _positive(name: str, value: object) -> None:
     check_seconds(name, value)
 
 
-def check_seconds(name: str, value: object) -> float:
-    """``value`` if it is a usable duration: a positive number of seconds, at most MAX_SECONDS."""
-    if not _is_number(value) or not 0 < value <= MAX_SECONDS:  # type: ignore[operator]
-        raise ConfigError(f"{name} must be a positive number of seconds, at most {MAX_SECONDS:g}, got {value!r}")
+def check_seconds(name: str, value: object, zero_allowed: bool = False) -> float:
+    """``value`` if it is a usable duration: a positive number of seconds (or 0, if
+    ``zero_allowed``: off), at most MAX_SECONDS."""
+    usable = _is_number(value) and (0 <= value if zero_allowed else 0 < value) and value <= MAX_SECONDS  # type: ignore[operator]
+    if not usable:
+        kind = "a number of seconds from 0 (off)" if zero_allowed else "a positive number of seconds"
+        raise ConfigError(f"{name} must be {kind}, at most {MAX_SECONDS:g}, got {value!r}")
     return float(value)  # type: ignore[arg-type]
 
 

@@ -54,9 +54,11 @@ class Lease:
 
 @dataclass(frozen=True, slots=True)
 class Acquire:
-    """Re-check the value and take the lease. Reply: ``AcquireReply``."""
+    """Re-check the value and take the lease. Reply: ``AcquireReply``. ``stale``: the
+    identity of a stale value the caller read, which the lease is taken over."""
 
     check_value: bool = True
+    stale: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +94,15 @@ class Release:
 
 
 @dataclass(frozen=True, slots=True)
+class Hold:
+    """The loader failed and callers get a stale value: keep the lease as a hold that
+    keeps every process from loading the key for ``hold_ms``, and wake the waiters.
+    Reply: bool (False: the lease was no longer ours)."""
+
+    hold_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class LeaveQueue:
     """Give up the place in a fair lock's queue, waking the others. Reply: None."""
 
@@ -99,6 +110,12 @@ class LeaveQueue:
 @dataclass(frozen=True, slots=True)
 class Invalidate:
     """Delete the value and any lease, and wake the waiters. Reply: None."""
+
+
+@dataclass(frozen=True, slots=True)
+class Expire:
+    """Make the value stale, keeping it for its stale window; drop any lease and wake the
+    waiters. Reply: None."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,8 +192,10 @@ Effect = (
     | Renew
     | WriteRelease
     | Release
+    | Hold
     | LeaveQueue
     | Invalidate
+    | Expire
     | Subscribe
     | AwaitNotice
     | Load
@@ -192,7 +211,7 @@ Decision = Generator[Effect, Any, T]
 
 # The effects a performer shields from a second cancellation: cleanup and the write,
 # which must not be cut short once started.
-MUST_FINISH = (WriteRelease, Release, LeaveQueue, ServersRelease)
+MUST_FINISH = (WriteRelease, Release, Hold, LeaveQueue, ServersRelease)
 
 
 def unreachable(effect: NoReturn) -> NoReturn:

@@ -55,12 +55,14 @@ from .effects import (
     AwaitNotice,
     Decision,
     Effect,
+    Hold,
     Load,
     Release,
     Subscribe,
     WriteRelease,
     milliseconds,
 )
+from .freshness import Served, Stale, classify
 from .keys import EntryKeys
 from .store import AcquireReply, LockState, Written
 
@@ -114,6 +116,11 @@ class Context:
     # would have announced. The driver shares it only with callers who arrived before
     # the subscription (see _drivers.singleflight).
     via_notice: bool = False
+    # The value returned is a stale one the first read found (stale_if_error), read
+    # before anything else this flow did: the driver shares it only with callers who
+    # arrived before that read.
+    served_stale: bool = False
+    load_error: BaseException | None = None  # what the loader raised, when LOAD_FAILED was returned
 
 
 @dataclass(frozen=True)
@@ -169,6 +176,31 @@ def first_read(raw: bytes | None, codec: Codec, stats: Counters, warn: WarningLo
     return miss
 
 
+def fresh_read(
+    raw: bytes | None,
+    ttl_left: float,
+    spec: LoaderSpec,
+    stats: Counters,
+    warn: WarningLog,
+    key: str,
+    random: Callable[[], float],
+) -> Served | Stale | Miss:
+    """``first_read`` for a loader with freshness settings, whose read also returned the
+    value's remaining TTL: a value to return now (perhaps stale, perhaps with a refresh
+    to start), a ``Stale`` value for the miss path, or a ``Miss``."""
+    if raw is None:
+        stats.incr("misses")
+        return Miss.ABSENT
+    found = classify(raw, ttl_left, spec.codec, spec.settings, random)
+    if isinstance(found, Served):
+        stats.incr("stale_hits" if found.stale else "hits" if found.value is not None else "null_hits")
+        return found
+    if found is None:
+        note_corrupt(stats, warn, key, spec.codec.decode(raw).problem)
+    stats.incr("misses")
+    return Miss.CORRUPT if found is None else found
+
+
 def failed_read(stats: Counters, warn: WarningLog, error: BackendUnavailable) -> FailedRead:
     """What a call's first read means when the store failed to answer it."""
     note_backend_error(stats, warn, error)
@@ -176,18 +208,23 @@ def failed_read(stats: Counters, warn: WarningLog, error: BackendUnavailable) ->
     return FailedRead(error)
 
 
-def fill(ctx: Context, miss: Miss | FailedRead = Miss.ABSENT) -> Flow:
-    """Get the entry's value after a miss: wait for another holder, or lock, load and write."""
+def fill(ctx: Context, miss: Miss | FailedRead | Stale = Miss.ABSENT) -> Flow:
+    """Get the entry's value after a miss: wait for another holder, or lock, load and write.
+    After a ``Stale`` read, the lease is taken over the stale value, and under
+    ``stale_if_error`` that value is returned if the load fails, if a failed load's hold
+    is on the lease, or if the wait for another holder times out."""
     if isinstance(miss, FailedRead):
         return (yield from _backend_failed(ctx, miss.error, counted=True))
     settings, key = ctx.settings, ctx.keys.value
     deadline = ctx.clock() + settings.wait_timeout
+    stale = miss if isinstance(miss, Stale) else None
+    fallback = stale if stale is not None and stale.on_error else None
     check_value = miss is not Miss.CORRUPT
     subscribed = False
     silent_wait = False  # the last wait ended with no message: a dead holder is possible
     while True:
         try:
-            reply: AcquireReply = yield Acquire(check_value)
+            reply: AcquireReply = yield Acquire(check_value, stale.identity if stale is not None else b"")
         except BackendUnavailable as error:
             return (yield from _backend_failed(ctx, error))
         except GeneratorExit:
@@ -213,8 +250,14 @@ def fill(ctx: Context, miss: Miss | FailedRead = Miss.ABSENT) -> Flow:
             if silent_wait:
                 ctx.stats.incr("takeovers")
                 log.info("%s: the holder's lease ran out with nothing written; taking over", key)
-            return (yield from _load_and_write(ctx))
+            value = yield from _load_and_write(ctx, hold_after_error=fallback is not None)
+            if value is LOAD_FAILED:
+                assert fallback is not None
+                return _serve_stale(ctx, fallback, "the load failed")
+            return value
 
+        if fallback is not None and reply.failed:
+            return _serve_stale(ctx, fallback, "a failed load's hold is on the lease")
         # Another holder is loading; what it writes is fresh, so read it on re-checks.
         check_value = True
         if not subscribed:
@@ -228,6 +271,9 @@ def fill(ctx: Context, miss: Miss | FailedRead = Miss.ABSENT) -> Flow:
             continue  # re-check now that no wake-up can be missed
         remaining = deadline - ctx.clock()
         if remaining <= 0:
+            if fallback is not None:
+                ctx.stats.incr("wait_timeouts")
+                return _serve_stale(ctx, fallback, "the wait for another load timed out")
             return (yield from after_wait_timeout(ctx))
         lease_left = reply.lease_left if reply.lease_left > 0 else settings.lock_ttl
         timeout = min(remaining, lease_left + LEASE_MARGIN, settings.recheck_interval)
@@ -269,8 +315,56 @@ def after_wait_timeout(ctx: Context) -> Flow:
     return (yield from _load_uncached(ctx))
 
 
-def _load_and_write(ctx: Context) -> Flow:
+def refresh(ctx: Context, stale: bytes) -> Decision[None]:
+    """A background refresh of a value whose identity is ``stale``: take the lease over it,
+    unless another process holds the lease or has already written another value, then
+    load and write as a miss does. A failing loader leaves a hold (``Hold``), so the key is
+    retried once per ``stale_retry_interval`` while its stale value is served."""
     key = ctx.keys.value
+    try:
+        reply: AcquireReply = yield Acquire(True, stale)
+    except BackendUnavailable as error:
+        _count_backend_error(ctx, error)
+        return
+    except GeneratorExit:
+        raise
+    except BaseException:
+        yield from _release(ctx)
+        raise
+    if reply.state is not LockState.LOCKED:
+        log.debug("%s: no refresh: %s", key, "already refreshed" if reply.raw else "the lease is held")
+        return
+    ctx.stats.incr("refreshes")
+    log.debug("%s: refreshing in the background", key)
+    if (yield from _load_and_write(ctx, hold_after_error=True)) is LOAD_FAILED:
+        ctx.stats.incr("refresh_errors")
+        failure = ctx.load_error
+        ctx.warn.warning(
+            "stampede: the background refresh of %r failed (%s: %s); its stale value is still served",
+            key,
+            type(failure).__name__,
+            failure,
+        )
+
+
+class _LoadFailed(enum.Enum):
+    LOAD_FAILED = "load failed"
+
+
+LOAD_FAILED = _LoadFailed.LOAD_FAILED
+"""What ``_load_and_write`` returns when the loader raised and a hold now keeps the lease
+(the error is in ``Context.load_error``)."""
+
+
+def _serve_stale(ctx: Context, stale: Stale, why: str) -> Any:
+    ctx.stats.incr("stale_on_error")
+    ctx.served_stale = True
+    log.info("%s: %s; serving the stale value (stale_if_error)", ctx.keys.value, why)
+    return stale.value
+
+
+def _load_and_write(ctx: Context, hold_after_error: bool = False) -> Flow:
+    key, settings = ctx.keys.value, ctx.settings
     loaded_at, started = ctx.wall_clock(), ctx.clock()
     ctx.stats.incr("loads")
     log.debug("%s: lock taken; loading", key)
@@ -281,11 +375,20 @@ def _load_and_write(ctx: Context) -> Flow:
     except BaseException as error:
         if isinstance(error, Exception):
             ctx.stats.incr("loader_errors")
+            if hold_after_error:
+                log.debug("%s: the loader raised %s; holding the lock", key, type(error).__name__)
+                ctx.load_error = error
+                try:
+                    yield Hold(milliseconds(settings.stale_retry_interval))
+                except BackendUnavailable:
+                    pass  # the lease runs out by itself
+                return LOAD_FAILED
         log.debug("%s: the loader raised %s; releasing the lock", key, type(error).__name__)
         yield from _release(ctx)
         raise
+    stale_for = settings.stale_window
     try:
-        envelope = ctx.codec.encode(value, loaded_at, ctx.clock() - started, key=key)
+        envelope = ctx.codec.encode(value, loaded_at, ctx.clock() - started, key=key, stale_for=stale_for)
         if len(envelope) > ctx.settings.max_value_bytes:
             raise ValueTooLarge(
                 f"the value loaded for {key!r} encodes to {len(envelope)} bytes, more than "
@@ -296,10 +399,10 @@ def _load_and_write(ctx: Context) -> Flow:
     except SerializationError:
         yield from _release(ctx)
         raise
-    ttl = _jittered(ctx, ctx.settings.null_ttl if value is None else ctx.settings.ttl)
-    inline = len(envelope) <= ctx.settings.inline_value_limit
+    ttl = _jittered(ctx, settings.null_ttl if value is None else settings.ttl)
+    inline = len(envelope) <= settings.inline_value_limit
     try:
-        written = yield WriteRelease(envelope, milliseconds(ttl), inline)
+        written = yield WriteRelease(envelope, milliseconds(ttl + stale_for), inline)
     except BackendUnavailable as error:
         # The value is good for this caller; but whether the write ran, or was refused
         # because an invalidation took the lease, is unknown: not for the joiners. An error

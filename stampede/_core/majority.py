@@ -26,6 +26,8 @@ from .._errors import BackendUnavailable
 from .effects import (
     Acquire,
     Decision,
+    Expire,
+    Hold,
     Invalidate,
     ReadValue,
     Release,
@@ -112,12 +114,14 @@ class RedlockLeases:
         self.quorum = quorum
         self.clock = clock
 
-    def acquire(self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool) -> Decision[AcquireReply]:
+    def acquire(
+        self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
+    ) -> Decision[AcquireReply]:
         quorum, on_servers = self.quorum, keys.on_lock_servers
         taken, valid_until = yield from take_majority(quorum, on_servers, token, lease_ms, self.clock)
         if valid_until is not None:
             try:
-                reply: AcquireReply = yield Acquire(check_value)
+                reply: AcquireReply = yield Acquire(check_value, stale)
             except GeneratorExit:
                 raise
             except BaseException:
@@ -134,7 +138,7 @@ class RedlockLeases:
             )
         if check_value:
             raw = yield ReadValue()
-            if raw is not None:
+            if raw is not None and not (stale and raw.startswith(stale)):
                 return AcquireReply(LockState.VALUE, raw)
         return AcquireReply(LockState.HELD, lease_left=taken.lease_left)
 
@@ -172,6 +176,17 @@ class RedlockLeases:
         released: bool = yield Release()
         return released
 
+    def hold(self, keys: EntryKeys, token: str, hold_ms: int) -> Decision[bool]:
+        """The hold lives on the cache server, where every take ends (a lease on the lock
+        servers alone is not enough to load); the majority is released first."""
+        yield ServersRelease(keys.on_lock_servers, token)
+        held: bool = yield Hold(hold_ms)
+        return held
+
     def invalidate(self, keys: EntryKeys) -> Decision[None]:
         yield ServersDrop(keys.on_lock_servers)
         yield Invalidate()
+
+    def expire(self, keys: EntryKeys) -> Decision[None]:
+        yield ServersDrop(keys.on_lock_servers)
+        yield Expire()

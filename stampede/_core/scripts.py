@@ -26,20 +26,58 @@ ACQUIRE = """
 -- KEYS[1] value key, KEYS[2] lock key
 -- ARGV[1] token, ARGV[2] lease in ms,
 -- ARGV[3] '1' to return an existing value rather than lock; '0' to lock over it (it was corrupt)
--- Returns {1, value}: the value exists
+-- ARGV[4] '' or the identity (first bytes) of a stale value the caller read: with '1', lock
+--         over the value if it is still that one; return it only if it is another
+-- Returns {1, value}: the value exists (and is not the caller's stale one)
 --         {2}: the lock is now held with our token
---         {3, pttl}: another holder has the lock for pttl more ms (-1: no expiry set)
+--         {3, pttl, failed}: another holder has the lock for pttl more ms (-1: no expiry
+--                 set); failed is 1 if that is a failed load's hold (HOLD_AFTER_FAILURE)
 if ARGV[3] == '1' then
   local value = redis.call('GET', KEYS[1])
-  if value then return {1, value} end
+  if value and (ARGV[4] == '' or string.sub(value, 1, #ARGV[4]) ~= ARGV[4]) then return {1, value} end
 end
 if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {2} end
-return {3, redis.call('PTTL', KEYS[2])}
+local failed = 0
+if redis.call('GET', KEYS[2]) == '!failed' then failed = 1 end
+return {3, redis.call('PTTL', KEYS[2]), failed}
 """
 
 
-def acquire_call(keys: EntryKeys, token: str, lease_ms: int, check_value: bool) -> Call:
-    return Call([keys.value, keys.lock], [token, lease_ms, "1" if check_value else "0"])
+def acquire_call(keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b"") -> Call:
+    return Call([keys.value, keys.lock], [token, lease_ms, "1" if check_value else "0", stale])
+
+
+READ_WITH_TTL = """
+-- Read a value and how long the server keeps it, in one step (freshness: see _core.freshness).
+-- KEYS[1] value key
+-- Returns {value, pttl} (pttl -1: no expiry set), or nil if there is no value
+local value = redis.call('GET', KEYS[1])
+if not value then return nil end
+return {value, redis.call('PTTL', KEYS[1])}
+"""
+
+
+def read_with_ttl_call(key: str) -> Call:
+    return Call([key], [])
+
+
+HOLD_AFTER_FAILURE = """
+-- A failed load's lease becomes a hold: while callers are served a stale value instead of
+-- the loader's error, nobody loads the key again for ARGV[2] ms, in any process; the
+-- waiters are woken to be served.
+-- KEYS[1] lock key; ARGV[1] token, ARGV[2] hold in ms, ARGV[3] channel
+-- Returns 1: held; 0: the lease was not ours any more (nothing done)
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], '!failed', 'PX', ARGV[2])
+  redis.call('PUBLISH', ARGV[3], '')
+  return 1
+end
+return 0
+"""
+
+
+def hold_call(keys: EntryKeys, token: str, hold_ms: int) -> Call:
+    return Call([keys.lock], [token, hold_ms, keys.channel])
 
 
 WRITE_AND_RELEASE = """
@@ -220,4 +258,38 @@ return deleted
 
 
 def invalidate_call(keys: EntryKeys) -> Call:
+    return Call([keys.value, keys.lock, keys.invalidated], [keys.channel])
+
+
+EXPIRE = """
+-- Make the value stale now, but keep it for the stale window it was written with
+-- (stale_for, in a version 2 envelope: see _core.codec), so it may still be served stale
+-- while it is refreshed or while the loader fails; without one, delete it. Drop any
+-- holder's lease as INVALIDATE does, so a load in flight writes nothing that predates
+-- the change, and wake the waiters.
+-- KEYS as INVALIDATE's; ARGV[1] channel
+-- Returns 1 if there was a value, else 0
+local value = redis.call('GET', KEYS[1])
+if value then
+  local keep = 0
+  if #value >= 24 and string.sub(value, 1, 3) == '\\167S\\2' then
+    keep = math.floor(struct.unpack('>d', value, 17) * 1000)
+  end
+  local left = redis.call('PTTL', KEYS[1])
+  if keep < 1 then
+    redis.call('DEL', KEYS[1])
+  elseif left < 0 or left > keep then
+    redis.call('PEXPIRE', KEYS[1], keep)
+  end
+end
+local lease = redis.call('PTTL', KEYS[2])
+redis.call('DEL', KEYS[2])
+redis.call('PUBLISH', ARGV[1], '')
+if lease > 0 then redis.pcall('SET', KEYS[3], '1', 'PX', lease) end
+if value then return 1 end
+return 0
+"""
+
+
+def expire_call(keys: EntryKeys) -> Call:
     return Call([keys.value, keys.lock, keys.invalidated], [keys.channel])

@@ -21,6 +21,10 @@ from typing import Protocol
 
 from .keys import EntryKeys
 
+FAILED_HOLD = "!failed"
+"""What a lock key holds during a failed load's hold (``Store.hold``), in every backend
+(the Redis scripts spell it out); never a token, which is hex."""
+
 
 class LockState(enum.Enum):
     VALUE = "value"  # the value is there; no lock taken
@@ -34,6 +38,7 @@ class AcquireReply:
     raw: bytes | None = None
     lease_left: float = 0.0  # seconds, for HELD
     fence: int = 0  # a named lock's fencing token, for LOCKED by ``take_lock``
+    failed: bool = False  # HELD by a failed load's hold (``Store.hold``), not by a load
 
 
 class Written(enum.IntEnum):
@@ -89,9 +94,25 @@ class Store(Protocol):
     def get(self, key: str) -> bytes | None:
         """The raw bytes at ``key``, or None."""
 
-    def acquire(self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool) -> AcquireReply:
+    def get_with_ttl(self, key: str) -> tuple[bytes | None, float]:
+        """The raw bytes at ``key`` (or None) and the seconds the store keeps them, by its
+        own clock (-1: no expiry), read together."""
+
+    def acquire(
+        self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
+    ) -> AcquireReply:
         """Return the value if there is one (and ``check_value``), else take the lock or
-        report how long another holder's lease has left."""
+        report how long another holder's lease has left (and whether that is a failed
+        load's hold). ``stale``: the identity of a stale value the caller read; the lock
+        is taken over that value, and only another one is returned."""
+
+    def hold(self, keys: EntryKeys, token: str, hold_ms: int) -> bool:
+        """After a failed load whose callers get a stale value: if ``token`` still holds the
+        lease, turn it into a hold that no token owns, for ``hold_ms``, and wake waiters."""
+
+    def expire(self, keys: EntryKeys) -> None:
+        """Make the value stale but keep it for the stale window it was written with (or
+        delete it, if none); drop any lease and wake waiters, as ``invalidate`` does."""
 
     def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         """Extend the lease if ``token`` still holds it."""
@@ -140,7 +161,15 @@ class AsyncStore(Protocol):
 
     async def get(self, key: str) -> bytes | None: ...
 
-    async def acquire(self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool) -> AcquireReply: ...
+    async def get_with_ttl(self, key: str) -> tuple[bytes | None, float]: ...
+
+    async def acquire(
+        self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
+    ) -> AcquireReply: ...
+
+    async def hold(self, keys: EntryKeys, token: str, hold_ms: int) -> bool: ...
+
+    async def expire(self, keys: EntryKeys) -> None: ...
 
     async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool: ...
 

@@ -16,7 +16,9 @@ leading. A cancelled joiner only cancels its own wait.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
+import random
 import secrets
 import threading
 import time
@@ -34,14 +36,18 @@ from .._core.flow import (
     failed_read,
     fill,
     first_read,
+    fresh_read,
     new_context,
+    refresh,
 )
+from .._core.freshness import Served
 from .._core.keys import EntryKeys
 from .._core.store import AsyncStore
 from .._errors import BackendUnavailable
 from .._fork import reset_after_fork
 from .observe import RateLimitedLog, Stats
 from .perform import AsyncPerformer, arun
+from .refresh import report_stale
 from .singleflight import AsyncFlightTable, Flight, refuse_recursion
 
 
@@ -53,21 +59,29 @@ class LoopState:
     flights: AsyncFlightTable = field(default_factory=AsyncFlightTable)
     closer: Any = None  # the async generator that closes the store when the loop shuts down
     starter: asyncio.Task[None] | None = None  # the task that starts it (kept: the loop holds tasks weakly)
+    refreshes: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # background refresh per key
     closed: bool = False
 
     async def aclose(self) -> None:
         if not self.closed:
             self.closed = True
+            refreshes = list(self.refreshes.values())
+            for task in refreshes:
+                task.cancel()  # the refresh releases its lease as any cancelled load does
+            await asyncio.gather(*refreshes, return_exceptions=True)
             await self.store.aclose()
 
 
 class AsyncRunner:
     """Runs calls of async loaders against a store per event loop."""
 
-    def __init__(self, make_store: Callable[[], AsyncStore], stats: Stats, warn: RateLimitedLog) -> None:
+    def __init__(
+        self, make_store: Callable[[], AsyncStore], stats: Stats, warn: RateLimitedLog, refreshes: int = 8
+    ) -> None:
         self._make_store = make_store
         self._stats = stats
         self._warn = warn
+        self._refresh_limit = refreshes
         self._lock = threading.Lock()  # loops may run in several threads
         self._loops: dict[asyncio.AbstractEventLoop, LoopState] = {}
         reset_after_fork(self)
@@ -100,13 +114,18 @@ class AsyncRunner:
                 early = True
                 continue
             self._stats.incr("collapsed")
-            return flight.shared()
+            value = flight.shared()
+            if flight.stale:
+                report_stale()
+            return value
         try:
-            value = await self._lead(value_key, spec, args, kwargs, state.store, flight)
+            value = await self._lead(value_key, spec, args, kwargs, state, flight)
         except BaseException as error:
             flights.finish(value_key, flight, error=error)
             raise
         flights.finish(value_key, flight, value=value)
+        if flight.stale:
+            report_stale()
         return value
 
     async def _lead(
@@ -115,22 +134,72 @@ class AsyncRunner:
         spec: LoaderSpec,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        store: AsyncStore,
+        state: LoopState,
         flight: Flight,
     ) -> Any:
         flight.sent = 1
+        store, settings = state.store, spec.settings
         try:
-            raw = await store.get(value_key)
+            if settings.reads_ttl:
+                raw, ttl_left = await store.get_with_ttl(value_key)
+            else:
+                raw = await store.get(value_key)
         except BackendUnavailable as error:
             found: Any = failed_read(self._stats, self._warn, error)
         else:
-            found = first_read(raw, spec.codec, self._stats, self._warn, value_key)
-            if not isinstance(found, Miss):
-                return found
+            if not settings.reads_ttl:
+                found = first_read(raw, spec.codec, self._stats, self._warn, value_key)
+                if not isinstance(found, Miss):
+                    return found
+            else:
+                found = fresh_read(raw, ttl_left, spec, self._stats, self._warn, value_key, random.random)
+                if isinstance(found, Served):
+                    if found.refresh is not None:
+                        self._refresh(state, value_key, spec, args, kwargs, found)
+                    flight.stale = found.stale
+                    return found.value
         refuse_recursion(value_key)
         ctx = self._context(value_key, spec)
         loader = functools.partial(spec.func, *args, **kwargs)
         return await self._drive(fill(ctx, found), ctx, loader, store, flight)
+
+    def _refresh(
+        self,
+        state: LoopState,
+        value_key: str,
+        spec: LoaderSpec,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        found: Served,
+    ) -> None:
+        """Start a background refresh of the value ``found`` in a task of this loop, as
+        ``_drivers.refresh`` says: one per key, at most ``refreshes`` at once."""
+        assert found.refresh is not None
+        if value_key in state.refreshes:
+            return
+        if len(state.refreshes) >= self._refresh_limit:
+            self._stats.incr("refreshes_skipped")
+            return
+        ctx = self._context(value_key, spec)
+        loader = functools.partial(spec.func, *args, **kwargs)
+        work = self._refreshing(state, value_key, refresh(ctx, found.refresh), ctx, loader)
+        # In a context of its own: not the caller's call (see _drivers.refresh).
+        task = contextvars.Context().run(asyncio.get_running_loop().create_task, work)
+        state.refreshes[value_key] = task
+        if found.early:
+            self._stats.incr("early_refreshes")
+
+    async def _refreshing(
+        self, state: LoopState, value_key: str, flow: Flow, ctx: Context, loader: Callable[[], Awaitable[Any]]
+    ) -> None:
+        try:
+            await self._drive(flow, ctx, loader, state.store)
+        except Exception as error:  # a refresh has no caller to raise to
+            self._warn.warning(
+                "stampede: the background refresh of %r raised %s: %s", value_key, type(error).__name__, error
+            )
+        finally:
+            state.refreshes.pop(value_key, None)
 
     def _context(self, value_key: str, spec: LoaderSpec) -> Context:
         return new_context(value_key, spec, self._stats, self._warn)
@@ -141,6 +210,9 @@ class AsyncRunner:
 
     async def invalidate(self, keys: EntryKeys) -> None:
         await self._state().store.invalidate(keys)
+
+    async def expire(self, keys: EntryKeys) -> None:
+        await self._state().store.expire(keys)
 
     def forget(self, key: str) -> None:
         """Detach the key's flight in every loop (after an invalidation)."""
@@ -205,7 +277,7 @@ class AsyncRunner:
                 return performer(effect)
 
             value = await arun(flow, perform)
-        flight.decided(ctx.unwritten, ctx.via_notice)
+        flight.decided(ctx.unwritten, ctx.via_notice, ctx.served_stale)
         return value
 
 

@@ -4,6 +4,7 @@ flow performed with blocking calls (threads, or greenlets under gevent)."""
 from __future__ import annotations
 
 import functools
+import random
 import secrets
 import time
 from collections.abc import Callable
@@ -19,13 +20,17 @@ from .._core.flow import (
     failed_read,
     fill,
     first_read,
+    fresh_read,
     new_context,
+    refresh,
 )
+from .._core.freshness import Served
 from .._core.keys import EntryKeys
 from .._core.store import Store
 from .._errors import BackendUnavailable
 from .observe import RateLimitedLog, Stats
 from .perform import Performer, run
+from .refresh import Refresher, report_stale
 from .singleflight import Flight, FlightTable, refuse_recursion
 from .watchdog import Watchdog
 
@@ -33,9 +38,12 @@ from .watchdog import Watchdog
 class SyncRunner:
     """Runs calls of blocking loaders against one store."""
 
-    def __init__(self, store: Store, stats: Stats, warn: RateLimitedLog, watchdog: Watchdog) -> None:
+    def __init__(
+        self, store: Store, stats: Stats, warn: RateLimitedLog, watchdog: Watchdog, refreshes: int = 8
+    ) -> None:
         self.store = store
         self.flights = FlightTable()
+        self.refresher = Refresher(refreshes, stats, warn)
         self._stats = stats
         self._warn = warn
         self._watchdog = watchdog
@@ -65,37 +73,68 @@ class SyncRunner:
                 early = True
                 continue
             self._stats.incr("collapsed")
-            return flight.shared()
+            value = flight.shared()
+            if flight.stale:
+                report_stale()
+            return value
         try:
             value = self._lead(value_key, spec, args, kwargs, flight)
         except BaseException as error:
             self.flights.finish(value_key, flight, error=error)
             raise
         self.flights.finish(value_key, flight, value=value)
+        if flight.stale:
+            report_stale()
         return value
 
     def _lead(
         self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any], flight: Flight
     ) -> Any:
         flight.sent = 1
+        settings = spec.settings
         try:
-            raw = self.store.get(value_key)
+            if settings.reads_ttl:
+                raw, ttl_left = self.store.get_with_ttl(value_key)
+            else:
+                raw = self.store.get(value_key)
         except BackendUnavailable as error:
             found: Any = failed_read(self._stats, self._warn, error)
         else:
-            found = first_read(raw, spec.codec, self._stats, self._warn, value_key)
-            if not isinstance(found, Miss):
-                return found
+            if not settings.reads_ttl:
+                found = first_read(raw, spec.codec, self._stats, self._warn, value_key)
+                if not isinstance(found, Miss):
+                    return found
+            else:
+                found = fresh_read(raw, ttl_left, spec, self._stats, self._warn, value_key, random.random)
+                if isinstance(found, Served):
+                    if found.refresh is not None:
+                        self._refresh(value_key, spec, args, kwargs, found)
+                    flight.stale = found.stale
+                    return found.value
         refuse_recursion(value_key)
         ctx = self._context(value_key, spec)
         loader = functools.partial(spec.func, *args, **kwargs)
         return self._drive(fill(ctx, found), ctx, loader, flight)
+
+    def _refresh(
+        self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any], found: Served
+    ) -> None:
+        """Start a background refresh of the value ``found`` (see ``_drivers.refresh``)."""
+        assert found.refresh is not None
+        ctx = self._context(value_key, spec)
+        loader = functools.partial(spec.func, *args, **kwargs)
+        work = functools.partial(self._drive, refresh(ctx, found.refresh), ctx, loader)
+        if self.refresher.start(value_key, work) and found.early:
+            self._stats.incr("early_refreshes")
 
     def _context(self, value_key: str, spec: LoaderSpec) -> Context:
         return new_context(value_key, spec, self._stats, self._warn)
 
     def invalidate(self, keys: EntryKeys) -> None:
         self.store.invalidate(keys)
+
+    def expire(self, keys: EntryKeys) -> None:
+        self.store.expire(keys)
 
     def forget(self, key: str) -> None:
         """Detach the key's flight: later callers read afresh (after an invalidation)."""
@@ -114,5 +153,5 @@ class SyncRunner:
                 return performer(effect)
 
             value = run(flow, perform)
-        flight.decided(ctx.unwritten, ctx.via_notice)
+        flight.decided(ctx.unwritten, ctx.via_notice, ctx.served_stale)
         return value

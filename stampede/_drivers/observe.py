@@ -21,6 +21,12 @@ COUNTERS = (
     "stale_writes_prevented",  # a load finished after its lease was lost; its value was not written
     "evicted_leases",  # of those, a lease the server dropped within its term with no invalidation
     "corrupt_values",  # bytes at a key were not a readable envelope; treated as a miss
+    "stale_hits",  # a read returned a value past its ttl at once, within stale_while_revalidate
+    "stale_on_error",  # a value past its ttl was returned instead of the loader's error (stale_if_error)
+    "refreshes",  # a background refresh took the lease and loaded
+    "early_refreshes",  # a hit started a background refresh before ttl (early_refresh)
+    "refresh_errors",  # a background refresh's loader raised; its stale value stays
+    "refreshes_skipped",  # a background refresh was not started: the limit of refreshes at once was reached
 )
 
 

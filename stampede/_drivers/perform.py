@@ -25,6 +25,8 @@ from .._core.effects import (
     AwaitNotice,
     Decision,
     Effect,
+    Expire,
+    Hold,
     Invalidate,
     Lease,
     LeaveQueue,
@@ -130,8 +132,8 @@ class Performer:
     def __call__(self, effect: Effect) -> Any:
         lease, store = self._lease, self._store
         match effect:
-            case Acquire(check_value=check_value):
-                return store.acquire(lease.keys, lease.token, lease.ms, check_value)
+            case Acquire(check_value=check_value, stale=stale):
+                return store.acquire(lease.keys, lease.token, lease.ms, check_value, stale)
             case TakeLock():
                 return store.take_lock(lease.keys, lease.token, lease.ms, lease.queue_ms)
             case ReadValue():
@@ -142,10 +144,14 @@ class Performer:
                 return store.write_release(lease.keys, lease.token, envelope, ttl_ms, inline)
             case Release():
                 return store.release(lease.keys, lease.token)
+            case Hold(hold_ms=hold_ms):
+                return store.hold(lease.keys, lease.token, hold_ms)
             case LeaveQueue():
                 return store.leave_queue(lease.keys, lease.token)
             case Invalidate():
                 return store.invalidate(lease.keys)
+            case Expire():
+                return store.expire(lease.keys)
             case Subscribe():
                 self._subscription = store.subscribe(lease.keys)
                 return None
@@ -206,8 +212,8 @@ class AsyncPerformer:
     async def _perform(self, effect: Effect) -> Any:
         lease, store = self._lease, self._store
         match effect:
-            case Acquire(check_value=check_value):
-                return await store.acquire(lease.keys, lease.token, lease.ms, check_value)
+            case Acquire(check_value=check_value, stale=stale):
+                return await store.acquire(lease.keys, lease.token, lease.ms, check_value, stale)
             case TakeLock():
                 return await store.take_lock(lease.keys, lease.token, lease.ms, lease.queue_ms)
             case ReadValue():
@@ -218,10 +224,14 @@ class AsyncPerformer:
                 return await store.write_release(lease.keys, lease.token, envelope, ttl_ms, inline)
             case Release():
                 return await store.release(lease.keys, lease.token)
+            case Hold(hold_ms=hold_ms):
+                return await store.hold(lease.keys, lease.token, hold_ms)
             case LeaveQueue():
                 return await store.leave_queue(lease.keys, lease.token)
             case Invalidate():
                 return await store.invalidate(lease.keys)
+            case Expire():
+                return await store.expire(lease.keys)
             case Subscribe():
                 self._subscription = await store.subscribe(lease.keys)
                 return None

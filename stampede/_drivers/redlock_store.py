@@ -53,8 +53,14 @@ class RedlockStore:
     def get(self, key: str) -> bytes | None:
         return self.cache.get(key)
 
-    def acquire(self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool) -> AcquireReply:
-        return self._run(self._leases.acquire(keys, token, lease_ms, check_value), Lease(keys, token, lease_ms))
+    def get_with_ttl(self, key: str) -> tuple[bytes | None, float]:
+        return self.cache.get_with_ttl(key)
+
+    def acquire(
+        self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
+    ) -> AcquireReply:
+        decision = self._leases.acquire(keys, token, lease_ms, check_value, stale)
+        return self._run(decision, Lease(keys, token, lease_ms))
 
     def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         return self._run(self._leases.renew(keys, token, lease_ms), Lease(keys, token))
@@ -65,8 +71,14 @@ class RedlockStore:
     def release(self, keys: EntryKeys, token: str) -> bool:
         return self._run(self._leases.release(keys, token), Lease(keys, token))
 
+    def hold(self, keys: EntryKeys, token: str, hold_ms: int) -> bool:
+        return self._run(self._leases.hold(keys, token, hold_ms), Lease(keys, token))
+
     def invalidate(self, keys: EntryKeys) -> None:
         self._run(self._leases.invalidate(keys), Lease(keys))
+
+    def expire(self, keys: EntryKeys) -> None:
+        self._run(self._leases.expire(keys), Lease(keys))
 
     # Named locks, their queues and messages: the cache server's (see the module).
 
@@ -107,8 +119,14 @@ class AsyncRedlockStore:
     async def get(self, key: str) -> bytes | None:
         return await self.cache.get(key)
 
-    async def acquire(self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool) -> AcquireReply:
-        return await self._run(self._leases.acquire(keys, token, lease_ms, check_value), Lease(keys, token, lease_ms))
+    async def get_with_ttl(self, key: str) -> tuple[bytes | None, float]:
+        return await self.cache.get_with_ttl(key)
+
+    async def acquire(
+        self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
+    ) -> AcquireReply:
+        decision = self._leases.acquire(keys, token, lease_ms, check_value, stale)
+        return await self._run(decision, Lease(keys, token, lease_ms))
 
     async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         return await self._run(self._leases.renew(keys, token, lease_ms), Lease(keys, token))
@@ -119,8 +137,14 @@ class AsyncRedlockStore:
     async def release(self, keys: EntryKeys, token: str) -> bool:
         return await self._run(self._leases.release(keys, token), Lease(keys, token))
 
+    async def hold(self, keys: EntryKeys, token: str, hold_ms: int) -> bool:
+        return await self._run(self._leases.hold(keys, token, hold_ms), Lease(keys, token))
+
     async def invalidate(self, keys: EntryKeys) -> None:
         await self._run(self._leases.invalidate(keys), Lease(keys))
+
+    async def expire(self, keys: EntryKeys) -> None:
+        await self._run(self._leases.expire(keys), Lease(keys))
 
     async def take_lock(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int = 0) -> AcquireReply:
         return await self.cache.take_lock(keys, token, lease_ms, queue_ms)

@@ -58,7 +58,7 @@ from .._fork import reset_after_fork
 
 
 class Flight:
-    __slots__ = ("done", "error", "sent", "subscribed_at", "timer", "unwritten", "value")
+    __slots__ = ("done", "error", "sent", "stale", "subscribed_at", "timer", "unwritten", "value")
 
     def __init__(self) -> None:
         # threading.Event, or a list of (deadline, future); made by the first joiner
@@ -69,6 +69,7 @@ class Flight:
         self.unwritten = False  # the leader loaded a value but its write was refused or failed; set before done
         self.sent = 0  # the leader's steps that may produce its value; bumped just before each
         self.subscribed_at = 0  # ``sent`` when the leader subscribed to the entry's channel
+        self.stale = False  # the value is stale (served while refreshed, or instead of an error); set before done
 
     def count(self, effect: Effect) -> None:
         """The leader is about to perform ``effect``: count it if it may produce the value."""
@@ -77,13 +78,16 @@ class Flight:
             if isinstance(effect, Subscribe):
                 self.subscribed_at = self.sent
 
-    def decided(self, unwritten: bool, via_notice: bool) -> None:
+    def decided(self, unwritten: bool, via_notice: bool, served_stale: bool = False) -> None:
         """The leader's flow returned its value: if its write was refused or failed, it
         goes to nobody else; if it came in a message, only to those who arrived before
-        the subscription."""
+        the subscription; if it is the stale value of the first read, only to those who
+        arrived before that read."""
         self.unwritten = unwritten
         if via_notice:
             self.sent = self.subscribed_at
+        if served_stale:
+            self.sent, self.stale = 1, True
 
     def starts_over(self, joined_at: int | None) -> bool:
         """Whether a joiner must start over instead of sharing the outcome: the leader was

@@ -1,0 +1,479 @@
+"""Freshness: stale-while-revalidate, stale-if-error, early refresh and expire(), over
+every backend, blocking and asyncio, and across processes."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+
+from stampede import ConfigError, Fetched, Stampede
+from stampede._backends.memory import MemoryStore
+from stampede._core import scripts
+from stampede._core.codec import Codec
+from stampede._core.config import Settings
+from stampede._core.freshness import Served, Stale, classify
+from stampede._core.store import FAILED_HOLD
+
+from .scenarios import wait_until
+from .test_behaviour import CountingLoader, hammer
+from .test_processes import Workers
+
+
+class Database:
+    """A versioned row: loads return the version read when they start; it can fail, or
+    block a load until released, and counts every load."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.version = 1
+        self.failing = False
+        self.delay = delay
+        self.calls = 0
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.release.set()
+        self._lock = threading.Lock()
+
+    def __call__(self, key: Any) -> dict[str, Any]:
+        with self._lock:
+            self.calls += 1
+            version, failing = self.version, self.failing
+        self.started.set()
+        assert self.release.wait(30), "the test never released the loader"
+        if self.delay:
+            time.sleep(self.delay)
+        if failing:
+            raise ConnectionError("the database is down")
+        return {"key": key, "v": version}
+
+
+def stale_now(layer: Stampede, key: str, window: float) -> None:
+    """Wait, by the store's clock, until the value at ``key`` is past its ttl."""
+    store = layer._runner.store  # type: ignore[union-attr]
+    wait_until(lambda: store.get_with_ttl(key)[1] <= window, "the value to go stale", timeout=10)
+
+
+def refreshed(layer: Stampede, count: int = 1) -> None:
+    wait_until(lambda: layer.stats()["refreshes"] >= count and layer._runner.refresher.running() == 0,  # type: ignore[union-attr]
+               "the background refresh to finish")  # fmt: skip
+
+
+# --- the decision, without a store -------------------------------------------------------
+
+
+def test_freshness_is_decided_by_the_stores_remaining_ttl_alone() -> None:
+    codec = Codec()
+    settings = Settings(ttl=60, stale_while_revalidate=10, stale_if_error=300)
+    raw = codec.encode({"v": 1}, loaded_at=time.time() - 3600, load_duration=0.05, key="k", stale_for=300)
+    never = lambda: 0.5  # noqa: E731  (no early refresh draw fires at these distances)
+    # The writer's clock said an hour ago: only the remaining TTL counts.
+    assert classify(raw, 300 + 1, codec, settings, never) == Served({"v": 1})
+    assert classify(raw, 300 - 5, codec, settings, never) == Served({"v": 1}, stale=True, refresh=raw[:16])
+    past = classify(raw, 300 - 50, codec, settings, never)
+    assert isinstance(past, Stale) and past.on_error and past.value == {"v": 1}
+    shorter = Settings(ttl=60, stale_while_revalidate=10)  # a reader with shorter windows
+    assert classify(raw, 300 - 50, codec, shorter, never) == Stale({"v": 1}, raw[:16], on_error=False)
+    assert classify(raw, -1, codec, settings, never) == Served({"v": 1})  # no expiry: fresh
+
+
+def test_early_refresh_follows_xfetch() -> None:
+    codec, settings = Codec(), Settings(early_refresh=1.0)
+    raw = codec.encode("x", time.time(), load_duration=0.1, key="k")
+    draw = 1 - math.exp(-2)  # -ln(1 - draw) == 2: a gap of delta * beta * 2 = 0.2 s
+    assert classify(raw, 0.19, codec, settings, lambda: draw) == Served("x", refresh=raw[:16], early=True)
+    assert classify(raw, 0.21, codec, settings, lambda: draw) == Served("x")
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [{"stale_while_revalidate": -1}, {"stale_if_error": math.nan}, {"stale_if_error": math.inf},
+     {"early_refresh": -0.5}, {"early_refresh": math.inf}, {"stale_retry_interval": 0},
+     {"stale_while_revalidate": True}],
+)  # fmt: skip
+def test_bad_freshness_settings_are_refused_when_given(setting: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError):
+        Stampede(**setting)
+    with pytest.raises(ConfigError):
+        Stampede().cached_loader("x:{x}", **setting)
+
+
+# --- stale while revalidate ------------------------------------------------------------------
+
+
+def test_threads_past_ttl_get_the_old_value_at_once_and_one_refresh_runs(
+    layer_of_each_backend: Callable[..., Stampede],
+) -> None:
+    layer = layer_of_each_backend(jitter=0)
+    db = Database(delay=0.3)
+    load = layer.cached_loader("row:{key}", ttl=0.3, stale_while_revalidate=30)(db)
+    assert load(1) == {"key": 1, "v": 1}
+    db.version = 2
+    stale_now(layer, load.key(1), 30)
+
+    started = time.monotonic()
+    results = hammer(load.fetch, [1] * 32)
+    assert time.monotonic() - started < 0.25  # nobody waited for the 0.3 s refresh
+    assert {(r.value["v"], r.stale) for r in results} == {(1, True)}
+    refreshed(layer)
+    assert load.fetch(1).value == {"key": 1, "v": 2} and not load.fetch(1).stale
+    assert db.calls == 2
+    stats = layer.stats()
+    assert stats["refreshes"] == 1 and stats["stale_hits"] >= 1 and stats["loads"] == 2
+
+
+def test_five_hundred_coroutines_past_ttl_get_the_old_value_and_one_refresh_runs(
+    layer_of_each_backend: Callable[..., Stampede],
+) -> None:
+    layer = layer_of_each_backend(jitter=0)
+    calls = {"n": 0}
+    release = asyncio.Event  # made in the loop below
+
+    async def run() -> None:
+        gate = release()
+
+        @layer.cached_loader("arow:{key}", ttl=0.3, stale_while_revalidate=30)
+        async def load(key: int) -> dict[str, int]:
+            calls["n"] += 1
+            if calls["n"] > 1:
+                await gate.wait()
+            return {"key": key, "v": calls["n"]}
+
+        assert await load(1) == {"key": 1, "v": 1}
+        store = layer._async_runner.loop_store()  # type: ignore[union-attr]
+        while (await store.get_with_ttl(load.key(1)))[1] > 30:
+            await asyncio.sleep(0.02)
+        results = await asyncio.gather(*(load.fetch(1) for _ in range(500)))
+        assert {(r.value["v"], r.stale) for r in results} == {(1, True)}  # while the refresh is blocked
+        for _ in range(500):
+            if calls["n"] == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert calls["n"] == 2
+        gate.set()
+        for _ in range(200):
+            if not (await load.fetch(1)).stale:
+                break
+            await asyncio.sleep(0.01)
+        assert await load(1) == {"key": 1, "v": 2}
+        await layer.aclose()
+
+    asyncio.run(run())
+    assert calls["n"] == 2 and layer.stats()["refreshes"] == 1
+
+
+def test_two_processes_past_ttl_get_the_old_value_at_once_and_refresh_once(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    options = ("--threads", "16", "--delay", "0.5", "--ttl", "0.3", "--stale-while-revalidate", "30")
+    workers = Workers()
+    try:
+        first = workers.start(redis_url, *options)
+        workers.expect(first, "ready")
+        workers.go([first])  # loads v1
+        assert workers.result(first)["versions"] == [1]
+        wait_until(lambda: 0 <= redis_client.pttl("proc:{item:0}") <= 30_000, "the value to go stale")
+        started = [workers.start(redis_url, *options) for _ in range(2)]
+        for process in started:
+            workers.expect(process, "ready")
+        workers.go(started)
+        results = [workers.result(process) for process in started]
+    finally:
+        workers.stop_all()
+    for result in results:
+        assert result["versions"] == [1] and result["stale"] == 16 and result["wrong"] == []
+        assert result["max_latency"] < 0.3  # the refresh takes 0.5 s: nobody waited for it
+    # Exactly one refresh across both processes (and it completed: each waited for its
+    # own refresh thread only if it ran it; the other found the lease held).
+    assert sum(result["stats"]["refreshes"] for result in results) == 1
+    wait_until(lambda: redis_client.get("calls:0") == b"2", "the refresh to load")
+    wait_until(lambda: redis_client.pttl("proc:{item:0}") > 30_000, "the refreshed value to be written")
+
+
+def test_a_failing_refresh_keeps_serving_the_old_value_until_the_window_ends(
+    layer_of_each_backend: Callable[..., Stampede],
+) -> None:
+    layer = layer_of_each_backend(jitter=0)
+    db = Database()
+    load = layer.cached_loader("row:{key}", ttl=0.2, stale_while_revalidate=1.5, stale_retry_interval=0.25)(db)
+    load(1)
+    db.failing = True
+    stale_now(layer, load.key(1), 1.5)
+    served_for = time.monotonic()
+    while time.monotonic() - served_for < 1.0:
+        fetched = load.fetch(1)
+        assert fetched.value == {"key": 1, "v": 1} and fetched.stale
+        time.sleep(0.01)
+    # One refresh per retry interval across the layer: about 1.0 / 0.25 (+1 for the edges).
+    assert 2 <= db.calls - 1 <= 6
+    assert layer.stats()["refresh_errors"] == db.calls - 1
+    wait_until(lambda: layer._runner.store.get_with_ttl(load.key(1))[0] is None,  # type: ignore[union-attr]
+               "the stale window to end", timeout=5)  # fmt: skip
+    with pytest.raises(ConnectionError):
+        load(1)  # past ttl + stale_while_revalidate the error reaches the caller
+
+
+def test_a_process_killed_while_its_refresh_holds_the_lease_is_taken_over_after_the_lease(
+    redis_url: str, redis_client: redis.Redis, make_layer: Callable[..., Stampede]
+) -> None:
+    layer = make_layer(namespace="proc", ttl=0.3, stale_while_revalidate=30, lock_ttl=1.0, jitter=0)
+    versions = iter(range(1, 100))
+    load = layer.cached_loader("item:{key}")(lambda key: {"key": key, "v": next(versions)})
+    assert load(0)["v"] == 1
+    wait_until(lambda: 0 <= redis_client.pttl("proc:{item:0}") <= 30_000, "the value to go stale")
+    workers = Workers()
+    try:
+        holder = workers.start(redis_url, "--threads", "1", "--hang", "--ttl", "0.3", "--stale-while-revalidate", "30",
+                               "--lock-ttl", "1.0")  # fmt: skip
+        workers.expect(holder, "ready")
+        workers.go([holder])
+        assert holder.stdout is not None
+        lines = {holder.stdout.readline().strip()[:9] for _ in range(2)}  # its result, and its refresh's start
+        assert lines == {"loading", '{"calls":'}
+        holder.kill()
+        holder.wait(5)
+        killed_at = time.monotonic()
+        assert redis_client.get("proc:{item:0}:lock") is not None  # the dead refresh's lease
+        while (fetched := load.fetch(0)).stale:
+            assert fetched.value["v"] == 1 and time.monotonic() - killed_at < 3.0
+            time.sleep(0.02)
+    finally:
+        workers.stop_all()
+    assert fetched.value["v"] == 2  # our refresh, after the dead one's lease ran out
+    assert time.monotonic() - killed_at < 1.0 + 1.0
+
+
+# --- stale if error ---------------------------------------------------------------------------
+
+
+def test_stale_if_error_serves_the_old_value_while_the_loader_fails_and_retries_once_a_second(
+    layer_of_each_backend: Callable[..., Stampede],
+) -> None:
+    layer = layer_of_each_backend(jitter=0)
+    db = Database()
+    load = layer.cached_loader("row:{key}", ttl=0.2, stale_if_error=30, stale_retry_interval=0.5)(db)
+    load(1)
+    db.failing, db.version = True, 2
+    stale_now(layer, load.key(1), 30)
+    stop = threading.Event()
+    seen: list[Any] = []
+
+    def caller() -> None:
+        while not stop.is_set():
+            try:
+                fetched = load.fetch(1)
+                seen.append((fetched.value["v"], fetched.stale))
+            except Exception as error:  # collected: no caller may see one
+                seen.append(error)
+            time.sleep(0.005)
+
+    threads = [threading.Thread(target=caller) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.6)  # the outage
+    attempts = db.calls - 1
+    recovered_at = time.monotonic()
+    db.failing = False
+    wait_until(lambda: seen and seen[-1] == (2, False), "the new value after recovery", timeout=3)
+    recovery = time.monotonic() - recovered_at
+    stop.set()
+    for thread in threads:
+        thread.join(5)
+    assert [outcome for outcome in seen if not isinstance(outcome, tuple)] == []
+    assert set(seen) <= {(1, True), (2, False)}
+    assert 2 <= attempts <= 5  # 1.6 s at one try per 0.5 s, across 8 threads
+    assert recovery < 0.5 + 0.3
+    assert layer.stats()["stale_on_error"] > 0
+
+
+def test_past_the_stale_if_error_window_the_error_reaches_the_caller(
+    layer_of_each_backend: Callable[..., Stampede],
+) -> None:
+    layer = layer_of_each_backend(jitter=0)
+    db = Database()
+    load = layer.cached_loader("row:{key}", ttl=0.2, stale_if_error=0.4, stale_retry_interval=0.05)(db)
+    load(1)
+    db.failing = True
+    stale_now(layer, load.key(1), 0.4)
+    assert load.fetch(1).stale
+    wait_until(lambda: layer._runner.store.get_with_ttl(load.key(1))[0] is None,  # type: ignore[union-attr]
+               "the stale window to end", timeout=5)  # fmt: skip
+    with pytest.raises(ConnectionError):
+        load(1)
+
+
+def test_stale_if_error_does_not_keep_callers_from_a_healthy_load(
+    layer_of_each_backend: Callable[..., Stampede],
+) -> None:
+    """Past ttl with stale_if_error only, callers wait for the new value as they would
+    without it: the old one is for when the load fails."""
+    layer = layer_of_each_backend(jitter=0)
+    db = Database(delay=0.1)
+    load = layer.cached_loader("row:{key}", ttl=0.2, stale_if_error=30)(db)
+    load(1)
+    db.version = 2
+    stale_now(layer, load.key(1), 30)
+    results = hammer(load.fetch, [1] * 16)
+    assert {(r.value["v"], r.stale) for r in results} == {(2, False)}
+    assert db.calls == 2
+
+
+# --- invalidate and expire ----------------------------------------------------------------------
+
+
+def test_invalidate_in_another_process_beats_a_stale_value_and_a_running_refresh(
+    layer_of_each_backend: Callable[..., Stampede],
+) -> None:
+    reader_layer = layer_of_each_backend(jitter=0)
+    # Another process, as far as flights go (an embedded layer's store is its own: there
+    # the writer is the same layer).
+    embedded = isinstance(reader_layer._runner.store, MemoryStore)  # type: ignore[union-attr]
+    writer_layer = reader_layer if embedded else layer_of_each_backend(jitter=0)
+    db = Database()
+    options = dict(ttl=0.2, stale_while_revalidate=30, stale_if_error=30)
+    read = reader_layer.cached_loader("row:{key}", **options)(db)
+    write_side = writer_layer.cached_loader("row:{key}", **options)(db)
+    read(1)
+    stale_now(reader_layer, read.key(1), 30)
+    db.release.clear()
+    db.started.clear()
+    assert read.fetch(1).stale  # and its refresh starts, reading version 1, then blocks
+    assert db.started.wait(5)
+    db.version = 2
+    write_side.invalidate(1)
+    db.release.set()  # the new load below must not be kept waiting
+    for layer_load in (read, write_side):
+        fetched = layer_load.fetch(1)
+        assert fetched.value["v"] == 2 and not fetched.stale
+    refreshed(reader_layer)
+    assert reader_layer.stats()["stale_writes_prevented"] == 1  # the running refresh's v1
+    assert read(1)["v"] == 2 and write_side(1)["v"] == 2
+
+
+def test_expire_keeps_the_old_value_servable_as_stale_and_refreshes_it(
+    layer_of_each_backend: Callable[..., Stampede],
+) -> None:
+    layer = layer_of_each_backend(jitter=0)
+    db = Database()
+    load = layer.cached_loader("row:{key}", ttl=60, stale_while_revalidate=30)(db)
+    load(1)
+    db.version = 2
+    load.expire(1)
+    fetched = load.fetch(1)
+    assert fetched.value["v"] == 1 and fetched.stale
+    refreshed(layer)
+    assert load.fetch(1).value["v"] == 2
+    # Without a stale window, expire is invalidate.
+    plain = layer.cached_loader("plain:{key}")(CountingLoader())
+    plain(1)
+    plain.expire(1)
+    assert plain(1) == {"id": 1} and layer.stats()["loads"] == 4
+
+
+def test_the_null_sentinel_is_served_stale_while_refreshed(layer_of_each_backend: Callable[..., Stampede]) -> None:
+    layer = layer_of_each_backend(jitter=0)
+    found = {"row": None}
+    load = layer.cached_loader("maybe:{key}", null_ttl=0.2, stale_while_revalidate=30)(lambda key: found["row"])
+    assert load(1) is None
+    found["row"] = {"now": "there"}
+    stale_now(layer, load.key(1), 30)
+    fetched = load.fetch(1)
+    assert fetched.value is None and fetched.stale
+    refreshed(layer)
+    assert load(1) == {"now": "there"}
+
+
+# --- early refresh --------------------------------------------------------------------------------
+
+
+def test_early_refresh_keeps_a_hot_key_loaded_without_a_caller_waiting(
+    layer_of_each_backend: Callable[..., Stampede],
+) -> None:
+    layer = layer_of_each_backend()
+    db = Database(delay=0.05)
+    load = layer.cached_loader("hot:{key}", ttl=0.5, early_refresh=1.0)(db)
+    load(1)  # the warm-up: the only load a caller waits for
+    stop = threading.Event()
+    slowest = [0.0]
+
+    def caller() -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            load(1)
+            slowest[0] = max(slowest[0], time.monotonic() - started)
+            time.sleep(0.005)
+
+    threads = [threading.Thread(target=caller) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    time.sleep(2.5)
+    stop.set()
+    for thread in threads:
+        thread.join(5)
+    stats = layer.stats()
+    assert stats["misses"] == 1  # the warm-up only: no caller found it missing
+    assert 3 <= db.calls <= 2.5 / 0.5 * 2 + 1  # refreshed about once per ttl, a little early
+    assert stats["early_refreshes"] >= 2 and stats["stale_hits"] == 0
+    assert slowest[0] < 0.05  # no call waited for a 50 ms load
+
+
+def test_a_full_refresh_pool_skips_and_counts(make_layer: Callable[..., Stampede]) -> None:
+    layer = make_layer(jitter=0, background_refreshes=1)
+    db = Database()
+    load = layer.cached_loader("row:{key}", ttl=0.2, stale_while_revalidate=30)(db)
+    load(1), load(2)
+    stale_now(layer, load.key(1), 30)
+    stale_now(layer, load.key(2), 30)
+    db.release.clear()
+    assert load.fetch(1).stale  # its refresh takes the only slot, and blocks
+    assert load.fetch(2).stale  # no slot: skipped, not queued
+    assert layer.stats()["refreshes_skipped"] == 1
+    db.release.set()
+    refreshed(layer)
+    assert db.calls == 3
+
+
+def test_async_callers_get_the_old_value_while_the_loader_fails_and_after_expire(
+    layer_of_each_backend: Callable[..., Stampede],
+) -> None:
+    layer = layer_of_each_backend(jitter=0)
+    state = {"failing": False, "version": 1, "calls": 0}
+
+    @layer.cached_loader("arow:{key}", ttl=0.2, stale_if_error=30, stale_while_revalidate=0.1,
+                         stale_retry_interval=0.5)  # fmt: skip
+    async def load(key: int) -> dict[str, Any]:
+        state["calls"] += 1
+        if state["failing"]:
+            raise ConnectionError("the database is down")
+        return {"key": key, "v": state["version"]}
+
+    async def run() -> None:
+        assert (await load(1))["v"] == 1
+        state["failing"], state["version"] = True, 2
+        store = layer._async_runner.loop_store()  # type: ignore[union-attr]
+        while (await store.get_with_ttl(load.key(1)))[1] > 30 - 0.1:  # past the swr window too
+            await asyncio.sleep(0.02)
+        before = state["calls"]
+        for _ in range(3):
+            results = await asyncio.gather(*(load.fetch(1) for _ in range(200)))
+            assert {(r.value["v"], r.stale) for r in results} == {(1, True)}
+            await asyncio.sleep(0.1)
+        assert 1 <= state["calls"] - before <= 2  # one try per 0.5 s, for 600 callers
+        state["failing"] = False
+        await asyncio.sleep(0.5)
+        assert await load.fetch(1) == Fetched({"key": 1, "v": 2}, False)
+        state["version"] = 3
+        await load.expire(1)
+        assert await load.fetch(1) == Fetched({"key": 1, "v": 2}, True)  # served while refreshed
+        await layer.aclose()
+
+    asyncio.run(run())
+
+
+def test_the_failed_hold_marker_is_the_one_the_scripts_spell_out() -> None:
+    assert f"'{FAILED_HOLD}'" in scripts.ACQUIRE and f"'{FAILED_HOLD}'" in scripts.HOLD_AFTER_FAILURE
