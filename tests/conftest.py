@@ -21,6 +21,17 @@ from stampede.testing import FaultProxy, RedisServer, find_server_binary
 
 BACKENDS = ["redis", "embedded", "redlock"]
 
+# STAMPEDE_TEST_FRESHNESS=1 runs the suites with freshness on in every layer the fixtures
+# make (a test's own settings win): their promises must hold with it too (CI runs the
+# behaviour and fault suites so).
+FRESHNESS = {"stale_while_revalidate": 1.0, "stale_if_error": 1.0, "early_refresh": 1.0}
+
+
+def with_freshness(options: dict[str, Any]) -> dict[str, Any]:
+    if os.environ.get("STAMPEDE_TEST_FRESHNESS"):
+        return {**FRESHNESS, **options}
+    return options
+
 
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
@@ -64,7 +75,7 @@ def make_layer(redis_url: str, redis_client: redis.Redis) -> Iterator[Callable[.
 
     def make(url: str | None = None, **options: Any) -> Stampede:
         options.setdefault("namespace", "test")
-        layer = Stampede.from_url(url or redis_url, **options)
+        layer = Stampede.from_url(url or redis_url, **with_freshness(options))
         layers.append(layer)
         return layer
 
@@ -137,7 +148,7 @@ def layer_of_each_backend(
         if make_redlock is not None:
             return make_layer(redlock=make_redlock(), **options)
         options.setdefault("namespace", "test")
-        layer = Stampede(**options)
+        layer = Stampede(**with_freshness(options))
         embedded.append(layer)
         return layer
 

@@ -477,3 +477,31 @@ def test_async_callers_get_the_old_value_while_the_loader_fails_and_after_expire
 
 def test_the_failed_hold_marker_is_the_one_the_scripts_spell_out() -> None:
     assert f"'{FAILED_HOLD}'" in scripts.ACQUIRE and f"'{FAILED_HOLD}'" in scripts.HOLD_AFTER_FAILURE
+
+
+def test_a_writer_whose_clock_is_minutes_off_changes_nothing(
+    make_layer: Callable[..., Stampede], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The envelope's loaded_at is the writer's wall clock; freshness is decided by the
+    server's TTL alone, so a writer ten minutes ahead (or behind) is served on time."""
+    from stampede._drivers import blocking
+
+    made = blocking.new_context
+    for skew in (600.0, -600.0):
+
+        def skewed(*args: Any, skew: float = skew) -> Any:
+            ctx = made(*args)
+            ctx.wall_clock = lambda: time.time() + skew
+            return ctx
+
+        monkeypatch.setattr(blocking, "new_context", skewed)
+        writer = make_layer(jitter=0)
+        db = Database()
+        load = writer.cached_loader(f"skew{int(skew)}:{{key}}", ttl=0.5, stale_while_revalidate=30)(db)
+        load(1)
+        monkeypatch.undo()
+        reader = make_layer(jitter=0).cached_loader(f"skew{int(skew)}:{{key}}", ttl=0.5, stale_while_revalidate=30)(db)
+        assert reader.fetch(1) == Fetched({"key": 1, "v": 1}, False)  # fresh, though "loaded" minutes away
+        db.version = 2
+        stale_now(writer, load.key(1), 30)
+        assert reader.fetch(1) == Fetched({"key": 1, "v": 1}, True)  # stale right after ttl, by the server

@@ -106,3 +106,22 @@ def test_the_serializer_benchmark_prints_both_paths_of_both_values() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     rows = [line for line in done.stdout.splitlines() if "hit (loads)" in line or "load (dumps+back)" in line]
     assert len(rows) == 4, done.stdout
+
+
+def test_the_freshness_benchmark_short_form_serves_hot_keys_without_a_wait_or_an_error() -> None:
+    """``loadtest/bench_freshness.py --quick``: the expiry storm and the outage, as CI can
+    afford them. The figures are the script's; this checks the properties that hold
+    at any size: one load per window with freshness on, no error to a caller in the
+    outage, and the loader tried about once per key per second while down."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "loadtest" / "bench_freshness.py"), "--quick"],
+        capture_output=True, text=True, timeout=240, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout.strip().splitlines()[-1])["figures"]
+    fresh, outage = rows["stampede, swr + early"], rows["stampede, + stale_if_error, outage"]
+    assert fresh["max per window"] == 1 and fresh["errors"] == 0
+    assert fresh["p99"] < 40  # no call waited for a 50 ms load
+    assert outage["errors"] == 0 and outage["max per window"] == 1
+    assert outage["attempts while down"] <= 10 * (outage["outage s"] + 1)  # 10 keys, one try a second each
+    assert outage["keys not reloaded"] == 0 and outage["recovery s"] < 1.0 + 0.5

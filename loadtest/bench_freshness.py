@@ -1,0 +1,262 @@
+"""Figures for freshness: an expiry storm on hot keys, and a database outage inside it.
+
+    python loadtest/bench_freshness.py           # starts a throwaway server on 127.0.0.1
+    python loadtest/bench_freshness.py --quick   # a short run, for CI
+
+``--processes`` x ``--threads`` callers each call one of ``--keys`` hot keys, pausing
+``--pause`` between calls, for ``--seconds``; values live ``--ttl``; the loader sleeps
+``--delay``. The same storm runs, in the same run and on the same server, against:
+
+* stampede with today's defaults (every caller after an expiry waits for the one load);
+* stampede with ``stale_while_revalidate`` and ``early_refresh``;
+* dogpile.cache (if installed): a region on its Redis backend with
+  ``distributed_lock=True`` and Redis keeping values past dogpile's expiry, so that it
+  serves the old value while one caller regenerates;
+* stampede with ``stale_if_error`` as well, the loader raising for ``--outage`` seconds
+  in the middle of the storm.
+
+For each: latency percentiles of the calls after the first ttl (the warm-up), loads per
+key per expiry window (a window opens with a load and lasts until its value is half a
+ttl old: an early refresh starts later than that, a second load of the same expiry
+sooner), errors seen by callers; for the outage, the loader's attempts while the
+database was down and the time from its recovery to the new value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from expiry_windows import expiry_windows, summarize
+
+from stampede import Stampede
+from stampede.testing import server_url
+
+CONFIGS = {
+    "stampede, defaults": {},
+    "stampede, swr + early": {"stale_while_revalidate": 2.0, "early_refresh": 1.0},
+    "dogpile.cache": None,
+    "stampede, + stale_if_error, outage": {"stale_while_revalidate": 2.0, "early_refresh": 1.0,
+                                           "stale_if_error": 30.0, "stale_retry_interval": 1.0},
+}  # fmt: skip
+
+
+@dataclass
+class Query:
+    started: float
+    finished: float
+    what: str
+    failed: bool = False
+
+
+def worker(spec: dict[str, Any]) -> None:
+    """One process of the storm: prints "ready", waits for "go", prints one JSON line.
+    Failed refreshes during the outage are counted, not logged."""
+    logging.getLogger("stampede").setLevel(logging.ERROR)
+    name, ttl, delay = spec["config"], spec["ttl"], spec["delay"]
+    down_from, down_until = spec.get("down_from", 0.0), spec.get("down_until", 0.0)
+    log: list[Query] = []
+    log_lock = threading.Lock()
+
+    def database(key: int) -> dict[str, Any]:
+        started = time.time()
+        time.sleep(delay)
+        failed = down_from <= started < down_until
+        with log_lock:
+            log.append(Query(started, time.time(), str(key), failed))
+        if failed:
+            raise ConnectionError("the database is down")
+        return {"key": key, "loaded_at": started}
+
+    if CONFIGS[name] is None:
+        load, close = _dogpile(spec["url"], ttl, database)
+    else:
+        layer = Stampede.from_url(spec["url"], namespace="fresh", ttl=ttl, **CONFIGS[name])
+        load, close = layer.cached_loader("hot:{key}")(database), layer.close
+    print("ready", flush=True)
+    if sys.stdin.readline().strip() != "go":
+        return
+    begin = spec["begin"]
+    end = begin + spec["seconds"]
+    calls: list[tuple[float, float]] = []  # (when, seconds)
+    errors = [0]
+    results_lock = threading.Lock()
+
+    def caller(index: int) -> None:
+        time.sleep(max(0.0, begin - time.time()) + index * spec["pause"] / spec["threads"])
+        step = index
+        while (now := time.time()) < end:
+            key = step % spec["keys"]
+            step += 1
+            started = time.perf_counter()
+            try:
+                load(key)
+            except Exception:
+                with results_lock:
+                    errors[0] += 1
+            with results_lock:
+                calls.append((now, time.perf_counter() - started))
+            time.sleep(spec["pause"])
+
+    threads = [threading.Thread(target=caller, args=(index,)) for index in range(spec["threads"])]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    time.sleep(delay * 2)  # let a refresh in flight log its query
+    close()
+    with log_lock:
+        queries = [vars(query) for query in log]
+    print(json.dumps({"calls": calls, "errors": errors[0], "queries": queries}), flush=True)
+
+
+def _dogpile(url: str, ttl: float, database: Any) -> tuple[Any, Any]:
+    from dogpile.cache import make_region
+
+    region = make_region().configure(
+        "dogpile.cache.redis",
+        expiration_time=ttl,
+        arguments={"url": url, "distributed_lock": True, "redis_expiration_time": int(ttl * 60) + 1,
+                   "lock_timeout": 10, "thread_local_lock": False},
+    )  # fmt: skip
+
+    def load(key: int) -> Any:
+        return region.get_or_create(f"hot:{key}", lambda: database(key))
+
+    return load, lambda: None
+
+
+def storm(url: str, config: str, options: argparse.Namespace) -> dict[str, Any]:
+    redis.Redis.from_url(url).flushall()
+    spec = {"url": url, "config": config, "ttl": options.ttl, "delay": options.delay, "keys": options.keys,
+            "threads": options.threads, "pause": options.pause, "seconds": options.seconds}  # fmt: skip
+    processes = []
+    try:
+        for _ in range(options.processes):
+            process = subprocess.Popen([sys.executable, __file__, "--worker"], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, text=True)  # fmt: skip
+            processes.append(process)
+        begin = time.time() + 1.0
+        if "outage" in config:
+            middle = begin + options.seconds / 2
+            spec.update(down_from=middle - options.outage / 2, down_until=middle + options.outage / 2)
+        spec["begin"] = begin
+        for process in processes:
+            assert process.stdin is not None and process.stdout is not None
+            process.stdin.write(json.dumps(spec) + "\n")
+            process.stdin.flush()
+            assert process.stdout.readline().strip() == "ready"
+        for process in processes:
+            assert process.stdin is not None
+            process.stdin.write("go\n")
+            process.stdin.flush()
+        outputs = [json.loads(process.communicate(timeout=options.seconds + 60)[0].splitlines()[-1])
+                   for process in processes]  # fmt: skip
+    finally:
+        for process in processes:  # ours, by PID: never left behind
+            if process.poll() is None:
+                process.kill()
+                process.wait(5)
+    return figures(spec, outputs, options)
+
+
+def figures(spec: dict[str, Any], outputs: list[dict[str, Any]], options: argparse.Namespace) -> dict[str, Any]:
+    warm = spec["begin"] + options.ttl
+    latencies = sorted(seconds for output in outputs for when, seconds in output["calls"] if when >= warm)
+    queries = [Query(**query) for output in outputs for query in output["queries"]]
+    windows = summarize(expiry_windows(queries, options.ttl * 0.9 / 2))
+    result = {
+        "calls": len(latencies),
+        "p50": _percentile(latencies, 50) * 1000,
+        "p99": _percentile(latencies, 99) * 1000,
+        "max": latencies[-1] * 1000 if latencies else 0.0,
+        "errors": sum(output["errors"] for output in outputs),
+        "loads": len(queries),
+        "max per window": windows["max_queries_per_window"],
+        "windows with 2+": windows["windows_with_more_than_one_query"],
+    }
+    if "down_from" in spec:
+        down_from, down_until = spec["down_from"], spec["down_until"]
+        result["attempts while down"] = sum(1 for query in queries if query.failed)
+        recovered = {}
+        for query in sorted(queries, key=lambda query: query.finished):
+            if query.started >= down_until and not query.failed:
+                recovered.setdefault(query.what, query.finished - down_until)
+        # A key not reloaded before the run ended counts as the rest of the run.
+        missing = options.keys - len(recovered)
+        rest = spec["begin"] + options.seconds - down_until
+        result["recovery s"] = max([*recovered.values(), *([rest] * missing)], default=rest)
+        result["keys not reloaded"] = missing
+        result["outage s"] = down_until - down_from
+    return result
+
+
+def _percentile(ordered: list[float], percent: float) -> float:
+    if not ordered:
+        return 0.0
+    return ordered[min(len(ordered) - 1, int(len(ordered) * percent / 100))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--url", help="a Redis to use (default: start one on 127.0.0.1)")
+    parser.add_argument("--processes", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=16)
+    parser.add_argument("--keys", type=int, default=10)
+    parser.add_argument("--ttl", type=float, default=1.0)
+    parser.add_argument("--delay", type=float, default=0.05, help="the loader's seconds")
+    parser.add_argument("--pause", type=float, default=0.01, help="seconds between a caller's calls")
+    parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--outage", type=float, default=3.0, help="seconds the database is down")
+    parser.add_argument("--quick", action="store_true", help="2 processes x 4 threads for 4 s (CI)")
+    options = parser.parse_args()
+    if options.worker:
+        worker(json.loads(sys.stdin.readline()))
+        return
+    if options.quick:
+        options.processes, options.threads, options.seconds, options.outage = 2, 4, 4.0, 1.0
+    try:
+        import dogpile.cache
+    except ImportError:
+        print("dogpile.cache is not installed (pip install -e '.[loadtest]'): its row is left out")
+        del CONFIGS["dogpile.cache"]
+    print(f"Expiry storm: {options.processes} processes x {options.threads} threads, {options.keys} hot keys, "
+          f"ttl {options.ttl:g} s, loader {options.delay * 1000:.0f} ms, {options.pause * 1000:.0f} ms between "
+          f"calls, {options.seconds:g} s; latencies after the first ttl")  # fmt: skip
+    rows = {}
+    with server_url(options.url) as url:
+        for config in CONFIGS:
+            rows[config] = storm(url, config, options)
+    header = ("", "calls", "p50 ms", "p99 ms", "max ms", "errors", "loads", "max/window", "2+ windows")
+    print("{:<36} {:>7} {:>7} {:>7} {:>8} {:>7} {:>6} {:>11} {:>11}".format(*header))
+    for config, row in rows.items():
+        cells = (row["calls"], row["p50"], row["p99"], row["max"], row["errors"], row["loads"],
+                 row["max per window"], row["windows with 2+"])  # fmt: skip
+        print("{:<36} {:>7} {:>7.2f} {:>7.2f} {:>8.1f} {:>7} {:>6} {:>11} {:>11}".format(config, *cells))
+    outage = rows["stampede, + stale_if_error, outage"]
+    print(f"Outage of {outage['outage s']:.1f} s inside the storm: {outage['errors']} errors to callers, "
+          f"{outage['attempts while down']} loader attempts while down ({options.keys} keys), "
+          f"new value {outage['recovery s']:.2f} s after recovery (slowest key; "
+          f"{outage['keys not reloaded']} not reloaded before the run ended)")  # fmt: skip
+    dogpile = rows.get("dogpile.cache")
+    fresh = rows["stampede, swr + early"]
+    if dogpile is not None and dogpile["p99"] > 0:
+        print(f"p99 ratio, stampede swr + early / dogpile.cache: {fresh['p99'] / dogpile['p99']:.2f}")
+    print(json.dumps({"figures": rows}))
+
+
+if __name__ == "__main__":
+    main()
