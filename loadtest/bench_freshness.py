@@ -19,7 +19,8 @@ For each: latency percentiles of the calls after the first ttl (the warm-up), lo
 key per expiry window (a window opens with a load and lasts until its value is half a
 ttl old: an early refresh starts later than that, a second load of the same expiry
 sooner), errors seen by callers; for the outage, the loader's attempts while the
-database was down and the time from its recovery to the new value.
+database was down and the time from its recovery to the new value. Last, what the
+freshness settings cost a warm hit (``hit_cost``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import statistics
 import subprocess
 import sys
 import threading
@@ -203,6 +205,34 @@ def figures(spec: dict[str, Any], outputs: list[dict[str, Any]], options: argpar
     return result
 
 
+def hit_cost(url: str, options: argparse.Namespace) -> dict[str, float]:
+    """What freshness costs a hit: one thread, a plain loader's hits (GET) against the same
+    value's hits with stale_while_revalidate (the script that reads it with its TTL), in
+    interleaved rounds; the median of the per-round ratios."""
+    value = {"id": 42, "children": [{"id": i, "name": f"c{i}"} for i in range(20)]}
+    with Stampede.from_url(url, namespace="hitcost", ttl=3600) as layer:
+        plain = layer.cached_loader("plain:{key}")(lambda key: value)
+        fresh = layer.cached_loader("fresh:{key}", stale_while_revalidate=60, early_refresh=1.0)(lambda key: value)
+        plain(1), fresh(1)  # warm
+
+        def rate(load: Any) -> float:
+            started = time.perf_counter()
+            for _ in range(options.hit_calls):
+                load(1)
+            return options.hit_calls / (time.perf_counter() - started)
+
+        ratios, plain_rates, fresh_rates = [], [], []
+        for round_number in range(options.hit_rounds):
+            first, second = (plain, fresh) if round_number % 2 else (fresh, plain)
+            rates = {id(first): rate(first), id(second): rate(second)}
+            plain_rates.append(rates[id(plain)])
+            fresh_rates.append(rates[id(fresh)])
+            ratios.append(rates[id(fresh)] / rates[id(plain)])
+        assert layer.stats()["loads"] == 2
+    return {"plain": statistics.median(plain_rates), "fresh": statistics.median(fresh_rates),
+            "ratio": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}  # fmt: skip
+
+
 def _percentile(ordered: list[float], percent: float) -> float:
     if not ordered:
         return 0.0
@@ -221,6 +251,8 @@ def main() -> None:
     parser.add_argument("--pause", type=float, default=0.01, help="seconds between a caller's calls")
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--outage", type=float, default=3.0, help="seconds the database is down")
+    parser.add_argument("--hit-calls", type=int, default=3000, help="calls per round of the hit-cost figure")
+    parser.add_argument("--hit-rounds", type=int, default=21)
     parser.add_argument("--quick", action="store_true", help="2 processes x 4 threads for 4 s (CI)")
     options = parser.parse_args()
     if options.worker:
@@ -228,6 +260,7 @@ def main() -> None:
         return
     if options.quick:
         options.processes, options.threads, options.seconds, options.outage = 2, 4, 4.0, 1.0
+        options.hit_calls, options.hit_rounds = 500, 3
     try:
         import dogpile.cache
     except ImportError:
@@ -240,6 +273,7 @@ def main() -> None:
     with server_url(options.url) as url:
         for config in CONFIGS:
             rows[config] = storm(url, config, options)
+        cost = hit_cost(url, options)
     header = ("", "calls", "p50 ms", "p99 ms", "max ms", "errors", "loads", "max/window", "2+ windows")
     print("{:<36} {:>7} {:>7} {:>7} {:>8} {:>7} {:>6} {:>11} {:>11}".format(*header))
     for config, row in rows.items():
@@ -255,7 +289,10 @@ def main() -> None:
     fresh = rows["stampede, swr + early"]
     if dogpile is not None and dogpile["p99"] > 0:
         print(f"p99 ratio, stampede swr + early / dogpile.cache: {fresh['p99'] / dogpile['p99']:.2f}")
-    print(json.dumps({"figures": rows}))
+    print(f"Warm hit, one thread, {options.hit_rounds} interleaved rounds of {options.hit_calls} calls: plain loader "
+          f"{cost['plain']:.0f} calls/s, with freshness settings {cost['fresh']:.0f} calls/s, ratio "
+          f"{cost['ratio']:.3f} (median; min {cost['min']:.3f}, max {cost['max']:.3f})")  # fmt: skip
+    print(json.dumps({"figures": rows, "hit cost": cost}))
 
 
 if __name__ == "__main__":

@@ -505,3 +505,12 @@ def test_a_writer_whose_clock_is_minutes_off_changes_nothing(
         db.version = 2
         stale_now(writer, load.key(1), 30)
         assert reader.fetch(1) == Fetched({"key": 1, "v": 1}, True)  # stale right after ttl, by the server
+
+
+def test_a_get_and_a_pttl_sent_together_read_a_key_deleted_between_them_as_absent() -> None:
+    from stampede._backends.redis import with_ttl
+
+    assert with_ttl(b"value", -2) == (None, 0.0)  # an invalidation ran between the two
+    assert with_ttl(None, 1500) == (None, 0.0)
+    assert with_ttl(b"value", -1) == (b"value", -1.0)  # no expiry: fresh
+    assert with_ttl(b"value", 1500) == (b"value", 1.5)

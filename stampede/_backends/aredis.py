@@ -68,9 +68,17 @@ class AsyncRedisStore:
         return raw
 
     async def get_with_ttl(self, key: str) -> tuple[bytes | None, float]:
-        with translated("read", key, self.breaker):
-            call = _scripts.read_with_ttl_call(key)
-            return with_ttl(await self._send(key, self._scripts.read_with_ttl, *call))
+        breaker = self.breaker
+        breaker.check(key)
+        try:
+            pipeline = self.client.pipeline(transaction=False)
+            pipeline.get(key)
+            pipeline.pttl(key)
+            raw, pttl = await self._send(key, pipeline.execute)
+        except FAILURES as error:
+            raise failure(breaker, "read", key, error) from error
+        breaker.succeeded()
+        return with_ttl(raw, pttl)
 
     async def acquire(
         self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""

@@ -95,12 +95,15 @@ def acquire_reply(reply: Any) -> AcquireReply:
     return AcquireReply(LockState.HELD, lease_left=max(int(reply[1]), 0) / 1000, failed=failed)
 
 
-def with_ttl(reply: Any) -> tuple[bytes | None, float]:
-    """The READ_WITH_TTL script's reply: the value and its seconds left (-1: no expiry)."""
-    if reply is None:
+def with_ttl(raw: Any, pttl: Any) -> tuple[bytes | None, float]:
+    """A GET and a PTTL of one key, sent together: the value and its seconds left (-1: no
+    expiry). They are not one atomic step: a key deleted between them (PTTL -2) is read as
+    absent; a key rewritten between them pairs the old value with the new TTL, which serves
+    a value replaced a moment ago as fresh, as a GET sent a moment earlier would have."""
+    pttl = int(pttl)
+    if raw is None or pttl == -2:
         return None, 0.0
-    raw, pttl = reply
-    return raw, -1.0 if int(pttl) < 0 else int(pttl) / 1000
+    return raw, -1.0 if pttl < 0 else pttl / 1000
 
 
 class Scripts:
@@ -113,7 +116,6 @@ class Scripts:
         self.renew = client.register_script(_scripts.RENEW)
         self.release = client.register_script(_scripts.RELEASE)
         self.invalidate = client.register_script(_scripts.INVALIDATE)
-        self.read_with_ttl = client.register_script(_scripts.READ_WITH_TTL)
         self.hold = client.register_script(_scripts.HOLD_AFTER_FAILURE)
         self.expire = client.register_script(_scripts.EXPIRE)
         self.take_lock = client.register_script(_scripts.TAKE_LOCK)
@@ -178,8 +180,20 @@ class RedisStore:
         return BackendUnavailable(f"the layer was closed while a command to {what} {key!r} ran", key=key)
 
     def get_with_ttl(self, key: str) -> tuple[bytes | None, float]:
-        with self._translated("read", key):
-            return with_ttl(self._scripts.read_with_ttl(*_scripts.read_with_ttl_call(key)))
+        # A hit of a loader with freshness settings: one round trip, and no context manager.
+        breaker = self.breaker
+        breaker.check(key)
+        try:
+            pipeline = self.client.pipeline(transaction=False)
+            pipeline.get(key)
+            pipeline.pttl(key)
+            raw, pttl = pipeline.execute()
+        except FAILURES as error:
+            raise failure(breaker, "read", key, error) from error
+        except Exception as error:
+            raise self._cut_by_close("read", key, error) from error
+        breaker.succeeded()
+        return with_ttl(raw, pttl)
 
     def acquire(
         self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""

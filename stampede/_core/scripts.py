@@ -47,20 +47,6 @@ def acquire_call(keys: EntryKeys, token: str, lease_ms: int, check_value: bool, 
     return Call([keys.value, keys.lock], [token, lease_ms, "1" if check_value else "0", stale])
 
 
-READ_WITH_TTL = """
--- Read a value and how long the server keeps it, in one step (freshness: see _core.freshness).
--- KEYS[1] value key
--- Returns {value, pttl} (pttl -1: no expiry set), or nil if there is no value
-local value = redis.call('GET', KEYS[1])
-if not value then return nil end
-return {value, redis.call('PTTL', KEYS[1])}
-"""
-
-
-def read_with_ttl_call(key: str) -> Call:
-    return Call([key], [])
-
-
 HOLD_AFTER_FAILURE = """
 -- A failed load's lease becomes a hold: while callers are served a stale value instead of
 -- the loader's error, nobody loads the key again for ARGV[2] ms, in any process; the
