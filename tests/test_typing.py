@@ -15,11 +15,11 @@ import redis.utils
 
 USER_CODE = """
 import asyncio
-from stampede import RecursiveLoad, Stampede, StampedeError
+from stampede import Fetched, RecursiveLoad, Stampede, StampedeError
 
 layer = Stampede(namespace="typed")
 
-@layer.cached_loader("product:{product_id}", ttl=60)
+@layer.cached_loader("product:{product_id}", ttl=60, stale_while_revalidate=10, stale_if_error=300)
 def product(product_id: int) -> dict[str, int] | None:
     return {"id": product_id}
 
@@ -40,7 +40,11 @@ found: dict[str, int] | None = product(1)
 names: list[str] = category_map(1)
 key: str = product.key(1)
 product.invalidate(1)
+product.expire(1)
+fetched: Fetched[dict[str, int] | None] = product.fetch(1)
+stale: bool = fetched.stale
 text: str = asyncio.run(async_product(1))
+async_fetched: Fetched[str] = asyncio.run(async_product.fetch(1))
 error: type[StampedeError] = RecursiveLoad
 reveal_type(product)
 """
