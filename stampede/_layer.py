@@ -359,6 +359,7 @@ class Stampede:
         async loaders are closed by ``aclose()`` in their event loop."""
         self._watchdog.close()
         if self._runner is not None:
+            self._runner.refresher.close()
             self._runner.store.close()
         if self._async_runner is not None:
             self._async_runner.close()

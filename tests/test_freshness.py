@@ -4,6 +4,7 @@ every backend, blocking and asyncio, and across processes."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import threading
 import time
@@ -520,3 +521,43 @@ def test_a_get_and_a_pttl_sent_together_read_a_key_deleted_between_them_as_absen
     assert with_ttl(None, 1500) == (None, 0.0)
     assert with_ttl(b"value", -1) == (b"value", -1.0)  # no expiry: fresh
     assert with_ttl(b"value", 1500) == (b"value", 1.5)
+
+
+def test_the_refresh_workers_are_bounded_reused_and_leave_when_idle(caplog: pytest.LogCaptureFixture) -> None:
+    from stampede._drivers.observe import RateLimitedLog, Stats
+    from stampede._drivers.refresh import Refresher
+
+    stats = Stats()
+    refresher = Refresher(2, stats, RateLimitedLog(logging.getLogger("stampede")), idle_timeout=0.3)
+    gate, ran = threading.Event(), []
+
+    def work(name: str) -> Callable[[], None]:
+        def run() -> None:
+            assert gate.wait(10)
+            ran.append(name)
+
+        return run
+
+    others = {thread for thread in threading.enumerate() if thread.name == "stampede-refresh"}
+
+    def workers() -> int:  # this refresher's
+        return sum(thread.name == "stampede-refresh" and thread not in others for thread in threading.enumerate())
+
+    assert refresher.start("a", work("a")) and refresher.start("b", work("b"))
+    assert not refresher.start("a", work("a again"))  # already under way: collapsed, not counted
+    assert not refresher.start("c", work("c"))  # the limit: skipped, never queued
+    assert stats.snapshot()["refreshes_skipped"] == 1 and workers() == 2
+    gate.set()
+    wait_until(lambda: refresher.running() == 0, "the refreshes to finish")
+    assert sorted(ran) == ["a", "b"]
+    broken = lambda: 1 / 0  # noqa: E731
+    assert refresher.start("d", broken) and refresher.start("e", work("e"))  # the same two workers
+    wait_until(lambda: refresher.running() == 0, "the refreshes to finish")
+    assert workers() == 2 and ran[-1] == "e"
+    assert "the background refresh of 'd' raised ZeroDivisionError" in caplog.text  # logged, not raised
+    wait_until(lambda: workers() == 0, "the idle workers to leave", timeout=5)
+    assert refresher.start("f", work("f"))
+    wait_until(lambda: refresher.running() == 0 and workers() == 1, "a new worker's refresh")
+    refresher.close()
+    wait_until(lambda: workers() == 0, "close() to let the idle worker leave")
+    assert not refresher.start("g", work("g"))

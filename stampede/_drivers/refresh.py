@@ -1,8 +1,8 @@
 """Background refreshes (stale-while-revalidate, early refresh), and telling a caller its
 value was stale.
 
-A refresh runs beside the callers, never before them: in a thread of its own for
-blocking loaders (``Refresher``), in a task on the caller's event loop for async ones
+A refresh runs beside the callers, never before them: in a worker thread for blocking
+loaders (``Refresher``), in a task on the caller's event loop for async ones
 (``_drivers.aio``). Both are bounded the same way: one refresh per key at a time in a
 process (per loop), and at most ``limit`` at once; a refresh beyond the limit is skipped
 and counted (``refreshes_skipped``), never queued: the next hit on the key asks again.
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextvars
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,55 +27,92 @@ from .observe import RateLimitedLog, Stats
 
 
 class Refresher:
-    """The background refreshes of one layer's blocking loaders."""
+    """The background refreshes of one layer's blocking loaders, run by up to ``limit``
+    worker threads that stay for ``idle_timeout`` seconds after their last refresh. A
+    caller only hands its refresh over: it never waits for a thread to start (which, with
+    many threads holding the GIL, costs a caller milliseconds)."""
 
-    def __init__(self, limit: int, stats: Stats, warn: RateLimitedLog) -> None:
+    def __init__(self, limit: int, stats: Stats, warn: RateLimitedLog, idle_timeout: float = 30.0) -> None:
         self._limit = limit
         self._stats = stats
         self._warn = warn
-        self._lock = threading.Lock()
-        self._running: set[str] = set()  # keys whose refresh runs in this process
+        self._idle_timeout = idle_timeout
+        self._reset()
         reset_after_fork(self)
 
-    def after_fork_in_child(self) -> None:
-        """The parent's refresh threads are not in this process."""
+    def _reset(self) -> None:
         self._lock = threading.Lock()
-        self._running = set()
+        self._work_ready = threading.Condition(self._lock)
+        self._keys: set[str] = set()  # keys whose refresh is queued or running in this process
+        self._queue: deque[tuple[str, Callable[[], None]]] = deque()
+        self._workers = 0  # threads started and not exited
+        self._idle = 0  # of those, waiting for work
+        self._closed = False
+
+    def after_fork_in_child(self) -> None:
+        """The parent's workers and their refreshes are not in this process."""
+        self._reset()
 
     def start(self, key: str, work: Callable[[], None]) -> bool:
-        """Run ``work`` in a thread of its own and return True, unless ``key`` is already
-        being refreshed here or ``limit`` refreshes run (skipped, and counted)."""
+        """Hand ``work`` to a worker and return True, unless ``key`` is already being
+        refreshed here or ``limit`` refreshes are under way (skipped, and counted)."""
         with self._lock:
-            if key in self._running:
+            if key in self._keys or self._closed:
                 return False
-            if len(self._running) >= self._limit:
+            if len(self._keys) >= self._limit:
                 self._stats.incr("refreshes_skipped")
                 return False
-            self._running.add(key)
-        thread = threading.Thread(target=self._run, args=(key, work), name="stampede-refresh", daemon=True)
+            self._keys.add(key)
+            self._queue.append((key, work))
+            if self._idle >= len(self._queue) or self._workers >= self._limit:
+                self._work_ready.notify()  # an idle worker, or the next to finish, takes it
+                return True
+            self._workers += 1
+        worker = threading.Thread(target=self._serve, name="stampede-refresh", daemon=True)
         try:
-            contextvars.Context().run(thread.start)
+            contextvars.Context().run(worker.start)
         except RuntimeError:  # the interpreter cannot start a thread (at its limit, or exiting)
-            self._finished(key)
-            self._stats.incr("refreshes_skipped")
-            return False
+            with self._lock:
+                self._workers -= 1
+                if (key, work) in self._queue:
+                    self._queue.remove((key, work))
+                    self._keys.discard(key)
+                    self._stats.incr("refreshes_skipped")
+                    return False
         return True
 
-    def _run(self, key: str, work: Callable[[], None]) -> None:
-        try:
-            work()
-        except Exception as error:  # a serializer's error, say: a refresh has no caller to raise to
-            self._warn.warning("stampede: the background refresh of %r raised %s: %s", key, type(error).__name__, error)
-        finally:
-            self._finished(key)
+    def _serve(self) -> None:
+        while True:
+            with self._lock:
+                while not self._queue:
+                    self._idle += 1
+                    woken = self._work_ready.wait(self._idle_timeout)
+                    self._idle -= 1
+                    if self._closed or (not woken and not self._queue):
+                        self._workers -= 1
+                        return
+                key, work = self._queue.popleft()
+            try:
+                work()
+            except Exception as error:  # a serializer's error, say: a refresh has no caller to raise to
+                self._warn.warning(
+                    "stampede: the background refresh of %r raised %s: %s", key, type(error).__name__, error
+                )
+            finally:
+                with self._lock:
+                    self._keys.discard(key)
 
-    def _finished(self, key: str) -> None:
+    def close(self) -> None:
+        """Let idle workers leave now, and start no more refreshes. A refresh under way is
+        not waited for: cut short by the process's exit, its lease runs out."""
         with self._lock:
-            self._running.discard(key)
+            self._closed = True
+            self._work_ready.notify_all()
 
     def running(self) -> int:
+        """Refreshes queued or running in this process."""
         with self._lock:
-            return len(self._running)
+            return len(self._keys)
 
 
 @dataclass
