@@ -20,6 +20,7 @@ from stampede._core import scripts
 from stampede._core.codec import Codec
 from stampede._core.config import Settings
 from stampede._core.freshness import Served, Stale, classify
+from stampede._core.keys import EntryKeys
 from stampede._core.store import FAILED_HOLD
 
 from .scenarios import wait_until
@@ -471,9 +472,13 @@ def test_async_callers_get_the_old_value_while_the_loader_fails_and_after_expire
             assert {(r.value["v"], r.stale) for r in results} == {(1, True)}
             await asyncio.sleep(0.1)
         assert 1 <= state["calls"] - before <= 2  # one try per 0.5 s, for 600 callers
-        state["failing"] = False
-        await asyncio.sleep(0.5)
-        assert await load.fetch(1) == Fetched({"key": 1, "v": 2}, False)
+        state["failing"] = False  # the next try, in the background after the hold, succeeds
+        for _ in range(300):
+            fetched = await load.fetch(1)
+            if not fetched.stale:
+                break
+            await asyncio.sleep(0.01)
+        assert fetched == Fetched({"key": 1, "v": 2}, False)
         state["version"] = 3
         await load.expire(1)
         assert await load.fetch(1) == Fetched({"key": 1, "v": 2}, True)  # served while refreshed
@@ -517,10 +522,10 @@ def test_a_writer_whose_clock_is_minutes_off_changes_nothing(
 def test_a_get_and_a_pttl_sent_together_read_a_key_deleted_between_them_as_absent() -> None:
     from stampede._backends.redis import with_ttl
 
-    assert with_ttl(b"value", -2) == (None, 0.0)  # an invalidation ran between the two
-    assert with_ttl(None, 1500) == (None, 0.0)
-    assert with_ttl(b"value", -1) == (b"value", -1.0)  # no expiry: fresh
-    assert with_ttl(b"value", 1500) == (b"value", 1.5)
+    assert with_ttl(b"value", -2, 1) == (None, 0.0, False)  # an invalidation ran between the two
+    assert with_ttl(None, 1500) == (None, 0.0, False)
+    assert with_ttl(b"value", -1) == (b"value", -1.0, False)  # no expiry: fresh
+    assert with_ttl(b"value", 1500, 1) == (b"value", 1.5, True)
 
 
 def test_the_refresh_workers_are_bounded_reused_and_leave_when_idle(caplog: pytest.LogCaptureFixture) -> None:
@@ -561,3 +566,37 @@ def test_the_refresh_workers_are_bounded_reused_and_leave_when_idle(caplog: pyte
     refresher.close()
     wait_until(lambda: workers() == 0, "close() to let the idle worker leave")
     assert not refresher.start("g", work("g"))
+
+
+def test_while_the_loader_fails_past_the_revalidate_window_nobody_waits_for_a_retry(
+    layer_of_each_backend: Callable[..., Stampede],
+) -> None:
+    """Within stale_if_error only, the first failure is a caller's to wait for; it marks the
+    entry failing, and from then on the retries run in the background, as under
+    stale_while_revalidate: a database that takes seconds to fail holds up no caller."""
+    layer = layer_of_each_backend(jitter=0)
+    db = Database()
+    load = layer.cached_loader("row:{key}", ttl=0.2, stale_if_error=30, stale_retry_interval=0.2)(db)
+    load(1)
+    db.failing, db.version = True, 2
+    stale_now(layer, load.key(1), 30)
+    assert load.fetch(1) == Fetched({"key": 1, "v": 1}, True)  # its own load failed
+    db.release.clear()  # from now on a try blocks until released
+    db.started.clear()
+    store = layer._runner.store  # type: ignore[union-attr]
+    wait_until(lambda: store.holder(EntryKeys.for_value(load.key(1))) is None, "the hold to end")
+    results: list[Any] = []
+    callers = threading.Thread(target=lambda: results.extend(hammer(load.fetch, [1] * 16)))
+    callers.start()
+    callers.join(10)
+    assert not callers.is_alive(), "a caller waited for the retry"
+    assert {(r.value["v"], r.stale) for r in results} == {(1, True)} and len(results) == 16
+    assert db.started.wait(5)
+    assert db.calls == 3  # the first load, the failed one, and the retry, in the background
+    db.failing = False
+    db.release.set()  # the retry fails (it read failing=True); the next one succeeds
+    deadline = time.monotonic() + 5
+    while (fetched := load.fetch(1)).stale:
+        assert time.monotonic() < deadline, "the loader recovered but the value was never refreshed"
+        time.sleep(0.02)
+    assert fetched.value == {"key": 1, "v": 2} and layer.stats()["stale_on_error"] >= 2

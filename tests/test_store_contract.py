@@ -204,11 +204,11 @@ STALE_ENVELOPE = Codec().encode({"v": 1}, 1.0, 0.0, key="k", stale_for=30.0)
 
 
 def test_a_value_is_read_with_the_seconds_the_store_keeps_it(store: Any, keys: EntryKeys) -> None:
-    assert store.get_with_ttl(keys.value) == (None, 0.0)
+    assert store.get_with_ttl(keys.value) == (None, 0.0, False)
     store.acquire(keys, "a", LEASE_MS, True)
     store.write_release(keys, "a", STALE_ENVELOPE, 60_000, False)
-    raw, left = store.get_with_ttl(keys.value)
-    assert raw == STALE_ENVELOPE and 55 < left <= 60
+    raw, left, failing = store.get_with_ttl(keys.value)
+    assert raw == STALE_ENVELOPE and 55 < left <= 60 and not failing
 
 
 def test_the_lease_is_taken_over_a_stale_value_only_while_it_is_still_that_one(store: Any, keys: EntryKeys) -> None:
@@ -227,8 +227,8 @@ def test_a_failed_loads_hold_keeps_everyone_out_and_says_so(store: Any, keys: En
     store.acquire(keys, "a", LEASE_MS, True)
     subscription = store.subscribe(keys)
     try:
-        assert store.hold(keys, "b", 300) is False  # not b's lease
-        assert store.hold(keys, "a", 300) is True
+        assert store.hold(keys, "b", 300, 60_000) is False  # not b's lease
+        assert store.hold(keys, "a", 300, 60_000) is True
         assert subscription.wait(5) == b""  # the waiters are woken
     finally:
         subscription.close()
@@ -247,7 +247,7 @@ def test_expire_keeps_the_value_for_its_stale_window_and_drops_the_lease(store: 
     store.write_release(keys, "a", STALE_ENVELOPE, 600_000, False)
     store.acquire(keys, "b", LEASE_MS, False)  # a load in flight
     store.expire(keys)
-    raw, left = store.get_with_ttl(keys.value)
+    raw, left, _ = store.get_with_ttl(keys.value)
     assert raw == STALE_ENVELOPE and 25 < left <= 30
     assert store.holder(keys) is None
     assert store.write_release(keys, "b", ENVELOPE, 60_000, False) != Written.YES
@@ -258,3 +258,38 @@ def test_expire_keeps_the_value_for_its_stale_window_and_drops_the_lease(store: 
     store.write_release(plain, "a", ENVELOPE, 60_000, False)
     store.expire(plain)  # no stale window: gone, as after invalidate
     assert store.get(plain.value) is None
+
+
+def test_a_hold_marks_the_entry_failing_until_a_write_an_invalidation_or_an_expire(store: Any, keys: EntryKeys) -> None:
+    def failing() -> bool:
+        return bool(store.get_with_ttl(keys.value, True)[2])
+
+    def fail_once(token: str) -> None:
+        deadline = time.monotonic() + 5
+        while store.acquire(keys, token, LEASE_MS, False).state is not LockState.LOCKED:
+            assert time.monotonic() < deadline, "the hold never ended"
+            time.sleep(0.01)
+        assert store.hold(keys, token, 10, 60_000)
+
+    store.acquire(keys, "a", LEASE_MS, True)
+    store.write_release(keys, "a", STALE_ENVELOPE, 60_000, False)
+    fail_once("b")
+    assert failing()  # longer than the hold: until a load succeeds
+    assert store.get_with_ttl(keys.value)[2] is False  # not asked: not read
+    fail_once("c")
+    assert store.write_release(keys, "c", ENVELOPE, 60_000, False) != Written.YES  # held: nothing written
+    fail_once("d")  # then a successful write clears it
+    deadline = time.monotonic() + 5
+    while store.acquire(keys, "e", LEASE_MS, False).state is not LockState.LOCKED:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert store.write_release(keys, "e", STALE_ENVELOPE, 60_000, False) == Written.YES
+    assert not failing()
+    for drop in (store.invalidate, store.expire):
+        store.acquire(keys, "f", LEASE_MS, True)
+        store.write_release(keys, "f", STALE_ENVELOPE, 60_000, False)
+        fail_once("g")
+        drop(keys)
+        store.acquire(keys, "h", LEASE_MS, True)
+        store.write_release(keys, "h", STALE_ENVELOPE, 60_000, False)
+        assert not failing()

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from .._core import scripts as _scripts
-from .._core.keys import EntryKeys, check_key, entry_value_keys
+from .._core.keys import EntryKeys, check_key, entry_value_keys, failing_key
 from .._core.store import AcquireReply, AsyncSubscription, LockState, Written
 from .._errors import BackendUnavailable
 from .anotify import AsyncSubscriber
@@ -67,18 +67,20 @@ class AsyncRedisStore:
         breaker.succeeded()
         return raw
 
-    async def get_with_ttl(self, key: str) -> tuple[bytes | None, float]:
+    async def get_with_ttl(self, key: str, failing: bool = False) -> tuple[bytes | None, float, bool]:
         breaker = self.breaker
         breaker.check(key)
         try:
             pipeline = self.client.pipeline(transaction=False)
             pipeline.get(key)
             pipeline.pttl(key)
-            raw, pttl = await self._send(key, pipeline.execute)
+            if failing:
+                pipeline.exists(failing_key(key))
+            raw, pttl, *marked = await self._send(key, pipeline.execute)
         except FAILURES as error:
             raise failure(breaker, "read", key, error) from error
         breaker.succeeded()
-        return with_ttl(raw, pttl)
+        return with_ttl(raw, pttl, *marked)
 
     async def acquire(
         self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
@@ -132,9 +134,9 @@ class AsyncRedisStore:
             call = _scripts.release_call(keys, token)
             return bool(await self._send(keys.value, self._scripts.release, *call))
 
-    async def hold(self, keys: EntryKeys, token: str, hold_ms: int) -> bool:
+    async def hold(self, keys: EntryKeys, token: str, hold_ms: int, failing_ms: int) -> bool:
         with translated("hold the lock of", keys.value, self.breaker):
-            call = _scripts.hold_call(keys, token, hold_ms)
+            call = _scripts.hold_call(keys, token, hold_ms, failing_ms)
             return bool(await self._send(keys.value, self._scripts.hold, *call))
 
     async def expire(self, keys: EntryKeys) -> None:

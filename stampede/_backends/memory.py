@@ -16,7 +16,7 @@ from collections.abc import Callable
 from cachetools import TLRUCache
 
 from .._core.codec import stale_window_of
-from .._core.keys import EntryKeys, entry_value_keys
+from .._core.keys import EntryKeys, entry_value_keys, failing_key
 from .._core.store import FAILED_HOLD, AcquireReply, AsyncSubscription, LockState, Subscription, Written
 from .._fork import reset_after_fork
 from .channels import Mailbox
@@ -34,6 +34,10 @@ class MemoryStore:
             maxsize=max_entries, ttu=lambda _key, item, _now: item[1], timer=clock
         )
         self._leases: dict[str, tuple[str, float]] = {}  # lock key -> (token, expires_at)
+        # failing marker -> expires_at (see Store.hold); bounded like the values
+        self._failing: TLRUCache[str, float] = TLRUCache(
+            maxsize=max_entries, ttu=lambda _key, expires_at, _now: expires_at, timer=clock
+        )
         self._fences: dict[str, int] = {}  # a named lock's fence key -> the last token drawn
         self._queues: dict[str, dict[str, float]] = {}  # a fair lock's key -> {token: waiter expiry}, in order
         self._mailboxes: dict[str, set[Mailbox]] = {}
@@ -49,11 +53,12 @@ class MemoryStore:
             item = self._values.get(key)
         return None if item is None else item[0]
 
-    def get_with_ttl(self, key: str) -> tuple[bytes | None, float]:
+    def get_with_ttl(self, key: str, failing: bool = False) -> tuple[bytes | None, float, bool]:
         now = self._clock()
         with self._lock:
             item = self._values.get(key)
-        return (None, 0.0) if item is None else (item[0], item[1] - now)
+            marked = failing and failing_key(key) in self._failing
+        return (None, 0.0, False) if item is None else (item[0], item[1] - now, marked)
 
     def acquire(
         self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
@@ -84,6 +89,7 @@ class MemoryStore:
                 return Written.REFUSED  # nothing here evicts a lease
             self._values[keys.value] = (envelope, now + ttl_ms / 1000)
             del self._leases[keys.lock]
+            self._failing.pop(keys.failing, None)
             self._publish(keys, envelope if inline else b"")
             return Written.YES
 
@@ -95,12 +101,13 @@ class MemoryStore:
             self._publish(keys, b"")
             return True
 
-    def hold(self, keys: EntryKeys, token: str, hold_ms: int) -> bool:
+    def hold(self, keys: EntryKeys, token: str, hold_ms: int, failing_ms: int) -> bool:
         now = self._clock()
         with self._lock:
             if not self._holds(keys, token, now):
                 return False
             self._leases[keys.lock] = (FAILED_HOLD, now + hold_ms / 1000)
+            self._failing[keys.failing] = now + failing_ms / 1000
             self._publish(keys, b"")
             return True
 
@@ -115,6 +122,7 @@ class MemoryStore:
                 elif item[1] - now > keep:
                     self._values[keys.value] = (item[0], now + keep)
             self._leases.pop(keys.lock, None)
+            self._failing.pop(keys.failing, None)
             self._publish(keys, b"")
 
     def leave_queue(self, keys: EntryKeys, token: str) -> None:
@@ -153,6 +161,7 @@ class MemoryStore:
         with self._lock:
             self._values.pop(keys.value, None)
             self._leases.pop(keys.lock, None)
+            self._failing.pop(keys.failing, None)
             self._publish(keys, b"")
 
     def check(self, namespace: str) -> None:
@@ -189,6 +198,7 @@ class MemoryStore:
         with self._lock:
             self._values.clear()
             self._leases.clear()
+            self._failing.clear()
 
     def _live_lease(self, keys: EntryKeys, now: float) -> tuple[str, float] | None:
         lease = self._leases.get(keys.lock)
@@ -217,16 +227,16 @@ class AsyncMemoryStore:
     async def get(self, key: str) -> bytes | None:
         return self._store.get(key)
 
-    async def get_with_ttl(self, key: str) -> tuple[bytes | None, float]:
-        return self._store.get_with_ttl(key)
+    async def get_with_ttl(self, key: str, failing: bool = False) -> tuple[bytes | None, float, bool]:
+        return self._store.get_with_ttl(key, failing)
 
     async def acquire(
         self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
     ) -> AcquireReply:
         return self._store.acquire(keys, token, lease_ms, check_value, stale)
 
-    async def hold(self, keys: EntryKeys, token: str, hold_ms: int) -> bool:
-        return self._store.hold(keys, token, hold_ms)
+    async def hold(self, keys: EntryKeys, token: str, hold_ms: int, failing_ms: int) -> bool:
+        return self._store.hold(keys, token, hold_ms, failing_ms)
 
     async def expire(self, keys: EntryKeys) -> None:
         self._store.expire(keys)

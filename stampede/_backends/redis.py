@@ -16,7 +16,7 @@ import redis
 from redis.exceptions import RedisError
 
 from .._core import scripts as _scripts
-from .._core.keys import EntryKeys, check_key, entry_value_keys
+from .._core.keys import EntryKeys, check_key, entry_value_keys, failing_key
 from .._core.store import AcquireReply, LockState, Subscription, Written
 from .._errors import BackendUnavailable, ConfigError
 from .breaker import CircuitBreaker
@@ -95,15 +95,16 @@ def acquire_reply(reply: Any) -> AcquireReply:
     return AcquireReply(LockState.HELD, lease_left=max(int(reply[1]), 0) / 1000, failed=failed)
 
 
-def with_ttl(raw: Any, pttl: Any) -> tuple[bytes | None, float]:
-    """A GET and a PTTL of one key, sent together: the value and its seconds left (-1: no
-    expiry). They are not one atomic step: a key deleted between them (PTTL -2) is read as
-    absent; a key rewritten between them pairs the old value with the new TTL, which serves
-    a value replaced a moment ago as fresh, as a GET sent a moment earlier would have."""
+def with_ttl(raw: Any, pttl: Any, failing: Any = 0) -> tuple[bytes | None, float, bool]:
+    """A GET and a PTTL of one key (and an EXISTS of its failing marker), sent together:
+    the value, its seconds left (-1: no expiry), and whether it is marked failing. They
+    are not one atomic step: a key deleted between them (PTTL -2) is read as absent; a key
+    rewritten between them pairs the old value with the new TTL, which serves a value
+    replaced a moment ago as fresh, as a GET sent a moment earlier would have."""
     pttl = int(pttl)
     if raw is None or pttl == -2:
-        return None, 0.0
-    return raw, -1.0 if pttl < 0 else pttl / 1000
+        return None, 0.0, False
+    return raw, -1.0 if pttl < 0 else pttl / 1000, bool(failing)
 
 
 class Scripts:
@@ -179,7 +180,7 @@ class RedisStore:
             return error
         return BackendUnavailable(f"the layer was closed while a command to {what} {key!r} ran", key=key)
 
-    def get_with_ttl(self, key: str) -> tuple[bytes | None, float]:
+    def get_with_ttl(self, key: str, failing: bool = False) -> tuple[bytes | None, float, bool]:
         # A hit of a loader with freshness settings: one round trip, and no context manager.
         breaker = self.breaker
         breaker.check(key)
@@ -187,13 +188,15 @@ class RedisStore:
             pipeline = self.client.pipeline(transaction=False)
             pipeline.get(key)
             pipeline.pttl(key)
-            raw, pttl = pipeline.execute()
+            if failing:
+                pipeline.exists(failing_key(key))
+            raw, pttl, *marked = pipeline.execute()
         except FAILURES as error:
             raise failure(breaker, "read", key, error) from error
         except Exception as error:
             raise self._cut_by_close("read", key, error) from error
         breaker.succeeded()
-        return with_ttl(raw, pttl)
+        return with_ttl(raw, pttl, *marked)
 
     def acquire(
         self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
@@ -244,9 +247,9 @@ class RedisStore:
         with self._translated("release the lock of", keys.value):
             return bool(self._scripts.release(*_scripts.release_call(keys, token)))
 
-    def hold(self, keys: EntryKeys, token: str, hold_ms: int) -> bool:
+    def hold(self, keys: EntryKeys, token: str, hold_ms: int, failing_ms: int) -> bool:
         with self._translated("hold the lock of", keys.value):
-            return bool(self._scripts.hold(*_scripts.hold_call(keys, token, hold_ms)))
+            return bool(self._scripts.hold(*_scripts.hold_call(keys, token, hold_ms, failing_ms)))
 
     def expire(self, keys: EntryKeys) -> None:
         with self._translated("expire", keys.value):

@@ -71,6 +71,12 @@ class Settings:
         """Whether a hit must know how long its value has left (any freshness setting on)."""
         return bool(self.stale_while_revalidate or self.stale_if_error or self.early_refresh)
 
+    @property
+    def reads_failing(self) -> bool:
+        """Whether a hit must know if the loader is failing: a value may be past
+        stale_while_revalidate and still within stale_if_error."""
+        return self.stale_if_error > self.stale_while_revalidate
+
     def __post_init__(self) -> None:
         for name in ("ttl", "null_ttl", "lock_ttl", "wait_timeout", "recheck_interval", "breaker_cooldown"):
             _positive(name, getattr(self, name))

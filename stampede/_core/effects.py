@@ -96,10 +96,12 @@ class Release:
 @dataclass(frozen=True, slots=True)
 class Hold:
     """The loader failed and callers get a stale value: keep the lease as a hold that
-    keeps every process from loading the key for ``hold_ms``, and wake the waiters.
-    Reply: bool (False: the lease was no longer ours)."""
+    keeps every process from loading the key for ``hold_ms``, mark the entry failing for
+    ``failing_ms`` (or until a write), and wake the waiters. Reply: bool (False: the
+    lease was no longer ours)."""
 
     hold_ms: int
+    failing_ms: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -179,6 +179,7 @@ def first_read(raw: bytes | None, codec: Codec, stats: Counters, warn: WarningLo
 def fresh_read(
     raw: bytes | None,
     ttl_left: float,
+    failing: bool,
     spec: LoaderSpec,
     stats: Counters,
     warn: WarningLog,
@@ -186,14 +187,18 @@ def fresh_read(
     random: Callable[[], float],
 ) -> Served | Stale | Miss:
     """``first_read`` for a loader with freshness settings, whose read also returned the
-    value's remaining TTL: a value to return now (perhaps stale, perhaps with a refresh
-    to start), a ``Stale`` value for the miss path, or a ``Miss``."""
+    value's remaining TTL and whether its loader is failing: a value to return now
+    (perhaps stale, perhaps with a refresh to start), a ``Stale`` value for the miss path,
+    or a ``Miss``."""
     if raw is None:
         stats.incr("misses")
         return Miss.ABSENT
-    found = classify(raw, ttl_left, spec.codec, spec.settings, random)
+    found = classify(raw, ttl_left, spec.codec, spec.settings, random, failing)
     if isinstance(found, Served):
-        stats.incr("stale_hits" if found.stale else "hits" if found.value is not None else "null_hits")
+        if found.on_error:
+            stats.incr("stale_on_error")
+        else:
+            stats.incr("stale_hits" if found.stale else "hits" if found.value is not None else "null_hits")
         return found
     if found is None:
         note_corrupt(stats, warn, key, spec.codec.decode(raw).problem)
@@ -379,7 +384,7 @@ def _load_and_write(ctx: Context, hold_after_error: bool = False) -> Flow:
                 log.debug("%s: the loader raised %s; holding the lock", key, type(error).__name__)
                 ctx.load_error = error
                 try:
-                    yield Hold(milliseconds(settings.stale_retry_interval))
+                    yield Hold(milliseconds(settings.stale_retry_interval), milliseconds(settings.stale_window))
                 except BackendUnavailable:
                     pass  # the lease runs out by itself
                 return LOAD_FAILED

@@ -8,7 +8,9 @@ Three settings, named after RFC 5861's Cache-Control extensions, all off by defa
 * ``stale_if_error``: for this long past ttl, a caller whose load fails gets the old
   value instead of the error; the failed holder keeps the lease for
   ``stale_retry_interval`` (a hold, ``Store.hold``), so the loader is retried about once
-  per interval per key, however many callers and processes there are;
+  per interval per key, however many callers and processes there are; and it marks the
+  entry failing until a load succeeds, so that meanwhile callers are served the old value
+  at once and the retries run in the background, as under ``stale_while_revalidate``;
 * ``early_refresh`` (XFetch, Vattani et al., VLDB 2015): a hit on a fresh value refreshes
   it in the background when ``delta * beta * -ln(random()) >= fresh_left``, ``delta`` being
   the last load's duration (in the envelope), so a hot key is reloaded shortly before it
@@ -51,6 +53,7 @@ class Served:
     stale: bool = False
     refresh: bytes | None = None
     early: bool = False
+    on_error: bool = False  # stale, past stale_while_revalidate: served because the loader fails
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,10 +68,18 @@ class Stale:
 
 
 def classify(
-    raw: bytes, ttl_left: float, codec: Codec, settings: Settings, random: Callable[[], float]
+    raw: bytes,
+    ttl_left: float,
+    codec: Codec,
+    settings: Settings,
+    random: Callable[[], float],
+    failing: bool = False,
 ) -> Served | Stale | None:
     """What a value read with its remaining TTL (seconds, -1: none) may be used for; None
-    if ``raw`` is not readable (the caller counts it and treats it as corrupt)."""
+    if ``raw`` is not readable (the caller counts it and treats it as corrupt). ``failing``:
+    the entry's last load failed (the store's failing marker), so within
+    ``stale_if_error`` the stale value is served at once and refreshed in the background,
+    rather than a caller waiting for a load that is likely to fail."""
     decoded = codec.decode(raw)
     if decoded.kind is Kind.CORRUPT:
         return None
@@ -81,4 +92,7 @@ def classify(
     past_ttl = -fresh_left
     if past_ttl < settings.stale_while_revalidate:
         return Served(decoded.value, stale=True, refresh=identity(raw))
-    return Stale(decoded.value, identity(raw), on_error=past_ttl < settings.stale_if_error)
+    on_error = past_ttl < settings.stale_if_error
+    if on_error and failing:
+        return Served(decoded.value, stale=True, refresh=identity(raw), on_error=True)
+    return Stale(decoded.value, identity(raw), on_error=on_error)

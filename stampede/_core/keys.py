@@ -70,6 +70,12 @@ class EntryKeys:
         return self.lock + ":invalidated"
 
     @property
+    def failing(self) -> str:
+        """Set while the entry's loader fails and its stale value stands in (see
+        ``failing_key``)."""
+        return failing_key(self.value)
+
+    @property
     def on_lock_servers(self) -> EntryKeys:
         """The keys of a load's lease on Redlock's lock servers: a lock key (and a channel,
         which nobody listens to) of its own, so the cache server can be a lock server too."""
@@ -79,6 +85,15 @@ class EntryKeys:
     def for_value(cls, value_key: str) -> EntryKeys:
         """The lock and channel that go with a value key from ``KeyBuilder.value_key``."""
         return cls(value_key, value_key + ":lock", value_key + ":notify")
+
+
+def failing_key(value_key: str) -> str:
+    """The marker a failed load leaves (``Store.hold``) for as long as the entry may be
+    served stale, and a successful write, an invalidation or an expire() deletes: while it
+    is there, a read past ``stale_while_revalidate`` still serves the stale value and
+    refreshes it in the background, instead of making a caller wait for a load that is
+    likely to fail. Built from the value key alone, so the hit path needs no ``EntryKeys``."""
+    return value_key + ":lock:failing"
 
 
 def check_key(namespace: str) -> str:

@@ -176,11 +176,11 @@ class RedlockLeases:
         released: bool = yield Release()
         return released
 
-    def hold(self, keys: EntryKeys, token: str, hold_ms: int) -> Decision[bool]:
+    def hold(self, keys: EntryKeys, token: str, hold_ms: int, failing_ms: int) -> Decision[bool]:
         """The hold lives on the cache server, where every take ends (a lease on the lock
         servers alone is not enough to load); the majority is released first."""
         yield ServersRelease(keys.on_lock_servers, token)
-        held: bool = yield Hold(hold_ms)
+        held: bool = yield Hold(hold_ms, failing_ms)
         return held
 
     def invalidate(self, keys: EntryKeys) -> Decision[None]:

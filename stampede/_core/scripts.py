@@ -50,11 +50,14 @@ def acquire_call(keys: EntryKeys, token: str, lease_ms: int, check_value: bool, 
 HOLD_AFTER_FAILURE = """
 -- A failed load's lease becomes a hold: while callers are served a stale value instead of
 -- the loader's error, nobody loads the key again for ARGV[2] ms, in any process; the
--- waiters are woken to be served.
--- KEYS[1] lock key; ARGV[1] token, ARGV[2] hold in ms, ARGV[3] channel
+-- waiters are woken to be served. The failing marker says, for ARGV[4] ms or until a write
+-- succeeds, that the loader fails (see keys.failing_key).
+-- KEYS[1] lock key, KEYS[2] failing marker; ARGV[1] token, ARGV[2] hold in ms, ARGV[3] channel,
+-- ARGV[4] the marker's life in ms
 -- Returns 1: held; 0: the lease was not ours any more (nothing done)
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('SET', KEYS[1], '!failed', 'PX', ARGV[2])
+  redis.call('SET', KEYS[2], '1', 'PX', ARGV[4])
   redis.call('PUBLISH', ARGV[3], '')
   return 1
 end
@@ -62,13 +65,15 @@ return 0
 """
 
 
-def hold_call(keys: EntryKeys, token: str, hold_ms: int) -> Call:
-    return Call([keys.lock], [token, hold_ms, keys.channel])
+def hold_call(keys: EntryKeys, token: str, hold_ms: int, failing_ms: int) -> Call:
+    return Call([keys.lock, keys.failing], [token, hold_ms, keys.channel, failing_ms])
 
 
 WRITE_AND_RELEASE = """
--- Write the loaded value, release the lock and wake the waiters, if our lease still holds.
--- KEYS[1] value key, KEYS[2] lock key, KEYS[3] invalidation marker (see INVALIDATE)
+-- Write the loaded value, release the lock and wake the waiters, if our lease still holds;
+-- the loader works again, so the failing marker goes.
+-- KEYS[1] value key, KEYS[2] lock key, KEYS[3] invalidation marker (see INVALIDATE),
+-- KEYS[4] failing marker (see HOLD_AFTER_FAILURE)
 -- ARGV[1] token, ARGV[2] envelope, ARGV[3] ttl in ms, ARGV[4] channel,
 -- ARGV[5] '1' to publish the envelope itself, '0' to publish '' (waiters read the key)
 -- Returns 1: written
@@ -80,7 +85,7 @@ if redis.call('GET', KEYS[2]) ~= ARGV[1] then
   return -1
 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-redis.call('DEL', KEYS[2])
+redis.call('DEL', KEYS[2], KEYS[4])
 if ARGV[5] == '1' then
   redis.call('PUBLISH', ARGV[4], ARGV[2])
 else
@@ -96,7 +101,8 @@ def release_call(keys: EntryKeys, token: str) -> Call:
 
 def write_release_call(keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> Call:
     return Call(
-        [keys.value, keys.lock, keys.invalidated], [token, envelope, ttl_ms, keys.channel, "1" if inline else "0"]
+        [keys.value, keys.lock, keys.invalidated, keys.failing],
+        [token, envelope, ttl_ms, keys.channel, "1" if inline else "0"],
     )
 
 
@@ -233,10 +239,13 @@ INVALIDATE = """
 -- result afterwards, and wake the waiters so one of them loads afresh. A dropped lease
 -- leaves a marker for as long as it had left, so the holder's refused write can tell an
 -- invalidation from an eviction (best effort: a marker refused under OOM is not needed).
--- KEYS[1] value key, KEYS[2] lock key, KEYS[3] invalidation marker; ARGV[1] channel
+-- The failing marker goes too: what is loaded next is loaded afresh.
+-- KEYS[1] value key, KEYS[2] lock key, KEYS[3] invalidation marker, KEYS[4] failing marker;
+-- ARGV[1] channel
 -- Returns the number of keys deleted
 local lease = redis.call('PTTL', KEYS[2])
 local deleted = redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('DEL', KEYS[4])
 redis.call('PUBLISH', ARGV[1], '')
 if lease > 0 then redis.pcall('SET', KEYS[3], '1', 'PX', lease) end
 return deleted
@@ -244,7 +253,7 @@ return deleted
 
 
 def invalidate_call(keys: EntryKeys) -> Call:
-    return Call([keys.value, keys.lock, keys.invalidated], [keys.channel])
+    return Call([keys.value, keys.lock, keys.invalidated, keys.failing], [keys.channel])
 
 
 EXPIRE = """
@@ -269,7 +278,7 @@ if value then
   end
 end
 local lease = redis.call('PTTL', KEYS[2])
-redis.call('DEL', KEYS[2])
+redis.call('DEL', KEYS[2], KEYS[4])
 redis.call('PUBLISH', ARGV[1], '')
 if lease > 0 then redis.pcall('SET', KEYS[3], '1', 'PX', lease) end
 if value then return 1 end
@@ -278,4 +287,4 @@ return 0
 
 
 def expire_call(keys: EntryKeys) -> Call:
-    return Call([keys.value, keys.lock, keys.invalidated], [keys.channel])
+    return Call([keys.value, keys.lock, keys.invalidated, keys.failing], [keys.channel])

@@ -94,9 +94,10 @@ class Store(Protocol):
     def get(self, key: str) -> bytes | None:
         """The raw bytes at ``key``, or None."""
 
-    def get_with_ttl(self, key: str) -> tuple[bytes | None, float]:
-        """The raw bytes at ``key`` (or None) and the seconds the store keeps them, by its
-        own clock (-1: no expiry), read together."""
+    def get_with_ttl(self, key: str, failing: bool = False) -> tuple[bytes | None, float, bool]:
+        """The raw bytes at ``key`` (or None), the seconds the store keeps them, by its own
+        clock (-1: no expiry), and, if ``failing`` asks, whether the entry is marked failing
+        (``hold``; else False), read in one round trip."""
 
     def acquire(
         self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
@@ -106,9 +107,11 @@ class Store(Protocol):
         load's hold). ``stale``: the identity of a stale value the caller read; the lock
         is taken over that value, and only another one is returned."""
 
-    def hold(self, keys: EntryKeys, token: str, hold_ms: int) -> bool:
+    def hold(self, keys: EntryKeys, token: str, hold_ms: int, failing_ms: int) -> bool:
         """After a failed load whose callers get a stale value: if ``token`` still holds the
-        lease, turn it into a hold that no token owns, for ``hold_ms``, and wake waiters."""
+        lease, turn it into a hold that no token owns, for ``hold_ms``, mark the entry
+        failing (``keys.failing``) for ``failing_ms``, and wake waiters. A successful
+        ``write_release``, ``invalidate`` and ``expire`` remove the mark."""
 
     def expire(self, keys: EntryKeys) -> None:
         """Make the value stale but keep it for the stale window it was written with (or
@@ -161,13 +164,13 @@ class AsyncStore(Protocol):
 
     async def get(self, key: str) -> bytes | None: ...
 
-    async def get_with_ttl(self, key: str) -> tuple[bytes | None, float]: ...
+    async def get_with_ttl(self, key: str, failing: bool = False) -> tuple[bytes | None, float, bool]: ...
 
     async def acquire(
         self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
     ) -> AcquireReply: ...
 
-    async def hold(self, keys: EntryKeys, token: str, hold_ms: int) -> bool: ...
+    async def hold(self, keys: EntryKeys, token: str, hold_ms: int, failing_ms: int) -> bool: ...
 
     async def expire(self, keys: EntryKeys) -> None: ...
 

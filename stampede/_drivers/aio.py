@@ -141,7 +141,7 @@ class AsyncRunner:
         store, settings = state.store, spec.settings
         try:
             if settings.reads_ttl:
-                raw, ttl_left = await store.get_with_ttl(value_key)
+                raw, ttl_left, failing = await store.get_with_ttl(value_key, settings.reads_failing)
             else:
                 raw = await store.get(value_key)
         except BackendUnavailable as error:
@@ -152,7 +152,7 @@ class AsyncRunner:
                 if not isinstance(found, Miss):
                     return found
             else:
-                found = fresh_read(raw, ttl_left, spec, self._stats, self._warn, value_key, random.random)
+                found = fresh_read(raw, ttl_left, failing, spec, self._stats, self._warn, value_key, random.random)
                 if isinstance(found, Served):
                     if found.refresh is not None:
                         self._refresh(state, value_key, spec, args, kwargs, found)

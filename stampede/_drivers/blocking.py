@@ -94,7 +94,7 @@ class SyncRunner:
         settings = spec.settings
         try:
             if settings.reads_ttl:
-                raw, ttl_left = self.store.get_with_ttl(value_key)
+                raw, ttl_left, failing = self.store.get_with_ttl(value_key, settings.reads_failing)
             else:
                 raw = self.store.get(value_key)
         except BackendUnavailable as error:
@@ -105,7 +105,7 @@ class SyncRunner:
                 if not isinstance(found, Miss):
                     return found
             else:
-                found = fresh_read(raw, ttl_left, spec, self._stats, self._warn, value_key, random.random)
+                found = fresh_read(raw, ttl_left, failing, spec, self._stats, self._warn, value_key, random.random)
                 if isinstance(found, Served):
                     if found.refresh is not None:
                         self._refresh(value_key, spec, args, kwargs, found)

@@ -144,8 +144,8 @@ class Performer:
                 return store.write_release(lease.keys, lease.token, envelope, ttl_ms, inline)
             case Release():
                 return store.release(lease.keys, lease.token)
-            case Hold(hold_ms=hold_ms):
-                return store.hold(lease.keys, lease.token, hold_ms)
+            case Hold(hold_ms=hold_ms, failing_ms=failing_ms):
+                return store.hold(lease.keys, lease.token, hold_ms, failing_ms)
             case LeaveQueue():
                 return store.leave_queue(lease.keys, lease.token)
             case Invalidate():
@@ -224,8 +224,8 @@ class AsyncPerformer:
                 return await store.write_release(lease.keys, lease.token, envelope, ttl_ms, inline)
             case Release():
                 return await store.release(lease.keys, lease.token)
-            case Hold(hold_ms=hold_ms):
-                return await store.hold(lease.keys, lease.token, hold_ms)
+            case Hold(hold_ms=hold_ms, failing_ms=failing_ms):
+                return await store.hold(lease.keys, lease.token, hold_ms, failing_ms)
             case LeaveQueue():
                 return await store.leave_queue(lease.keys, lease.token)
             case Invalidate():

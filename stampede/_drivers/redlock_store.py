@@ -53,8 +53,8 @@ class RedlockStore:
     def get(self, key: str) -> bytes | None:
         return self.cache.get(key)
 
-    def get_with_ttl(self, key: str) -> tuple[bytes | None, float]:
-        return self.cache.get_with_ttl(key)
+    def get_with_ttl(self, key: str, failing: bool = False) -> tuple[bytes | None, float, bool]:
+        return self.cache.get_with_ttl(key, failing)
 
     def acquire(
         self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
@@ -71,8 +71,8 @@ class RedlockStore:
     def release(self, keys: EntryKeys, token: str) -> bool:
         return self._run(self._leases.release(keys, token), Lease(keys, token))
 
-    def hold(self, keys: EntryKeys, token: str, hold_ms: int) -> bool:
-        return self._run(self._leases.hold(keys, token, hold_ms), Lease(keys, token))
+    def hold(self, keys: EntryKeys, token: str, hold_ms: int, failing_ms: int) -> bool:
+        return self._run(self._leases.hold(keys, token, hold_ms, failing_ms), Lease(keys, token))
 
     def invalidate(self, keys: EntryKeys) -> None:
         self._run(self._leases.invalidate(keys), Lease(keys))
@@ -119,8 +119,8 @@ class AsyncRedlockStore:
     async def get(self, key: str) -> bytes | None:
         return await self.cache.get(key)
 
-    async def get_with_ttl(self, key: str) -> tuple[bytes | None, float]:
-        return await self.cache.get_with_ttl(key)
+    async def get_with_ttl(self, key: str, failing: bool = False) -> tuple[bytes | None, float, bool]:
+        return await self.cache.get_with_ttl(key, failing)
 
     async def acquire(
         self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
@@ -137,8 +137,8 @@ class AsyncRedlockStore:
     async def release(self, keys: EntryKeys, token: str) -> bool:
         return await self._run(self._leases.release(keys, token), Lease(keys, token))
 
-    async def hold(self, keys: EntryKeys, token: str, hold_ms: int) -> bool:
-        return await self._run(self._leases.hold(keys, token, hold_ms), Lease(keys, token))
+    async def hold(self, keys: EntryKeys, token: str, hold_ms: int, failing_ms: int) -> bool:
+        return await self._run(self._leases.hold(keys, token, hold_ms, failing_ms), Lease(keys, token))
 
     async def invalidate(self, keys: EntryKeys) -> None:
         await self._run(self._leases.invalidate(keys), Lease(keys))
