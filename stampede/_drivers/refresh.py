@@ -28,9 +28,9 @@ from .observe import RateLimitedLog, Stats
 
 class Refresher:
     """The background refreshes of one layer's blocking loaders, run by up to ``limit``
-    worker threads that stay for ``idle_timeout`` seconds after their last refresh. A
-    caller only hands its refresh over: it never waits for a thread to start (which, with
-    many threads holding the GIL, costs a caller milliseconds)."""
+    worker threads that stay for ``idle_timeout`` seconds after their last refresh. Once
+    they are started, a caller only hands its refresh over, and does not wait for a thread
+    to start (which, with many threads holding the GIL, costs a caller milliseconds)."""
 
     def __init__(self, limit: int, stats: Stats, warn: RateLimitedLog, idle_timeout: float = 30.0) -> None:
         self._limit = limit
