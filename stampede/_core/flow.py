@@ -43,7 +43,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .._errors import BackendUnavailable, SerializationError, ValueTooLarge, WaitTimeout
@@ -125,11 +125,18 @@ class Context:
 
 @dataclass(frozen=True)
 class LoaderSpec:
-    """What a driver needs to know of one decorated loader."""
+    """What a driver needs to know of one decorated loader. ``reads_ttl`` and
+    ``reads_failing`` are the settings' answers, worked out once for the hit path."""
 
     func: Callable[..., Any]
     settings: Settings
     codec: Codec
+    reads_ttl: bool = field(init=False)
+    reads_failing: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "reads_ttl", self.settings.reads_ttl)
+        object.__setattr__(self, "reads_failing", self.settings.reads_failing)
 
 
 def new_context(value_key: str, spec: LoaderSpec, stats: Counters, warn: WarningLog) -> Context:

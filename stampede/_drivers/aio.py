@@ -138,16 +138,16 @@ class AsyncRunner:
         flight: Flight,
     ) -> Any:
         flight.sent = 1
-        store, settings = state.store, spec.settings
+        store = state.store
         try:
-            if settings.reads_ttl:
-                raw, ttl_left, failing = await store.get_with_ttl(value_key, settings.reads_failing)
+            if spec.reads_ttl:
+                raw, ttl_left, failing = await store.get_with_ttl(value_key, spec.reads_failing)
             else:
                 raw = await store.get(value_key)
         except BackendUnavailable as error:
             found: Any = failed_read(self._stats, self._warn, error)
         else:
-            if not settings.reads_ttl:
+            if not spec.reads_ttl:
                 found = first_read(raw, spec.codec, self._stats, self._warn, value_key)
                 if not isinstance(found, Miss):
                     return found
