@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from .._core import scripts as _scripts
-from .._core.keys import EntryKeys, check_key, entry_value_keys, failing_key
+from .._core.keys import EntryKeys, check_key, entry_value_keys
 from .._core.store import AcquireReply, AsyncSubscription, LockState, Written
 from .._errors import BackendUnavailable
 from .anotify import AsyncSubscriber
@@ -27,6 +27,7 @@ from .redis import (
     acquire_reply,
     check_client,
     failure,
+    queue_read_with_ttl,
     translated,
     with_ttl,
 )
@@ -71,11 +72,7 @@ class AsyncRedisStore:
         breaker = self.breaker
         breaker.check(key)
         try:
-            pipeline = self.client.pipeline(transaction=False)
-            pipeline.get(key)
-            pipeline.pttl(key)
-            if failing:
-                pipeline.exists(failing_key(key))
+            pipeline = queue_read_with_ttl(self.client.pipeline(transaction=False), key, failing)
             raw, pttl, *marked = await self._send(key, pipeline.execute)
         except FAILURES as error:
             raise failure(breaker, "read", key, error) from error

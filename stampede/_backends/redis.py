@@ -95,6 +95,17 @@ def acquire_reply(reply: Any) -> AcquireReply:
     return AcquireReply(LockState.HELD, lease_left=max(int(reply[1]), 0) / 1000, failed=failed)
 
 
+def queue_read_with_ttl(pipeline: Any, key: str, failing: bool) -> Any:
+    """Queue the commands of ``Store.get_with_ttl`` on a pipeline, blocking or asyncio:
+    GET and PTTL of ``key``, and EXISTS of its failing marker if ``failing`` asks. The
+    pipeline's replies go to ``with_ttl``."""
+    pipeline.get(key)
+    pipeline.pttl(key)
+    if failing:
+        pipeline.exists(failing_key(key))
+    return pipeline
+
+
 def with_ttl(raw: Any, pttl: Any, failing: Any = 0) -> tuple[bytes | None, float, bool]:
     """A GET and a PTTL of one key (and an EXISTS of its failing marker), sent together:
     the value, its seconds left (-1: no expiry), and whether it is marked failing. They
@@ -185,11 +196,7 @@ class RedisStore:
         breaker = self.breaker
         breaker.check(key)
         try:
-            pipeline = self.client.pipeline(transaction=False)
-            pipeline.get(key)
-            pipeline.pttl(key)
-            if failing:
-                pipeline.exists(failing_key(key))
+            pipeline = queue_read_with_ttl(self.client.pipeline(transaction=False), key, failing)
             raw, pttl, *marked = pipeline.execute()
         except FAILURES as error:
             raise failure(breaker, "read", key, error) from error
