@@ -109,7 +109,10 @@ def test_none_is_cached_as_the_null_sentinel_until_null_ttl(layer_of_each_backen
     while db.calls[1] == 1:  # the sentinel expires: the next call loads again
         assert time.monotonic() - start < 5, "null sentinel never expired"
         load(1)
-    assert time.monotonic() - start >= 0.5
+    # Not before null_ttl; with early_refresh on (the suite's freshness mode, conftest.py),
+    # XFetch may reload a few loads' durations before it, and this loader takes microseconds.
+    early = 0.01 if layer.settings.early_refresh else 0.0
+    assert time.monotonic() - start >= 0.5 - early
 
 
 def test_loader_error_reaches_every_waiter_and_nothing_is_cached(
