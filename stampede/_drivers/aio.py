@@ -47,7 +47,7 @@ from .._errors import BackendUnavailable
 from .._fork import reset_after_fork
 from .observe import RateLimitedLog, Stats
 from .perform import AsyncPerformer, arun
-from .refresh import report_stale
+from .refresh import report_stale, warn_refresh_raised
 from .singleflight import AsyncFlightTable, Flight, refuse_recursion
 
 
@@ -194,10 +194,8 @@ class AsyncRunner:
     ) -> None:
         try:
             await self._drive(flow, ctx, loader, state.store)
-        except Exception as error:  # a refresh has no caller to raise to
-            self._warn.warning(
-                "stampede: the background refresh of %r raised %s: %s", value_key, type(error).__name__, error
-            )
+        except Exception as error:
+            warn_refresh_raised(self._warn, value_key, error)
         finally:
             state.refreshes.pop(value_key, None)
 

@@ -94,10 +94,8 @@ class Refresher:
                 key, work = self._queue.popleft()
             try:
                 work()
-            except Exception as error:  # a serializer's error, say: a refresh has no caller to raise to
-                self._warn.warning(
-                    "stampede: the background refresh of %r raised %s: %s", key, type(error).__name__, error
-                )
+            except Exception as error:
+                warn_refresh_raised(self._warn, key, error)
             finally:
                 with self._lock:
                     self._keys.discard(key)
@@ -113,6 +111,12 @@ class Refresher:
         """Refreshes queued or running in this process."""
         with self._lock:
             return len(self._keys)
+
+
+def warn_refresh_raised(warn: RateLimitedLog, key: str, error: Exception) -> None:
+    """A refresh raised (a serializer's error, say): it has no caller to raise to, so it is
+    logged, at most every few seconds, blocking or asyncio alike."""
+    warn.warning("stampede: the background refresh of %r raised %s: %s", key, type(error).__name__, error)
 
 
 @dataclass
