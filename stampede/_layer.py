@@ -15,14 +15,13 @@ from typing import Any, TypeVar, Union, overload
 
 import redis
 import redis.asyncio
-import redis.asyncio.retry
-from redis.backoff import NoBackoff
-from redis.retry import Retry
+import redis.asyncio.cluster
 
 from ._backends.aredis import AsyncRedisStore
 from ._backends.breaker import CircuitBreaker
 from ._backends.memory import AsyncMemoryStore, MemoryStore
-from ._backends.redis import EvictionCheck, RedisStore
+from ._backends.redis import EvictionCheck, RedisStore, is_cluster
+from ._clients import close_client, make_clients
 from ._core.codec import Codec, Serializer, TypedSerializer
 from ._core.config import Policy, Settings, check_count, check_namespace, check_seconds
 from ._core.flow import LoaderSpec
@@ -46,7 +45,11 @@ DEFAULT_SOCKET_TIMEOUT = 2.0
 DEFAULT_CONNECT_TIMEOUT = 1.0
 
 
-AsyncClient = Union["redis.asyncio.Redis", Callable[[], "redis.asyncio.Redis"]]
+AsyncClient = Union[
+    "redis.asyncio.Redis",
+    "redis.asyncio.cluster.RedisCluster",
+    Callable[[], "redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster"],
+]
 
 
 class Stampede:
@@ -131,6 +134,7 @@ class Stampede:
         redlock: Redlock | None = None,
         background_refreshes: int = 8,
         check: bool = False,
+        cluster: bool = False,
         **settings: Any,
     ) -> Stampede:
         """A layer over clients for ``url`` with bounded timeouts and no hidden retries,
@@ -138,25 +142,21 @@ class Stampede:
         ``max_connections`` bounds the pool (one pool for threads, one per event loop
         for async loaders, made when that loop first calls); callers beyond it wait,
         one socket timeout at most, for a connection instead of failing. ``check=True``
-        runs ``check()`` before returning: fail fast on a wrong password or a replica."""
+        runs ``check()`` before returning: fail fast on a wrong password or a replica.
+
+        ``cluster=True`` treats ``url`` as one node of a Redis Cluster, and
+        ``redis+sentinel://host:port[,host:port...]/service[/db]`` names the master a set
+        of sentinels knows as ``service`` (see ``_clients`` and docs/scaling.md)."""
         check_seconds("socket_timeout", socket_timeout)
         check_seconds("socket_connect_timeout", socket_connect_timeout)
         check_count("max_connections", max_connections)
-        no_retries = Retry(NoBackoff(), 0)
-        timeouts = dict(socket_timeout=socket_timeout, socket_connect_timeout=socket_connect_timeout)
-        pool = redis.BlockingConnectionPool.from_url(
-            url, max_connections=max_connections, timeout=socket_timeout, retry=no_retries, **timeouts
+        client, make_async_client = make_clients(
+            url,
+            cluster=cluster,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=socket_connect_timeout,
+            max_connections=max_connections,
         )
-        client = redis.Redis(connection_pool=pool, retry=no_retries)
-
-        def make_async_client() -> redis.asyncio.Redis:
-            # A plain pool: the store bounds its commands to max_connections (see _backends.aredis).
-            no_async_retries = redis.asyncio.retry.Retry(NoBackoff(), 0)
-            async_pool = redis.asyncio.ConnectionPool.from_url(
-                url, max_connections=max_connections, retry=no_async_retries, **timeouts
-            )
-            return redis.asyncio.Redis(connection_pool=async_pool, retry=no_async_retries)
-
         layer = cls(
             client,
             async_client=make_async_client,
@@ -364,9 +364,7 @@ class Stampede:
         if self._async_runner is not None:
             self._async_runner.close()
         if self._owned_client is not None:
-            self._owned_client.close()
-            # A client made over a pool of ours does not close the pool with itself.
-            self._owned_client.connection_pool.disconnect()
+            close_client(self._owned_client)
 
     async def aclose(self) -> None:
         """``close()`` from a coroutine: also closes this event loop's connections."""
@@ -456,7 +454,7 @@ def _is_async(func: Callable[..., Any]) -> bool:
 
 def _check_client_timeouts(client: Any) -> None:
     """A client's timeouts must be None or usable: redis-py takes -1 and fails every call."""
-    kwargs = client.connection_pool.connection_kwargs
+    kwargs = client.get_connection_kwargs()
     for name in ("socket_timeout", "socket_connect_timeout"):
         if kwargs.get(name) is not None:
             check_seconds(f"the client's {name}", kwargs[name])
@@ -464,7 +462,7 @@ def _check_client_timeouts(client: Any) -> None:
 
 def _socket_timeout(client: redis.Redis) -> float:
     _check_client_timeouts(client)
-    socket_timeout = client.connection_pool.connection_kwargs.get("socket_timeout")
+    socket_timeout = client.get_connection_kwargs().get("socket_timeout")
     if socket_timeout is None:
         log.warning(
             "stampede: the redis client has no socket_timeout; a stalled server can "
@@ -480,13 +478,17 @@ def _async_store_maker(
     the given function. The store owns (closes) a client it had made, and when that
     client's pool does not block for a free connection, bounds its commands to the pool's
     size so that a burst waits for a connection instead of failing."""
-    if callable(async_client) and not isinstance(async_client, redis.asyncio.Redis):
+    if callable(async_client) and not isinstance(
+        async_client, (redis.asyncio.Redis, redis.asyncio.cluster.RedisCluster)
+    ):
         factory = async_client
 
         def make() -> AsyncStore:
             client = factory()
             timeout = _socket_timeout(client)  # type: ignore[arg-type]
-            pool = client.connection_pool
+            # A cluster client bounds each node's connections as a pool does (and fails
+            # beyond): bounding its commands to that number bounds every node's.
+            pool: Any = client if is_cluster(client) else client.connection_pool  # type: ignore[union-attr]
             blocks = isinstance(pool, redis.asyncio.BlockingConnectionPool)
             slots = None if blocks else getattr(pool, "max_connections", None)
             return AsyncRedisStore(

@@ -78,16 +78,19 @@ class RedisServer:
         credentials = f":{self.password}@" if self.password else ""
         return f"redis://{credentials}127.0.0.1:{self.port}/0"
 
-    def start(self, timeout: float = 10.0) -> RedisServer:
-        """Start the server and return once it answers PING."""
+    def command(self) -> list[str]:
+        """The server's command line."""
         args = [
             self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
             "--save", "", "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning",
         ]  # fmt: skip
         if self.password:
             args += ["--requirepass", self.password]
-        args += self.args
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        return args + self.args
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        """Start the server and return once it answers PING."""
+        self.process = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + timeout
         client = redis.Redis.from_url(self.url, socket_timeout=1, socket_connect_timeout=1)
         try:
@@ -323,3 +326,8 @@ def server_url(url: str | None) -> Iterator[str]:
         return
     with RedisServer() as server:
         yield server.url
+
+
+from ._topologies import ClusterServers, SentinelServers  # noqa: E402  (they build on RedisServer)
+
+__all__ = ["ClusterServers", "CommandMonitor", "FaultProxy", "RedisServer", "SentinelServers", "find_server_binary", "free_port"]

@@ -17,9 +17,9 @@ import pytest
 import redis
 
 from stampede import Redlock, Stampede
-from stampede.testing import FaultProxy, RedisServer, find_server_binary
+from stampede.testing import ClusterServers, FaultProxy, RedisServer, SentinelServers, find_server_binary
 
-BACKENDS = ["redis", "embedded", "redlock"]
+BACKENDS = ["redis", "embedded", "redlock", "cluster", "sentinel"]
 
 # STAMPEDE_TEST_FRESHNESS=1 runs the suites with freshness on in every layer the fixtures
 # make (a test's own settings win): their promises must hold with it too (CI runs the
@@ -133,20 +133,89 @@ def five(five_servers: list[RedisServer]) -> Iterator[list[RedisServer]]:
             server.start()
 
 
+def _needs_binary(what: str) -> None:
+    if find_server_binary() is None:
+        pytest.skip(f"no server binary to start {what} (only STAMPEDE_TEST_REDIS_URL)")
+
+
+@pytest.fixture(scope="session")
+def cluster_servers() -> Iterator[ClusterServers]:
+    """A Redis Cluster of three primaries for the session (tests that fail a node over or
+    move slots start their own)."""
+    _needs_binary("a cluster")
+    with ClusterServers(3) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def sentinel_servers() -> Iterator[SentinelServers]:
+    """A master, a replica and three sentinels for the session (tests that fail the master
+    over start their own)."""
+    _needs_binary("sentinels")
+    with SentinelServers() as sentinels:
+        yield sentinels
+
+
+def empty_cluster(cluster: ClusterServers) -> None:
+    for node in cluster.primaries:
+        if node.process is not None:
+            redis.Redis.from_url(node.url).flushall()
+
+
+@pytest.fixture
+def make_cluster_layer(cluster_servers: ClusterServers) -> Iterator[Callable[..., Stampede]]:
+    """Builds layers over the session's cluster (emptied first) and closes them after."""
+    empty_cluster(cluster_servers)
+    layers: list[Stampede] = []
+
+    def make(url: str | None = None, **options: Any) -> Stampede:
+        options.setdefault("namespace", "test")
+        layer = Stampede.from_url(url or cluster_servers.url, cluster=True, **with_freshness(options))
+        layers.append(layer)
+        return layer
+
+    yield make
+    for layer in layers:
+        layer.close()
+
+
+@pytest.fixture
+def make_sentinel_layer(sentinel_servers: SentinelServers) -> Iterator[Callable[..., Stampede]]:
+    """Builds layers over the master the session's sentinels name (emptied first)."""
+    redis.Redis.from_url(sentinel_servers.current_master().url).flushall()
+    layers: list[Stampede] = []
+
+    def make(url: str | None = None, **options: Any) -> Stampede:
+        options.setdefault("namespace", "test")
+        layer = Stampede.from_url(url or sentinel_servers.url, **with_freshness(options))
+        layers.append(layer)
+        return layer
+
+    yield make
+    for layer in layers:
+        layer.close()
+
+
 @pytest.fixture(params=BACKENDS)
 def layer_of_each_backend(
     request: pytest.FixtureRequest, make_layer: Callable[..., Stampede]
 ) -> Iterator[Callable[..., Stampede]]:
-    """The behaviour suite runs over every backend: Redis, the embedded one, and Redis with
-    Redlock leases over three servers (the cache server among them)."""
+    """The behaviour suite runs over every backend: Redis, the embedded one, Redis with
+    Redlock leases over three servers (the cache server among them), a Redis Cluster of
+    three primaries, and the master of a Sentinel set."""
     embedded: list[Stampede] = []
     make_redlock = request.getfixturevalue("make_redlock") if request.param == "redlock" else None
+    make_topology_layer = (
+        request.getfixturevalue(f"make_{request.param}_layer") if request.param in ("cluster", "sentinel") else None
+    )
 
     def make(**options: Any) -> Stampede:
         if request.param == "redis":
             return make_layer(**options)
         if make_redlock is not None:
             return make_layer(redlock=make_redlock(), **options)
+        if make_topology_layer is not None:
+            return make_topology_layer(**options)
         options.setdefault("namespace", "test")
         layer = Stampede(**with_freshness(options))
         embedded.append(layer)

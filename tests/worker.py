@@ -9,6 +9,7 @@ With --hang the loader prints "loading" and never returns (the holder to be kill
 --redlock (repeated) holds the loads' leases on those lock servers too.
 --ttl and --stale-while-revalidate set those settings; values then carry "v", the
 loader's call count, and the output lists the versions seen and how many were stale.
+--cluster: --url is a node of a Redis Cluster (count on another server with --count-url).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def main() -> None:
     parser.add_argument("--redlock", action="append", default=[], help="a lock server (repeat): Redlock leases")
     parser.add_argument("--ttl", type=float, default=300.0)
     parser.add_argument("--stale-while-revalidate", type=float, default=0.0)
+    parser.add_argument("--cluster", action="store_true", help="--url is a node of a Redis Cluster")
     options = parser.parse_args()
     versioned = options.stale_while_revalidate > 0
 
@@ -54,6 +56,7 @@ def main() -> None:
         ttl=options.ttl,
         stale_while_revalidate=options.stale_while_revalidate,
         jitter=0 if versioned else 0.1,
+        cluster=options.cluster,
     )
 
     @layer.cached_loader("item:{key}")

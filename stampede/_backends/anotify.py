@@ -7,6 +7,10 @@ connection cannot be used from another, so each loop that waits gets its own sub
 Ordering: SUBSCRIBE and UNSUBSCRIBE go through one outbox, sent in order by one task, so
 an UNSUBSCRIBE of a channel can never overtake the SUBSCRIBE that follows it. Only the
 reader task reads from the connection.
+
+As for blocking waiters, a cluster has one such subscriber per primary per loop, speaking
+sharded pub/sub and handing lost mailboxes to ``on_lost`` (``_backends.shards``); through
+Sentinel the subscriber follows the master (see ``_backends.notify``).
 """
 
 from __future__ import annotations
@@ -15,25 +19,38 @@ import asyncio
 import collections
 import logging
 import math
+from collections.abc import Awaitable, Callable
 from typing import Any
+
+from redis.exceptions import ResponseError
 
 from .._errors import BackendUnavailable
 from .channels import Channels
 from .mailbox import LoopMailbox
-from .notify import connect_pubsub
+from .notify import FOLLOW_INTERVAL, connect_pubsub
 from .redis import FAILURES
 
 log = logging.getLogger("stampede")
 
 RECONNECT_INTERVAL = 0.5
 
+AsyncHandoff = Callable[[list[LoopMailbox]], Awaitable[None]]
+
 
 class AsyncSubscriber:
-    """One pub/sub connection for the asyncio waiters of one event loop (per layer)."""
+    """One pub/sub connection for the asyncio waiters of one event loop (per layer), or of
+    one cluster node. ``pool`` is the redis.asyncio pool (or cluster node) whose settings,
+    and through Sentinel whose master, the connection takes."""
 
-    def __init__(self, client: Any, timeout: float) -> None:
-        self._client = client  # a redis.asyncio.Redis of this loop
+    def __init__(
+        self, pool: Any, timeout: float, *, sharded: bool = False, on_lost: AsyncHandoff | None = None
+    ) -> None:
+        self._pool = pool
         self._timeout = timeout  # for connecting and for the server's confirmation
+        self._subscribe_command = "SSUBSCRIBE" if sharded else "SUBSCRIBE"
+        self._unsubscribe_command = "SUNSUBSCRIBE" if sharded else "UNSUBSCRIBE"
+        self._on_lost = on_lost
+        self._follows_master = callable(getattr(pool, "get_master_address", None))
         self._channels = Channels()
         self._connection: Any = None
         self._connecting = asyncio.Lock()
@@ -44,15 +61,21 @@ class AsyncSubscriber:
 
     async def subscribe(self, channel: str) -> LoopMailbox:
         """A mailbox on ``channel``, once the server has confirmed the subscription."""
+        return await self.join(LoopMailbox(channel, asyncio.get_running_loop(), self._unsubscribe))
+
+    async def join(self, subscription: LoopMailbox, confirmed: bool = True) -> LoopMailbox:
+        """``Subscriber.join``, awaited."""
+        channel = subscription.channel
         if self._closed:
             raise BackendUnavailable("the layer is closed")
-        subscription = LoopMailbox(channel, asyncio.get_running_loop(), self._unsubscribe)
         try:
             await self._ensure_connected()
         except FAILURES as error:
             raise BackendUnavailable(f"cannot subscribe to {channel!r}: {error}") from error
         if self._channels.add(subscription):
-            self._send("SUBSCRIBE", channel)
+            self._send(self._subscribe_command, channel)
+        if not confirmed:
+            return subscription
         try:
             confirmed = await subscription.wait_confirmed(self._timeout)
         except BaseException:
@@ -70,9 +93,13 @@ class AsyncSubscriber:
                 task.cancel()
         await self._drop(self._connection)
 
+    def leave(self, subscription: LoopMailbox) -> None:
+        """Unsubscribe ``subscription`` (its waiter is done)."""
+        self._unsubscribe(subscription)
+
     def _unsubscribe(self, subscription: LoopMailbox) -> None:
         if self._channels.remove(subscription):
-            self._send("UNSUBSCRIBE", subscription.channel)
+            self._send(self._unsubscribe_command, subscription.channel)
 
     def _send(self, *command: str) -> None:
         if self._connection is None:
@@ -100,11 +127,11 @@ class AsyncSubscriber:
         async with self._connecting:
             if self._connection is not None or self._closed:
                 return
-            connection = connect_pubsub(self._client.connection_pool, self._timeout)
+            connection = connect_pubsub(self._pool, self._timeout)
             await connection.connect()
             self._connection = connection
             if self._channels:  # after a reconnect: subscribe again to what is awaited
-                self._send("SUBSCRIBE", *self._channels.resubscribe())
+                self._send(self._subscribe_command, *self._channels.resubscribe())
             self._reader = asyncio.get_running_loop().create_task(self._read(connection))
 
     async def _drop(self, connection: Any) -> None:
@@ -118,12 +145,41 @@ class AsyncSubscriber:
             await connection.disconnect(nowait=True)
         except FAILURES:
             pass
+        if self._on_lost is not None and not self._closed:
+            await self._hand_over(None)
+
+    async def _hand_over(self, channels: list[str] | None) -> None:
+        """Give the mailboxes of ``channels`` (None: all) to ``on_lost``."""
+        orphans = self._channels.take(channels)
+        if orphans and self._on_lost is not None:
+            await self._on_lost(orphans)  # type: ignore[arg-type]
+
+    async def _master_moved(self, connection: Any) -> bool:
+        """Through Sentinel: whether the master is now elsewhere than ``connection``."""
+        try:
+            address = await self._pool.get_master_address()
+        except Exception:  # the sentinels cannot say now; ask again next time
+            return False
+        return tuple(address) != (connection.host, connection.port)
 
     async def _read(self, connection: Any) -> None:
+        timeout = FOLLOW_INTERVAL if self._follows_master else math.inf
         try:
             while True:
-                reply = await connection.read_response(timeout=math.inf, disconnect_on_error=False)
-                self._channels.on_reply(reply)
+                try:
+                    reply = await connection.read_response(timeout=timeout, disconnect_on_error=False)
+                except ResponseError as error:  # refused (MOVED, NOPERM); the connection works
+                    log.info("stampede: the server refused a subscription (%s)", error)
+                    self._channels.fail_unconfirmed()
+                    continue
+                if reply is None:  # FOLLOW_INTERVAL passed in silence
+                    if self._channels and await self._master_moved(connection):
+                        log.info("stampede: the master moved; subscribing there")
+                        break
+                    continue
+                dropped = self._channels.on_reply(reply)
+                if dropped is not None and self._on_lost is not None:
+                    await self._hand_over([dropped])
         except asyncio.CancelledError:
             await self._drop(connection)
             raise

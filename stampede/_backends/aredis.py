@@ -14,11 +14,14 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import redis
+
 from .._core import scripts as _scripts
 from .._core.keys import EntryKeys, check_key, entry_value_keys
 from .._core.store import AcquireReply, AsyncSubscription, LockState, Written
 from .._errors import BackendUnavailable
 from .anotify import AsyncSubscriber
+from .ashards import AsyncShardedSubscriber
 from .breaker import CircuitBreaker
 from .redis import (
     FAILURES,
@@ -27,6 +30,7 @@ from .redis import (
     acquire_reply,
     check_client,
     failure,
+    is_cluster,
     queue_read_with_ttl,
     translated,
     with_ttl,
@@ -36,7 +40,8 @@ T = TypeVar("T")
 
 
 class AsyncRedisStore:
-    """An ``AsyncStore`` on one Redis server, for the tasks of one event loop."""
+    """An ``AsyncStore`` on one Redis server (or Sentinel's master, or a Redis Cluster),
+    for the tasks of one event loop."""
 
     def __init__(
         self,
@@ -56,7 +61,16 @@ class AsyncRedisStore:
         self._slots = asyncio.Semaphore(slots) if slots else None
         self._slot_timeout = slot_timeout
         self._scripts = Scripts(client)
-        self._subscriber = AsyncSubscriber(client, subscribe_timeout)
+        # A cluster client learns the slots before its first command, at once for every
+        # task: redis.asyncio's cluster client, initialized lazily by many tasks at once,
+        # can hand one of them a connection another is disconnecting.
+        self._initialized = not is_cluster(client)
+        self._initializing = asyncio.Lock()
+        self._subscriber: AsyncSubscriber | AsyncShardedSubscriber = (
+            AsyncShardedSubscriber(client, subscribe_timeout)
+            if is_cluster(client)
+            else AsyncSubscriber(client.connection_pool, subscribe_timeout)
+        )
 
     async def get(self, key: str) -> bytes | None:
         breaker = self.breaker
@@ -112,6 +126,8 @@ class AsyncRedisStore:
     async def scan(self, namespace: str) -> set[str]:
         """``RedisStore.scan``, awaited."""
         with translated("scan", namespace, self.breaker):
+            if not self._initialized:
+                await self._initialize()
             keys = [key async for key in self.client.scan_iter(match=f"{namespace}:{{*", count=1000)]
         return entry_value_keys(keys)
 
@@ -165,8 +181,19 @@ class AsyncRedisStore:
         with translated("invalidate", keys.value, self.breaker):
             await self._send(keys.value, self._scripts.invalidate, *_scripts.invalidate_call(keys))
 
+    async def _initialize(self) -> None:
+        async with self._initializing:
+            if not self._initialized:
+                try:
+                    await self.client.initialize()
+                except Exception as error:  # RedisClusterException is not a RedisError
+                    raise redis.ConnectionError(f"cannot learn the cluster's slots: {error}") from error
+                self._initialized = True
+
     async def _send(self, key: str, command: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """Run one command, within a connection slot when the layer bounds them."""
+        if not self._initialized:
+            await self._initialize()
         slots = self._slots
         if slots is None:
             return await command(*args, **kwargs)
@@ -189,5 +216,12 @@ class AsyncRedisStore:
 
     async def aclose(self) -> None:
         await self._subscriber.aclose()
-        if self._owns_client:
-            await self.client.aclose(close_connection_pool=True)
+        if not self._owns_client:
+            return
+        if is_cluster(self.client):
+            await self.client.aclose()
+            return
+        await self.client.aclose(close_connection_pool=True)
+        manager = getattr(self.client.connection_pool, "sentinel_manager", None)
+        for sentinel in getattr(manager, "sentinels", ()):  # a client through Sentinel: its sentinels too
+            await sentinel.aclose()

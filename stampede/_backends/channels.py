@@ -10,6 +10,10 @@ loop) differ only in how they send and read; the rules live here, once:
 * A lost connection wakes every mailbox with ``b""`` (a spurious wake-up is always safe:
   a waiter re-checks the entry) and fails every unconfirmed subscription. After a
   reconnect the subscriber subscribes again to every channel still awaited.
+* Sharded pub/sub (Redis Cluster) speaks the same language with an ``s`` in front:
+  ``smessage``, ``ssubscribe``. The server unsubscribes a shard channel by itself when its
+  slot moves to another node; ``on_reply`` returns such a channel, still awaited, so the
+  subscriber can hand its mailboxes to the new owner (``take``).
 
 Not thread-safe: the blocking subscriber calls it under its lock, the asyncio one from
 its loop only.
@@ -66,25 +70,47 @@ class Channels:
         self._unconfirmed.pop(mailbox.channel, None)
         return True
 
-    def on_reply(self, reply: Any) -> None:
-        """Route one reply read from the subscriber's connection (RESP2 arrays)."""
+    def on_reply(self, reply: Any) -> str | None:
+        """Route one reply read from the subscriber's connection (RESP2 arrays). Returns
+        a shard channel the server unsubscribed while mailboxes still wait on it (its slot
+        moved, or our own SUNSUBSCRIBE crossed a new member's SSUBSCRIBE: handing such a
+        channel over again is harmless), else None."""
         if not isinstance(reply, list) or len(reply) != 3:
-            return
+            return None
         kind, channel_raw, data = reply
         channel = channel_raw.decode() if isinstance(channel_raw, bytes) else str(channel_raw)
-        if kind == b"message":
+        if kind in (b"message", b"smessage"):
             for mailbox in self._members.get(channel, ()):
                 mailbox.deliver(data)
-        elif kind == b"subscribe":
+        elif kind in (b"subscribe", b"ssubscribe"):
             for mailbox in self._unconfirmed.pop(channel, ()):
                 mailbox.confirm(True)
+        elif kind == b"sunsubscribe" and channel in self._members and channel not in self._unconfirmed:
+            return channel
+        return None
 
-    def on_connection_lost(self) -> None:
-        """Fail unconfirmed subscriptions and wake every waiter to re-check."""
+    def fail_unconfirmed(self) -> None:
+        """An error reply (a MOVED to an SSUBSCRIBE sent to a node that no longer serves
+        the slot): fail the subscriptions still waiting for a confirmation; the subscriber
+        routes them again."""
         unconfirmed, self._unconfirmed = self._unconfirmed, {}
         for waiting in unconfirmed.values():
             for mailbox in waiting:
                 mailbox.confirm(False)
+
+    def take(self, channels: list[str] | None = None) -> list[Mailbox]:
+        """Unregister and return the mailboxes of ``channels`` (None: all), without an
+        UNSUBSCRIBE: they move to another connection."""
+        names = list(self._members) if channels is None else channels
+        taken: list[Mailbox] = []
+        for channel in names:
+            taken.extend(self._members.pop(channel, ()))
+            self._unconfirmed.pop(channel, None)
+        return taken
+
+    def on_connection_lost(self) -> None:
+        """Fail unconfirmed subscriptions and wake every waiter to re-check."""
+        self.fail_unconfirmed()
         for members in self._members.values():
             for mailbox in members:
                 mailbox.deliver(b"")

@@ -10,12 +10,20 @@ thread under ``_lock``; only the reader thread reads replies and messages. Sendi
 receiving touch different state of the connection, and connect/disconnect happen under
 ``_lock`` only. A caller's ``subscribe()`` returns once the server has confirmed it, so a
 re-check made after it cannot miss the write's message.
+
+On a Redis Cluster the layer keeps one such subscriber per primary with waiters, speaking
+sharded pub/sub (``sharded=True``): they do not reconnect by themselves but hand their
+mailboxes to ``on_lost`` (``_backends.shards``), which routes them to the slot's current
+owner. Through Sentinel the subscriber follows the master: while waiters wait it asks
+the sentinels every ``FOLLOW_INTERVAL`` where the master is, and moves there.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -27,13 +35,25 @@ from .mailbox import ThreadMailbox
 
 log = logging.getLogger("stampede")
 
+FOLLOW_INTERVAL = 0.5
+"""How often a subscriber through Sentinel asks where the master is, while waiters wait."""
+
+Handoff = Callable[[list[ThreadMailbox]], None]
+
 
 class Subscriber:
-    """One pub/sub connection for all blocking waiters of a process (per layer)."""
+    """One pub/sub connection for all blocking waiters of a process (per layer), or of
+    one cluster node. ``pool`` is the redis-py pool whose settings (and, through
+    Sentinel, whose master) the connection takes."""
 
-    def __init__(self, client: redis.Redis, timeout: float) -> None:
-        self._client = client
+    def __init__(self, pool: Any, timeout: float, *, sharded: bool = False, on_lost: Handoff | None = None) -> None:
+        self._pool = pool
         self._timeout = timeout  # for connecting and for the server's confirmation
+        self._subscribe_command = "SSUBSCRIBE" if sharded else "SUBSCRIBE"
+        self._unsubscribe_command = "SUNSUBSCRIBE" if sharded else "UNSUBSCRIBE"
+        self._on_lost = on_lost
+        self._orphans: list[ThreadMailbox] = []  # for on_lost, handed over by the reader
+        self._follows_master = callable(getattr(pool, "get_master_address", None))
         self._lock = threading.Lock()
         self._wake_reader = threading.Condition(self._lock)
         self._connection: Any = None  # a redis-py Connection while connected, else None
@@ -44,19 +64,25 @@ class Subscriber:
 
     def subscribe(self, channel: str) -> ThreadMailbox:
         """A mailbox on ``channel``, once the server has confirmed the subscription."""
-        subscription = ThreadMailbox(channel, self._unsubscribe)
+        return self.join(ThreadMailbox(channel, self._unsubscribe))
+
+    def join(self, subscription: ThreadMailbox, confirmed: bool = True) -> ThreadMailbox:
+        """Subscribe ``subscription`` (made by this subscriber or by its owner) and return it
+        once the server has confirmed, or at once if ``confirmed`` is False (a mailbox
+        moved here from another node's connection: its waiter re-checks on its own)."""
+        channel = subscription.channel
         with self._lock:
             if self._closed:
                 raise BackendUnavailable("the layer is closed")
             try:
                 self._ensure_connected()
                 if self._channels.add(subscription):
-                    self._connection.send_command("SUBSCRIBE", channel)
+                    self._connection.send_command(self._subscribe_command, channel)
             except Exception as error:  # the parser's own errors too (see _read)
-                self._drop_connection()
                 self._channels.remove(subscription)
+                self._drop_connection()
                 raise BackendUnavailable(f"cannot subscribe to {channel!r}: {error}") from error
-        if not subscription.wait_confirmed(self._timeout):
+        if confirmed and not subscription.wait_confirmed(self._timeout):
             subscription.close()
             raise BackendUnavailable(f"the server did not confirm the subscription to {channel!r}")
         return subscription
@@ -69,21 +95,25 @@ class Subscriber:
         if self._reader is not None and self._reader is not threading.current_thread():
             self._reader.join(self._timeout + 1.0)
 
+    def leave(self, subscription: ThreadMailbox) -> None:
+        """Unsubscribe ``subscription`` (its waiter is done)."""
+        self._unsubscribe(subscription)
+
     def _unsubscribe(self, subscription: ThreadMailbox) -> None:
         with self._lock:
             if self._channels.remove(subscription) and self._connection is not None:
                 try:  # fire and forget: the reader reads the confirmation
-                    self._connection.send_command("UNSUBSCRIBE", subscription.channel)
+                    self._connection.send_command(self._unsubscribe_command, subscription.channel)
                 except Exception:
                     self._drop_connection()
 
     def _ensure_connected(self) -> None:
         if self._connection is not None:
             return
-        self._connection = connect_pubsub(self._client.connection_pool, self._timeout)
+        self._connection = connect_pubsub(self._pool, self._timeout)
         self._connection.connect()
         if self._channels:  # after a reconnect: subscribe again to what is awaited
-            self._connection.send_command("SUBSCRIBE", *self._channels.resubscribe())
+            self._connection.send_command(self._subscribe_command, *self._channels.resubscribe())
         if self._reader is None or not self._reader.is_alive():
             self._reader = threading.Thread(target=self._read, name="stampede-subscriber", daemon=True)
             self._reader.start()
@@ -95,9 +125,12 @@ class Subscriber:
         self._wake_reader = threading.Condition(self._lock)
         self._connection, self._reader = None, None
         self._channels.clear()
+        self._orphans = []
 
     def _drop_connection(self) -> None:
-        """Disconnect and wake everyone: waiters re-check, unconfirmed subscribers fail."""
+        """Disconnect and wake everyone: waiters re-check, unconfirmed subscribers fail.
+        With an ``on_lost``, the waiters' mailboxes leave for it instead of waiting here
+        for a reconnect."""
         connection, self._connection = self._connection, None
         if connection is not None:
             try:
@@ -105,11 +138,36 @@ class Subscriber:
             except Exception:
                 pass  # it is gone either way
         self._channels.on_connection_lost()
+        if self._on_lost is not None and not self._closed:
+            self._hand_over(None)
+
+    def _hand_over(self, channels: list[str] | None) -> None:
+        """Take the mailboxes of ``channels`` (None: all) off this connection for the
+        reader to give to ``on_lost``, outside the lock."""
+        self._orphans.extend(self._channels.take(channels))  # type: ignore[arg-type]
+        self._wake_reader.notify_all()
+
+    def _give_orphans(self) -> None:
+        """Called by the reader without the lock held."""
+        with self._lock:
+            orphans, self._orphans = self._orphans, []
+        if orphans and self._on_lost is not None:
+            self._on_lost(orphans)
+
+    def _master_moved(self, connection: Any) -> bool:
+        """Through Sentinel: whether the master is now elsewhere than ``connection``."""
+        try:
+            address = self._pool.get_master_address()
+        except Exception:  # the sentinels cannot say now; ask again next time
+            return False
+        return tuple(address) != (connection.host, connection.port)
 
     def _read(self) -> None:
+        next_follow = time.monotonic() + FOLLOW_INTERVAL
         while True:
+            self._give_orphans()
             with self._lock:
-                while self._connection is None and not self._closed:
+                while self._connection is None and not self._closed and not self._orphans:
                     if self._channels:
                         # Waiters are still there: try to reconnect now and then.
                         self._wake_reader.wait(0.5)
@@ -121,15 +179,32 @@ class Subscriber:
                         self._wake_reader.wait()
                 if self._closed:
                     return
+                if self._orphans:
+                    continue
                 connection = self._connection
+            if self._follows_master and time.monotonic() >= next_follow:
+                next_follow = time.monotonic() + FOLLOW_INTERVAL
+                if self._channels and self._master_moved(connection):
+                    with self._lock:
+                        if self._connection is connection and not self._closed:
+                            log.info("stampede: the master moved; subscribing there")
+                            self._drop_connection()  # waiters re-check; the reconnect goes to the new master
+                    continue
             try:
-                if not connection.can_read(timeout=1.0):
+                if not connection.can_read(timeout=FOLLOW_INTERVAL if self._follows_master else 1.0):
                     continue
                 if connection is not self._connection:
                     # Dropped while we polled (can_read reconnects a closed connection).
                     connection.disconnect()
                     continue
                 reply = connection.read_response(disconnect_on_error=False)
+            except redis.ResponseError as error:
+                # An error reply, on a connection that still works: a subscription the
+                # server refused (MOVED on a cluster, NOPERM), which fails its callers.
+                log.info("stampede: the server refused a subscription (%s)", error)
+                with self._lock:
+                    self._channels.fail_unconfirmed()
+                continue
             except Exception as error:
                 # Whatever the parser raises: a lost connection, or one disconnected by
                 # another thread mid-read (hiredis then raises TypeError, the Python
@@ -141,13 +216,16 @@ class Subscriber:
                         self._drop_connection()
                 continue
             with self._lock:
-                self._channels.on_reply(reply)
+                dropped = self._channels.on_reply(reply)
+                if dropped is not None and self._on_lost is not None:
+                    self._hand_over([dropped])
 
 
 def connect_pubsub(pool: Any, timeout: float) -> Any:
     """A connection of ``pool``'s class and settings, outside the pool, for pub/sub only:
     RESP2 messages, and no health-check PINGs, which would read replies from the sender.
-    Works for the blocking and the asyncio pools alike; the caller connects it."""
+    Works for the blocking and the asyncio pools alike, and for an asyncio cluster node
+    (which has the same two attributes); the caller connects it."""
     kwargs = {
         name: value
         for name, value in pool.connection_kwargs.items()

@@ -13,6 +13,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import redis
+import redis.asyncio.cluster
+import redis.cluster
 from redis.exceptions import RedisError
 
 from .._core import scripts as _scripts
@@ -21,6 +23,7 @@ from .._core.store import AcquireReply, LockState, Subscription, Written
 from .._errors import BackendUnavailable, ConfigError
 from .breaker import CircuitBreaker
 from .notify import Subscriber
+from .shards import ShardedSubscriber
 
 log = logging.getLogger("stampede")
 
@@ -118,30 +121,40 @@ def with_ttl(raw: Any, pttl: Any, failing: Any = 0) -> tuple[bytes | None, float
     return raw, -1.0 if pttl < 0 else pttl / 1000, bool(failing)
 
 
+def is_cluster(client: Any) -> bool:
+    """Whether ``client`` is a Redis Cluster client, blocking or asyncio."""
+    return isinstance(client, (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster))
+
+
 class Scripts:
     """The backend's scripts registered on a client, blocking or asyncio (both clients
-    call them by EVALSHA and load them again after NOSCRIPT)."""
+    call them by EVALSHA and load them again after NOSCRIPT). A cluster client sends each
+    to the primary of its keys' slot, and its wake-ups are sharded (``scripts.sharded``)."""
 
     def __init__(self, client: Any) -> None:
-        self.acquire = client.register_script(_scripts.ACQUIRE)
-        self.write_release = client.register_script(_scripts.WRITE_AND_RELEASE)
-        self.renew = client.register_script(_scripts.RENEW)
-        self.release = client.register_script(_scripts.RELEASE)
-        self.invalidate = client.register_script(_scripts.INVALIDATE)
-        self.hold = client.register_script(_scripts.HOLD_AFTER_FAILURE)
-        self.expire = client.register_script(_scripts.EXPIRE)
-        self.take_lock = client.register_script(_scripts.TAKE_LOCK)
-        self.take_lock_fairly = client.register_script(_scripts.TAKE_LOCK_FAIRLY)
-        self.leave_queue = client.register_script(_scripts.LEAVE_QUEUE)
+        def register(script: str) -> Any:
+            return client.register_script(_scripts.sharded(script) if is_cluster(client) else script)
+
+        self.acquire = register(_scripts.ACQUIRE)
+        self.write_release = register(_scripts.WRITE_AND_RELEASE)
+        self.renew = register(_scripts.RENEW)
+        self.release = register(_scripts.RELEASE)
+        self.invalidate = register(_scripts.INVALIDATE)
+        self.hold = register(_scripts.HOLD_AFTER_FAILURE)
+        self.expire = register(_scripts.EXPIRE)
+        self.take_lock = register(_scripts.TAKE_LOCK)
+        self.take_lock_fairly = register(_scripts.TAKE_LOCK_FAIRLY)
+        self.leave_queue = register(_scripts.LEAVE_QUEUE)
 
 
 def check_client(client: Any) -> None:
-    if client.connection_pool.connection_kwargs.get("decode_responses"):
+    if client.get_connection_kwargs().get("decode_responses"):
         raise ConfigError("the redis client must not use decode_responses=True: values are bytes")
 
 
 class RedisStore:
-    """A Store on one Redis server (or anything speaking its protocol)."""
+    """A Store on one Redis server (or anything speaking its protocol), on the master
+    Sentinel names, or on a Redis Cluster."""
 
     def __init__(
         self,
@@ -155,7 +168,11 @@ class RedisStore:
         self.breaker = breaker
         self.eviction = eviction or EvictionCheck()
         self._scripts = Scripts(client)
-        self._subscriber = Subscriber(client, subscribe_timeout)
+        self._subscriber: Subscriber | ShardedSubscriber = (
+            ShardedSubscriber(client, subscribe_timeout)
+            if is_cluster(client)
+            else Subscriber(client.connection_pool, subscribe_timeout)
+        )
         self.closed = False  # set by close(), before the layer disconnects its pool
 
     def get(self, key: str) -> bytes | None:

@@ -3,8 +3,10 @@ function that builds its KEYS and ARGV (``Call``), which every caller uses: the 
 and asyncio stores and Redlock's servers cannot drift apart on what a script takes.
 
 Every script touches only the keys of one entry, which share a hash tag, so each runs in
-one Redis Cluster slot. Channels are not keys and travel in ARGV. A script runs
-atomically, so "check the lock token, then act" has no window between the two steps.
+one Redis Cluster slot. Channels are not keys and travel in ARGV; they share the entry's
+hash tag too, so on a cluster (``sharded``) the wake-up is an SPUBLISH in the entry's own
+shard. A script runs atomically, so "check the lock token, then act" has no window
+between the two steps.
 """
 
 from __future__ import annotations
@@ -12,6 +14,13 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from .keys import EntryKeys
+
+
+def sharded(script: str) -> str:
+    """``script`` for a Redis Cluster: its wake-ups go by SPUBLISH to the subscribers of
+    the channel's shard (the primary and replicas of the entry's slot), where PUBLISH
+    would be copied to every node of the cluster."""
+    return script.replace("redis.call('PUBLISH',", "redis.call('SPUBLISH',")
 
 
 class Call(NamedTuple):

@@ -1,0 +1,315 @@
+"""Redis Cluster: scripts in the entry's slot, sharded wake-ups, processes, failover, slot moves.
+
+The behaviour suite runs over the session's cluster too (``layer_of_each_backend``); the
+tests here are about what a cluster adds. Tests that kill a node or move a slot start a
+cluster of their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio.cluster
+import redis.cluster
+from redis.crc import key_slot
+
+from stampede import BackendUnavailable, ConfigError, Stampede
+from stampede._core.keys import EntryKeys
+from stampede.testing import ClusterServers, RedisServer
+
+from .conftest import empty_cluster
+from .test_behaviour import CountingLoader, hammer
+from .test_processes import run_stampede
+
+
+def node_client(server: RedisServer) -> redis.Redis:
+    return redis.Redis.from_url(server.url, socket_timeout=5)
+
+
+def shard_subscribers(cluster: ClusterServers, channel: str) -> int:
+    """How many connections are subscribed to ``channel`` at the primary of its slot."""
+    reply = node_client(cluster.owner(channel)).execute_command("PUBSUB", "SHARDNUMSUB", channel)
+    return int(reply[1])
+
+
+def until(condition: Callable[[], Any], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def own_cluster() -> Iterator[ClusterServers]:
+    """A cluster of three primaries with a replica each, which this test may fail over."""
+    with ClusterServers(3, 1) as cluster:
+        yield cluster
+
+
+def test_clients_made_by_the_user_work_blocking_and_async(cluster_servers: ClusterServers) -> None:
+    empty_cluster(cluster_servers)
+    cluster_url = cluster_servers.url
+    client = redis.cluster.RedisCluster.from_url(cluster_url, socket_timeout=5, socket_connect_timeout=5)
+    layer = Stampede(
+        client,
+        async_client=lambda: redis.asyncio.cluster.RedisCluster.from_url(cluster_url, socket_timeout=5),
+        namespace="test",
+    )
+    try:
+        db = CountingLoader(delay=0.1)
+        load = layer.cached_loader("item:{key}")(db)
+        assert hammer(load, [1] * 16) == [{"id": 1}] * 16
+        assert db.calls == {1: 1}
+
+        calls = 0
+
+        @layer.cached_loader("async:{key}")
+        async def aload(key: int) -> dict[str, int]:
+            nonlocal calls
+            calls += 1
+            await asyncio.sleep(0.1)
+            return {"key": key}
+
+        async def main() -> list[Any]:
+            try:
+                return await asyncio.gather(*(aload(7) for _ in range(50)))
+            finally:
+                await layer.aclose()
+
+        assert asyncio.run(main()) == [{"key": 7}] * 50
+        assert calls == 1
+    finally:
+        layer.close()
+        client.close()
+
+
+def test_every_key_of_an_entry_and_its_channel_share_the_entry_slot_whatever_the_arguments(
+    make_cluster_layer: Callable[..., Stampede],
+) -> None:
+    layer = make_cluster_layer()
+    db = CountingLoader()
+    load = layer.cached_loader("item:{key}")(db)
+    hostile = ["}", "{", "{x}", "a}{b", "{}", "}{", "{{slot}}", "x{y}z", "\x00{", "%7B"]
+    for argument in hostile:
+        keys = EntryKeys.for_value(load.key(argument))
+        names = [keys.value, keys.lock, keys.channel, keys.invalidated, keys.failing, *keys.queue]
+        assert len({key_slot(name.encode()) for name in names}) == 1, names
+        # The hash tag is the whole entry: an argument cannot choose the slot of another.
+        assert keys.value.count("{") == keys.value.count("}") == 1 and keys.value.endswith("}")
+        assert load(argument) == {"id": argument}
+        assert load(argument) == {"id": argument}
+        load.invalidate(argument)
+        assert load(argument) == {"id": argument}
+    assert db.calls == {argument: 2 for argument in hostile}
+
+
+def test_waiters_of_a_layer_share_one_sharded_subscription_and_are_woken_by_message(
+    make_cluster_layer: Callable[..., Stampede], cluster_servers: ClusterServers
+) -> None:
+    holder_layer = make_cluster_layer()
+    waiter_layer = make_cluster_layer(recheck_interval=10.0)  # a wake-up must be a message
+    db = CountingLoader()
+    db.release.clear()
+    load_a = holder_layer.cached_loader("item:{key}")(db)
+    load_b = waiter_layer.cached_loader("item:{key}")(db)
+    channel = EntryKeys.for_value(load_a.key(1)).channel
+    cluster = cluster_servers
+    with ThreadPoolExecutor(9) as pool:
+        holder = pool.submit(load_a, 1)
+        assert db.started.wait(10)
+        waiters = [pool.submit(load_b, 1) for _ in range(8)]
+        until(lambda: shard_subscribers(cluster, channel) == 1)
+        released = time.monotonic()
+        db.release.set()
+        assert holder.result(10) == {"id": 1}
+        assert [waiter.result(10) for waiter in waiters] == [{"id": 1}] * 8
+        woken_within = time.monotonic() - released
+    assert db.calls == {1: 1}
+    assert woken_within < 2.0  # far below recheck_interval: woken by the SPUBLISH
+    assert waiter_layer.stats()["lock_waits"] == 1  # eight threads, one waiter in Redis
+    until(lambda: shard_subscribers(cluster, channel) == 0)
+
+
+def test_four_processes_of_sixteen_threads_load_one_cold_key_once_on_a_cluster(
+    cluster_servers: ClusterServers, redis_client: redis.Redis, redis_url: str
+) -> None:
+    empty_cluster(cluster_servers)
+    for node in cluster_servers.primaries:
+        node_client(node).config_resetstat()
+    results = run_stampede(
+        cluster_servers.url,
+        4,
+        "--cluster",
+        "--count-url",
+        redis_url,
+        "--threads",
+        "16",
+        "--keys",
+        "1",
+        "--delay",
+        "0.2",
+    )
+    assert int(redis_client.get("calls:0") or 0) == 1
+    assert sum(r["calls"] for r in results) == 64
+    assert all(r["wrong"] == [] for r in results)
+    # Sharded subscriptions grow with processes, not threads: at most one per waiting process.
+    subscribes = sum(
+        int(node_client(node).info("commandstats").get("cmdstat_ssubscribe", {}).get("calls", 0))
+        for node in cluster_servers.primaries
+    )
+    assert subscribes <= 3
+
+
+def test_two_hundred_cold_keys_spread_over_every_primary_load_two_hundred_times(
+    cluster_servers: ClusterServers, redis_client: redis.Redis, redis_url: str
+) -> None:
+    empty_cluster(cluster_servers)
+    results = run_stampede(
+        cluster_servers.url, 4, "--cluster", "--count-url", redis_url, "--threads", "16", "--keys", "200",
+        "--delay", "0.01",
+    )  # fmt: skip
+    calls = [int(redis_client.get(f"calls:{key}") or 0) for key in range(200)]
+    assert calls == [1] * 200
+    assert sum(r["calls"] for r in results) == 4 * 16 * 200
+    assert all(r["wrong"] == [] for r in results)
+    owners = {cluster_servers.owner(f"proc:{{item:{key}}}").port for key in range(200)}
+    assert owners == {node.port for node in cluster_servers.primaries}  # the keys were spread
+
+
+def test_a_cluster_url_for_a_plain_server_is_a_config_error(redis_url: str, redis_client: redis.Redis) -> None:
+    with pytest.raises(ConfigError, match="not a cluster node"):
+        Stampede.from_url(redis_url, cluster=True, namespace="test")
+    assert redis_client.dbsize() == 0
+
+
+def test_a_cluster_nobody_answers_is_a_backend_error() -> None:
+    from stampede.testing import free_port
+
+    with pytest.raises(BackendUnavailable, match="cannot reach the cluster"):
+        Stampede.from_url(f"redis://127.0.0.1:{free_port()}", cluster=True, socket_connect_timeout=0.5)
+
+
+def test_named_locks_and_clear_work_on_a_cluster(make_cluster_layer: Callable[..., Stampede]) -> None:
+    layer = make_cluster_layer()
+    db = CountingLoader()
+    load = layer.cached_loader("item:{key}")(db)
+    for key in range(30):
+        load(key)
+    with layer.lock("report", fair=True) as held:
+        assert held.fence >= 1
+        assert not layer.lock("report", blocking=False).acquire()
+    assert layer.clear() == 30  # SCAN over every primary
+    load(3)
+    assert db.calls[3] == 2
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("policy", ["load", "raise"])
+def test_a_primary_killed_mid_stampede_fails_over_and_caching_resumes(own_cluster: ClusterServers, policy: str) -> None:
+    settings = dict(namespace="test", wait_timeout=8.0, on_redis_error=policy, breaker_threshold=0)
+    layers = [Stampede.from_url(own_cluster.url, cluster=True, **settings) for _ in range(2)]
+    try:
+        db = CountingLoader(delay=0.0)
+        db.release.clear()
+        key_name = layers[0].cached_loader("item:{key}")(db).key(1)
+        owner = own_cluster.owner(key_name)
+        replica = own_cluster.replicas[own_cluster.primaries.index(owner)]
+        loaders = [layer.cached_loader("item:{key}")(db) for layer in layers]
+        outcomes: list[Any] = []
+        lock = threading.Lock()
+
+        def call(load: Callable[[int], Any]) -> None:
+            start = time.monotonic()
+            try:
+                outcome: Any = load(1)
+            except BackendUnavailable as error:
+                outcome = error
+            with lock:
+                outcomes.append((outcome, time.monotonic() - start))
+
+        threads = [threading.Thread(target=call, args=(load,)) for load in loaders for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        assert db.started.wait(10)
+        until(lambda: layers[1].stats()["lock_waits"] == 1)  # the other layer waits in Redis
+        owner.kill()
+        killed = time.monotonic()
+        db.release.set()
+        for thread in threads:
+            thread.join(30)
+        assert not any(thread.is_alive() for thread in threads)
+        own_cluster.wait_promoted(replica)
+        # No caller hangs: each ended within wait_timeout plus a socket timeout of the kill.
+        assert max(duration for _, duration in outcomes) < settings["wait_timeout"] + 2.0 + 3.0
+        values = [outcome for outcome, _ in outcomes if not isinstance(outcome, BackendUnavailable)]
+        errors = [outcome for outcome, _ in outcomes if isinstance(outcome, BackendUnavailable)]
+        assert all(value == {"id": 1} for value in values)
+        if policy == "load":
+            assert errors == []
+        assert len(values) + len(errors) == 16
+        loads_during = db.total
+        # The holder's load, and at most one uncached load per process while the primary
+        # is down ("load"); "raise" adds none.
+        assert loads_during <= 1 + (len(layers) if policy == "load" else 0)
+        # Caching resumes on the new primary. Each process's first command to the moved
+        # slots may still fail (its client learns the new owner from that failure), and
+        # the policy decides that call; from then on one load, and hits.
+        before = db.total
+        for load in loaders:
+            try:
+                load(1)
+            except BackendUnavailable:
+                pass
+        assert [load(1) for load in loaders] == [{"id": 1}] * 2
+        assert db.total - before <= 1 + len(layers)
+        cached = db.total
+        assert [load(1) for load in loaders * 3] == [{"id": 1}] * 6
+        assert db.total == cached
+        assert time.monotonic() - killed < 30
+        assert not node_client(own_cluster.owner(key_name)).exists(key_name + ":lock")
+    finally:
+        for layer in layers:
+            layer.close()
+
+
+@pytest.mark.timeout(60)
+def test_waiters_are_still_woken_when_their_slot_moves_to_another_primary(own_cluster: ClusterServers) -> None:
+    settings = dict(namespace="test", recheck_interval=10.0, lock_ttl=30.0)
+    holder_layer = Stampede.from_url(own_cluster.url, cluster=True, **settings)
+    waiter_layer = Stampede.from_url(own_cluster.url, cluster=True, **settings)
+    try:
+        db = CountingLoader()
+        db.release.clear()
+        load_a = holder_layer.cached_loader("item:{key}")(db)
+        load_b = waiter_layer.cached_loader("item:{key}")(db)
+        channel = EntryKeys.for_value(load_a.key(1)).channel
+        slot = key_slot(channel.encode())
+        with ThreadPoolExecutor(5) as pool:
+            holder = pool.submit(load_a, 1)
+            assert db.started.wait(10)
+            waiters = [pool.submit(load_b, 1) for _ in range(4)]
+            until(lambda: shard_subscribers(own_cluster, channel) == 1)
+            old_owner = own_cluster.owner(channel)
+            target = next(node for node in own_cluster.primaries if node is not old_owner)
+            own_cluster.move_slot(slot, target)
+            assert own_cluster.slot_owner(slot) is target
+            # The old owner dropped the subscription; the waiters' subscriber follows the slot.
+            until(lambda: shard_subscribers(own_cluster, channel) == 1, timeout=5)
+            released = time.monotonic()
+            db.release.set()
+            assert holder.result(10) == {"id": 1}
+            assert [waiter.result(10) for waiter in waiters] == [{"id": 1}] * 4
+            woken_within = time.monotonic() - released
+        assert woken_within < 2.0  # by message, not by the 10 s re-check
+        assert db.calls == {1: 1}
+        assert not node_client(target).exists(load_a.key(1) + ":lock")
+    finally:
+        holder_layer.close()
+        waiter_layer.close()
