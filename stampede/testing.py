@@ -330,4 +330,12 @@ def server_url(url: str | None) -> Iterator[str]:
 
 from ._topologies import ClusterServers, SentinelServers  # noqa: E402  (they build on RedisServer)
 
-__all__ = ["ClusterServers", "CommandMonitor", "FaultProxy", "RedisServer", "SentinelServers", "find_server_binary", "free_port"]
+__all__ = [
+    "ClusterServers",
+    "CommandMonitor",
+    "FaultProxy",
+    "RedisServer",
+    "SentinelServers",
+    "find_server_binary",
+    "free_port",
+]
