@@ -157,7 +157,12 @@ def _sentinel_clients(
     manager = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
         sentinel.addresses, sentinel_kwargs=dict(timeouts), retry=no_retries, **timeouts
     )
-    _check_service(manager, sentinel)
+    try:
+        _check_service(manager, sentinel)
+    except ConfigError:
+        for one in manager.sentinels:
+            one.close()
+        raise
     client: redis.Redis = manager.master_for(sentinel.service, retry=no_retries, **auth)  # type: ignore[no-untyped-call]
 
     def make_async_client() -> redis.asyncio.Redis:
@@ -193,6 +198,11 @@ def close_client(client: Any) -> None:
     pool = getattr(client, "connection_pool", None)
     if pool is not None:
         pool.disconnect()
+    if isinstance(client, redis.cluster.RedisCluster):
+        # Its close() closes each node's client, which leaves the node's pool connected.
+        for node in [*client.nodes_manager.startup_nodes.values(), *client.nodes_manager.nodes_cache.values()]:
+            if node.redis_connection is not None:
+                node.redis_connection.connection_pool.disconnect()
     manager = getattr(pool, "sentinel_manager", None)
     for sentinel in getattr(manager, "sentinels", ()):
         sentinel.close()

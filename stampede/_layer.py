@@ -18,7 +18,7 @@ import redis.asyncio
 import redis.asyncio.cluster
 
 from ._backends.aredis import AsyncRedisStore
-from ._backends.breaker import CircuitBreaker
+from ._backends.breaker import CircuitBreaker, NodeBreakers
 from ._backends.memory import AsyncMemoryStore, MemoryStore
 from ._backends.redis import EvictionCheck, RedisStore, is_cluster
 from ._clients import close_client, make_clients
@@ -100,6 +100,7 @@ class Stampede:
         self._warn = warn = RateLimitedLog(log)
         # One verdict on the server for the blocking store and every loop's store.
         breaker = CircuitBreaker(self.settings.breaker_threshold, self.settings.breaker_cooldown)
+        node_breakers = NodeBreakers(self.settings.breaker_threshold, self.settings.breaker_cooldown)  # a cluster's
         store: Store | None = None
         make_async_store: Callable[[], AsyncStore] | None = None
         if redlock is not None and client is None and async_client is None:
@@ -110,11 +111,11 @@ class Stampede:
             make_async_store = functools.partial(AsyncMemoryStore, memory)
         eviction = EvictionCheck()  # asked once for the layer, blocking and async stores alike
         if client is not None:
-            store = RedisStore(client, _socket_timeout(client), breaker, eviction)
+            store = RedisStore(client, _socket_timeout(client), breaker, eviction, node_breakers)
             if redlock is not None:
                 store = RedlockStore(store, redlock.servers, redlock.quorum)
         if async_client is not None:
-            make_async_store = _async_store_maker(async_client, breaker, eviction)
+            make_async_store = _async_store_maker(async_client, breaker, eviction, node_breakers)
             if redlock is not None:
                 make_async_store = _with_redlock(make_async_store, redlock)
         refreshes = background_refreshes
@@ -472,7 +473,7 @@ def _socket_timeout(client: redis.Redis) -> float:
 
 
 def _async_store_maker(
-    async_client: AsyncClient, breaker: CircuitBreaker, eviction: EvictionCheck
+    async_client: AsyncClient, breaker: CircuitBreaker, eviction: EvictionCheck, node_breakers: NodeBreakers
 ) -> Callable[[], AsyncStore]:
     """A maker of one event loop's store: over the given client, or over a new one from
     the given function. The store owns (closes) a client it had made, and when that
@@ -492,13 +493,20 @@ def _async_store_maker(
             blocks = isinstance(pool, redis.asyncio.BlockingConnectionPool)
             slots = None if blocks else getattr(pool, "max_connections", None)
             return AsyncRedisStore(
-                client, timeout, breaker, owns_client=True, slots=slots, slot_timeout=timeout, eviction=eviction
+                client,
+                timeout,
+                breaker,
+                owns_client=True,
+                slots=slots,
+                slot_timeout=timeout,
+                eviction=eviction,
+                node_breakers=node_breakers,
             )
 
         return make
     client = async_client
     timeout = _socket_timeout(client)  # type: ignore[arg-type]
-    return lambda: AsyncRedisStore(client, timeout, breaker, eviction=eviction)
+    return lambda: AsyncRedisStore(client, timeout, breaker, eviction=eviction, node_breakers=node_breakers)
 
 
 StoreT = TypeVar("StoreT", Store, AsyncStore)

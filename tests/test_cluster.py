@@ -238,7 +238,9 @@ def test_a_primary_killed_mid_stampede_fails_over_and_caching_resumes(own_cluste
         for thread in threads:
             thread.start()
         assert db.started.wait(10)
-        until(lambda: layers[1].stats()["lock_waits"] == 1)  # the other layer waits in Redis
+        until(
+            lambda: sum(layer.stats()["lock_waits"] for layer in layers) >= 1
+        )  # one layer waits on the other in Redis
         owner.kill()
         killed = time.monotonic()
         db.release.set()
@@ -313,3 +315,37 @@ def test_waiters_are_still_woken_when_their_slot_moves_to_another_primary(own_cl
     finally:
         holder_layer.close()
         waiter_layer.close()
+
+
+def test_a_redlock_layer_over_a_cluster_loads_once(
+    make_cluster_layer: Callable[..., Stampede], make_redlock: Callable[[], Any]
+) -> None:
+    layer = make_cluster_layer(redlock=make_redlock())
+    db = CountingLoader(delay=0.1)
+    load = layer.cached_loader("item:{key}")(db)
+    assert hammer(load, [1] * 16) == [{"id": 1}] * 16
+    other = make_cluster_layer(redlock=make_redlock())
+    assert other.cached_loader("item:{key}")(db)(1) == {"id": 1}
+    assert db.calls == {1: 1}
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_primary_opens_the_circuit_for_its_slots_only(own_cluster: ClusterServers) -> None:
+    layer = Stampede.from_url(own_cluster.url, cluster=True, namespace="test", breaker_threshold=2,
+                              breaker_cooldown=30.0, on_redis_error="raise")  # fmt: skip
+    try:
+        db = CountingLoader()
+        load = layer.cached_loader("item:{key}")(db)
+        victim = own_cluster.owner(load.key(0))
+        elsewhere = next(key for key in range(1, 1000) if own_cluster.owner(load.key(key)) is not victim)
+        victim.kill()
+        for _ in range(2):
+            with pytest.raises(BackendUnavailable):
+                load(0)
+        with pytest.raises(BackendUnavailable, match="circuit open"):
+            load(0)
+        # The other primaries' keys are cached as before: one load, then hits.
+        assert [load(elsewhere) for _ in range(3)] == [{"id": elsewhere}] * 3
+        assert db.calls == {elsewhere: 1}
+    finally:
+        layer.close()

@@ -22,12 +22,13 @@ from .._core.store import AcquireReply, AsyncSubscription, LockState, Written
 from .._errors import BackendUnavailable
 from .anotify import AsyncSubscriber
 from .ashards import AsyncShardedSubscriber
-from .breaker import CircuitBreaker
+from .breaker import CircuitBreaker, NodeBreakers
 from .redis import (
     FAILURES,
     EvictionCheck,
     Scripts,
     acquire_reply,
+    breaker_for,
     check_client,
     failure,
     is_cluster,
@@ -52,10 +53,12 @@ class AsyncRedisStore:
         slots: int | None = None,
         slot_timeout: float = 2.0,
         eviction: EvictionCheck | None = None,
+        node_breakers: NodeBreakers | None = None,
     ) -> None:
         check_client(client)
         self.client = client
-        self.breaker = breaker
+        self.breaker = breaker  # the whole server's; on a cluster, for commands on no one node
+        self._node_breakers = node_breakers if is_cluster(client) else None
         self.eviction = eviction or EvictionCheck()
         self._owns_client = owns_client
         self._slots = asyncio.Semaphore(slots) if slots else None
@@ -73,7 +76,7 @@ class AsyncRedisStore:
         )
 
     async def get(self, key: str) -> bytes | None:
-        breaker = self.breaker
+        breaker = self.breaker if self._node_breakers is None else self._breaker(key)
         breaker.check(key)
         try:
             raw: bytes | None = await self._send(key, self.client.get, key)
@@ -83,7 +86,7 @@ class AsyncRedisStore:
         return raw
 
     async def get_with_ttl(self, key: str, failing: bool = False) -> tuple[bytes | None, float, bool]:
-        breaker = self.breaker
+        breaker = self.breaker if self._node_breakers is None else self._breaker(key)
         breaker.check(key)
         try:
             pipeline = queue_read_with_ttl(self.client.pipeline(transaction=False), key, failing)
@@ -96,7 +99,7 @@ class AsyncRedisStore:
     async def acquire(
         self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
     ) -> AcquireReply:
-        with translated("lock", keys.value, self.breaker):
+        with translated("lock", keys.value, self._breaker(keys.value)):
             call = _scripts.acquire_call(keys, token, lease_ms, check_value, stale)
             reply = await self._send(keys.value, self._scripts.acquire, *call)
         acquired = acquire_reply(reply)
@@ -132,37 +135,37 @@ class AsyncRedisStore:
         return entry_value_keys(keys)
 
     async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
-        with translated("renew the lease of", keys.value, self.breaker):
+        with translated("renew the lease of", keys.value, self._breaker(keys.value)):
             call = _scripts.renew_call(keys, token, lease_ms)
             return bool(await self._send(keys.value, self._scripts.renew, *call))
 
     async def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> Written:
-        with translated("write", keys.value, self.breaker):
+        with translated("write", keys.value, self._breaker(keys.value)):
             call = _scripts.write_release_call(keys, token, envelope, ttl_ms, inline)
             written = await self._send(keys.value, self._scripts.write_release, *call)
         return Written(int(written))
 
     async def release(self, keys: EntryKeys, token: str) -> bool:
-        with translated("release the lock of", keys.value, self.breaker):
+        with translated("release the lock of", keys.value, self._breaker(keys.value)):
             call = _scripts.release_call(keys, token)
             return bool(await self._send(keys.value, self._scripts.release, *call))
 
     async def hold(self, keys: EntryKeys, token: str, hold_ms: int, failing_ms: int) -> bool:
-        with translated("hold the lock of", keys.value, self.breaker):
+        with translated("hold the lock of", keys.value, self._breaker(keys.value)):
             call = _scripts.hold_call(keys, token, hold_ms, failing_ms)
             return bool(await self._send(keys.value, self._scripts.hold, *call))
 
     async def expire(self, keys: EntryKeys) -> None:
-        with translated("expire", keys.value, self.breaker):
+        with translated("expire", keys.value, self._breaker(keys.value)):
             await self._send(keys.value, self._scripts.expire, *_scripts.expire_call(keys))
 
     async def holder(self, keys: EntryKeys) -> str | None:
-        with translated("read the lock of", keys.lock, self.breaker):
+        with translated("read the lock of", keys.lock, self._breaker(keys.lock)):
             token = await self._send(keys.lock, self.client.get, keys.lock)
         return None if token is None else bytes(token).decode(errors="replace")
 
     async def take_lock(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int = 0) -> AcquireReply:
-        with translated("lock", keys.lock, self.breaker):
+        with translated("lock", keys.lock, self._breaker(keys.lock)):
             if queue_ms:
                 script, call = (
                     self._scripts.take_lock_fairly,
@@ -174,12 +177,15 @@ class AsyncRedisStore:
         return acquire_reply(reply)
 
     async def leave_queue(self, keys: EntryKeys, token: str) -> None:
-        with translated("leave the queue of", keys.lock, self.breaker):
+        with translated("leave the queue of", keys.lock, self._breaker(keys.lock)):
             await self._send(keys.lock, self._scripts.leave_queue, *_scripts.leave_queue_call(keys, token))
 
     async def invalidate(self, keys: EntryKeys) -> None:
-        with translated("invalidate", keys.value, self.breaker):
+        with translated("invalidate", keys.value, self._breaker(keys.value)):
             await self._send(keys.value, self._scripts.invalidate, *_scripts.invalidate_call(keys))
+
+    def _breaker(self, key: str) -> CircuitBreaker:
+        return breaker_for(self.client, self._node_breakers, self.breaker, key)
 
     async def _initialize(self) -> None:
         async with self._initializing:

@@ -17,7 +17,9 @@ Timeline, threshold 3, cool-down 5 s:
     t=9.1  the probe answers: closed, every command goes to Redis again
 
 Shared by a layer's blocking store and its asyncio stores (one server, one verdict).
-The closed state is read without the lock: the hit path pays one comparison.
+The closed state is read without the lock: the hit path pays one comparison. On a Redis
+Cluster each primary has a breaker of its own (``NodeBreakers``): one failed primary
+opens the circuit for its slots only, and the replica promoted in its place starts closed.
 """
 
 from __future__ import annotations
@@ -83,3 +85,25 @@ class CircuitBreaker:
                     )
                 self._open_until = self._clock() + self.cooldown
                 self._probe_until = 0.0
+
+
+class NodeBreakers:
+    """One ``CircuitBreaker`` per node of a Redis Cluster, by node name (host:port), made
+    when a node is first asked about; shared by a layer's blocking and asyncio stores."""
+
+    def __init__(self, threshold: int, cooldown: float) -> None:
+        self._threshold = threshold
+        self._cooldown = cooldown
+        self._breakers: dict[str, CircuitBreaker] = {}
+        self._lock = threading.Lock()
+        reset_after_fork(self)
+
+    def after_fork_in_child(self) -> None:
+        self._lock = threading.Lock()
+
+    def of(self, node: str) -> CircuitBreaker:
+        breaker = self._breakers.get(node)
+        if breaker is None:
+            with self._lock:
+                breaker = self._breakers.setdefault(node, CircuitBreaker(self._threshold, self._cooldown))
+        return breaker

@@ -7,6 +7,7 @@ READONLY) leaves this module as ``BackendUnavailable``, which the flow turns int
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,13 +16,13 @@ from typing import Any
 import redis
 import redis.asyncio.cluster
 import redis.cluster
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from .._core import scripts as _scripts
 from .._core.keys import EntryKeys, check_key, entry_value_keys, failing_key
 from .._core.store import AcquireReply, LockState, Subscription, Written
 from .._errors import BackendUnavailable, ConfigError
-from .breaker import CircuitBreaker
+from .breaker import CircuitBreaker, NodeBreakers
 from .notify import Subscriber
 from .shards import ShardedSubscriber
 
@@ -126,14 +127,59 @@ def is_cluster(client: Any) -> bool:
     return isinstance(client, (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster))
 
 
+def breaker_for(client: Any, nodes: NodeBreakers | None, whole: CircuitBreaker, key: str) -> CircuitBreaker:
+    """The breaker that guards commands on ``key``: on a cluster (``nodes``), that of the
+    primary the client's slot table names for it; else, or while the slots are not known,
+    ``whole``."""
+    if nodes is None:
+        return whole
+    try:
+        return nodes.of(client.get_node_from_key(key).name)
+    except Exception:  # slots not learned yet, or not covered
+        return whole
+
+
+class SlotScript:
+    """A script on a Redis Cluster: EVALSHA to the primary of its keys' slot, and on
+    NOSCRIPT an EVAL there, which also caches it on that node. redis-py's own scripts
+    load themselves with SCRIPT LOAD on every primary, which fails everywhere while any
+    one primary is down."""
+
+    def __init__(self, client: Any, script: str) -> None:
+        self._client = client
+        self._script = script
+        self._sha = hashlib.sha1(script.encode()).hexdigest()  # Redis names scripts by their SHA-1
+
+    def __call__(self, keys: list[str], args: list[Any]) -> Any:
+        try:
+            return self._client.evalsha(self._sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return self._client.eval(self._script, len(keys), *keys, *args)
+
+
+class AsyncSlotScript(SlotScript):
+    """``SlotScript`` for the asyncio cluster client."""
+
+    async def __call__(self, keys: list[str], args: list[Any]) -> Any:
+        try:
+            return await self._client.evalsha(self._sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return await self._client.eval(self._script, len(keys), *keys, *args)
+
+
 class Scripts:
     """The backend's scripts registered on a client, blocking or asyncio (both clients
-    call them by EVALSHA and load them again after NOSCRIPT). A cluster client sends each
-    to the primary of its keys' slot, and its wake-ups are sharded (``scripts.sharded``)."""
+    call them by EVALSHA and load them again after NOSCRIPT). On a cluster each goes to the
+    primary of its keys' slot (``SlotScript``), and its wake-ups are sharded
+    (``scripts.sharded``)."""
 
     def __init__(self, client: Any) -> None:
         def register(script: str) -> Any:
-            return client.register_script(_scripts.sharded(script) if is_cluster(client) else script)
+            if isinstance(client, redis.asyncio.cluster.RedisCluster):
+                return AsyncSlotScript(client, _scripts.sharded(script))
+            if isinstance(client, redis.cluster.RedisCluster):
+                return SlotScript(client, _scripts.sharded(script))
+            return client.register_script(script)
 
         self.acquire = register(_scripts.ACQUIRE)
         self.write_release = register(_scripts.WRITE_AND_RELEASE)
@@ -162,10 +208,12 @@ class RedisStore:
         subscribe_timeout: float,
         breaker: CircuitBreaker,
         eviction: EvictionCheck | None = None,
+        node_breakers: NodeBreakers | None = None,
     ) -> None:
         check_client(client)
         self.client = client
-        self.breaker = breaker
+        self.breaker = breaker  # the whole server's; on a cluster, for commands on no one node
+        self._node_breakers = node_breakers if is_cluster(client) else None
         self.eviction = eviction or EvictionCheck()
         self._scripts = Scripts(client)
         self._subscriber: Subscriber | ShardedSubscriber = (
@@ -177,7 +225,7 @@ class RedisStore:
 
     def get(self, key: str) -> bytes | None:
         # The hit path: a plain try costs less than the context manager the others use.
-        breaker = self.breaker
+        breaker = self.breaker if self._node_breakers is None else self._breaker(key)
         breaker.check(key)
         try:
             raw: bytes | None = self.client.get(key)  # type: ignore[assignment]
@@ -188,11 +236,15 @@ class RedisStore:
         breaker.succeeded()
         return raw
 
+    def _breaker(self, key: str) -> CircuitBreaker:
+        return breaker_for(self.client, self._node_breakers, self.breaker, key)
+
     @contextmanager
-    def _translated(self, what: str, key: str) -> Iterator[None]:
-        """``translated``, and a command cut short by ``close()``."""
+    def _translated(self, what: str, key: str, whole: bool = False) -> Iterator[None]:
+        """``translated``, and a command cut short by ``close()``. ``whole``: a command on
+        no one node (a check, a scan), guarded by the whole server's breaker."""
         try:
-            with translated(what, key, self.breaker):
+            with translated(what, key, self.breaker if whole else self._breaker(key)):
                 yield
         except BackendUnavailable:
             raise
@@ -210,7 +262,7 @@ class RedisStore:
 
     def get_with_ttl(self, key: str, failing: bool = False) -> tuple[bytes | None, float, bool]:
         # A hit of a loader with freshness settings: one round trip, and no context manager.
-        breaker = self.breaker
+        breaker = self.breaker if self._node_breakers is None else self._breaker(key)
         breaker.check(key)
         try:
             pipeline = queue_read_with_ttl(self.client.pipeline(transaction=False), key, failing)
@@ -246,7 +298,7 @@ class RedisStore:
         takes writes in ``namespace`` (a wrong password, a read-only replica, an ACL user
         outside its keys all fail here); then warn if it may evict leases."""
         key = check_key(namespace)
-        with self._translated("check the server with", key):
+        with self._translated("check the server with", key, whole=True):
             self.client.ping()
             self.client.set(key, b"1", px=1000)
             self.client.delete(key)
@@ -255,7 +307,7 @@ class RedisStore:
 
     def scan(self, namespace: str) -> set[str]:
         """The value keys of every cache entry in ``namespace`` (named locks left out)."""
-        with self._translated("scan", namespace):
+        with self._translated("scan", namespace, whole=True):
             return entry_value_keys(self.client.scan_iter(match=f"{namespace}:{{*", count=1000))
 
     def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:

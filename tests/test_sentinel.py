@@ -1,0 +1,207 @@
+"""Sentinel: clients through Sentinel, the redis+sentinel:// URL, and stampedes during a
+failover (SENTINEL FAILOVER, and a master frozen by SIGSTOP).
+
+The behaviour suite runs over the session's Sentinel set too (``layer_of_each_backend``);
+tests that fail the master over start a set of their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio.sentinel
+import redis.sentinel
+
+from stampede import ConfigError, Stampede
+from stampede._core.keys import EntryKeys
+from stampede.testing import RedisServer, SentinelServers, free_port
+
+from .test_behaviour import CountingLoader, hammer
+
+
+def subscribers(server: RedisServer, channel: str) -> int:
+    with redis.Redis.from_url(server.url, socket_timeout=2) as client:
+        return int(client.pubsub_numsub(channel)[0][1])
+
+
+def until(condition: Callable[[], Any], timeout: float = 10.0) -> float:
+    """Poll until ``condition`` holds; return when it did (time.monotonic())."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if condition():
+                return time.monotonic()
+        except redis.RedisError:
+            pass
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def own_sentinels() -> Iterator[SentinelServers]:
+    with SentinelServers() as sentinels:
+        yield sentinels
+
+
+def test_clients_made_through_sentinel_work_blocking_and_async(sentinel_servers: SentinelServers) -> None:
+    redis.Redis.from_url(sentinel_servers.current_master().url).flushall()
+    timeouts = {"socket_timeout": 2.0, "socket_connect_timeout": 1.0}
+    sentinel = redis.sentinel.Sentinel(sentinel_servers.addresses, sentinel_kwargs=timeouts, **timeouts)
+    client = sentinel.master_for(sentinel_servers.service)
+    async_sentinels: list[Any] = []
+
+    def make_async_client() -> redis.asyncio.Redis:
+        manager = redis.asyncio.sentinel.Sentinel(sentinel_servers.addresses, sentinel_kwargs=timeouts, **timeouts)
+        async_sentinels.append(manager)
+        return manager.master_for(sentinel_servers.service)  # type: ignore[no-any-return]
+
+    layer = Stampede(client, async_client=make_async_client, namespace="test")
+    try:
+        db = CountingLoader(delay=0.1)
+        load = layer.cached_loader("item:{key}")(db)
+        assert hammer(load, [1] * 16) == [{"id": 1}] * 16
+        assert db.calls == {1: 1}
+        calls = 0
+
+        @layer.cached_loader("async:{key}")
+        async def aload(key: int) -> dict[str, int]:
+            nonlocal calls
+            calls += 1
+            await asyncio.sleep(0.1)
+            return {"key": key}
+
+        async def main() -> list[Any]:
+            try:
+                return await asyncio.gather(*(aload(7) for _ in range(50)))
+            finally:
+                await layer.aclose()
+                for manager in async_sentinels:
+                    for one in manager.sentinels:
+                        await one.aclose()
+
+        assert asyncio.run(main()) == [{"key": 7}] * 50
+        assert calls == 1
+    finally:
+        layer.close()
+        client.close()
+        for one in sentinel.sentinels:
+            one.close()
+
+
+def test_a_service_no_sentinel_knows_is_a_config_error(sentinel_servers: SentinelServers) -> None:
+    url = sentinel_servers.url.rsplit("/", 1)[0] + "/no-such-master"
+    with pytest.raises(ConfigError, match="no sentinel at .* knows a master named 'no-such-master'"):
+        Stampede.from_url(url, namespace="test")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis+sentinel:///service",
+        "redis+sentinel://127.0.0.1:26379",
+        "redis+sentinel://127.0.0.1:26379/service/db",
+        "redis+sentinel://127.0.0.1:port/service",
+        "redis+sentinel://127.0.0.1:26379/a/1/extra",
+    ],
+)
+def test_a_malformed_sentinel_url_is_a_config_error(url: str) -> None:
+    with pytest.raises(ConfigError):
+        Stampede.from_url(url)
+
+
+def test_sentinels_nobody_answers_leave_the_layer_to_find_the_master_later() -> None:
+    layer = Stampede.from_url(f"redis+sentinel://127.0.0.1:{free_port()}/service", socket_connect_timeout=0.2)
+    try:
+        calls = []
+
+        @layer.cached_loader("item:{key}")
+        def load(key: int) -> int:
+            calls.append(key)
+            return key
+
+        assert load(1) == 1  # on_redis_error="load": served without the cache
+        assert calls == [1]
+    finally:
+        layer.close()
+
+
+def _start_stampede(
+    layers: list[Stampede], db: CountingLoader, threads_per_layer: int
+) -> tuple[list[threading.Thread], list[tuple[Any, float]]]:
+    outcomes: list[tuple[Any, float]] = []
+    lock = threading.Lock()
+    loaders = [layer.cached_loader("item:{key}")(db) for layer in layers]
+
+    def call(load: Callable[[int], Any]) -> None:
+        start = time.monotonic()
+        try:
+            outcome: Any = load(1)
+        except Exception as error:
+            outcome = error
+        with lock:
+            outcomes.append((outcome, time.monotonic() - start))
+
+    threads = [threading.Thread(target=call, args=(load,)) for load in loaders for _ in range(threads_per_layer)]
+    for thread in threads:
+        thread.start()
+    return threads, outcomes
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("how", ["sentinel-failover", "sigstop"])
+def test_a_failover_during_a_stampede_serves_every_caller_and_the_subscriber_follows(
+    own_sentinels: SentinelServers, how: str
+) -> None:
+    settings = dict(namespace="test", lock_ttl=2.0, wait_timeout=10.0, recheck_interval=30.0, breaker_threshold=0)
+    layers = [Stampede.from_url(own_sentinels.url, **settings) for _ in range(2)]
+    old = own_sentinels.current_master()
+    try:
+        db = CountingLoader()
+        db.release.clear()
+        threads, outcomes = _start_stampede(layers, db, 8)
+        assert db.started.wait(10)
+        until(lambda: sum(layer.stats()["lock_waits"] for layer in layers) >= 1)  # one layer waits on the other
+        channel = EntryKeys.for_value(layers[0].cached_loader("item:{key}")(db).key(1)).channel
+        until(lambda: subscribers(old, channel) == 1)
+        started = time.monotonic()
+        if how == "sigstop":
+            old.pause()
+        else:
+            own_sentinels.failover()
+        new = own_sentinels.wait_master_moved(old)
+        switched = time.monotonic()
+        # The waiting layer's subscriber moves to the new master within a second or so
+        # of the switch (it asks the sentinels every 0.5 s while waiters wait).
+        followed = until(lambda: subscribers(new, channel) == 1, timeout=10)
+        assert followed - switched < 1.5
+        db.release.set()
+        for thread in threads:
+            thread.join(40)
+        assert not any(thread.is_alive() for thread in threads)
+        values = [outcome for outcome, _ in outcomes]
+        assert values == [{"id": 1}] * 16  # every caller got the value (on_redis_error="load")
+        longest = max(duration for _, duration in outcomes)
+        assert longest < (switched - started) + settings["wait_timeout"] + 2 * 2.0 + 3.0
+        # The holder's load, one takeover after its lease ran out on the new master, and
+        # at most one uncached load per process whose command met the old master.
+        assert db.total <= 2 + len(layers)
+        # Caching resumes on the new master.
+        if how == "sigstop":
+            old.resume()
+        loaders = [layer.cached_loader("item:{key}")(db) for layer in layers]
+        for load in loaders:
+            load(1)
+        settled = db.total
+        assert [load(1) for load in loaders * 2] == [{"id": 1}] * 4
+        assert db.total == settled
+    finally:
+        if how == "sigstop":
+            old.resume()
+        for layer in layers:
+            layer.close()
