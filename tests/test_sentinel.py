@@ -205,3 +205,43 @@ def test_a_failover_during_a_stampede_serves_every_caller_and_the_subscriber_fol
             old.resume()
         for layer in layers:
             layer.close()
+
+
+@pytest.mark.timeout(90)
+def test_async_waiters_follow_the_master_across_a_sentinel_failover(own_sentinels: SentinelServers) -> None:
+    settings = dict(namespace="test", lock_ttl=2.0, wait_timeout=10.0, recheck_interval=30.0, breaker_threshold=0)
+    holder_layer = Stampede.from_url(own_sentinels.url, **settings)
+    waiter_layer = Stampede.from_url(own_sentinels.url, **settings)
+    old = own_sentinels.current_master()
+    db = CountingLoader()
+    db.release.clear()
+    load = holder_layer.cached_loader("item:{key}")(db)
+    channel = EntryKeys.for_value(load.key(1)).channel
+
+    @waiter_layer.cached_loader("item:{key}")
+    async def aload(key: int) -> Any:
+        return await asyncio.to_thread(db, key)
+
+    async def main() -> tuple[Any, list[Any], float]:
+        try:
+            holder = asyncio.ensure_future(asyncio.to_thread(load, 1))
+            assert await asyncio.to_thread(db.started.wait, 10)
+            waiters = [asyncio.ensure_future(aload(1)) for _ in range(20)]
+            await asyncio.to_thread(until, lambda: subscribers(old, channel) == 1)
+            own_sentinels.failover()
+            new = await asyncio.to_thread(own_sentinels.wait_master_moved, old)
+            switched = time.monotonic()
+            followed = await asyncio.to_thread(until, lambda: subscribers(new, channel) == 1)
+            db.release.set()
+            return await holder, await asyncio.gather(*waiters), followed - switched
+        finally:
+            db.release.set()
+            await waiter_layer.aclose()
+
+    try:
+        held, waited, follow = asyncio.run(main())
+    finally:
+        holder_layer.close()
+    assert held == {"id": 1} and waited == [{"id": 1}] * 20
+    assert follow < 1.5  # the asyncio subscriber moved to the new master
+    assert db.total <= 2 + 2  # the holder's, a takeover, one uncached per process at most
