@@ -10,7 +10,8 @@ what a failover costs (a cluster primary killed, a Sentinel master failed over).
    (MONITOR on every primary, scripts' inner commands excluded).
 2. Failover under steady traffic: two layers (as two processes would) of ``--threads``
    threads each read ``--keys`` warm keys in a loop; the primary that owns them is
-   SIGKILLed (cluster; its replica takes over) or the master is failed over (Sentinel).
+   SIGKILLed (cluster; its replica takes over), or the master is failed over or frozen
+   by SIGSTOP until the sentinels promote its replica (Sentinel).
    Measured: the time from the fault to the first write the layer's client gets through
    (the new primary found), the loads per key and the callers that saw an error from the
    fault to ``--settle`` seconds after the promotion, for each ``on_redis_error``.
@@ -19,6 +20,7 @@ what a failover costs (a cluster primary killed, a Sentinel master failed over).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
@@ -192,8 +194,10 @@ class Traffic:
     def figures(self, fault: float, recovered: float, keys: int) -> dict[str, Any]:
         """What the callers saw from the fault on."""
         after = [outcome for at, outcome in self.events if at >= fault]
+        last_bad = max((at for at, outcome in self.events if at >= fault and outcome != "served"), default=fault)
         return {
             "recovery": recovered - fault,
+            "normal": last_bad - fault,
             "loads_per_key": sum(self.loads.values()) / keys,
             "errors": after.count("error"),
             "calls": len(after),
@@ -237,7 +241,7 @@ def cluster_failover(policy: str, options: argparse.Namespace) -> dict[str, Any]
                 layer.close()
 
 
-def sentinel_failover(policy: str, options: argparse.Namespace) -> dict[str, Any]:
+def sentinel_failover(policy: str, options: argparse.Namespace, freeze: bool = False) -> dict[str, Any]:
     with SentinelServers() as sentinels:
         layers = [Stampede.from_url(sentinels.url, namespace="bench", on_redis_error=policy) for _ in range(2)]
         try:
@@ -246,10 +250,11 @@ def sentinel_failover(policy: str, options: argparse.Namespace) -> dict[str, Any
             with Traffic(layers, keys, options.threads) as traffic:
                 time.sleep(0.5)
                 fault = time.monotonic()
-                sentinels.failover()
+                old.pause() if freeze else sentinels.failover()
                 sentinels.wait_master_moved(old)
                 recovered = first_write(layers[0], "bench:{probe}", fault)
                 time.sleep(options.settle)
+            old.resume()
             return traffic.figures(fault, recovered, len(keys))
         finally:
             for layer in layers:
@@ -258,20 +263,28 @@ def sentinel_failover(policy: str, options: argparse.Namespace) -> dict[str, Any
 
 def failovers(options: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
     print(f"\n2. Failover under traffic: 2 layers x {options.threads} threads over {options.keys} warm keys")
-    print("   {:<34} {:>12} {:>14} {:>8} {:>8}".format("", "recovery s", "loads per key", "errors", "calls"))
+    print("   {:<34} {:>12} {:>12} {:>14} {:>8} {:>8}".format(
+        "", "recovery s", "normal s", "loads per key", "errors", "calls"))  # fmt: skip
     figures: dict[str, list[dict[str, Any]]] = {}
-    for name, run in (("cluster primary SIGKILLed", cluster_failover), ("SENTINEL FAILOVER", sentinel_failover)):
+    runs = (
+        ("cluster primary SIGKILLed", cluster_failover),
+        ("SENTINEL FAILOVER", sentinel_failover),
+        ("Sentinel master frozen (SIGSTOP)", functools.partial(sentinel_failover, freeze=True)),
+    )
+    for name, run in runs:
         for policy in ("load", "raise"):
             results = figures[f"{name}, {policy}"] = [run(policy, options) for _ in range(options.failover_rounds)]
-            print("   {:<34} {:>12} {:>14} {:>8} {:>8}".format(
+            print("   {:<34} {:>12} {:>12} {:>14} {:>8} {:>8}".format(
                 f"{name}, {policy}",
                 "/".join(f"{result['recovery']:.2f}" for result in results),
+                "/".join(f"{result['normal']:.2f}" for result in results),
                 "/".join(f"{result['loads_per_key']:.1f}" for result in results),
                 "/".join(str(result["errors"]) for result in results),
                 "/".join(str(result["calls"]) for result in results),
             ))  # fmt: skip
-    print("   (recovery: from the fault to the first write the layer's own client got through; loads per key,")
-    print("    errors and calls: from the fault to the end of the run; one figure per run)")
+    print("   (recovery: from the fault to the first write the layer's own client got through; normal: to the")
+    print("    last call that failed or loaded; loads per key, errors and calls: from the fault to the end of")
+    print("    the run; one figure per run)")
     return figures
 
 

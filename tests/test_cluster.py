@@ -347,5 +347,17 @@ def test_a_failed_primary_opens_the_circuit_for_its_slots_only(own_cluster: Clus
         # The other primaries' keys are cached as before: one load, then hits.
         assert [load(elsewhere) for _ in range(3)] == [{"id": elsewhere}] * 3
         assert db.calls == {elsewhere: 1}
+        # Once the replica is promoted, its slots are served again long before the
+        # 30 s cool-down: the layer asks for the slots while the circuit is open, and
+        # the new primary's breaker starts closed.
+        own_cluster.wait_promoted(own_cluster.replicas[own_cluster.primaries.index(victim)])
+        promoted = time.monotonic()
+        while True:
+            try:
+                assert load(0) == {"id": 0}
+                break
+            except BackendUnavailable:
+                assert time.monotonic() - promoted < 5.0
+                time.sleep(0.05)
     finally:
         layer.close()

@@ -125,3 +125,22 @@ def test_the_freshness_benchmark_short_form_serves_hot_keys_without_a_wait_or_an
     assert outage["errors"] == 0 and outage["max per window"] == 1
     assert outage["attempts while down"] <= 10 * (outage["outage s"] + 1)  # 10 keys, one try a second each
     assert outage["keys not reloaded"] == 0 and outage["recovery s"] < 1.0 + 0.5
+
+
+def test_the_cluster_benchmark_short_form_loads_once_and_recovers_from_each_failover() -> None:
+    """``loadtest/bench_cluster.py --quick``: the cold key on one server and on a cluster,
+    and a failover of each kind under traffic, as CI can afford them. The figures are the
+    script's; this checks what holds at any size."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "loadtest" / "bench_cluster.py"), "--quick"],
+        capture_output=True, text=True, timeout=240, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    figures = json.loads(done.stdout.strip().splitlines()[-1])["figures"]
+    assert figures["cold key"]["one server"]["loads"] == figures["cold key"]["cluster"]["loads"] == 1
+    for name, runs in figures["failover"].items():
+        for run in runs:
+            assert run["recovery"] < 15, name
+            assert run["normal"] < run["recovery"] + 3, name  # no breaker cool-down past the promotion
+            if name.endswith(", load"):
+                assert run["errors"] == 0, name  # on_redis_error="load": nobody sees an error

@@ -18,7 +18,7 @@ import redis
 import redis.asyncio.sentinel
 import redis.sentinel
 
-from stampede import ConfigError, Stampede
+from stampede import BackendUnavailable, ConfigError, Stampede
 from stampede._core.keys import EntryKeys
 from stampede.testing import RedisServer, SentinelServers, free_port
 
@@ -245,3 +245,32 @@ def test_async_waiters_follow_the_master_across_a_sentinel_failover(own_sentinel
     assert held == {"id": 1} and waited == [{"id": 1}] * 20
     assert follow < 1.5  # the asyncio subscriber moved to the new master
     assert db.total <= 2 + 2  # the holder's, a takeover, one uncached per process at most
+
+
+@pytest.mark.timeout(60)
+def test_an_open_circuit_does_not_outlast_a_failover(own_sentinels: SentinelServers) -> None:
+    layer = Stampede.from_url(own_sentinels.url, namespace="test", socket_timeout=0.5, breaker_threshold=2,
+                              breaker_cooldown=30.0, on_redis_error="raise")  # fmt: skip
+    old = own_sentinels.current_master()
+    try:
+        db = CountingLoader()
+        load = layer.cached_loader("item:{key}")(db)
+        assert load(1) == {"id": 1}
+        old.pause()
+        for _ in range(2):
+            with pytest.raises(BackendUnavailable):
+                load(1)
+        with pytest.raises(BackendUnavailable, match="circuit open"):
+            load(1)
+        own_sentinels.wait_master_moved(old)
+        promoted = time.monotonic()
+        while True:  # served again within seconds of the promotion, not after 30 s
+            try:
+                assert load(1) == {"id": 1}
+                break
+            except BackendUnavailable:
+                assert time.monotonic() - promoted < 5.0
+                time.sleep(0.05)
+    finally:
+        old.resume()
+        layer.close()

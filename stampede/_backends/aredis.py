@@ -11,6 +11,7 @@ timer for every connection it hands out.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -31,13 +32,17 @@ from .redis import (
     breaker_for,
     check_client,
     failure,
+    follows_master,
     is_cluster,
     queue_read_with_ttl,
+    refresh_route,
     translated,
     with_ttl,
 )
 
 T = TypeVar("T")
+
+log = logging.getLogger("stampede")
 
 
 class AsyncRedisStore:
@@ -58,7 +63,7 @@ class AsyncRedisStore:
         check_client(client)
         self.client = client
         self.breaker = breaker  # the whole server's; on a cluster, for commands on no one node
-        self._node_breakers = node_breakers if is_cluster(client) else None
+        self._node_breakers = node_breakers if is_cluster(client) or follows_master(client) else None
         self.eviction = eviction or EvictionCheck()
         self._owns_client = owns_client
         self._slots = asyncio.Semaphore(slots) if slots else None
@@ -68,6 +73,7 @@ class AsyncRedisStore:
         # task: redis.asyncio's cluster client, initialized lazily by many tasks at once,
         # can hand one of them a connection another is disconnecting.
         self._initialized = not is_cluster(client)
+        self._refreshes: set[asyncio.Task[None]] = set()
         self._initializing = asyncio.Lock()
         self._subscriber: AsyncSubscriber | AsyncShardedSubscriber = (
             AsyncShardedSubscriber(client, subscribe_timeout)
@@ -185,7 +191,21 @@ class AsyncRedisStore:
             await self._send(keys.value, self._scripts.invalidate, *_scripts.invalidate_call(keys))
 
     def _breaker(self, key: str) -> CircuitBreaker:
-        return breaker_for(self.client, self._node_breakers, self.breaker, key)
+        breaker = breaker_for(self.client, self._node_breakers, self.breaker, key)
+        if breaker.open and self._node_breakers is not None and self._node_breakers.refresh_due():
+            # The slot may have a new owner, or Sentinel a new master (see NodeBreakers):
+            # ask in the background; the
+            # calls that follow use the new slots once they are in.
+            task = asyncio.get_running_loop().create_task(self._refresh_slots())
+            self._refreshes.add(task)
+            task.add_done_callback(self._refreshes.discard)
+        return breaker
+
+    async def _refresh_slots(self) -> None:
+        try:
+            await refresh_route(self.client)
+        except Exception as error:
+            log.info("stampede: cannot ask where the server is now (%s)", error)
 
     async def _initialize(self) -> None:
         async with self._initializing:
@@ -221,6 +241,9 @@ class AsyncRedisStore:
         return await self._subscriber.subscribe(keys.channel)
 
     async def aclose(self) -> None:
+        for task in list(self._refreshes):
+            task.cancel()
+        await asyncio.gather(*self._refreshes, return_exceptions=True)
         await self._subscriber.aclose()
         if not self._owns_client:
             return

@@ -19,7 +19,8 @@ Timeline, threshold 3, cool-down 5 s:
 Shared by a layer's blocking store and its asyncio stores (one server, one verdict).
 The closed state is read without the lock: the hit path pays one comparison. On a Redis
 Cluster each primary has a breaker of its own (``NodeBreakers``): one failed primary
-opens the circuit for its slots only, and the replica promoted in its place starts closed.
+opens the circuit for its slots only, and the replica promoted in its place starts
+closed. Through Sentinel each master address has its own, for the same reason.
 """
 
 from __future__ import annotations
@@ -67,6 +68,11 @@ class CircuitBreaker:
             key=key,
         )
 
+    @property
+    def open(self) -> bool:
+        """Whether commands are being refused (or only a probe let through) now."""
+        return bool(self.threshold) and self._failures >= self.threshold
+
     def succeeded(self) -> None:
         if self._failures:
             with self._lock:
@@ -87,16 +93,39 @@ class CircuitBreaker:
                 self._probe_until = 0.0
 
 
-class NodeBreakers:
-    """One ``CircuitBreaker`` per node of a Redis Cluster, by node name (host:port), made
-    when a node is first asked about; shared by a layer's blocking and asyncio stores."""
+SLOTS_REFRESH_INTERVAL = 0.5
 
-    def __init__(self, threshold: int, cooldown: float) -> None:
+
+class NodeBreakers:
+    """One ``CircuitBreaker`` per server (host:port) of a Redis Cluster or of a Sentinel
+    set, made when a server is first asked about; shared by a layer's blocking and
+    asyncio stores.
+
+    A client learns that a slot or the master moved from a failed command; while a
+    server's circuit is open no command goes to it, so the store asks where commands go
+    instead (CLUSTER SLOTS, or the sentinels), at most every ``SLOTS_REFRESH_INTERVAL``
+    (``refresh_due``): once a replica is promoted, commands go to it, and its breaker
+    starts closed."""
+
+    def __init__(self, threshold: int, cooldown: float, clock: Callable[[], float] = time.monotonic) -> None:
         self._threshold = threshold
         self._cooldown = cooldown
+        self._clock = clock
         self._breakers: dict[str, CircuitBreaker] = {}
         self._lock = threading.Lock()
+        self._next_refresh = 0.0
         reset_after_fork(self)
+
+    def refresh_due(self) -> bool:
+        """True for one caller per ``SLOTS_REFRESH_INTERVAL``."""
+        now = self._clock()
+        if now < self._next_refresh:
+            return False
+        with self._lock:
+            if now < self._next_refresh:
+                return False
+            self._next_refresh = now + SLOTS_REFRESH_INTERVAL
+            return True
 
     def after_fork_in_child(self) -> None:
         self._lock = threading.Lock()

@@ -127,16 +127,40 @@ def is_cluster(client: Any) -> bool:
     return isinstance(client, (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster))
 
 
+def follows_master(client: Any) -> bool:
+    """Whether ``client`` reaches its server through Sentinel (blocking or asyncio)."""
+    pool = getattr(client, "connection_pool", None)
+    return callable(getattr(pool, "get_master_address", None))
+
+
+def node_of(client: Any, key: str) -> str | None:
+    """The server a command on ``key`` goes to now, as the client knows it: the primary of
+    the key's slot on a cluster, the master through Sentinel; None while not known yet."""
+    if is_cluster(client):
+        try:
+            return str(client.get_node_from_key(key).name)
+        except Exception:  # slots not learned yet, or not covered
+            return None
+    address = client.connection_pool.master_address
+    return None if address is None else f"{address[0]}:{address[1]}"
+
+
 def breaker_for(client: Any, nodes: NodeBreakers | None, whole: CircuitBreaker, key: str) -> CircuitBreaker:
-    """The breaker that guards commands on ``key``: on a cluster (``nodes``), that of the
-    primary the client's slot table names for it; else, or while the slots are not known,
-    ``whole``."""
+    """The breaker that guards commands on ``key``: with ``nodes`` (a cluster, or Sentinel),
+    that of the server the command goes to; else, or while that is not known, ``whole``."""
     if nodes is None:
         return whole
-    try:
-        return nodes.of(client.get_node_from_key(key).name)
-    except Exception:  # slots not learned yet, or not covered
-        return whole
+    node = node_of(client, key)
+    return whole if node is None else nodes.of(node)
+
+
+def refresh_route(client: Any) -> Any:
+    """Ask where commands go now: the cluster's slots (CLUSTER SLOTS) or Sentinel's master
+    (which also drops idle connections to a master that moved). An awaitable for an
+    asyncio client."""
+    if is_cluster(client):
+        return client.nodes_manager.initialize()
+    return client.connection_pool.get_master_address()
 
 
 class SlotScript:
@@ -213,7 +237,7 @@ class RedisStore:
         check_client(client)
         self.client = client
         self.breaker = breaker  # the whole server's; on a cluster, for commands on no one node
-        self._node_breakers = node_breakers if is_cluster(client) else None
+        self._node_breakers = node_breakers if is_cluster(client) or follows_master(client) else None
         self.eviction = eviction or EvictionCheck()
         self._scripts = Scripts(client)
         self._subscriber: Subscriber | ShardedSubscriber = (
@@ -237,7 +261,14 @@ class RedisStore:
         return raw
 
     def _breaker(self, key: str) -> CircuitBreaker:
-        return breaker_for(self.client, self._node_breakers, self.breaker, key)
+        breaker = breaker_for(self.client, self._node_breakers, self.breaker, key)
+        if breaker.open and self._node_breakers is not None and self._node_breakers.refresh_due():
+            try:  # the slot may have a new owner, or Sentinel a new master (see NodeBreakers)
+                refresh_route(self.client)
+            except Exception as error:
+                log.info("stampede: cannot ask where the server is now (%s)", error)
+            breaker = breaker_for(self.client, self._node_breakers, self.breaker, key)
+        return breaker
 
     @contextmanager
     def _translated(self, what: str, key: str, whole: bool = False) -> Iterator[None]:
