@@ -117,6 +117,28 @@ def worker_main(options: argparse.Namespace) -> None:
     print(json.dumps(run_threads(read, options.key, options.threads)), flush=True)
 
 
+def run_workers(command: list[str], processes: int, on_ready: Callable[[], None]) -> list[dict[str, Any]]:
+    """Start ``processes`` copies of ``command`` (each prints "ready", waits for a line on
+    stdin, then prints its result as a JSON line), let them go at once, and return their
+    results; ``on_ready`` runs just before the go. Every process is gone on return."""
+    started = [subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+               for _ in range(processes)]  # fmt: skip
+    try:
+        for process in started:
+            assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+        on_ready()
+        for process in started:
+            assert process.stdin is not None
+            process.stdin.write("go\n")
+            process.stdin.flush()
+        return [json.loads(process.communicate(timeout=60)[0].splitlines()[-1]) for process in started]
+    finally:
+        for process in started:
+            if process.poll() is None:
+                process.kill()
+                process.wait(5)
+
+
 def run_processes(
     url: str,
     strategy: str,
@@ -131,21 +153,7 @@ def run_processes(
     key = key or uuid.uuid4().hex[:12]
     command = [sys.executable, __file__, "--worker", "--redis", url, "--strategy", strategy,
                "--key", key, "--threads", str(threads), "--delay", str(delay)]  # fmt: skip
-    started = [subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-               for _ in range(processes)]  # fmt: skip
-    try:
-        for process in started:
-            assert process.stdout is not None and process.stdout.readline().strip() == "ready"
-        on_ready()
-        for process in started:
-            assert process.stdin is not None
-            process.stdin.write("go\n")
-            process.stdin.flush()
-        results = [json.loads(process.communicate(timeout=60)[0].splitlines()[-1]) for process in started]
-    finally:
-        for process in started:
-            if process.poll() is None:
-                process.kill()
+    results = run_workers(command, processes, on_ready)
     client = redis.Redis.from_url(url)
     queries = int(client.get(f"demo:queries:{key}") or 0)
     client.close()

@@ -23,14 +23,18 @@ import argparse
 import functools
 import json
 import statistics
-import subprocess
 import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+
+from demo import run_workers
 
 from stampede import BackendUnavailable, Stampede
 from stampede.testing import ClusterServers, CommandMonitor, RedisServer, SentinelServers, names
@@ -79,23 +83,7 @@ def one_stampede(
                "--threads", str(options.threads), "--delay", str(options.delay)]  # fmt: skip
     if cluster:
         command.append("--cluster")
-    started = [subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-               for _ in range(options.processes)]  # fmt: skip
-    try:
-        for process in started:
-            assert process.stdout is not None and process.stdout.readline().strip() == "ready"
-        for monitor in monitors:
-            monitor.checkpoint()
-        for process in started:
-            assert process.stdin is not None
-            process.stdin.write("go\n")
-            process.stdin.flush()
-        results = [json.loads(process.communicate(timeout=60)[0].splitlines()[-1]) for process in started]
-    finally:
-        for process in started:
-            if process.poll() is None:
-                process.kill()
-                process.wait(5)
+    results = run_workers(command, options.processes, lambda: [monitor.checkpoint() for monitor in monitors])
     sent = [name for monitor in monitors for name in names(monitor.checkpoint()) if name not in NOT_CACHE_TRAFFIC]
     latencies = [latency for result in results for latency in result["latencies"]]
     return {"loads": sum(result["loads"] for result in results), "slowest": max(latencies), "commands": len(sent)}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import pytest
@@ -68,20 +68,30 @@ def proxy(redis_url: str) -> Iterator[FaultProxy]:
         yield faulty
 
 
-@pytest.fixture
-def make_layer(redis_url: str, redis_client: redis.Redis) -> Iterator[Callable[..., Stampede]]:
-    """Builds layers over the shared server (``url`` to override) and closes them after."""
+@contextmanager
+def layers_over(url: str, **fixed: Any) -> Iterator[Callable[..., Stampede]]:
+    """A maker of layers over ``url`` (``Stampede.from_url``; the ``url`` option overrides
+    it), in namespace "test" unless told; every layer made is closed on exit."""
     layers: list[Stampede] = []
 
-    def make(url: str | None = None, **options: Any) -> Stampede:
+    def make(url_: str | None = None, **options: Any) -> Stampede:
         options.setdefault("namespace", "test")
-        layer = Stampede.from_url(url or redis_url, **with_freshness(options))
+        layer = Stampede.from_url(url_ or url, **fixed, **with_freshness(options))
         layers.append(layer)
         return layer
 
-    yield make
-    for layer in layers:
-        layer.close()
+    try:
+        yield make
+    finally:
+        for layer in layers:
+            layer.close()
+
+
+@pytest.fixture
+def make_layer(redis_url: str, redis_client: redis.Redis) -> Iterator[Callable[..., Stampede]]:
+    """Builds layers over the shared server (``url`` to override) and closes them after."""
+    with layers_over(redis_url) as make:
+        yield make
 
 
 @pytest.fixture(scope="session")
@@ -166,34 +176,16 @@ def empty_cluster(cluster: ClusterServers) -> None:
 def make_cluster_layer(cluster_servers: ClusterServers) -> Iterator[Callable[..., Stampede]]:
     """Builds layers over the session's cluster (emptied first) and closes them after."""
     empty_cluster(cluster_servers)
-    layers: list[Stampede] = []
-
-    def make(url: str | None = None, **options: Any) -> Stampede:
-        options.setdefault("namespace", "test")
-        layer = Stampede.from_url(url or cluster_servers.url, cluster=True, **with_freshness(options))
-        layers.append(layer)
-        return layer
-
-    yield make
-    for layer in layers:
-        layer.close()
+    with layers_over(cluster_servers.url, cluster=True) as make:
+        yield make
 
 
 @pytest.fixture
 def make_sentinel_layer(sentinel_servers: SentinelServers) -> Iterator[Callable[..., Stampede]]:
     """Builds layers over the master the session's sentinels name (emptied first)."""
     redis.Redis.from_url(sentinel_servers.current_master().url).flushall()
-    layers: list[Stampede] = []
-
-    def make(url: str | None = None, **options: Any) -> Stampede:
-        options.setdefault("namespace", "test")
-        layer = Stampede.from_url(url or sentinel_servers.url, **with_freshness(options))
-        layers.append(layer)
-        return layer
-
-    yield make
-    for layer in layers:
-        layer.close()
+    with layers_over(sentinel_servers.url) as make:
+        yield make
 
 
 @pytest.fixture(params=BACKENDS)

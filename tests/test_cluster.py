@@ -63,31 +63,38 @@ def test_clients_made_by_the_user_work_blocking_and_async(cluster_servers: Clust
         namespace="test",
     )
     try:
-        db = CountingLoader(delay=0.1)
-        load = layer.cached_loader("item:{key}")(db)
-        assert hammer(load, [1] * 16) == [{"id": 1}] * 16
-        assert db.calls == {1: 1}
-
-        calls = 0
-
-        @layer.cached_loader("async:{key}")
-        async def aload(key: int) -> dict[str, int]:
-            nonlocal calls
-            calls += 1
-            await asyncio.sleep(0.1)
-            return {"key": key}
-
-        async def main() -> list[Any]:
-            try:
-                return await asyncio.gather(*(aload(7) for _ in range(50)))
-            finally:
-                await layer.aclose()
-
-        assert asyncio.run(main()) == [{"key": 7}] * 50
-        assert calls == 1
+        sixteen_threads_and_fifty_tasks_load_once(layer)
     finally:
         layer.close()
         client.close()
+
+
+def sixteen_threads_and_fifty_tasks_load_once(layer: Stampede, after: Callable[[], Any] | None = None) -> None:
+    """16 threads on one cold key load it once, then 50 tasks on another, in a loop this
+    runs (``after`` is awaited in it once the layer's loop resources are closed)."""
+    db = CountingLoader(delay=0.1)
+    load = layer.cached_loader("item:{key}")(db)
+    assert hammer(load, [1] * 16) == [{"id": 1}] * 16
+    assert db.calls == {1: 1}
+    calls = 0
+
+    @layer.cached_loader("async:{key}")
+    async def aload(key: int) -> dict[str, int]:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(0.1)
+        return {"key": key}
+
+    async def main() -> list[Any]:
+        try:
+            return await asyncio.gather(*(aload(7) for _ in range(50)))
+        finally:
+            await layer.aclose()
+            if after is not None:
+                await after()
+
+    assert asyncio.run(main()) == [{"key": 7}] * 50
+    assert calls == 1
 
 
 def test_every_key_of_an_entry_and_its_channel_share_the_entry_slot_whatever_the_arguments(

@@ -22,7 +22,8 @@ from stampede import BackendUnavailable, ConfigError, Stampede
 from stampede._core.keys import EntryKeys
 from stampede.testing import RedisServer, SentinelServers, free_port
 
-from .test_behaviour import CountingLoader, hammer
+from .test_behaviour import CountingLoader
+from .test_cluster import sixteen_threads_and_fifty_tasks_load_once
 
 
 def subscribers(server: RedisServer, channel: str) -> int:
@@ -62,31 +63,14 @@ def test_clients_made_through_sentinel_work_blocking_and_async(sentinel_servers:
         return manager.master_for(sentinel_servers.service)  # type: ignore[no-any-return]
 
     layer = Stampede(client, async_client=make_async_client, namespace="test")
+
+    async def close_async_sentinels() -> None:
+        for manager in async_sentinels:
+            for one in manager.sentinels:
+                await one.aclose()
+
     try:
-        db = CountingLoader(delay=0.1)
-        load = layer.cached_loader("item:{key}")(db)
-        assert hammer(load, [1] * 16) == [{"id": 1}] * 16
-        assert db.calls == {1: 1}
-        calls = 0
-
-        @layer.cached_loader("async:{key}")
-        async def aload(key: int) -> dict[str, int]:
-            nonlocal calls
-            calls += 1
-            await asyncio.sleep(0.1)
-            return {"key": key}
-
-        async def main() -> list[Any]:
-            try:
-                return await asyncio.gather(*(aload(7) for _ in range(50)))
-            finally:
-                await layer.aclose()
-                for manager in async_sentinels:
-                    for one in manager.sentinels:
-                        await one.aclose()
-
-        assert asyncio.run(main()) == [{"key": 7}] * 50
-        assert calls == 1
+        sixteen_threads_and_fifty_tasks_load_once(layer, after=close_async_sentinels)
     finally:
         layer.close()
         client.close()
