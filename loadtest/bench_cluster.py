@@ -165,6 +165,8 @@ class Traffic:
                 outcome = "load" if self._local.loaded else "served"
             except BackendUnavailable:
                 outcome = "error"
+            except Exception:  # anything else is a defect: counted, and reported below
+                outcome = "crash"
             with self._lock:
                 self.events.append((time.monotonic(), outcome))
             time.sleep(0.002)
@@ -188,6 +190,7 @@ class Traffic:
             "normal": last_bad - fault,
             "loads_per_key": sum(self.loads.values()) / keys,
             "errors": after.count("error"),
+            "crashes": after.count("crash"),
             "calls": len(after),
         }
 
@@ -270,6 +273,8 @@ def failovers(options: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
                 "/".join(str(result["errors"]) for result in results),
                 "/".join(str(result["calls"]) for result in results),
             ))  # fmt: skip
+    crashes = sum(run["crashes"] for runs in figures.values() for run in runs)
+    assert crashes == 0, f"{crashes} calls raised something other than BackendUnavailable"
     print("   (recovery: from the fault to the first write the layer's own client got through; normal: to the")
     print("    last call that failed or loaded; loads per key, errors and calls: from the fault to the end of")
     print("    the run; one figure per run)")

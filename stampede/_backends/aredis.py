@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 import redis
@@ -26,6 +27,7 @@ from .ashards import AsyncShardedSubscriber
 from .breaker import CircuitBreaker, NodeBreakers
 from .redis import (
     FAILURES,
+    TORN_DOWN,
     EvictionCheck,
     Scripts,
     acquire_reply,
@@ -36,6 +38,7 @@ from .redis import (
     is_cluster,
     queue_read_with_ttl,
     refresh_route,
+    torn_down_error,
     translated,
     with_ttl,
 )
@@ -64,6 +67,7 @@ class AsyncRedisStore:
         self.client = client
         self.breaker = breaker  # the whole server's; on a cluster, for commands on no one node
         self._node_breakers = node_breakers if is_cluster(client) or follows_master(client) else None
+        self._torn_down = TORN_DOWN if self._node_breakers is not None else ()
         self.eviction = eviction or EvictionCheck()
         self._owns_client = owns_client
         self._slots = asyncio.Semaphore(slots) if slots else None
@@ -88,6 +92,8 @@ class AsyncRedisStore:
             raw: bytes | None = await self._send(key, self.client.get, key)
         except FAILURES as error:
             raise failure(breaker, "read", key, error) from error
+        except self._torn_down as error:
+            raise failure(breaker, "read", key, torn_down_error(error)) from error
         breaker.succeeded()
         return raw
 
@@ -99,13 +105,15 @@ class AsyncRedisStore:
             raw, pttl, *marked = await self._send(key, pipeline.execute)
         except FAILURES as error:
             raise failure(breaker, "read", key, error) from error
+        except self._torn_down as error:
+            raise failure(breaker, "read", key, torn_down_error(error)) from error
         breaker.succeeded()
         return with_ttl(raw, pttl, *marked)
 
     async def acquire(
         self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
     ) -> AcquireReply:
-        with translated("lock", keys.value, self._breaker(keys.value)):
+        with self._translated("lock", keys.value):
             call = _scripts.acquire_call(keys, token, lease_ms, check_value, stale)
             reply = await self._send(keys.value, self._scripts.acquire, *call)
         acquired = acquire_reply(reply)
@@ -141,37 +149,37 @@ class AsyncRedisStore:
         return entry_value_keys(keys)
 
     async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
-        with translated("renew the lease of", keys.value, self._breaker(keys.value)):
+        with self._translated("renew the lease of", keys.value):
             call = _scripts.renew_call(keys, token, lease_ms)
             return bool(await self._send(keys.value, self._scripts.renew, *call))
 
     async def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> Written:
-        with translated("write", keys.value, self._breaker(keys.value)):
+        with self._translated("write", keys.value):
             call = _scripts.write_release_call(keys, token, envelope, ttl_ms, inline)
             written = await self._send(keys.value, self._scripts.write_release, *call)
         return Written(int(written))
 
     async def release(self, keys: EntryKeys, token: str) -> bool:
-        with translated("release the lock of", keys.value, self._breaker(keys.value)):
+        with self._translated("release the lock of", keys.value):
             call = _scripts.release_call(keys, token)
             return bool(await self._send(keys.value, self._scripts.release, *call))
 
     async def hold(self, keys: EntryKeys, token: str, hold_ms: int, failing_ms: int) -> bool:
-        with translated("hold the lock of", keys.value, self._breaker(keys.value)):
+        with self._translated("hold the lock of", keys.value):
             call = _scripts.hold_call(keys, token, hold_ms, failing_ms)
             return bool(await self._send(keys.value, self._scripts.hold, *call))
 
     async def expire(self, keys: EntryKeys) -> None:
-        with translated("expire", keys.value, self._breaker(keys.value)):
+        with self._translated("expire", keys.value):
             await self._send(keys.value, self._scripts.expire, *_scripts.expire_call(keys))
 
     async def holder(self, keys: EntryKeys) -> str | None:
-        with translated("read the lock of", keys.lock, self._breaker(keys.lock)):
+        with self._translated("read the lock of", keys.lock):
             token = await self._send(keys.lock, self.client.get, keys.lock)
         return None if token is None else bytes(token).decode(errors="replace")
 
     async def take_lock(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int = 0) -> AcquireReply:
-        with translated("lock", keys.lock, self._breaker(keys.lock)):
+        with self._translated("lock", keys.lock):
             if queue_ms:
                 script, call = (
                     self._scripts.take_lock_fairly,
@@ -183,12 +191,15 @@ class AsyncRedisStore:
         return acquire_reply(reply)
 
     async def leave_queue(self, keys: EntryKeys, token: str) -> None:
-        with translated("leave the queue of", keys.lock, self._breaker(keys.lock)):
+        with self._translated("leave the queue of", keys.lock):
             await self._send(keys.lock, self._scripts.leave_queue, *_scripts.leave_queue_call(keys, token))
 
     async def invalidate(self, keys: EntryKeys) -> None:
-        with translated("invalidate", keys.value, self._breaker(keys.value)):
+        with self._translated("invalidate", keys.value):
             await self._send(keys.value, self._scripts.invalidate, *_scripts.invalidate_call(keys))
+
+    def _translated(self, what: str, key: str) -> AbstractContextManager[None]:
+        return translated(what, key, self._breaker(key), self._torn_down)
 
     def _breaker(self, key: str) -> CircuitBreaker:
         breaker = breaker_for(self.client, self._node_breakers, self.breaker, key)

@@ -34,16 +34,32 @@ FAILURES = (RedisError, OSError, asyncio.TimeoutError)
 UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, OSError, asyncio.TimeoutError)
 
 
+TORN_DOWN = (TypeError, AttributeError, ValueError)
+"""What redis-py's parsers raise mid-command when another thread disconnected the
+connection under it (a dropped socket or buffer). Through a cluster or Sentinel redis-py
+does that itself, re-routing a server's connections after one of its commands failed, so
+there it is a failure to reach the server like any other."""
+
+
 @contextmanager
-def translated(what: str, key: str, breaker: CircuitBreaker) -> Iterator[None]:
-    """One command: refused at once while the circuit is open; its failure translated to
-    BackendUnavailable and its outcome told to the breaker."""
+def translated(
+    what: str, key: str, breaker: CircuitBreaker, torn_down: tuple[type[Exception], ...] = ()
+) -> Iterator[None]:
+    """One command: refused at once while the circuit is open; its failure (and an error
+    of ``torn_down``: see ``TORN_DOWN``) translated to BackendUnavailable and its outcome
+    told to the breaker."""
     breaker.check(key)
     try:
         yield
     except FAILURES as error:
         raise failure(breaker, what, key, error) from error
+    except torn_down as error:
+        raise failure(breaker, what, key, torn_down_error(error)) from error
     breaker.succeeded()
+
+
+def torn_down_error(error: Exception) -> redis.ConnectionError:
+    return redis.ConnectionError(f"connection torn down mid-command ({type(error).__name__}: {error})")
 
 
 def failure(breaker: CircuitBreaker, what: str, key: str, error: BaseException) -> BackendUnavailable:
@@ -238,6 +254,7 @@ class RedisStore:
         self.client = client
         self.breaker = breaker  # the whole server's; on a cluster, for commands on no one node
         self._node_breakers = node_breakers if is_cluster(client) or follows_master(client) else None
+        self._torn_down = TORN_DOWN if self._node_breakers is not None else ()
         self.eviction = eviction or EvictionCheck()
         self._scripts = Scripts(client)
         self._subscriber: Subscriber | ShardedSubscriber = (
@@ -256,7 +273,7 @@ class RedisStore:
         except FAILURES as error:
             raise failure(breaker, "read", key, error) from error
         except Exception as error:
-            raise self._cut_by_close("read", key, error) from error
+            raise self._cut_short("read", key, error, breaker) from error
         breaker.succeeded()
         return raw
 
@@ -274,22 +291,26 @@ class RedisStore:
     def _translated(self, what: str, key: str, whole: bool = False) -> Iterator[None]:
         """``translated``, and a command cut short by ``close()``. ``whole``: a command on
         no one node (a check, a scan), guarded by the whole server's breaker."""
+        breaker = self.breaker if whole else self._breaker(key)
         try:
-            with translated(what, key, self.breaker if whole else self._breaker(key)):
+            with translated(what, key, breaker):
                 yield
         except BackendUnavailable:
             raise
         except Exception as error:
-            raise self._cut_by_close(what, key, error) from error
+            raise self._cut_short(what, key, error, breaker) from error
 
-    def _cut_by_close(self, what: str, key: str, error: Exception) -> Exception:
-        """A command in flight when the layer closed its pool had its connection
-        disconnected under it by another thread, which redis-py's pure-Python parser
-        reports as whatever it hits (AttributeError on its dropped buffer): that is the
-        store being closed, not a bug. Any other exception is returned as it is."""
-        if not self.closed:
-            return error
-        return BackendUnavailable(f"the layer was closed while a command to {what} {key!r} ran", key=key)
+    def _cut_short(self, what: str, key: str, error: Exception, breaker: CircuitBreaker) -> Exception:
+        """A command whose connection another thread disconnected under it, which
+        redis-py's parsers report as whatever they hit (``TORN_DOWN``): by ``close()``,
+        which is the store being closed, not a bug; through a cluster or Sentinel, by
+        redis-py itself, a failure to reach the server. Any other exception is returned
+        as it is."""
+        if self.closed:
+            return BackendUnavailable(f"the layer was closed while a command to {what} {key!r} ran", key=key)
+        if isinstance(error, self._torn_down):
+            return failure(breaker, what, key, torn_down_error(error))
+        return error
 
     def get_with_ttl(self, key: str, failing: bool = False) -> tuple[bytes | None, float, bool]:
         # A hit of a loader with freshness settings: one round trip, and no context manager.
@@ -301,7 +322,7 @@ class RedisStore:
         except FAILURES as error:
             raise failure(breaker, "read", key, error) from error
         except Exception as error:
-            raise self._cut_by_close("read", key, error) from error
+            raise self._cut_short("read", key, error, breaker) from error
         breaker.succeeded()
         return with_ttl(raw, pttl, *marked)
 
