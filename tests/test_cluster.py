@@ -368,3 +368,46 @@ def test_a_failed_primary_opens_the_circuit_for_its_slots_only(own_cluster: Clus
                 time.sleep(0.05)
     finally:
         layer.close()
+
+
+@pytest.mark.timeout(60)
+def test_async_waiters_are_still_woken_when_their_slot_moves_to_another_primary(own_cluster: ClusterServers) -> None:
+    settings = dict(namespace="test", recheck_interval=10.0, lock_ttl=30.0)
+    holder_layer = Stampede.from_url(own_cluster.url, cluster=True, **settings)
+    waiter_layer = Stampede.from_url(own_cluster.url, cluster=True, **settings)
+    db = CountingLoader()
+    db.release.clear()
+    load = holder_layer.cached_loader("item:{key}")(db)
+    channel = EntryKeys.for_value(load.key(1)).channel
+    slot = key_slot(channel.encode())
+
+    @waiter_layer.cached_loader("item:{key}")
+    async def aload(key: int) -> Any:
+        return await asyncio.to_thread(db, key)
+
+    async def main() -> tuple[Any, list[Any], float]:
+        try:
+            holder = asyncio.ensure_future(asyncio.to_thread(load, 1))
+            assert await asyncio.to_thread(db.started.wait, 10)
+            waiters = [asyncio.ensure_future(aload(1)) for _ in range(20)]
+            await asyncio.to_thread(until, lambda: shard_subscribers(own_cluster, channel) == 1)
+            old_owner = own_cluster.owner(channel)
+            target = next(node for node in own_cluster.primaries if node is not old_owner)
+            await asyncio.to_thread(own_cluster.move_slot, slot, target)
+            # The asyncio subscriber follows the slot to its new owner.
+            await asyncio.to_thread(until, lambda: shard_subscribers(own_cluster, channel) == 1, 5)
+            released = time.monotonic()
+            db.release.set()
+            held, waited = await holder, await asyncio.gather(*waiters)
+            return held, waited, time.monotonic() - released
+        finally:
+            db.release.set()
+            await waiter_layer.aclose()
+
+    try:
+        held, waited, woken_within = asyncio.run(main())
+    finally:
+        holder_layer.close()
+    assert held == {"id": 1} and waited == [{"id": 1}] * 20
+    assert woken_within < 2.0  # by message, not by the 10 s re-check
+    assert db.calls == {1: 1}
