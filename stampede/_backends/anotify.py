@@ -61,7 +61,7 @@ class AsyncSubscriber:
 
     async def subscribe(self, channel: str) -> LoopMailbox:
         """A mailbox on ``channel``, once the server has confirmed the subscription."""
-        return await self.join(LoopMailbox(channel, asyncio.get_running_loop(), self._unsubscribe))
+        return await self.join(LoopMailbox(channel, asyncio.get_running_loop(), self.leave))
 
     async def join(self, subscription: LoopMailbox, confirmed: bool = True) -> LoopMailbox:
         """``Subscriber.join``, awaited."""
@@ -94,10 +94,7 @@ class AsyncSubscriber:
         await self._drop(self._connection)
 
     def leave(self, subscription: LoopMailbox) -> None:
-        """Unsubscribe ``subscription`` (its waiter is done)."""
-        self._unsubscribe(subscription)
-
-    def _unsubscribe(self, subscription: LoopMailbox) -> None:
+        """Unsubscribe ``subscription``: its waiter is done (its mailbox's ``close``)."""
         if self._channels.remove(subscription):
             self._send(self._unsubscribe_command, subscription.channel)
 

@@ -205,8 +205,7 @@ class AsyncRedisStore:
         breaker = breaker_for(self.client, self._node_breakers, self.breaker, key)
         if breaker.open and self._node_breakers is not None and self._node_breakers.refresh_due():
             # The slot may have a new owner, or Sentinel a new master (see NodeBreakers):
-            # ask in the background; the
-            # calls that follow use the new slots once they are in.
+            # ask in the background; the calls that follow go by the answer once it is in.
             task = asyncio.get_running_loop().create_task(self._refresh_slots())
             self._refreshes.add(task)
             task.add_done_callback(self._refreshes.discard)

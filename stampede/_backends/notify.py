@@ -64,7 +64,7 @@ class Subscriber:
 
     def subscribe(self, channel: str) -> ThreadMailbox:
         """A mailbox on ``channel``, once the server has confirmed the subscription."""
-        return self.join(ThreadMailbox(channel, self._unsubscribe))
+        return self.join(ThreadMailbox(channel, self.leave))
 
     def join(self, subscription: ThreadMailbox, confirmed: bool = True) -> ThreadMailbox:
         """Subscribe ``subscription`` (made by this subscriber or by its owner) and return it
@@ -96,10 +96,7 @@ class Subscriber:
             self._reader.join(self._timeout + 1.0)
 
     def leave(self, subscription: ThreadMailbox) -> None:
-        """Unsubscribe ``subscription`` (its waiter is done)."""
-        self._unsubscribe(subscription)
-
-    def _unsubscribe(self, subscription: ThreadMailbox) -> None:
+        """Unsubscribe ``subscription``: its waiter is done (its mailbox's ``close``)."""
         with self._lock:
             if self._channels.remove(subscription) and self._connection is not None:
                 try:  # fire and forget: the reader reads the confirmation
