@@ -15,6 +15,8 @@ what a failover costs (a cluster primary killed, a Sentinel master failed over).
    Measured: the time from the fault to the first write the layer's client gets through
    (the new primary found), the loads per key and the callers that saw an error from the
    fault to ``--settle`` seconds after the promotion, for each ``on_redis_error``.
+3. Through Sentinel, how long after the sentinels name a new master the waiting layer's
+   subscription is on it.
 """
 
 from __future__ import annotations
@@ -281,6 +283,61 @@ def failovers(options: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
     return figures
 
 
+def subscriber_follows(options: argparse.Namespace) -> list[float]:
+    """Seconds from the sentinels naming a new master (SENTINEL FAILOVER) to the waiting
+    layer's subscription being on it (PUBSUB NUMSUB there), one per run."""
+    follows = [one_follow() for _ in range(options.failover_rounds)]
+    print("\n3. Sentinel: the waiting layer's subscriber on the new master, after SENTINEL FAILOVER")
+    print("   " + "/".join(f"{follow:.2f}" for follow in follows) + " s after the sentinels named it (one per run)")
+    return follows
+
+
+def one_follow() -> float:
+    with SentinelServers() as sentinels:
+        holder, waiter = (Stampede.from_url(sentinels.url, namespace="bench", recheck_interval=30) for _ in "ab")
+        started, release = threading.Event(), threading.Event()
+
+        def slow(key: int) -> int:
+            started.set()
+            release.wait(30)
+            return key
+
+        loads = [layer.cached_loader("item:{key}")(slow) for layer in (holder, waiter)]
+        channel = loads[0].key(1) + ":notify"
+        calls = [threading.Thread(target=loads[0], args=(1,))]
+        calls[0].start()
+        started.wait(10)
+        calls.append(threading.Thread(target=loads[1], args=(1,)))
+        calls[1].start()
+        try:
+            old = sentinels.current_master()
+            until_subscribed(old, channel)
+            sentinels.failover()
+            new = sentinels.wait_master_moved(old)
+            named = time.monotonic()
+            until_subscribed(new, channel)
+            return time.monotonic() - named
+        finally:
+            release.set()
+            for call in calls:
+                call.join(30)
+            holder.close()
+            waiter.close()
+
+
+def until_subscribed(server: RedisServer, channel: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    with redis.Redis.from_url(server.url, socket_timeout=2) as client:
+        while time.monotonic() < deadline:
+            try:
+                if int(client.pubsub_numsub(channel)[0][1]) >= 1:
+                    return
+            except redis.RedisError:
+                pass
+            time.sleep(0.005)
+    raise RuntimeError(f"nobody subscribed to {channel} on port {server.port}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--processes", type=int, default=4)
@@ -301,7 +358,7 @@ def main() -> None:
         return
     if options.quick:
         options.rounds, options.failover_rounds, options.threads, options.settle = 1, 1, 4, 0.5
-    figures = {"cold key": cold_key(options), "failover": failovers(options)}
+    figures = {"cold key": cold_key(options), "failover": failovers(options), "follow": subscriber_follows(options)}
     print(json.dumps({"figures": figures}))
 
 

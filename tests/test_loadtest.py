@@ -144,3 +144,4 @@ def test_the_cluster_benchmark_short_form_loads_once_and_recovers_from_each_fail
             assert run["normal"] < run["recovery"] + 3, name  # no breaker cool-down past the promotion
             if name.endswith(", load"):
                 assert run["errors"] == 0, name  # on_redis_error="load": nobody sees an error
+    assert all(follow < 1.0 for follow in figures["follow"])  # Sentinel: the subscriber on the new master

@@ -161,6 +161,7 @@ class AsyncSubscriber:
 
     async def _read(self, connection: Any) -> None:
         timeout = FOLLOW_INTERVAL if self._follows_master else math.inf
+        moved = False
         try:
             while True:
                 try:
@@ -172,6 +173,7 @@ class AsyncSubscriber:
                 if reply is None:  # FOLLOW_INTERVAL passed in silence
                     if self._channels and await self._master_moved(connection):
                         log.info("stampede: the master moved; subscribing there")
+                        moved = True
                         break
                     continue
                 dropped = self._channels.on_reply(reply)
@@ -183,9 +185,12 @@ class AsyncSubscriber:
         except Exception as error:  # the reader must not die while waiters depend on it
             log.info("stampede: subscriber connection lost (%s)", error)
         await self._drop(connection)
-        # Waiters are still there: try to reconnect now and then.
+        # Waiters are still there: try to reconnect now and then (at once where the master
+        # moved: it is up).
         while self._channels and not self._closed and self._connection is None:
-            await asyncio.sleep(RECONNECT_INTERVAL)
+            if not moved:
+                await asyncio.sleep(RECONNECT_INTERVAL)
+            moved = False
             try:
                 await self._ensure_connected()
             except FAILURES:

@@ -185,7 +185,11 @@ class Subscriber:
                     with self._lock:
                         if self._connection is connection and not self._closed:
                             log.info("stampede: the master moved; subscribing there")
-                            self._drop_connection()  # waiters re-check; the reconnect goes to the new master
+                            self._drop_connection()  # waiters re-check
+                            try:  # at once: the new master is up
+                                self._ensure_connected()
+                            except Exception:  # the reconnect loop tries again in 0.5 s
+                                self._drop_connection()
                     continue
             try:
                 if not connection.can_read(timeout=FOLLOW_INTERVAL if self._follows_master else 1.0):
