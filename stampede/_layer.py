@@ -487,11 +487,14 @@ def _async_store_maker(
         def make() -> AsyncStore:
             client = factory()
             timeout = _socket_timeout(client)  # type: ignore[arg-type]
-            # A cluster client bounds each node's connections as a pool does (and fails
-            # beyond): bounding its commands to that number bounds every node's.
-            pool: Any = client if is_cluster(client) else client.connection_pool  # type: ignore[union-attr]
-            blocks = isinstance(pool, redis.asyncio.BlockingConnectionPool)
-            slots = None if blocks else getattr(pool, "max_connections", None)
+            if is_cluster(client):
+                # It bounds each node's connections as a plain pool does (and fails beyond):
+                # bounding its commands to that number bounds every node's.
+                slots = client.get_connection_kwargs().get("max_connections")
+            else:
+                pool = client.connection_pool  # type: ignore[union-attr]
+                blocks = isinstance(pool, redis.asyncio.BlockingConnectionPool)
+                slots = None if blocks else getattr(pool, "max_connections", None)
             return AsyncRedisStore(
                 client,
                 timeout,

@@ -411,3 +411,27 @@ def test_async_waiters_are_still_woken_when_their_slot_moves_to_another_primary(
     assert held == {"id": 1} and waited == [{"id": 1}] * 20
     assert woken_within < 2.0  # by message, not by the 10 s re-check
     assert db.calls == {1: 1}
+
+
+def test_async_commands_beyond_max_connections_wait_for_a_connection_on_a_cluster(
+    make_cluster_layer: Callable[..., Stampede],
+) -> None:
+    layer = make_cluster_layer(max_connections=4)
+    calls: list[int] = []
+
+    @layer.cached_loader("item:{key}")
+    async def load(key: int) -> int:
+        calls.append(key)
+        return key
+
+    async def main() -> tuple[list[int], list[int]]:
+        try:
+            first = await asyncio.gather(*(load(key) for key in range(60)))
+            return first, await asyncio.gather(*(load(key) for key in range(60)))
+        finally:
+            await layer.aclose()
+
+    first, second = asyncio.run(main())
+    assert first == second == list(range(60))
+    assert sorted(calls) == list(range(60))  # each loaded once, then hits: no command failed
+    assert layer.stats()["redis_errors"] == 0
