@@ -39,9 +39,16 @@ def shard_subscribers(cluster: ClusterServers, channel: str) -> int:
     return int(reply[1])
 
 
-def until(condition: Callable[[], Any], timeout: float = 10.0) -> None:
+def until(condition: Callable[[], Any], timeout: float = 10.0) -> float:
+    """Poll ``condition`` until it holds (a Redis error or ``BackendUnavailable`` counts as
+    not yet); return when it did (``time.monotonic()``)."""
     deadline = time.monotonic() + timeout
-    while not condition():
+    while True:
+        try:
+            if condition():
+                return time.monotonic()
+        except (redis.RedisError, BackendUnavailable):
+            pass
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.01)
 
@@ -358,56 +365,67 @@ def test_a_failed_primary_opens_the_circuit_for_its_slots_only(own_cluster: Clus
         # 30 s cool-down: the layer asks for the slots while the circuit is open, and
         # the new primary's breaker starts closed.
         own_cluster.wait_promoted(own_cluster.replicas[own_cluster.primaries.index(victim)])
-        promoted = time.monotonic()
-        while True:
-            try:
-                assert load(0) == {"id": 0}
-                break
-            except BackendUnavailable:
-                assert time.monotonic() - promoted < 5.0
-                time.sleep(0.05)
+        until(lambda: load(0) == {"id": 0}, timeout=5.0)
     finally:
         layer.close()
 
 
-@pytest.mark.timeout(60)
-def test_async_waiters_are_still_woken_when_their_slot_moves_to_another_primary(own_cluster: ClusterServers) -> None:
-    settings = dict(namespace="test", recheck_interval=10.0, lock_ttl=30.0)
-    holder_layer = Stampede.from_url(own_cluster.url, cluster=True, **settings)
-    waiter_layer = Stampede.from_url(own_cluster.url, cluster=True, **settings)
+def async_waiters_through(
+    layers: tuple[Stampede, Stampede], change: Callable[[str], float]
+) -> tuple[Any, list[Any], float, float, CountingLoader]:
+    """A blocking holder in the first layer loads key 1 while 20 tasks of the second wait
+    on it in Redis. Once they are subscribed, ``change(channel)`` runs (in a thread) and
+    may move things under them; then the loader is released. Returns the holder's value,
+    the tasks' values, what ``change`` returned, the seconds from the release to the last
+    task's end, and the loader."""
+    holder_layer, waiter_layer = layers
     db = CountingLoader()
     db.release.clear()
     load = holder_layer.cached_loader("item:{key}")(db)
     channel = EntryKeys.for_value(load.key(1)).channel
-    slot = key_slot(channel.encode())
 
     @waiter_layer.cached_loader("item:{key}")
     async def aload(key: int) -> Any:
         return await asyncio.to_thread(db, key)
 
-    async def main() -> tuple[Any, list[Any], float]:
+    async def main() -> tuple[Any, list[Any], float, float]:
         try:
             holder = asyncio.ensure_future(asyncio.to_thread(load, 1))
             assert await asyncio.to_thread(db.started.wait, 10)
             waiters = [asyncio.ensure_future(aload(1)) for _ in range(20)]
-            await asyncio.to_thread(until, lambda: shard_subscribers(own_cluster, channel) == 1)
-            old_owner = own_cluster.owner(channel)
-            target = next(node for node in own_cluster.primaries if node is not old_owner)
-            await asyncio.to_thread(own_cluster.move_slot, slot, target)
-            # The asyncio subscriber follows the slot to its new owner.
-            await asyncio.to_thread(until, lambda: shard_subscribers(own_cluster, channel) == 1, 5)
+            await asyncio.to_thread(until, lambda: waiter_layer.stats()["lock_waits"] == 1)
+            measured = await asyncio.to_thread(change, channel)
             released = time.monotonic()
             db.release.set()
             held, waited = await holder, await asyncio.gather(*waiters)
-            return held, waited, time.monotonic() - released
+            return held, waited, measured, time.monotonic() - released
         finally:
             db.release.set()
             await waiter_layer.aclose()
 
     try:
-        held, waited, woken_within = asyncio.run(main())
+        return (*asyncio.run(main()), db)
     finally:
         holder_layer.close()
+
+
+@pytest.mark.timeout(60)
+def test_async_waiters_are_still_woken_when_their_slot_moves_to_another_primary(own_cluster: ClusterServers) -> None:
+    settings = dict(namespace="test", recheck_interval=10.0, lock_ttl=30.0)
+    layers = (
+        Stampede.from_url(own_cluster.url, cluster=True, **settings),
+        Stampede.from_url(own_cluster.url, cluster=True, **settings),
+    )
+
+    def move_the_slot(channel: str) -> float:
+        until(lambda: shard_subscribers(own_cluster, channel) == 1)
+        old_owner = own_cluster.owner(channel)
+        target = next(node for node in own_cluster.primaries if node is not old_owner)
+        own_cluster.move_slot(key_slot(channel.encode()), target)
+        until(lambda: shard_subscribers(own_cluster, channel) == 1, 5)  # the subscriber followed the slot
+        return 0.0
+
+    held, waited, _, woken_within, db = async_waiters_through(layers, move_the_slot)
     assert held == {"id": 1} and waited == [{"id": 1}] * 20
     assert woken_within < 2.0  # by message, not by the 10 s re-check
     assert db.calls == {1: 1}

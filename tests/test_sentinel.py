@@ -7,7 +7,6 @@ tests that fail the master over start a set of their own.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,25 +22,12 @@ from stampede._core.keys import EntryKeys
 from stampede.testing import RedisServer, SentinelServers, free_port
 
 from .test_behaviour import CountingLoader
-from .test_cluster import sixteen_threads_and_fifty_tasks_load_once
+from .test_cluster import async_waiters_through, sixteen_threads_and_fifty_tasks_load_once, until
 
 
 def subscribers(server: RedisServer, channel: str) -> int:
     with redis.Redis.from_url(server.url, socket_timeout=2) as client:
         return int(client.pubsub_numsub(channel)[0][1])
-
-
-def until(condition: Callable[[], Any], timeout: float = 10.0) -> float:
-    """Poll until ``condition`` holds; return when it did (time.monotonic())."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if condition():
-                return time.monotonic()
-        except redis.RedisError:
-            pass
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
 
 
 @pytest.fixture
@@ -194,38 +180,17 @@ def test_a_failover_during_a_stampede_serves_every_caller_and_the_subscriber_fol
 @pytest.mark.timeout(90)
 def test_async_waiters_follow_the_master_across_a_sentinel_failover(own_sentinels: SentinelServers) -> None:
     settings = dict(namespace="test", lock_ttl=2.0, wait_timeout=10.0, recheck_interval=30.0, breaker_threshold=0)
-    holder_layer = Stampede.from_url(own_sentinels.url, **settings)
-    waiter_layer = Stampede.from_url(own_sentinels.url, **settings)
+    layers = (Stampede.from_url(own_sentinels.url, **settings), Stampede.from_url(own_sentinels.url, **settings))
     old = own_sentinels.current_master()
-    db = CountingLoader()
-    db.release.clear()
-    load = holder_layer.cached_loader("item:{key}")(db)
-    channel = EntryKeys.for_value(load.key(1)).channel
 
-    @waiter_layer.cached_loader("item:{key}")
-    async def aload(key: int) -> Any:
-        return await asyncio.to_thread(db, key)
+    def fail_over(channel: str) -> float:
+        until(lambda: subscribers(old, channel) == 1)
+        own_sentinels.failover()
+        new = own_sentinels.wait_master_moved(old)
+        switched = time.monotonic()
+        return until(lambda: subscribers(new, channel) == 1) - switched
 
-    async def main() -> tuple[Any, list[Any], float]:
-        try:
-            holder = asyncio.ensure_future(asyncio.to_thread(load, 1))
-            assert await asyncio.to_thread(db.started.wait, 10)
-            waiters = [asyncio.ensure_future(aload(1)) for _ in range(20)]
-            await asyncio.to_thread(until, lambda: subscribers(old, channel) == 1)
-            own_sentinels.failover()
-            new = await asyncio.to_thread(own_sentinels.wait_master_moved, old)
-            switched = time.monotonic()
-            followed = await asyncio.to_thread(until, lambda: subscribers(new, channel) == 1)
-            db.release.set()
-            return await holder, await asyncio.gather(*waiters), followed - switched
-        finally:
-            db.release.set()
-            await waiter_layer.aclose()
-
-    try:
-        held, waited, follow = asyncio.run(main())
-    finally:
-        holder_layer.close()
+    held, waited, follow, _, db = async_waiters_through(layers, fail_over)
     assert held == {"id": 1} and waited == [{"id": 1}] * 20
     assert follow < 1.0  # the asyncio subscriber moved to the new master
     assert db.total <= 2 + 2  # the holder's, a takeover, one uncached per process at most
@@ -247,14 +212,7 @@ def test_an_open_circuit_does_not_outlast_a_failover(own_sentinels: SentinelServ
         with pytest.raises(BackendUnavailable, match="circuit open"):
             load(1)
         own_sentinels.wait_master_moved(old)
-        promoted = time.monotonic()
-        while True:  # served again within seconds of the promotion, not after 30 s
-            try:
-                assert load(1) == {"id": 1}
-                break
-            except BackendUnavailable:
-                assert time.monotonic() - promoted < 5.0
-                time.sleep(0.05)
+        until(lambda: load(1) == {"id": 1}, timeout=5.0)  # served again within seconds, not after 30 s
     finally:
         old.resume()
         layer.close()
