@@ -224,6 +224,30 @@ def test_named_locks_and_clear_work_on_a_cluster(make_cluster_layer: Callable[..
     assert db.calls[3] == 2
 
 
+def start_stampede(
+    layers: list[Stampede], db: CountingLoader, threads_per_layer: int
+) -> tuple[list[threading.Thread], list[tuple[Any, float]]]:
+    """Threads of every layer call key 1 of ``db``; returns them, and the list each adds
+    its outcome (the value, or the ``BackendUnavailable`` it raised) and duration to."""
+    outcomes: list[tuple[Any, float]] = []
+    lock = threading.Lock()
+    loaders = [layer.cached_loader("item:{key}")(db) for layer in layers]
+
+    def call(load: Callable[[int], Any]) -> None:
+        start = time.monotonic()
+        try:
+            outcome: Any = load(1)
+        except BackendUnavailable as error:
+            outcome = error
+        with lock:
+            outcomes.append((outcome, time.monotonic() - start))
+
+    threads = [threading.Thread(target=call, args=(load,)) for load in loaders for _ in range(threads_per_layer)]
+    for thread in threads:
+        thread.start()
+    return threads, outcomes
+
+
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("policy", ["load", "raise"])
 def test_a_primary_killed_mid_stampede_fails_over_and_caching_resumes(own_cluster: ClusterServers, policy: str) -> None:
@@ -236,21 +260,7 @@ def test_a_primary_killed_mid_stampede_fails_over_and_caching_resumes(own_cluste
         owner = own_cluster.owner(key_name)
         replica = own_cluster.replicas[own_cluster.primaries.index(owner)]
         loaders = [layer.cached_loader("item:{key}")(db) for layer in layers]
-        outcomes: list[Any] = []
-        lock = threading.Lock()
-
-        def call(load: Callable[[int], Any]) -> None:
-            start = time.monotonic()
-            try:
-                outcome: Any = load(1)
-            except BackendUnavailable as error:
-                outcome = error
-            with lock:
-                outcomes.append((outcome, time.monotonic() - start))
-
-        threads = [threading.Thread(target=call, args=(load,)) for load in loaders for _ in range(8)]
-        for thread in threads:
-            thread.start()
+        threads, outcomes = start_stampede(layers, db, 8)
         assert db.started.wait(10)
         until(
             lambda: sum(layer.stats()["lock_waits"] for layer in layers) >= 1

@@ -7,9 +7,8 @@ tests that fail the master over start a set of their own.
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,7 +21,7 @@ from stampede._core.keys import EntryKeys
 from stampede.testing import RedisServer, SentinelServers, free_port
 
 from .test_behaviour import CountingLoader
-from .test_cluster import async_waiters_through, sixteen_threads_and_fifty_tasks_load_once, until
+from .test_cluster import async_waiters_through, sixteen_threads_and_fifty_tasks_load_once, start_stampede, until
 
 
 def subscribers(server: RedisServer, channel: str) -> int:
@@ -101,28 +100,6 @@ def test_sentinels_nobody_answers_leave_the_layer_to_find_the_master_later() -> 
         layer.close()
 
 
-def _start_stampede(
-    layers: list[Stampede], db: CountingLoader, threads_per_layer: int
-) -> tuple[list[threading.Thread], list[tuple[Any, float]]]:
-    outcomes: list[tuple[Any, float]] = []
-    lock = threading.Lock()
-    loaders = [layer.cached_loader("item:{key}")(db) for layer in layers]
-
-    def call(load: Callable[[int], Any]) -> None:
-        start = time.monotonic()
-        try:
-            outcome: Any = load(1)
-        except Exception as error:
-            outcome = error
-        with lock:
-            outcomes.append((outcome, time.monotonic() - start))
-
-    threads = [threading.Thread(target=call, args=(load,)) for load in loaders for _ in range(threads_per_layer)]
-    for thread in threads:
-        thread.start()
-    return threads, outcomes
-
-
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("how", ["sentinel-failover", "sigstop"])
 def test_a_failover_during_a_stampede_serves_every_caller_and_the_subscriber_follows(
@@ -134,7 +111,7 @@ def test_a_failover_during_a_stampede_serves_every_caller_and_the_subscriber_fol
     try:
         db = CountingLoader()
         db.release.clear()
-        threads, outcomes = _start_stampede(layers, db, 8)
+        threads, outcomes = start_stampede(layers, db, 8)
         assert db.started.wait(10)
         until(lambda: sum(layer.stats()["lock_waits"] for layer in layers) >= 1)  # one layer waits on the other
         channel = EntryKeys.for_value(layers[0].cached_loader("item:{key}")(db).key(1)).channel
