@@ -232,8 +232,13 @@ def test_closing_a_layer_while_its_reader_reads_raises_nothing_in_any_thread(
             held = pool.submit(holder, round_)
             assert slow.started.wait(5)
             waiting = pool.submit(waiter, round_)
-            wait_until(lambda layer=waiter_layer: layer.stats()["lock_waits"] == 1, "the waiter to subscribe")
-            reader = waiter_layer._runner.store._subscriber._reader  # type: ignore[union-attr]
+            # lock_waits counts the waiter before it subscribes: wait for the server's
+            # confirmation, by which time the reader thread runs (CI once found it None).
+            subscriber = waiter_layer._runner.store._subscriber  # type: ignore[union-attr]
+            channel, channels = f"test:{{close:{round_}}}:notify", subscriber._channels
+            wait_until(lambda c=channel, cs=channels: c in cs._members and c not in cs._unconfirmed,
+                       "the waiter's subscription to be confirmed")  # fmt: skip
+            reader = subscriber._reader
             waiter_layer.close()
             assert reader is not None
             reader.join(5)
