@@ -97,7 +97,7 @@ def make_clients(
     if sentinel is not None:
         if cluster:
             raise ConfigError("cluster=True and a redis+sentinel:// URL: a cluster does not use sentinels")
-        return _sentinel_clients(sentinel, timeouts, no_retries)
+        return _sentinel_clients(sentinel, timeouts, no_retries, max_connections)
     if cluster:
         return _cluster_clients(url, timeouts, no_retries, max_connections)
     pool = redis.BlockingConnectionPool.from_url(
@@ -146,8 +146,14 @@ def _cluster_clients(
     return client, make_async_client
 
 
+class BlockingSentinelConnectionPool(redis.sentinel.SentinelConnectionPool, redis.BlockingConnectionPool):
+    """The master's pool through Sentinel that waits for a free connection (``timeout``
+    at most) as ``BlockingConnectionPool`` does, where redis-py's Sentinel pool fails at
+    ``max_connections`` ("Too many connections")."""
+
+
 def _sentinel_clients(
-    sentinel: SentinelURL, timeouts: dict[str, Any], no_retries: Retry
+    sentinel: SentinelURL, timeouts: dict[str, Any], no_retries: Retry, max_connections: int
 ) -> tuple[redis.Redis, AsyncMaker]:
     """Clients of the master the sentinels name, which follow it through a failover (as
     redis-py's Sentinel pools do: a connection that fails or finds a demoted master asks
@@ -163,14 +169,25 @@ def _sentinel_clients(
         for one in manager.sentinels:
             one.close()
         raise
-    client: redis.Redis = manager.master_for(sentinel.service, retry=no_retries, **auth)  # type: ignore[no-untyped-call]
+    client: redis.Redis = manager.master_for(  # type: ignore[no-untyped-call]
+        sentinel.service,
+        connection_pool_class=BlockingSentinelConnectionPool,
+        max_connections=max_connections,
+        timeout=timeouts["socket_timeout"],  # the longest wait for a free connection
+        retry=no_retries,
+        **auth,
+    )
 
     def make_async_client() -> redis.asyncio.Redis:
         no_async_retries = redis.asyncio.retry.Retry(NoBackoff(), 0)
         async_manager = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
             sentinel.addresses, sentinel_kwargs=dict(timeouts), retry=no_async_retries, **timeouts
         )
-        async_client: redis.asyncio.Redis = async_manager.master_for(sentinel.service, retry=no_async_retries, **auth)
+        # Its pool fails beyond max_connections; the asyncio store bounds its commands to
+        # that number (see _backends.aredis), so callers wait instead.
+        async_client: redis.asyncio.Redis = async_manager.master_for(
+            sentinel.service, retry=no_async_retries, max_connections=max_connections, **auth
+        )
         return async_client
 
     return client, make_async_client

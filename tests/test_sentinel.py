@@ -8,7 +8,7 @@ tests that fail the master over start a set of their own.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -20,7 +20,7 @@ from stampede import BackendUnavailable, ConfigError, Stampede
 from stampede._core.keys import EntryKeys
 from stampede.testing import RedisServer, SentinelServers, free_port
 
-from .test_behaviour import CountingLoader
+from .test_behaviour import CountingLoader, hammer
 from .test_cluster import async_waiters_through, sixteen_threads_and_fifty_tasks_load_once, start_stampede, until
 
 
@@ -193,3 +193,15 @@ def test_an_open_circuit_does_not_outlast_a_failover(own_sentinels: SentinelServ
     finally:
         old.resume()
         layer.close()
+
+
+def test_callers_beyond_max_connections_wait_for_a_connection_through_sentinel(
+    make_sentinel_layer: Callable[..., Stampede],
+) -> None:
+    layer = make_sentinel_layer(max_connections=4)
+    db = CountingLoader(delay=0.01)
+    load = layer.cached_loader("item:{key}")(db)
+    # More callers at once than redis-py's Sentinel pool allows by default (100), too.
+    assert hammer(load, list(range(150))) == [{"id": key} for key in range(150)]
+    assert db.calls == {key: 1 for key in range(150)}  # no caller was served without the cache
+    assert layer.stats()["redis_errors"] == 0
