@@ -21,14 +21,17 @@ from ._backends.aredis import AsyncRedisStore
 from ._backends.breaker import CircuitBreaker, NodeBreakers
 from ._backends.memory import AsyncMemoryStore, MemoryStore
 from ._backends.redis import EvictionCheck, RedisStore, is_cluster
+from ._backends.tracking import Tracker
 from ._clients import close_client, make_clients
 from ._core.codec import Codec, Serializer, TypedSerializer
-from ._core.config import Policy, Settings, check_count, check_namespace, check_seconds
+from ._core.config import NearMode, Policy, Settings, check_count, check_namespace, check_seconds
 from ._core.flow import LoaderSpec
 from ._core.keys import EntryKeys, KeyBuilder, lock_keys
+from ._core.near import NearChannel
 from ._core.store import AsyncStore, Store
 from ._drivers.aio import AsyncRunner
 from ._drivers.blocking import SyncRunner
+from ._drivers.near import NearCache
 from ._drivers.observe import RateLimitedLog, Stats
 from ._drivers.redlock_store import AsyncRedlockStore, RedlockStore
 from ._drivers.watchdog import Watchdog
@@ -81,6 +84,8 @@ class Stampede:
         serializer: Serializer | None = None,
         max_entries: int = 10_000,
         background_refreshes: int = 8,
+        near_cache_entries: int = 10_000,
+        near_cache_bytes: int = 64 * 1024 * 1024,
         **settings: Any,
     ) -> None:
         try:
@@ -89,6 +94,8 @@ class Stampede:
             raise ConfigError(f"unknown setting: {error}") from None
         check_count("max_entries", max_entries)
         check_count("background_refreshes", background_refreshes)
+        check_count("near_cache_entries", near_cache_entries)
+        check_count("near_cache_bytes", near_cache_bytes, 1024)
         self._default_names: dict[str, Callable[..., Any]] = {}  # loaders without a template
         self._names_lock = threading.Lock()
         self.namespace = check_namespace(namespace)
@@ -110,17 +117,32 @@ class Stampede:
             store = memory
             make_async_store = functools.partial(AsyncMemoryStore, memory)
         eviction = EvictionCheck()  # asked once for the layer, blocking and async stores alike
+        # Every invalidation asks the namespace's near caches to drop their copies, whether
+        # this layer keeps one or not (not on a cluster: see docs/near-cache.md).
+        self._near_channel = near_channel = NearChannel(self.namespace)
+        self._embedded = client is None and async_client is None
+        self._near: NearCache | None = None
+        self._tracker: Tracker | None = None
         if client is not None:
-            store = RedisStore(client, _socket_timeout(client), breaker, eviction, node_breakers)
+            timeout = _socket_timeout(client)
+            store = RedisStore(client, timeout, breaker, eviction, node_breakers, near=near_channel)
             if redlock is not None:
                 store = RedlockStore(store, redlock.servers, redlock.quorum)
+            if not is_cluster(client):
+                near = NearCache(near_cache_entries, near_cache_bytes, self._stats, self._start_tracking)
+                self._near = near
+                self._tracker = Tracker(client, near_channel, near, timeout)
         if async_client is not None:
-            make_async_store = _async_store_maker(async_client, breaker, eviction, node_breakers)
+            make_async_store = _async_store_maker(async_client, breaker, eviction, node_breakers, near_channel)
             if redlock is not None:
                 make_async_store = _with_redlock(make_async_store, redlock)
         refreshes = background_refreshes
         self._runner = SyncRunner(store, self._stats, warn, self._watchdog, refreshes) if store is not None else None
         self._async_runner = AsyncRunner(make_async_store, self._stats, warn, refreshes) if make_async_store else None
+        for runner in (self._runner, self._async_runner):
+            if runner is not None:
+                runner.near = self._near
+        self._check_near(self.settings)
 
     @classmethod
     def from_url(
@@ -198,6 +220,8 @@ class Stampede:
         stale_if_error: float | None = None,
         early_refresh: float | None = None,
         stale_retry_interval: float | None = None,
+        near_cache: NearMode | None = None,
+        near_ttl: float | None = None,
         serializer: Serializer | None = None,
     ) -> LoaderDecorator: ...
 
@@ -216,6 +240,8 @@ class Stampede:
         stale_if_error: float | None = None,
         early_refresh: float | None = None,
         stale_retry_interval: float | None = None,
+        near_cache: NearMode | None = None,
+        near_ttl: float | None = None,
         serializer: Serializer | None = None,
     ) -> Any:
         """Decorate a loader, plain or ``async def``, or a method (``self`` is not part of
@@ -236,13 +262,31 @@ class Stampede:
             stale_if_error=stale_if_error,
             early_refresh=early_refresh,
             stale_retry_interval=stale_retry_interval,
+            near_cache=near_cache,
+            near_ttl=near_ttl,
         )
+        self._check_near(settings)
         codec = self._codec if serializer is None else Codec(serializer)
         if template is not None and not isinstance(template, str):
             if not callable(template):
                 raise ConfigError(f"a key template must be a str, got {template!r}")
             return LoaderDecorator(self, None, settings, codec)(template)  # bare @cached_loader
         return LoaderDecorator(self, template, settings, codec)
+
+    def _check_near(self, settings: Settings) -> None:
+        """Refuse ``near_cache`` where it cannot keep its promise (see docs/near-cache.md).
+        The embedded store is in this process already: the setting changes nothing there."""
+        if not settings.near_cache or self._near is not None or self._embedded:
+            return
+        if self._runner is not None:  # a blocking client, so a cluster's
+            raise ConfigError("near_cache is not supported on a Redis Cluster yet (see docs/near-cache.md)")
+        raise ConfigError(
+            "near_cache needs a blocking client for its invalidation stream: pass one too, or use Stampede.from_url"
+        )
+
+    def _start_tracking(self) -> None:
+        if self._tracker is not None:
+            self._tracker.start()
 
     def _claim_name(self, name: str, func: Callable[..., Any]) -> None:
         """Refuse a second loader whose keys, built from ``name``, would be another's."""
@@ -298,6 +342,8 @@ class Stampede:
 
     def _forget(self, key: str) -> None:
         """After an invalidation: callers of every kind in this process read afresh."""
+        if self._near is not None:
+            self._near.drop([key])
         if self._runner is not None:
             self._runner.forget(key)
         if self._async_runner is not None:
@@ -359,6 +405,8 @@ class Stampede:
         """Stop the layer's threads and close the connections it opened. Connections of
         async loaders are closed by ``aclose()`` in their event loop."""
         self._watchdog.close()
+        if self._tracker is not None:
+            self._tracker.close()
         if self._runner is not None:
             self._runner.refresher.close()
             self._runner.store.close()
@@ -473,7 +521,11 @@ def _socket_timeout(client: redis.Redis) -> float:
 
 
 def _async_store_maker(
-    async_client: AsyncClient, breaker: CircuitBreaker, eviction: EvictionCheck, node_breakers: NodeBreakers
+    async_client: AsyncClient,
+    breaker: CircuitBreaker,
+    eviction: EvictionCheck,
+    node_breakers: NodeBreakers,
+    near: NearChannel,
 ) -> Callable[[], AsyncStore]:
     """A maker of one event loop's store: over the given client, or over a new one from
     the given function. The store owns (closes) a client it had made, and when that
@@ -504,12 +556,13 @@ def _async_store_maker(
                 slot_timeout=timeout,
                 eviction=eviction,
                 node_breakers=node_breakers,
+                near=near,
             )
 
         return make
     client = async_client
     timeout = _socket_timeout(client)  # type: ignore[arg-type]
-    return lambda: AsyncRedisStore(client, timeout, breaker, eviction=eviction, node_breakers=node_breakers)
+    return lambda: AsyncRedisStore(client, timeout, breaker, eviction=eviction, node_breakers=node_breakers, near=near)
 
 
 StoreT = TypeVar("StoreT", Store, AsyncStore)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
@@ -20,6 +21,7 @@ import redis
 
 from .._core import scripts as _scripts
 from .._core.keys import EntryKeys, check_key, entry_value_keys
+from .._core.near import AckWait, NearChannel, members_in
 from .._core.store import AcquireReply, AsyncSubscription, LockState, Written
 from .._errors import BackendUnavailable
 from .anotify import AsyncSubscriber
@@ -31,11 +33,13 @@ from .redis import (
     EvictionCheck,
     Scripts,
     acquire_reply,
+    as_text,
     breaker_for,
     check_client,
     failure,
     follows_master,
     is_cluster,
+    new_nonce,
     queue_read_with_ttl,
     refresh_route,
     torn_down_error,
@@ -62,6 +66,7 @@ class AsyncRedisStore:
         slot_timeout: float = 2.0,
         eviction: EvictionCheck | None = None,
         node_breakers: NodeBreakers | None = None,
+        near: NearChannel | None = None,
     ) -> None:
         check_client(client)
         self.client = client
@@ -73,6 +78,7 @@ class AsyncRedisStore:
         self._slots = asyncio.Semaphore(slots) if slots else None
         self._slot_timeout = slot_timeout
         self._scripts = Scripts(client)
+        self.near = near if not is_cluster(client) else None
         # A cluster client learns the slots before its first command, at once for every
         # task: redis.asyncio's cluster client, initialized lazily by many tasks at once,
         # can hand one of them a connection another is disconnecting.
@@ -170,8 +176,10 @@ class AsyncRedisStore:
             return bool(await self._send(keys.value, self._scripts.hold, *call))
 
     async def expire(self, keys: EntryKeys) -> None:
+        nonce = new_nonce(self.near)
         with self._translated("expire", keys.value):
-            await self._send(keys.value, self._scripts.expire, *_scripts.expire_call(keys))
+            reply = await self._send(keys.value, self._scripts.expire, *_scripts.expire_call(keys, self.near, nonce))
+        await self._await_near_caches(reply, nonce)
 
     async def holder(self, keys: EntryKeys) -> str | None:
         with self._translated("read the lock of", keys.lock):
@@ -195,8 +203,27 @@ class AsyncRedisStore:
             await self._send(keys.lock, self._scripts.leave_queue, *_scripts.leave_queue_call(keys, token))
 
     async def invalidate(self, keys: EntryKeys) -> None:
+        nonce = new_nonce(self.near)
         with self._translated("invalidate", keys.value):
-            await self._send(keys.value, self._scripts.invalidate, *_scripts.invalidate_call(keys))
+            call = _scripts.invalidate_call(keys, self.near, nonce)
+            reply = await self._send(keys.value, self._scripts.invalidate, *call)
+        await self._await_near_caches(reply, nonce)
+
+    async def _await_near_caches(self, reply: Any, nonce: str) -> None:
+        """``RedisStore._await_near_caches``, awaited."""
+        members = members_in(reply)
+        if not members or self.near is None:
+            return
+        wait = AckWait(members, time.monotonic(), self.near.own)
+        ack_key = self.near.ack_key(nonce)
+        while (timeout := wait.timeout(time.monotonic())) is not None:
+            try:
+                acked = await self._send(ack_key, self.client.blpop, [ack_key], timeout=max(timeout, 0.001))
+            except Exception:  # acknowledgements cannot be heard: the deadlines will do
+                await asyncio.sleep(max(0.0, wait.last_deadline() - time.monotonic()))
+                return
+            if acked is not None:
+                wait.acked(as_text(acked[1]))
 
     def _translated(self, what: str, key: str) -> AbstractContextManager[None]:
         return translated(what, key, self._breaker(key), self._torn_down)

@@ -151,14 +151,6 @@ class Subscriber:
         if orphans and self._on_lost is not None:
             self._on_lost(orphans)
 
-    def _master_moved(self, connection: Any) -> bool:
-        """Through Sentinel: whether the master is now elsewhere than ``connection``."""
-        try:
-            address = self._pool.get_master_address()
-        except Exception:  # the sentinels cannot say now; ask again next time
-            return False
-        return tuple(address) != (connection.host, connection.port)
-
     def _read(self) -> None:
         next_follow = time.monotonic() + FOLLOW_INTERVAL
         while True:
@@ -181,7 +173,7 @@ class Subscriber:
                 connection = self._connection
             if self._follows_master and time.monotonic() >= next_follow:
                 next_follow = time.monotonic() + FOLLOW_INTERVAL
-                if self._channels and self._master_moved(connection):
+                if self._channels and master_moved(self._pool, connection):
                     with self._lock:
                         if self._connection is connection and not self._closed:
                             log.info("stampede: the master moved; subscribing there")
@@ -220,6 +212,15 @@ class Subscriber:
                 dropped = self._channels.on_reply(reply)
                 if dropped is not None and self._on_lost is not None:
                     self._hand_over([dropped])
+
+
+def master_moved(pool: Any, connection: Any) -> bool:
+    """Through Sentinel: whether the master is now elsewhere than ``connection``."""
+    try:
+        address = pool.get_master_address()
+    except Exception:  # the sentinels cannot say now; ask again next time
+        return False
+    return tuple(address) != (connection.host, connection.port)
 
 
 def connect_pubsub(pool: Any, timeout: float) -> Any:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import secrets
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -20,6 +22,7 @@ from redis.exceptions import NoScriptError, RedisError
 
 from .._core import scripts as _scripts
 from .._core.keys import EntryKeys, check_key, entry_value_keys, failing_key
+from .._core.near import AckWait, NearChannel, members_in
 from .._core.store import AcquireReply, LockState, Subscription, Written
 from .._errors import BackendUnavailable, ConfigError
 from .breaker import CircuitBreaker, NodeBreakers
@@ -75,7 +78,7 @@ def eviction_risk(config: dict[Any, Any]) -> str | None:
     (noeviction, or no memory limit), else a warning with the fix. Every other policy,
     volatile-* included, may evict a lease (it has an expiry) mid-load, and a second load
     of its key then runs beside the first."""
-    text = {_text(name): _text(value) for name, value in config.items()}
+    text = {as_text(name): as_text(value) for name, value in config.items()}
     policy, limit = text.get("maxmemory-policy"), text.get("maxmemory", "0")
     if policy is None or policy == "noeviction" or limit == "0":
         return None
@@ -87,7 +90,7 @@ def eviction_risk(config: dict[Any, Any]) -> str | None:
     )
 
 
-def _text(value: Any) -> str:
+def as_text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
@@ -233,6 +236,11 @@ class Scripts:
         self.leave_queue = register(_scripts.LEAVE_QUEUE)
 
 
+def new_nonce(near: NearChannel | None) -> str:
+    """The name of one invalidation's acknowledgements (none without near caches)."""
+    return secrets.token_hex(8) if near is not None else ""
+
+
 def check_client(client: Any) -> None:
     if client.get_connection_kwargs().get("decode_responses"):
         raise ConfigError("the redis client must not use decode_responses=True: values are bytes")
@@ -249,6 +257,7 @@ class RedisStore:
         breaker: CircuitBreaker,
         eviction: EvictionCheck | None = None,
         node_breakers: NodeBreakers | None = None,
+        near: NearChannel | None = None,
     ) -> None:
         check_client(client)
         self.client = client
@@ -257,6 +266,7 @@ class RedisStore:
         self._torn_down = TORN_DOWN if self._node_breakers is not None else ()
         self.eviction = eviction or EvictionCheck()
         self._scripts = Scripts(client)
+        self.near = near if not is_cluster(client) else None
         self._subscriber: Subscriber | ShardedSubscriber = (
             ShardedSubscriber(client, subscribe_timeout)
             if is_cluster(client)
@@ -380,8 +390,10 @@ class RedisStore:
             return bool(self._scripts.hold(*_scripts.hold_call(keys, token, hold_ms, failing_ms)))
 
     def expire(self, keys: EntryKeys) -> None:
+        nonce = new_nonce(self.near)
         with self._translated("expire", keys.value):
-            self._scripts.expire(*_scripts.expire_call(keys))
+            reply = self._scripts.expire(*_scripts.expire_call(keys, self.near, nonce))
+        self._await_near_caches(reply, nonce)
 
     def holder(self, keys: EntryKeys) -> str | None:
         with self._translated("read the lock of", keys.lock):
@@ -403,8 +415,27 @@ class RedisStore:
             self._scripts.leave_queue(*_scripts.leave_queue_call(keys, token))
 
     def invalidate(self, keys: EntryKeys) -> None:
+        nonce = new_nonce(self.near)
         with self._translated("invalidate", keys.value):
-            self._scripts.invalidate(*_scripts.invalidate_call(keys))
+            reply = self._scripts.invalidate(*_scripts.invalidate_call(keys, self.near, nonce))
+        self._await_near_caches(reply, nonce)
+
+    def _await_near_caches(self, reply: Any, nonce: str) -> None:
+        """Return once every near cache the script named has dropped its copy, or run
+        out of its lease (see ``_core.near``)."""
+        members = members_in(reply)
+        if not members or self.near is None:
+            return
+        wait = AckWait(members, time.monotonic(), self.near.own)
+        ack_key = self.near.ack_key(nonce)
+        while (timeout := wait.timeout(time.monotonic())) is not None:
+            try:
+                acked = self.client.blpop([ack_key], timeout=max(timeout, 0.001))
+            except Exception:  # acknowledgements cannot be heard: the deadlines will do
+                time.sleep(max(0.0, wait.last_deadline() - time.monotonic()))
+                return
+            if acked is not None:
+                wait.acked(as_text(acked[1]))
 
     def subscribe(self, keys: EntryKeys) -> Subscription:
         return self._subscriber.subscribe(keys.channel)

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from .._errors import ConfigError
 
 Policy = Literal["load", "raise"]
+NearMode = bool | Literal["shared"]
 
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.\-]+(:[A-Za-z0-9_.\-]+)*")
 
@@ -60,6 +61,11 @@ class Settings:
     stale_retry_interval: float = 1.0
     """While a stale value stands in for a failing loader, it is retried at most this often per key, across
     processes: the failed holder keeps the lease this long (see docs/freshness.md)."""
+    near_cache: NearMode = False
+    """Serve fresh values from a copy in this process, kept exact across processes (docs/near-cache.md): True
+    decodes each hit into an object of the caller's own; "shared" hands every caller one object."""
+    near_ttl: float = 30.0
+    """A near-cache copy lives at most this long (and never past its value's freshness) before Redis is read."""
 
     @property
     def stale_window(self) -> float:
@@ -87,6 +93,9 @@ class Settings:
         for name in ("stale_while_revalidate", "stale_if_error"):
             check_seconds(name, getattr(self, name), zero_allowed=True)
         check_seconds("stale_retry_interval", self.stale_retry_interval)
+        check_seconds("near_ttl", self.near_ttl)
+        if self.near_cache not in (True, False, "shared") or not isinstance(self.near_cache, (bool, str)):
+            raise ConfigError(f'near_cache must be True, False or "shared", got {self.near_cache!r}')
         if not _is_number(self.early_refresh) or not 0 <= self.early_refresh <= 100:
             raise ConfigError(f"early_refresh must be a number from 0 (off) to 100, got {self.early_refresh!r}")
         for name in ("on_wait_timeout", "on_redis_error"):

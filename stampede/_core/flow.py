@@ -125,18 +125,23 @@ class Context:
 
 @dataclass(frozen=True)
 class LoaderSpec:
-    """What a driver needs to know of one decorated loader. ``reads_ttl`` and
-    ``reads_failing`` are the settings' answers, worked out once for the hit path."""
+    """What a driver needs to know of one decorated loader. ``reads_ttl``,
+    ``reads_failing``, ``near`` and ``near_shared`` are the settings' answers, worked out
+    once for the hit path."""
 
     func: Callable[..., Any]
     settings: Settings
     codec: Codec
     reads_ttl: bool = field(init=False)
     reads_failing: bool = field(init=False)
+    near: bool = field(init=False)  # served from the near cache, when the layer has one
+    near_shared: bool = field(init=False)  # its callers share one object
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "reads_ttl", self.settings.reads_ttl)
         object.__setattr__(self, "reads_failing", self.settings.reads_failing)
+        object.__setattr__(self, "near", bool(self.settings.near_cache))
+        object.__setattr__(self, "near_shared", self.settings.near_cache == "shared")
 
 
 def new_context(value_key: str, spec: LoaderSpec, stats: Counters, warn: WarningLog) -> Context:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from .keys import EntryKeys
+from .near import NearChannel, request
 
 
 def sharded(script: str) -> str:
@@ -249,20 +250,56 @@ INVALIDATE = """
 -- leaves a marker for as long as it had left, so the holder's refused write can tell an
 -- invalidation from an eviction (best effort: a marker refused under OOM is not needed).
 -- The failing marker goes too: what is loaded next is loaded afresh.
--- KEYS[1] value key, KEYS[2] lock key, KEYS[3] invalidation marker, KEYS[4] failing marker;
--- ARGV[1] channel
--- Returns the number of keys deleted
+-- KEYS[1] value key, KEYS[2] lock key, KEYS[3] invalidation marker, KEYS[4] failing marker,
+-- KEYS[5] near caches' registry (optional: see NEAR_REQUEST); ARGV[1] channel, ARGV[2..3]
+-- NEAR_REQUEST's
+-- Returns the number of keys deleted, then NEAR_REQUEST's members
 local lease = redis.call('PTTL', KEYS[2])
 local deleted = redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('DEL', KEYS[4])
 redis.call('PUBLISH', ARGV[1], '')
 if lease > 0 then redis.pcall('SET', KEYS[3], '1', 'PX', lease) end
-return deleted
+return near_request(deleted)
 """
 
 
-def invalidate_call(keys: EntryKeys) -> Call:
-    return Call([keys.value, keys.lock, keys.invalidated, keys.failing], [keys.channel])
+NEAR_REQUEST = """
+-- Ask the near caches of the namespace to drop the value (see _core.near): if KEYS[5],
+-- their registry, has live members, publish ARGV[3] (a nonce and the value key) on
+-- ARGV[2], and return them, each with the milliseconds left of its registration, after
+-- ``result``: {result, member, ms_left, ...}. The invalidator waits for their
+-- acknowledgements, or their deadlines.
+local function near_request(result)
+  local reply = {result}
+  if KEYS[5] then
+    local time = redis.call('TIME')
+    local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+    local live = redis.call('ZRANGEBYSCORE', KEYS[5], '(' .. now, '+inf', 'WITHSCORES')
+    if #live > 0 then
+      redis.call('PUBLISH', ARGV[2], ARGV[3])
+      for i = 1, #live, 2 do
+        reply[#reply + 1] = live[i]
+        reply[#reply + 1] = tonumber(live[i + 1]) - now
+      end
+    end
+  end
+  return reply
+end
+"""
+
+INVALIDATE = NEAR_REQUEST + INVALIDATE
+
+
+def invalidate_call(keys: EntryKeys, near: NearChannel | None = None, nonce: str = "") -> Call:
+    """``near``: the namespace's near caches, asked to drop their copies (not on a
+    cluster, whose registry would be in another slot)."""
+    return _with_near(Call([keys.value, keys.lock, keys.invalidated, keys.failing], [keys.channel]), keys, near, nonce)
+
+
+def _with_near(call: Call, keys: EntryKeys, near: NearChannel | None, nonce: str) -> Call:
+    if near is None:
+        return call
+    return Call([*call.keys, near.members], [*call.args, near.channel, request(nonce, keys.value)])
 
 
 EXPIRE = """
@@ -271,8 +308,8 @@ EXPIRE = """
 -- while it is refreshed or while the loader fails; without one, delete it. Drop any
 -- holder's lease as INVALIDATE does, so a load in flight writes nothing that predates
 -- the change, and wake the waiters.
--- KEYS as INVALIDATE's; ARGV[1] channel
--- Returns 1 if there was a value, else 0
+-- KEYS and ARGV as INVALIDATE's
+-- Returns 1 if there was a value, else 0, then NEAR_REQUEST's members
 local value = redis.call('GET', KEYS[1])
 if value then
   local keep = 0
@@ -290,10 +327,26 @@ local lease = redis.call('PTTL', KEYS[2])
 redis.call('DEL', KEYS[2], KEYS[4])
 redis.call('PUBLISH', ARGV[1], '')
 if lease > 0 then redis.pcall('SET', KEYS[3], '1', 'PX', lease) end
-if value then return 1 end
-return 0
+if value then return near_request(1) end
+return near_request(0)
 """
 
+EXPIRE = NEAR_REQUEST + EXPIRE
 
-def expire_call(keys: EntryKeys) -> Call:
-    return Call([keys.value, keys.lock, keys.invalidated, keys.failing], [keys.channel])
+
+def expire_call(keys: EntryKeys, near: NearChannel | None = None, nonce: str = "") -> Call:
+    return _with_near(Call([keys.value, keys.lock, keys.invalidated, keys.failing], [keys.channel]), keys, near, nonce)
+
+
+REGISTER_NEAR = """
+-- A near cache's tracker renews its registration (see _core.near): its member id with a
+-- deadline of now plus the lease, by the server's clock; members past theirs leave. The
+-- registry itself goes once nobody renews it.
+-- KEYS[1] registry; ARGV[1] member, ARGV[2] lease ms
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]) * 100)
+return 1
+"""

@@ -45,6 +45,7 @@ from .._core.keys import EntryKeys
 from .._core.store import AsyncStore
 from .._errors import BackendUnavailable
 from .._fork import reset_after_fork
+from .near import MISSING, NearCache
 from .observe import RateLimitedLog, Stats
 from .perform import AsyncPerformer, arun
 from .refresh import report_stale, warn_refresh_raised
@@ -79,6 +80,7 @@ class AsyncRunner:
         self, make_store: Callable[[], AsyncStore], stats: Stats, warn: RateLimitedLog, refreshes: int = 8
     ) -> None:
         self._make_store = make_store
+        self.near: NearCache | None = None  # the layer's, if it has one
         self._stats = stats
         self._warn = warn
         self._refresh_limit = refreshes
@@ -94,6 +96,11 @@ class AsyncRunner:
 
     async def call(self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The value of the entry, as ``SyncRunner.call``, for the tasks of this loop."""
+        near = self.near
+        if spec.near and near is not None:
+            value = near.get(value_key, spec.codec, spec.near_shared)
+            if value is not MISSING:
+                return value
         state = self._state()
         flights = state.flights
         deadline = 0.0
@@ -139,8 +146,11 @@ class AsyncRunner:
     ) -> Any:
         flight.sent = 1
         store = state.store
+        near = self.near if spec.near else None
         try:
-            if spec.reads_ttl:
+            if near is not None:
+                raw, ttl_left, failing = await self._read_for_near(near, store, value_key, spec)
+            elif spec.reads_ttl:
                 raw, ttl_left, failing = await store.get_with_ttl(value_key, spec.reads_failing)
             else:
                 raw = await store.get(value_key)
@@ -162,6 +172,19 @@ class AsyncRunner:
         ctx = self._context(value_key, spec)
         loader = functools.partial(spec.func, *args, **kwargs)
         return await self._drive(fill(ctx, found), ctx, loader, store, flight)
+
+    async def _read_for_near(
+        self, near: NearCache, store: AsyncStore, value_key: str, spec: LoaderSpec
+    ) -> tuple[bytes | None, float, bool]:
+        """``SyncRunner._read_for_near``, awaited."""
+        ticket = near.begin(value_key)
+        try:
+            raw, ttl_left, failing = await store.get_with_ttl(value_key, spec.reads_failing)
+        except BaseException:
+            near.cancel(ticket)
+            raise
+        near.fill(ticket, raw, ttl_left, spec.codec, spec.settings.near_ttl, spec.near_shared)
+        return raw, ttl_left, failing
 
     def _refresh(
         self,

@@ -28,6 +28,7 @@ from .._core.freshness import Served
 from .._core.keys import EntryKeys
 from .._core.store import Store
 from .._errors import BackendUnavailable
+from .near import MISSING, NearCache
 from .observe import RateLimitedLog, Stats
 from .perform import Performer, run
 from .refresh import Refresher, report_stale
@@ -42,6 +43,7 @@ class SyncRunner:
         self, store: Store, stats: Stats, warn: RateLimitedLog, watchdog: Watchdog, refreshes: int = 8
     ) -> None:
         self.store = store
+        self.near: NearCache | None = None  # the layer's, if it has one
         self.flights = FlightTable()
         self.refresher = Refresher(refreshes, stats, warn)
         self._stats = stats
@@ -56,6 +58,11 @@ class SyncRunner:
         stopped by something other than an Exception (KeyboardInterrupt, a killed greenlet)
         passes nothing on: those who waited start over, and one of them leads.
         """
+        near = self.near
+        if spec.near and near is not None:
+            value = near.get(value_key, spec.codec, spec.near_shared)
+            if value is not MISSING:
+                return value
         deadline = 0.0
         early = False  # after starting over: early for every flight (see _drivers.singleflight)
         while True:
@@ -91,8 +98,11 @@ class SyncRunner:
         self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any], flight: Flight
     ) -> Any:
         flight.sent = 1
+        near = self.near if spec.near else None
         try:
-            if spec.reads_ttl:
+            if near is not None:
+                raw, ttl_left, failing = self._read_for_near(near, value_key, spec)
+            elif spec.reads_ttl:
                 raw, ttl_left, failing = self.store.get_with_ttl(value_key, spec.reads_failing)
             else:
                 raw = self.store.get(value_key)
@@ -114,6 +124,18 @@ class SyncRunner:
         ctx = self._context(value_key, spec)
         loader = functools.partial(spec.func, *args, **kwargs)
         return self._drive(fill(ctx, found), ctx, loader, flight)
+
+    def _read_for_near(self, near: NearCache, value_key: str, spec: LoaderSpec) -> tuple[bytes | None, float, bool]:
+        """Read the value with its TTL, and copy it into the near cache unless an
+        invalidation of the key came in since the read began (see ``_drivers.near``)."""
+        ticket = near.begin(value_key)
+        try:
+            raw, ttl_left, failing = self.store.get_with_ttl(value_key, spec.reads_failing)
+        except BaseException:
+            near.cancel(ticket)
+            raise
+        near.fill(ticket, raw, ttl_left, spec.codec, spec.settings.near_ttl, spec.near_shared)
+        return raw, ttl_left, failing
 
     def _refresh(
         self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any], found: Served

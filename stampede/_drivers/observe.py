@@ -27,6 +27,11 @@ COUNTERS = (
     "early_refreshes",  # a hit started a background refresh before ttl (early_refresh)
     "refresh_errors",  # a background refresh's loader raised; its stale value stays
     "refreshes_skipped",  # a background refresh was not started: the limit of refreshes at once was reached
+    "near_hits",  # a call was served from the near cache, with no I/O
+    "near_fills",  # a value read from Redis was copied into the near cache
+    "near_invalidations",  # a near-cache copy was dropped because its key changed or was invalidated
+    "near_flushes",  # every near-cache copy was dropped: the stream (re)connected, or the database was flushed
+    "near_lease_lapses",  # the near cache's lease ran out or was revoked: calls read Redis until it is renewed
 )
 
 
@@ -40,6 +45,10 @@ class Stats:
     def incr(self, name: str) -> None:
         with self._lock:
             self._counts[name] += 1
+
+    def add(self, name: str, count: int) -> None:
+        with self._lock:
+            self._counts[name] += count
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:

@@ -1,0 +1,124 @@
+"""The near cache's agreement across processes (sans-IO): who may serve copies, and what
+an invalidation waits for.
+
+A process serves a value from its near cache (``_drivers.near``) without asking Redis
+only while it holds a **lease** on its invalidation stream (Gray and Cheriton's leases):
+
+* Its tracker (``_backends.tracking``) keeps one connection subscribed to every change of
+  the namespace's keys (``CLIENT TRACKING ... BCAST``) and to the namespace's request
+  channel, and every ``RENEW_EVERY`` seconds it **registers** (a script puts its member
+  id in the namespace's registry with a deadline of the server's clock plus
+  ``NEAR_LEASE``) and then sends a PING on the tracking connection. When the PONG comes
+  back, every request published before the PING has been read and obeyed, and the lease
+  runs until ``NEAR_LEASE`` after the registration was *sent*, so it always ends before
+  the registry's deadline does.
+* ``invalidate()`` deletes the value and, in the same script, reads the live members of
+  the registry and, if there are any, publishes a request naming the key. Each member's
+  tracker drops its copy and acknowledges (a list the invalidator blocks on). The
+  invalidator returns once every live member has acknowledged, or its deadline passed
+  (``AckWait``): a member that did not answer (paused, partitioned, its connection
+  gone) has by then seen its lease run out, so it serves nothing it may have missed.
+  A member whose connection the server closed is still in the registry until its
+  deadline, so it is waited for too.
+* A tracker that loses its connection revokes its lease at once and drops every copy;
+  one that reconnects drops them again once subscribed, before its first lease.
+
+Writes other than stampede's (a plain SET or DEL, an expiry, an eviction, FLUSHDB) drop
+copies through the tracking messages, as soon as they arrive, with no wait anywhere.
+
+No two clocks are compared: deadlines are sent as milliseconds left by the server's
+clock, and each process measures them from when it got the reply, by its own monotonic
+clock (so it waits at least as long as the server would).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+NEAR_LEASE = 0.05
+"""Seconds a registration, and the lease it backs, last: the longest ``invalidate()``
+waits for a member that does not answer, and the longest a process cut off from its
+stream goes on serving copies."""
+
+RENEW_EVERY = NEAR_LEASE / 4
+"""How often a tracker renews: three renewals may be slow or lost before a lease lapses."""
+
+ACK_KEY_TTL_MS = 5000
+"""How long an invalidation's acknowledgements outlive it: nobody reads them after its wait."""
+
+
+class NearChannel:
+    """Where the near caches of one namespace meet on the server: the registry of live
+    members (a sorted set: member id -> deadline in the server's milliseconds), the
+    channel requests go out on, and where acknowledgements go. ``own`` is this
+    process's member id while its tracker is registered: an invalidator drops its own
+    copy itself and does not wait for its own acknowledgement."""
+
+    def __init__(self, namespace: str) -> None:
+        self.prefix = f"{namespace}:{{"  # every entry's keys start so (see _core.keys)
+        self.members = f"{namespace}:near:members"
+        self.channel = f"{namespace}:near"
+        self._acks = f"{namespace}:near:ack:"
+        self.own: str | None = None
+
+    def ack_key(self, nonce: str) -> str:
+        return self._acks + nonce
+
+
+def request(nonce: str, value_key: str) -> str:
+    """The message that asks every member to drop ``value_key`` and acknowledge ``nonce``."""
+    return f"{nonce} {value_key}"
+
+
+def parse_request(data: bytes) -> tuple[str, str] | None:
+    """(nonce, value key) of a request, or None if ``data`` is not one."""
+    nonce, _, value_key = data.decode(errors="replace").partition(" ")
+    return (nonce, value_key) if nonce and value_key else None
+
+
+def members_in(reply: Any) -> list[tuple[str, float]]:
+    """The live members an invalidation script named, each with the seconds left of its
+    registration: the reply is ``[result, member, ms_left, member, ms_left, ...]``."""
+    if not isinstance(reply, list):
+        return []
+    pairs = reply[1:]
+    found = []
+    for index in range(0, len(pairs) - 1, 2):
+        member = pairs[index]
+        name = member.decode(errors="replace") if isinstance(member, bytes) else str(member)
+        found.append((name, max(0.0, float(pairs[index + 1]) / 1000)))
+    return found
+
+
+def result_of(reply: Any) -> Any:
+    """The script's own result, before the members."""
+    return reply[0] if isinstance(reply, list) and reply else reply
+
+
+class AckWait:
+    """Who must still acknowledge an invalidation, and until when.
+
+    ``members`` are the live members and their seconds left, as the script read them;
+    ``now`` is the invalidator's monotonic clock when the reply arrived, so each deadline
+    falls no earlier than the server's. ``own`` (this process) is left out."""
+
+    def __init__(self, members: Iterable[tuple[str, float]], now: float, own: str | None = None) -> None:
+        self._deadlines = {member: now + left for member, left in members if member != own}
+
+    def acked(self, member: str) -> None:
+        self._deadlines.pop(member, None)
+
+    def timeout(self, now: float) -> float | None:
+        """Seconds to wait for the next acknowledgement, or None: every member has
+        acknowledged or is past its deadline, so the invalidation is complete."""
+        for member in [member for member, deadline in self._deadlines.items() if deadline <= now]:
+            del self._deadlines[member]
+        if not self._deadlines:
+            return None
+        return max(self._deadlines.values()) - now
+
+    def last_deadline(self) -> float:
+        """When every member still waited for is past its deadline (-inf: none is)."""
+        return max(self._deadlines.values(), default=-math.inf)
