@@ -27,7 +27,7 @@ from ._core.codec import Codec, Serializer, TypedSerializer
 from ._core.config import NearMode, Policy, Settings, check_count, check_namespace, check_seconds
 from ._core.flow import LoaderSpec
 from ._core.keys import EntryKeys, KeyBuilder, lock_keys
-from ._core.near import NearChannel
+from ._core.near import NEAR_LEASE, NearChannel
 from ._core.store import AsyncStore, Store
 from ._drivers.aio import AsyncRunner
 from ._drivers.blocking import SyncRunner
@@ -86,6 +86,7 @@ class Stampede:
         background_refreshes: int = 8,
         near_cache_entries: int = 10_000,
         near_cache_bytes: int = 64 * 1024 * 1024,
+        near_lease: float = NEAR_LEASE,
         **settings: Any,
     ) -> None:
         try:
@@ -96,6 +97,8 @@ class Stampede:
         check_count("background_refreshes", background_refreshes)
         check_count("near_cache_entries", near_cache_entries)
         check_count("near_cache_bytes", near_cache_bytes, 1024)
+        if check_seconds("near_lease", near_lease) < 0.01:
+            raise ConfigError(f"near_lease must be at least 0.01 s, got {near_lease!r}")
         self._default_names: dict[str, Callable[..., Any]] = {}  # loaders without a template
         self._names_lock = threading.Lock()
         self.namespace = check_namespace(namespace)
@@ -131,7 +134,7 @@ class Stampede:
             if not is_cluster(client):
                 near = NearCache(near_cache_entries, near_cache_bytes, self._stats, self._start_tracking)
                 self._near = near
-                self._tracker = Tracker(client, near_channel, near, timeout)
+                self._tracker = Tracker(client, near_channel, near, timeout, near_lease)
         if async_client is not None:
             make_async_store = _async_store_maker(async_client, breaker, eviction, node_breakers, near_channel)
             if redlock is not None:

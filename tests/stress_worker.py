@@ -33,12 +33,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=6)
     parser.add_argument("--keys", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--near", action="store_true", help="with the near cache on")
     options = parser.parse_args()
 
     database = redis.Redis.from_url(options.db_url, socket_timeout=5)
     layer = Stampede.from_url(
         options.url, namespace="stress", ttl=1.0, lock_ttl=0.6, wait_timeout=10, socket_timeout=0.2,
-        socket_connect_timeout=0.2, breaker_threshold=5, breaker_cooldown=0.3,
+        socket_connect_timeout=0.2, breaker_threshold=5, breaker_cooldown=0.3, near_cache=options.near,
     )  # fmt: skip
     loads = [0] * options.keys
 

@@ -27,6 +27,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 
 from stampede import BackendUnavailable, Stampede
@@ -41,9 +42,13 @@ PROCESSES, THREADS, KEYS = 3, 6, 30
 CALL_BOUND = 5.0  # seconds: a pause lasts at most 0.9 s, wait_timeout is 10
 
 
+@pytest.mark.parametrize("near", [False, True], ids=["", "near-cache"])
 def test_no_stale_value_after_an_invalidation_across_processes_under_faults(
-    redis_url: str, redis_client: redis.Redis, figures: Callable[..., None]
+    redis_url: str, redis_client: redis.Redis, figures: Callable[..., None], near: bool
 ) -> None:
+    """With ``near``, every worker serves from its near cache too: its stream is cut,
+    slowed and stalled with the rest of its network, and a paused worker is paused far
+    past its lease, while the writer's invalidations wait for the others."""
     port = redis_client.connection_pool.connection_kwargs["port"]
     completed: dict[int, list[tuple[float, int]]] = {key: [] for key in range(KEYS)}
     counts: dict[str, Any] = {"faults": 0, "pauses": 0, "invalidations": 0, "refused": 0}
@@ -66,6 +71,7 @@ def test_no_stale_value_after_an_invalidation_across_processes_under_faults(
                 str(KEYS),
                 "--seed",
                 str(index),
+                *(["--near"] if near else []),
                 script=WORKER,
             )
             for index, proxy in enumerate(proxies)
@@ -132,12 +138,14 @@ def test_no_stale_value_after_an_invalidation_across_processes_under_faults(
         loads=sum(result["loads"] for result in results),
         slowest=round(max(result["slowest"] for result in results), 3),
         wait_timeouts=sum(result["stats"]["wait_timeouts"] for result in results),
+        near_hits=sum(result["stats"]["near_hits"] for result in results),
+        near_lease_lapses=sum(result["stats"]["near_lease_lapses"] for result in results),
         stale_writes_prevented=sum(result["stats"]["stale_writes_prevented"] for result in results),
     )
     print(f"\ninvalidation stress {SECONDS:g} s: {counts}")
     figures(
         f"invalidations racing loads, {PROCESSES} processes x {THREADS} threads, {KEYS} keys, "
-        f"cuts/latency/stalls/SIGSTOP, {SECONDS:g} s",
+        f"cuts/latency/stalls/SIGSTOP, {SECONDS:g} s{', near cache' if near else ''}",
         worst=counts["slowest"],
         deadline=CALL_BOUND,
         loads=counts["loads"],
@@ -150,5 +158,8 @@ def test_no_stale_value_after_an_invalidation_across_processes_under_faults(
     assert counts["wait_timeouts"] == 0, counts
     assert calls > 1000 and counts["invalidations"] > 50 and counts["faults"] > 3, counts
     assert counts["loads"] < calls / 2, counts  # the cache still collapsed the load
+    if near:
+        assert counts["near_hits"] > calls / 10, counts  # copies were served between the faults
+        assert counts["near_lease_lapses"] > 0, counts  # and leases ran out under them
     leftover = [key for key in redis_client.scan_iter("stress:*:lock") if redis_client.pttl(key) > 600]
     assert leftover == []

@@ -327,7 +327,7 @@ def test_four_processes_never_serve_a_value_older_than_a_completed_invalidation(
             paused = rng.choice(processes) if rng.random() < 0.1 else None
             if paused is not None:
                 paused.send_signal(signal.SIGSTOP)
-                time.sleep(0.06)  # past its lease
+                time.sleep(NEAR_LEASE + 0.01)  # past its lease
                 paused_rounds += 1
             version = int(redis_client.incr("db:1"))
             invalidate(1)

@@ -14,12 +14,21 @@ from stampede import BackendUnavailable, Stampede
 from stampede.testing import RedisServer, find_server_binary
 
 from .scenarios import one_load_and_a_wake_up
+from .test_near_cache import copied, held, tracked
 
 PASSWORD = "default-user-secret"
 # The least an ACL user needs for a layer of namespace "app" (as the README states it).
-APP_COMMANDS = "+get +evalsha +eval +script|load +subscribe +unsubscribe +ping +client|setinfo"
-SCRIPT_COMMANDS = "+set +del +pexpire +pttl +publish"  # what the Lua scripts call
+APP_COMMANDS = "+get +evalsha +eval +script|load +subscribe +unsubscribe +ping +client|setinfo +blpop"
+SCRIPT_COMMANDS = "+set +del +pexpire +pttl +publish +time +zrangebyscore"  # what the Lua scripts call
 APP_USER = ["--user", "app", "on", ">app-secret", "~app:*", "&app:*", *APP_COMMANDS.split(), *SCRIPT_COMMANDS.split()]
+# A user of an older README: its invalidations cannot read the near caches' registry.
+OLD_USER = ["--user", "old", "on", ">old-secret", "~app:*", "&app:*", *APP_COMMANDS.split(),
+            *SCRIPT_COMMANDS.replace("+time +zrangebyscore", "").split()]  # fmt: skip
+# What a near cache adds: its tracking connection and invalidation channel, its
+# registration, its acknowledgements.
+NEAR_COMMANDS = "+client|id +client|tracking +zadd +zremrangebyscore +zrem +rpush"
+NEAR_USER = ["--user", "near", "on", ">near-secret", "~app:*", "&app:*", "&__redis__:invalidate",
+             *APP_COMMANDS.split(), *SCRIPT_COMMANDS.split(), *NEAR_COMMANDS.split()]  # fmt: skip
 # What named locks add: the fencing counter, and a fair lock's queue (server time, a
 # sorted set of waiters, a hash of their places' expiry).
 LOCK_COMMANDS = "+incr +time +zadd +zrange +zrem +zscore +hget +hset +hdel"
@@ -31,12 +40,12 @@ LOCK_USER = ["--user", "locker", "on", ">locker-secret", "~app:*", "&app:*", *AP
 def secured_server() -> Iterator[RedisServer]:
     if find_server_binary() is None:
         pytest.skip("no server binary to start")
-    with RedisServer(password=PASSWORD, args=APP_USER + LOCK_USER) as server:
+    with RedisServer(password=PASSWORD, args=APP_USER + LOCK_USER + OLD_USER + NEAR_USER) as server:
         yield server
 
 
-def app_url(server: RedisServer) -> str:
-    return f"redis://app:app-secret@127.0.0.1:{server.port}/0"
+def app_url(server: RedisServer, user: str = "app") -> str:
+    return f"redis://{user}:{user}-secret@127.0.0.1:{server.port}/0"
 
 
 def test_a_password_protected_server_is_used_by_every_connection(
@@ -114,3 +123,38 @@ def test_named_locks_need_the_fence_and_queue_commands_and_work_with_them(
         with locker.lock("job", fair=fair) as lock:
             assert lock.owned() and lock.fence is not None
             assert locker.lock("job", fair=fair, timeout=0.1).acquire() is False
+
+
+def test_a_near_cache_needs_its_commands_and_works_with_them(
+    secured_server: RedisServer, make_layer: Callable[..., Stampede]
+) -> None:
+    holder = make_layer(app_url(secured_server, "near"), namespace="app", near_cache=True)
+    load = holder.cached_loader("item:{key}")(lambda key: {"key": key})
+    writer = make_layer(app_url(secured_server), namespace="app", on_redis_error="raise")
+    tracked(holder)
+    copied(holder, load, 1)
+    started = time.monotonic()
+    writer.cached_loader("item:{key}")(lambda key: None).invalidate(1)
+    assert time.monotonic() - started < 0.04  # acknowledged, not waited out
+    assert not held(holder, load.key(1))
+    without = make_layer(app_url(secured_server), namespace="app", near_cache=True)
+    assert without._near is not None
+    without.cached_loader("item:{key}")(lambda key: key)(1)  # starts its tracker, which is refused
+    time.sleep(0.3)
+    assert without._near.lease_until == 0 and without.stats()["near_hits"] == 0
+
+
+def test_an_acl_user_without_the_registry_commands_still_invalidates_and_is_warned(
+    secured_server: RedisServer, make_layer: Callable[..., Stampede], caplog: pytest.LogCaptureFixture
+) -> None:
+    from stampede._backends import redis as redis_backend
+
+    redis_backend._near_warned_at.clear()
+    layer = make_layer(app_url(secured_server, "old"), namespace="app", on_redis_error="raise")
+    calls: list[int] = []
+    load = layer.cached_loader("item:{key}")(lambda key: calls.append(key) or key)
+    load(1)
+    load.invalidate(1)
+    load(1)
+    assert calls == [1, 1]
+    assert "near caches" in caplog.text and "+time +zrangebyscore" in caplog.text

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
 
+import pytest
 import redis
 
 from stampede import BackendUnavailable, LockLost, Stampede
@@ -46,7 +47,12 @@ SOCKET_TIMEOUT = 0.2
 CALL_BOUND = 5.0  # seconds: wait_timeout is 10, so a call this slow means a lost wake-up
 
 
-def test_soak_with_random_faults(redis_url: str, redis_client: redis.Redis, figures: Callable[..., None]) -> None:
+@pytest.mark.parametrize("near", [False, True], ids=["", "near-cache"])
+def test_soak_with_random_faults(
+    redis_url: str, redis_client: redis.Redis, figures: Callable[..., None], near: bool
+) -> None:
+    """With ``near``, the three cache layers serve from near caches whose streams go
+    through the same disturbed network."""
     port = redis_client.connection_pool.connection_kwargs["port"]
     versions = [0] * KEYS  # the database: a version per key, bumped before an invalidation
     versions_lock = threading.Lock()
@@ -77,6 +83,7 @@ def test_soak_with_random_faults(redis_url: str, redis_client: redis.Redis, figu
                 socket_connect_timeout=SOCKET_TIMEOUT,
                 breaker_threshold=5,
                 breaker_cooldown=0.3,
+                near_cache=near,
             )
             for _ in range(3)
         ]
@@ -223,9 +230,11 @@ def test_soak_with_random_faults(redis_url: str, redis_client: redis.Redis, figu
     counts["loads"] = sum(loads)
     counts["wait_timeouts"] = sum(s["wait_timeouts"] for s in stats)
     counts["stale_writes_prevented"] = sum(s["stale_writes_prevented"] for s in stats)
+    counts["near_hits"] = sum(s["near_hits"] for s in stats)
     print(f"\nsoak {SECONDS:g} s: {counts}; named lock: {mutex}")
     figures(
-        f"soak: 3 layers x 8 threads, {KEYS} keys, cuts/latency/stalls, invalidations, {SECONDS:g} s",
+        f"soak: 3 layers x 8 threads, {KEYS} keys, cuts/latency/stalls, invalidations, {SECONDS:g} s"
+        f"{', near cache' if near else ''}",
         worst=counts["slowest"],
         deadline=CALL_BOUND,
         loads=counts["loads"],
@@ -238,5 +247,6 @@ def test_soak_with_random_faults(redis_url: str, redis_client: redis.Redis, figu
     assert counts["wait_timeouts"] == 0
     assert counts["loads"] < counts["calls"] / 2, counts  # the cache still collapsed the load
     assert mutex["held"] > 10, mutex
+    assert (counts["near_hits"] > 0) == near, counts
     leftover: list[Any] = [key for key in redis_client.scan_iter("soak:*:lock") if redis_client.pttl(key) > 600]
     assert leftover == []  # a lock outliving its lease would mean a renewal that never stopped

@@ -21,7 +21,7 @@ import redis
 
 from .._core import scripts as _scripts
 from .._core.keys import EntryKeys, check_key, entry_value_keys
-from .._core.near import AckWait, NearChannel, members_in
+from .._core.near import NearChannel
 from .._core.store import AcquireReply, AsyncSubscription, LockState, Written
 from .._errors import BackendUnavailable
 from .anotify import AsyncSubscriber
@@ -29,6 +29,7 @@ from .ashards import AsyncShardedSubscriber
 from .breaker import CircuitBreaker, NodeBreakers
 from .redis import (
     FAILURES,
+    NOT_HEARD,
     TORN_DOWN,
     EvictionCheck,
     Scripts,
@@ -39,11 +40,13 @@ from .redis import (
     failure,
     follows_master,
     is_cluster,
+    near_wait,
     new_nonce,
     queue_read_with_ttl,
     refresh_route,
     torn_down_error,
     translated,
+    warn_near,
     with_ttl,
 )
 
@@ -211,15 +214,15 @@ class AsyncRedisStore:
 
     async def _await_near_caches(self, reply: Any, nonce: str) -> None:
         """``RedisStore._await_near_caches``, awaited."""
-        members = members_in(reply)
-        if not members or self.near is None:
+        wait = near_wait(reply, self.near)
+        if wait is None or self.near is None:
             return
-        wait = AckWait(members, time.monotonic(), self.near.own)
         ack_key = self.near.ack_key(nonce)
         while (timeout := wait.timeout(time.monotonic())) is not None:
             try:
                 acked = await self._send(ack_key, self.client.blpop, [ack_key], timeout=max(timeout, 0.001))
-            except Exception:  # acknowledgements cannot be heard: the deadlines will do
+            except Exception as error:  # acknowledgements cannot be heard: the deadlines will do
+                warn_near(NOT_HEARD, error)
                 await asyncio.sleep(max(0.0, wait.last_deadline() - time.monotonic()))
                 return
             if acked is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 import secrets
 import time
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from redis.exceptions import NoScriptError, RedisError
 
 from .._core import scripts as _scripts
 from .._core.keys import EntryKeys, check_key, entry_value_keys, failing_key
-from .._core.near import AckWait, NearChannel, members_in
+from .._core.near import AckWait, NearChannel, members_in, registry_problem
 from .._core.store import AcquireReply, LockState, Subscription, Written
 from .._errors import BackendUnavailable, ConfigError
 from .breaker import CircuitBreaker, NodeBreakers
@@ -236,6 +237,43 @@ class Scripts:
         self.leave_queue = register(_scripts.LEAVE_QUEUE)
 
 
+_near_warned_at: dict[str, float] = {}
+
+
+def warn_near(message: str, problem: object) -> None:
+    """Warn of an invalidation that could not work with the near caches, once a minute
+    per kind: a process without near caches of its own may run with an ACL user that
+    predates them."""
+    now = time.monotonic()
+    if now - _near_warned_at.get(message, -math.inf) > 60:
+        _near_warned_at[message] = now
+        log.warning(message, problem)
+
+
+def near_wait(reply: Any, near: NearChannel | None) -> AckWait | None:
+    """What an invalidation's reply says to wait for: the near caches it named (see
+    ``_core.near``), or None. A reply that could not read their registry is warned of:
+    near caches of other processes were not asked to drop their copies."""
+    problem = registry_problem(reply)
+    if problem is not None:
+        warn_near(
+            "stampede: an invalidation could not ask near caches to drop their copies (%s); the ACL "
+            "user needs +time +zrangebyscore if any process uses near_cache (docs/near-cache.md)",
+            problem,
+        )
+        return None
+    members = members_in(reply)
+    if not members or near is None:
+        return None
+    return AckWait(members, time.monotonic(), near.own)
+
+
+NOT_HEARD = (
+    "stampede: an invalidation could not hear the near caches' acknowledgements (%s), and waited "
+    "out their lease instead; the ACL user needs +blpop (docs/near-cache.md)"
+)
+
+
 def new_nonce(near: NearChannel | None) -> str:
     """The name of one invalidation's acknowledgements (none without near caches)."""
     return secrets.token_hex(8) if near is not None else ""
@@ -423,15 +461,15 @@ class RedisStore:
     def _await_near_caches(self, reply: Any, nonce: str) -> None:
         """Return once every near cache the script named has dropped its copy, or run
         out of its lease (see ``_core.near``)."""
-        members = members_in(reply)
-        if not members or self.near is None:
+        wait = near_wait(reply, self.near)
+        if wait is None or self.near is None:
             return
-        wait = AckWait(members, time.monotonic(), self.near.own)
         ack_key = self.near.ack_key(nonce)
         while (timeout := wait.timeout(time.monotonic())) is not None:
             try:
                 acked = self.client.blpop([ack_key], timeout=max(timeout, 0.001))
-            except Exception:  # acknowledgements cannot be heard: the deadlines will do
+            except Exception as error:  # acknowledgements cannot be heard: the deadlines will do
+                warn_near(NOT_HEARD, error)
                 time.sleep(max(0.0, wait.last_deadline() - time.monotonic()))
                 return
             if acked is not None:

@@ -8,7 +8,7 @@ FLUSHDB), and ``SUBSCRIBE`` adds the namespace's invalidation requests. It is no
 redis-py's client-side caching, which refuses Valkey, has no asyncio client and takes
 over pub/sub on the client it runs on.
 
-Every ``RENEW_EVERY`` the thread registers this process through the layer's client (a
+Every fifth of its lease the thread registers this process through the layer's client (a
 command on a pooled connection) and then sends a PING down the tracking connection; the
 PONG renews the lease. Requests are acknowledged through the pooled client too, in one
 pipeline for everything read in one go. On any failure the lease is revoked and every
@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import redis
 
 from .._core import scripts as _scripts
-from .._core.near import ACK_KEY_TTL_MS, NEAR_LEASE, RENEW_EVERY, NearChannel, parse_request
+from .._core.near import ACK_KEY_TTL_MS, NEAR_LEASE, RENEWALS_PER_LEASE, NearChannel, parse_request
 from .._fork import reset_after_fork
 from .notify import FOLLOW_INTERVAL, connect_pubsub, master_moved
 
@@ -67,7 +67,6 @@ class Tracker:
         copies: NearCopies,
         timeout: float,
         lease: float = NEAR_LEASE,
-        renew_every: float = RENEW_EVERY,
     ) -> None:
         self._client = client
         self._channel = channel
@@ -75,7 +74,7 @@ class Tracker:
         self._copies = copies
         self._timeout = timeout
         self._lease = lease
-        self._renew_every = renew_every
+        self._renew_every = lease / RENEWALS_PER_LEASE
         self._register = client.register_script(_scripts.REGISTER_NEAR)
         self._follows_master = callable(getattr(client.connection_pool, "get_master_address", None))
         self._lock = threading.Lock()

@@ -6,12 +6,12 @@ only while it holds a **lease** on its invalidation stream (Gray and Cheriton's 
 
 * Its tracker (``_backends.tracking``) keeps one connection subscribed to every change of
   the namespace's keys (``CLIENT TRACKING ... BCAST``) and to the namespace's request
-  channel, and every ``RENEW_EVERY`` seconds it **registers** (a script puts its member
-  id in the namespace's registry with a deadline of the server's clock plus
-  ``NEAR_LEASE``) and then sends a PING on the tracking connection. When the PONG comes
-  back, every request published before the PING has been read and obeyed, and the lease
-  runs until ``NEAR_LEASE`` after the registration was *sent*, so it always ends before
-  the registry's deadline does.
+  channel, and every fifth of its lease it **registers** (a script puts its member
+  id in the namespace's registry with a deadline of the server's clock plus its lease)
+  and then sends a PING on the tracking connection. When the PONG comes back, every
+  request published before the PING has been read and obeyed, and the lease runs until
+  the lease's length after the registration was *sent*, so it always ends before the
+  registry's deadline does.
 * ``invalidate()`` deletes the value and, in the same script, reads the live members of
   the registry and, if there are any, publishes a request naming the key. Each member's
   tracker drops its copy and acknowledges (a list the invalidator blocks on). The
@@ -37,13 +37,18 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-NEAR_LEASE = 0.05
-"""Seconds a registration, and the lease it backs, last: the longest ``invalidate()``
-waits for a member that does not answer, and the longest a process cut off from its
-stream goes on serving copies."""
+NEAR_LEASE = 0.1
+"""The default seconds a registration, and the lease it backs, last (``near_lease``): the
+longest ``invalidate()`` waits for a member that does not answer, and the longest a
+process cut off from its stream goes on serving copies. Each process registers with its
+own, so layers may differ. Shorter leases lapse more often in a process whose threads
+keep the GIL busy (a lapse costs Redis reads, not correctness): at 50 ms, two layers'
+trackers beside one thread making near hits in a loop lapsed about 17 times a second;
+at 100 ms, under once a second."""
 
-RENEW_EVERY = NEAR_LEASE / 4
-"""How often a tracker renews: three renewals may be slow or lost before a lease lapses."""
+RENEWALS_PER_LEASE = 5
+"""A tracker renews every ``lease / RENEWALS_PER_LEASE``: four renewals may be slow or
+lost before the lease lapses."""
 
 ACK_KEY_TTL_MS = 5000
 """How long an invalidation's acknowledgements outlive it: nobody reads them after its wait."""
@@ -81,7 +86,7 @@ def parse_request(data: bytes) -> tuple[str, str] | None:
 def members_in(reply: Any) -> list[tuple[str, float]]:
     """The live members an invalidation script named, each with the seconds left of its
     registration: the reply is ``[result, member, ms_left, member, ms_left, ...]``."""
-    if not isinstance(reply, list):
+    if not isinstance(reply, list) or registry_problem(reply) is not None:
         return []
     pairs = reply[1:]
     found = []
@@ -92,9 +97,13 @@ def members_in(reply: Any) -> list[tuple[str, float]]:
     return found
 
 
-def result_of(reply: Any) -> Any:
-    """The script's own result, before the members."""
-    return reply[0] if isinstance(reply, list) and reply else reply
+def registry_problem(reply: Any) -> str | None:
+    """Why the script could not read the registry (an ACL user without TIME or
+    ZRANGEBYSCORE), or None."""
+    if isinstance(reply, list) and len(reply) == 3 and reply[1] in (b"!", "!"):
+        problem = reply[2]
+        return problem.decode(errors="replace") if isinstance(problem, bytes) else str(problem)
+    return None
 
 
 class AckWait:

@@ -268,13 +268,16 @@ NEAR_REQUEST = """
 -- their registry, has live members, publish ARGV[3] (a nonce and the value key) on
 -- ARGV[2], and return them, each with the milliseconds left of its registration, after
 -- ``result``: {result, member, ms_left, ...}. The invalidator waits for their
--- acknowledgements, or their deadlines.
+-- acknowledgements, or their deadlines. An ACL user without TIME or ZRANGEBYSCORE gets
+-- {result, '!', the error}: the invalidation is done, and the caller warns.
 local function near_request(result)
   local reply = {result}
   if KEYS[5] then
-    local time = redis.call('TIME')
+    local time = redis.pcall('TIME')
+    if time.err then return {result, '!', time.err} end
     local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-    local live = redis.call('ZRANGEBYSCORE', KEYS[5], '(' .. now, '+inf', 'WITHSCORES')
+    local live = redis.pcall('ZRANGEBYSCORE', KEYS[5], '(' .. now, '+inf', 'WITHSCORES')
+    if live.err then return {result, '!', live.err} end
     if #live > 0 then
       redis.call('PUBLISH', ARGV[2], ARGV[3])
       for i = 1, #live, 2 do
