@@ -72,6 +72,12 @@ class Stampede:
     servers as well as on the cache server, so no two loads of a key run at once even if
     the cache server loses its keys; values and messages stay on the cache server (see
     ``_drivers.redlock_store``). Its servers must be URLs for async loaders.
+
+    ``near_cache=True`` (a setting, also per loader) serves fresh values from copies in
+    this process with no I/O, kept exact across processes by a tracking connection and a
+    lease of ``near_lease`` seconds (see ``_core.near`` and docs/near-cache.md); it needs
+    a blocking client that is not a cluster's. ``near_cache_entries`` and
+    ``near_cache_bytes`` bound the copies.
     """
 
     def __init__(
@@ -183,15 +189,19 @@ class Stampede:
             socket_connect_timeout=socket_connect_timeout,
             max_connections=max_connections,
         )
-        layer = cls(
-            client,
-            async_client=make_async_client,
-            redlock=redlock,
-            namespace=namespace,
-            serializer=serializer,
-            background_refreshes=background_refreshes,
-            **settings,
-        )
+        try:
+            layer = cls(
+                client,
+                async_client=make_async_client,
+                redlock=redlock,
+                namespace=namespace,
+                serializer=serializer,
+                background_refreshes=background_refreshes,
+                **settings,
+            )
+        except BaseException:  # a setting refused: nothing left open
+            close_client(client)
+            raise
         layer._owned_client = client
         if check:
             try:

@@ -27,9 +27,17 @@ BACKENDS = ["redis", "embedded", "redlock", "cluster", "sentinel"]
 FRESHNESS = {"stale_while_revalidate": 1.0, "stale_if_error": 1.0, "early_refresh": 1.0}
 
 
-def with_freshness(options: dict[str, Any]) -> dict[str, Any]:
+# STAMPEDE_TEST_NEAR=1 turns the near cache on in every layer the fixtures make that can
+# have one (not on a cluster): every promise must hold with copies served in between.
+NEAR = {"near_cache": True}
+
+
+def with_test_settings(options: dict[str, Any], near: bool = True) -> dict[str, Any]:
+    """``options`` with the settings the environment asks every layer to have."""
     if os.environ.get("STAMPEDE_TEST_FRESHNESS"):
-        return {**FRESHNESS, **options}
+        options = {**FRESHNESS, **options}
+    if near and os.environ.get("STAMPEDE_TEST_NEAR"):
+        options = {**NEAR, **options}
     return options
 
 
@@ -76,7 +84,7 @@ def layers_over(url: str, **fixed: Any) -> Iterator[Callable[..., Stampede]]:
 
     def make(url_: str | None = None, **options: Any) -> Stampede:
         options.setdefault("namespace", "test")
-        layer = Stampede.from_url(url_ or url, **fixed, **with_freshness(options))
+        layer = Stampede.from_url(url_ or url, **fixed, **with_test_settings(options, near=not fixed.get("cluster")))
         layers.append(layer)
         return layer
 
@@ -209,7 +217,7 @@ def layer_of_each_backend(
         if make_topology_layer is not None:
             return make_topology_layer(**options)
         options.setdefault("namespace", "test")
-        layer = Stampede(**with_freshness(options))
+        layer = Stampede(**with_test_settings(options))
         embedded.append(layer)
         return layer
 

@@ -463,3 +463,11 @@ def test_async_commands_beyond_max_connections_wait_for_a_connection_on_a_cluste
     assert first == second == list(range(60))
     assert sorted(calls) == list(range(60))  # each loaded once, then hits: no command failed
     assert layer.stats()["redis_errors"] == 0
+
+
+def test_a_near_cache_on_a_cluster_is_refused_for_now(make_cluster_layer: Callable[..., Stampede]) -> None:
+    with pytest.raises(ConfigError, match="near_cache is not supported on a Redis Cluster"):
+        make_cluster_layer(near_cache=True)
+    layer = make_cluster_layer()
+    with pytest.raises(ConfigError, match="near_cache is not supported on a Redis Cluster"):
+        layer.cached_loader("item:{key}", near_cache=True)

@@ -9,6 +9,7 @@ import json
 import random
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +21,8 @@ import redis
 
 from stampede import ConfigError, Stampede
 from stampede._core.codec import Codec
+from stampede._core.config import Settings
+from stampede._core.flow import LoaderSpec
 from stampede._core.near import NEAR_LEASE
 from stampede._drivers.near import MISSING, NearCache
 from stampede._drivers.observe import Stats
@@ -47,10 +50,22 @@ def held(layer: Stampede, key: str) -> bool:
 
 
 def copied(layer: Stampede, load: Any, *args: Any) -> None:
-    """Call ``load(*args)`` until the layer holds a copy. (A read right after this
-    process's own write usually is not copied: the write's invalidation comes in while
-    the read is on its way, and spoils it.)"""
-    until(lambda: load(*args) is not MISSING and held(layer, load.key(*args)))
+    """Call ``load(*args)`` until the layer holds a copy that outlives the tracking
+    messages already on their way: a read right after this process's own write is
+    usually not copied (the write's message comes in while the read is on its way, and
+    spoils it), or its copy is dropped when that message is read a moment later."""
+    near, tracker = layer._near, layer._tracker
+    assert near is not None and tracker is not None
+
+    def settled() -> bool:
+        load(*args)
+        if not held(layer, load.key(*args)):
+            return False
+        since = time.monotonic()
+        until(lambda: near.lease_until > since + tracker._lease)  # a renewal sent after it: caught up
+        return held(layer, load.key(*args))
+
+    until(settled)
 
 
 def versioned(layer: Stampede, versions: dict[int, int], **options: Any) -> Any:
@@ -195,6 +210,26 @@ def test_near_ttl_caps_a_copy(make_layer: Callable[..., Stampede]) -> None:
     assert layer.stats()["near_fills"] == fills + 1  # read from Redis again, and copied again
 
 
+def test_with_early_refresh_a_copy_ends_before_xfetch_would_likely_refresh(make_layer: Callable[..., Stampede]) -> None:
+    """Near hits never refresh early; the reads of Redis do, so with ``early_refresh`` a
+    copy ends four of XFetch's deltas (load duration x beta) before the value's ttl."""
+    layer = make_layer(near_cache=True, ttl=3.0, jitter=0, early_refresh=1.0)
+
+    @layer.cached_loader("slow:{key}")
+    def load(key: int) -> dict[str, int]:
+        time.sleep(0.1)
+        return {"key": key}
+
+    tracked(layer)
+    load(1)
+    written = time.monotonic()
+    copied(layer, load, 1)
+    assert layer._near is not None
+    copy = layer._near._copies[load.key(1)]
+    assert copy.fresh_until <= written + 3.0 - 4 * 0.1 + 0.01
+    assert copy.fresh_until > time.monotonic() + 1.0
+
+
 def test_evicted_values_drop_copies(own_server: RedisServer) -> None:
     client = redis.Redis.from_url(own_server.url, socket_timeout=5)
     client.config_set("maxmemory", 4 * 1024 * 1024)
@@ -220,11 +255,12 @@ def test_memory_stays_within_its_bounds() -> None:
     stats = Stats()
     near = NearCache(max_entries=1000, max_bytes=300_000, stats=stats, start=lambda: None)
     codec = Codec()
+    spec = LoaderSpec(lambda: None, Settings(near_cache=True), codec)
     envelope = codec.encode({"payload": "x" * 100}, time.time(), 0.01, key="k")
     near.renew(time.monotonic() + 60)
     for index in range(100_000):
         ticket = near.begin(f"ns:{{k{index}}}")
-        near.fill(ticket, envelope, 60.0, codec, 30.0, False)
+        near.fill(ticket, envelope, 60.0, spec)
         if index % 997 == 0:
             copies, size = near.size()
             assert copies <= 1000 and size <= 300_000
@@ -417,3 +453,19 @@ def test_the_embedded_store_takes_the_setting_and_changes_nothing() -> None:
         load = layer.cached_loader("x:{key}")(lambda key: {"key": key})
         assert load(1) == load(1) == {"key": 1}
         assert layer.stats()["near_hits"] == 0
+
+
+def test_a_forked_child_serves_none_of_its_parents_copies_and_tracks_on_its_own(redis_url: str) -> None:
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("near_fork_worker.py")), redis_url],
+        capture_output=True, text=True, timeout=50,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    findings = json.loads(done.stdout.strip().splitlines()[-1])
+    assert findings == {
+        "copy_after_fork": False,
+        "own_member": True,
+        "after_invalidation": 2,
+        "near_invalidations": findings["near_invalidations"],
+    }
+    assert findings["near_invalidations"] >= 1

@@ -22,6 +22,7 @@ from stampede.testing import RedisServer, SentinelServers, free_port
 
 from .test_behaviour import CountingLoader, hammer
 from .test_cluster import async_waiters_through, sixteen_threads_and_fifty_tasks_load_once, start_stampede, until
+from .test_near_cache import copied, held, tracked, versioned
 
 
 def subscribers(server: RedisServer, channel: str) -> int:
@@ -205,3 +206,28 @@ def test_callers_beyond_max_connections_wait_for_a_connection_through_sentinel(
     assert hammer(load, list(range(150))) == [{"id": key} for key in range(150)]
     assert db.calls == {key: 1 for key in range(150)}  # no caller was served without the cache
     assert layer.stats()["redis_errors"] == 0
+
+
+@pytest.mark.timeout(90)
+def test_a_near_cache_follows_the_master_and_drops_its_copies_on_a_switch(own_sentinels: SentinelServers) -> None:
+    versions = {1: 1}
+    holder = Stampede.from_url(own_sentinels.url, namespace="test", near_cache=True)
+    writer = Stampede.from_url(own_sentinels.url, namespace="test", breaker_threshold=0)
+    old = own_sentinels.current_master()
+    try:
+        load, write = versioned(holder, versions), versioned(writer, versions)
+        tracked(holder)
+        copied(holder, load, 1)
+        flushes = holder.stats()["near_flushes"]
+        own_sentinels.failover()
+        new = own_sentinels.wait_master_moved(old)
+        until(lambda: subscribers(new, "test:near") == 1)  # the tracker moved to the new master
+        assert holder.stats()["near_flushes"] > flushes and not held(holder, load.key(1))
+        tracked(holder)
+        copied(holder, load, 1)  # a copy of the new master's value
+        versions[1] = 2
+        until(lambda: write.invalidate(1) is None)  # the writer may meet the old master first
+        assert load(1)["version"] == 2
+    finally:
+        holder.close()
+        writer.close()

@@ -134,7 +134,7 @@ class SyncRunner:
         except BaseException:
             near.cancel(ticket)
             raise
-        near.fill(ticket, raw, ttl_left, spec.codec, spec.settings.near_ttl, spec.near_shared)
+        near.fill(ticket, raw, ttl_left, spec)
         return raw, ttl_left, failing
 
     def _refresh(

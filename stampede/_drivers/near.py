@@ -13,8 +13,9 @@ A read therefore begins with a ``Ticket``; an invalidation of the key (or a flus
 spoils every ticket of it, and a reply fills only through an unspoiled ticket.
 
 Only fresh values are copied, for no longer than their freshness left (the store's TTL,
-read with the value) and ``near_ttl``. Memory is bounded by entries and by bytes (of the
-envelopes); the oldest fill goes first, so a hit takes no lock.
+read with the value; with ``early_refresh``, less: see ``_copy_of``) and ``near_ttl``.
+Memory is bounded by entries and by bytes (of the envelopes); the oldest fill goes
+first, so a hit takes no lock.
 """
 
 from __future__ import annotations
@@ -28,11 +29,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._core.codec import NOT_A_VALUE, Codec, Kind
+from .._core.flow import LoaderSpec
 from .._fork import reset_after_fork
 from .observe import Stats
 
 ENTRY_OVERHEAD = 200
 """Bytes counted per copy on top of its envelope (the entry, its key, the dict slot)."""
+
+EARLY_MARGIN = 4.0
+"""With ``early_refresh``, copies end this many XFetch deltas before their ttl (XFetch
+refreshes earlier than that with probability e**-4, under 2%)."""
 
 
 class _Missing(enum.Enum):
@@ -113,12 +119,10 @@ class NearCache:
             self._reading.setdefault(key, []).append(ticket)
         return ticket
 
-    def fill(
-        self, ticket: Ticket, raw: bytes | None, ttl_left: float, codec: Codec, near_ttl: float, shared: bool
-    ) -> None:
-        """End ``ticket``'s read: copy ``raw`` if it is a fresh value (or the null sentinel)
-        and no invalidation of its key came in since the read began."""
-        copy = None if raw is None else _copy_of(raw, ttl_left, ticket.started, codec, near_ttl, shared)
+    def fill(self, ticket: Ticket, raw: bytes | None, ttl_left: float, spec: LoaderSpec) -> None:
+        """End ``ticket``'s read: copy ``raw`` for ``spec``'s loader if it is a fresh value
+        (or the null sentinel) and no invalidation of its key came in since the read began."""
+        copy = None if raw is None else _copy_of(raw, ttl_left, ticket.started, spec)
         with self._lock:
             self._end(ticket)
             if copy is None or ticket.spoiled:
@@ -202,14 +206,18 @@ class NearCache:
             return len(self._copies), self._bytes
 
 
-def _copy_of(raw: bytes, ttl_left: float, started: float, codec: Codec, near_ttl: float, shared: bool) -> _Copy | None:
-    """A copy of ``raw`` for as long as it stays fresh, or None if it is not a fresh value."""
-    decoded = codec.decode(raw)
+def _copy_of(raw: bytes, ttl_left: float, started: float, spec: LoaderSpec) -> _Copy | None:
+    """A copy of ``raw`` for as long as it stays fresh, or None if it is not a fresh value.
+    With ``early_refresh`` the copy ends earlier, while XFetch is still unlikely to have
+    refreshed it (``EARLY_MARGIN`` times the last load's duration times beta before its
+    ttl): the reads of Redis after it are the hits that may refresh it early."""
+    decoded = spec.codec.decode(raw)
     if decoded.kind is Kind.CORRUPT:
         return None
     fresh_left = math.inf if ttl_left < 0 else ttl_left - decoded.stale_for
+    fresh_left -= decoded.load_duration * spec.settings.early_refresh * EARLY_MARGIN
     if fresh_left <= 0:
         return None
     null = decoded.kind is Kind.NULL
-    value = decoded.value if shared and not null else None
-    return _Copy(raw, value, null, started + min(fresh_left, near_ttl), len(raw) + ENTRY_OVERHEAD)
+    value = decoded.value if spec.near_shared and not null else None
+    return _Copy(raw, value, null, started + min(fresh_left, spec.settings.near_ttl), len(raw) + ENTRY_OVERHEAD)
