@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import threading
@@ -130,7 +131,7 @@ def holder(url: str) -> None:
     stop = threading.Event()
 
     def call() -> None:
-        while not stop.wait(0.002):
+        while not stop.wait(float(os.environ.get("HOLDER_INTERVAL", "0.002"))):
             load(1)
 
     thread = threading.Thread(target=call)

@@ -18,7 +18,7 @@ from .test_near_cache import copied, held, tracked
 
 PASSWORD = "default-user-secret"
 # The least an ACL user needs for a layer of namespace "app" (as the README states it).
-APP_COMMANDS = "+get +evalsha +eval +script|load +subscribe +unsubscribe +ping +client|setinfo +blpop"
+APP_COMMANDS = "+get +evalsha +eval +script|load +subscribe +unsubscribe +ping +client|setinfo +blmpop"
 SCRIPT_COMMANDS = "+set +del +pexpire +pttl +publish +time +zrangebyscore"  # what the Lua scripts call
 APP_USER = ["--user", "app", "on", ">app-secret", "~app:*", "&app:*", *APP_COMMANDS.split(), *SCRIPT_COMMANDS.split()]
 # A user of an older README: its invalidations cannot read the near caches' registry.

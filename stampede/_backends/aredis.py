@@ -34,7 +34,6 @@ from .redis import (
     EvictionCheck,
     Scripts,
     acquire_reply,
-    as_text,
     breaker_for,
     check_client,
     failure,
@@ -48,6 +47,7 @@ from .redis import (
     translated,
     warn_near,
     with_ttl,
+    without_blmpop,
 )
 
 T = TypeVar("T")
@@ -82,6 +82,7 @@ class AsyncRedisStore:
         self._slot_timeout = slot_timeout
         self._scripts = Scripts(client)
         self.near = near if not is_cluster(client) else None
+        self._blmpop = True  # until a server (before Redis 7) says it has no BLMPOP
         # A cluster client learns the slots before its first command, at once for every
         # task: redis.asyncio's cluster client, initialized lazily by many tasks at once,
         # can hand one of them a connection another is disconnecting.
@@ -218,15 +219,16 @@ class AsyncRedisStore:
         if wait is None or self.near is None:
             return
         ack_key = self.near.ack_key(nonce)
-        while (timeout := wait.timeout(time.monotonic())) is not None:
+        while (command := wait.command(ack_key, time.monotonic(), self._blmpop)) is not None:
             try:
-                acked = await self._send(ack_key, self.client.blpop, [ack_key], timeout=max(timeout, 0.001))
-            except Exception as error:  # acknowledgements cannot be heard: the deadlines will do
-                warn_near(NOT_HEARD, error)
+                wait.took(await self._send(ack_key, self.client.execute_command, *command))
+            except Exception as error:
+                if without_blmpop(error, command):
+                    self._blmpop = False
+                    continue
+                warn_near(NOT_HEARD, error)  # acknowledgements cannot be heard: the deadlines will do
                 await asyncio.sleep(max(0.0, wait.last_deadline() - time.monotonic()))
                 return
-            if acked is not None:
-                wait.acked(as_text(acked[1]))
 
     def _translated(self, what: str, key: str) -> AbstractContextManager[None]:
         return translated(what, key, self._breaker(key), self._torn_down)

@@ -270,8 +270,14 @@ def near_wait(reply: Any, near: NearChannel | None) -> AckWait | None:
 
 NOT_HEARD = (
     "stampede: an invalidation could not hear the near caches' acknowledgements (%s), and waited "
-    "out their lease instead; the ACL user needs +blpop (docs/near-cache.md)"
+    "out their lease instead; the ACL user needs +blmpop or +blpop (docs/near-cache.md)"
 )
+
+
+def without_blmpop(error: Exception, command: tuple[Any, ...]) -> bool:
+    """Whether ``error`` is the server refusing BLMPOP (Redis before 7 has none; an ACL
+    user may lack it): wait with BLPOP from then on."""
+    return command[0] == "BLMPOP" and isinstance(error, redis.ResponseError)
 
 
 def new_nonce(near: NearChannel | None) -> str:
@@ -305,6 +311,7 @@ class RedisStore:
         self.eviction = eviction or EvictionCheck()
         self._scripts = Scripts(client)
         self.near = near if not is_cluster(client) else None
+        self._blmpop = True  # until a server (before Redis 7) says it has no BLMPOP
         self._subscriber: Subscriber | ShardedSubscriber = (
             ShardedSubscriber(client, subscribe_timeout)
             if is_cluster(client)
@@ -465,15 +472,16 @@ class RedisStore:
         if wait is None or self.near is None:
             return
         ack_key = self.near.ack_key(nonce)
-        while (timeout := wait.timeout(time.monotonic())) is not None:
+        while (command := wait.command(ack_key, time.monotonic(), self._blmpop)) is not None:
             try:
-                acked = self.client.blpop([ack_key], timeout=max(timeout, 0.001))
-            except Exception as error:  # acknowledgements cannot be heard: the deadlines will do
-                warn_near(NOT_HEARD, error)
+                wait.took(self.client.execute_command(*command))  # type: ignore[no-untyped-call]
+            except Exception as error:
+                if without_blmpop(error, command):
+                    self._blmpop = False
+                    continue
+                warn_near(NOT_HEARD, error)  # acknowledgements cannot be heard: the deadlines will do
                 time.sleep(max(0.0, wait.last_deadline() - time.monotonic()))
                 return
-            if acked is not None:
-                wait.acked(as_text(acked[1]))
 
     def subscribe(self, keys: EntryKeys) -> Subscription:
         return self._subscriber.subscribe(keys.channel)

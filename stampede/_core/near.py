@@ -50,6 +50,9 @@ RENEWALS_PER_LEASE = 5
 """A tracker renews every ``lease / RENEWALS_PER_LEASE``: four renewals may be slow or
 lost before the lease lapses."""
 
+MAX_BLOCK = 0.1
+"""The longest one blocking command of an invalidator waits for acknowledgements."""
+
 ACK_KEY_TTL_MS = 5000
 """How long an invalidation's acknowledgements outlive it: nobody reads them after its wait."""
 
@@ -127,6 +130,26 @@ class AckWait:
         if not self._deadlines:
             return None
         return max(self._deadlines.values()) - now
+
+    def command(self, ack_key: str, now: float, blmpop: bool = True) -> tuple[Any, ...] | None:
+        """The next command to wait for acknowledgements with (None: done): BLMPOP takes
+        every acknowledgement already there in one round trip (Redis 7+); BLPOP, one. A
+        wait is at most ``MAX_BLOCK`` seconds, well inside any socket timeout."""
+        timeout = self.timeout(now)
+        if timeout is None:
+            return None
+        block = min(max(timeout, 0.001), MAX_BLOCK)
+        if blmpop:
+            return ("BLMPOP", block, 1, ack_key, "LEFT", "COUNT", len(self._deadlines))
+        return ("BLPOP", ack_key, block)
+
+    def took(self, reply: Any) -> None:
+        """Note the members a BLMPOP or BLPOP reply acknowledged (None: none yet)."""
+        if not reply:
+            return
+        members = reply[1] if isinstance(reply[1], list) else [reply[1]]
+        for member in members:
+            self.acked(member.decode(errors="replace") if isinstance(member, bytes) else str(member))
 
     def last_deadline(self) -> float:
         """When every member still waited for is past its deadline (-inf: none is)."""
