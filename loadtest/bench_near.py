@@ -9,7 +9,8 @@
    ratios against raw GET + loads, round by round, give the figure (their median). Also
    the lease lapses seen meanwhile: the tracker thread renewing under a busy caller.
 2. ``invalidate()`` from a layer without a near cache while 1, 4 and 16 processes hold
-   the key in theirs (each also calling it every ~2 ms, so copies are there to drop):
+   the key in theirs (each also calling it every ``--holder-interval``, 2 ms by default,
+   so copies are there to drop):
    latency median, p99 and max, against the same invalidation with no holder at all.
 3. The lease: a layer whose stream goes into a black hole (a FaultProxy stalls its
    connections) stops serving copies by itself; the time from the stall to the first
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import threading
@@ -119,9 +119,9 @@ def hit_path(url: str, options: argparse.Namespace) -> dict[str, Any]:
     return figures
 
 
-def holder(url: str) -> None:
-    """A process holding one key in its near cache, calling it every ~2 ms; prints
-    "ready" once a copy is served, and its stats when a line arrives on stdin."""
+def holder(url: str, interval: float) -> None:
+    """A process holding one key in its near cache, calling it every ``interval`` s;
+    prints "ready" once a copy is served, and its stats when a line arrives on stdin."""
     layer = Stampede.from_url(url, namespace="bench-inv", near_cache=True, ttl=3600)
     load = layer.cached_loader("item:{item_id}")(lambda item_id: VALUE)
     deadline = time.monotonic() + 30
@@ -131,7 +131,7 @@ def holder(url: str) -> None:
     stop = threading.Event()
 
     def call() -> None:
-        while not stop.wait(float(os.environ.get("HOLDER_INTERVAL", "0.002"))):
+        while not stop.wait(interval):
             load(1)
 
     thread = threading.Thread(target=call)
@@ -158,11 +158,12 @@ def invalidation_latency(url: str, options: argparse.Namespace) -> dict[str, Any
             samples.append((time.perf_counter() - started) * 1000)
         return samples
 
-    print(f"\n2. invalidate() latency, {options.invalidations} invalidations each, ms")
+    print(f"\n2. invalidate() latency, {options.invalidations} invalidations each, holders calling every "
+          f"{options.holder_interval * 1000:g} ms, ms")  # fmt: skip
     print(f"   {'holders':<10}{'median':>8}{'p99':>8}{'max':>8}   copies dropped")
     baseline = measure()
     rows = [("none", baseline, 0)]
-    command = [sys.executable, __file__, "--holder", url]
+    command = [sys.executable, __file__, "--holder", url, "--holder-interval", str(options.holder_interval)]
     for processes in options.holders:
         measured: list[list[float]] = []
         results = run_workers(command, processes, on_ready=lambda: measured.append(measure()))  # noqa: B023
@@ -212,10 +213,11 @@ def main() -> None:
     parser.add_argument("--holders", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--stalls", type=int, default=20)
     parser.add_argument("--quick", action="store_true", help="fewer rounds (CI)")
+    parser.add_argument("--holder-interval", type=float, default=0.002, help="seconds between a holder's calls")
     parser.add_argument("--holder", help=argparse.SUPPRESS)  # a holder process's Redis URL
     options = parser.parse_args()
     if options.holder:
-        holder(options.holder)
+        holder(options.holder, options.holder_interval)
         return
     if options.quick:
         options.calls, options.hit_rounds, options.invalidations = 500, 3, 50

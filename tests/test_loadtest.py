@@ -145,3 +145,20 @@ def test_the_cluster_benchmark_short_form_loads_once_and_recovers_from_each_fail
             if name.endswith(", load"):
                 assert run["errors"] == 0, name  # on_redis_error="load": nobody sees an error
     assert all(follow < 1.0 for follow in figures["follow"])  # Sentinel: the subscriber on the new master
+
+
+@pytest.mark.timeout(120)
+def test_the_near_cache_benchmark_short_form() -> None:
+    """``loadtest/bench_near.py --quick``: near hits, invalidations waiting for holders,
+    the lease, as CI can afford them. The figures are the script's; this checks what
+    holds on any machine: near hits far cheaper than a round trip, invalidations that
+    wait for acknowledgements and not for leases, and a lease that ends by itself."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "loadtest" / "bench_near.py"), "--quick"],
+        capture_output=True, text=True, timeout=110, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert figures["hit_path"]["near"]["ratio"] > 5 and figures["hit_path"]["near shared"]["ratio"] > 5
+    assert figures["invalidate"]["1"]["median_ms"] < 50  # acknowledged: the lease is 100 ms
+    assert figures["lease"]["max_ms"] <= 100 + 20  # a stalled stream stops copies within its lease

@@ -112,6 +112,9 @@ class Tracker:
         """The parent's thread and connection are not in the child; the child is a member
         of its own, started again by its first near-cache call."""
         self._lock = threading.Lock()
+        stopped, self._stop = self._stop.is_set(), threading.Event()  # its lock may have been held
+        if stopped:
+            self._stop.set()
         self._thread = None
         self.connected = threading.Event()
         self._new_member()
@@ -160,10 +163,12 @@ class Tracker:
         )
         connection.read_response()
         connection.send_command("SUBSCRIBE", _INVALIDATIONS, self._request_channel)
-        for _ in range(2):
+        confirmed = 0
+        while confirmed < 2:  # messages before the confirmations: the flush below covers them
             if not connection.can_read(timeout=self._timeout):
                 raise redis.TimeoutError("the server did not confirm the tracking subscription")
-            connection.read_response()
+            reply = connection.read_response()
+            confirmed += isinstance(reply, list) and bool(reply) and reply[0] == b"subscribe"
         # From here on every change reaches us; what was filled before may be stale.
         self._copies.flush()
         self.connected.set()
