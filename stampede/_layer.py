@@ -76,7 +76,7 @@ class Stampede:
     ``near_cache=True`` (a setting, also per loader) serves fresh values from copies in
     this process with no I/O, kept exact across processes by a tracking connection and a
     lease of ``near_lease`` seconds (see ``_core.near`` and docs/near-cache.md); it needs
-    a blocking client that is not a cluster's. ``near_cache_entries`` and
+    a blocking client. ``near_cache_entries`` and
     ``near_cache_bytes`` bound the copies.
     """
 
@@ -127,7 +127,7 @@ class Stampede:
             make_async_store = functools.partial(AsyncMemoryStore, memory)
         eviction = EvictionCheck()  # asked once for the layer, blocking and async stores alike
         # Every invalidation asks the namespace's near caches to drop their copies, whether
-        # this layer keeps one or not (not on a cluster: see docs/near-cache.md).
+        # this layer keeps one or not (see docs/near-cache.md).
         self._near_channel = near_channel = NearChannel(self.namespace)
         self._embedded = client is None and async_client is None
         self._near: NearCache | None = None
@@ -137,10 +137,9 @@ class Stampede:
             store = RedisStore(client, timeout, breaker, eviction, node_breakers, near=near_channel)
             if redlock is not None:
                 store = RedlockStore(store, redlock.servers, redlock.quorum)
-            if not is_cluster(client):
-                near = NearCache(near_cache_entries, near_cache_bytes, self._stats, self._start_tracking)
-                self._near = near
-                self._tracker = Tracker(client, near_channel, near, timeout, near_lease)
+            near = NearCache(near_cache_entries, near_cache_bytes, self._stats, self._start_tracking)
+            self._near = near
+            self._tracker = Tracker(client, near_channel, near, timeout, near_lease)
         if async_client is not None:
             make_async_store = _async_store_maker(async_client, breaker, eviction, node_breakers, near_channel)
             if redlock is not None:
@@ -291,8 +290,6 @@ class Stampede:
         The embedded store is in this process already: the setting changes nothing there."""
         if not settings.near_cache or self._near is not None or self._embedded:
             return
-        if self._runner is not None:  # a blocking client, so a cluster's
-            raise ConfigError("near_cache is not supported on a Redis Cluster yet (see docs/near-cache.md)")
         raise ConfigError(
             "near_cache needs a blocking client for its invalidation stream: pass one too, or use Stampede.from_url"
         )

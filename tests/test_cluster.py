@@ -465,9 +465,82 @@ def test_async_commands_beyond_max_connections_wait_for_a_connection_on_a_cluste
     assert layer.stats()["redis_errors"] == 0
 
 
-def test_a_near_cache_on_a_cluster_is_refused_for_now(make_cluster_layer: Callable[..., Stampede]) -> None:
-    with pytest.raises(ConfigError, match="near_cache is not supported on a Redis Cluster"):
-        make_cluster_layer(near_cache=True)
-    layer = make_cluster_layer()
-    with pytest.raises(ConfigError, match="near_cache is not supported on a Redis Cluster"):
-        layer.cached_loader("item:{key}", near_cache=True)
+def test_a_near_cache_on_a_cluster_tracks_every_primary_and_invalidations_wait_for_it(
+    make_cluster_layer: Callable[..., Stampede], cluster_servers: ClusterServers
+) -> None:
+    """Copies of keys on each of the three primaries: an invalidation (blocking or
+    asyncio) returns only once the copy is gone, and a plain DEL on the key's primary
+    (tracked there, BCAST) drops it too."""
+    from .test_near_cache import copied, held, tracked, versioned
+
+    versions = dict.fromkeys(range(12), 1)
+    holder = make_cluster_layer(near_cache=True)
+    writer = make_cluster_layer()
+    load, write = versioned(holder, versions), versioned(writer, versions)
+
+    @writer.cached_loader("item:{key}")
+    async def write_async(key: int) -> dict[str, int]:
+        return {"key": key, "version": versions[key]}
+
+    owners = {cluster_servers.owner(load.key(key)).port for key in versions}
+    assert len(owners) == 3  # the keys live on every primary
+    tracked(holder)
+    for key in versions:
+        copied(holder, load, key)
+        hits = holder.stats()["near_hits"]
+        assert load(key)["version"] == 1 and holder.stats()["near_hits"] == hits + 1  # from the copy
+        versions[key] = 2
+        if key % 2:
+            write.invalidate(key)
+        else:
+            asyncio.run(write_async.invalidate(key))
+        assert not held(holder, load.key(key)), key  # dropped before invalidate() returned
+        assert load(key)["version"] == 2
+    for key in versions:
+        copied(holder, load, key)
+        redis.Redis.from_url(cluster_servers.owner(load.key(key)).url).delete(load.key(key))
+        until(lambda: not held(holder, load.key(key)), timeout=2)  # noqa: B023
+
+
+def test_a_near_cache_on_a_cluster_is_not_waited_for_once_closed(make_cluster_layer: Callable[..., Stampede]) -> None:
+    from .test_near_cache import tracked
+
+    holder = make_cluster_layer(near_cache=True)
+    tracked(holder)
+    holder.close()
+    load = make_cluster_layer().cached_loader("item:{key}")(lambda key: key)
+    started = time.monotonic()
+    load.invalidate(1)
+    assert time.monotonic() - started < 0.05
+
+
+@pytest.mark.timeout(90)
+def test_a_near_cache_follows_a_failover_of_the_primary_its_leases_are_renewed_on(own_cluster: ClusterServers) -> None:
+    """The registry's primary is killed: copies go at once (the stream is lost), the
+    tracker tracks the promoted replica, and invalidations there are waited for."""
+    from .test_near_cache import copied, held, tracked, versioned
+
+    settings = dict(namespace="test", breaker_threshold=0)
+    holder = Stampede.from_url(own_cluster.url, cluster=True, near_cache=True, **settings)
+    writer = Stampede.from_url(own_cluster.url, cluster=True, **settings)
+    try:
+        versions = {key: 1 for key in range(6)}
+        load, write = versioned(holder, versions), versioned(writer, versions)
+        home = own_cluster.owner("test:near:members")
+        key = next(key for key in versions if own_cluster.owner(load.key(key)) is not home)  # readable throughout
+        tracked(holder)
+        copied(holder, load, key)
+        flushes = holder.stats()["near_flushes"]
+        home.kill()
+        until(lambda: not held(holder, load.key(key)), timeout=5)
+        own_cluster.wait_promoted(own_cluster.replicas[own_cluster.primaries.index(home)])
+        tracked(holder, timeout=30)
+        assert holder.stats()["near_flushes"] > flushes
+        copied(holder, load, key)
+        versions[key] = 2
+        until(lambda: write.invalidate(key) is None)  # the writer may meet the dead primary first
+        assert not held(holder, load.key(key))
+        assert load(key)["version"] == 2
+    finally:
+        holder.close()
+        writer.close()

@@ -33,6 +33,7 @@ from .redis import (
     TORN_DOWN,
     EvictionCheck,
     Scripts,
+    ack_route,
     acquire_reply,
     breaker_for,
     check_client,
@@ -81,7 +82,8 @@ class AsyncRedisStore:
         self._slots = asyncio.Semaphore(slots) if slots else None
         self._slot_timeout = slot_timeout
         self._scripts = Scripts(client)
-        self.near = near if not is_cluster(client) else None
+        self.near = near
+        self._near_in_script = near if not is_cluster(client) else None  # see RedisStore
         self._blmpop = True  # until a server (before Redis 7) says it has no BLMPOP
         # A cluster client learns the slots before its first command, at once for every
         # task: redis.asyncio's cluster client, initialized lazily by many tasks at once,
@@ -182,8 +184,9 @@ class AsyncRedisStore:
     async def expire(self, keys: EntryKeys) -> None:
         nonce = new_nonce(self.near)
         with self._translated("expire", keys.value):
-            reply = await self._send(keys.value, self._scripts.expire, *_scripts.expire_call(keys, self.near, nonce))
-        await self._await_near_caches(reply, nonce)
+            call = _scripts.expire_call(keys, self._near_in_script, nonce)
+            reply = await self._send(keys.value, self._scripts.expire, *call)
+        await self._await_near_caches(await self._ask_near_caches(reply, keys, nonce), nonce)
 
     async def holder(self, keys: EntryKeys) -> str | None:
         with self._translated("read the lock of", keys.lock):
@@ -209,9 +212,17 @@ class AsyncRedisStore:
     async def invalidate(self, keys: EntryKeys) -> None:
         nonce = new_nonce(self.near)
         with self._translated("invalidate", keys.value):
-            call = _scripts.invalidate_call(keys, self.near, nonce)
+            call = _scripts.invalidate_call(keys, self._near_in_script, nonce)
             reply = await self._send(keys.value, self._scripts.invalidate, *call)
-        await self._await_near_caches(reply, nonce)
+        await self._await_near_caches(await self._ask_near_caches(reply, keys, nonce), nonce)
+
+    async def _ask_near_caches(self, reply: Any, keys: EntryKeys, nonce: str) -> Any:
+        """``RedisStore._ask_near_caches``, awaited."""
+        if self.near is None or self._near_in_script is not None:
+            return reply
+        with self._translated("ask near caches to drop", self.near.members):
+            call = _scripts.request_near_call(keys.value, self.near, nonce)
+            return await self._send(self.near.members, self._scripts.request_near, *call)
 
     async def _await_near_caches(self, reply: Any, nonce: str) -> None:
         """``RedisStore._await_near_caches``, awaited."""
@@ -221,7 +232,8 @@ class AsyncRedisStore:
         ack_key = self.near.ack_key(nonce)
         while (command := wait.command(ack_key, time.monotonic(), self._blmpop)) is not None:
             try:
-                wait.took(await self._send(ack_key, self.client.execute_command, *command))
+                route = ack_route(self.client, ack_key)
+                wait.took(await self._send(ack_key, self.client.execute_command, *command, **route))
             except Exception as error:
                 if without_blmpop(error, command):
                     self._blmpop = False

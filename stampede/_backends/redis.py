@@ -232,6 +232,7 @@ class Scripts:
         self.invalidate = register(_scripts.INVALIDATE)
         self.hold = register(_scripts.HOLD_AFTER_FAILURE)
         self.expire = register(_scripts.EXPIRE)
+        self.request_near = register(_scripts.REQUEST_NEAR)
         self.take_lock = register(_scripts.TAKE_LOCK)
         self.take_lock_fairly = register(_scripts.TAKE_LOCK_FAIRLY)
         self.leave_queue = register(_scripts.LEAVE_QUEUE)
@@ -280,6 +281,12 @@ def without_blmpop(error: Exception, command: tuple[Any, ...]) -> bool:
     return command[0] == "BLMPOP" and isinstance(error, redis.ResponseError)
 
 
+def ack_route(client: Any, ack_key: str) -> dict[str, Any]:
+    """Where a command on ``ack_key`` goes: on a cluster, to its slot's primary (named, so
+    that redis-py need not ask the server where BLMPOP's keys are)."""
+    return {"target_nodes": client.get_node_from_key(ack_key)} if is_cluster(client) else {}
+
+
 def new_nonce(near: NearChannel | None) -> str:
     """The name of one invalidation's acknowledgements (none without near caches)."""
     return secrets.token_hex(8) if near is not None else ""
@@ -310,7 +317,9 @@ class RedisStore:
         self._torn_down = TORN_DOWN if self._node_breakers is not None else ()
         self.eviction = eviction or EvictionCheck()
         self._scripts = Scripts(client)
-        self.near = near if not is_cluster(client) else None
+        self.near = near
+        # One server: invalidations ask near caches in their own script; a cluster: after it.
+        self._near_in_script = near if not is_cluster(client) else None
         self._blmpop = True  # until a server (before Redis 7) says it has no BLMPOP
         self._subscriber: Subscriber | ShardedSubscriber = (
             ShardedSubscriber(client, subscribe_timeout)
@@ -437,8 +446,8 @@ class RedisStore:
     def expire(self, keys: EntryKeys) -> None:
         nonce = new_nonce(self.near)
         with self._translated("expire", keys.value):
-            reply = self._scripts.expire(*_scripts.expire_call(keys, self.near, nonce))
-        self._await_near_caches(reply, nonce)
+            reply = self._scripts.expire(*_scripts.expire_call(keys, self._near_in_script, nonce))
+        self._await_near_caches(self._ask_near_caches(reply, keys, nonce), nonce)
 
     def holder(self, keys: EntryKeys) -> str | None:
         with self._translated("read the lock of", keys.lock):
@@ -462,8 +471,16 @@ class RedisStore:
     def invalidate(self, keys: EntryKeys) -> None:
         nonce = new_nonce(self.near)
         with self._translated("invalidate", keys.value):
-            reply = self._scripts.invalidate(*_scripts.invalidate_call(keys, self.near, nonce))
-        self._await_near_caches(reply, nonce)
+            reply = self._scripts.invalidate(*_scripts.invalidate_call(keys, self._near_in_script, nonce))
+        self._await_near_caches(self._ask_near_caches(reply, keys, nonce), nonce)
+
+    def _ask_near_caches(self, reply: Any, keys: EntryKeys, nonce: str) -> Any:
+        """On a cluster, once the entry's script ran: ask the near caches on the
+        registry's primary (``REQUEST_NEAR``); elsewhere the script has asked them."""
+        if self.near is None or self._near_in_script is not None:
+            return reply
+        with self._translated("ask near caches to drop", self.near.members):
+            return self._scripts.request_near(*_scripts.request_near_call(keys.value, self.near, nonce))
 
     def _await_near_caches(self, reply: Any, nonce: str) -> None:
         """Return once every near cache the script named has dropped its copy, or run
@@ -474,7 +491,7 @@ class RedisStore:
         ack_key = self.near.ack_key(nonce)
         while (command := wait.command(ack_key, time.monotonic(), self._blmpop)) is not None:
             try:
-                wait.took(self.client.execute_command(*command))  # type: ignore[no-untyped-call]
+                wait.took(self.client.execute_command(*command, **ack_route(self.client, ack_key)))  # type: ignore[no-untyped-call]
             except Exception as error:
                 if without_blmpop(error, command):
                     self._blmpop = False

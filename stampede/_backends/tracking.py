@@ -13,16 +13,20 @@ command on a pooled connection) and then sends a PING down the tracking connecti
 PONG renews the lease. Requests are acknowledged through the pooled client too, in one
 pipeline for everything read in one go. On any failure the lease is revoked and every
 copy dropped before the thread reconnects; through Sentinel it also reconnects when the
-master moved.
+master moved. On a Redis Cluster it keeps one such connection per primary (``Stream``),
+and listens for requests and renews on the registry's primary only; it reconnects to
+all of them when the primaries change.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
+import select
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import redis
@@ -31,6 +35,7 @@ from .._core import scripts as _scripts
 from .._core.near import ACK_KEY_TTL_MS, NEAR_LEASE, RENEWALS_PER_LEASE, NearChannel, parse_request
 from .._fork import reset_after_fork
 from .notify import FOLLOW_INTERVAL, connect_pubsub, master_moved
+from .redis import SlotScript, follows_master, is_cluster
 
 log = logging.getLogger("stampede")
 
@@ -38,6 +43,24 @@ RETRY_INTERVAL = 0.5
 """How long a tracker waits between attempts to connect."""
 
 _INVALIDATIONS = b"__redis__:invalidate"
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One tracking connection: to the one server, or to one primary of a cluster (the
+    ``home`` one also carries requests and the PING that renews the lease)."""
+
+    name: str
+    connection: Any
+    home: bool
+
+
+def registration(client: Any) -> Callable[[list[str], list[Any]], Any]:
+    """The registration script on ``client``: on a cluster, sent to the registry's slot."""
+    if is_cluster(client):
+        return SlotScript(client, _scripts.REGISTER_NEAR)
+    script = client.register_script(_scripts.REGISTER_NEAR)
+    return lambda keys, args: script(keys=keys, args=args, client=client)
 
 
 class NearCopies(Protocol):
@@ -62,7 +85,7 @@ class Tracker:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: Any,
         channel: NearChannel,
         copies: NearCopies,
         timeout: float,
@@ -75,8 +98,8 @@ class Tracker:
         self._timeout = timeout
         self._lease = lease
         self._renew_every = lease / RENEWALS_PER_LEASE
-        self._register = client.register_script(_scripts.REGISTER_NEAR)
-        self._follows_master = callable(getattr(client.connection_pool, "get_master_address", None))
+        self._register = registration(client)
+        self._follows_master = follows_master(client)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -123,11 +146,11 @@ class Tracker:
     def _run(self) -> None:
         delay = 0.0
         while not self._stop.wait(delay):
-            connection = None
+            streams: list[Stream] = []
             try:
-                connection = self._connect()
-                self._serve(connection)
-                delay = 0.0  # the master moved: to the new one at once
+                streams = self._connect()
+                self._serve(streams)
+                delay = 0.0  # the master (or a primary) moved: to the new one at once
             except Exception as error:
                 delay = RETRY_INTERVAL
                 if not self._stop.is_set():
@@ -135,9 +158,9 @@ class Tracker:
             finally:
                 self.connected.clear()
                 self._copies.revoke()
-                if connection is not None:
+                for stream in streams:
                     try:
-                        connection.disconnect()
+                        stream.connection.disconnect()
                     except Exception:
                         pass
 
@@ -153,8 +176,39 @@ class Tracker:
         else:
             log.info("stampede: the near cache's invalidation stream is still lost (%s)", error)
 
-    def _connect(self) -> Any:
-        connection = connect_pubsub(self._client.connection_pool, self._timeout)
+    def _servers(self) -> list[tuple[str, Any, bool]]:
+        """(name, pool, home) of each server whose changes to track: the one server, or
+        every primary of a cluster (asked afresh), home being the one that holds the
+        registry, where requests are published and leases renewed."""
+        client = self._client
+        if not is_cluster(client):
+            return [("server", client.connection_pool, True)]
+        client.nodes_manager.initialize()
+        home = client.get_node_from_key(self._channel.members).name
+        return [
+            (node.name, node.redis_connection.connection_pool, node.name == home) for node in client.get_primaries()
+        ]
+
+    def _connect(self) -> list[Stream]:
+        self._register = registration(self._client)
+        streams: list[Stream] = []
+        try:
+            for name, pool, home in self._servers():
+                streams.append(Stream(name, self._connect_to(pool, home), home))
+        except BaseException:
+            for stream in streams:
+                stream.connection.disconnect()
+            raise
+        # From here on every change reaches us; what was filled before may be stale.
+        self._copies.flush()
+        self.connected.set()
+        if self._lost_since is not None:
+            log.warning("stampede: the near cache's invalidation stream is back")
+            self._lost_since = None
+        return streams
+
+    def _connect_to(self, pool: Any, home: bool) -> Any:
+        connection = connect_pubsub(pool, self._timeout)
         connection.connect()
         connection.send_command("CLIENT", "ID")
         client_id = connection.read_response()
@@ -162,24 +216,21 @@ class Tracker:
             "CLIENT", "TRACKING", "ON", "REDIRECT", client_id, "BCAST", "PREFIX", self._channel.prefix
         )
         connection.read_response()
-        connection.send_command("SUBSCRIBE", _INVALIDATIONS, self._request_channel)
+        channels = [_INVALIDATIONS, self._request_channel] if home else [_INVALIDATIONS]
+        connection.send_command("SUBSCRIBE", *channels)
         confirmed = 0
-        while confirmed < 2:  # messages before the confirmations: the flush below covers them
+        while confirmed < len(channels):  # messages before the confirmations: the flush covers them
             if not connection.can_read(timeout=self._timeout):
                 raise redis.TimeoutError("the server did not confirm the tracking subscription")
             reply = connection.read_response()
             confirmed += isinstance(reply, list) and bool(reply) and reply[0] == b"subscribe"
-        # From here on every change reaches us; what was filled before may be stale.
-        self._copies.flush()
-        self.connected.set()
-        if self._lost_since is not None:
-            log.warning("stampede: the near cache's invalidation stream is back")
-            self._lost_since = None
         return connection
 
-    def _serve(self, connection: Any) -> None:
-        """Renew, read and acknowledge until the stop, a failure (raised) or, through
-        Sentinel, a move of the master (returns)."""
+    def _serve(self, streams: list[Stream]) -> None:
+        """Renew, read and acknowledge until the stop, a failure (raised) or a move of the
+        master (Sentinel) or of a primary (a cluster): then it returns."""
+        home = next(stream.connection for stream in streams if stream.home)
+        by_socket = {stream.connection._sock: stream.connection for stream in streams}
         next_renewal = time.monotonic()
         next_follow = next_renewal + FOLLOW_INTERVAL
         registered_at = 0.0
@@ -188,30 +239,42 @@ class Tracker:
             now = time.monotonic()
             if ping_sent is None and now >= next_renewal:
                 registered_at = now
-                lease_ms = round(self._lease * 1000)
-                self._register(keys=[self._channel.members], args=[self.member, lease_ms], client=self._client)
-                connection.send_command("PING")
+                self._register([self._channel.members], [self.member, round(self._lease * 1000)])
+                home.send_command("PING")
                 ping_sent = time.monotonic()
                 next_renewal = registered_at + self._renew_every
             elif ping_sent is not None and now - ping_sent > self._timeout:
                 raise redis.TimeoutError(f"no PONG within {self._timeout} s")
-            if self._follows_master and now >= next_follow:
+            if now >= next_follow:
                 next_follow = now + FOLLOW_INTERVAL
-                if master_moved(self._client.connection_pool, connection):
-                    log.info("stampede: the master moved; tracking there")
+                if self._moved(streams):
                     return
             wait = self._renew_every if ping_sent is not None else next_renewal - time.monotonic()
-            if not connection.can_read(timeout=max(0.0, wait)):
-                continue
+            readable, _, _ = select.select(list(by_socket), [], [], max(0.0, wait))
             nonces: list[str] = []
-            while True:
-                if self._handle(connection.read_response(disconnect_on_error=False), nonces):
-                    self._copies.renew(registered_at + self._lease)
-                    ping_sent = None
-                if not connection.can_read(timeout=0):
-                    break
+            for sock in readable:
+                connection = by_socket[sock]
+                while connection.can_read(timeout=0):  # what the parser holds, then the socket
+                    if self._handle(connection.read_response(disconnect_on_error=False), nonces):
+                        self._copies.renew(registered_at + self._lease)
+                        ping_sent = None
             if nonces:
                 self._acknowledge(nonces)
+
+    def _moved(self, streams: list[Stream]) -> bool:
+        """Whether the servers to track are no longer the ones ``streams`` reach."""
+        client = self._client
+        if is_cluster(client):
+            home = client.get_node_from_key(self._channel.members).name
+            now = {(node.name, node.name == home) for node in client.get_primaries()}
+            if now != {(stream.name, stream.home) for stream in streams}:
+                log.info("stampede: the cluster's primaries changed; tracking them afresh")
+                return True
+            return False
+        if self._follows_master and master_moved(client.connection_pool, streams[0].connection):
+            log.info("stampede: the master moved; tracking there")
+            return True
+        return False
 
     def _handle(self, reply: Any, nonces: list[str]) -> bool:
         """Obey one message; True for the PONG that renews the lease."""

@@ -23,6 +23,13 @@ only while it holds a **lease** on its invalidation stream (Gray and Cheriton's 
 * A tracker that loses its connection revokes its lease at once and drops every copy;
   one that reconnects drops them again once subscribed, before its first lease.
 
+On a Redis Cluster the registry lives on one primary (the *home*), the tracker keeps a
+tracking connection to every primary but listens for requests and sends its PING on the
+home one only, and an invalidation takes two steps: the entry's script, then
+``REQUEST_NEAR`` on the home primary (read the live members and publish, atomically). A
+lease that ran out drops every copy before it is renewed (everywhere: it is needed on a
+cluster, where the DEL's tracking message and the PONG travel on different connections).
+
 Writes other than stampede's (a plain SET or DEL, an expiry, an eviction, FLUSHDB) drop
 copies through the tracking messages, as soon as they arrive, with no wait anywhere.
 

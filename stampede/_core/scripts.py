@@ -259,27 +259,27 @@ local deleted = redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('DEL', KEYS[4])
 redis.call('PUBLISH', ARGV[1], '')
 if lease > 0 then redis.pcall('SET', KEYS[3], '1', 'PX', lease) end
-return near_request(deleted)
+return near_request(deleted, KEYS[5], ARGV[2], ARGV[3])
 """
 
 
 NEAR_REQUEST = """
--- Ask the near caches of the namespace to drop the value (see _core.near): if KEYS[5],
--- their registry, has live members, publish ARGV[3] (a nonce and the value key) on
--- ARGV[2], and return them, each with the milliseconds left of its registration, after
--- ``result``: {result, member, ms_left, ...}. The invalidator waits for their
--- acknowledgements, or their deadlines. An ACL user without TIME or ZRANGEBYSCORE gets
--- {result, '!', the error}: the invalidation is done, and the caller warns.
-local function near_request(result)
+-- Ask the near caches of the namespace to drop the value (see _core.near): if
+-- ``registry`` (their sorted set) has live members, publish ``message`` (a nonce and the
+-- value key) on ``channel``, and return them, each with the milliseconds left of its
+-- registration, after ``result``: {result, member, ms_left, ...}. The invalidator waits
+-- for their acknowledgements, or their deadlines. An ACL user without TIME or
+-- ZRANGEBYSCORE gets {result, '!', the error}: the invalidation is done, and it warns.
+local function near_request(result, registry, channel, message)
   local reply = {result}
-  if KEYS[5] then
+  if registry then
     local time = redis.pcall('TIME')
     if time.err then return {result, '!', time.err} end
     local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-    local live = redis.pcall('ZRANGEBYSCORE', KEYS[5], '(' .. now, '+inf', 'WITHSCORES')
+    local live = redis.pcall('ZRANGEBYSCORE', registry, '(' .. now, '+inf', 'WITHSCORES')
     if live.err then return {result, '!', live.err} end
     if #live > 0 then
-      redis.call('PUBLISH', ARGV[2], ARGV[3])
+      redis.pcall('PUBLISH', channel, message)
       for i = 1, #live, 2 do
         reply[#reply + 1] = live[i]
         reply[#reply + 1] = tonumber(live[i + 1]) - now
@@ -294,8 +294,9 @@ INVALIDATE = NEAR_REQUEST + INVALIDATE
 
 
 def invalidate_call(keys: EntryKeys, near: NearChannel | None = None, nonce: str = "") -> Call:
-    """``near``: the namespace's near caches, asked to drop their copies (not on a
-    cluster, whose registry would be in another slot)."""
+    """``near``: the namespace's near caches, asked to drop their copies in the same
+    script (on one server; on a cluster the registry is in another slot: ``REQUEST_NEAR``
+    asks them in a second step)."""
     return _with_near(Call([keys.value, keys.lock, keys.invalidated, keys.failing], [keys.channel]), keys, near, nonce)
 
 
@@ -330,8 +331,8 @@ local lease = redis.call('PTTL', KEYS[2])
 redis.call('DEL', KEYS[2], KEYS[4])
 redis.call('PUBLISH', ARGV[1], '')
 if lease > 0 then redis.pcall('SET', KEYS[3], '1', 'PX', lease) end
-if value then return near_request(1) end
-return near_request(0)
+if value then return near_request(1, KEYS[5], ARGV[2], ARGV[3]) end
+return near_request(0, KEYS[5], ARGV[2], ARGV[3])
 """
 
 EXPIRE = NEAR_REQUEST + EXPIRE
@@ -339,6 +340,22 @@ EXPIRE = NEAR_REQUEST + EXPIRE
 
 def expire_call(keys: EntryKeys, near: NearChannel | None = None, nonce: str = "") -> Call:
     return _with_near(Call([keys.value, keys.lock, keys.invalidated, keys.failing], [keys.channel]), keys, near, nonce)
+
+
+REQUEST_NEAR = (
+    NEAR_REQUEST
+    + """
+-- On a Redis Cluster, after an invalidation or expire script (see _core.near): ask the
+-- near caches to drop the value. Runs on the registry's primary, where every tracker
+-- listens for requests and renews its lease; the PUBLISH stays a PUBLISH (not sharded).
+-- KEYS[1] registry; ARGV[1] channel, ARGV[2] message. Returns {0, member, ms_left, ...}
+return near_request(0, KEYS[1], ARGV[1], ARGV[2])
+"""
+)
+
+
+def request_near_call(value_key: str, near: NearChannel, nonce: str) -> Call:
+    return Call([near.members], [near.channel, request(nonce, value_key)])
 
 
 REGISTER_NEAR = """

@@ -183,8 +183,12 @@ class NearCache:
         self._bytes = 0
 
     def renew(self, until: float) -> None:
+        """A lease that ran out before this renewal came drops every copy first: while it
+        was out this process was not waited for (``_core.near``)."""
         if 0 < self.lease_until < time.monotonic():
-            self._stats.incr("near_lease_lapses")  # it ran out before this renewal came
+            self._stats.incr("near_lease_lapses")
+            with self._lock:
+                self._flush()
         self.lease_until = until
 
     def revoke(self) -> None:
