@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-import select
+import selectors
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -230,7 +230,15 @@ class Tracker:
         """Renew, read and acknowledge until the stop, a failure (raised) or a move of the
         master (Sentinel) or of a primary (a cluster): then it returns."""
         home = next(stream.connection for stream in streams if stream.home)
-        by_socket = {stream.connection._sock: stream.connection for stream in streams}
+        with selectors.DefaultSelector() as selector:  # not select(): descriptors may pass 1024
+            for stream in streams:
+                selector.register(stream.connection._sock, selectors.EVENT_READ, stream.connection)
+            self._serve_with(streams, home, selector)
+
+    def _serve_with(self, streams: list[Stream], home: Any, selector: selectors.BaseSelector) -> None:
+        """``_serve``'s loop: a renewal every fifth of the lease (a registration, then a
+        PING on ``home``), the messages of every stream as they come, acknowledgements
+        for everything read in one go."""
         next_renewal = time.monotonic()
         next_follow = next_renewal + FOLLOW_INTERVAL
         registered_at = 0.0
@@ -250,10 +258,9 @@ class Tracker:
                 if self._moved(streams):
                     return
             wait = self._renew_every if ping_sent is not None else next_renewal - time.monotonic()
-            readable, _, _ = select.select(list(by_socket), [], [], max(0.0, wait))
             nonces: list[str] = []
-            for sock in readable:
-                connection = by_socket[sock]
+            for key, _ in selector.select(max(0.0, wait)):
+                connection = key.data
                 while connection.can_read(timeout=0):  # what the parser holds, then the socket
                     if self._handle(connection.read_response(disconnect_on_error=False), nonces):
                         self._copies.renew(registered_at + self._lease)
