@@ -12,6 +12,7 @@
    the key in theirs (each also calling it every ``--holder-interval``, 2 ms by default,
    so copies are there to drop):
    latency median, p99 and max, against the same invalidation with no holder at all.
+   ``--cluster``: the same on a 3-primary Redis Cluster started by the script (2b).
 3. The lease: a layer whose stream goes into a black hole (a FaultProxy stalls its
    connections) stops serving copies by itself; the time from the stall to the first
    call that no longer gets a copy, over several stalls.
@@ -40,7 +41,7 @@ from demo import run_workers
 
 from stampede import Stampede
 from stampede._core.near import NEAR_LEASE
-from stampede.testing import FaultProxy, server_url
+from stampede.testing import ClusterServers, FaultProxy, server_url
 
 VALUE = {"id": 42, "name": "category map", "children": [{"id": i, "name": f"c{i}"} for i in range(20)]}
 
@@ -119,10 +120,10 @@ def hit_path(url: str, options: argparse.Namespace) -> dict[str, Any]:
     return figures
 
 
-def holder(url: str, interval: float) -> None:
+def holder(url: str, interval: float, cluster: bool) -> None:
     """A process holding one key in its near cache, calling it every ``interval`` s;
     prints "ready" once a copy is served, and its stats when a line arrives on stdin."""
-    layer = Stampede.from_url(url, namespace="bench-inv", near_cache=True, ttl=3600)
+    layer = Stampede.from_url(url, namespace="bench-inv", near_cache=True, ttl=3600, cluster=cluster)
     load = layer.cached_loader("item:{item_id}")(lambda item_id: VALUE)
     deadline = time.monotonic() + 30
     while layer.stats()["near_hits"] == 0 and time.monotonic() < deadline:
@@ -144,8 +145,8 @@ def holder(url: str, interval: float) -> None:
     layer.close()
 
 
-def invalidation_latency(url: str, options: argparse.Namespace) -> dict[str, Any]:
-    writer = Stampede.from_url(url, namespace="bench-inv")
+def invalidation_latency(url: str, options: argparse.Namespace, cluster: bool = False) -> dict[str, Any]:
+    writer = Stampede.from_url(url, namespace="bench-inv", cluster=cluster)
     invalidate = writer.cached_loader("item:{item_id}")(lambda item_id: VALUE).invalidate
     figures: dict[str, Any] = {}
 
@@ -158,12 +159,15 @@ def invalidation_latency(url: str, options: argparse.Namespace) -> dict[str, Any
             samples.append((time.perf_counter() - started) * 1000)
         return samples
 
-    print(f"\n2. invalidate() latency, {options.invalidations} invalidations each, holders calling every "
+    where = "on a 3-primary cluster, " if cluster else ""
+    print(f"\n2{'b' if cluster else ''}. invalidate() latency {where}{options.invalidations} invalidations each, "
+          "holders calling every "
           f"{options.holder_interval * 1000:g} ms, ms")  # fmt: skip
     print(f"   {'holders':<10}{'median':>8}{'p99':>8}{'max':>8}   copies dropped")
     baseline = measure()
     rows = [("none", baseline, 0)]
     command = [sys.executable, __file__, "--holder", url, "--holder-interval", str(options.holder_interval)]
+    command += ["--cluster"] if cluster else []
     for processes in options.holders:
         measured: list[list[float]] = []
         results = run_workers(command, processes, on_ready=lambda: measured.append(measure()))  # noqa: B023
@@ -214,10 +218,11 @@ def main() -> None:
     parser.add_argument("--stalls", type=int, default=20)
     parser.add_argument("--quick", action="store_true", help="fewer rounds (CI)")
     parser.add_argument("--holder-interval", type=float, default=0.002, help="seconds between a holder's calls")
+    parser.add_argument("--cluster", action="store_true", help="section 2 on a 3-primary cluster too")
     parser.add_argument("--holder", help=argparse.SUPPRESS)  # a holder process's Redis URL
     options = parser.parse_args()
     if options.holder:
-        holder(options.holder, options.holder_interval)
+        holder(options.holder, options.holder_interval, options.cluster)
         return
     if options.quick:
         options.calls, options.hit_rounds, options.invalidations = 500, 3, 50
@@ -228,6 +233,9 @@ def main() -> None:
             "invalidate": invalidation_latency(url, options),
             "lease": lease_lapse(url, options),
         }
+    if options.cluster:
+        with ClusterServers(3) as cluster:
+            figures["invalidate_cluster"] = invalidation_latency(cluster.url, options, cluster=True)
     print(json.dumps(figures))
 
 

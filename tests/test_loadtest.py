@@ -108,6 +108,7 @@ def test_the_serializer_benchmark_prints_both_paths_of_both_values() -> None:
     assert len(rows) == 4, done.stdout
 
 
+@pytest.mark.timeout(180)
 def test_the_freshness_benchmark_short_form_serves_hot_keys_without_a_wait_or_an_error() -> None:
     """``loadtest/bench_freshness.py --quick``: the expiry storm and the outage, as CI can
     afford them. The figures are the script's; this checks the properties that hold
@@ -127,6 +128,7 @@ def test_the_freshness_benchmark_short_form_serves_hot_keys_without_a_wait_or_an
     assert outage["keys not reloaded"] == 0 and outage["recovery s"] < 1.0 + 0.5
 
 
+@pytest.mark.timeout(180)  # about 56 s on 2 cores: three failovers, each awaited
 def test_the_cluster_benchmark_short_form_loads_once_and_recovers_from_each_failover() -> None:
     """``loadtest/bench_cluster.py --quick``: the cold key on one server and on a cluster,
     and a failover of each kind under traffic, as CI can afford them. The figures are the
