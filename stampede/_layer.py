@@ -128,7 +128,7 @@ class Stampede:
         eviction = EvictionCheck()  # asked once for the layer, blocking and async stores alike
         # Every invalidation asks the namespace's near caches to drop their copies, whether
         # this layer keeps one or not (see docs/near-cache.md).
-        self._near_channel = near_channel = NearChannel(self.namespace)
+        near_channel = NearChannel(self.namespace)
         self._embedded = client is None and async_client is None
         self._near: NearCache | None = None
         self._tracker: Tracker | None = None

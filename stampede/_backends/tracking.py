@@ -35,7 +35,7 @@ from .._core import scripts as _scripts
 from .._core.near import ACK_KEY_TTL_MS, NEAR_LEASE, RENEWALS_PER_LEASE, NearChannel, parse_request
 from .._fork import reset_after_fork
 from .notify import FOLLOW_INTERVAL, connect_pubsub, master_moved
-from .redis import SlotScript, follows_master, is_cluster
+from .redis import SlotScript, as_text, follows_master, is_cluster
 
 log = logging.getLogger("stampede")
 
@@ -104,7 +104,6 @@ class Tracker:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lost_since: float | None = None  # warn once per outage, not once per try
-        self.connected = threading.Event()  # set while tracked (for tests and tools)
         self._new_member()
         reset_after_fork(self)
 
@@ -139,7 +138,6 @@ class Tracker:
         if stopped:
             self._stop.set()
         self._thread = None
-        self.connected = threading.Event()
         self._new_member()
         self._copies.revoke()
 
@@ -156,7 +154,6 @@ class Tracker:
                 if not self._stop.is_set():
                     self._lost(error)
             finally:
-                self.connected.clear()
                 self._copies.revoke()
                 for stream in streams:
                     try:
@@ -201,7 +198,6 @@ class Tracker:
             raise
         # From here on every change reaches us; what was filled before may be stale.
         self._copies.flush()
-        self.connected.set()
         if self._lost_since is not None:
             log.warning("stampede: the near cache's invalidation stream is back")
             self._lost_since = None
@@ -315,7 +311,3 @@ class Tracker:
             pipeline.execute()
         except Exception as error:  # the invalidators wait for our deadline instead
             log.info("stampede: cannot acknowledge %d invalidation(s) (%s)", len(nonces), error)
-
-
-def as_text(key: Any) -> str:
-    return key.decode(errors="replace") if isinstance(key, bytes) else str(key)
