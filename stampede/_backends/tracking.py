@@ -98,7 +98,6 @@ class Tracker:
         self._timeout = timeout
         self._lease = lease
         self._renew_every = lease / RENEWALS_PER_LEASE
-        self._register = registration(client)
         self._follows_master = follows_master(client)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -187,7 +186,6 @@ class Tracker:
         ]
 
     def _connect(self) -> list[Stream]:
-        self._register = registration(self._client)
         streams: list[Stream] = []
         try:
             for name, pool, home in self._servers():
@@ -235,6 +233,7 @@ class Tracker:
         """``_serve``'s loop: a renewal every fifth of the lease (a registration, then a
         PING on ``home``), the messages of every stream as they come, acknowledgements
         for everything read in one go."""
+        register = registration(self._client)
         next_renewal = time.monotonic()
         next_follow = next_renewal + FOLLOW_INTERVAL
         registered_at = 0.0
@@ -243,7 +242,7 @@ class Tracker:
             now = time.monotonic()
             if ping_sent is None and now >= next_renewal:
                 registered_at = now
-                self._register([self._channel.members], [self.member, round(self._lease * 1000)])
+                register([self._channel.members], [self.member, round(self._lease * 1000)])
                 home.send_command("PING")
                 ping_sent = time.monotonic()
                 next_renewal = registered_at + self._renew_every
