@@ -3,6 +3,7 @@
 from ._core.codec import JsonSerializer, Serializer, TypedSerializer
 from ._core.config import Settings
 from ._core.msgspec_serializer import MsgspecSerializer
+from ._core.observer import COUNTERS, Observer
 from ._errors import (
     BackendUnavailable,
     ConfigError,
@@ -31,6 +32,9 @@ __all__ = [  # grouped, not sorted
     "cached_loader",
     "default_layer",
     "Settings",
+    # observing it
+    "Observer",
+    "COUNTERS",
     # named locks
     "Lock",
     "Redlock",

@@ -10,7 +10,7 @@ import logging
 import os
 import threading
 import typing
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, TypeVar, Union, overload
 
 import redis
@@ -28,11 +28,12 @@ from ._core.config import NearMode, Policy, Settings, check_count, check_namespa
 from ._core.flow import LoaderSpec
 from ._core.keys import EntryKeys, KeyBuilder, lock_keys
 from ._core.near import NEAR_LEASE, NearChannel
+from ._core.observer import Observer
 from ._core.store import AsyncStore, Store
 from ._drivers.aio import AsyncRunner
 from ._drivers.blocking import SyncRunner
 from ._drivers.near import NearCache
-from ._drivers.observe import RateLimitedLog, Stats
+from ._drivers.observe import Events, RateLimitedLog
 from ._drivers.redlock_store import AsyncRedlockStore, RedlockStore
 from ._drivers.watchdog import Watchdog
 from ._errors import ConfigError
@@ -93,6 +94,7 @@ class Stampede:
         near_cache_entries: int = 10_000,
         near_cache_bytes: int = 64 * 1024 * 1024,
         near_lease: float = NEAR_LEASE,
+        observers: Iterable[Observer] = (),
         **settings: Any,
     ) -> None:
         try:
@@ -109,14 +111,17 @@ class Stampede:
         self._names_lock = threading.Lock()
         self.namespace = check_namespace(namespace)
         self._codec = Codec(serializer)
-        self._stats = Stats()
         self._watchdog = Watchdog()
         self._reentrant_holds = ReentrantHolds()
         self._owned_client: redis.Redis | None = None
         self._warn = warn = RateLimitedLog(log)
+        self._events = events = Events(self.namespace, warn)
+        for observer in observers:
+            events.add(observer)
         # One verdict on the server for the blocking store and every loop's store.
-        breaker = CircuitBreaker(self.settings.breaker_threshold, self.settings.breaker_cooldown)
-        node_breakers = NodeBreakers(self.settings.breaker_threshold, self.settings.breaker_cooldown)  # a cluster's
+        threshold, cooldown = self.settings.breaker_threshold, self.settings.breaker_cooldown
+        breaker = CircuitBreaker(threshold, cooldown, on_change=events.breaker_changed)
+        node_breakers = NodeBreakers(threshold, cooldown, on_change=events.breaker_changed)  # a cluster's
         store: Store | None = None
         make_async_store: Callable[[], AsyncStore] | None = None
         if redlock is not None and client is None and async_client is None:
@@ -137,7 +142,7 @@ class Stampede:
             store = RedisStore(client, timeout, breaker, eviction, node_breakers, near=near_channel)
             if redlock is not None:
                 store = RedlockStore(store, redlock.servers, redlock.quorum)
-            near = NearCache(near_cache_entries, near_cache_bytes, self._stats, self._start_tracking)
+            near = NearCache(near_cache_entries, near_cache_bytes, self._events, self._start_tracking)
             self._near = near
             self._tracker = Tracker(client, near_channel, near, timeout, near_lease)
         if async_client is not None:
@@ -145,8 +150,8 @@ class Stampede:
             if redlock is not None:
                 make_async_store = _with_redlock(make_async_store, redlock)
         refreshes = background_refreshes
-        self._runner = SyncRunner(store, self._stats, warn, self._watchdog, refreshes) if store is not None else None
-        self._async_runner = AsyncRunner(make_async_store, self._stats, warn, refreshes) if make_async_store else None
+        self._runner = SyncRunner(store, self._events, warn, self._watchdog, refreshes) if store is not None else None
+        self._async_runner = AsyncRunner(make_async_store, self._events, warn, refreshes) if make_async_store else None
         for runner in (self._runner, self._async_runner):
             if runner is not None:
                 runner.near = self._near
@@ -408,8 +413,16 @@ class Stampede:
 
     def stats(self) -> dict[str, int]:
         """Counters since the layer was made, blocking and async callers together: hits,
-        misses, loads, collapsed, lock_waits, ..."""
-        return self._stats.snapshot()
+        misses, loads, collapsed, lock_waits, ... (``stampede.COUNTERS``; the same
+        reports its observers get)."""
+        return self._events.counts.snapshot()
+
+    def observe(self, observer: Observer) -> None:
+        """Report what this layer does to ``observer`` from now on, as well as to its
+        counters (``stats()``): a ``stampede.prometheus.PrometheusMetrics``, a
+        ``stampede.otel.OpenTelemetryMetrics``, or anything with ``count``, ``began``
+        and ``ended`` (``stampede.Observer``)."""
+        self._events.add(observer)
 
     def close(self) -> None:
         """Stop the layer's threads and close the connections it opened. Connections of

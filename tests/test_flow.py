@@ -14,7 +14,7 @@ from stampede._core.effects import LEASE_MARGIN, Acquire, AwaitNotice, Load, Rel
 from stampede._core.flow import Context, Miss, after_wait_timeout, failed_read, fill
 from stampede._core.keys import EntryKeys
 from stampede._core.store import AcquireReply, LockState, Written
-from stampede._drivers.observe import RateLimitedLog, Stats
+from stampede._drivers.observe import Events, RateLimitedLog
 
 CODEC = Codec()
 KEYS = EntryKeys.for_value("t:{item:1}")
@@ -36,7 +36,7 @@ def make_ctx(**settings: Any) -> tuple[Context, Clock]:
         keys=KEYS,
         settings=Settings(**settings),
         codec=CODEC,
-        stats=Stats(),
+        events=Events("test", RateLimitedLog(logging.getLogger("test"))),
         warn=RateLimitedLog(logging.getLogger("test")),
         clock=clock,
         wall_clock=lambda: 1_700_000_000.0,
@@ -86,7 +86,7 @@ def test_the_holder_loads_writes_and_returns() -> None:
     assert (decoded.value, decoded.loaded_at, decoded.load_duration) == ({"a": 1}, 1_700_000_000.0, 0.25)
     step.reply(True)
     assert step.done and step.result == {"a": 1}
-    assert ctx.stats.snapshot()["loads"] == 1
+    assert ctx.events.counts.snapshot()["loads"] == 1
 
 
 def test_none_is_written_as_the_null_sentinel_with_null_ttl() -> None:
@@ -102,7 +102,7 @@ def test_a_value_found_on_the_recheck_is_returned_without_loading() -> None:
     step = Stepper(fill(ctx))
     step.reply(AcquireReply(LockState.VALUE, envelope([1, 2])))
     assert step.done and step.result == [1, 2]
-    assert ctx.stats.snapshot()["loads"] == 0
+    assert ctx.events.counts.snapshot()["loads"] == 0
 
 
 def test_a_waiter_subscribes_then_rechecks_then_waits_at_most_the_lease() -> None:
@@ -115,7 +115,7 @@ def test_a_waiter_subscribes_then_rechecks_then_waits_at_most_the_lease() -> Non
     step.reply(envelope("v"))
     assert step.done and step.result == "v"
     assert ctx.via_notice  # so the driver shares it only with who arrived before the subscription
-    assert ctx.stats.snapshot()["lock_waits"] == 1
+    assert ctx.events.counts.snapshot()["lock_waits"] == 1
 
 
 def test_waits_are_bounded_by_recheck_interval_and_the_deadline() -> None:
@@ -137,7 +137,7 @@ def test_silence_then_a_free_lock_is_a_takeover() -> None:
     step.reply(HELD)
     assert step.reply(None) == Acquire(check_value=True)  # no message: the holder may be dead
     assert step.reply(LOCKED) == Load(leased=True)
-    assert ctx.stats.snapshot()["takeovers"] == 1
+    assert ctx.events.counts.snapshot()["takeovers"] == 1
 
 
 def test_a_release_notice_then_a_free_lock_is_not_a_takeover() -> None:
@@ -148,7 +148,7 @@ def test_a_release_notice_then_a_free_lock_is_not_a_takeover() -> None:
     step.reply(HELD)
     step.reply(b"")  # the holder released (its loader raised)
     assert step.reply(LOCKED) == Load(leased=True)
-    assert ctx.stats.snapshot()["takeovers"] == 0
+    assert ctx.events.counts.snapshot()["takeovers"] == 0
 
 
 @pytest.mark.parametrize("policy", ["load", "raise"])
@@ -165,7 +165,7 @@ def test_the_deadline_applies_the_wait_timeout_policy(policy: str) -> None:
         assert step.reply(HELD) == Load(leased=False)  # loads for itself, writes nothing
         step.reply("mine")
         assert step.done and step.result == "mine"
-    assert ctx.stats.snapshot()["wait_timeouts"] == 1
+    assert ctx.events.counts.snapshot()["wait_timeouts"] == 1
 
 
 @pytest.mark.parametrize("policy", ["load", "raise"])
@@ -180,16 +180,16 @@ def test_a_failing_store_applies_the_redis_error_policy(policy: str) -> None:
         assert step.fail(error) == Load(leased=False)
         step.reply("uncached")
         assert step.done and step.result == "uncached"
-    assert ctx.stats.snapshot()["redis_errors"] == 1
+    assert ctx.events.counts.snapshot()["redis_errors"] == 1
 
 
 def test_a_failed_first_read_goes_straight_to_the_policy() -> None:
     ctx, _ = make_ctx()
-    step = Stepper(fill(ctx, failed_read(ctx.stats, ctx.warn, BackendUnavailable("no permission to read k"))))
+    step = Stepper(fill(ctx, failed_read(ctx.events, ctx.warn, BackendUnavailable("no permission to read k"))))
     assert step.effect == Load(leased=False)
     strict, _ = make_ctx(on_redis_error="raise")
     with pytest.raises(BackendUnavailable, match="no permission to read k"):  # the cause, not a generic error
-        Stepper(fill(strict, failed_read(strict.stats, strict.warn, BackendUnavailable("no permission to read k"))))
+        Stepper(fill(strict, failed_read(strict.events, strict.warn, BackendUnavailable("no permission to read k"))))
 
 
 def test_a_loader_error_releases_the_lock_and_propagates() -> None:
@@ -199,7 +199,7 @@ def test_a_loader_error_releases_the_lock_and_propagates() -> None:
     assert step.fail(KeyError("db")) == Release()
     with pytest.raises(KeyError):
         step.reply(None)
-    assert ctx.stats.snapshot()["loader_errors"] == 1
+    assert ctx.events.counts.snapshot()["loader_errors"] == 1
 
 
 class Interrupted(BaseException):
@@ -217,7 +217,7 @@ def test_an_interrupted_caller_releases_the_lock_it_may_hold(at: str) -> None:
     assert step.fail(Interrupted()) == Release()
     with pytest.raises(Interrupted):
         step.reply(None)
-    assert ctx.stats.snapshot()["loader_errors"] == 0
+    assert ctx.events.counts.snapshot()["loader_errors"] == 0
 
 
 def test_an_interrupted_waiter_has_nothing_to_release() -> None:
@@ -235,7 +235,7 @@ def test_an_unencodable_value_releases_the_lock_and_raises() -> None:
     assert step.reply({1, 2}) == Release()
     with pytest.raises(SerializationError):
         step.reply(None)
-    assert ctx.stats.snapshot()["loader_errors"] == 0
+    assert ctx.events.counts.snapshot()["loader_errors"] == 0
 
 
 def test_a_value_over_the_size_limit_releases_the_lock_and_raises() -> None:
@@ -258,7 +258,7 @@ def test_a_lost_lease_is_counted_and_the_value_still_returned() -> None:
     assert not ctx.unwritten
     step.reply(False)
     assert step.done and step.result == "v"
-    assert ctx.stats.snapshot()["stale_writes_prevented"] == 1
+    assert ctx.events.counts.snapshot()["stale_writes_prevented"] == 1
     assert ctx.unwritten  # so the driver does not hand it to this process's joiners
 
 
@@ -291,8 +291,8 @@ def test_a_lease_that_vanished_within_its_term_is_counted_as_evicted() -> None:
     step.reply("v")
     step.reply(Written.VANISHED)
     assert step.done and step.result == "v" and ctx.unwritten
-    assert ctx.stats.snapshot()["evicted_leases"] == 1
-    assert ctx.stats.snapshot()["stale_writes_prevented"] == 1
+    assert ctx.events.counts.snapshot()["evicted_leases"] == 1
+    assert ctx.events.counts.snapshot()["stale_writes_prevented"] == 1
 
 
 def test_a_refused_write_or_a_lease_past_its_term_is_not_an_eviction() -> None:
@@ -303,7 +303,7 @@ def test_a_refused_write_or_a_lease_past_its_term_is_not_an_eviction() -> None:
         clock.now += elapsed  # invalidated mid-load; or a lease that may have run out
         step.reply("v")
         step.reply(written)
-        assert step.done and ctx.stats.snapshot()["evicted_leases"] == 0
+        assert step.done and ctx.events.counts.snapshot()["evicted_leases"] == 0
 
 
 def test_every_caller_gets_the_value_as_the_cache_holds_it() -> None:
@@ -331,7 +331,7 @@ def test_a_corrupt_value_on_recheck_is_locked_over() -> None:
     ctx, _ = make_ctx()
     step = Stepper(fill(ctx))
     assert step.reply(AcquireReply(LockState.VALUE, b"garbage")) == Acquire(check_value=False)
-    assert ctx.stats.snapshot()["corrupt_values"] == 1
+    assert ctx.events.counts.snapshot()["corrupt_values"] == 1
     assert Stepper(fill(ctx, Miss.CORRUPT)).effect == Acquire(check_value=False)
 
 

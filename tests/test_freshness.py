@@ -529,11 +529,12 @@ def test_a_get_and_a_pttl_sent_together_read_a_key_deleted_between_them_as_absen
 
 
 def test_the_refresh_workers_are_bounded_reused_and_leave_when_idle(caplog: pytest.LogCaptureFixture) -> None:
-    from stampede._drivers.observe import RateLimitedLog, Stats
+    from stampede._drivers.observe import Events, RateLimitedLog
     from stampede._drivers.refresh import Refresher
 
-    stats = Stats()
-    refresher = Refresher(2, stats, RateLimitedLog(logging.getLogger("stampede")), idle_timeout=0.3)
+    warn = RateLimitedLog(logging.getLogger("stampede"))
+    stats = Events("test", warn)
+    refresher = Refresher(2, stats, warn, idle_timeout=0.3)
     gate, ran = threading.Event(), []
 
     def work(name: str) -> Callable[[], None]:
@@ -551,7 +552,7 @@ def test_the_refresh_workers_are_bounded_reused_and_leave_when_idle(caplog: pyte
     assert refresher.start("a", work("a")) and refresher.start("b", work("b"))
     assert not refresher.start("a", work("a again"))  # already under way: collapsed, not counted
     assert not refresher.start("c", work("c"))  # the limit: skipped, never queued
-    assert stats.snapshot()["refreshes_skipped"] == 1 and workers() == 2
+    assert stats.counts.snapshot()["refreshes_skipped"] == 1 and workers() == 2
     gate.set()
     wait_until(lambda: refresher.running() == 0, "the refreshes to finish")
     assert sorted(ran) == ["a", "b"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import signal
 import subprocess
@@ -25,7 +26,7 @@ from stampede._core.config import Settings
 from stampede._core.flow import LoaderSpec
 from stampede._core.near import NEAR_LEASE
 from stampede._drivers.near import MISSING, NearCache
-from stampede._drivers.observe import Stats
+from stampede._drivers.observe import Events, RateLimitedLog
 from stampede.testing import CommandMonitor, FaultProxy, RedisServer
 
 from .test_cluster import until
@@ -252,8 +253,8 @@ def test_evicted_values_drop_copies(own_server: RedisServer) -> None:
 
 
 def test_memory_stays_within_its_bounds() -> None:
-    stats = Stats()
-    near = NearCache(max_entries=1000, max_bytes=300_000, stats=stats, start=lambda: None)
+    stats = Events("test", RateLimitedLog(logging.getLogger("test")))
+    near = NearCache(max_entries=1000, max_bytes=300_000, events=stats, start=lambda: None)
     codec = Codec()
     spec = LoaderSpec(lambda: None, Settings(near_cache=True), codec)
     envelope = codec.encode({"payload": "x" * 100}, time.time(), 0.01, key="k")

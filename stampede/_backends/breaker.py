@@ -37,10 +37,20 @@ log = logging.getLogger("stampede")
 
 
 class CircuitBreaker:
-    def __init__(self, threshold: int, cooldown: float, clock: Callable[[], float] = time.monotonic) -> None:
+    """``on_change(True)`` is called when the breaker opens, ``on_change(False)`` when it
+    closes again (the layer's reports: ``breaker_opened``, ``breaker_closed``)."""
+
+    def __init__(
+        self,
+        threshold: int,
+        cooldown: float,
+        clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[bool], None] | None = None,
+    ) -> None:
         self.threshold = threshold  # 0: never opens
         self.cooldown = cooldown
         self._clock = clock
+        self._on_change = on_change
         self._lock = threading.Lock()
         self._failures = 0  # connection failures in a row; >= threshold while open
         self._open_until = 0.0  # no command before this time (clock)
@@ -76,21 +86,27 @@ class CircuitBreaker:
     def succeeded(self) -> None:
         if self._failures:
             with self._lock:
-                if self._failures >= self.threshold > 0:
-                    log.warning("stampede: redis answers again; circuit closed")
+                closed = self._failures >= self.threshold > 0
                 self._failures = 0
                 self._probe_until = 0.0
+            if closed:
+                log.warning("stampede: redis answers again; circuit closed")
+                if self._on_change is not None:
+                    self._on_change(False)
 
     def failed(self) -> None:
         with self._lock:
             self._failures += 1
+            opened = self._failures == self.threshold > 0
             if self.threshold and self._failures >= self.threshold:
-                if self._failures == self.threshold:
-                    log.warning(
-                        "stampede: redis failed %d times in a row; circuit open for %s s", self._failures, self.cooldown
-                    )
                 self._open_until = self._clock() + self.cooldown
                 self._probe_until = 0.0
+        if opened:
+            log.warning(
+                "stampede: redis failed %d times in a row; circuit open for %s s", self.threshold, self.cooldown
+            )
+            if self._on_change is not None:
+                self._on_change(True)
 
 
 SLOTS_REFRESH_INTERVAL = 0.5
@@ -107,10 +123,17 @@ class NodeBreakers:
     (``refresh_due``): once a replica is promoted, commands go to it, and its breaker
     starts closed."""
 
-    def __init__(self, threshold: int, cooldown: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        threshold: int,
+        cooldown: float,
+        clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[bool], None] | None = None,
+    ) -> None:
         self._threshold = threshold
         self._cooldown = cooldown
         self._clock = clock
+        self._on_change = on_change
         self._breakers: dict[str, CircuitBreaker] = {}
         self._lock = threading.Lock()
         self._next_refresh = 0.0
@@ -134,5 +157,7 @@ class NodeBreakers:
         breaker = self._breakers.get(node)
         if breaker is None:
             with self._lock:
-                breaker = self._breakers.setdefault(node, CircuitBreaker(self._threshold, self._cooldown))
+                breaker = self._breakers.setdefault(
+                    node, CircuitBreaker(self._threshold, self._cooldown, on_change=self._on_change)
+                )
         return breaker

@@ -64,15 +64,10 @@ from .effects import (
 )
 from .freshness import Served, Stale, classify
 from .keys import EntryKeys
+from .observer import Events, Wait
 from .store import AcquireReply, LockState, Written
 
 Flow = Decision[Any]
-
-
-class Counters(Protocol):
-    """Where the flow counts what happened (``stampede.stats()``)."""
-
-    def incr(self, name: str) -> None: ...
 
 
 class WarningLog(Protocol):
@@ -105,7 +100,7 @@ class Context:
     keys: EntryKeys
     settings: Settings
     codec: Codec
-    stats: Counters
+    events: Events
     warn: WarningLog
     clock: Callable[[], float]  # monotonic seconds: deadlines, load duration
     wall_clock: Callable[[], float]  # epoch seconds: loaded_at in the envelope
@@ -144,10 +139,10 @@ class LoaderSpec:
         object.__setattr__(self, "near_shared", self.settings.near_cache == "shared")
 
 
-def new_context(value_key: str, spec: LoaderSpec, stats: Counters, warn: WarningLog) -> Context:
+def new_context(value_key: str, spec: LoaderSpec, events: Events, warn: WarningLog) -> Context:
     """The context of one miss, on the real clocks."""
     keys = EntryKeys.for_value(value_key)
-    return Context(keys, spec.settings, spec.codec, stats, warn, time.monotonic, time.time, random.uniform)
+    return Context(keys, spec.settings, spec.codec, events, warn, time.monotonic, time.time, random.uniform)
 
 
 # --- the flow --------------------------------------------------------------------------
@@ -168,23 +163,23 @@ class FailedRead:
     error: BackendUnavailable
 
 
-def first_read(raw: bytes | None, codec: Codec, stats: Counters, warn: WarningLog, key: str) -> Any:
+def first_read(raw: bytes | None, codec: Codec, events: Events, warn: WarningLog, key: str) -> Any:
     """What a call's first read found: the value to return (None for the null sentinel),
     or a ``Miss``. Drivers perform the read and call this; a hit never enters the flow."""
     if raw is not None:
         value = codec.decode_hit(raw)
         if value is not NOT_A_VALUE:
-            stats.incr("hits")
+            events.incr("hits")
             return value
         decoded = codec.decode(raw)
         if decoded.kind is Kind.NULL:
-            stats.incr("null_hits")
+            events.incr("null_hits")
             return None
-        note_corrupt(stats, warn, key, decoded.problem)
+        note_corrupt(events, warn, key, decoded.problem)
         miss = Miss.CORRUPT
     else:
         miss = Miss.ABSENT
-    stats.incr("misses")
+    events.incr("misses")
     return miss
 
 
@@ -193,7 +188,7 @@ def fresh_read(
     ttl_left: float,
     failing: bool,
     spec: LoaderSpec,
-    stats: Counters,
+    events: Events,
     warn: WarningLog,
     key: str,
     random: Callable[[], float],
@@ -203,25 +198,25 @@ def fresh_read(
     (perhaps stale, perhaps with a refresh to start), a ``Stale`` value for the miss path,
     or a ``Miss``."""
     if raw is None:
-        stats.incr("misses")
+        events.incr("misses")
         return Miss.ABSENT
     found = classify(raw, ttl_left, spec.codec, spec.settings, random, failing)
     if isinstance(found, Served):
         if found.on_error:
-            stats.incr("stale_on_error")
+            events.incr("stale_on_error")
         else:
-            stats.incr("stale_hits" if found.stale else "hits" if found.value is not None else "null_hits")
+            events.incr("stale_hits" if found.stale else "hits" if found.value is not None else "null_hits")
         return found
     if found is None:
-        note_corrupt(stats, warn, key, spec.codec.decode(raw).problem)
-    stats.incr("misses")
+        note_corrupt(events, warn, key, spec.codec.decode(raw).problem)
+    events.incr("misses")
     return Miss.CORRUPT if found is None else found
 
 
-def failed_read(stats: Counters, warn: WarningLog, error: BackendUnavailable) -> FailedRead:
+def failed_read(events: Events, warn: WarningLog, error: BackendUnavailable) -> FailedRead:
     """What a call's first read means when the store failed to answer it."""
-    note_backend_error(stats, warn, error)
-    stats.incr("misses")
+    note_backend_error(events, warn, error)
+    events.incr("misses")
     return FailedRead(error)
 
 
@@ -232,6 +227,14 @@ def fill(ctx: Context, miss: Miss | FailedRead | Stale = Miss.ABSENT) -> Flow:
     is on the lease, or if the wait for another holder times out."""
     if isinstance(miss, FailedRead):
         return (yield from _backend_failed(ctx, miss.error, counted=True))
+    wait = Wait(ctx.events, ctx.clock)
+    try:
+        return (yield from _fill(ctx, miss, wait))
+    finally:
+        wait.end("error")  # still open: an exception or an interruption ended it
+
+
+def _fill(ctx: Context, miss: Miss | Stale, wait: Wait) -> Flow:
     settings, key = ctx.settings, ctx.keys.value
     deadline = ctx.clock() + settings.wait_timeout
     stale = miss if isinstance(miss, Stale) else None
@@ -243,6 +246,7 @@ def fill(ctx: Context, miss: Miss | FailedRead | Stale = Miss.ABSENT) -> Flow:
         try:
             reply: AcquireReply = yield Acquire(check_value, stale.identity if stale is not None else b"")
         except BackendUnavailable as error:
+            wait.end("error")
             return (yield from _backend_failed(ctx, error))
         except GeneratorExit:
             raise
@@ -258,14 +262,16 @@ def fill(ctx: Context, miss: Miss | FailedRead | Stale = Miss.ABSENT) -> Flow:
             decoded = ctx.codec.decode(reply.raw)
             if decoded.kind is not Kind.CORRUPT:
                 log.debug("%s: value found on re-check", key)
+                wait.end("value")
                 return decoded.value
             _corrupt(ctx, decoded.problem)
             check_value = False
             continue
 
         if reply.state is LockState.LOCKED:
+            wait.end("takeover")
             if silent_wait:
-                ctx.stats.incr("takeovers")
+                ctx.events.incr("takeovers")
                 log.info("%s: the holder's lease ran out with nothing written; taking over", key)
             value = yield from _load_and_write(ctx, hold_after_error=fallback is not None)
             if value is LOAD_FAILED:
@@ -274,22 +280,26 @@ def fill(ctx: Context, miss: Miss | FailedRead | Stale = Miss.ABSENT) -> Flow:
             return value
 
         if fallback is not None and reply.failed:
+            wait.end("error")
             return _serve_stale(ctx, fallback, "a failed load's hold is on the lease")
         # Another holder is loading; what it writes is fresh, so read it on re-checks.
         check_value = True
         if not subscribed:
-            ctx.stats.incr("lock_waits")
+            ctx.events.incr("lock_waits")
+            wait.begin()
             log.debug("%s: lock held elsewhere (%.3f s left); subscribing", key, reply.lease_left)
             try:
                 yield Subscribe()
             except BackendUnavailable as error:
+                wait.end("error")
                 return (yield from _backend_failed(ctx, error))
             subscribed = True
             continue  # re-check now that no wake-up can be missed
         remaining = deadline - ctx.clock()
         if remaining <= 0:
+            wait.end("timeout")
             if fallback is not None:
-                ctx.stats.incr("wait_timeouts")
+                ctx.events.incr("wait_timeouts")
                 return _serve_stale(ctx, fallback, "the wait for another load timed out")
             return (yield from after_wait_timeout(ctx))
         lease_left = reply.lease_left if reply.lease_left > 0 else settings.lock_ttl
@@ -297,12 +307,14 @@ def fill(ctx: Context, miss: Miss | FailedRead | Stale = Miss.ABSENT) -> Flow:
         try:
             notice = yield AwaitNotice(timeout)
         except BackendUnavailable as error:
+            wait.end("error")
             return (yield from _backend_failed(ctx, error))
         silent_wait = notice is None
         if notice:
             decoded = ctx.codec.decode(notice)
             if decoded.kind is not Kind.CORRUPT:
                 log.debug("%s: woken with the value", key)
+                wait.end("value")
                 ctx.via_notice = True
                 return decoded.value
         log.debug("%s: %s; re-checking", key, "no message" if notice is None else "state changed")
@@ -311,15 +323,22 @@ def fill(ctx: Context, miss: Miss | FailedRead | Stale = Miss.ABSENT) -> Flow:
 def _load_uncached(ctx: Context) -> Flow:
     """Call the loader without a lease; its value is not cached, but goes to its caller as
     a cached one would (read back through the serializer), so every caller sees one form."""
-    ctx.stats.incr("loads")
-    value = yield Load(leased=False)
+    ctx.events.incr("loads")
+    started = ctx.clock()
+    ctx.events.began("load")
+    try:
+        value = yield Load(leased=False)
+    except BaseException:
+        ctx.events.ended("load", "error", ctx.clock() - started)
+        raise
+    ctx.events.ended("load", "none" if value is None else "value", ctx.clock() - started)
     envelope = ctx.codec.encode(value, ctx.wall_clock(), 0.0, key=ctx.keys.value)
     return ctx.codec.read_back(envelope, key=ctx.keys.value)
 
 
 def after_wait_timeout(ctx: Context) -> Flow:
     """A caller waited ``wait_timeout`` for another load: load uncached, or raise."""
-    ctx.stats.incr("wait_timeouts")
+    ctx.events.incr("wait_timeouts")
     key = ctx.keys.value
     if ctx.settings.on_wait_timeout == "raise":
         raise WaitTimeout(
@@ -351,10 +370,10 @@ def refresh(ctx: Context, stale: bytes) -> Decision[None]:
     if reply.state is not LockState.LOCKED:
         log.debug("%s: no refresh: %s", key, "already refreshed" if reply.raw else "the lease is held")
         return
-    ctx.stats.incr("refreshes")
+    ctx.events.incr("refreshes")
     log.debug("%s: refreshing in the background", key)
     if (yield from _load_and_write(ctx, hold_after_error=True)) is LOAD_FAILED:
-        ctx.stats.incr("refresh_errors")
+        ctx.events.incr("refresh_errors")
         failure = ctx.load_error
         ctx.warn.warning(
             "stampede: the background refresh of %r failed (%s: %s); its stale value is still served",
@@ -374,7 +393,7 @@ LOAD_FAILED = _LoadFailed.LOAD_FAILED
 
 
 def _serve_stale(ctx: Context, stale: Stale, why: str) -> Any:
-    ctx.stats.incr("stale_on_error")
+    ctx.events.incr("stale_on_error")
     ctx.served_stale = True
     log.info("%s: %s; serving the stale value (stale_if_error)", ctx.keys.value, why)
     return stale.value
@@ -383,15 +402,18 @@ def _serve_stale(ctx: Context, stale: Stale, why: str) -> Any:
 def _load_and_write(ctx: Context, hold_after_error: bool = False) -> Flow:
     key, settings = ctx.keys.value, ctx.settings
     loaded_at, started = ctx.wall_clock(), ctx.clock()
-    ctx.stats.incr("loads")
+    ctx.events.incr("loads")
+    ctx.events.began("load")
     log.debug("%s: lock taken; loading", key)
     try:
         value = yield Load(leased=True)
     except GeneratorExit:
+        ctx.events.ended("load", "error", ctx.clock() - started)
         raise  # closed by its driver: nothing may be yielded now; the lease runs out
     except BaseException as error:
+        ctx.events.ended("load", "error", ctx.clock() - started)
         if isinstance(error, Exception):
-            ctx.stats.incr("loader_errors")
+            ctx.events.incr("loader_errors")
             if hold_after_error:
                 log.debug("%s: the loader raised %s; holding the lock", key, type(error).__name__)
                 ctx.load_error = error
@@ -403,6 +425,7 @@ def _load_and_write(ctx: Context, hold_after_error: bool = False) -> Flow:
         log.debug("%s: the loader raised %s; releasing the lock", key, type(error).__name__)
         yield from _release(ctx)
         raise
+    ctx.events.ended("load", "none" if value is None else "value", ctx.clock() - started)
     stale_for = settings.stale_window
     try:
         envelope = ctx.codec.encode(value, loaded_at, ctx.clock() - started, key=key, stale_for=stale_for)
@@ -442,10 +465,10 @@ def _load_and_write(ctx: Context, hold_after_error: bool = False) -> Flow:
         # was paused. The value is returned to this caller, whose call began before; but
         # it may predate an invalidation, so it is not handed to the process's joiners.
         ctx.unwritten = True
-        ctx.stats.incr("stale_writes_prevented")
+        ctx.events.incr("stale_writes_prevented")
         if written == Written.VANISHED and ctx.clock() - started < ctx.settings.lock_ttl - LEASE_MARGIN:
             # Gone within its first term, with no invalidation: the server dropped it.
-            ctx.stats.incr("evicted_leases")
+            ctx.events.incr("evicted_leases")
             ctx.warn.warning(
                 "stampede: the lease of %r vanished mid-load without an invalidation: the server "
                 "evicted it (maxmemory-policy is not noeviction) or lost it (restart, failover); "
@@ -475,22 +498,22 @@ def _backend_failed(ctx: Context, error: BackendUnavailable, counted: bool = Fal
 
 
 def _count_backend_error(ctx: Context, error: BaseException) -> None:
-    note_backend_error(ctx.stats, ctx.warn, error)
+    note_backend_error(ctx.events, ctx.warn, error)
 
 
 def _corrupt(ctx: Context, problem: str) -> None:
-    note_corrupt(ctx.stats, ctx.warn, ctx.keys.value, problem)
+    note_corrupt(ctx.events, ctx.warn, ctx.keys.value, problem)
 
 
-def note_backend_error(stats: Counters, warn: WarningLog, error: BaseException) -> None:
+def note_backend_error(events: Events, warn: WarningLog, error: BaseException) -> None:
     """Count a failed store command and warn, at most every few seconds."""
-    stats.incr("redis_errors")
+    events.incr("redis_errors")
     warn.warning("stampede: cache backend failed (%s); serving without the cache", error)
 
 
-def note_corrupt(stats: Counters, warn: WarningLog, key: str, problem: str) -> None:
+def note_corrupt(events: Events, warn: WarningLog, key: str, problem: str) -> None:
     """Count an unreadable value and warn; the caller treats it as a miss."""
-    stats.incr("corrupt_values")
+    events.incr("corrupt_values")
     warn.warning("stampede: unreadable value at %r (%s); treating it as a miss", key, problem)
 
 

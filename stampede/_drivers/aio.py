@@ -42,11 +42,12 @@ from .._core.flow import (
 )
 from .._core.freshness import Served
 from .._core.keys import EntryKeys
+from .._core.observer import Wait
 from .._core.store import AsyncStore
 from .._errors import BackendUnavailable
 from .._fork import reset_after_fork
 from .near import MISSING, NearCache
-from .observe import RateLimitedLog, Stats
+from .observe import Events, RateLimitedLog
 from .perform import AsyncPerformer, arun
 from .refresh import report_stale, warn_refresh_raised
 from .singleflight import AsyncFlightTable, Flight, refuse_recursion
@@ -77,11 +78,11 @@ class AsyncRunner:
     """Runs calls of async loaders against a store per event loop."""
 
     def __init__(
-        self, make_store: Callable[[], AsyncStore], stats: Stats, warn: RateLimitedLog, refreshes: int = 8
+        self, make_store: Callable[[], AsyncStore], events: Events, warn: RateLimitedLog, refreshes: int = 8
     ) -> None:
         self._make_store = make_store
         self.near: NearCache | None = None  # the layer's, if it has one
-        self._stats = stats
+        self._events = events
         self._warn = warn
         self._refresh_limit = refreshes
         self._lock = threading.Lock()  # loops may run in several threads
@@ -104,6 +105,7 @@ class AsyncRunner:
         state = self._state()
         flights = state.flights
         deadline = 0.0
+        wait: Wait | None = None  # for another caller's read or load (made when one starts: hits make none)
         early = False  # after starting over: early for every flight (see _drivers.singleflight)
         while True:
             flight, leads = flights.join(value_key)
@@ -113,18 +115,34 @@ class AsyncRunner:
             joined_at = None if early else flight.sent
             if not deadline:
                 deadline = time.monotonic() + spec.settings.wait_timeout
-            if not await flights.wait(flight, max(0.0, deadline - time.monotonic())):
+            if wait is None:
+                wait = Wait(self._events, time.monotonic)
+                wait.begin()
+            try:
+                joined = await flights.wait(flight, max(0.0, deadline - time.monotonic()))
+            except BaseException:
+                wait.end("error")  # this caller was cancelled
+                raise
+            if not joined:
+                wait.end("timeout")
                 ctx = self._context(value_key, spec)
                 loader = functools.partial(spec.func, *args, **kwargs)
                 return await self._drive(after_wait_timeout(ctx), ctx, loader, state.store)
             if flight.starts_over(joined_at):
                 early = True
                 continue
-            self._stats.incr("collapsed")
-            value = flight.shared()
+            self._events.incr("collapsed")
+            try:
+                value = flight.shared()
+            except BaseException:
+                wait.end("error")
+                raise
+            wait.end("value")
             if flight.stale:
                 report_stale()
             return value
+        if wait is not None:
+            wait.end("retry")  # what it waited for predated an invalidation: this caller leads now
         try:
             value = await self._lead(value_key, spec, args, kwargs, state, flight)
         except BaseException as error:
@@ -155,14 +173,14 @@ class AsyncRunner:
             else:
                 raw = await store.get(value_key)
         except BackendUnavailable as error:
-            found: Any = failed_read(self._stats, self._warn, error)
+            found: Any = failed_read(self._events, self._warn, error)
         else:
             if not spec.reads_ttl:
-                found = first_read(raw, spec.codec, self._stats, self._warn, value_key)
+                found = first_read(raw, spec.codec, self._events, self._warn, value_key)
                 if not isinstance(found, Miss):
                     return found
             else:
-                found = fresh_read(raw, ttl_left, failing, spec, self._stats, self._warn, value_key, random.random)
+                found = fresh_read(raw, ttl_left, failing, spec, self._events, self._warn, value_key, random.random)
                 if isinstance(found, Served):
                     if found.refresh is not None:
                         self._refresh(state, value_key, spec, args, kwargs, found)
@@ -201,7 +219,7 @@ class AsyncRunner:
         if value_key in state.refreshes:
             return
         if len(state.refreshes) >= self._refresh_limit:
-            self._stats.incr("refreshes_skipped")
+            self._events.incr("refreshes_skipped")
             return
         ctx = self._context(value_key, spec)
         loader = functools.partial(spec.func, *args, **kwargs)
@@ -210,7 +228,7 @@ class AsyncRunner:
         task = contextvars.Context().run(asyncio.get_running_loop().create_task, work)
         state.refreshes[value_key] = task
         if found.early:
-            self._stats.incr("early_refreshes")
+            self._events.incr("early_refreshes")
 
     async def _refreshing(
         self, state: LoopState, value_key: str, flow: Flow, ctx: Context, loader: Callable[[], Awaitable[Any]]
@@ -223,7 +241,7 @@ class AsyncRunner:
             state.refreshes.pop(value_key, None)
 
     def _context(self, value_key: str, spec: LoaderSpec) -> Context:
-        return new_context(value_key, spec, self._stats, self._warn)
+        return new_context(value_key, spec, self._events, self._warn)
 
     def loop_store(self) -> AsyncStore:
         """The running event loop's store."""

@@ -26,10 +26,11 @@ from .._core.flow import (
 )
 from .._core.freshness import Served
 from .._core.keys import EntryKeys
+from .._core.observer import Wait
 from .._core.store import Store
 from .._errors import BackendUnavailable
 from .near import MISSING, NearCache
-from .observe import RateLimitedLog, Stats
+from .observe import Events, RateLimitedLog
 from .perform import Performer, run
 from .refresh import Refresher, report_stale
 from .singleflight import Flight, FlightTable, refuse_recursion
@@ -40,13 +41,13 @@ class SyncRunner:
     """Runs calls of blocking loaders against one store."""
 
     def __init__(
-        self, store: Store, stats: Stats, warn: RateLimitedLog, watchdog: Watchdog, refreshes: int = 8
+        self, store: Store, events: Events, warn: RateLimitedLog, watchdog: Watchdog, refreshes: int = 8
     ) -> None:
         self.store = store
         self.near: NearCache | None = None  # the layer's, if it has one
         self.flights = FlightTable()
-        self.refresher = Refresher(refreshes, stats, warn)
-        self._stats = stats
+        self.refresher = Refresher(refreshes, events, warn)
+        self._events = events
         self._warn = warn
         self._watchdog = watchdog
 
@@ -64,6 +65,7 @@ class SyncRunner:
             if value is not MISSING:
                 return value
         deadline = 0.0
+        wait: Wait | None = None  # for another caller's read or load (made when one starts: hits make none)
         early = False  # after starting over: early for every flight (see _drivers.singleflight)
         while True:
             flight, done = self.flights.join(value_key)
@@ -73,17 +75,33 @@ class SyncRunner:
             joined_at = None if early else flight.sent
             if not deadline:
                 deadline = time.monotonic() + spec.settings.wait_timeout
-            if not done.wait(max(0.0, deadline - time.monotonic())):
+            if wait is None:
+                wait = Wait(self._events, time.monotonic)
+                wait.begin()
+            try:
+                joined = done.wait(max(0.0, deadline - time.monotonic()))
+            except BaseException:
+                wait.end("error")  # interrupted (KeyboardInterrupt, a killed greenlet)
+                raise
+            if not joined:
+                wait.end("timeout")
                 ctx = self._context(value_key, spec)
                 return self._drive(after_wait_timeout(ctx), ctx, functools.partial(spec.func, *args, **kwargs))
             if flight.starts_over(joined_at):
                 early = True
                 continue
-            self._stats.incr("collapsed")
-            value = flight.shared()
+            self._events.incr("collapsed")
+            try:
+                value = flight.shared()
+            except BaseException:
+                wait.end("error")
+                raise
+            wait.end("value")
             if flight.stale:
                 report_stale()
             return value
+        if wait is not None:
+            wait.end("retry")  # what it waited for predated an invalidation: this caller leads now
         try:
             value = self._lead(value_key, spec, args, kwargs, flight)
         except BaseException as error:
@@ -107,14 +125,14 @@ class SyncRunner:
             else:
                 raw = self.store.get(value_key)
         except BackendUnavailable as error:
-            found: Any = failed_read(self._stats, self._warn, error)
+            found: Any = failed_read(self._events, self._warn, error)
         else:
             if not spec.reads_ttl:
-                found = first_read(raw, spec.codec, self._stats, self._warn, value_key)
+                found = first_read(raw, spec.codec, self._events, self._warn, value_key)
                 if not isinstance(found, Miss):
                     return found
             else:
-                found = fresh_read(raw, ttl_left, failing, spec, self._stats, self._warn, value_key, random.random)
+                found = fresh_read(raw, ttl_left, failing, spec, self._events, self._warn, value_key, random.random)
                 if isinstance(found, Served):
                     if found.refresh is not None:
                         self._refresh(value_key, spec, args, kwargs, found)
@@ -146,10 +164,10 @@ class SyncRunner:
         loader = functools.partial(spec.func, *args, **kwargs)
         work = functools.partial(self._drive, refresh(ctx, found.refresh), ctx, loader)
         if self.refresher.start(value_key, work) and found.early:
-            self._stats.incr("early_refreshes")
+            self._events.incr("early_refreshes")
 
     def _context(self, value_key: str, spec: LoaderSpec) -> Context:
-        return new_context(value_key, spec, self._stats, self._warn)
+        return new_context(value_key, spec, self._events, self._warn)
 
     def invalidate(self, keys: EntryKeys) -> None:
         self.store.invalidate(keys)

@@ -31,7 +31,7 @@ from typing import Any
 from .._core.codec import NOT_A_VALUE, Codec, Kind
 from .._core.flow import LoaderSpec
 from .._fork import reset_after_fork
-from .observe import Stats
+from .observe import Events
 
 ENTRY_OVERHEAD = 200
 """Bytes counted per copy on top of its envelope (the entry, its key, the dict slot)."""
@@ -73,10 +73,10 @@ class NearCache:
     """A layer's near cache, shared by its blocking and asyncio callers (the tracker's
     ``NearCopies``). ``start`` starts the tracker; it is called by the first lookup."""
 
-    def __init__(self, max_entries: int, max_bytes: int, stats: Stats, start: Callable[[], None]) -> None:
+    def __init__(self, max_entries: int, max_bytes: int, events: Events, start: Callable[[], None]) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
-        self._stats = stats
+        self._events = events
         self._start = start
         self._started = False
         self.lease_until = 0.0  # read by lookups without the lock: one float
@@ -107,7 +107,7 @@ class NearCache:
             value = codec.decode_hit(copy.raw)
             if value is NOT_A_VALUE:  # another loader's serializer under the same key
                 return MISSING
-        self._stats.incr("near_hits")
+        self._events.incr("near_hits")
         return value
 
     # --- fills -------------------------------------------------------------------------
@@ -128,7 +128,7 @@ class NearCache:
             if copy is None or ticket.spoiled:
                 return
             self._store(ticket.key, copy)
-        self._stats.incr("near_fills")
+        self._events.incr("near_fills")
 
     def cancel(self, ticket: Ticket) -> None:
         """End ``ticket``'s read without a fill (it failed)."""
@@ -167,12 +167,12 @@ class NearCache:
                     self._bytes -= copy.size
                     dropped += 1
         if dropped:
-            self._stats.add("near_invalidations", dropped)
+            self._events.incr("near_invalidations", dropped)
 
     def flush(self) -> None:
         with self._lock:
             self._flush()
-        self._stats.incr("near_flushes")
+        self._events.incr("near_flushes")
 
     def _flush(self) -> None:
         for tickets in self._reading.values():
@@ -186,14 +186,14 @@ class NearCache:
         """A lease that ran out before this renewal came drops every copy first: while it
         was out this process was not waited for (``_core.near``)."""
         if 0 < self.lease_until < time.monotonic():
-            self._stats.incr("near_lease_lapses")
+            self._events.incr("near_lease_lapses")
             with self._lock:
                 self._flush()
         self.lease_until = until
 
     def revoke(self) -> None:
         if self.lease_until > time.monotonic():
-            self._stats.incr("near_lease_lapses")
+            self._events.incr("near_lease_lapses")
         self.lease_until = 0.0
         with self._lock:
             self._flush()

@@ -1,4 +1,5 @@
-"""Counters of what a layer did, and a warning that does not flood the log."""
+"""What a layer reports (``_core.observer``), counted and fanned out to its observers; and
+a warning that does not flood the log."""
 
 from __future__ import annotations
 
@@ -7,52 +8,83 @@ import threading
 import time
 from collections.abc import Callable
 
-COUNTERS = (
-    "hits",  # a read found a value
-    "null_hits",  # a read found the null sentinel: the loader had returned None
-    "misses",  # a read found nothing usable
-    "loads",  # the loader was called
-    "collapsed",  # a caller shared another caller's read or load in this process instead of its own
-    "lock_waits",  # a caller found the distributed lock held by another process and waited
-    "takeovers",  # a waiter took the lock after the holder's lease ran out
-    "wait_timeouts",  # a wait exceeded wait_timeout
-    "redis_errors",  # Redis failed to answer a command
-    "loader_errors",  # the loader raised
-    "stale_writes_prevented",  # a load finished after its lease was lost; its value was not written
-    "evicted_leases",  # of those, a lease the server dropped within its term with no invalidation
-    "corrupt_values",  # bytes at a key were not a readable envelope; treated as a miss
-    "stale_hits",  # a read returned a value past its ttl at once, within stale_while_revalidate
-    "stale_on_error",  # a value past its ttl was returned instead of the loader's error (stale_if_error)
-    "refreshes",  # a background refresh took the lease and loaded
-    "early_refreshes",  # a hit started a background refresh before ttl (early_refresh)
-    "refresh_errors",  # a background refresh's loader raised; its stale value stays
-    "refreshes_skipped",  # a background refresh was not started: the limit of refreshes at once was reached
-    "near_hits",  # a call was served from the near cache, with no I/O
-    "near_fills",  # a value read from Redis was copied into the near cache
-    "near_invalidations",  # a near-cache copy was dropped because its key changed or was invalidated
-    "near_flushes",  # every near-cache copy was dropped: the stream (re)connected, or the database was flushed
-    "near_lease_lapses",  # the near cache's lease ran out or was revoked: calls read Redis until it is renewed
-)
+from .._core.observer import COUNTERS, Measure, Observer
+from .._errors import ConfigError
 
 
-class Stats:
-    """Thread-safe counters; ``snapshot()`` is what ``Stampede.stats()`` returns."""
+class Counts:
+    """The observer every layer has: thread-safe counters; ``snapshot()`` is what
+    ``Stampede.stats()`` returns. Loads and waits are counted by their counters
+    (``loads``, ``collapsed``, ``lock_waits``), not timed."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(COUNTERS, 0)
 
-    def incr(self, name: str) -> None:
+    def count(self, namespace: str, event: str, n: int) -> None:
         with self._lock:
-            self._counts[name] += 1
+            self._counts[event] += n
 
-    def add(self, name: str, count: int) -> None:
-        with self._lock:
-            self._counts[name] += count
+    def began(self, namespace: str, measure: Measure) -> None:
+        pass
+
+    def ended(self, namespace: str, measure: Measure, outcome: str, seconds: float) -> None:
+        pass
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             return dict(self._counts)
+
+
+class Events:
+    """One layer's reports, fanned out to its ``Counts`` and to the observers added to
+    it. An observer that raises is warned about (rate limited) and skipped for that
+    report; the caller never sees its error. With no observer added, a report costs
+    the counter's increment and one truth test."""
+
+    def __init__(self, namespace: str, warn: RateLimitedLog) -> None:
+        self.namespace = namespace
+        self.counts = Counts()
+        self._warn = warn
+        self._observers: tuple[Observer, ...] = ()  # replaced whole: read without a lock
+
+    def add(self, observer: Observer) -> None:
+        for method in ("count", "began", "ended"):
+            if not callable(getattr(observer, method, None)):
+                raise ConfigError(f"an observer needs count(), began() and ended(); {observer!r} has no {method}()")
+        self._observers = (*self._observers, observer)
+
+    def incr(self, name: str, n: int = 1) -> None:
+        self.counts.count(self.namespace, name, n)
+        if self._observers:
+            for observer in self._observers:
+                try:
+                    observer.count(self.namespace, name, n)
+                except Exception as error:
+                    self._failed(observer, error)
+
+    def began(self, measure: Measure) -> None:
+        for observer in self._observers:
+            try:
+                observer.began(self.namespace, measure)
+            except Exception as error:
+                self._failed(observer, error)
+
+    def ended(self, measure: Measure, outcome: str, seconds: float) -> None:
+        for observer in self._observers:
+            try:
+                observer.ended(self.namespace, measure, outcome, seconds)
+            except Exception as error:
+                self._failed(observer, error)
+
+    def breaker_changed(self, opened: bool) -> None:
+        """A circuit breaker of the layer opened or closed (``_backends.breaker``)."""
+        self.incr("breaker_opened" if opened else "breaker_closed")
+
+    def _failed(self, observer: Observer, error: Exception) -> None:
+        self._warn.warning(
+            "stampede: observer %r raised %s: %s; its report was dropped", observer, type(error).__name__, error
+        )
 
 
 class RateLimitedLog:

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .._fork import reset_after_fork
-from .observe import RateLimitedLog, Stats
+from .observe import Events, RateLimitedLog
 
 
 class Refresher:
@@ -32,9 +32,9 @@ class Refresher:
     they are started, a caller only hands its refresh over, and does not wait for a thread
     to start (which, with many threads holding the GIL, costs a caller milliseconds)."""
 
-    def __init__(self, limit: int, stats: Stats, warn: RateLimitedLog, idle_timeout: float = 30.0) -> None:
+    def __init__(self, limit: int, events: Events, warn: RateLimitedLog, idle_timeout: float = 30.0) -> None:
         self._limit = limit
-        self._stats = stats
+        self._events = events
         self._warn = warn
         self._idle_timeout = idle_timeout
         self._reset()
@@ -60,7 +60,7 @@ class Refresher:
             if key in self._keys or self._closed:
                 return False
             if len(self._keys) >= self._limit:
-                self._stats.incr("refreshes_skipped")
+                self._events.incr("refreshes_skipped")
                 return False
             self._keys.add(key)
             self._queue.append((key, work))
@@ -77,7 +77,7 @@ class Refresher:
                 if (key, work) in self._queue:
                     self._queue.remove((key, work))
                     self._keys.discard(key)
-                    self._stats.incr("refreshes_skipped")
+                    self._events.incr("refreshes_skipped")
                     return False
         return True
 

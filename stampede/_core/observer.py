@@ -1,0 +1,112 @@
+"""What a layer tells about itself: the one seam that ``stats()``, the Prometheus and the
+OpenTelemetry exporters (``stampede.prometheus``, ``stampede.otel``) and any observer of
+your own are built on.
+
+Three kinds of report, all made inline on the calling thread (or task), so an observer
+must be quick, thread-safe, and must not block; an exception it raises is logged (rate
+limited) and dropped, never handed to the caller:
+
+* ``count(namespace, event, n)``: one of ``COUNTERS`` went up by ``n`` (what ``stats()``
+  returns is the sum of these).
+* ``began(namespace, measure)``: a load or a wait started (``MEASURES``).
+* ``ended(namespace, measure, outcome, seconds)``: it ended, how (``OUTCOMES``), and how
+  long it took. Every ``began`` has exactly one ``ended``.
+
+A load is one call of the loader, leased or not. A wait is a caller that did not load
+but took the value of another caller's read or load: a caller in this process joining
+the one that leads for the key (``collapsed``), or the leader waiting on another
+process's lease (``lock_waits``); it ends with the value, with a takeover (the lease
+came free with nothing written: this caller loads), at the wait timeout, with an error
+(the leader's error, a failed server), or with a retry (the value it waited for
+predated an invalidation: the caller reads again). So in a stampede of N callers of one
+cold key, anywhere, there is one load and N-1 waits.
+
+No report carries a key: labels of metrics built on this stay bounded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal, Protocol
+
+COUNTERS = (
+    "hits",  # a read found a value
+    "null_hits",  # a read found the null sentinel: the loader had returned None
+    "misses",  # a read found nothing usable
+    "loads",  # the loader was called
+    "collapsed",  # a caller shared another caller's read or load in this process instead of its own
+    "lock_waits",  # a caller found the distributed lock held by another process and waited
+    "takeovers",  # a waiter took the lock after the holder's lease ran out
+    "wait_timeouts",  # a wait exceeded wait_timeout
+    "redis_errors",  # Redis failed to answer a command
+    "loader_errors",  # the loader raised
+    "stale_writes_prevented",  # a load finished after its lease was lost; its value was not written
+    "evicted_leases",  # of those, a lease the server dropped within its term with no invalidation
+    "corrupt_values",  # bytes at a key were not a readable envelope; treated as a miss
+    "stale_hits",  # a read returned a value past its ttl at once, within stale_while_revalidate
+    "stale_on_error",  # a value past its ttl was returned instead of the loader's error (stale_if_error)
+    "refreshes",  # a background refresh took the lease and loaded
+    "early_refreshes",  # a hit started a background refresh before ttl (early_refresh)
+    "refresh_errors",  # a background refresh's loader raised; its stale value stays
+    "refreshes_skipped",  # a background refresh was not started: the limit of refreshes at once was reached
+    "near_hits",  # a call was served from the near cache, with no I/O
+    "near_fills",  # a value read from Redis was copied into the near cache
+    "near_invalidations",  # a near-cache copy was dropped because its key changed or was invalidated
+    "near_flushes",  # every near-cache copy was dropped: the stream (re)connected, or the database was flushed
+    "near_lease_lapses",  # the near cache's lease ran out or was revoked: calls read Redis until it is renewed
+    "breaker_opened",  # the circuit breaker opened: commands to a server fail at once for breaker_cooldown
+    "breaker_closed",  # an open circuit breaker closed: the server answered a probe
+)
+
+Measure = Literal["load", "wait"]
+MEASURES: tuple[Measure, ...] = ("load", "wait")
+
+OUTCOMES: dict[Measure, tuple[str, ...]] = {
+    # the loader returned a value, returned None (the null sentinel is cached), or raised
+    "load": ("value", "none", "error"),
+    # see the module's docstring
+    "wait": ("value", "takeover", "timeout", "error", "retry"),
+}
+
+
+class Observer(Protocol):
+    """Told what a layer does (``Stampede(observers=[...])`` or ``layer.observe()``)."""
+
+    def count(self, namespace: str, event: str, n: int) -> None: ...
+
+    def began(self, namespace: str, measure: Measure) -> None: ...
+
+    def ended(self, namespace: str, measure: Measure, outcome: str, seconds: float) -> None: ...
+
+
+class Events(Protocol):
+    """What the flow and the drivers report to: one layer's observers, its namespace
+    already bound (``_drivers.observe.Events``)."""
+
+    def incr(self, name: str) -> None: ...
+
+    def began(self, measure: Measure) -> None: ...
+
+    def ended(self, measure: Measure, outcome: str, seconds: float) -> None: ...
+
+
+class Wait:
+    """One caller's wait, reported when it begins and once when it ends; ``end`` after
+    the first (or before ``begin``) does nothing, so every way out of a wait may call it."""
+
+    __slots__ = ("_clock", "_events", "_since")
+
+    def __init__(self, events: Events, clock: Callable[[], float]) -> None:
+        self._events = events
+        self._clock = clock
+        self._since: float | None = None
+
+    def begin(self) -> None:
+        if self._since is None:
+            self._since = self._clock()
+            self._events.began("wait")
+
+    def end(self, outcome: str) -> None:
+        if self._since is not None:
+            self._events.ended("wait", outcome, self._clock() - self._since)
+            self._since = None
