@@ -72,6 +72,21 @@ def test_a_failed_probe_opens_the_circuit_for_another_cooldown() -> None:
     breaker.check("k")  # the next probe
 
 
+def test_it_reports_each_opening_and_closing_once() -> None:
+    clock, changes = Clock(), []
+    breaker = CircuitBreaker(2, 5.0, clock, on_change=changes.append)
+    for _ in range(2):
+        breaker.failed()
+    clock.now += 5.0
+    breaker.check("k")
+    breaker.failed()  # a failed probe: still the same opening
+    clock.now += 5.0
+    breaker.check("k")
+    breaker.succeeded()
+    breaker.succeeded()  # already closed
+    assert changes == [True, False]
+
+
 def test_a_probe_that_never_reports_lets_another_go_after_a_cooldown() -> None:
     breaker, clock = open_breaker()
     clock.now += 5.0

@@ -356,3 +356,136 @@ def test_large_values_are_not_sent_inline() -> None:
 def test_after_wait_timeout_alone_is_the_in_process_waiters_policy() -> None:
     ctx, _ = make_ctx(on_wait_timeout="load")
     assert Stepper(after_wait_timeout(ctx)).effect == Load(leased=False)
+
+
+# --- what the flow reports to observers (see _core.observer) ---------------------------
+
+
+class Recorder:
+    """An observer that keeps every report."""
+
+    def __init__(self) -> None:
+        self.reports: list[tuple[Any, ...]] = []
+
+    def count(self, namespace: str, event: str, n: int) -> None:
+        pass
+
+    def began(self, namespace: str, measure: str) -> None:
+        self.reports.append(("began", measure))
+
+    def ended(self, namespace: str, measure: str, outcome: str, seconds: float) -> None:
+        self.reports.append(("ended", measure, outcome, seconds))
+
+
+def observed_ctx(**settings: Any) -> tuple[Context, Clock, Recorder]:
+    ctx, clock = make_ctx(**settings)
+    recorder = Recorder()
+    ctx.events.add(recorder)  # type: ignore[attr-defined]
+    return ctx, clock, recorder
+
+
+def test_a_load_is_reported_with_its_outcome_and_duration() -> None:
+    ctx, clock, recorder = observed_ctx()
+    step = Stepper(fill(ctx))
+    step.reply(LOCKED)
+    clock.now += 0.25
+    step.reply(None)  # the loader returned None: the null sentinel
+    step.reply(True)
+    assert recorder.reports == [("began", "load"), ("ended", "load", "none", 0.25)]
+
+
+def test_a_load_that_raised_is_reported_as_an_error() -> None:
+    ctx, clock, recorder = observed_ctx()
+    step = Stepper(fill(ctx))
+    step.reply(LOCKED)
+    clock.now += 0.5
+    assert step.fail(ZeroDivisionError()) == Release()
+    with pytest.raises(ZeroDivisionError):
+        step.reply(True)
+    assert recorder.reports == [("began", "load"), ("ended", "load", "error", 0.5)]
+
+
+def test_a_wait_woken_with_the_value_is_reported_from_its_first_sight_of_the_lease() -> None:
+    ctx, clock, recorder = observed_ctx()
+    step = Stepper(fill(ctx))
+    step.reply(HELD)  # the wait begins
+    step.reply(None)
+    step.reply(HELD)
+    clock.now += 0.003
+    step.reply(envelope("v"))
+    assert step.done and recorder.reports == [("began", "wait"), ("ended", "wait", "value", pytest.approx(0.003))]
+
+
+def test_a_takeover_ends_the_wait_before_the_load_begins() -> None:
+    ctx, clock, recorder = observed_ctx()
+    step = Stepper(fill(ctx))
+    step.reply(HELD)
+    step.reply(None)
+    step.reply(HELD)
+    clock.now += 4
+    step.reply(None)  # no message: the lease ran out
+    step.reply(LOCKED)
+    step.reply("mine")
+    step.reply(True)
+    assert [report[:3] for report in recorder.reports] == [
+        ("began", "wait"),
+        ("ended", "wait", "takeover"),
+        ("began", "load"),
+        ("ended", "load", "value"),
+    ]
+    assert recorder.reports[1][3] == 4
+
+
+def test_a_wait_out_of_time_is_reported_as_a_timeout_then_the_uncached_load() -> None:
+    ctx, clock, recorder = observed_ctx(wait_timeout=2)
+    step = Stepper(fill(ctx))
+    step.reply(HELD)
+    step.reply(None)
+    clock.now += 2
+    assert step.reply(HELD) == Load(leased=False)
+    step.reply("mine")
+    assert [report[:3] for report in recorder.reports] == [
+        ("began", "wait"),
+        ("ended", "wait", "timeout"),
+        ("began", "load"),
+        ("ended", "load", "value"),
+    ]
+
+
+@pytest.mark.parametrize("interruption", [KeyboardInterrupt(), GeneratorExit()])
+def test_an_interrupted_wait_still_ends_once(interruption: BaseException) -> None:
+    ctx, _, recorder = observed_ctx()
+    step = Stepper(fill(ctx))
+    step.reply(HELD)
+    step.reply(None)
+    assert isinstance(step.reply(HELD), AwaitNotice)
+    if isinstance(interruption, GeneratorExit):
+        step.flow.close()
+    else:
+        with pytest.raises(KeyboardInterrupt):
+            step.fail(interruption)
+    assert [report[:3] for report in recorder.reports] == [("began", "wait"), ("ended", "wait", "error")]
+
+
+def test_an_observer_that_raises_is_warned_about_and_the_flow_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    ctx, _ = make_ctx()
+
+    class Broken(Recorder):
+        def count(self, namespace: str, event: str, n: int) -> None:
+            raise RuntimeError("exporter down")
+
+    ctx.events.add(Broken())  # type: ignore[attr-defined]
+    step = Stepper(fill(ctx))
+    step.reply(LOCKED)
+    step.reply("v")
+    step.reply(True)
+    assert step.done and step.result == "v" and ctx.events.counts.snapshot()["loads"] == 1  # type: ignore[attr-defined]
+    assert "raised RuntimeError: exporter down" in caplog.text
+
+
+def test_an_observer_without_the_three_methods_is_refused() -> None:
+    from stampede import ConfigError
+
+    ctx, _ = make_ctx()
+    with pytest.raises(ConfigError, match="has no ended"):
+        ctx.events.add(type("Half", (), {"count": lambda *a: None, "began": lambda *a: None})())  # type: ignore[attr-defined]

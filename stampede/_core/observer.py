@@ -29,34 +29,35 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal, Protocol
 
-COUNTERS = (
-    "hits",  # a read found a value
-    "null_hits",  # a read found the null sentinel: the loader had returned None
-    "misses",  # a read found nothing usable
-    "loads",  # the loader was called
-    "collapsed",  # a caller shared another caller's read or load in this process instead of its own
-    "lock_waits",  # a caller found the distributed lock held by another process and waited
-    "takeovers",  # a waiter took the lock after the holder's lease ran out
-    "wait_timeouts",  # a wait exceeded wait_timeout
-    "redis_errors",  # Redis failed to answer a command
-    "loader_errors",  # the loader raised
-    "stale_writes_prevented",  # a load finished after its lease was lost; its value was not written
-    "evicted_leases",  # of those, a lease the server dropped within its term with no invalidation
-    "corrupt_values",  # bytes at a key were not a readable envelope; treated as a miss
-    "stale_hits",  # a read returned a value past its ttl at once, within stale_while_revalidate
-    "stale_on_error",  # a value past its ttl was returned instead of the loader's error (stale_if_error)
-    "refreshes",  # a background refresh took the lease and loaded
-    "early_refreshes",  # a hit started a background refresh before ttl (early_refresh)
-    "refresh_errors",  # a background refresh's loader raised; its stale value stays
-    "refreshes_skipped",  # a background refresh was not started: the limit of refreshes at once was reached
-    "near_hits",  # a call was served from the near cache, with no I/O
-    "near_fills",  # a value read from Redis was copied into the near cache
-    "near_invalidations",  # a near-cache copy was dropped because its key changed or was invalidated
-    "near_flushes",  # every near-cache copy was dropped: the stream (re)connected, or the database was flushed
-    "near_lease_lapses",  # the near cache's lease ran out or was revoked: calls read Redis until it is renewed
-    "breaker_opened",  # the circuit breaker opened: commands to a server fail at once for breaker_cooldown
-    "breaker_closed",  # an open circuit breaker closed: the server answered a probe
-)
+DESCRIPTIONS: dict[str, str] = {  # what each counter counts (the help text of exported metrics)
+    "hits": "A read found a value",
+    "null_hits": "A read found the null sentinel: the loader had returned None",
+    "misses": "A read found nothing usable",
+    "loads": "The loader was called",
+    "collapsed": "A caller shared another caller's read or load in this process instead of its own",
+    "lock_waits": "A caller found the distributed lock held by another process and waited",
+    "takeovers": "A waiter took the lock after the holder's lease ran out",
+    "wait_timeouts": "A wait exceeded wait_timeout",
+    "redis_errors": "Redis failed to answer a command",
+    "loader_errors": "The loader raised",
+    "stale_writes_prevented": "A load finished after its lease was lost; its value was not written",
+    "evicted_leases": "Of the prevented writes, those whose lease the server dropped within its term with no invalidation",
+    "corrupt_values": "Bytes at a key were not a readable envelope; treated as a miss",
+    "stale_hits": "A read returned a value past its ttl at once, within stale_while_revalidate",
+    "stale_on_error": "A value past its ttl was returned instead of the loader's error (stale_if_error)",
+    "refreshes": "A background refresh took the lease and loaded",
+    "early_refreshes": "A hit started a background refresh before ttl (early_refresh)",
+    "refresh_errors": "A background refresh's loader raised; its stale value stays",
+    "refreshes_skipped": "A background refresh was not started: the limit of refreshes at once was reached",
+    "near_hits": "A call was served from the near cache, with no I/O",
+    "near_fills": "A value read from Redis was copied into the near cache",
+    "near_invalidations": "A near-cache copy was dropped because its key changed or was invalidated",
+    "near_flushes": "Every near-cache copy was dropped: the stream (re)connected, or the database was flushed",
+    "near_lease_lapses": "The near cache's lease ran out or was revoked: calls read Redis until it is renewed",
+    "breaker_opened": "The circuit breaker opened: commands to a server fail at once for breaker_cooldown",
+    "breaker_closed": "An open circuit breaker closed: the server answered a probe",
+}
+COUNTERS = tuple(DESCRIPTIONS)
 
 Measure = Literal["load", "wait"]
 MEASURES: tuple[Measure, ...] = ("load", "wait")

@@ -1,0 +1,120 @@
+"""Prometheus metrics of stampede layers (the ``prometheus`` extra: prometheus-client).
+
+One line per process, then every layer reports to it::
+
+    from stampede.prometheus import PrometheusMetrics
+
+    metrics = PrometheusMetrics()  # registers in prometheus_client's default registry
+    layer = Stampede.from_url(url, namespace="shop", observers=[metrics])
+
+Every ``stats()`` counter is a counter ``stampede_<name>_total``; loads and waits are
+histograms ``stampede_load_seconds`` and ``stampede_wait_seconds``, and gauges
+``stampede_loads_in_progress`` and ``stampede_waits_in_progress`` say how many run now;
+``stampede_breakers_open`` how many circuit breakers are open. Labels: ``namespace``
+(the layer's), and ``outcome`` on the histograms (``stampede.OUTCOMES``); never a key,
+so the number of series stays bounded.
+
+Multiprocess (gunicorn workers, the prometheus-client way): set
+``PROMETHEUS_MULTIPROC_DIR`` before prometheus_client is imported in each worker, expose
+a registry with ``prometheus_client.multiprocess.MultiProcessCollector``, and call
+``multiprocess.mark_process_dead(pid)`` when a worker exits; the gauges here sum over
+live processes (``livesum``).
+"""
+
+from __future__ import annotations
+
+try:
+    from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+except ImportError as error:  # pragma: no cover - the extra is missing
+    raise ImportError("stampede.prometheus needs prometheus-client: pip install 'stampede[prometheus]'") from error
+
+from typing import Any
+
+from ._core.observer import COUNTERS, DESCRIPTIONS, MEASURES, Measure
+from ._errors import ConfigError
+
+__all__ = ["BUCKETS", "PrometheusMetrics"]
+
+BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+"""Seconds: a wait woken by a message takes milliseconds, a load what the database takes."""
+
+_MEASURE_HELP = {
+    "load": "Seconds a loader call took, by outcome (value, none, error)",
+    "wait": "Seconds a caller waited for another caller's read or load, by outcome "
+    "(value, takeover, timeout, error, retry)",
+}
+
+
+class PrometheusMetrics:
+    """An observer (``stampede.Observer``) that records what layers do as Prometheus
+    metrics in ``registry``. Make one per registry and give it to every layer: the
+    metrics can be registered only once."""
+
+    def __init__(self, registry: CollectorRegistry | None = REGISTRY, buckets: tuple[float, ...] = BUCKETS) -> None:
+        try:
+            self._counters = {
+                name: Counter(f"stampede_{name}", DESCRIPTIONS[name], ["namespace"], registry=registry)
+                for name in COUNTERS
+            }
+            self._seconds = {
+                measure: Histogram(
+                    f"stampede_{measure}_seconds",
+                    _MEASURE_HELP[measure],
+                    ["namespace", "outcome"],
+                    buckets=buckets,
+                    registry=registry,
+                )
+                for measure in MEASURES
+            }
+            self._in_progress = {
+                measure: Gauge(
+                    f"stampede_{measure}s_in_progress",
+                    f"{measure.capitalize()}s under way now",
+                    ["namespace"],
+                    registry=registry,
+                    multiprocess_mode="livesum",
+                )
+                for measure in MEASURES
+            }
+            self._breakers_open = Gauge(
+                "stampede_breakers_open",
+                "Circuit breakers open now (one per server)",
+                ["namespace"],
+                registry=registry,
+                multiprocess_mode="livesum",
+            )
+        except ValueError as error:  # Duplicated timeseries in CollectorRegistry
+            raise ConfigError(
+                f"stampede's metrics are already registered in this registry ({error}): make one "
+                "PrometheusMetrics per registry and pass it to every layer"
+            ) from None
+        # Children by labels, made once: labels() costs more than the increment.
+        self._counted: dict[tuple[str, str], Any] = {}
+        self._timed: dict[tuple[str, Measure, str], Any] = {}
+        self._running: dict[tuple[str, Measure], Any] = {}
+
+    def count(self, namespace: str, event: str, n: int) -> None:
+        child = self._counted.get((namespace, event))
+        if child is None:
+            child = self._counted[namespace, event] = self._counters[event].labels(namespace)
+        child.inc(n)
+        if event == "breaker_opened":
+            self._breakers_open.labels(namespace).inc()
+        elif event == "breaker_closed":
+            self._breakers_open.labels(namespace).dec()
+
+    def began(self, namespace: str, measure: Measure) -> None:
+        self._running_child(namespace, measure).inc()
+
+    def ended(self, namespace: str, measure: Measure, outcome: str, seconds: float) -> None:
+        self._running_child(namespace, measure).dec()
+        child = self._timed.get((namespace, measure, outcome))
+        if child is None:
+            child = self._timed[namespace, measure, outcome] = self._seconds[measure].labels(namespace, outcome)
+        child.observe(seconds)
+
+    def _running_child(self, namespace: str, measure: Measure) -> Any:
+        child = self._running.get((namespace, measure))
+        if child is None:
+            child = self._running[namespace, measure] = self._in_progress[measure].labels(namespace)
+        return child
