@@ -41,7 +41,7 @@ DESCRIPTIONS: dict[str, str] = {  # what each counter counts (the help text of e
     "redis_errors": "Redis failed to answer a command",
     "loader_errors": "The loader raised",
     "stale_writes_prevented": "A load finished after its lease was lost; its value was not written",
-    "evicted_leases": "Of the prevented writes, those whose lease the server dropped within its term with no invalidation",
+    "evicted_leases": "A prevented write whose lease the server dropped within its term, with no invalidation",
     "corrupt_values": "Bytes at a key were not a readable envelope; treated as a miss",
     "stale_hits": "A read returned a value past its ttl at once, within stale_while_revalidate",
     "stale_on_error": "A value past its ttl was returned instead of the loader's error (stale_if_error)",
