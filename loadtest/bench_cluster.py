@@ -29,16 +29,12 @@ import sys
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import redis
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-
-from demo import run_workers
-
 from stampede import BackendUnavailable, Stampede
+from stampede.demo import run_workers
 from stampede.testing import ClusterServers, CommandMonitor, RedisServer, SentinelServers, names
 
 NOT_CACHE_TRAFFIC = {"ECHO", "PING", "INFO", "CONFIG"}  # markers, warm-up, eviction check

@@ -16,20 +16,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import orjson
 import redis
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-
-from demo import run_processes
-
 from stampede import Stampede
+from stampede.demo import run_processes
 from stampede.testing import CommandMonitor, names, server_url
 
 NOT_CACHE_TRAFFIC = {"INCR", "ECHO", "PING"}  # the demo's query log, markers, warm-up

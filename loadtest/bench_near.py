@@ -29,18 +29,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import orjson
 import redis
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-
-from demo import run_workers
-
 from stampede import Stampede
 from stampede._core.near import NEAR_LEASE
+from stampede.demo import run_workers
 from stampede.testing import ClusterServers, FaultProxy, server_url
 
 VALUE = {"id": 42, "name": "category map", "children": [{"id": i, "name": f"c{i}"} for i in range(20)]}

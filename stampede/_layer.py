@@ -29,6 +29,7 @@ from ._core.flow import LoaderSpec
 from ._core.keys import EntryKeys, KeyBuilder, lock_keys
 from ._core.near import NEAR_LEASE, NearChannel
 from ._core.observer import Observer
+from ._core.patterns import entry_pattern
 from ._core.store import AsyncStore, Store
 from ._drivers.aio import AsyncRunner
 from ._drivers.blocking import SyncRunner
@@ -386,30 +387,65 @@ class Stampede:
         each one (loads in flight are not written, waiters load afresh); return how many.
         Named locks, and their fencing counters, are left alone: a namespace cleared by
         hand (``SCAN``/``DEL``) would reset the counters too."""
-        if self._runner is None:
-            raise ConfigError("clear() needs a blocking client: use aclear() in the event loop")
-        store = self._runner.store
-        entries = store.scan(self.namespace)
-        for value_key in entries:
-            keys = EntryKeys.for_value(value_key)
-            try:
-                store.invalidate(keys)
-            finally:
-                self._forget(value_key)
-        return len(entries)
+        return self.invalidate_matching("*")
 
     async def aclear(self) -> int:
         """``clear()`` with this event loop's client."""
-        if self._async_runner is None:
-            raise ConfigError("aclear() needs an asyncio client: use clear()")
-        store = self._async_runner.loop_store()
-        entries = await store.scan(self.namespace)
-        for value_key in entries:
+        return await self.ainvalidate_matching("*")
+
+    def matching(self, pattern: str, **fields: Any) -> list[str]:
+        """The keys of the cache entries whose entry matches ``pattern``: a glob (Redis's
+        syntax) over the entry, ``"category-map:*"``, or a template whose ``{field}``
+        placeholders take the ``fields`` given and match anything where none is
+        (``matching("orders:{shop}:{id}", shop="s1")``). Found with SCAN, never KEYS;
+        an entry whose load is in flight is found by its lease."""
+        match = entry_pattern(pattern, fields)
+        store = self._blocking_store("matching", "amatching")
+        return sorted(key for key in store.scan(self.namespace, match.glob) if match.matches(key))
+
+    async def amatching(self, pattern: str, **fields: Any) -> list[str]:
+        """``matching()`` with this event loop's client."""
+        match = entry_pattern(pattern, fields)
+        store = self._loop_store("amatching", "matching")
+        return sorted(key for key in await store.scan(self.namespace, match.glob) if match.matches(key))
+
+    def invalidate_matching(self, pattern: str, **fields: Any) -> int:
+        """Invalidate, as ``invalidate()`` does each one, the entries ``matching(pattern,
+        **fields)`` finds; return how many. Entries written after the scan passed them are
+        left alone, as they would be by an invalidation a moment earlier. A pattern that
+        names one entry (no wildcard, every field given) invalidates it with no scan, and
+        counts 1."""
+        store = self._blocking_store("invalidate_matching", "ainvalidate_matching")
+        exact = entry_pattern(pattern, fields).exact_key(self.namespace)
+        keys = [exact] if exact is not None else self.matching(pattern, **fields)
+        for value_key in keys:
+            try:
+                store.invalidate(EntryKeys.for_value(value_key))
+            finally:
+                self._forget(value_key)
+        return len(keys)
+
+    async def ainvalidate_matching(self, pattern: str, **fields: Any) -> int:
+        """``invalidate_matching()`` with this event loop's client."""
+        store = self._loop_store("ainvalidate_matching", "invalidate_matching")
+        exact = entry_pattern(pattern, fields).exact_key(self.namespace)
+        keys = [exact] if exact is not None else await self.amatching(pattern, **fields)
+        for value_key in keys:
             try:
                 await store.invalidate(EntryKeys.for_value(value_key))
             finally:
                 self._forget(value_key)
-        return len(entries)
+        return len(keys)
+
+    def _blocking_store(self, method: str, twin: str) -> Store:
+        if self._runner is None:
+            raise ConfigError(f"{method}() needs a blocking client: use {twin}() in the event loop")
+        return self._runner.store
+
+    def _loop_store(self, method: str, twin: str) -> AsyncStore:
+        if self._async_runner is None:
+            raise ConfigError(f"{method}() needs an asyncio client: use {twin}()")
+        return self._async_runner.loop_store()
 
     def stats(self) -> dict[str, int]:
         """Counters since the layer was made, blocking and async callers together: hits,

@@ -69,7 +69,8 @@ PUBLIC_TWINS = [
             ("locked", "alocked"), ("owned", "aowned")]),
     (RedlockLock, [("acquire", "aacquire"), ("release", "arelease"), ("extend", "aextend"),
                    ("locked", "alocked"), ("owned", "aowned")]),
-    (Stampede, [("check", "acheck"), ("clear", "aclear"), ("close", "aclose")]),
+    (Stampede, [("check", "acheck"), ("clear", "aclear"), ("close", "aclose"), ("matching", "amatching"),
+                ("invalidate_matching", "ainvalidate_matching")]),
 ]  # fmt: skip
 
 

@@ -152,12 +152,12 @@ class AsyncRedisStore:
         self.eviction.pending = False
         self.eviction.found(await self.server_config())
 
-    async def scan(self, namespace: str) -> set[str]:
+    async def scan(self, namespace: str, match: str = "*") -> set[str]:
         """``RedisStore.scan``, awaited."""
         with translated("scan", namespace, self.breaker):
             if not self._initialized:
                 await self._initialize()
-            keys = [key async for key in self.client.scan_iter(match=f"{namespace}:{{*", count=1000)]
+            keys = [key async for key in self.client.scan_iter(match=f"{namespace}:{{{match}}}*", count=1000)]
         return entry_value_keys(keys)
 
     async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:

@@ -167,9 +167,10 @@ class MemoryStore:
     def check(self, namespace: str) -> None:
         """Nothing to check: the store is this process's memory."""
 
-    def scan(self, namespace: str) -> set[str]:
+    def scan(self, namespace: str, match: str = "*") -> set[str]:
         """The value keys of every cache entry in ``namespace``: values and leases of
-        loads, not named locks (their fences must never go back)."""
+        loads, not named locks (their fences must never go back). ``match`` narrows
+        nothing here: callers test each entry."""
         prefix = namespace + ":{"
         with self._lock:
             keys = [key for key in (*self._values.keys(), *self._leases) if key.startswith(prefix)]
@@ -265,8 +266,8 @@ class AsyncMemoryStore:
     async def check(self, namespace: str) -> None:
         pass
 
-    async def scan(self, namespace: str) -> set[str]:
-        return self._store.scan(namespace)
+    async def scan(self, namespace: str, match: str = "*") -> set[str]:
+        return self._store.scan(namespace, match)
 
     async def subscribe(self, keys: EntryKeys) -> AsyncSubscription:
         subscription = LoopMailbox(keys.channel, asyncio.get_running_loop(), self._store.detach)

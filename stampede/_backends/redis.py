@@ -421,10 +421,12 @@ class RedisStore:
         self.eviction.pending = False
         self.eviction.found(self.server_config())
 
-    def scan(self, namespace: str) -> set[str]:
-        """The value keys of every cache entry in ``namespace`` (named locks left out)."""
+    def scan(self, namespace: str, match: str = "*") -> set[str]:
+        """The value keys of the cache entries in ``namespace`` whose entry matches the glob
+        ``match`` (at least: callers test each; named locks left out). SCAN, 1000 keys a
+        step, never KEYS."""
         with self._translated("scan", namespace, whole=True):
-            return entry_value_keys(self.client.scan_iter(match=f"{namespace}:{{*", count=1000))
+            return entry_value_keys(self.client.scan_iter(match=f"{namespace}:{{{match}}}*", count=1000))
 
     def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         with self._translated("renew the lease of", keys.value):

@@ -152,7 +152,7 @@ class Store(Protocol):
         """Raise ``BackendUnavailable`` naming the cause unless the store answers and takes
         writes in ``namespace``."""
 
-    def scan(self, namespace: str) -> set[str]:
+    def scan(self, namespace: str, match: str = "*") -> set[str]:
         """The value keys of every cache entry in ``namespace``, named locks left out."""
 
     def close(self) -> None:
@@ -194,7 +194,7 @@ class AsyncStore(Protocol):
 
     async def check(self, namespace: str) -> None: ...
 
-    async def scan(self, namespace: str) -> set[str]: ...
+    async def scan(self, namespace: str, match: str = "*") -> set[str]: ...
 
     async def aclose(self) -> None: ...
 

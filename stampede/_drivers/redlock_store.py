@@ -97,8 +97,8 @@ class RedlockStore:
     def check(self, namespace: str) -> None:
         self.cache.check(namespace)
 
-    def scan(self, namespace: str) -> set[str]:
-        return self.cache.scan(namespace)
+    def scan(self, namespace: str, match: str = "*") -> set[str]:
+        return self.cache.scan(namespace, match)
 
     def close(self) -> None:
         self.cache.close()  # the lock servers' clients are the Redlock manager's
@@ -161,8 +161,8 @@ class AsyncRedlockStore:
     async def check(self, namespace: str) -> None:
         await self.cache.check(namespace)
 
-    async def scan(self, namespace: str) -> set[str]:
-        return await self.cache.scan(namespace)
+    async def scan(self, namespace: str, match: str = "*") -> set[str]:
+        return await self.cache.scan(namespace, match)
 
     async def aclose(self) -> None:
         try:

@@ -1,0 +1,234 @@
+"""The command line against a real server: inspect values, null sentinels and held leases;
+invalidate by template and by glob over 10,000 entries (all gone, nothing else touched);
+errors exit non-zero with one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from stampede import Stampede
+from stampede._core.codec import Codec
+from stampede.cli import main
+from stampede.testing import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, Any, str]:
+    """Run the command in this process: exit status, stdout (parsed if --json), stderr."""
+    status = main(list(args))
+    out, err = capsys.readouterr()
+    return status, json.loads(out) if "--json" in args and out else out, err
+
+
+@pytest.fixture
+def namespace() -> str:
+    return f"cli-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def layer(redis_url: str, namespace: str) -> Iterator[Stampede]:
+    made = Stampede.from_url(redis_url, namespace=namespace)
+    yield made
+    made.close()
+
+
+def test_inspect_shows_a_value_a_null_sentinel_and_a_held_lease(
+    redis_url: str, namespace: str, layer: Stampede, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gate, loading = threading.Event(), threading.Event()
+
+    @layer.cached_loader("category-map:{shop}", ttl=60)
+    def category_map(shop: str) -> dict[str, Any] | None:
+        if shop == "slow":
+            loading.set()
+            assert gate.wait(10)
+        return None if shop == "gone" else {"shop": shop, "categories": ["books"]}
+
+    category_map("s1")
+    category_map("gone")
+    slow = threading.Thread(target=category_map, args=("slow",))
+    slow.start()
+    try:
+        assert loading.wait(10)
+        base = ["--url", redis_url, "--namespace", namespace, "--json"]
+        status, out, _ = cli(capsys, *base, "inspect", "category-map:{shop}", "shop=s1")
+        [entry] = out["entries"]
+        assert status == 0 and entry["key"] == f"{namespace}:{{category-map:s1}}"
+        assert entry["state"] == "value" and entry["value"] == {"shop": "s1", "categories": ["books"]}
+        assert 0 < entry["ttl_s"] <= 60 * (1 + layer.settings.jitter)
+        assert 0 <= entry["age_s"] < 10 and entry["size_bytes"] > 0
+        assert entry["lock"] == {"held": False} and entry["waiting_processes"] == 0
+
+        _, out, _ = cli(capsys, *base, "inspect", "category-map:gone")
+        assert out["entries"][0]["state"] == "null" and "value" not in out["entries"][0]
+
+        _, out, _ = cli(capsys, *base, "inspect", "category-map:{shop}", "shop=slow")
+        [entry] = out["entries"]
+        assert entry["state"] == "absent" and entry["lock"]["held"]
+        assert 0 < entry["lock"]["ttl_s"] <= layer.settings.lock_ttl and len(entry["lock"]["holder"]) == 32
+
+        named = layer.lock("nightly-report")
+        assert named.acquire()
+        try:
+            _, out, _ = cli(capsys, *base, "locks")
+            by_kind = {row["kind"]: row for row in out["locks"]}
+            assert by_kind["load"]["name"] == "category-map:slow"
+            assert by_kind["named"]["name"] == "nightly-report" and by_kind["named"]["fence"] == named.fence
+            assert by_kind["named"]["queued"] == 0
+        finally:
+            named.release()
+
+        # the same, for a person
+        status, out, _ = cli(capsys, "--url", redis_url, "--namespace", namespace, "inspect", "category-map:s1")
+        assert status == 0 and "state      value" in out and "lease      free" in out and '"books"' in out
+    finally:
+        gate.set()
+        slow.join(10)
+
+
+def fill(client: redis.Redis, namespace: str, entries: list[str]) -> None:
+    """Write a cached value for each entry, as a layer would have."""
+    codec, now = Codec(), time.time()
+    pipe = client.pipeline(transaction=False)
+    for entry in entries:
+        pipe.set(f"{namespace}:{{{entry}}}", codec.encode({"entry": entry}, now, 0.001, key=entry), px=300_000)
+        if len(pipe) >= 2000:
+            pipe.execute()
+    pipe.execute()
+
+
+def entries_of(client: redis.Redis, namespace: str) -> set[str]:
+    return {key.decode() for key in client.scan_iter(match=f"{namespace}:*", count=1000)}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("pattern", [["product:*"], ["product:{id}"]], ids=["glob", "template"])
+def test_invalidate_by_pattern_removes_ten_thousand_entries_and_nothing_else(
+    redis_client: redis.Redis,
+    redis_url: str,
+    namespace: str,
+    layer: Stampede,
+    pattern: list[str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    products = [f"product:{index}" for index in range(10_000)]
+    others = ["category-map:s1", "product-list:s1", "order:s1:5", "productx"]
+    fill(redis_client, namespace, products + others)
+    fill(redis_client, "other-ns", ["product:1"])
+    named = layer.lock("product:*")  # a named lock whose name matches the glob
+    assert named.acquire()
+    named.release()
+    before = entries_of(redis_client, namespace)
+    base = ["--url", redis_url, "--namespace", namespace, "--json"]
+
+    status, out, _ = cli(capsys, *base, "invalidate", *pattern)  # the dry run: a count
+    assert status == 0 and out["matched"] == 10_000 and out["invalidated"] == 0
+    assert entries_of(redis_client, namespace) == before
+
+    status, out, _ = cli(capsys, *base, "invalidate", *pattern, "--yes")
+    assert status == 0 and out["invalidated"] == 10_000
+    left = entries_of(redis_client, namespace)
+    assert left == {f"{namespace}:{{{entry}}}" for entry in others} | {k for k in before if "~lock:" in k}
+    assert redis_client.exists("other-ns:{product:1}")
+    redis_client.delete("other-ns:{product:1}")
+
+
+def test_a_template_matches_its_fields_exactly(
+    redis_client: redis.Redis, redis_url: str, namespace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fill(redis_client, namespace, ["order:s1:1", "order:s1:2", "order:s2:1", "order:s1", "order:s1:1:x"])
+    base = ["--url", redis_url, "--namespace", namespace, "--json"]
+    _, out, _ = cli(capsys, *base, "invalidate", "order:{shop}:{id}", "shop=s1", "--yes")
+    assert out["invalidated"] == 2  # not order:s1 (one field), not order:s1:1:x (three)
+    _, out, _ = cli(capsys, *base, "invalidate", "order:{shop}:{id}", "shop=s2", "id:=1")  # names one: no dry run
+    assert out["invalidated"] == 1
+    assert entries_of(redis_client, namespace) == {f"{namespace}:{{order:s1}}", f"{namespace}:{{order:s1:1:x}}"}
+
+
+def test_a_pattern_finds_an_entry_whose_load_is_in_flight_by_its_lease(
+    redis_url: str, namespace: str, layer: Stampede, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gate, loading = threading.Event(), threading.Event()
+
+    @layer.cached_loader("report:{day}")
+    def report(day: str) -> str:
+        loading.set()
+        assert gate.wait(10)
+        return "stale by now"
+
+    results: list[str] = []
+    slow = threading.Thread(target=lambda: results.append(report("mon")))
+    slow.start()
+    assert loading.wait(10)
+    status, out, _ = cli(
+        capsys, "--url", redis_url, "--namespace", namespace, "--json", "invalidate", "report:*", "--yes"
+    )
+    gate.set()
+    slow.join(10)
+    assert status == 0 and out["invalidated"] == 1
+    assert results == ["stale by now"] and layer.stats()["stale_writes_prevented"] == 1  # its write was refused
+
+
+def test_stats_read_a_running_apps_metrics_endpoint(
+    redis_url: str, namespace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from stampede.prometheus import PrometheusMetrics
+
+    registry = prometheus_client.CollectorRegistry()
+    server, thread = prometheus_client.start_http_server(0, addr="127.0.0.1", registry=registry)
+    layer = Stampede.from_url(redis_url, namespace=namespace, observers=[PrometheusMetrics(registry)])
+
+    @layer.cached_loader("item:{n}")
+    def item(n: int) -> int:
+        return n
+
+    try:
+        item(1), item(1), item(2)
+        url = f"http://127.0.0.1:{server.server_port}/metrics"
+        status, out, _ = cli(capsys, "--namespace", namespace, "--json", "stats", "--metrics-url", url)
+        assert status == 0
+        assert out["counters"]["loads"] == 2 and out["counters"]["hits"] == 1 and out["counters"]["misses"] == 2
+        assert out["load"]["count[value]"] == 2
+        status, out, _ = cli(capsys, "--namespace", namespace, "stats", "--metrics-url", url)
+        assert status == 0 and "loads" in out and "loads value" in out
+    finally:
+        layer.close()
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+@pytest.mark.parametrize(
+    ("args", "status", "says"),
+    [
+        (["--url", f"redis://127.0.0.1:{free_port()}/0", "locks"], 1, "Connection refused"),
+        (["--url", "nonsense://x", "locks"], 2, "bad URL"),
+        (["inspect", "product:["], 2, "never closed"),
+        (["invalidate", "product:{id}", "nope=1"], 2, "no placeholder for nope"),
+        (["invalidate", "product:{id}", "id"], 2, "bad field"),
+        (["stats"], 2, "--metrics-url"),
+        (["stats", "--metrics-url", f"http://127.0.0.1:{free_port()}/metrics"], 1, "cannot read metrics"),
+    ],
+    ids=["unreachable", "bad-url", "bad-glob", "unknown-field", "bad-field", "no-metrics-url", "metrics-down"],
+)
+def test_errors_exit_non_zero_with_one_line(redis_url: str, args: list[str], status: int, says: str) -> None:
+    if "--url" not in args:
+        args = ["--url", redis_url, *args]
+    done = subprocess.run(
+        [sys.executable, "-m", "stampede", *args], cwd=ROOT, capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == status, done
+    assert done.stdout == "" and len(done.stderr.strip().splitlines()) == 1 and says in done.stderr, done.stderr
