@@ -115,7 +115,7 @@ class Stampede:
         self._watchdog = Watchdog()
         self._reentrant_holds = ReentrantHolds()
         self._owned_client: redis.Redis | None = None
-        self._warn = warn = RateLimitedLog(log)
+        self._warn = warn = RateLimitedLog(logging.getLogger("stampede.cache"), namespace=self.namespace)
         self._events = events = Events(self.namespace, warn)
         for observer in observers:
             events.add(observer)

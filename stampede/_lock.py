@@ -40,7 +40,7 @@ from ._drivers.watchdog import Watchdog, WatchedLease, keep_renewed
 from ._errors import ConfigError, LockLost, LockNotOwned, WaitTimeout
 from ._fork import reset_after_fork
 
-log = logging.getLogger("stampede")
+log = logging.getLogger("stampede.lock")
 
 
 @dataclass(eq=False)

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import threading
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -116,6 +117,18 @@ def test_a_stampede_is_seen_by_a_prometheus_scrape(redis_url: str, metrics_serve
         layer.close()
 
 
+def waiting(port: int, labels: dict[str, str]) -> float | None:
+    """Callers waiting now, by a scrape; None while a worker is creating its metrics file:
+    prometheus-client creates it empty, then sizes it, and a scrape in between fails
+    (prometheus/client_python#1199), here while the workers start."""
+    try:
+        return total(scrape(port), "stampede_waits_in_progress", **labels)
+    except urllib.error.HTTPError as error:
+        error.close()
+        assert error.code == 500
+        return None
+
+
 def test_prometheus_multiprocess_mode_adds_up_two_workers(redis_url: str, tmp_path: Path) -> None:
     from prometheus_client import multiprocess
 
@@ -135,9 +148,7 @@ def test_prometheus_multiprocess_mode_adds_up_two_workers(redis_url: str, tmp_pa
     try:
         ns = {"namespace": namespace}
         # One caller leads and loads; the other 15, in both processes, wait.
-        wait_until(
-            lambda: total(scrape(server.server_port), "stampede_waits_in_progress", **ns) == CALLERS - 1, timeout=20
-        )
+        wait_until(lambda: waiting(server.server_port, ns) == CALLERS - 1, timeout=20)
         control.rpush(release, "go")
         stats = [json.loads(worker.communicate(timeout=30)[0]) for worker in workers]
         assert all(worker.returncode == 0 for worker in workers)
@@ -242,7 +253,7 @@ async def asyncio_stampede(redis_url: str) -> None:
         await layer.aclose()
 
 
-def test_an_open_breaker_is_counted_and_shown_open() -> None:
+def test_an_open_breaker_is_counted_and_shown_open(caplog: pytest.LogCaptureFixture) -> None:
     registry = CollectorRegistry()
     layer = Stampede.from_url(
         f"redis://127.0.0.1:{free_port()}/0",
@@ -261,6 +272,7 @@ def test_an_open_breaker_is_counted_and_shown_open() -> None:
         assert layer.stats()["breaker_opened"] == 1
         assert registry.get_sample_value("stampede_breakers_open", {"namespace": "metrics-breaker"}) == 1
         assert registry.get_sample_value("stampede_breaker_opened_total", {"namespace": "metrics-breaker"}) == 1
+        assert [r.name for r in caplog.records if "circuit open" in r.getMessage()] == ["stampede.backend"]
     finally:
         layer.close()
 
@@ -272,3 +284,34 @@ def test_one_registry_takes_the_metrics_once() -> None:
     PrometheusMetrics(registry)
     with pytest.raises(ConfigError, match="one PrometheusMetrics per registry"):
         PrometheusMetrics(registry)
+
+
+def test_warnings_carry_structured_fields_and_are_rate_limited(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    import hashlib
+    import logging
+
+    namespace = f"metrics-{uuid.uuid4().hex[:8]}"
+    layer = Stampede.from_url(redis_url, namespace=namespace)
+    client = redis.Redis.from_url(redis_url, socket_timeout=5)
+
+    @layer.cached_loader("item:{n}")
+    def load(n: int) -> int:
+        return n
+
+    try:
+        key = load.key(1)
+        with caplog.at_level(logging.WARNING, logger="stampede"):
+            for _ in range(3):
+                client.set(key, b"not an envelope")
+                assert load(1) == 1
+        [record] = [r for r in caplog.records if "unreadable value" in r.getMessage()]  # one per 10 s
+        assert record.name == "stampede.cache"
+        assert record.stampede_namespace == namespace  # type: ignore[attr-defined]
+        assert record.stampede_key_hash == hashlib.sha256(key.encode()).hexdigest()[:16]  # type: ignore[attr-defined]
+        assert record.stampede_outcome == "corrupt_value"  # type: ignore[attr-defined]
+        assert layer.stats()["corrupt_values"] == 3
+    finally:
+        client.close()
+        layer.close()

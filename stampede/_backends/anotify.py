@@ -30,7 +30,7 @@ from .mailbox import LoopMailbox
 from .notify import FOLLOW_INTERVAL, connect_pubsub
 from .redis import FAILURES
 
-log = logging.getLogger("stampede")
+log = logging.getLogger("stampede.wakeups")
 
 RECONNECT_INTERVAL = 0.5
 

@@ -53,7 +53,7 @@ from .redis import (
 
 T = TypeVar("T")
 
-log = logging.getLogger("stampede")
+log = logging.getLogger("stampede.backend")
 
 
 class AsyncRedisStore:

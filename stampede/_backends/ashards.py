@@ -12,7 +12,7 @@ from .._errors import BackendUnavailable
 from .anotify import AsyncSubscriber
 from .mailbox import LoopMailbox
 
-log = logging.getLogger("stampede")
+log = logging.getLogger("stampede.wakeups")
 
 
 class AsyncShardedSubscriber:

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from .._errors import BackendUnavailable
 from .._fork import reset_after_fork
 
-log = logging.getLogger("stampede")
+log = logging.getLogger("stampede.backend")
 
 
 class CircuitBreaker:

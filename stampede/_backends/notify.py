@@ -33,7 +33,7 @@ from .._fork import reset_after_fork
 from .channels import Channels
 from .mailbox import ThreadMailbox
 
-log = logging.getLogger("stampede")
+log = logging.getLogger("stampede.wakeups")
 
 FOLLOW_INTERVAL = 0.5
 """How often a subscriber through Sentinel asks where the master is, while waiters wait."""

@@ -30,7 +30,7 @@ from .breaker import CircuitBreaker, NodeBreakers
 from .notify import Subscriber
 from .shards import ShardedSubscriber
 
-log = logging.getLogger("stampede")
+log = logging.getLogger("stampede.backend")
 
 # What a failing command raises, blocking or asyncio (on Python 3.10 asyncio's timeout
 # is not an OSError); of those, what says the server could not be reached.

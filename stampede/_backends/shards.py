@@ -27,7 +27,7 @@ from .._fork import reset_after_fork
 from .mailbox import ThreadMailbox
 from .notify import Subscriber
 
-log = logging.getLogger("stampede")
+log = logging.getLogger("stampede.wakeups")
 
 
 class ShardedSubscriber:

@@ -37,7 +37,7 @@ from .._fork import reset_after_fork
 from .notify import FOLLOW_INTERVAL, connect_pubsub, master_moved
 from .redis import SlotScript, as_text, follows_master, is_cluster
 
-log = logging.getLogger("stampede")
+log = logging.getLogger("stampede.near")
 
 RETRY_INTERVAL = 0.5
 """How long a tracker waits between attempts to connect."""

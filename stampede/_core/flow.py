@@ -64,19 +64,20 @@ from .effects import (
 )
 from .freshness import Served, Stale, classify
 from .keys import EntryKeys
-from .observer import Events, Wait
+from .observer import Events, Wait, log_extra
 from .store import AcquireReply, LockState, Written
 
 Flow = Decision[Any]
 
 
 class WarningLog(Protocol):
-    """Where the flow warns, at most every few seconds per kind."""
+    """Where the flow warns, at most every few seconds per kind; ``key`` and ``outcome``
+    become the record's structured fields (``_core.observer.log_extra``)."""
 
-    def warning(self, message: str, *args: object) -> None: ...
+    def warning(self, message: str, *args: object, key: str = "", outcome: str = "") -> None: ...
 
 
-log = logging.getLogger("stampede")
+log = logging.getLogger("stampede.cache")
 
 
 def produces_value(effect: Effect) -> bool:
@@ -272,7 +273,11 @@ def _fill(ctx: Context, miss: Miss | Stale, wait: Wait) -> Flow:
             wait.end("takeover")
             if silent_wait:
                 ctx.events.incr("takeovers")
-                log.info("%s: the holder's lease ran out with nothing written; taking over", key)
+                log.info(
+                    "%s: the holder's lease ran out with nothing written; taking over",
+                    key,
+                    extra=log_extra(key, "takeover"),
+                )
             value = yield from _load_and_write(ctx, hold_after_error=fallback is not None)
             if value is LOAD_FAILED:
                 assert fallback is not None
@@ -346,7 +351,11 @@ def after_wait_timeout(ctx: Context) -> Flow:
             key=key,
         )
     ctx.warn.warning(
-        "stampede: waited %s s for another load of %r; loading without caching", ctx.settings.wait_timeout, key
+        "stampede: waited %s s for another load of %r; loading without caching",
+        ctx.settings.wait_timeout,
+        key,
+        key=key,
+        outcome="wait_timeout",
     )
     return (yield from _load_uncached(ctx))
 
@@ -380,6 +389,8 @@ def refresh(ctx: Context, stale: bytes) -> Decision[None]:
             key,
             type(failure).__name__,
             failure,
+            key=key,
+            outcome="refresh_error",
         )
 
 
@@ -395,7 +406,12 @@ LOAD_FAILED = _LoadFailed.LOAD_FAILED
 def _serve_stale(ctx: Context, stale: Stale, why: str) -> Any:
     ctx.events.incr("stale_on_error")
     ctx.served_stale = True
-    log.info("%s: %s; serving the stale value (stale_if_error)", ctx.keys.value, why)
+    log.info(
+        "%s: %s; serving the stale value (stale_if_error)",
+        ctx.keys.value,
+        why,
+        extra=log_extra(ctx.keys.value, "stale_on_error"),
+    )
     return stale.value
 
 
@@ -474,9 +490,15 @@ def _load_and_write(ctx: Context, hold_after_error: bool = False) -> Flow:
                 "evicted it (maxmemory-policy is not noeviction) or lost it (restart, failover); "
                 "another caller may have loaded at the same time. Set maxmemory-policy noeviction",
                 key,
+                key=key,
+                outcome="evicted_lease",
             )
         else:
-            log.info("%s: lease lost during the load (invalidated or expired); result not written", key)
+            log.info(
+                "%s: lease lost during the load (invalidated or expired); result not written",
+                key,
+                extra=log_extra(key, "stale_write_prevented"),
+            )
     else:
         log.debug("%s: written (ttl %.3f s) and released", key, ttl)
     return value
@@ -498,23 +520,27 @@ def _backend_failed(ctx: Context, error: BackendUnavailable, counted: bool = Fal
 
 
 def _count_backend_error(ctx: Context, error: BaseException) -> None:
-    note_backend_error(ctx.events, ctx.warn, error)
+    note_backend_error(ctx.events, ctx.warn, error, ctx.keys.value)
 
 
 def _corrupt(ctx: Context, problem: str) -> None:
     note_corrupt(ctx.events, ctx.warn, ctx.keys.value, problem)
 
 
-def note_backend_error(events: Events, warn: WarningLog, error: BaseException) -> None:
+def note_backend_error(events: Events, warn: WarningLog, error: BaseException, key: str = "") -> None:
     """Count a failed store command and warn, at most every few seconds."""
     events.incr("redis_errors")
-    warn.warning("stampede: cache backend failed (%s); serving without the cache", error)
+    warn.warning(
+        "stampede: cache backend failed (%s); serving without the cache", error, key=key, outcome="redis_error"
+    )
 
 
 def note_corrupt(events: Events, warn: WarningLog, key: str, problem: str) -> None:
     """Count an unreadable value and warn; the caller treats it as a miss."""
     events.incr("corrupt_values")
-    warn.warning("stampede: unreadable value at %r (%s); treating it as a miss", key, problem)
+    warn.warning(
+        "stampede: unreadable value at %r (%s); treating it as a miss", key, problem, key=key, outcome="corrupt_value"
+    )
 
 
 def _jittered(ctx: Context, ttl: float) -> float:

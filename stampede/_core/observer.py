@@ -26,6 +26,7 @@ No report carries a key: labels of metrics built on this stay bounded.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from typing import Literal, Protocol
 
@@ -111,3 +112,28 @@ class Wait:
         if self._since is not None:
             self._events.ended("wait", outcome, self._clock() - self._since)
             self._since = None
+
+
+LOGGERS = {
+    "stampede": "configuration of a layer",
+    "stampede.cache": "what calls did: loads, waits, takeovers, stale values, unreadable values, observers",
+    "stampede.backend": "the server: failed commands, the circuit breaker",
+    "stampede.wakeups": "the subscriber connections that wake waiters",
+    "stampede.lock": "named locks and the lease watchdog",
+    "stampede.near": "the near cache's tracking connection and lease",
+}
+"""One logger per concern; all below ``stampede``, so configuring that one configures all."""
+
+
+def log_extra(key: str, outcome: str, namespace: str = "") -> dict[str, str]:
+    """Structured fields for a log record about one entry, for JSON log handlers:
+    ``stampede_namespace``, ``stampede_key_hash`` (16 hex digits of the key's SHA-256: a
+    stable handle to group by, without the key's text, which may hold user data) and
+    ``stampede_outcome`` (what happened, in a word: ``wait_timeout``, ``takeover``...)."""
+    if key and not namespace:
+        namespace = key.partition(":{")[0]
+    return {
+        "stampede_namespace": namespace,
+        "stampede_key_hash": hashlib.sha256(key.encode(errors="surrogatepass")).hexdigest()[:16] if key else "",
+        "stampede_outcome": outcome,
+    }

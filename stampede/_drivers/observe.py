@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from .._core.observer import COUNTERS, Measure, Observer
+from .._core.observer import COUNTERS, Measure, Observer, log_extra
 from .._errors import ConfigError
 
 
@@ -83,26 +83,36 @@ class Events:
 
     def _failed(self, observer: Observer, error: Exception) -> None:
         self._warn.warning(
-            "stampede: observer %r raised %s: %s; its report was dropped", observer, type(error).__name__, error
+            "stampede: observer %r raised %s: %s; its report was dropped",
+            observer,
+            type(error).__name__,
+            error,
+            outcome="observer_error",
         )
 
 
 class RateLimitedLog:
     """Logs each kind of warning at most once per ``interval`` seconds, counting what it
     held back. The kind is the message's format string, so a flood of one kind (say,
-    unreadable values) never hides another (a wait that timed out)."""
+    unreadable values) never hides another (a wait that timed out). Each record carries
+    the structured fields of ``_core.observer.log_extra`` (namespace, key hash, outcome)."""
 
     def __init__(
-        self, log: logging.Logger, interval: float = 10.0, clock: Callable[[], float] = time.monotonic
+        self,
+        log: logging.Logger,
+        interval: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        namespace: str = "",
     ) -> None:
         self._log = log
+        self._namespace = namespace
         self._interval = interval
         self._clock = clock
         self._lock = threading.Lock()
         self._next: dict[str, float] = {}  # format string -> when that kind may be logged again
         self._held_back: dict[str, int] = {}  # format string -> warnings held back since
 
-    def warning(self, message: str, *args: object) -> None:
+    def warning(self, message: str, *args: object, key: str = "", outcome: str = "") -> None:
         now = self._clock()
         with self._lock:
             if now < self._next.get(message, 0.0):
@@ -113,4 +123,4 @@ class RateLimitedLog:
         if held_back:
             message += " (%d similar warnings suppressed)"
             args = (*args, held_back)
-        self._log.warning(message, *args)
+        self._log.warning(message, *args, extra=log_extra(key, outcome, self._namespace))

@@ -116,7 +116,14 @@ class Refresher:
 def warn_refresh_raised(warn: RateLimitedLog, key: str, error: Exception) -> None:
     """A refresh raised (a serializer's error, say): it has no caller to raise to, so it is
     logged, at most every few seconds, blocking or asyncio alike."""
-    warn.warning("stampede: the background refresh of %r raised %s: %s", key, type(error).__name__, error)
+    warn.warning(
+        "stampede: the background refresh of %r raised %s: %s",
+        key,
+        type(error).__name__,
+        error,
+        key=key,
+        outcome="refresh_error",
+    )
 
 
 @dataclass

@@ -24,8 +24,10 @@ from .._core.keys import EntryKeys
 from .._core.store import AsyncRenewable, Renewable
 from .._errors import BackendUnavailable
 from .._fork import reset_after_fork
+from .observe import RateLimitedLog
 
-log = logging.getLogger("stampede")
+log = logging.getLogger("stampede.lock")
+_warn = RateLimitedLog(log)  # an outage fails every renewal at once: one warning per kind per 10 s
 
 
 @dataclass(eq=False)
@@ -128,10 +130,21 @@ def next_renewal(keys: EntryKeys, lease_ms: int, outcome: bool | BackendUnavaila
     Shared by this thread and the asyncio renewal task."""
     interval = lease_ms / 3000
     if isinstance(outcome, BackendUnavailable):
-        log.warning("stampede: cannot renew the lease of %r (%s); retrying", keys.value, outcome)
+        _warn.warning(
+            "stampede: cannot renew the lease of %r (%s); retrying",
+            keys.value,
+            outcome,
+            key=keys.value,
+            outcome="renew_failed",
+        )
         return interval / 2
     if not outcome:
-        log.warning("stampede: the lease of %r was lost (invalidated, expired or taken over)", keys.lock)
+        _warn.warning(
+            "stampede: the lease of %r was lost (invalidated, expired or taken over)",
+            keys.lock,
+            key=keys.value,
+            outcome="lease_lost",
+        )
         return None
     return interval
 
