@@ -16,12 +16,16 @@ def run(*args: str) -> str:
 
 
 def test_the_demo_shows_one_query_with_protection_and_many_without() -> None:
-    out = run("examples/demo.py", "--processes", "2", "--threads", "8")
+    out = run("-m", "stampede", "demo", "--processes", "2", "--threads", "8")
     table = [line.split() for line in out.splitlines()]
     rows = {words[0]: words for words in table if words[:1] in (["off"], ["sleep-spin"], ["stampede"])}
     assert int(rows["stampede"][1]) == 1
     assert int(rows["sleep-spin"][1]) == 1
     assert int(rows["off"][1]) > 1
+
+
+def test_the_demo_runs_from_examples_too() -> None:
+    assert "python -m stampede demo" in run("examples/demo.py", "--help")
 
 
 def test_the_core_benchmark_runs_in_its_quick_form() -> None:

@@ -164,3 +164,19 @@ def test_the_near_cache_benchmark_short_form() -> None:
     assert figures["hit_path"]["near"]["ratio"] > 5 and figures["hit_path"]["near shared"]["ratio"] > 5
     assert figures["invalidate"]["1"]["median_ms"] < 50  # acknowledged: the lease is 100 ms
     assert figures["lease"]["max_ms"] <= 100 + 20  # a stalled stream stops copies within its lease
+
+
+@pytest.mark.timeout(120)
+def test_the_metrics_benchmark_short_form() -> None:
+    """``loadtest/bench_metrics.py --quick``: warm hits with counters only, Prometheus and
+    OpenTelemetry, beside raw GET + loads. The figures are the script's (three rounds are
+    too few to hold them to 5%); this checks that every variant ran and stayed in the
+    same league as the counters-only layer."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "loadtest" / "bench_metrics.py"), "--quick"],
+        capture_output=True, text=True, timeout=110, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(figures) == {"raw GET + loads", "counters only", "prometheus", "opentelemetry"}
+    assert all(figures[name]["vs_counters"] > 0.5 for name in ("prometheus", "opentelemetry"))
