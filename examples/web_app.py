@@ -10,13 +10,14 @@ Endpoints:
     GET  /products/{id}                  one product (404 for an unknown id)
     POST /categories/{shop}/invalidate   the shop's categories changed: drop the entry
     GET  /stats                          database queries so far, and the layer's counters
+    GET  /metrics                        the layer's Prometheus metrics (stampede.prometheus)
 
 The database is examples/shop.py's SQLite file (a new one unless ``--db`` names one),
 queried in a worker thread; it logs every query. ``--protection off`` serves the same
 endpoints through plain cache-aside (examples/cache_aside.py) instead: the load test's
 baseline. ``--check`` sends a burst of concurrent requests for one cold shop over HTTP,
 then an invalidation and another burst, and shows that each burst cost one query.
-Needs the examples extra (starlette, uvicorn, httpx).
+Needs the examples extra (starlette, uvicorn, httpx, prometheus-client).
 """
 
 from __future__ import annotations
@@ -34,13 +35,15 @@ import httpx
 import redis.asyncio
 import uvicorn
 from cache_aside import aread_through
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from shop import CATEGORY_MAP_ENTRY, PRODUCT_ENTRY, ShopDatabase
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from stampede import Stampede
+from stampede.prometheus import PrometheusMetrics
 from stampede.testing import RedisServer, find_server_binary, free_port
 
 Query = Callable[[Any], Awaitable[Any]]
@@ -78,7 +81,9 @@ def unprotected_queries(client: redis.asyncio.Redis, database: ShopDatabase, ttl
     return category_map, product, invalidate
 
 
-def build_app(layer: Stampede, database: ShopDatabase, queries: tuple[Query, Query, Query]) -> Starlette:
+def build_app(
+    layer: Stampede, database: ShopDatabase, queries: tuple[Query, Query, Query], registry: CollectorRegistry
+) -> Starlette:
     category_map, product, invalidate_categories = queries
 
     def found_or_404(value: Any, what: str) -> JSONResponse:
@@ -100,6 +105,9 @@ def build_app(layer: Stampede, database: ShopDatabase, queries: tuple[Query, Que
             counts[query.what] = counts.get(query.what, 0) + 1
         return JSONResponse({"database_queries": counts, "cache": layer.stats()})
 
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
@@ -111,6 +119,7 @@ def build_app(layer: Stampede, database: ShopDatabase, queries: tuple[Query, Que
             Route("/products/{product_id:int}", products),
             Route("/categories/{shop}/invalidate", invalidate, methods=["POST"]),
             Route("/stats", stats),
+            Route("/metrics", metrics),
         ],
         lifespan=lifespan,
     )
@@ -165,13 +174,19 @@ def main() -> None:
         if options.db is None:
             options.db = Path(cleanup.enter_context(tempfile.TemporaryDirectory())) / "shop.sqlite"
         database = ShopDatabase(options.db) if options.db.exists() else ShopDatabase.create(options.db)
-        layer = Stampede.from_url(url, namespace="shop") if url else Stampede(namespace="shop")
+        registry = CollectorRegistry()  # this app's: one PrometheusMetrics per registry
+        observers = [PrometheusMetrics(registry)]
+        layer = (
+            Stampede.from_url(url, namespace="shop", observers=observers)
+            if url
+            else Stampede(namespace="shop", observers=observers)
+        )
         if options.protection == "on":
             queries = protected_queries(layer, database, options.ttl)
         else:
             client = redis.asyncio.Redis.from_url(url, socket_timeout=5)
             queries = unprotected_queries(client, database, options.ttl)
-        app = build_app(layer, database, queries)
+        app = build_app(layer, database, queries, registry)
         print(f"cache: {url or 'embedded (no Redis server found)'}, protection {options.protection}; "
               f"database: {database.path}")  # fmt: skip
         if options.check:

@@ -13,7 +13,9 @@ of these runs, "shop:*" and "off:*", are deleted before each run).
 It prints, per run: requests, requests/s, p50/p99 latency (Locust's), database queries
 and queries per key per expiry window, and the ratio of database queries off/on. In
 ``--out`` (default loadtest/results/) it leaves Locust's CSV and HTML reports, each
-run's figures as JSON, and db_queries.png: database queries per second, off vs on.
+run's figures as JSON, db_queries.png: database queries per second, off vs on, and
+metrics.png: the web app's stampede metrics during the run with protection on, scraped
+from its /metrics every second (metrics_plot.py).
 Exits non-zero if the run with protection on queried any key twice in one window, or
 if Locust failed.
 """
@@ -36,6 +38,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "examples"))
 
 from expiry_windows import plot, queries_per_second  # noqa: E402
+from metrics_plot import MetricsSampler, plot_metrics  # noqa: E402
 from shop import ShopDatabase  # noqa: E402
 from standalone import WebApp  # noqa: E402
 
@@ -70,11 +73,15 @@ def run(protection: str, url: str, options: argparse.Namespace) -> dict[str, Any
         print(f"protection {protection}: {options.users} users, {options.processes} processes, "
               f"{options.run_time} s ...", flush=True)  # fmt: skip
         started = time.time()
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=options.run_time + 120)
+        sampler = MetricsSampler(app.base + "/metrics")
+        try:
+            done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=options.run_time + 120)
+        finally:
+            samples = sampler.stop()
         (out / f"locust-{protection}.log").write_text(done.stdout + done.stderr)
     finally:
         app.stop()
-    figures: dict[str, Any] = {"locust_exit_code": done.returncode}
+    figures: dict[str, Any] = {"locust_exit_code": done.returncode, "metrics": samples}
     summary = out / f"{protection}.json"
     if summary.exists():
         figures.update(json.loads(summary.read_text()))
@@ -122,6 +129,12 @@ def report(results: dict[str, dict[str, Any]], options: argparse.Namespace) -> N
         path = options.out / "db_queries.png"
         plot({name: figures["per_second"] for name, figures in results.items()}, options.ttl, str(path))
         print(f"plot: {path}")
+        if "on" in results and len(results["on"]["metrics"]) > 2:
+            path = options.out / "metrics.png"
+            title = (f"The web app's stampede metrics under Locust ({options.users} users, "
+                     f"{options.processes} processes, TTL {options.ttl:g} s)")  # fmt: skip
+            plot_metrics(results["on"]["metrics"], title, str(path))
+            print(f"plot: {path}")
     print(f"reports: {options.out}/<off|on>.html, <off|on>_stats.csv, <off|on>.json")
 
 
@@ -148,7 +161,8 @@ def main() -> None:
         results = {mode: run(mode, url, options) for mode in modes}
     report(results, options)
     (options.out / "figures.json").write_text(json.dumps(
-        {mode: {k: v for k, v in figures.items() if k != "per_second"} for mode, figures in results.items()},
+        {mode: {k: v for k, v in figures.items() if k not in ("per_second", "metrics")}
+         for mode, figures in results.items()},
         indent=2))  # fmt: skip
     failed = [mode for mode, figures in results.items() if figures["locust_exit_code"] != 0]
     if "on" in results and results["on"].get("max_queries_per_window", 2) > 1:

@@ -65,9 +65,8 @@ class Failed(Exception):
 
 def inspect(session: Session, options: argparse.Namespace) -> Any:
     keys = session.keys_of(options.pattern, options.fields)
-    if not keys:
-        return {"pattern": options.pattern, "entries": []}
-    return {"pattern": options.pattern, "entries": [session.describe(key) for key in keys[: options.limit]]}
+    entries = [session.describe(key) for key in keys[: options.limit]]
+    return {"pattern": options.pattern, "matched": len(keys), "entries": entries}
 
 
 def invalidate(session: Session, options: argparse.Namespace) -> Any:
@@ -223,7 +222,18 @@ class Session:
             reply = self.client.execute_command("PUBSUB SHARDNUMSUB", channel, target_nodes=node)
         else:
             reply = self.client.execute_command("PUBSUB NUMSUB", channel)
-        return int(reply[1]) if isinstance(reply, list) and len(reply) > 1 else int(dict(reply).get(channel, 0))
+        return _subscriber_count(reply)
+
+
+def _subscriber_count(reply: Any) -> int:
+    """The count in a NUMSUB reply for one channel, however redis-py shaped it: a flat
+    [channel, n], pairs [(channel, n)], or a dict per node on a cluster."""
+    if isinstance(reply, dict):
+        return sum(_subscriber_count(part) for part in reply.values())
+    flat: list[Any] = []
+    for item in reply or []:
+        flat.extend(item if isinstance(item, (list, tuple)) else [item])
+    return int(flat[1]) if len(flat) > 1 else 0
 
 
 def _describe_value(raw: bytes | None, ttl_ms: int) -> dict[str, Any]:
@@ -276,7 +286,9 @@ def _human(command: str, result: Any) -> str:
     if command == "inspect":
         if not result["entries"]:
             return f"no entry matches {result['pattern']!r}"
-        return "\n\n".join(_human_entry(entry) for entry in result["entries"])
+        shown = "\n\n".join(_human_entry(entry) for entry in result["entries"])
+        more = result["matched"] - len(result["entries"])
+        return shown + (f"\n\n... and {more} more (--limit)" if more > 0 else "")
     if command == "invalidate":
         if result.get("dry_run"):
             return (

@@ -232,3 +232,61 @@ def test_errors_exit_non_zero_with_one_line(redis_url: str, args: list[str], sta
     )
     assert done.returncode == status, done
     assert done.stdout == "" and len(done.stderr.strip().splitlines()) == 1 and says in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("topology", ["redis", "cluster", "sentinel"])
+def test_waiters_locks_and_patterns_on_one_server_a_cluster_and_through_sentinel(
+    topology: str, request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Entries spread over every primary are all found (SCAN on each), a waiter's
+    subscription is counted where it is (sharded on a cluster), locks and invalidation."""
+    make = request.getfixturevalue(f"make_{'layer' if topology == 'redis' else topology + '_layer'}")
+    url = (
+        request.getfixturevalue("redis_url")
+        if topology == "redis"
+        else request.getfixturevalue(f"{topology}_servers").url
+    )
+    layer = make(namespace="cli-topology")
+    gate, loading = threading.Event(), threading.Event()
+
+    @layer.cached_loader("item:{n}")
+    def item(n: int) -> int:
+        if n == 0:
+            loading.set()
+            assert gate.wait(10)
+        return n
+
+    for n in range(1, 41):
+        item(n)
+    waiter_layer = make(namespace="cli-topology")
+    loader = threading.Thread(target=item, args=(0,))
+    loader.start()
+    assert loading.wait(10)
+
+    @waiter_layer.cached_loader("item:{n}")
+    def waiting_item(n: int) -> int:
+        return n
+
+    waiter = threading.Thread(target=waiting_item, args=(0,))
+    waiter.start()
+    try:
+        base = ["--url", url, "--namespace", "cli-topology", "--json"]
+        base += ["--cluster"] if topology == "cluster" else []
+        deadline = time.monotonic() + 10
+        while True:
+            _, out, _ = cli(capsys, *base, "inspect", "item:0")
+            if out["entries"][0]["waiting_processes"] == 1 or time.monotonic() > deadline:
+                break
+        [entry] = out["entries"]
+        assert entry["lock"]["held"] and entry["waiting_processes"] == 1
+        _, out, _ = cli(capsys, *base, "locks")
+        assert [row["name"] for row in out["locks"]] == ["item:0"]
+        _, out, _ = cli(capsys, *base, "invalidate", "item:*")
+        assert out["matched"] == 41  # 40 values and the lease in flight
+    finally:
+        gate.set()
+        loader.join(10)
+        waiter.join(10)
+    _, out, _ = cli(capsys, *base, "invalidate", "item:*", "--yes")
+    assert out["invalidated"] == 41
+    assert layer.matching("item:*") == []
