@@ -416,7 +416,7 @@ class Stampede:
         names one entry (no wildcard, every field given) invalidates it with no scan, and
         counts 1."""
         store = self._blocking_store("invalidate_matching", "ainvalidate_matching")
-        exact = entry_pattern(pattern, fields).exact_key(self.namespace)
+        exact = entry_pattern(pattern, fields).exact_key(self.namespace, self.settings.max_key_length)
         keys = [exact] if exact is not None else self.matching(pattern, **fields)
         for value_key in keys:
             try:
@@ -428,7 +428,7 @@ class Stampede:
     async def ainvalidate_matching(self, pattern: str, **fields: Any) -> int:
         """``invalidate_matching()`` with this event loop's client."""
         store = self._loop_store("ainvalidate_matching", "invalidate_matching")
-        exact = entry_pattern(pattern, fields).exact_key(self.namespace)
+        exact = entry_pattern(pattern, fields).exact_key(self.namespace, self.settings.max_key_length)
         keys = [exact] if exact is not None else await self.amatching(pattern, **fields)
         for value_key in keys:
             try:

@@ -187,7 +187,7 @@ class Session:
 
     def exact_key(self, pattern: str, fields: dict[str, Any]) -> str | None:
         """The key of the one entry ``pattern`` names, if it names one."""
-        return entry_pattern(pattern, fields).exact_key(self.namespace)
+        return entry_pattern(pattern, fields).exact_key(self.namespace, self.layer.settings.max_key_length)
 
     def keys_of(self, pattern: str, raw_fields: list[str]) -> list[str]:
         fields = parse_fields(raw_fields)

@@ -178,5 +178,6 @@ def test_the_metrics_benchmark_short_form() -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     figures = json.loads(done.stdout.strip().splitlines()[-1])
-    assert set(figures) == {"raw GET + loads", "counters only", "prometheus", "opentelemetry"}
+    assert set(figures) == {"raw GET + loads", "counters only", "prometheus", "opentelemetry", "report_us"}
     assert all(figures[name]["vs_counters"] > 0.5 for name in ("prometheus", "opentelemetry"))
+    assert all(0 < cost < 50 for cost in figures["report_us"].values())  # microseconds per report

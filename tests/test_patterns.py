@@ -36,10 +36,19 @@ def test_a_template_with_every_field_names_the_key_the_loader_builds() -> None:
 
     builder = KeyBuilder(load, "order:{shop}:{ids}", "ns", 200)
     pattern = entry_pattern("order:{shop}:{ids}", {"shop": "a:b*", "ids": [1, 2]})
-    assert pattern.exact_key("ns") == builder.value_key(("a:b*", [1, 2]), {})
+    assert pattern.exact_key("ns", 200) == builder.value_key(("a:b*", [1, 2]), {})
     assert pattern.matches(builder.value_key(("a:b*", [1, 2]), {}))
     assert "\\*" in pattern.glob and "\\[" in pattern.glob  # glob characters of a value are literal in SCAN
     assert entry_pattern("order:{id}", {"id": 5}).exact == entry_pattern("order:{id}", {"id": "5"}).exact == "order:5"
+
+
+def test_a_long_entry_is_named_by_the_key_its_loader_shortened() -> None:
+    def load(name: str) -> None: ...
+
+    builder = KeyBuilder(load, "doc:{name}", "ns", 64)
+    name = "x" * 100
+    assert entry_pattern("doc:{name}", {"name": name}).exact_key("ns", 64) == builder.value_key((name,), {})
+    assert "#" in builder.value_key((name,), {})
 
 
 @pytest.mark.parametrize(

@@ -120,10 +120,7 @@ def lock_keys(namespace: str, name: str, max_key_length: int) -> EntryKeys:
     can produce, so a named lock never shares a key with a cache entry."""
     if not isinstance(name, str) or not name:
         raise ConfigError(f"a lock name must be a non-empty str, got {name!r}")
-    entry = "~lock:" + escape(name)
-    if len(entry) > max_key_length:
-        digest = hashlib.sha256(entry.encode()).hexdigest()[:_HASH_CHARS]
-        entry = entry[: max_key_length - _HASH_CHARS - 1] + "#" + digest
+    entry = shorten("~lock:" + escape(name), max_key_length)
     base = f"{namespace}:{{{entry}}}"
     return EntryKeys(base + ":fence", base + ":lock", base + ":notify")
 
@@ -293,12 +290,17 @@ class KeyBuilder:
             rendered = [self._render(values[index], index) for index in self._fields]
         entry = self._format.format(*rendered)
         if len(entry) > self._max_length:
-            entry = self._shorten(entry)
+            entry = shorten(entry, self._max_length)
         return f"{self._namespace}:{{{entry}}}"
 
-    def _shorten(self, entry: str) -> str:
-        digest = hashlib.sha256(entry.encode()).hexdigest()[:_HASH_CHARS]
-        return entry[: self._max_length - _HASH_CHARS - 1] + "#" + digest
+
+def shorten(entry: str, max_length: int) -> str:
+    """``entry``, or when longer than ``max_length`` a readable prefix, ``#`` and a hash of
+    the whole (see the module docstring)."""
+    if len(entry) <= max_length:
+        return entry
+    digest = hashlib.sha256(entry.encode()).hexdigest()[:_HASH_CHARS]
+    return entry[: max_length - _HASH_CHARS - 1] + "#" + digest
 
 
 def default_name(func: Callable[..., Any]) -> str:

@@ -9,7 +9,8 @@ for ``[^:]*``, which SCAN's glob cannot say: the glob (``EntryPattern.glob``) na
 scan on the server, and ``matches`` decides each entry exactly.
 
 An entry longer than ``max_key_length`` was shortened to a prefix and a hash when its key
-was built, so a pattern over its end does not find it.
+was built: a pattern naming it exactly finds it (``exact_key`` shortens the same way),
+but a glob over its end does not.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import InvalidKey
-from .keys import render
+from .keys import render, shorten
 
 _GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
 _NOT_IN_AN_ENTRY = re.compile(r"[{}\x00-\x20\x7f]")
@@ -32,9 +33,10 @@ class EntryPattern:
     regex: re.Pattern[str]  # the exact test of an entry
     exact: str | None = None  # the entry, when the pattern names one (no wildcard, every field given)
 
-    def exact_key(self, namespace: str) -> str | None:
-        """The value key of the one entry the pattern names, if it names one."""
-        return None if self.exact is None else f"{namespace}:{{{self.exact}}}"
+    def exact_key(self, namespace: str, max_key_length: int) -> str | None:
+        """The value key of the one entry the pattern names, if it names one (shortened
+        as a loader's key is when longer than ``max_key_length``)."""
+        return None if self.exact is None else f"{namespace}:{{{shorten(self.exact, max_key_length)}}}"
 
     def scan_match(self, namespace: str) -> str:
         """The SCAN MATCH pattern of the keys of matching entries (values, leases, ...)."""

@@ -50,7 +50,7 @@ from .near import MISSING, NearCache
 from .observe import Events, RateLimitedLog
 from .perform import AsyncPerformer, arun
 from .refresh import report_stale, warn_refresh_raised
-from .singleflight import AsyncFlightTable, Flight, refuse_recursion
+from .singleflight import AsyncFlightTable, Flight, refuse_recursion, take_shared
 
 
 @dataclass
@@ -131,13 +131,7 @@ class AsyncRunner:
             if flight.starts_over(joined_at):
                 early = True
                 continue
-            self._events.incr("collapsed")
-            try:
-                value = flight.shared()
-            except BaseException:
-                wait.end("error")
-                raise
-            wait.end("value")
+            value = take_shared(flight, wait, self._events)
             if flight.stale:
                 report_stale()
             return value

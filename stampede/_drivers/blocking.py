@@ -33,7 +33,7 @@ from .near import MISSING, NearCache
 from .observe import Events, RateLimitedLog
 from .perform import Performer, run
 from .refresh import Refresher, report_stale
-from .singleflight import Flight, FlightTable, refuse_recursion
+from .singleflight import Flight, FlightTable, refuse_recursion, take_shared
 from .watchdog import Watchdog
 
 
@@ -90,13 +90,7 @@ class SyncRunner:
             if flight.starts_over(joined_at):
                 early = True
                 continue
-            self._events.incr("collapsed")
-            try:
-                value = flight.shared()
-            except BaseException:
-                wait.end("error")
-                raise
-            wait.end("value")
+            value = take_shared(flight, wait, self._events)
             if flight.stale:
                 report_stale()
             return value

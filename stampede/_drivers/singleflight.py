@@ -53,6 +53,7 @@ from typing import Any
 
 from .._core.effects import Effect, Subscribe
 from .._core.flow import produces_value
+from .._core.observer import Events, Wait
 from .._errors import RecursiveLoad
 from .._fork import reset_after_fork
 
@@ -238,3 +239,16 @@ def loading(key: str) -> Iterator[None]:
         yield
     finally:
         _loading.reset(token)
+
+
+def take_shared(flight: Flight, wait: Wait, events: Events) -> Any:
+    """A joiner takes its leader's outcome (``Flight.shared``): counted as ``collapsed``,
+    its wait reported ended with the value or with the leader's error."""
+    events.incr("collapsed")
+    try:
+        value = flight.shared()
+    except BaseException:
+        wait.end("error")
+        raise
+    wait.end("value")
+    return value
