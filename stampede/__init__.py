@@ -3,7 +3,7 @@
 from ._core.codec import JsonSerializer, Serializer, TypedSerializer
 from ._core.config import Settings
 from ._core.msgspec_serializer import MsgspecSerializer
-from ._core.observer import COUNTERS, Observer
+from ._core.observer import COUNTERS, OUTCOMES, Observer
 from ._errors import (
     BackendUnavailable,
     ConfigError,
@@ -35,6 +35,7 @@ __all__ = [  # grouped, not sorted
     # observing it
     "Observer",
     "COUNTERS",
+    "OUTCOMES",
     # named locks
     "Lock",
     "Redlock",
