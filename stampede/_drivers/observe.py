@@ -46,13 +46,15 @@ class Events:
         self.namespace = namespace
         self.counts = Counts()
         self._warn = warn
-        self._observers: tuple[Observer, ...] = ()  # replaced whole: read without a lock
+        self._observers: tuple[Observer, ...] = ()  # replaced whole, under _adding: read without a lock
+        self._adding = threading.Lock()
 
     def add(self, observer: Observer) -> None:
         for method in ("count", "began", "ended"):
             if not callable(getattr(observer, method, None)):
                 raise ConfigError(f"an observer needs count(), began() and ended(); {observer!r} has no {method}()")
-        self._observers = (*self._observers, observer)
+        with self._adding:
+            self._observers = (*self._observers, observer)
 
     def incr(self, name: str, n: int = 1) -> None:
         self.counts.count(self.namespace, name, n)
