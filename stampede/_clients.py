@@ -32,6 +32,7 @@ from redis.retry import Retry
 from ._errors import BackendUnavailable, ConfigError
 
 SENTINEL_SCHEME = "redis+sentinel"
+POSTGRES_SCHEMES = ("postgresql", "postgres")
 SENTINEL_PORT = 26379
 
 
@@ -83,6 +84,20 @@ def _redacted(url: str) -> str:
 
 
 AsyncMaker = Callable[[], Any]
+
+
+@dataclass(frozen=True)
+class PostgresURL:
+    """A ``postgresql://`` URL (libpq's form) and the bounds of the pool made for it."""
+
+    url: str
+    socket_timeout: float
+    connect_timeout: float
+    max_connections: int
+
+
+def is_postgres_url(url: str) -> bool:
+    return urlsplit(url).scheme in POSTGRES_SCHEMES
 
 
 def make_clients(

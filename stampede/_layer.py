@@ -22,7 +22,7 @@ from ._backends.breaker import CircuitBreaker, NodeBreakers
 from ._backends.memory import AsyncMemoryStore, MemoryStore
 from ._backends.redis import EvictionCheck, RedisStore, is_cluster
 from ._backends.tracking import Tracker
-from ._clients import close_client, make_clients
+from ._clients import PostgresURL, close_client, is_postgres_url, make_clients
 from ._core.codec import Codec, Serializer, TypedSerializer
 from ._core.config import NearMode, Policy, Settings, check_count, check_namespace, check_seconds
 from ._core.flow import LoaderSpec
@@ -96,6 +96,7 @@ class Stampede:
         near_cache_bytes: int = 64 * 1024 * 1024,
         near_lease: float = NEAR_LEASE,
         observers: Iterable[Observer] = (),
+        postgres: Any = None,
         **settings: Any,
     ) -> None:
         try:
@@ -127,7 +128,11 @@ class Stampede:
         make_async_store: Callable[[], AsyncStore] | None = None
         if redlock is not None and client is None and async_client is None:
             raise ConfigError("redlock= needs a cache server: pass a redis client, or use Stampede.from_url")
-        if client is None and async_client is None:
+        if postgres is not None:
+            if client is not None or async_client is not None or redlock is not None:
+                raise ConfigError("postgres= is the whole store: pass no redis client and no redlock with it")
+            store, make_async_store = _postgres_stores(postgres, breaker)
+        elif client is None and async_client is None:
             memory = MemoryStore(max_entries)
             store = memory
             make_async_store = functools.partial(AsyncMemoryStore, memory)
@@ -135,7 +140,8 @@ class Stampede:
         # Every invalidation asks the namespace's near caches to drop their copies, whether
         # this layer keeps one or not (see docs/near-cache.md).
         near_channel = NearChannel(self.namespace)
-        self._embedded = client is None and async_client is None
+        self._embedded = client is None and async_client is None and postgres is None
+        self._postgres = postgres is not None
         self._near: NearCache | None = None
         self._tracker: Tracker | None = None
         if client is not None:
@@ -187,6 +193,24 @@ class Stampede:
         check_seconds("socket_timeout", socket_timeout)
         check_seconds("socket_connect_timeout", socket_connect_timeout)
         check_count("max_connections", max_connections)
+        if is_postgres_url(url):
+            if cluster or redlock is not None:
+                raise ConfigError("a postgresql:// URL is the whole store: cluster= and redlock= are Redis's")
+            postgres = PostgresURL(url, socket_timeout, socket_connect_timeout, max_connections)
+            layer = cls(
+                postgres=postgres,
+                namespace=namespace,
+                serializer=serializer,
+                background_refreshes=background_refreshes,
+                **settings,
+            )
+            if check:
+                try:
+                    layer.check()
+                except BaseException:
+                    layer.close()
+                    raise
+            return layer
         client, make_async_client = make_clients(
             url,
             cluster=cluster,
@@ -296,6 +320,10 @@ class Stampede:
         The embedded store is in this process already: the setting changes nothing there."""
         if not settings.near_cache or self._near is not None or self._embedded:
             return
+        if self._postgres:
+            raise ConfigError(
+                "near_cache needs Redis's client-side caching to keep copies exact: the PostgreSQL store has none"
+            )
         raise ConfigError(
             "near_cache needs a blocking client for its invalidation stream: pass one too, or use Stampede.from_url"
         )
@@ -644,6 +672,35 @@ def _with_redlock(make_cache_store: Callable[[], AsyncStore], redlock: Redlock) 
         return AsyncRedlockStore(make_cache_store(), servers, redlock.quorum)
 
     return make
+
+
+def _postgres_stores(postgres: Any, breaker: CircuitBreaker) -> tuple[Store, Callable[[], AsyncStore]]:
+    """The stores of a layer in PostgreSQL (``postgres=``: a psycopg_pool ``ConnectionPool``,
+    a ``postgresql://`` URL, or the URL with from_url's bounds), imported only here: psycopg
+    is the ``postgres`` extra's."""
+    try:
+        from ._backends.apostgres import postgres_stores
+    except ImportError as error:
+        needs = "postgres= needs psycopg 3 and psycopg-pool: pip install 'stampede[postgres]'"
+        raise ConfigError(f"{needs} ({error})") from None
+    if isinstance(postgres, str):
+        postgres = PostgresURL(postgres, DEFAULT_SOCKET_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, 64)
+    refused = "postgres= takes a postgresql:// URL or a psycopg_pool.ConnectionPool, got {!r}"
+    if isinstance(postgres, PostgresURL):
+        if not is_postgres_url(postgres.url):
+            raise ConfigError(refused.format(postgres.url))
+        return postgres_stores(
+            postgres.url,
+            breaker,
+            socket_timeout=postgres.socket_timeout,
+            connect_timeout=postgres.connect_timeout,
+            max_connections=postgres.max_connections,
+        )
+    from psycopg_pool import ConnectionPool
+
+    if not isinstance(postgres, ConnectionPool):
+        raise ConfigError(refused.format(postgres))
+    return postgres_stores(postgres, breaker, socket_timeout=0, connect_timeout=0, max_connections=0)
 
 
 _default_layer: Stampede | None = None

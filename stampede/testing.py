@@ -328,14 +328,19 @@ def server_url(url: str | None) -> Iterator[str]:
         yield server.url
 
 
+from ._servers import PostgresServer, ZooKeeperServer, find_postgres, find_zookeeper  # noqa: E402
 from ._topologies import ClusterServers, SentinelServers  # noqa: E402  (they build on RedisServer)
 
 __all__ = [
     "ClusterServers",
     "CommandMonitor",
     "FaultProxy",
+    "PostgresServer",
     "RedisServer",
     "SentinelServers",
+    "ZooKeeperServer",
+    "find_postgres",
     "find_server_binary",
+    "find_zookeeper",
     "free_port",
 ]

@@ -7,6 +7,7 @@ pause a server start their own (``own_server``).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -17,9 +18,17 @@ import pytest
 import redis
 
 from stampede import Redlock, Stampede
-from stampede.testing import ClusterServers, FaultProxy, RedisServer, SentinelServers, find_server_binary
+from stampede.testing import (
+    ClusterServers,
+    FaultProxy,
+    PostgresServer,
+    RedisServer,
+    SentinelServers,
+    find_postgres,
+    find_server_binary,
+)
 
-BACKENDS = ["redis", "embedded", "redlock", "cluster", "sentinel"]
+BACKENDS = ["redis", "embedded", "redlock", "cluster", "sentinel", "postgres"]
 
 # STAMPEDE_TEST_FRESHNESS=1 runs the suites with freshness on in every layer the fixtures
 # make (a test's own settings win): their promises must hold with it too (CI runs the
@@ -82,9 +91,11 @@ def layers_over(url: str, **fixed: Any) -> Iterator[Callable[..., Stampede]]:
     it), in namespace "test" unless told; every layer made is closed on exit."""
     layers: list[Stampede] = []
 
+    near = fixed.pop("near", not fixed.get("cluster"))
+
     def make(url_: str | None = None, **options: Any) -> Stampede:
         options.setdefault("namespace", "test")
-        layer = Stampede.from_url(url_ or url, **fixed, **with_test_settings(options, near=not fixed.get("cluster")))
+        layer = Stampede.from_url(url_ or url, **fixed, **with_test_settings(options, near=near))
         layers.append(layer)
         return layer
 
@@ -196,17 +207,55 @@ def make_sentinel_layer(sentinel_servers: SentinelServers) -> Iterator[Callable[
         yield make
 
 
+def needs_postgres() -> None:
+    """Skip, with one line saying what to install, where PostgreSQL cannot be run."""
+    if importlib.util.find_spec("psycopg") is None or importlib.util.find_spec("psycopg_pool") is None:
+        pytest.skip("PostgreSQL tests need psycopg and psycopg-pool: pip install -e '.[dev]'")
+    if find_postgres() is None:
+        pytest.skip("PostgreSQL tests need its binaries: pip install pgserver, or apt-get install postgresql")
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One PostgreSQL server for the session (tests that restart it start their own)."""
+    needs_postgres()
+    with PostgresServer() as server:
+        yield server
+
+
+def empty_postgres(url: str) -> None:
+    """Drop the rows every store keeps (values, leases, queues), if the schema is there."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as connection:
+        connection.execute(
+            "DO $$ BEGIN IF to_regclass('stampede_values') IS NOT NULL THEN "
+            "TRUNCATE stampede_values, stampede_leases, stampede_queue; END IF; END $$"
+        )
+
+
+@pytest.fixture
+def make_postgres_layer(postgres_server: PostgresServer) -> Iterator[Callable[..., Stampede]]:
+    """Builds layers over the session's PostgreSQL server (emptied first); no near cache
+    (the store has none to offer)."""
+    empty_postgres(postgres_server.url)
+    with layers_over(postgres_server.url, near=False) as make:
+        yield make
+
+
 @pytest.fixture(params=BACKENDS)
 def layer_of_each_backend(
     request: pytest.FixtureRequest, make_layer: Callable[..., Stampede]
 ) -> Iterator[Callable[..., Stampede]]:
     """The behaviour suite runs over every backend: Redis, the embedded one, Redis with
     Redlock leases over three servers (the cache server among them), a Redis Cluster of
-    three primaries, and the master of a Sentinel set."""
+    three primaries, the master of a Sentinel set, and PostgreSQL."""
     embedded: list[Stampede] = []
     make_redlock = request.getfixturevalue("make_redlock") if request.param == "redlock" else None
     make_topology_layer = (
-        request.getfixturevalue(f"make_{request.param}_layer") if request.param in ("cluster", "sentinel") else None
+        request.getfixturevalue(f"make_{request.param}_layer")
+        if request.param in ("cluster", "sentinel", "postgres")
+        else None
     )
 
     def make(**options: Any) -> Stampede:

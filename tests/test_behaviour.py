@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from stampede import SerializationError, Stampede, ValueTooLarge, WaitTimeout
+from stampede._backends.memory import MemoryStore
 from stampede._core.keys import EntryKeys
 from stampede._drivers.redlock_store import RedlockStore
 
@@ -272,7 +273,9 @@ def lock_is_held(layer: Stampede, value_key: str) -> bool:
     lock_key = value_key + ":lock"
     if hasattr(store, "client"):
         return bool(store.client.exists(lock_key))
-    return lock_key in store._leases
+    if isinstance(store, MemoryStore):
+        return lock_key in store._leases
+    return store.holder(EntryKeys.for_value(value_key)) is not None
 
 
 def _dropped(layer: Stampede, key: str) -> None:
@@ -290,8 +293,15 @@ def _put_raw(store: Any, key: str, raw: bytes) -> None:
     store = getattr(store, "cache", store)
     if hasattr(store, "client"):
         store.client.set(key, raw)
-    else:
+    elif isinstance(store, MemoryStore):
         store._values[key] = (raw, time.monotonic() + 60)
+    else:  # PostgreSQL
+        with store.pool.connection() as connection:
+            connection.execute(
+                "INSERT INTO stampede_values (key, value, expires_at) VALUES (%s, %s, now() + interval '60 s')"
+                " ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, expires_at = EXCLUDED.expires_at",
+                (key, raw),
+            )
 
 
 def test_the_module_decorator_uses_the_default_layer(monkeypatch: pytest.MonkeyPatch, redis_url: str) -> None:

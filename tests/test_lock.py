@@ -168,9 +168,7 @@ def test_a_held_lock_is_renewed_past_its_ttl_and_extend_resets_it(
     with layer.lock("renewed", ttl=0.3) as renewed:
         renewed.extend(5)
         time.sleep(0.5)  # past a few of the watchdog's renewals: they keep the new length
-        store: Any = cache_store(layer)
-        left = store._leases[renewed.keys.lock][1] - time.monotonic() if isinstance(store, MemoryStore) else (
-            store.client.pttl(renewed.keys.lock) / 1000)  # fmt: skip
+        left = lease_left(layer, renewed.keys.lock)
         assert left > 3, left
     plain = layer.lock("plain", ttl=0.3, renew=False)
     assert plain.acquire()
@@ -390,7 +388,27 @@ def queued(layer: Stampede, lock: Lock) -> int:
     store: Any = cache_store(layer)
     if isinstance(store, MemoryStore):
         return len(store._queues.get(lock.keys.lock, {}))
+    if hasattr(store, "pool"):  # PostgreSQL
+        query = "SELECT count(*) FROM stampede_queue WHERE key = %s AND expires_at > clock_timestamp()"
+        return int(_sql(store, query, lock.keys.lock))
     return int(store.client.zcard(lock.keys.queue[0]))
+
+
+def lease_left(layer: Stampede, lock_key: str) -> float:
+    """Seconds left of the lease at ``lock_key``, by the store's clock."""
+    store: Any = cache_store(layer)
+    if isinstance(store, MemoryStore):
+        return float(store._leases[lock_key][1] - time.monotonic())
+    if hasattr(store, "pool"):
+        query = "SELECT extract(epoch FROM expires_at - clock_timestamp())::float8 FROM stampede_leases WHERE key = %s"
+        return float(_sql(store, query, lock_key))
+    return float(store.client.pttl(lock_key) / 1000)
+
+
+def _sql(store: Any, query: str, *params: Any) -> Any:
+    with store.pool.connection() as connection:
+        row = connection.execute(query, params).fetchone()
+    return row[0]
 
 
 def test_a_fair_lock_goes_to_its_waiters_in_arrival_order(layer_of_each_backend: Callable[..., Stampede]) -> None:

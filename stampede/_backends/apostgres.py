@@ -1,0 +1,197 @@
+"""The PostgreSQL backend for asyncio callers: the same statements as ``postgres`` over a
+psycopg 3 ``AsyncConnectionPool`` of the event loop's own, opened at its first call.
+Wake-ups come from the process's one ``PostgresListener`` (a thread), which hands each
+to the waiter's loop; the blocking store of the layer owns it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from .._core.keys import EntryKeys, check_key, entry_value_keys, failing_key
+from .._core.store import AcquireReply, AsyncSubscription, Written
+from .._errors import BackendUnavailable
+from . import pg_schema as sql
+from .breaker import CircuitBreaker
+from .mailbox import LoopMailbox
+from .postgres import (
+    SCHEMA_LOST,
+    SWEEP_BATCH,
+    PostgresListener,
+    PostgresStore,
+    Sweeper,
+    acquire_reply,
+    connection_settings,
+    failure,
+    take_lock_reply,
+)
+
+
+class AsyncPostgresStore:
+    """An ``AsyncStore`` in a PostgreSQL database, for the tasks of one event loop."""
+
+    def __init__(
+        self,
+        conninfo: str,
+        settings: dict[str, Any],
+        max_connections: int,
+        breaker: CircuitBreaker,
+        listener: PostgresListener,
+        timeout: float,
+    ) -> None:
+        self._pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            conninfo, kwargs=settings, min_size=1, max_size=max_connections, open=False, timeout=timeout
+        )
+        self._opened = False
+        self._open_lock = asyncio.Lock()
+        self.breaker = breaker
+        self.listener = listener
+        self._timeout = timeout
+        self._schema_ready = False
+        self._sweeper = Sweeper()
+
+    @asynccontextmanager
+    async def _connection(self, what: str, key: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        self.breaker.check(key)
+        try:
+            if not self._opened:
+                await self._open()
+            async with self._pool.connection(timeout=self._timeout) as connection:
+                if not self._schema_ready:
+                    async with connection.transaction():
+                        await connection.execute(sql.SCHEMA)
+                    self._schema_ready = True
+                yield connection
+        except SCHEMA_LOST as error:
+            self._schema_ready = False
+            raise failure(self.breaker, what, key, error) from error
+        except psycopg.Error as error:
+            raise failure(self.breaker, what, key, error) from error
+        self.breaker.succeeded()
+
+    async def _open(self) -> None:
+        async with self._open_lock:
+            if not self._opened:
+                await self._pool.open(wait=False)
+                self._opened = True
+
+    async def _one(self, what: str, key: str, statement: sql.Statement) -> tuple[Any, ...] | None:
+        async with self._connection(what, key) as connection:
+            cursor = await connection.execute(statement.query, statement.params)
+            row: tuple[Any, ...] | None = await cursor.fetchone()
+        return row
+
+    async def get(self, key: str) -> bytes | None:
+        row = await self._one("read", key, sql.Statement(sql.GET, (key,)))
+        return None if row is None else bytes(row[0])
+
+    async def get_with_ttl(self, key: str, failing: bool = False) -> tuple[bytes | None, float, bool]:
+        row = await self._one("read", key, sql.get_with_ttl(key, failing_key(key)))
+        if row is None:
+            return None, 0.0, False
+        return bytes(row[0]), float(row[1]), failing and bool(row[2])
+
+    async def acquire(
+        self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
+    ) -> AcquireReply:
+        statement = sql.acquire(keys, token, lease_ms, check_value, stale)
+        return acquire_reply(await self._one("lock", keys.value, statement))
+
+    async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
+        statement = sql.renew(keys, token, lease_ms)
+        async with self._connection("renew the lease of", keys.value) as connection:
+            cursor = await connection.execute(statement.query, statement.params)
+        return cursor.rowcount == 1
+
+    async def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> Written:
+        statement = sql.write_release(keys, token, envelope, ttl_ms, inline)
+        async with self._connection("write", keys.value) as connection:
+            row = await (await connection.execute(statement.query, statement.params)).fetchone()
+            if self._sweeper.due():
+                await connection.execute(sql.SWEEP, (SWEEP_BATCH,))
+        return Written(row[0] if row else -1)
+
+    async def release(self, keys: EntryKeys, token: str) -> bool:
+        row = await self._one("release the lease of", keys.value, sql.release(keys, token))
+        return bool(row and row[0])
+
+    async def hold(self, keys: EntryKeys, token: str, hold_ms: int, failing_ms: int) -> bool:
+        row = await self._one("hold", keys.value, sql.hold(keys, token, hold_ms, failing_ms))
+        return bool(row and row[0])
+
+    async def expire(self, keys: EntryKeys) -> None:
+        await self._one("expire", keys.value, sql.invalidate(keys, keep_stale=True))
+
+    async def invalidate(self, keys: EntryKeys) -> None:
+        await self._one("invalidate", keys.value, sql.invalidate(keys, keep_stale=False))
+
+    async def take_lock(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int = 0) -> AcquireReply:
+        statement = sql.take_lock(keys, token, lease_ms, queue_ms)
+        return take_lock_reply(await self._one("take the lock", keys.value, statement))
+
+    async def leave_queue(self, keys: EntryKeys, token: str) -> None:
+        await self._one("leave the queue of", keys.value, sql.leave_queue(keys, token))
+
+    async def holder(self, keys: EntryKeys) -> str | None:
+        row = await self._one("read the holder of", keys.value, sql.holder(keys))
+        return None if row is None else str(row[0])
+
+    async def subscribe(self, keys: EntryKeys) -> AsyncSubscription:
+        subscription = LoopMailbox(keys.channel, asyncio.get_running_loop(), self.listener.detach)
+        if not self.listener.join(subscription) and not await asyncio.to_thread(self.listener.wait_connected):
+            self.listener.detach(subscription)
+            raise BackendUnavailable(f"cannot listen for wake-ups on {keys.channel!r}: the database does not answer")
+        subscription.confirm(True)
+        return subscription
+
+    async def check(self, namespace: str) -> None:
+        key = check_key(namespace)
+        async with self._connection("check the database with", key) as connection:
+            await connection.execute(sql.CHECK, (key,))
+            await connection.execute(sql.CHECK_DELETE, (key,))
+
+    async def scan(self, namespace: str, match: str = "*") -> set[str]:
+        statement = sql.scan(namespace, match)
+        async with self._connection("scan", namespace) as connection:
+            rows = await (await connection.execute(statement.query, statement.params)).fetchall()
+        return entry_value_keys(row[0] for row in rows)
+
+    async def aclose(self) -> None:
+        if self._opened:
+            await self._pool.close()
+
+
+def postgres_stores(
+    pool_or_url: ConnectionPool[Any] | str,
+    breaker: CircuitBreaker,
+    *,
+    socket_timeout: float,
+    connect_timeout: float,
+    max_connections: int,
+) -> tuple[PostgresStore, Callable[[], AsyncPostgresStore]]:
+    """A layer's blocking store and its maker of each event loop's store, over a pool the
+    layer makes from a ``postgresql://`` URL (and owns), or over the caller's pool (whose
+    conninfo and connection settings each loop's pool copies)."""
+    if isinstance(pool_or_url, str):
+        settings = connection_settings(socket_timeout, connect_timeout)
+        pool: ConnectionPool[Any] = ConnectionPool(
+            pool_or_url, kwargs=settings, min_size=1, max_size=max_connections, open=True, timeout=socket_timeout
+        )
+        owns, timeout = True, socket_timeout
+    else:
+        pool, owns, timeout = pool_or_url, False, pool_or_url.timeout
+        settings = dict(pool.kwargs) if isinstance(pool.kwargs, dict) else {}
+        max_connections = pool.max_size
+    conninfo = pool.conninfo if isinstance(pool.conninfo, str) else ""
+    listener = PostgresListener(conninfo, settings, timeout)
+    store = PostgresStore(pool, breaker, listener, timeout, owns_pool=owns)
+
+    def make() -> AsyncPostgresStore:
+        return AsyncPostgresStore(conninfo, settings, max_connections, breaker, listener, timeout)
+
+    return store, make

@@ -1,0 +1,383 @@
+"""The PostgreSQL store's tables and functions, one constant each, and the one statement
+per store method that calls them, shared by the blocking and asyncio stores.
+
+The database lock the design describes is a unique row: ``INSERT ... ON CONFLICT DO
+NOTHING`` takes it, ``DELETE`` releases it. On its own it has the textbook failures: no
+expiry (a holder that dies holds it for ever), no blocking wait (a refused caller polls),
+no reentrancy, no fairness, no fencing. Here each is fixed:
+
+* expiry: a lease row has a deadline by the database's clock (``clock_timestamp()``);
+  a lapsed row is taken over by the same ``INSERT ... ON CONFLICT DO UPDATE ... WHERE
+  expires_at <= now``, and the watchdog pushes the deadline while the holder loads;
+* blocking waits: a release, a write and an invalidation ``NOTIFY`` the entry's channel
+  (delivered when they commit), and waiters sleep on ``LISTEN`` (``PostgresListener``);
+* fencing: a named lock draws its token from a sequence, which never goes back, even
+  after a crash (sequences are logged, unlike these tables);
+* fairness: a queue table in arrival order (tickets from a sequence), each waiter's place
+  leased as in Redis, every fair take serialised per lock by a transaction-scoped
+  advisory lock; reentrancy is the layer's, over any store (``Lock``).
+
+Each function runs in one statement, hence atomically: "check the token, then act" has
+no window between the steps, as in a Lua script. Row locks order the races: a write and
+an invalidation of the same entry both delete the lease row, and the second to come
+finds it gone. Values and leases live in UNLOGGED tables: a cache, so no WAL is written
+for them, and a crash empties them (every lease is then free, which is safe: a holder
+from before the crash finds its lease gone and its write refused).
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import NamedTuple
+
+from .._core.codec import stale_window_of
+from .._core.keys import EntryKeys
+
+NOTIFY_CHANNEL = "stampede"
+"""The one channel every store LISTENs on. A payload is ``c<entry's channel>`` (the
+entry changed: re-check), or ``v<envelope in base64>\n<entry's channel>`` (a write whose
+envelope travels with it, when it fits in NOTIFY's 8000 bytes)."""
+
+INLINE_MAX = 5000  # the largest envelope a wake-up carries (base64 makes it 6668 bytes)
+
+SCHEMA = r"""
+-- One creator at a time (concurrent CREATE OR REPLACE of one function fails).
+SELECT pg_advisory_xact_lock(1400136045);
+
+CREATE UNLOGGED TABLE IF NOT EXISTS stampede_values (
+    key text PRIMARY KEY,
+    value bytea NOT NULL,
+    expires_at timestamptz NOT NULL,
+    stale_ms bigint NOT NULL DEFAULT 0  -- the stale window the envelope was written with
+);
+CREATE INDEX IF NOT EXISTS stampede_values_expiry ON stampede_values (expires_at);
+
+CREATE UNLOGGED TABLE IF NOT EXISTS stampede_leases (
+    key text PRIMARY KEY,
+    token text NOT NULL,  -- a holder's token, or '!failed' (a failed load's hold)
+    expires_at timestamptz NOT NULL
+);
+CREATE INDEX IF NOT EXISTS stampede_leases_expiry ON stampede_leases (expires_at);
+
+CREATE UNLOGGED TABLE IF NOT EXISTS stampede_queue (
+    key text NOT NULL,  -- a fair lock's lease key
+    token text NOT NULL,
+    ticket bigint NOT NULL,  -- arrival order
+    expires_at timestamptz NOT NULL,  -- the waiter's place, renewed on every try
+    PRIMARY KEY (key, token)
+);
+
+CREATE SEQUENCE IF NOT EXISTS stampede_fences;
+CREATE SEQUENCE IF NOT EXISTS stampede_tickets;
+
+-- Double-check the value and take the lease, in one step (the Redis ACQUIRE script).
+-- state 1: the value (not the caller's stale one) is there; 2: the lease is ours;
+-- 3: another holder has it for left_ms more (failed: a failed load's hold).
+CREATE OR REPLACE FUNCTION stampede_acquire(
+    p_value text, p_lock text, p_token text, p_lease_ms bigint, p_check boolean, p_stale bytea,
+    OUT state int, OUT raw bytea, OUT left_ms bigint, OUT failed boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    now_ timestamptz := clock_timestamp();
+    holder text;
+    deadline timestamptz;
+BEGIN
+    left_ms := 0; failed := false;
+    IF p_check THEN
+        SELECT v.value INTO raw FROM stampede_values v WHERE v.key = p_value AND v.expires_at > now_;
+        IF raw IS NOT NULL AND (length(p_stale) = 0 OR substring(raw FROM 1 FOR length(p_stale)) <> p_stale) THEN
+            state := 1; RETURN;
+        END IF;
+        raw := NULL;
+    END IF;
+    INSERT INTO stampede_leases AS l (key, token, expires_at)
+        VALUES (p_lock, p_token, now_ + p_lease_ms * interval '1 millisecond')
+        ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at
+        WHERE l.expires_at <= now_
+        RETURNING l.token INTO holder;
+    IF holder IS NOT NULL THEN
+        state := 2; RETURN;
+    END IF;
+    SELECT l.token, l.expires_at INTO holder, deadline FROM stampede_leases l WHERE l.key = p_lock;
+    state := 3;
+    left_ms := GREATEST(0, ceil(extract(epoch FROM deadline - now_) * 1000))::bigint;
+    failed := holder = '!failed';
+END $$;
+
+-- Write, release and wake, if our lease still holds (the Redis WRITE_AND_RELEASE script).
+-- Returns 1: written; 0: refused, an invalidation dropped the lease; -1: the lease was gone.
+CREATE OR REPLACE FUNCTION stampede_write_release(
+    p_value text, p_lock text, p_invalidated text, p_failing text, p_token text,
+    p_envelope bytea, p_ttl_ms bigint, p_stale_ms bigint, p_channel text, p_inline boolean)
+RETURNS int LANGUAGE plpgsql AS $$
+DECLARE
+    now_ timestamptz := clock_timestamp();
+BEGIN
+    DELETE FROM stampede_leases WHERE key = p_lock AND token = p_token AND expires_at > now_;
+    IF NOT FOUND THEN
+        IF EXISTS (SELECT 1 FROM stampede_values WHERE key = p_invalidated AND expires_at > now_) THEN
+            RETURN 0;
+        END IF;
+        RETURN -1;
+    END IF;
+    INSERT INTO stampede_values (key, value, expires_at, stale_ms)
+        VALUES (p_value, p_envelope, now_ + p_ttl_ms * interval '1 millisecond', p_stale_ms)
+        ON CONFLICT (key) DO UPDATE
+        SET value = EXCLUDED.value, expires_at = EXCLUDED.expires_at, stale_ms = EXCLUDED.stale_ms;
+    DELETE FROM stampede_values WHERE key = p_failing;
+    IF p_inline AND length(p_envelope) <= 5000 THEN
+        PERFORM pg_notify('stampede', 'v' || translate(encode(p_envelope, 'base64'), E'\n', '') || E'\n' || p_channel);
+    ELSE
+        PERFORM pg_notify('stampede', 'c' || p_channel);
+    END IF;
+    RETURN 1;
+END $$;
+
+-- Release our lease without writing, and wake the waiters to take it.
+CREATE OR REPLACE FUNCTION stampede_release(p_lock text, p_token text, p_channel text)
+RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM stampede_leases WHERE key = p_lock AND token = p_token AND expires_at > clock_timestamp();
+    IF NOT FOUND THEN RETURN false; END IF;
+    PERFORM pg_notify('stampede', 'c' || p_channel);
+    RETURN true;
+END $$;
+
+-- A failed load's lease becomes a hold no token owns, the entry is marked failing, and
+-- the waiters are woken to be served stale (the Redis HOLD_AFTER_FAILURE script).
+CREATE OR REPLACE FUNCTION stampede_hold(
+    p_lock text, p_failing text, p_token text, p_hold_ms bigint, p_failing_ms bigint, p_channel text)
+RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    now_ timestamptz := clock_timestamp();
+BEGIN
+    UPDATE stampede_leases SET token = '!failed', expires_at = now_ + p_hold_ms * interval '1 millisecond'
+        WHERE key = p_lock AND token = p_token AND expires_at > now_;
+    IF NOT FOUND THEN RETURN false; END IF;
+    INSERT INTO stampede_values (key, value, expires_at)
+        VALUES (p_failing, '\x31', now_ + p_failing_ms * interval '1 millisecond')
+        ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, expires_at = EXCLUDED.expires_at;
+    PERFORM pg_notify('stampede', 'c' || p_channel);
+    RETURN true;
+END $$;
+
+-- Drop (p_keep false) or make stale (p_keep true: kept for its stale window) the value,
+-- drop any lease, leave the invalidation marker for what the lease had left, remove the
+-- failing marker and wake the waiters (the Redis INVALIDATE and EXPIRE scripts).
+CREATE OR REPLACE FUNCTION stampede_invalidate(
+    p_value text, p_lock text, p_invalidated text, p_failing text, p_channel text, p_keep boolean)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    now_ timestamptz := clock_timestamp();
+    deadline timestamptz;
+BEGIN
+    DELETE FROM stampede_leases WHERE key = p_lock RETURNING expires_at INTO deadline;
+    IF p_keep THEN
+        DELETE FROM stampede_values WHERE key = p_value AND stale_ms < 1;
+        UPDATE stampede_values SET expires_at = LEAST(expires_at, now_ + stale_ms * interval '1 millisecond')
+            WHERE key = p_value;
+    ELSE
+        DELETE FROM stampede_values WHERE key = p_value;
+    END IF;
+    DELETE FROM stampede_values WHERE key = p_failing;
+    IF deadline > now_ THEN
+        INSERT INTO stampede_values (key, value, expires_at) VALUES (p_invalidated, '\x31', deadline)
+            ON CONFLICT (key) DO UPDATE SET expires_at = EXCLUDED.expires_at;
+    END IF;
+    PERFORM pg_notify('stampede', 'c' || p_channel);
+END $$;
+
+-- Take a named lock, in arrival order if p_queue_ms > 0, and draw its fencing token
+-- (the Redis TAKE_LOCK and TAKE_LOCK_FAIRLY scripts). state 2: taken, with fence;
+-- 3: not yet, the holder has left_ms more (-2: free, but another waiter is first in line).
+CREATE OR REPLACE FUNCTION stampede_take_lock(
+    p_lock text, p_token text, p_lease_ms bigint, p_queue_ms bigint,
+    OUT state int, OUT fence bigint, OUT left_ms bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    now_ timestamptz := clock_timestamp();
+    holder text;
+    head text;
+    head_expiry timestamptz;
+    deadline timestamptz;
+BEGIN
+    fence := 0; left_ms := 0;
+    IF p_queue_ms > 0 THEN
+        PERFORM pg_advisory_xact_lock(hashtextextended(p_lock, 0));
+        LOOP  -- a waiter at the head whose place ran out (it died, or stopped trying) goes
+            SELECT q.token, q.expires_at INTO head, head_expiry FROM stampede_queue q
+                WHERE q.key = p_lock ORDER BY q.ticket LIMIT 1;
+            EXIT WHEN head IS NULL OR head = p_token OR head_expiry > now_;
+            DELETE FROM stampede_queue WHERE key = p_lock AND token = head;
+        END LOOP;
+        INSERT INTO stampede_queue AS q (key, token, ticket, expires_at)
+            VALUES (p_lock, p_token, nextval('stampede_tickets'), now_ + p_queue_ms * interval '1 millisecond')
+            ON CONFLICT (key, token) DO UPDATE SET expires_at = EXCLUDED.expires_at;
+        SELECT q.token INTO head FROM stampede_queue q WHERE q.key = p_lock ORDER BY q.ticket LIMIT 1;
+    END IF;
+    IF p_queue_ms <= 0 OR head = p_token THEN
+        INSERT INTO stampede_leases AS l (key, token, expires_at)
+            VALUES (p_lock, p_token, now_ + p_lease_ms * interval '1 millisecond')
+            ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at
+            WHERE l.expires_at <= now_
+            RETURNING l.token INTO holder;
+        IF holder IS NOT NULL THEN
+            DELETE FROM stampede_queue WHERE key = p_lock AND token = p_token;
+            state := 2; fence := nextval('stampede_fences'); RETURN;
+        END IF;
+    END IF;
+    state := 3;
+    SELECT l.expires_at INTO deadline FROM stampede_leases l WHERE l.key = p_lock AND l.expires_at > now_;
+    IF deadline IS NULL THEN
+        left_ms := -2;
+    ELSE
+        left_ms := GREATEST(0, ceil(extract(epoch FROM deadline - now_) * 1000))::bigint;
+    END IF;
+END $$;
+
+-- Give up a place in a fair lock's queue; wake the others (it may have been first).
+CREATE OR REPLACE FUNCTION stampede_leave_queue(p_lock text, p_token text, p_channel text)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM stampede_queue WHERE key = p_lock AND token = p_token;
+    IF FOUND THEN PERFORM pg_notify('stampede', 'c' || p_channel); END IF;
+END $$;
+
+-- Delete up to p_batch expired rows of each table; return how many went. Expired rows
+-- are already ignored by every read: this only keeps the tables small.
+CREATE OR REPLACE FUNCTION stampede_sweep(p_batch int)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    now_ timestamptz := clock_timestamp();
+    gone bigint := 0;
+    n bigint;
+BEGIN
+    DELETE FROM stampede_values WHERE ctid = ANY (ARRAY(
+        SELECT ctid FROM stampede_values WHERE expires_at <= now_ LIMIT p_batch));
+    GET DIAGNOSTICS n = ROW_COUNT; gone := gone + n;
+    DELETE FROM stampede_leases WHERE ctid = ANY (ARRAY(
+        SELECT ctid FROM stampede_leases WHERE expires_at <= now_ LIMIT p_batch));
+    GET DIAGNOSTICS n = ROW_COUNT; gone := gone + n;
+    DELETE FROM stampede_queue WHERE ctid = ANY (ARRAY(
+        SELECT ctid FROM stampede_queue WHERE expires_at <= now_ LIMIT p_batch));
+    GET DIAGNOSTICS n = ROW_COUNT; gone := gone + n;
+    RETURN gone;
+END $$;
+"""
+
+
+class Statement(NamedTuple):
+    """One statement and its parameters, as ``cursor.execute`` takes them."""
+
+    query: str
+    params: tuple[object, ...]
+
+
+GET = "SELECT value FROM stampede_values WHERE key = %s AND expires_at > clock_timestamp()"
+
+GET_WITH_TTL = (
+    "SELECT v.value, extract(epoch FROM v.expires_at - clock_timestamp())::float8,"
+    " EXISTS (SELECT 1 FROM stampede_values f WHERE f.key = %s AND f.expires_at > clock_timestamp())"
+    " FROM stampede_values v WHERE v.key = %s AND v.expires_at > clock_timestamp()"
+)
+
+HOLDER = "SELECT token FROM stampede_leases WHERE key = %s AND expires_at > clock_timestamp()"
+
+RENEW = (
+    "UPDATE stampede_leases SET expires_at = clock_timestamp() + %s * interval '1 millisecond'"
+    " WHERE key = %s AND token = %s AND expires_at > clock_timestamp()"
+)
+
+SCAN = (
+    "SELECT key FROM stampede_values WHERE key LIKE %s AND expires_at > clock_timestamp()"
+    " UNION SELECT key FROM stampede_leases WHERE key LIKE %s AND expires_at > clock_timestamp()"
+)
+
+SWEEP = "SELECT stampede_sweep(%s)"
+
+CHECK = (
+    "INSERT INTO stampede_values (key, value, expires_at) VALUES (%s, '\\x31', clock_timestamp() + interval '1 s')"
+    " ON CONFLICT (key) DO UPDATE SET expires_at = EXCLUDED.expires_at"
+)
+CHECK_DELETE = "DELETE FROM stampede_values WHERE key = %s"
+
+
+def get_with_ttl(key: str, failing_key: str) -> Statement:
+    return Statement(GET_WITH_TTL, (failing_key, key))
+
+
+def acquire(keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes) -> Statement:
+    return Statement(
+        "SELECT state, raw, left_ms, failed FROM stampede_acquire(%s, %s, %s, %s, %s, %s)",
+        (keys.value, keys.lock, token, lease_ms, check_value, stale),
+    )
+
+
+def write_release(keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> Statement:
+    stale_ms = int(stale_window_of(envelope) * 1000)
+    markers = (keys.invalidated, keys.failing)
+    return Statement(
+        "SELECT stampede_write_release(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        (keys.value, keys.lock, *markers, token, envelope, ttl_ms, stale_ms, keys.channel, inline),
+    )
+
+
+def wake_up(payload: str) -> tuple[str, bytes]:
+    """A NOTIFY payload as (the entry's channel, the message for its waiters)."""
+    if payload.startswith("v"):
+        encoded, _, channel = payload[1:].partition("\n")
+        return channel, base64.b64decode(encoded)
+    return payload[1:], b""
+
+
+def release(keys: EntryKeys, token: str) -> Statement:
+    return Statement("SELECT stampede_release(%s, %s, %s)", (keys.lock, token, keys.channel))
+
+
+def renew(keys: EntryKeys, token: str, lease_ms: int) -> Statement:
+    return Statement(RENEW, (lease_ms, keys.lock, token))
+
+
+def hold(keys: EntryKeys, token: str, hold_ms: int, failing_ms: int) -> Statement:
+    return Statement(
+        "SELECT stampede_hold(%s, %s, %s, %s, %s, %s)",
+        (keys.lock, keys.failing, token, hold_ms, failing_ms, keys.channel),
+    )
+
+
+def invalidate(keys: EntryKeys, keep_stale: bool) -> Statement:
+    return Statement(
+        "SELECT stampede_invalidate(%s, %s, %s, %s, %s, %s)",
+        (keys.value, keys.lock, keys.invalidated, keys.failing, keys.channel, keep_stale),
+    )
+
+
+def take_lock(keys: EntryKeys, token: str, lease_ms: int, queue_ms: int) -> Statement:
+    return Statement(
+        "SELECT state, fence, left_ms FROM stampede_take_lock(%s, %s, %s, %s)",
+        (keys.lock, token, lease_ms, queue_ms),
+    )
+
+
+def leave_queue(keys: EntryKeys, token: str) -> Statement:
+    return Statement("SELECT stampede_leave_queue(%s, %s, %s)", (keys.lock, token, keys.channel))
+
+
+def holder(keys: EntryKeys) -> Statement:
+    return Statement(HOLDER, (keys.lock,))
+
+
+def scan(namespace: str, match: str) -> Statement:
+    """Every key of the namespace whose entry starts with the glob's literal prefix;
+    callers test each entry against the whole pattern."""
+    literal = ""
+    for char in match:
+        if char in "*?[\\":
+            break
+        literal += char
+    like = _like_escape(f"{namespace}:{{{literal}") + "%"
+    return Statement(SCAN, (like, like))
+
+
+def _like_escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
