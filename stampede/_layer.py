@@ -35,9 +35,9 @@ from ._drivers.aio import AsyncRunner
 from ._drivers.blocking import SyncRunner
 from ._drivers.near import NearCache
 from ._drivers.observe import Events, RateLimitedLog
-from ._drivers.redlock_store import AsyncRedlockStore, RedlockStore
+from ._drivers.redlock_store import AsyncRedlockStore, AsyncZooKeeperStore, RedlockStore, ZooKeeperStore
 from ._drivers.watchdog import Watchdog
-from ._errors import ConfigError
+from ._errors import BackendUnavailable, ConfigError
 from ._loader import AsyncCachedLoader, CachedLoader, P
 from ._lock import Lock, ReentrantHolds
 from ._redlock import Redlock
@@ -48,6 +48,8 @@ R = TypeVar("R")
 
 DEFAULT_SOCKET_TIMEOUT = 2.0
 DEFAULT_CONNECT_TIMEOUT = 1.0
+ZOOKEEPER_SESSION_TIMEOUT = 10.0  # kazoo's default: how long a silent holder keeps its leases
+ZOOKEEPER_CONNECT_TIMEOUT = 10.0
 
 
 AsyncClient = Union[
@@ -97,6 +99,7 @@ class Stampede:
         near_lease: float = NEAR_LEASE,
         observers: Iterable[Observer] = (),
         postgres: Any = None,
+        zookeeper: Any = None,
         **settings: Any,
     ) -> None:
         try:
@@ -128,6 +131,8 @@ class Stampede:
         make_async_store: Callable[[], AsyncStore] | None = None
         if redlock is not None and client is None and async_client is None:
             raise ConfigError("redlock= needs a cache server: pass a redis client, or use Stampede.from_url")
+        if zookeeper is not None and (redlock is not None or (client is None and async_client is None)):
+            raise ConfigError("zookeeper= holds leases beside a cache server: pass a redis client, and no redlock")
         if postgres is not None:
             if client is not None or async_client is not None or redlock is not None:
                 raise ConfigError("postgres= is the whole store: pass no redis client and no redlock with it")
@@ -156,6 +161,9 @@ class Stampede:
             make_async_store = _async_store_maker(async_client, breaker, eviction, node_breakers, near_channel)
             if redlock is not None:
                 make_async_store = _with_redlock(make_async_store, redlock)
+        self._zookeeper: Any = None  # a kazoo client the layer started (and stops)
+        if zookeeper is not None:
+            store, make_async_store, self._zookeeper = _with_zookeeper(zookeeper, store, make_async_store)
         refreshes = background_refreshes
         self._runner = SyncRunner(store, self._events, warn, self._watchdog, refreshes) if store is not None else None
         self._async_runner = AsyncRunner(make_async_store, self._events, warn, refreshes) if make_async_store else None
@@ -178,6 +186,7 @@ class Stampede:
         background_refreshes: int = 8,
         check: bool = False,
         cluster: bool = False,
+        zookeeper: Any = None,
         **settings: Any,
     ) -> Stampede:
         """A layer over clients for ``url`` with bounded timeouts and no hidden retries,
@@ -194,7 +203,7 @@ class Stampede:
         check_seconds("socket_connect_timeout", socket_connect_timeout)
         check_count("max_connections", max_connections)
         if is_postgres_url(url):
-            if cluster or redlock is not None:
+            if cluster or redlock is not None or zookeeper is not None:
                 raise ConfigError("a postgresql:// URL is the whole store: cluster= and redlock= are Redis's")
             postgres = PostgresURL(url, socket_timeout, socket_connect_timeout, max_connections)
             layer = cls(
@@ -223,6 +232,7 @@ class Stampede:
                 client,
                 async_client=make_async_client,
                 redlock=redlock,
+                zookeeper=zookeeper,
                 namespace=namespace,
                 serializer=serializer,
                 background_refreshes=background_refreshes,
@@ -492,6 +502,10 @@ class Stampede:
         """Stop the layer's threads and close the connections it opened. Connections of
         async loaders are closed by ``aclose()`` in their event loop."""
         self._watchdog.close()
+        if self._zookeeper is not None:
+            self._zookeeper.stop()
+            self._zookeeper.close()
+            self._zookeeper = None
         if self._tracker is not None:
             self._tracker.close()
         if self._runner is not None:
@@ -658,9 +672,35 @@ StoreT = TypeVar("StoreT", Store, AsyncStore)
 def _named_lock_store(store: StoreT) -> StoreT:
     """Where named locks live: the cache server, also in a layer with Redlock leases (a
     named lock has a fencing token and a fair queue, which need one server)."""
-    if isinstance(store, (RedlockStore, AsyncRedlockStore)):
+    if isinstance(store, (RedlockStore, AsyncRedlockStore)):  # ZooKeeper's too
         return store.cache
     return store
+
+
+def _with_zookeeper(
+    zookeeper: Any, store: Store | None, make_async_store: Callable[[], AsyncStore] | None
+) -> tuple[Store | None, Callable[[], AsyncStore] | None, Any]:
+    """The stores of a layer whose leases are also ZooKeeper nodes (``zookeeper=``: hosts,
+    ``host:port[,host:port...]``, or a started kazoo client), and the client it started."""
+    try:
+        from ._backends.zookeeper import AsyncZooKeeperLockServers, ZooKeeperLockServers, client_of
+    except ImportError as error:
+        raise ConfigError(f"zookeeper= needs kazoo: pip install 'stampede[zookeeper]' ({error})") from None
+    try:
+        client, owned = client_of(zookeeper, ZOOKEEPER_SESSION_TIMEOUT, ZOOKEEPER_CONNECT_TIMEOUT)
+    except Exception as error:
+        raise BackendUnavailable(f"cannot connect to ZooKeeper at {zookeeper!r}: {error}") from error
+    servers = ZooKeeperLockServers(client)
+    if store is not None:
+        store = ZooKeeperStore(store, servers, servers)
+    if make_async_store is not None:
+        make_cache_store = make_async_store
+
+        def make() -> AsyncStore:
+            return AsyncZooKeeperStore(make_cache_store(), AsyncZooKeeperLockServers(servers), servers)
+
+        make_async_store = make
+    return store, make_async_store, client if owned else None
 
 
 def _with_redlock(make_cache_store: Callable[[], AsyncStore], redlock: Redlock) -> Callable[[], AsyncStore]:

@@ -24,11 +24,13 @@ from stampede.testing import (
     PostgresServer,
     RedisServer,
     SentinelServers,
+    ZooKeeperServer,
     find_postgres,
     find_server_binary,
+    find_zookeeper,
 )
 
-BACKENDS = ["redis", "embedded", "redlock", "cluster", "sentinel", "postgres"]
+BACKENDS = ["redis", "embedded", "redlock", "cluster", "sentinel", "postgres", "zookeeper"]
 
 # STAMPEDE_TEST_FRESHNESS=1 runs the suites with freshness on in every layer the fixtures
 # make (a test's own settings win): their promises must hold with it too (CI runs the
@@ -243,18 +245,45 @@ def make_postgres_layer(postgres_server: PostgresServer) -> Iterator[Callable[..
         yield make
 
 
+def needs_zookeeper() -> None:
+    """Skip, with one line saying what to install, where ZooKeeper cannot be run."""
+    if importlib.util.find_spec("kazoo") is None:
+        pytest.skip("ZooKeeper tests need kazoo: pip install -e '.[dev]'")
+    found = find_zookeeper()
+    if isinstance(found, str):
+        pytest.skip(f"ZooKeeper tests: {found}")
+
+
+@pytest.fixture(scope="session")
+def zookeeper_server() -> Iterator[ZooKeeperServer]:
+    """One ZooKeeper server for the session (tests that stop it start their own)."""
+    needs_zookeeper()
+    with ZooKeeperServer() as server:
+        yield server
+
+
+@pytest.fixture
+def make_zookeeper_layer(
+    zookeeper_server: ZooKeeperServer, redis_url: str, redis_client: redis.Redis
+) -> Iterator[Callable[..., Stampede]]:
+    """Builds layers over the shared Redis server whose leases are also ZooKeeper nodes."""
+    with layers_over(redis_url, zookeeper=zookeeper_server.hosts) as make:
+        yield make
+
+
 @pytest.fixture(params=BACKENDS)
 def layer_of_each_backend(
     request: pytest.FixtureRequest, make_layer: Callable[..., Stampede]
 ) -> Iterator[Callable[..., Stampede]]:
     """The behaviour suite runs over every backend: Redis, the embedded one, Redis with
     Redlock leases over three servers (the cache server among them), a Redis Cluster of
-    three primaries, the master of a Sentinel set, and PostgreSQL."""
+    three primaries, the master of a Sentinel set, PostgreSQL, and Redis with ZooKeeper
+    leases."""
     embedded: list[Stampede] = []
     make_redlock = request.getfixturevalue("make_redlock") if request.param == "redlock" else None
     make_topology_layer = (
         request.getfixturevalue(f"make_{request.param}_layer")
-        if request.param in ("cluster", "sentinel", "postgres")
+        if request.param in ("cluster", "sentinel", "postgres", "zookeeper")
         else None
     )
 

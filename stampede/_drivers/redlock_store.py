@@ -11,6 +11,10 @@ A load's lease is held in two places, for two reasons:
   lock servers, so a waiter takes over at once); the holder's write is then refused,
   exactly as in a layer without Redlock. Nothing stale is written after an invalidation.
 
+ZooKeeper leases (``ZooKeeperStore``) take the same shape with a session's rules
+(``_core.sessions.SessionLeases``): the ensemble is one lock service, and a waiter also
+watches the holder's node, so that a holder whose session ends is taken over at once.
+
 The order of the steps is ``_core.majority.RedlockLeases``'s, written once; this module
 performs it with ``_drivers.perform``, blocking or awaited. Fair named locks and fencing stay
 single-server: ``layer.lock()`` on such a layer lives on the cache server, as
@@ -19,11 +23,14 @@ single-server: ``layer.lock()`` on such a layer lives on the cache server, as
 
 from __future__ import annotations
 
-from typing import TypeVar
+import asyncio
+from collections.abc import Callable
+from typing import Protocol, TypeVar
 
 from .._core.effects import Decision, Lease
 from .._core.keys import EntryKeys
 from .._core.majority import Quorum, RedlockLeases
+from .._core.sessions import SessionLeases
 from .._core.store import (
     AcquireReply,
     AsyncLockServers,
@@ -42,10 +49,10 @@ T = TypeVar("T")
 class RedlockStore:
     """A ``Store``: the cache server's store, with leases also held on lock servers."""
 
-    def __init__(self, cache: Store, servers: LockServers, quorum: Quorum) -> None:
+    def __init__(self, cache: Store, servers: LockServers, quorum: Quorum, leases: RedlockLeases | None = None) -> None:
         self.cache = cache
         self.servers = servers
-        self._leases = RedlockLeases(quorum)
+        self._leases = leases or RedlockLeases(quorum)
 
     def _run(self, decision: Decision[T], lease: Lease) -> T:
         return run(decision, Performer(lease, store=self.cache, servers=self.servers))
@@ -108,10 +115,12 @@ class AsyncRedlockStore:
     """An ``AsyncStore``: ``RedlockStore`` for the tasks of one event loop. Owns its lock
     servers' clients."""
 
-    def __init__(self, cache: AsyncStore, servers: AsyncLockServers, quorum: Quorum) -> None:
+    def __init__(
+        self, cache: AsyncStore, servers: AsyncLockServers, quorum: Quorum, leases: RedlockLeases | None = None
+    ) -> None:
         self.cache = cache
         self.servers = servers
-        self._leases = RedlockLeases(quorum)
+        self._leases = leases or RedlockLeases(quorum)
 
     async def _run(self, decision: Decision[T], lease: Lease) -> T:
         return await arun(decision, AsyncPerformer(lease, store=self.cache, servers=self.servers))
@@ -169,3 +178,41 @@ class AsyncRedlockStore:
             await self.cache.aclose()
         finally:
             await self.servers.aclose()
+
+
+class Watchable(Protocol):
+    def watch(self, keys: EntryKeys, wake: Callable[[], None]) -> None: ...
+
+
+SESSION_QUORUM = Quorum(1, 0.0)  # one ensemble, whose leases have no term to drift
+
+
+class ZooKeeperStore(RedlockStore):
+    """A ``Store``: the cache server's store, with every load's lease also a ZooKeeper
+    node; a waiter is woken by the holder's message or by its node's deletion."""
+
+    def __init__(self, cache: Store, servers: LockServers, watcher: Watchable) -> None:
+        super().__init__(cache, servers, SESSION_QUORUM, SessionLeases(SESSION_QUORUM))
+        self._watcher = watcher
+
+    def subscribe(self, keys: EntryKeys) -> Subscription:
+        subscription = self.cache.subscribe(keys)
+        deliver = getattr(subscription, "deliver", None)
+        if deliver is not None:
+            self._watcher.watch(keys.on_lock_servers, lambda: deliver(b""))
+        return subscription
+
+
+class AsyncZooKeeperStore(AsyncRedlockStore):
+    """``ZooKeeperStore`` for the tasks of one event loop."""
+
+    def __init__(self, cache: AsyncStore, servers: AsyncLockServers, watcher: Watchable) -> None:
+        super().__init__(cache, servers, SESSION_QUORUM, SessionLeases(SESSION_QUORUM))
+        self._watcher = watcher
+
+    async def subscribe(self, keys: EntryKeys) -> AsyncSubscription:
+        subscription = await self.cache.subscribe(keys)
+        deliver = getattr(subscription, "deliver", None)
+        if deliver is not None:
+            await asyncio.to_thread(self._watcher.watch, keys.on_lock_servers, lambda: deliver(b""))
+        return subscription

@@ -1,0 +1,187 @@
+"""ZooKeeper as a lease service, over kazoo: the ``LockServers`` contract for one ensemble
+(a "majority" of one: the ensemble replicates itself), and the wake-up of waiters when a
+holder's node goes.
+
+A lease is an ephemeral sequential node ``/stampede/<entry's lock key>/lease-<seq>``
+holding the token; the lowest node holds it (ZooKeeper's lock recipe). Taking it creates
+a node and, unless it is the lowest, deletes it again at once: a load's waiters do not
+queue in ZooKeeper, they wait for the value on the cache server. A node lives as long as
+its holder's session: a holder that dies (or is cut off for longer than the session
+timeout) loses it without anyone's help, and the waiters watching it are woken.
+
+A failure to reach the ensemble (connection loss, an expired session, a timeout) is
+counted in the ``Round``, not raised, as a lock server's is: ``_core.majority`` turns it
+into ``BackendUnavailable``, and the layer's ``on_redis_error`` policy decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError, NotEmptyError
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.states import KazooState
+
+from .._core.keys import EntryKeys
+from .._core.store import Round
+
+ROOT = "/stampede"
+FAILURES = (KazooException, KazooTimeoutError)
+
+
+def entry_path(keys: EntryKeys) -> str:
+    """The parent of an entry's lease nodes (a node name may hold no ``/``)."""
+    return f"{ROOT}/{quote(keys.lock, safe='')}"
+
+
+def _sequence(node: str) -> int:
+    return int(node.rsplit("-", 1)[1])
+
+
+class ZooKeeperLockServers:
+    """The lease service for blocking callers (and, through a thread, asyncio ones)."""
+
+    def __init__(self, client: KazooClient, lease_ms_hint: int = 0) -> None:
+        self.client = client
+        self._lock = threading.Lock()
+        self._nodes: dict[tuple[str, str], str] = {}  # (entry path, token) -> our node's path
+
+    def _lowest(self, path: str) -> str | None:
+        children = self.client.get_children(path)
+        return f"{path}/{min(children, key=_sequence)}" if children else None
+
+    def take(self, keys: EntryKeys, token: str, lease_ms: int) -> Round:
+        path = entry_path(keys)
+        try:
+            for _ in range(3):  # the parent may be removed by a releaser between two steps
+                try:
+                    node = self.client.create(
+                        f"{path}/lease-", token.encode(), ephemeral=True, sequence=True, makepath=True
+                    )
+                    break
+                except (NoNodeError, NodeExistsError):
+                    continue
+            else:
+                return Round(0, 1)
+            if self._lowest(path) == node:
+                with self._lock:
+                    self._nodes[(path, token)] = node
+                return Round(1, 0)
+            self.client.delete(node)
+            return Round(0, 0, lease_ms / 1000)
+        except FAILURES:
+            return Round(0, 1)
+
+    def release(self, keys: EntryKeys, token: str) -> Round:
+        path = entry_path(keys)
+        with self._lock:
+            node = self._nodes.pop((path, token), None)
+        if node is None:
+            return Round(0, 0)
+        try:
+            self.client.delete(node)
+            self._remove_if_empty(path)
+            return Round(1, 0)
+        except NoNodeError:
+            return Round(0, 0)
+        except FAILURES:
+            return Round(0, 1)
+
+    def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> Round:
+        """Still held: our node exists and the session is live (a node has no term)."""
+        with self._lock:
+            node = self._nodes.get((entry_path(keys), token))
+        if node is None:
+            return Round(0, 0)
+        try:
+            held = self.client.state == KazooState.CONNECTED and self.client.exists(node) is not None
+            return Round(int(held), 0)
+        except FAILURES:
+            return Round(0, 1)
+
+    def drop(self, keys: EntryKeys) -> Round:
+        """Delete every lease node of the entry (an invalidation), whoever holds it."""
+        path = entry_path(keys)
+        try:
+            for child in self.client.get_children(path):
+                try:
+                    self.client.delete(f"{path}/{child}")
+                except NoNodeError:
+                    pass
+            self._remove_if_empty(path)
+            return Round(1, 0)
+        except NoNodeError:
+            return Round(1, 0)
+        except FAILURES:
+            return Round(0, 1)
+
+    def holders(self, keys: EntryKeys) -> list[bytes | None]:
+        try:
+            lowest = self._lowest(entry_path(keys))
+            return [None if lowest is None else self.client.get(lowest)[0]]
+        except NoNodeError:
+            return [None]
+        except FAILURES:
+            return [None]
+
+    def watch(self, keys: EntryKeys, wake: Callable[[], None]) -> None:
+        """Call ``wake`` once when the entry's current holder's node goes (best effort:
+        a failure to set the watch only leaves the waiter to its message or timeout)."""
+        try:
+            lowest = self._lowest(entry_path(keys))
+            if lowest is not None and self.client.exists(lowest, watch=lambda _event: wake()) is None:
+                wake()
+        except (NoNodeError, *FAILURES):
+            pass
+
+    def _remove_if_empty(self, path: str) -> None:
+        try:
+            self.client.delete(path)
+        except (NotEmptyError, NoNodeError):
+            pass
+
+
+class AsyncZooKeeperLockServers:
+    """``ZooKeeperLockServers`` for the tasks of one event loop: kazoo's calls are blocking,
+    so each runs in a worker thread. The client is the layer's (not closed here)."""
+
+    def __init__(self, servers: ZooKeeperLockServers) -> None:
+        self.servers = servers
+
+    async def take(self, keys: EntryKeys, token: str, lease_ms: int) -> Round:
+        return await asyncio.to_thread(self.servers.take, keys, token, lease_ms)
+
+    async def release(self, keys: EntryKeys, token: str) -> Round:
+        return await asyncio.to_thread(self.servers.release, keys, token)
+
+    async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> Round:
+        return await asyncio.to_thread(self.servers.renew, keys, token, lease_ms)
+
+    async def drop(self, keys: EntryKeys) -> Round:
+        return await asyncio.to_thread(self.servers.drop, keys)
+
+    async def holders(self, keys: EntryKeys) -> list[bytes | None]:
+        return await asyncio.to_thread(self.servers.holders, keys)
+
+    async def aclose(self) -> None:
+        pass
+
+
+def start_client(hosts: str, session_timeout: float, connect_timeout: float) -> KazooClient:
+    """A started kazoo client for ``hosts`` (``host:port,...``). It keeps reconnecting by
+    itself; a command while it cannot reach the ensemble fails at once."""
+    client = KazooClient(hosts=hosts, timeout=session_timeout, connection_retry={"max_tries": -1, "max_delay": 1})
+    client.start(timeout=connect_timeout)
+    return client
+
+
+def client_of(zookeeper: Any, session_timeout: float, connect_timeout: float) -> tuple[KazooClient, bool]:
+    """The kazoo client for ``zookeeper=`` (hosts, or a client) and whether the layer owns it."""
+    if isinstance(zookeeper, KazooClient):
+        return zookeeper, False
+    return start_client(str(zookeeper), session_timeout, connect_timeout), True

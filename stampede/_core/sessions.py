@@ -1,0 +1,98 @@
+"""The decisions of a layer whose leases are also ZooKeeper leases (sans-IO): an ephemeral
+sequential node per load, released with its holder's session, performed by
+``_drivers.redlock_store`` as Redlock's are (ZooKeeper is one replicated lock service, a
+"majority" of one).
+
+What a session adds to Redlock's order of steps (``_core.majority.RedlockLeases``):
+
+* take: the ZooKeeper lease first (our node is the lowest of the entry's), then the cache
+  key with the value's double-check. If the cache key is still held, it is held by a
+  holder ZooKeeper no longer knows: its session ended (it died, or was cut off from the
+  ensemble). It is taken over at once: the value is made stale (``Expire``: its lease
+  dropped, an invalidation marker left), so that holder's write is refused, and the take
+  is tried again. A failed load's hold (``Store.hold``) is no holder's and stays.
+* every release of the node comes after the step on the cache server (write, release,
+  hold), so that whoever is next in ZooKeeper finds the cache key settled: a key still
+  held then can only be a holder ZooKeeper has forgotten, never one finishing up.
+* write: only while our node still exists. A holder whose session expired mid-load
+  releases the cache key and writes nothing (``Written.REFUSED``), even if nobody took
+  over yet: another caller may be loading already.
+
+Timeline of a session expiry while loading::
+
+    time 0    A takes node lease-01 and the cache key; loads
+    time 1    A's process stalls (GC, swap) and misses its heartbeats
+    time 1+T  ZooKeeper expires A's session (T: the session timeout); lease-01 is deleted;
+              B's watch on lease-01 fires, B takes lease-02, finds A's cache key, takes
+              it over (A's lease dropped, marker left), loads
+    time 2    A resumes: its write finds lease-01 gone (or its cache key gone): refused
+"""
+
+from __future__ import annotations
+
+from .._errors import BackendUnavailable
+from .effects import Acquire, Decision, Expire, Hold, ReadValue, Release, ServersRelease, ServersRenew, WriteRelease
+from .keys import EntryKeys
+from .majority import RedlockLeases, take_majority
+from .store import AcquireReply, LockState, Round, Written
+
+
+class SessionLeases(RedlockLeases):
+    """``RedlockLeases`` for a lease service whose leases end with their holder's session."""
+
+    def acquire(
+        self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
+    ) -> Decision[AcquireReply]:
+        taken, valid_until = yield from take_majority(self.quorum, keys.on_lock_servers, token, lease_ms, self.clock)
+        if valid_until is None:
+            return (yield from self._refused(keys, taken, check_value, stale))
+        try:
+            reply: AcquireReply = yield Acquire(check_value, stale)
+            if reply.state is LockState.HELD and not reply.failed:
+                yield Expire()  # a holder ZooKeeper no longer knows: taken over (see the module)
+                reply = yield Acquire(check_value, stale)
+        except GeneratorExit:
+            raise
+        except BaseException:
+            yield ServersRelease(keys.on_lock_servers, token)
+            raise
+        if reply.state is not LockState.LOCKED:
+            yield ServersRelease(keys.on_lock_servers, token)
+        return reply
+
+    def _refused(self, keys: EntryKeys, taken: Round, check_value: bool, stale: bytes) -> Decision[AcquireReply]:
+        """Redlock's answer to a refused lease: unavailable, the value, or held."""
+        if not self.quorum.reachable(taken):
+            raise BackendUnavailable(f"ZooKeeper did not answer for {keys.value!r}", key=keys.value)
+        if check_value:
+            raw = yield ReadValue()
+            if raw is not None and not (stale and raw.startswith(stale)):
+                return AcquireReply(LockState.VALUE, raw)
+        return AcquireReply(LockState.HELD, lease_left=taken.lease_left)
+
+    def write_release(
+        self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool
+    ) -> Decision[Written]:
+        try:
+            alive: Round = yield ServersRenew(keys.on_lock_servers, token, 0)
+            if not alive.agreed:  # our session ended mid-load: write nothing
+                yield Release()
+                return Written.REFUSED
+            written: Written = yield WriteRelease(envelope, ttl_ms, inline)
+        finally:
+            yield ServersRelease(keys.on_lock_servers, token)
+        return written
+
+    def release(self, keys: EntryKeys, token: str) -> Decision[bool]:
+        try:
+            released: bool = yield Release()
+        finally:
+            yield ServersRelease(keys.on_lock_servers, token)
+        return released
+
+    def hold(self, keys: EntryKeys, token: str, hold_ms: int, failing_ms: int) -> Decision[bool]:
+        try:
+            held: bool = yield Hold(hold_ms, failing_ms)
+        finally:
+            yield ServersRelease(keys.on_lock_servers, token)
+        return held
