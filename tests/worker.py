@@ -10,6 +10,8 @@ With --hang the loader prints "loading" and never returns (the holder to be kill
 --ttl and --stale-while-revalidate set those settings; values then carry "v", the
 loader's call count, and the output lists the versions seen and how many were stale.
 --cluster: --url is a node of a Redis Cluster (count on another server with --count-url).
+--zookeeper: the leases are also ZooKeeper nodes (--zk-session: its session timeout). A
+postgresql:// --url makes the store PostgreSQL (count on a Redis server with --count-url).
 """
 
 from __future__ import annotations
@@ -42,11 +44,19 @@ def main() -> None:
     parser.add_argument("--ttl", type=float, default=300.0)
     parser.add_argument("--stale-while-revalidate", type=float, default=0.0)
     parser.add_argument("--cluster", action="store_true", help="--url is a node of a Redis Cluster")
+    parser.add_argument("--zookeeper", help="ZooKeeper hosts: the loads' leases are also ZooKeeper nodes")
+    parser.add_argument("--zk-session", type=float, default=10.0, help="the ZooKeeper session timeout (s)")
     options = parser.parse_args()
     versioned = options.stale_while_revalidate > 0
 
     counter = redis.Redis.from_url(options.count_url or options.url, socket_timeout=5)
     redlock = Redlock(options.redlock) if options.redlock else None
+    zookeeper = None
+    if options.zookeeper:
+        from kazoo.client import KazooClient
+
+        zookeeper = KazooClient(hosts=options.zookeeper, timeout=options.zk_session)
+        zookeeper.start(timeout=10)
     layer = Stampede.from_url(
         options.url,
         namespace="proc",
@@ -57,6 +67,7 @@ def main() -> None:
         stale_while_revalidate=options.stale_while_revalidate,
         jitter=0 if versioned else 0.1,
         cluster=options.cluster,
+        zookeeper=zookeeper,
     )
 
     @layer.cached_loader("item:{key}")
@@ -110,6 +121,9 @@ def main() -> None:
     while layer._runner.refresher.running() and time.monotonic() < deadline:  # type: ignore[union-attr]
         time.sleep(0.01)
     layer.close()
+    if zookeeper is not None:
+        zookeeper.stop()
+        zookeeper.close()
 
 
 if __name__ == "__main__":

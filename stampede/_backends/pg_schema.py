@@ -17,10 +17,12 @@ no reentrancy, no fairness, no fencing. Here each is fixed:
   leased as in Redis, every fair take serialised per lock by a transaction-scoped
   advisory lock; reentrancy is the layer's, over any store (``Lock``).
 
-Each function runs in one statement, hence atomically: "check the token, then act" has
-no window between the steps, as in a Lua script. Row locks order the races: a write and
-an invalidation of the same entry both delete the lease row, and the second to come
-finds it gone. Values and leases live in UNLOGGED tables: a cache, so no WAL is written
+Each function runs in one statement and one transaction: "check the token, then act"
+has no window between the steps, as in a Lua script. Row locks order the races: a write
+and an invalidation of the same entry both delete the lease row, and the second to come
+finds it gone. Unlike a Lua script, each statement inside a function reads what was
+committed when *it* began (READ COMMITTED), so a step that depends on an earlier read
+reads again after taking the row lock (see ``stampede_acquire``). Values and leases live in UNLOGGED tables: a cache, so no WAL is written
 for them, and a crash empties them (every lease is then free, which is safe: a holder
 from before the crash finds its lease gone and its write refused).
 """
@@ -96,6 +98,17 @@ BEGIN
         WHERE l.expires_at <= now_
         RETURNING l.token INTO holder;
     IF holder IS NOT NULL THEN
+        IF p_check THEN
+            -- Each statement here reads what was committed when it began: a holder may have
+            -- written (and released) between the first read and the insert. Read again,
+            -- now that the lease is ours: a value there is returned, the lease given back.
+            SELECT v.value INTO raw FROM stampede_values v WHERE v.key = p_value AND v.expires_at > now_;
+            IF raw IS NOT NULL AND (length(p_stale) = 0 OR substring(raw FROM 1 FOR length(p_stale)) <> p_stale) THEN
+                DELETE FROM stampede_leases WHERE key = p_lock AND token = p_token;
+                state := 1; RETURN;
+            END IF;
+            raw := NULL;
+        END IF;
         state := 2; RETURN;
     END IF;
     SELECT l.token, l.expires_at INTO holder, deadline FROM stampede_leases l WHERE l.key = p_lock;

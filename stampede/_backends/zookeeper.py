@@ -46,23 +46,28 @@ def _sequence(node: str) -> int:
 class ZooKeeperLockServers:
     """The lease service for blocking callers (and, through a thread, asyncio ones)."""
 
-    def __init__(self, client: KazooClient, lease_ms_hint: int = 0) -> None:
+    def __init__(self, client: KazooClient, timeout: float = 2.0) -> None:
         self.client = client
+        self.timeout = timeout  # a request the ensemble leaves unanswered fails after this
         self._lock = threading.Lock()
         self._nodes: dict[tuple[str, str], str] = {}  # (entry path, token) -> our node's path
 
     def _lowest(self, path: str) -> str | None:
-        children = self.client.get_children(path)
+        children = self.client.get_children_async(path).get(timeout=self.timeout)
         return f"{path}/{min(children, key=_sequence)}" if children else None
+
+    def _delete(self, path: str) -> None:
+        self.client.delete_async(path).get(timeout=self.timeout)
 
     def take(self, keys: EntryKeys, token: str, lease_ms: int) -> Round:
         path = entry_path(keys)
         try:
             for _ in range(3):  # the parent may be removed by a releaser between two steps
                 try:
-                    node = self.client.create(
+                    created = self.client.create_async(
                         f"{path}/lease-", token.encode(), ephemeral=True, sequence=True, makepath=True
                     )
+                    node = created.get(timeout=self.timeout)
                     break
                 except (NoNodeError, NodeExistsError):
                     continue
@@ -72,7 +77,7 @@ class ZooKeeperLockServers:
                 with self._lock:
                     self._nodes[(path, token)] = node
                 return Round(1, 0)
-            self.client.delete(node)
+            self._delete(node)
             return Round(0, 0, lease_ms / 1000)
         except FAILURES:
             return Round(0, 1)
@@ -84,7 +89,7 @@ class ZooKeeperLockServers:
         if node is None:
             return Round(0, 0)
         try:
-            self.client.delete(node)
+            self._delete(node)
             self._remove_if_empty(path)
             return Round(1, 0)
         except NoNodeError:
@@ -99,7 +104,8 @@ class ZooKeeperLockServers:
         if node is None:
             return Round(0, 0)
         try:
-            held = self.client.state == KazooState.CONNECTED and self.client.exists(node) is not None
+            connected = self.client.state == KazooState.CONNECTED
+            held = connected and self.client.exists_async(node).get(timeout=self.timeout) is not None
             return Round(int(held), 0)
         except FAILURES:
             return Round(0, 1)
@@ -108,9 +114,9 @@ class ZooKeeperLockServers:
         """Delete every lease node of the entry (an invalidation), whoever holds it."""
         path = entry_path(keys)
         try:
-            for child in self.client.get_children(path):
+            for child in self.client.get_children_async(path).get(timeout=self.timeout):
                 try:
-                    self.client.delete(f"{path}/{child}")
+                    self._delete(f"{path}/{child}")
                 except NoNodeError:
                     pass
             self._remove_if_empty(path)
@@ -123,7 +129,7 @@ class ZooKeeperLockServers:
     def holders(self, keys: EntryKeys) -> list[bytes | None]:
         try:
             lowest = self._lowest(entry_path(keys))
-            return [None if lowest is None else self.client.get(lowest)[0]]
+            return [None if lowest is None else self.client.get_async(lowest).get(timeout=self.timeout)[0]]
         except NoNodeError:
             return [None]
         except FAILURES:
@@ -134,14 +140,15 @@ class ZooKeeperLockServers:
         a failure to set the watch only leaves the waiter to its message or timeout)."""
         try:
             lowest = self._lowest(entry_path(keys))
-            if lowest is not None and self.client.exists(lowest, watch=lambda _event: wake()) is None:
+            watched = self.client.exists_async(lowest, watch=lambda _event: wake()) if lowest is not None else None
+            if watched is not None and watched.get(timeout=self.timeout) is None:
                 wake()
         except (NoNodeError, *FAILURES):
             pass
 
     def _remove_if_empty(self, path: str) -> None:
         try:
-            self.client.delete(path)
+            self._delete(path)
         except (NotEmptyError, NoNodeError):
             pass
 

@@ -1,0 +1,354 @@
+"""The other lock services of the design, against real servers the suite starts: the
+PostgreSQL store and ZooKeeper leases beside Redis. The behaviour, contract, lock and
+asyncio suites run over both (conftest ``BACKENDS``); here is what is theirs alone:
+stampedes across processes, a holder killed mid-load, the database lock's textbook
+failures and their fixes, and the servers going away mid-stampede.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+import redis
+
+from stampede import BackendUnavailable, Stampede
+from stampede.testing import PostgresServer, ZooKeeperServer
+
+from .conftest import empty_postgres, needs_postgres, needs_zookeeper
+from .test_processes import Workers, run_stampede
+
+pytestmark = pytest.mark.timeout(90)
+
+SERVICES = ["postgres", "zookeeper"]
+
+
+@pytest.fixture(params=SERVICES)
+def service(request: pytest.FixtureRequest, redis_url: str, redis_client: redis.Redis) -> Iterator[list[str]]:
+    """A worker's arguments for a layer on that service (loader calls counted in Redis)."""
+    if request.param == "postgres":
+        server: PostgresServer = request.getfixturevalue("postgres_server")
+        empty_postgres(server.url)
+        yield ["--url", server.url, "--count-url", redis_url]
+    else:
+        zookeeper: ZooKeeperServer = request.getfixturevalue("zookeeper_server")
+        yield ["--url", redis_url, "--zookeeper", zookeeper.hosts]
+
+
+def _stampede(service: list[str], *args: str) -> list[dict[str, Any]]:
+    url = service[1]
+    return run_stampede(url, 4, *service[2:], *args)
+
+
+def test_four_processes_of_sixteen_threads_load_one_cold_key_once(
+    service: list[str], redis_client: redis.Redis
+) -> None:
+    results = _stampede(service, "--threads", "16", "--keys", "1", "--delay", "0.2")
+    assert int(redis_client.get("calls:0") or 0) == 1
+    assert sum(r["calls"] for r in results) == 64
+    assert all(r["wrong"] == [] for r in results)
+
+
+def test_two_hundred_cold_keys_are_loaded_two_hundred_times(service: list[str], redis_client: redis.Redis) -> None:
+    results = _stampede(service, "--threads", "16", "--keys", "200", "--delay", "0.01")
+    assert [int(redis_client.get(f"calls:{key}") or 0) for key in range(200)] == [1] * 200
+    assert all(r["wrong"] == [] for r in results)
+
+
+def _listeners(url: str) -> int:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as connection:
+        row = connection.execute("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %'").fetchone()
+    return int(row[0]) if row else 0
+
+
+@pytest.mark.parametrize("kind", SERVICES)
+def test_a_killed_holder_is_taken_over(
+    kind: str, request: pytest.FixtureRequest, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """PostgreSQL: after the lease (1 s). ZooKeeper: as soon as the holder's session
+    expires (2 s), although its lease on the cache server has 30 s left."""
+    if kind == "postgres":
+        server: PostgresServer = request.getfixturevalue("postgres_server")
+        empty_postgres(server.url)
+        args = ["--count-url", redis_url, "--lock-ttl", "1"]
+        url, bound = server.url, 1.0
+    else:
+        zookeeper: ZooKeeperServer = request.getfixturevalue("zookeeper_server")
+        args = ["--zookeeper", zookeeper.hosts, "--zk-session", "2", "--lock-ttl", "30"]
+        url, bound = redis_url, 2.0
+    workers = Workers()
+    try:
+        holder = workers.start(url, *args, "--threads", "1", "--hang")
+        workers.expect(holder, "ready")
+        workers.go([holder])
+        workers.expect(holder, "loading")
+        waiters = [workers.start(url, *args, "--threads", "4", "--wait-timeout", "20") for _ in range(2)]
+        for waiter in waiters:
+            workers.expect(waiter, "ready")
+        workers.go(waiters)
+        deadline = time.monotonic() + 10
+        while not (
+            _listeners(url) >= 2 if kind == "postgres" else redis_client.pubsub_numsub("proc:{item:0}:notify")[0][1] >= 2
+        ):
+            assert time.monotonic() < deadline, "waiters never subscribed"
+            time.sleep(0.01)
+        holder.kill()  # SIGKILL mid-load: no release, no write, its session left to expire
+        killed_at = time.monotonic()
+        results = [workers.result(waiter, timeout=30) for waiter in waiters]
+        taken_over = time.monotonic() - killed_at
+    finally:
+        workers.stop_all()
+    print(f"{kind}: taken over {taken_over:.2f} s after the kill (lease or session: {bound} s)")
+    assert int(redis_client.get("calls:0") or 0) == 2  # the dead holder's and one takeover
+    assert all(r["wrong"] == [] and r["calls"] == 4 for r in results)
+    assert bound * 0.5 < taken_over < bound + 4  # by the lease or the session, not by wait_timeout (20 s)
+
+
+# --- the database lock's textbook failures, and the fixes ------------------------------
+
+
+@pytest.fixture
+def postgres_url(postgres_server: PostgresServer) -> str:
+    empty_postgres(postgres_server.url)
+    return postgres_server.url
+
+
+def _plain_lock_table(url: str) -> None:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as connection:
+        connection.execute("CREATE TABLE IF NOT EXISTS textbook_locks (name text PRIMARY KEY, holder text)")
+        connection.execute("TRUNCATE textbook_locks")
+
+
+def _plain_acquire(url: str, name: str, holder: str) -> bool:
+    """The textbook database lock: a unique row, inserted to take it."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as connection:
+        cursor = connection.execute(
+            "INSERT INTO textbook_locks VALUES (%s, %s) ON CONFLICT DO NOTHING", (name, holder)
+        )
+        return cursor.rowcount == 1
+
+
+def test_a_crashed_holder_leaves_the_plain_row_lock_held_forever_and_the_fixed_one_expires(postgres_url: str) -> None:
+    _plain_lock_table(postgres_url)
+    assert _plain_acquire(postgres_url, "job", "crashed")  # and its process is gone: nobody deletes the row
+    time.sleep(1.0)
+    assert not _plain_acquire(postgres_url, "job", "next")  # still held, and would be for ever
+
+    crashed = Stampede.from_url(postgres_url, namespace="textbook")
+    survivor = Stampede.from_url(postgres_url, namespace="textbook")
+    try:
+        assert crashed.lock("job", ttl=0.5, renew=False).acquire()  # never released: it "crashes"
+        started = time.monotonic()
+        assert survivor.lock("job", timeout=5).acquire()  # the lease's deadline frees it
+        assert 0.3 < time.monotonic() - started < 2.0
+    finally:
+        crashed.close()
+        survivor.close()
+
+
+def test_a_plain_acquire_fails_at_once_where_the_fixed_one_waits_and_is_woken_by_notify(postgres_url: str) -> None:
+    _plain_lock_table(postgres_url)
+    assert _plain_acquire(postgres_url, "job", "first")
+    assert not _plain_acquire(postgres_url, "job", "second")  # no wait: the caller must poll
+
+    layer = Stampede.from_url(postgres_url, namespace="textbook", recheck_interval=5.0)
+    try:
+        holder = layer.lock("job")
+        assert holder.acquire()
+        acquired = threading.Event()
+        woken_at: list[float] = []
+
+        def waiter() -> None:
+            lock = layer.lock("job")
+            assert lock.acquire(timeout=10)
+            woken_at.append(time.monotonic())
+            acquired.set()
+            lock.release()
+
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        time.sleep(0.3)  # the waiter is asleep on LISTEN (no polling: recheck_interval is 5 s)
+        released_at = time.monotonic()
+        holder.release()
+        assert acquired.wait(5)
+        thread.join(5)
+        assert woken_at[0] - released_at < 0.5  # woken by the release's NOTIFY, not a recheck
+    finally:
+        layer.close()
+
+
+def test_the_plain_lock_is_not_reentrant_and_the_fixed_one_is(postgres_url: str) -> None:
+    _plain_lock_table(postgres_url)
+    assert _plain_acquire(postgres_url, "job", "me")
+    assert not _plain_acquire(postgres_url, "job", "me")  # its own holder is refused
+
+    layer = Stampede.from_url(postgres_url, namespace="textbook")
+    try:
+        with layer.lock("job", reentrant=True) as outer, layer.lock("job", reentrant=True) as inner:
+            assert outer.owned() and inner.owned()  # the same thread, again
+        after = layer.lock("job", blocking=False)
+        assert after.acquire()  # released as many times as taken
+        after.release()
+    finally:
+        layer.close()
+
+
+def test_the_fixed_lock_is_fair_and_fenced(postgres_url: str) -> None:
+    layer = Stampede.from_url(postgres_url, namespace="textbook")
+    try:
+        first = layer.lock("job", fair=True)
+        assert first.acquire()
+        order: list[int] = []
+        fences: list[int] = [first.fence]
+        queued: list[threading.Event] = [threading.Event() for _ in range(3)]
+
+        def waiter(index: int) -> None:
+            lock = layer.lock("job", fair=True)
+            queued[index].set()
+            assert lock.acquire(timeout=20)
+            order.append(index)
+            fences.append(lock.fence)
+            lock.release()
+
+        threads = []
+        for index in range(3):  # arrive one after another
+            thread = threading.Thread(target=waiter, args=(index,))
+            thread.start()
+            threads.append(thread)
+            assert queued[index].wait(5)
+            time.sleep(0.2)  # its first try has queued it
+        first.release()
+        for thread in threads:
+            thread.join(20)
+        assert order == [0, 1, 2]
+        assert fences == sorted(fences) and len(set(fences)) == 4  # every holder a greater token
+    finally:
+        layer.close()
+
+
+# --- servers going away mid-stampede ---------------------------------------------------
+
+
+def _callers(load: Any, keys: int, until: threading.Event) -> tuple[list[Any], list[BaseException]]:
+    values: list[Any] = []
+    errors: list[BaseException] = []
+
+    def call(index: int) -> None:
+        while not until.is_set():
+            key = index % keys
+            try:
+                value = load(key)
+                if value != {"key": key}:
+                    errors.append(AssertionError(f"wrong value {value!r} for {key}"))
+                values.append(value)
+            except BackendUnavailable as error:
+                errors.append(error)
+
+    pool = ThreadPoolExecutor(8)
+    futures = [pool.submit(call, index) for index in range(8)]
+    until.wait()
+    for future in futures:
+        future.result(timeout=20)  # no caller hangs
+    pool.shutdown()
+    return values, errors
+
+
+def test_the_database_restarted_mid_stampede(redis_client: redis.Redis) -> None:
+    needs_postgres()
+    with PostgresServer() as server:
+        layer = Stampede.from_url(server.url, namespace="restart", wait_timeout=3, socket_timeout=1)
+        loads: list[int] = []
+
+        @layer.cached_loader("item:{key}", ttl=0.2)
+        def load(key: int) -> dict[str, int]:
+            loads.append(key)
+            time.sleep(0.01)
+            return {"key": key}
+
+        stop = threading.Event()
+        outcome: list[Any] = []
+        runner = threading.Thread(target=lambda: outcome.append(_callers(load, 4, stop)))
+        runner.start()
+        time.sleep(0.5)
+        server.stop("fast")  # every connection cut mid-stampede
+        time.sleep(0.5)
+        server.start()
+        time.sleep(1.5)
+        stop.set()
+        runner.join(30)
+        assert not runner.is_alive()
+        values, errors = outcome[0]
+        layer.close()
+    assert [error for error in errors if not isinstance(error, BackendUnavailable)] == []
+    assert values  # served before, during (policy "load") and after
+    assert len(loads) <= len(values) + len(errors)  # never more loads than calls
+
+
+def test_zookeeper_stopped_and_restarted_mid_stampede(redis_url: str, redis_client: redis.Redis) -> None:
+    needs_zookeeper()
+    with ZooKeeperServer() as zookeeper:
+        raising = Stampede.from_url(redis_url, namespace="zk-down", zookeeper=zookeeper.hosts, on_redis_error="raise")
+        loading = Stampede.from_url(redis_url, namespace="zk-down2", zookeeper=zookeeper.hosts)
+        try:
+
+            def loader(key: int) -> dict[str, int]:
+                return {"key": key}
+
+            strict = raising.cached_loader("item:{key}")(loader)
+            lenient = loading.cached_loader("item:{key}")(loader)
+            assert strict(1) == {"key": 1}
+            zookeeper.stop()
+            started = time.monotonic()
+            with pytest.raises(BackendUnavailable):
+                strict(2)  # a cold key needs a lease, and ZooKeeper is gone: the policy raises
+            assert lenient(2) == {"key": 2}  # the default policy loads without a lease
+            assert strict(1) == {"key": 1}  # hits need no lease
+            assert time.monotonic() - started < 15  # bounded by the request timeout, not hung
+            zookeeper.start()
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    assert strict(3) == {"key": 3}
+                    break
+                except BackendUnavailable:
+                    assert time.monotonic() < deadline, "the layer never got ZooKeeper back"
+                    time.sleep(0.1)
+        finally:
+            raising.close()
+            loading.close()
+
+
+def test_an_invalidation_refuses_the_write_of_a_load_in_flight_on_zookeeper(
+    make_zookeeper_layer: Callable[..., Stampede],
+) -> None:
+    layer = make_zookeeper_layer()
+    started, finish = threading.Event(), threading.Event()
+    version = [1]
+
+    @layer.cached_loader("row:{key}")
+    def load(key: int) -> dict[str, int]:
+        seen = version[0]
+        started.set()
+        assert finish.wait(10)
+        return {"v": seen}
+
+    thread = threading.Thread(target=load, args=(1,))
+    thread.start()
+    assert started.wait(5)
+    version[0] = 2
+    load.invalidate(1)  # the load in flight read version 1: its write must be refused
+    finish.set()
+    thread.join(10)
+    started.clear()
+    finish.set()
+    assert load(1) == {"v": 2}
