@@ -93,9 +93,8 @@ def test_a_killed_holder_is_taken_over(
             workers.expect(waiter, "ready")
         workers.go(waiters)
         deadline = time.monotonic() + 10
-        while not (
-            _listeners(url) >= 2 if kind == "postgres" else redis_client.pubsub_numsub("proc:{item:0}:notify")[0][1] >= 2
-        ):
+        channel = "proc:{item:0}:notify"
+        while (_listeners(url) if kind == "postgres" else redis_client.pubsub_numsub(channel)[0][1]) < 2:
             assert time.monotonic() < deadline, "waiters never subscribed"
             time.sleep(0.01)
         holder.kill()  # SIGKILL mid-load: no release, no write, its session left to expire
@@ -132,9 +131,7 @@ def _plain_acquire(url: str, name: str, holder: str) -> bool:
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as connection:
-        cursor = connection.execute(
-            "INSERT INTO textbook_locks VALUES (%s, %s) ON CONFLICT DO NOTHING", (name, holder)
-        )
+        cursor = connection.execute("INSERT INTO textbook_locks VALUES (%s, %s) ON CONFLICT DO NOTHING", (name, holder))
         return cursor.rowcount == 1
 
 

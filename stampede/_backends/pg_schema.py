@@ -22,9 +22,11 @@ has no window between the steps, as in a Lua script. Row locks order the races: 
 and an invalidation of the same entry both delete the lease row, and the second to come
 finds it gone. Unlike a Lua script, each statement inside a function reads what was
 committed when *it* began (READ COMMITTED), so a step that depends on an earlier read
-reads again after taking the row lock (see ``stampede_acquire``). Values and leases live in UNLOGGED tables: a cache, so no WAL is written
-for them, and a crash empties them (every lease is then free, which is safe: a holder
-from before the crash finds its lease gone and its write refused).
+reads again after taking the row lock (see ``stampede_acquire``).
+
+Values and leases live in UNLOGGED tables: a cache, so no WAL is written for them, and a
+crash empties them (every lease is then free, which is safe: a holder from before the
+crash finds its lease gone and its write refused).
 """
 
 from __future__ import annotations
