@@ -181,3 +181,19 @@ def test_the_metrics_benchmark_short_form() -> None:
     assert set(figures) == {"raw GET + loads", "counters only", "prometheus", "opentelemetry", "report_us"}
     assert all(figures[name]["vs_counters"] > 0.5 for name in ("prometheus", "opentelemetry"))
     assert all(0 < cost < 50 for cost in figures["report_us"].values())  # microseconds per report
+
+
+@pytest.mark.timeout(120)
+def test_the_lock_services_benchmark_short_form() -> None:
+    """``loadtest/bench_lock_services.py --quick``: every service the machine can run,
+    each row measured, and every stampede loaded once."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "loadtest" / "bench_lock_services.py"), "--quick"],
+        capture_output=True, text=True, timeout=110, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    table = json.loads(done.stdout.strip().splitlines()[-1])
+    assert {"Redis", "Redlock (5)"} <= set(table)
+    for figures in table.values():
+        assert figures["acquire_release_us"] > 0 and figures["handoff_ms"] > 0
+        assert figures.get("loads", [1]) == [1]
