@@ -162,8 +162,14 @@ class Stampede:
             if redlock is not None:
                 make_async_store = _with_redlock(make_async_store, redlock)
         self._zookeeper: Any = None  # a kazoo client the layer started (and stops)
+        self._zookeeper_queue: Any = None  # named locks' line in ZooKeeper
         if zookeeper is not None:
-            store, make_async_store, self._zookeeper = _with_zookeeper(zookeeper, store, make_async_store)
+            store, make_async_store, self._zookeeper, self._zookeeper_queue = _with_zookeeper(
+                zookeeper, store, make_async_store
+            )
+            from ._drivers.zookeeper_locks import Wakers
+
+            self._wakers = Wakers()
         refreshes = background_refreshes
         self._runner = SyncRunner(store, self._events, warn, self._watchdog, refreshes) if store is not None else None
         self._async_runner = AsyncRunner(make_async_store, self._events, warn, refreshes) if make_async_store else None
@@ -371,7 +377,10 @@ class Stampede:
         release message, up to ``timeout`` seconds (None: no limit); ``retry_interval``
         makes it poll instead, and ``retries`` bounds the number of tries after the first.
         ``reentrant``: the thread or task holding it may acquire it again (and must
-        release as many times). ``fair``: waiters take it in arrival order."""
+        release as many times). ``fair``: waiters take it in arrival order. On a layer
+        with ``zookeeper=`` every lock is fair, its fencing token is the zxid of the
+        holder's node, and the holder's session is its lease: ``ttl`` bounds only the
+        cache server's key (see docs/lock-services.md)."""
         return Lock(
             name,
             lock_keys(self.namespace, name, self.settings.max_key_length),
@@ -382,9 +391,9 @@ class Stampede:
             retries=retries,
             renew=renew,
             reentrant=reentrant,
-            fair=fair,
+            fair=fair or self._zookeeper_queue is not None,  # ZooKeeper's line is fair
             recheck_interval=self.settings.recheck_interval,
-            store=_named_lock_store(self._runner.store) if self._runner is not None else None,
+            store=self._named_lock_store(self._runner.store) if self._runner is not None else None,
             async_store=self._named_lock_async_store if self._async_runner is not None else None,
             watchdog=self._watchdog,
             reentrant_holds=self._reentrant_holds,
@@ -392,7 +401,23 @@ class Stampede:
 
     def _named_lock_async_store(self) -> AsyncStore:
         assert self._async_runner is not None
-        return _named_lock_store(self._async_runner.loop_store())
+        return self._named_lock_store(self._async_runner.loop_store())
+
+    def _named_lock_store(self, store: StoreT) -> StoreT:
+        """Where named locks live: the cache server, also in a layer with Redlock leases
+        (a named lock has a fencing token and a fair queue, which need one server); in a
+        layer with ZooKeeper leases, ZooKeeper's line beside the cache server's key
+        (``_drivers.zookeeper_locks``)."""
+        if isinstance(store, (RedlockStore, AsyncRedlockStore)):
+            cache = store.cache
+            if self._zookeeper_queue is None:
+                return cache
+            from ._drivers.zookeeper_locks import AsyncZooKeeperLockStore, ZooKeeperLockStore
+
+            if isinstance(store, AsyncRedlockStore):
+                return AsyncZooKeeperLockStore(cache, self._zookeeper_queue, self._wakers)
+            return ZooKeeperLockStore(cache, self._zookeeper_queue, self._wakers)
+        return store
 
     def _forget(self, key: str) -> None:
         """After an invalidation: callers of every kind in this process read afresh."""
@@ -669,21 +694,13 @@ def _async_store_maker(
 StoreT = TypeVar("StoreT", Store, AsyncStore)
 
 
-def _named_lock_store(store: StoreT) -> StoreT:
-    """Where named locks live: the cache server, also in a layer with Redlock leases (a
-    named lock has a fencing token and a fair queue, which need one server)."""
-    if isinstance(store, (RedlockStore, AsyncRedlockStore)):  # ZooKeeper's too
-        return store.cache
-    return store
-
-
 def _with_zookeeper(
     zookeeper: Any, store: Store | None, make_async_store: Callable[[], AsyncStore] | None
-) -> tuple[Store | None, Callable[[], AsyncStore] | None, Any]:
+) -> tuple[Store | None, Callable[[], AsyncStore] | None, Any, Any]:
     """The stores of a layer whose leases are also ZooKeeper nodes (``zookeeper=``: hosts,
     ``host:port[,host:port...]``, or a started kazoo client), and the client it started."""
     try:
-        from ._backends.zookeeper import AsyncZooKeeperLockServers, ZooKeeperLockServers, client_of
+        from ._backends.zookeeper import AsyncZooKeeperLockServers, ZooKeeperLockServers, ZooKeeperQueue, client_of
     except ImportError as error:
         raise ConfigError(f"zookeeper= needs kazoo: pip install 'stampede[zookeeper]' ({error})") from None
     try:
@@ -700,7 +717,7 @@ def _with_zookeeper(
             return AsyncZooKeeperStore(make_cache_store(), AsyncZooKeeperLockServers(servers), servers)
 
         make_async_store = make
-    return store, make_async_store, client if owned else None
+    return store, make_async_store, client if owned else None, ZooKeeperQueue(servers)
 
 
 def _with_redlock(make_cache_store: Callable[[], AsyncStore], redlock: Redlock) -> Callable[[], AsyncStore]:

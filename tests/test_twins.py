@@ -8,6 +8,7 @@ them only); the decisions here are written once, but these thin twins are kept b
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import re
 from collections.abc import Callable
@@ -22,7 +23,8 @@ from stampede._backends.memory import AsyncMemoryStore, MemoryStore
 from stampede._backends.redis import RedisStore
 from stampede._core.store import AsyncLockServers, AsyncStore, LockServers, Store
 from stampede._drivers.perform import AsyncPerformer, Performer
-from stampede._drivers.redlock_store import AsyncRedlockStore, RedlockStore
+from stampede._drivers.redlock_store import AsyncRedlockStore, AsyncZooKeeperStore, RedlockStore, ZooKeeperStore
+from stampede._drivers.zookeeper_locks import AsyncZooKeeperLockStore, ZooKeeperLockStore
 
 # Names that differ between the two worlds only by being blocking or asyncio.
 _ASYNC_WORDS = re.compile(r"\bAsync")
@@ -45,7 +47,26 @@ STORE_PAIRS = [
     (RedlockStore, AsyncRedlockStore),
     (LockServers, AsyncLockServers),
     (RedisLockServers, AsyncRedisLockServers),
+    (ZooKeeperStore, AsyncZooKeeperStore),
 ]
+# The optional extras' backends, where they are installed (the dev extra has them).
+if importlib.util.find_spec("psycopg") and importlib.util.find_spec("psycopg_pool"):
+    from stampede._backends.apostgres import AsyncPostgresStore
+    from stampede._backends.postgres import PostgresStore
+
+    STORE_PAIRS.append((PostgresStore, AsyncPostgresStore))
+if importlib.util.find_spec("kazoo"):
+    from stampede._backends.zookeeper import AsyncZooKeeperLockServers, ZooKeeperLockServers
+
+    STORE_PAIRS.append((ZooKeeperLockServers, AsyncZooKeeperLockServers))
+
+
+def test_the_zookeeper_named_lock_twins_have_the_same_methods_and_signatures() -> None:
+    names = _public_methods(ZooKeeperLockStore)  # the rest is the cache server's (__getattr__)
+    assert names == _public_methods(AsyncZooKeeperLockStore)
+    for name in sorted(names):
+        assert inspect.iscoroutinefunction(getattr(AsyncZooKeeperLockStore, name)), name
+        assert _shape(getattr(ZooKeeperLockStore, name)) == _shape(getattr(AsyncZooKeeperLockStore, name)), name
 
 
 @pytest.mark.parametrize(("blocking", "asyncio_twin"), STORE_PAIRS, ids=lambda cls: cls.__name__)

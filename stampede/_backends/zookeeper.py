@@ -29,6 +29,7 @@ from kazoo.protocol.states import KazooState
 
 from .._core.keys import EntryKeys
 from .._core.store import Round
+from .._errors import BackendUnavailable
 
 ROOT = "/stampede"
 FAILURES = (KazooException, KazooTimeoutError)
@@ -192,3 +193,80 @@ def client_of(zookeeper: Any, session_timeout: float, connect_timeout: float) ->
     if isinstance(zookeeper, KazooClient):
         return zookeeper, False
     return start_client(str(zookeeper), session_timeout, connect_timeout), True
+
+
+class ZooKeeperQueue:
+    """Named locks' places in line: one ephemeral sequential node per waiter or holder,
+    kept until it leaves (ZooKeeper's fair lock recipe). The first in line holds the lock;
+    each waiter watches the node just before its own, so a release (or a holder's session
+    ending) wakes only the next in line. A node's creation zxid is its fencing token: it
+    grows across the whole ensemble, for ever."""
+
+    def __init__(self, servers: ZooKeeperLockServers) -> None:
+        self.client = servers.client
+        self.timeout = servers.timeout
+        self._lock = threading.Lock()
+        self._places: dict[tuple[str, str], tuple[str, int]] = {}  # (path, token) -> (node, czxid)
+
+    def enqueue(self, keys: EntryKeys, token: str) -> tuple[int, str | None]:
+        """Join the line (once per token) and return our fencing token and the node just
+        before ours (None: we are first). Raises ``BackendUnavailable``."""
+        path = entry_path(keys)
+        try:
+            with self._lock:
+                place = self._places.get((path, token))
+            if place is None:
+                created = self.client.create_async(
+                    f"{path}/lock-", token.encode(), ephemeral=True, sequence=True, makepath=True, include_data=True
+                )
+                node, stat = created.get(timeout=self.timeout)
+                place = (node, stat.czxid)
+                with self._lock:
+                    self._places[(path, token)] = place
+            children = sorted(self.client.get_children_async(path).get(timeout=self.timeout), key=_sequence)
+        except FAILURES as error:
+            failed = f"ZooKeeper failed to queue for {keys.value!r}: {error}"
+            raise BackendUnavailable(failed, key=keys.value) from error
+        name = place[0].rsplit("/", 1)[1]
+        if name not in children:  # our session ended: the node went with it
+            with self._lock:
+                self._places.pop((path, token), None)
+            raise BackendUnavailable(f"the ZooKeeper session that queued for {keys.value!r} ended", key=keys.value)
+        index = children.index(name)
+        return place[1], None if index == 0 else f"{path}/{children[index - 1]}"
+
+    def leave(self, keys: EntryKeys, token: str) -> None:
+        path = entry_path(keys)
+        with self._lock:
+            place = self._places.pop((path, token), None)
+        if place is None:
+            return
+        try:
+            self.client.delete_async(place[0]).get(timeout=self.timeout)
+        except NoNodeError:
+            pass
+        except FAILURES as error:
+            raise BackendUnavailable(f"ZooKeeper failed to leave {keys.value!r}: {error}", key=keys.value) from error
+        try:
+            self.client.delete_async(path).get(timeout=self.timeout)
+        except (NotEmptyError, NoNodeError, *FAILURES):
+            pass
+
+    def holds(self, keys: EntryKeys, token: str) -> bool:
+        """Our node is still there (our session lives)."""
+        with self._lock:
+            place = self._places.get((entry_path(keys), token))
+        if place is None or self.client.state != KazooState.CONNECTED:
+            return False
+        try:
+            return self.client.exists_async(place[0]).get(timeout=self.timeout) is not None
+        except FAILURES:
+            return False
+
+    def watch(self, node: str, wake: Callable[[], None]) -> None:
+        """Call ``wake`` once when ``node`` goes (at once if it is gone already)."""
+        try:
+            if self.client.exists_async(node, watch=lambda _event: wake()).get(timeout=self.timeout) is None:
+                wake()
+        except FAILURES:
+            wake()  # the waiter re-checks, and meets the failure itself
