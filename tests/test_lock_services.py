@@ -349,3 +349,105 @@ def test_an_invalidation_refuses_the_write_of_a_load_in_flight_on_zookeeper(
     started.clear()
     finish.set()
     assert load(1) == {"v": 2}
+
+
+def _expire_session(client: Any, hosts: str) -> None:
+    """End ``client``'s session as the ensemble would after a long silence: another
+    client joins the same session and closes it. ``client`` sees it LOST."""
+    from kazoo.client import KazooClient
+    from kazoo.protocol.states import KazooState
+
+    lost = threading.Event()
+    client.add_listener(lambda state: lost.set() if state == KazooState.LOST else None)
+    twin = KazooClient(hosts=hosts, client_id=client.client_id)
+    twin.start(timeout=10)
+    twin.stop()
+    twin.close()
+    assert lost.wait(10), "the session never expired"
+
+
+def test_a_session_that_expires_mid_load_writes_nothing(
+    zookeeper_server: ZooKeeperServer, redis_url: str, redis_client: redis.Redis
+) -> None:
+    from kazoo.client import KazooClient
+
+    client = KazooClient(hosts=zookeeper_server.hosts, timeout=2)
+    client.start(timeout=10)
+    layer = Stampede.from_url(redis_url, namespace="zk-expiry", zookeeper=client)
+    started, finish = threading.Event(), threading.Event()
+    calls: list[int] = []
+
+    @layer.cached_loader("row:{key}")
+    def load(key: int) -> dict[str, int]:
+        calls.append(key)
+        started.set()
+        assert finish.wait(10)
+        return {"v": len(calls)}
+
+    try:
+        results: list[Any] = []
+        thread = threading.Thread(target=lambda: results.append(load(1)))
+        thread.start()
+        assert started.wait(5)
+        _expire_session(client, zookeeper_server.hosts)  # its lease node is gone with it
+        finish.set()
+        thread.join(10)
+        assert results == [{"v": 1}]  # the caller still gets what it loaded
+        assert not redis_client.exists("zk-expiry:{row:1}")  # but nothing is written
+        assert not redis_client.exists("zk-expiry:{row:1}:lock")  # and the cache key is given back
+        started.clear()
+        wait_until_connected(client)
+        assert load(1) == {"v": 2}  # the next caller loads afresh, under a new session
+    finally:
+        finish.set()
+        layer.close()
+        client.stop()
+        client.close()
+
+
+def wait_until_connected(client: Any) -> None:
+    from kazoo.protocol.states import KazooState
+
+    deadline = time.monotonic() + 10
+    while client.state != KazooState.CONNECTED:
+        assert time.monotonic() < deadline, "kazoo never reconnected"
+        time.sleep(0.01)
+
+
+def test_a_named_lock_whose_session_expires_is_lost_and_taken_over_at_once(
+    zookeeper_server: ZooKeeperServer, redis_url: str, redis_client: redis.Redis
+) -> None:
+    from kazoo.client import KazooClient
+
+    from stampede._backends.zookeeper import entry_path
+
+    client = KazooClient(hosts=zookeeper_server.hosts, timeout=2)
+    client.start(timeout=10)
+    holder_layer = Stampede.from_url(redis_url, namespace="zk-lock", zookeeper=client)
+    other = Stampede.from_url(redis_url, namespace="zk-lock", zookeeper=zookeeper_server.hosts)
+    try:
+        holder = holder_layer.lock("job", ttl=30)
+        assert holder.acquire()
+        first_fence = holder.fence
+        got: list[float] = []
+        waiter = other.lock("job", timeout=20)
+        thread = threading.Thread(target=lambda: waiter.acquire() and got.append(time.monotonic()))
+        thread.start()
+        line = entry_path(holder.keys)
+        deadline = time.monotonic() + 10
+        while len(client.get_children(line)) < 2:  # the waiter is in line, asleep
+            assert time.monotonic() < deadline, "the waiter never queued"
+            time.sleep(0.01)
+        assert not got
+        expired_at = time.monotonic()
+        _expire_session(client, zookeeper_server.hosts)
+        thread.join(20)
+        assert got and got[0] - expired_at < 2.0  # the watch woke it; the 30 s key did not hold it
+        assert waiter.fence is not None and first_fence is not None and waiter.fence > first_fence
+        assert not holder.owned()  # the ex-holder learns it lost the lock
+        waiter.release()
+    finally:
+        holder_layer.close()
+        other.close()
+        client.stop()
+        client.close()
