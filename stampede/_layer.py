@@ -42,6 +42,9 @@ from ._loader import AsyncCachedLoader, CachedLoader, P
 from ._lock import Lock, ReentrantHolds
 from ._redlock import Redlock
 
+if typing.TYPE_CHECKING:
+    from .postgres import AdvisoryLock
+
 log = logging.getLogger("stampede")
 
 R = TypeVar("R")
@@ -398,6 +401,17 @@ class Stampede:
             watchdog=self._watchdog,
             reentrant_holds=self._reentrant_holds,
         )
+
+    def advisory_lock(self, name: str, *, blocking: bool = True, timeout: float | None = None) -> AdvisoryLock:
+        """PostgreSQL's session lock (``pg_advisory_lock``) on a connection of this layer's
+        pool, for a layer whose store is PostgreSQL: ``with layer.advisory_lock("job"):``
+        or ``async with``. Freed by the database when the holder's session ends; no lease,
+        no fencing token (see ``stampede.postgres.AdvisoryLock`` for when it is right)."""
+        try:
+            from .postgres import AdvisoryLock
+        except ImportError as error:
+            raise ConfigError(f"advisory_lock() needs psycopg 3: pip install 'stampede[postgres]' ({error})") from None
+        return AdvisoryLock(self, name, blocking=blocking, timeout=timeout)
 
     def _named_lock_async_store(self) -> AsyncStore:
         assert self._async_runner is not None

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import redis
 
-from stampede import BackendUnavailable, Stampede
+from stampede import BackendUnavailable, ConfigError, LockLost, Stampede, WaitTimeout
 from stampede.testing import PostgresServer, ZooKeeperServer
 
 from .conftest import empty_postgres, needs_postgres, needs_zookeeper
@@ -451,3 +451,84 @@ def test_a_named_lock_whose_session_expires_is_lost_and_taken_over_at_once(
         other.close()
         client.stop()
         client.close()
+
+
+# --- PostgreSQL's advisory lock, where it fits -----------------------------------------
+
+
+def test_an_advisory_lock_excludes_waits_in_the_database_and_is_freed_with_its_session(postgres_url: str) -> None:
+    import psycopg
+
+    layer = Stampede.from_url(postgres_url, namespace="advisory")
+    other = Stampede.from_url(postgres_url, namespace="advisory")
+    try:
+        holder = layer.advisory_lock("job")
+        assert holder.acquire()
+        assert other.advisory_lock("job", blocking=False).acquire() is False
+        with pytest.raises(WaitTimeout):
+            other.advisory_lock("job", timeout=0.2).acquire()
+        got: list[float] = []
+        waiter = other.advisory_lock("job", timeout=10)
+        thread = threading.Thread(target=lambda: waiter.acquire() and got.append(time.monotonic()))
+        thread.start()
+        deadline = time.monotonic() + 10
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            query = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            while admin.execute(query).fetchone() != (1,):  # the waiter is queued in the database
+                assert time.monotonic() < deadline, "the waiter never queued"
+                time.sleep(0.01)
+        released_at = time.monotonic()
+        holder.release()
+        thread.join(10)
+        assert got and got[0] - released_at < 0.2  # woken by the database at once
+        waiter.release()
+
+        # The session ends (a crashed holder's connection closes): the database frees it.
+        crashed = Stampede.from_url(postgres_url, namespace="advisory")
+        lock = crashed.advisory_lock("other-job")
+        assert lock.acquire()
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND objid = %s",
+                (lock.key & 0xFFFFFFFF,),
+            )
+        with layer.advisory_lock("other-job", timeout=5):
+            pass
+        with pytest.raises(LockLost):
+            lock.release()  # its session is gone
+        crashed.close()
+    finally:
+        layer.close()
+        other.close()
+
+
+def test_an_advisory_lock_is_taken_by_tasks_one_at_a_time(postgres_url: str) -> None:
+    import asyncio
+
+    layer = Stampede.from_url(postgres_url, namespace="advisory")
+
+    async def main() -> int:
+        counter = {"value": 0}
+
+        async def work() -> None:
+            for _ in range(5):
+                async with layer.advisory_lock("counter", timeout=10):
+                    seen = counter["value"]
+                    await asyncio.sleep(0.001)
+                    counter["value"] = seen + 1
+
+        await asyncio.gather(*(work() for _ in range(8)))
+        await layer.aclose()
+        return counter["value"]
+
+    try:
+        assert asyncio.run(main()) == 40
+    finally:
+        layer.close()
+
+
+def test_an_advisory_lock_needs_a_postgresql_layer() -> None:
+    layer = Stampede()
+    with pytest.raises(ConfigError, match="PostgreSQL"):
+        layer.advisory_lock("job")
+    layer.close()

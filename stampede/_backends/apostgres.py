@@ -44,7 +44,7 @@ class AsyncPostgresStore:
         listener: PostgresListener,
         timeout: float,
     ) -> None:
-        self._pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        self.pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             conninfo, kwargs=settings, min_size=1, max_size=max_connections, open=False, timeout=timeout
         )
         self._opened = False
@@ -61,7 +61,7 @@ class AsyncPostgresStore:
         try:
             if not self._opened:
                 await self._open()
-            async with self._pool.connection(timeout=self._timeout) as connection:
+            async with self.pool.connection(timeout=self._timeout) as connection:
                 if not self._schema_ready:
                     async with connection.transaction():
                         await connection.execute(sql.SCHEMA)
@@ -74,10 +74,15 @@ class AsyncPostgresStore:
             raise failure(self.breaker, what, key, error) from error
         self.breaker.succeeded()
 
+    async def opened(self) -> None:
+        """Open this loop's pool, if its first call has not."""
+        if not self._opened:
+            await self._open()
+
     async def _open(self) -> None:
         async with self._open_lock:
             if not self._opened:
-                await self._pool.open(wait=False)
+                await self.pool.open(wait=False)
                 self._opened = True
 
     async def _one(self, what: str, key: str, statement: sql.Statement) -> tuple[Any, ...] | None:
@@ -163,7 +168,7 @@ class AsyncPostgresStore:
 
     async def aclose(self) -> None:
         if self._opened:
-            await self._pool.close()
+            await self.pool.close()
 
 
 def postgres_stores(
