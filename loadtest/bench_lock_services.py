@@ -15,6 +15,10 @@ through a layer whose leases are ZooKeeper nodes beside Redis).
 3. Cold-key stampede: two layers (two processes, as far as in-process flights go) of 16
    threads each call one cold key whose loader takes 50 ms; the slowest caller minus the
    loader (ms, the median of ``--stampedes`` rounds) and the loads (must be 1 each round).
+4. Takeover: a holder process is SIGKILLed mid-load while a caller in this process waits
+   for its value; the time from the kill to the waiter's call returning (s, the median of
+   ``--takeovers``), with the lease each service frees it by: a 1 s ``lock_ttl`` on Redis
+   and PostgreSQL, a 2 s session timeout on ZooKeeper (whose holder's Redis key has 30 s).
 
 Prints the table, then one JSON line with every figure. Servers the machine lacks (no
 PostgreSQL binaries, no ZooKeeper jars) leave their rows out, saying so.
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -40,6 +45,60 @@ from stampede import Redlock, Stampede
 from stampede.testing import PostgresServer, RedisServer, ZooKeeperServer, find_postgres, find_zookeeper
 
 LOADER_S = 0.05
+
+HOLDER = """
+import sys, time
+from stampede import Stampede
+url, hosts, ttl, session, key = sys.argv[1:6]
+zookeeper = None
+if hosts:
+    from kazoo.client import KazooClient
+    zookeeper = KazooClient(hosts=hosts, timeout=float(session))
+    zookeeper.start(timeout=10)
+layer = Stampede.from_url(url, namespace="takeover", lock_ttl=float(ttl), zookeeper=zookeeper)
+
+@layer.cached_loader("held:{key}")
+def load(key):
+    print("loading", flush=True)
+    time.sleep(3600)
+
+load(key)
+"""
+
+
+def takeover(url: str, hosts: str, ttl: float, session: float, rounds: int) -> float:
+    """The median seconds from SIGKILLing a holder mid-load to a waiter's call returning."""
+    times = []
+    waiter_layer = Stampede.from_url(url, namespace="takeover", lock_ttl=ttl, wait_timeout=60, zookeeper=hosts or None)
+    try:
+        for _ in range(rounds):
+            key = uuid.uuid4().hex
+            holder = subprocess.Popen(
+                [sys.executable, "-c", HOLDER, url, hosts, str(ttl), str(session), key],
+                stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent,
+            )  # fmt: skip
+            try:
+                assert holder.stdout is not None and holder.stdout.readline().strip() == "loading"
+                waits = waiter_layer.stats()["lock_waits"]
+                load = waiter_layer.cached_loader("held:{key}")(lambda key: {"key": key})
+                done: list[float] = []
+                waiter = threading.Thread(target=lambda: load(key) and done.append(time.perf_counter()))  # noqa: B023
+                waiter.start()
+                while waiter_layer.stats()["lock_waits"] == waits:  # the waiter is waiting on the holder
+                    time.sleep(0.005)
+                holder.kill()
+                killed_at = time.perf_counter()
+                waiter.join(60)
+                times.append(done[0] - killed_at)
+            finally:
+                if holder.poll() is None:
+                    holder.kill()
+                holder.wait(10)
+                if holder.stdout is not None:
+                    holder.stdout.close()
+    finally:
+        waiter_layer.close()
+    return statistics.median(times)
 
 
 def uncontended(acquire: Callable[[], Any], release: Callable[[], Any], rounds: int) -> float:
@@ -142,6 +201,17 @@ def servers(quick: bool) -> Iterator[dict[str, Any]]:
         yield found
 
 
+def measure_takeovers(found: dict[str, Any], rounds: int) -> dict[str, float]:
+    redis_url = found["redis"][0].url
+    taken = {"Redis (lease 1 s)": takeover(redis_url, "", 1.0, 0, rounds)}
+    if "postgres" in found:
+        taken["PostgreSQL (lease 1 s)"] = takeover(found["postgres"].url, "", 1.0, 0, rounds)
+    if "zookeeper" in found:
+        hosts = found["zookeeper"].hosts
+        taken["ZooKeeper (session 2 s, Redis lease 30 s)"] = takeover(redis_url, hosts, 30.0, 2.0, rounds)
+    return taken
+
+
 def measure(found: dict[str, Any], rounds: int, handoffs: int, stampedes: int) -> dict[str, dict[str, Any]]:
     table: dict[str, dict[str, Any]] = {}
     redis_url = found["redis"][0].url
@@ -214,18 +284,24 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=500)
     parser.add_argument("--handoffs", type=int, default=20)
     parser.add_argument("--stampedes", type=int, default=5)
+    parser.add_argument("--takeovers", type=int, default=3)
     options = parser.parse_args()
     if options.quick:
-        options.rounds, options.handoffs, options.stampedes = 50, 3, 1
+        options.rounds, options.handoffs, options.stampedes, options.takeovers = 50, 3, 1, 1
     with servers(options.quick) as found:
         table = measure(found, options.rounds, options.handoffs, options.stampedes)
+        taken = measure_takeovers(found, options.takeovers)
     print()
     print(f"{'service':<26} {'acquire+release':>16} {'hand-off':>10} {'stampede':>10}  loads")
     for name, figures in table.items():
         stamp = f"{figures['stampede_ms']:>8.1f}ms" if "stampede_ms" in figures else f"{'-':>10}"
         loads = ",".join(str(n) for n in figures.get("loads", [])) or "-"
         print(f"{name:<26} {figures['acquire_release_us']:>14.0f}us {figures['handoff_ms']:>8.2f}ms {stamp}  {loads}")
-    print(json.dumps(table))
+    print()
+    print("holder SIGKILLed mid-load: kill to the waiter's value")
+    for name, seconds in taken.items():
+        print(f"  {name:<44} {seconds:6.2f} s")
+    print(json.dumps({**table, "takeover_s": taken}))
 
 
 if __name__ == "__main__":

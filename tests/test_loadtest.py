@@ -186,14 +186,16 @@ def test_the_metrics_benchmark_short_form() -> None:
 @pytest.mark.timeout(120)
 def test_the_lock_services_benchmark_short_form() -> None:
     """``loadtest/bench_lock_services.py --quick``: every service the machine can run,
-    each row measured, and every stampede loaded once."""
+    each row measured, every stampede loaded once, a killed holder taken over."""
     done = subprocess.run(
         [sys.executable, str(ROOT / "loadtest" / "bench_lock_services.py"), "--quick"],
         capture_output=True, text=True, timeout=110, cwd=ROOT,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     table = json.loads(done.stdout.strip().splitlines()[-1])
+    taken = table.pop("takeover_s")
     assert {"Redis", "Redlock (5)"} <= set(table)
+    assert 0.5 < taken["Redis (lease 1 s)"] < 3  # by the lease, not by wait_timeout
     for figures in table.values():
         assert figures["acquire_release_us"] > 0 and figures["handoff_ms"] > 0
         assert figures.get("loads", [1]) == [1]
