@@ -532,3 +532,30 @@ def test_an_advisory_lock_needs_a_postgresql_layer() -> None:
     with pytest.raises(ConfigError, match="PostgreSQL"):
         layer.advisory_lock("job")
     layer.close()
+
+
+def test_the_schema_is_created_once_and_again_if_the_database_lost_it(redis_client: redis.Redis) -> None:
+    import psycopg
+
+    needs_postgres()
+    with PostgresServer() as server:
+        layer = Stampede.from_url(server.url, namespace="schema")
+        loads: list[int] = []
+
+        @layer.cached_loader("item:{key}")
+        def load(key: int) -> dict[str, int]:
+            loads.append(key)
+            return {"key": key}
+
+        try:
+            assert load(1) == {"key": 1} and load(1) == {"key": 1} and loads == [1]
+            with psycopg.connect(server.url, autocommit=True) as admin:
+                admin.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")  # a database recreated
+            assert load(2) == {"key": 2}  # on_redis_error="load": served while the schema is gone
+            assert load(3) == {"key": 3} and load(3) == {"key": 3}  # created again, then cached
+            assert loads == [1, 2, 3]
+            with psycopg.connect(server.url, autocommit=True) as admin:
+                created = admin.execute("SELECT count(*) FROM pg_proc WHERE proname LIKE 'stampede_%'").fetchone()
+            assert created is not None and created[0] >= 9
+        finally:
+            layer.close()

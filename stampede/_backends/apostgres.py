@@ -28,6 +28,7 @@ from .postgres import (
     acquire_reply,
     connection_settings,
     failure,
+    schema_ready,
     take_lock_reply,
 )
 
@@ -63,9 +64,7 @@ class AsyncPostgresStore:
                 await self._open()
             async with self.pool.connection(timeout=self._timeout) as connection:
                 if not self._schema_ready:
-                    async with connection.transaction():
-                        await connection.execute(sql.SCHEMA)
-                    self._schema_ready = True
+                    await self._create_schema(connection)
                 yield connection
         except SCHEMA_LOST as error:
             self._schema_ready = False
@@ -78,6 +77,15 @@ class AsyncPostgresStore:
         """Open this loop's pool, if its first call has not."""
         if not self._opened:
             await self._open()
+
+    async def _create_schema(self, connection: psycopg.AsyncConnection[Any]) -> None:
+        """Create the schema unless this version of it is there (see ``SCHEMA_VERSION``)."""
+        if not schema_ready(await (await connection.execute(sql.SCHEMA_READY)).fetchone()):
+            async with connection.transaction():
+                await connection.execute(sql.SCHEMA_LOCK)
+                if not schema_ready(await (await connection.execute(sql.SCHEMA_READY)).fetchone()):
+                    await connection.execute(sql.SCHEMA)
+        self._schema_ready = True
 
     async def _open(self) -> None:
         async with self._open_lock:

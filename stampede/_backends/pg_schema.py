@@ -44,9 +44,19 @@ envelope travels with it, when it fits in NOTIFY's 8000 bytes)."""
 
 INLINE_MAX = 5000  # the largest envelope a wake-up carries (base64 makes it 6668 bytes)
 
+SCHEMA_LOCK = "SELECT pg_advisory_xact_lock(1400136045)"
+"""Taken by a store that creates the schema, in the creating transaction: one creator at a
+time (concurrent CREATE OR REPLACE of one function fails)."""
+
+SCHEMA_VERSION = "stampede_schema_v1"
+"""A function the schema's last statement creates, named after its version (a new version
+of the schema gets a new name). A store that finds it creates nothing: DDL under traffic
+takes table locks that can deadlock with the functions' row writes, so it runs only where
+the schema is missing or older."""
+
+SCHEMA_READY = "SELECT count(*) FROM pg_proc WHERE proname = 'stampede_schema_v1'"
+
 SCHEMA = r"""
--- One creator at a time (concurrent CREATE OR REPLACE of one function fails).
-SELECT pg_advisory_xact_lock(1400136045);
 
 CREATE UNLOGGED TABLE IF NOT EXISTS stampede_values (
     key text PRIMARY KEY,
@@ -278,6 +288,8 @@ BEGIN
     GET DIAGNOSTICS n = ROW_COUNT; gone := gone + n;
     RETURN gone;
 END $$;
+
+CREATE OR REPLACE FUNCTION stampede_schema_v1() RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT 1';
 """
 
 

@@ -56,6 +56,11 @@ def failure(breaker: CircuitBreaker, what: str, key: str, error: BaseException) 
     return BackendUnavailable(f"postgresql failed to {what} {key!r}: {error}", key=key, timed_out=timed_out)
 
 
+def schema_ready(row: tuple[Any, ...] | None) -> bool:
+    """Whether ``SCHEMA_READY`` found this version of the schema."""
+    return bool(row and row[0])
+
+
 def connection_settings(socket_timeout: float, connect_timeout: float) -> dict[str, Any]:
     """What every connection of a store's own pool is made with: autocommit (each
     statement is its own transaction, so a NOTIFY goes out when the statement ends), a
@@ -221,11 +226,16 @@ class PostgresStore:
         self.breaker.succeeded()
 
     def _create_schema(self) -> None:
+        """Create the schema unless this version of it is there (see ``SCHEMA_VERSION``)."""
         with self._schema_lock:
             if self._schema_ready:
                 return
-            with self.pool.connection(timeout=self._timeout) as connection, connection.transaction():
-                connection.execute(sql.SCHEMA)
+            with self.pool.connection(timeout=self._timeout) as connection:
+                if not schema_ready(connection.execute(sql.SCHEMA_READY).fetchone()):
+                    with connection.transaction():
+                        connection.execute(sql.SCHEMA_LOCK)
+                        if not schema_ready(connection.execute(sql.SCHEMA_READY).fetchone()):
+                            connection.execute(sql.SCHEMA)
             self._schema_ready = True
 
     def _one(self, what: str, key: str, statement: sql.Statement) -> tuple[Any, ...] | None:
