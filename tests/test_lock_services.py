@@ -559,3 +559,61 @@ def test_the_schema_is_created_once_and_again_if_the_database_lost_it(redis_clie
             assert created is not None and created[0] >= 9
         finally:
             layer.close()
+
+
+def test_a_pool_of_ones_own_serves_blocking_and_async_callers(postgres_url: str) -> None:
+    import asyncio
+
+    from psycopg_pool import ConnectionPool
+
+    pool = ConnectionPool(postgres_url, min_size=1, max_size=8, kwargs={"autocommit": True}, timeout=5, open=True)
+    layer = Stampede(postgres=pool, namespace="own-pool")
+    loads: list[int] = []
+
+    @layer.cached_loader("item:{key}")
+    def load(key: int) -> dict[str, int]:
+        loads.append(key)
+        time.sleep(0.05)
+        return {"key": key}
+
+    @layer.cached_loader("async-item:{key}")
+    async def aload(key: int) -> dict[str, int]:
+        loads.append(-key)
+        await asyncio.sleep(0.05)
+        return {"key": key}
+
+    async def tasks() -> list[dict[str, int]]:
+        try:
+            return await asyncio.gather(*(aload(1) for _ in range(20)))
+        finally:
+            await layer.aclose()
+
+    try:
+        with ThreadPoolExecutor(8) as threads:
+            assert list(threads.map(load, [1] * 16)) == [{"key": 1}] * 16
+        assert asyncio.run(tasks()) == [{"key": 1}] * 20
+        assert loads == [1, -1]
+    finally:
+        layer.close()
+        assert not pool.closed  # the caller's pool stays the caller's
+        pool.close()
+
+
+def test_what_a_lock_service_cannot_do_is_refused_when_the_layer_is_made(redis_url: str) -> None:
+    with pytest.raises(ConfigError, match="whole store"):
+        Stampede(redis.Redis.from_url(redis_url), postgres="postgresql://127.0.0.1/x")
+    with pytest.raises(ConfigError, match="cache server"):
+        Stampede(zookeeper="127.0.0.1:1")  # leases beside nothing
+    with pytest.raises(ConfigError, match="whole store"):
+        Stampede.from_url("postgresql://127.0.0.1/x", cluster=True)
+    with pytest.raises(ConfigError, match="postgresql://"):
+        Stampede(postgres="redis://127.0.0.1/0")
+
+
+def test_a_near_cache_is_refused_over_postgresql(postgres_url: str) -> None:
+    layer = Stampede.from_url(postgres_url, namespace="near")
+    try:
+        with pytest.raises(ConfigError, match="PostgreSQL"):
+            layer.cached_loader("item:{key}", near_cache=True)
+    finally:
+        layer.close()
