@@ -86,16 +86,6 @@ def _redacted(url: str) -> str:
 AsyncMaker = Callable[[], Any]
 
 
-@dataclass(frozen=True)
-class PostgresURL:
-    """A ``postgresql://`` URL (libpq's form) and the bounds of the pool made for it."""
-
-    url: str
-    socket_timeout: float
-    connect_timeout: float
-    max_connections: int
-
-
 def is_postgres_url(url: str) -> bool:
     return urlsplit(url).scheme in POSTGRES_SCHEMES
 

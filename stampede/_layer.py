@@ -22,7 +22,7 @@ from ._backends.breaker import CircuitBreaker, NodeBreakers
 from ._backends.memory import AsyncMemoryStore, MemoryStore
 from ._backends.redis import EvictionCheck, RedisStore, is_cluster
 from ._backends.tracking import Tracker
-from ._clients import PostgresURL, close_client, is_postgres_url, make_clients
+from ._clients import close_client, is_postgres_url, make_clients
 from ._core.codec import Codec, Serializer, TypedSerializer
 from ._core.config import NearMode, Policy, Settings, check_count, check_namespace, check_seconds
 from ._core.flow import LoaderSpec
@@ -43,6 +43,9 @@ from ._lock import Lock, ReentrantHolds
 from ._redlock import Redlock
 
 if typing.TYPE_CHECKING:
+    from kazoo.client import KazooClient
+    from psycopg_pool import ConnectionPool
+
     from .postgres import AdvisoryLock
 
 log = logging.getLogger("stampede")
@@ -80,6 +83,13 @@ class Stampede:
     the cache server loses its keys; values and messages stay on the cache server (see
     ``_drivers.redlock_store``). Its servers must be URLs for async loaders.
 
+    ``postgres=`` (a ``postgresql://`` URL or a psycopg_pool ``ConnectionPool``) keeps
+    everything in PostgreSQL instead: values, leases, fencing, queues, and wake-ups by
+    LISTEN/NOTIFY (``_backends.pg_schema``). ``zookeeper=`` (hosts, or a started kazoo
+    client) holds every load's lease as a ZooKeeper node as well, beside a Redis client:
+    a holder's lease ends with its session, and ``layer.lock()`` is ZooKeeper's fair lock.
+    See docs/lock-services.md.
+
     ``near_cache=True`` (a setting, also per loader) serves fresh values from copies in
     this process with no I/O, kept exact across processes by a tracking connection and a
     lease of ``near_lease`` seconds (see ``_core.near`` and docs/near-cache.md); it needs
@@ -101,8 +111,8 @@ class Stampede:
         near_cache_bytes: int = 64 * 1024 * 1024,
         near_lease: float = NEAR_LEASE,
         observers: Iterable[Observer] = (),
-        postgres: Any = None,
-        zookeeper: Any = None,
+        postgres: ConnectionPool[Any] | str | None = None,
+        zookeeper: KazooClient | str | None = None,
         **settings: Any,
     ) -> None:
         try:
@@ -122,6 +132,7 @@ class Stampede:
         self._watchdog = Watchdog()
         self._reentrant_holds = ReentrantHolds()
         self._owned_client: redis.Redis | None = None
+        self._owned_pool: Any = None  # a PostgreSQL pool from_url made
         self._warn = warn = RateLimitedLog(logging.getLogger("stampede.cache"), namespace=self.namespace)
         self._events = events = Events(self.namespace, warn)
         for observer in observers:
@@ -195,7 +206,7 @@ class Stampede:
         background_refreshes: int = 8,
         check: bool = False,
         cluster: bool = False,
-        zookeeper: Any = None,
+        zookeeper: KazooClient | str | None = None,
         **settings: Any,
     ) -> Stampede:
         """A layer over clients for ``url`` with bounded timeouts and no hidden retries,
@@ -207,21 +218,29 @@ class Stampede:
 
         ``cluster=True`` treats ``url`` as one node of a Redis Cluster, and
         ``redis+sentinel://host:port[,host:port...]/service[/db]`` names the master a set
-        of sentinels knows as ``service`` (see ``_clients`` and docs/scaling.md)."""
+        of sentinels knows as ``service`` (see ``_clients`` and docs/scaling.md). A
+        ``postgresql://`` URL makes the store PostgreSQL (a pool of ``max_connections``,
+        ``socket_timeout`` as the statement timeout); ``zookeeper=`` adds ZooKeeper leases
+        (docs/lock-services.md)."""
         check_seconds("socket_timeout", socket_timeout)
         check_seconds("socket_connect_timeout", socket_connect_timeout)
         check_count("max_connections", max_connections)
         if is_postgres_url(url):
             if cluster or redlock is not None or zookeeper is not None:
                 raise ConfigError("a postgresql:// URL is the whole store: cluster= and redlock= are Redis's")
-            postgres = PostgresURL(url, socket_timeout, socket_connect_timeout, max_connections)
-            layer = cls(
-                postgres=postgres,
-                namespace=namespace,
-                serializer=serializer,
-                background_refreshes=background_refreshes,
-                **settings,
-            )
+            pool = _postgres_pool(url, socket_timeout, socket_connect_timeout, max_connections)
+            try:
+                layer = cls(
+                    postgres=pool,
+                    namespace=namespace,
+                    serializer=serializer,
+                    background_refreshes=background_refreshes,
+                    **settings,
+                )
+            except BaseException:  # a setting refused: nothing left open
+                pool.close()
+                raise
+            layer._owned_pool = pool
             if check:
                 try:
                     layer.check()
@@ -554,6 +573,8 @@ class Stampede:
             self._async_runner.close()
         if self._owned_client is not None:
             close_client(self._owned_client)
+        if self._owned_pool is not None:
+            self._owned_pool.close()
 
     async def aclose(self) -> None:
         """``close()`` from a coroutine: also closes this event loop's connections."""
@@ -747,31 +768,37 @@ def _with_redlock(make_cache_store: Callable[[], AsyncStore], redlock: Redlock) 
 
 def _postgres_stores(postgres: Any, breaker: CircuitBreaker) -> tuple[Store, Callable[[], AsyncStore]]:
     """The stores of a layer in PostgreSQL (``postgres=``: a psycopg_pool ``ConnectionPool``,
-    a ``postgresql://`` URL, or the URL with from_url's bounds), imported only here: psycopg
-    is the ``postgres`` extra's."""
+    or a ``postgresql://`` URL for a pool with the default bounds, which the store owns)."""
+    if isinstance(postgres, str):
+        pool = _postgres_pool(postgres, DEFAULT_SOCKET_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, 64)
+        from ._backends.apostgres import postgres_stores
+
+        return postgres_stores(pool, breaker, owns_pool=True)
     try:
+        from psycopg_pool import ConnectionPool
+
         from ._backends.apostgres import postgres_stores
     except ImportError as error:
         needs = "postgres= needs psycopg 3 and psycopg-pool: pip install 'stampede[postgres]'"
         raise ConfigError(f"{needs} ({error})") from None
-    if isinstance(postgres, str):
-        postgres = PostgresURL(postgres, DEFAULT_SOCKET_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, 64)
-    refused = "postgres= takes a postgresql:// URL or a psycopg_pool.ConnectionPool, got {!r}"
-    if isinstance(postgres, PostgresURL):
-        if not is_postgres_url(postgres.url):
-            raise ConfigError(refused.format(postgres.url))
-        return postgres_stores(
-            postgres.url,
-            breaker,
-            socket_timeout=postgres.socket_timeout,
-            connect_timeout=postgres.connect_timeout,
-            max_connections=postgres.max_connections,
-        )
-    from psycopg_pool import ConnectionPool
-
     if not isinstance(postgres, ConnectionPool):
-        raise ConfigError(refused.format(postgres))
-    return postgres_stores(postgres, breaker, socket_timeout=0, connect_timeout=0, max_connections=0)
+        raise ConfigError(f"postgres= takes a postgresql:// URL or a psycopg_pool.ConnectionPool, got {postgres!r}")
+    return postgres_stores(postgres, breaker, owns_pool=False)
+
+
+def _postgres_pool(url: str, socket_timeout: float, connect_timeout: float, max_connections: int) -> Any:
+    """A bounded pool for ``url`` (``_backends.apostgres.make_pool``); psycopg is imported
+    only here, being the ``postgres`` extra's."""
+    if not is_postgres_url(url):
+        raise ConfigError(f"postgres= takes a postgresql:// URL or a psycopg_pool.ConnectionPool, got {url!r}")
+    try:
+        from ._backends.apostgres import make_pool
+    except ImportError as error:
+        needs = "a postgresql:// store needs psycopg 3 and psycopg-pool: pip install 'stampede[postgres]'"
+        raise ConfigError(f"{needs} ({error})") from None
+    return make_pool(
+        url, socket_timeout=socket_timeout, connect_timeout=connect_timeout, max_connections=max_connections
+    )
 
 
 _default_layer: Stampede | None = None

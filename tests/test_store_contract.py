@@ -137,7 +137,7 @@ def test_renewal_extends_only_the_holders_lease(store: Any, keys: EntryKeys) -> 
 
 def test_a_lease_nobody_renews_runs_out_and_is_taken_over(store: Any, keys: EntryKeys) -> None:
     if isinstance(getattr(store, "_store", store), (ZooKeeperStore, AsyncZooKeeperStore)):
-        pytest.skip("a ZooKeeper lease ends with its holder's session, not by a term (tests/test_zookeeper.py)")
+        pytest.skip("a ZooKeeper lease ends with its holder's session, not by a term (tests/test_lock_services.py)")
     store.acquire(keys, "a", 100, True)
     deadline = time.monotonic() + 5
     while store.acquire(keys, "b", LEASE_MS, True).state is not LockState.LOCKED:

@@ -179,32 +179,26 @@ class AsyncPostgresStore:
             await self.pool.close()
 
 
+def make_pool(url: str, *, socket_timeout: float, connect_timeout: float, max_connections: int) -> ConnectionPool[Any]:
+    """The pool a layer makes for a ``postgresql://`` URL: bounded, autocommit, with a
+    statement timeout (``connection_settings``); a caller beyond it waits one socket
+    timeout for a connection."""
+    settings = connection_settings(socket_timeout, connect_timeout)
+    return ConnectionPool(url, kwargs=settings, min_size=1, max_size=max_connections, open=True, timeout=socket_timeout)
+
+
 def postgres_stores(
-    pool_or_url: ConnectionPool[Any] | str,
-    breaker: CircuitBreaker,
-    *,
-    socket_timeout: float,
-    connect_timeout: float,
-    max_connections: int,
+    pool: ConnectionPool[Any], breaker: CircuitBreaker, *, owns_pool: bool
 ) -> tuple[PostgresStore, Callable[[], AsyncPostgresStore]]:
-    """A layer's blocking store and its maker of each event loop's store, over a pool the
-    layer makes from a ``postgresql://`` URL (and owns), or over the caller's pool (whose
-    conninfo and connection settings each loop's pool copies)."""
-    if isinstance(pool_or_url, str):
-        settings = connection_settings(socket_timeout, connect_timeout)
-        pool: ConnectionPool[Any] = ConnectionPool(
-            pool_or_url, kwargs=settings, min_size=1, max_size=max_connections, open=True, timeout=socket_timeout
-        )
-        owns, timeout = True, socket_timeout
-    else:
-        pool, owns, timeout = pool_or_url, False, pool_or_url.timeout
-        settings = dict(pool.kwargs) if isinstance(pool.kwargs, dict) else {}
-        max_connections = pool.max_size
+    """A layer's blocking store over ``pool`` and its maker of each event loop's store,
+    whose pool copies this one's conninfo, connection settings, size and timeout."""
+    settings = dict(pool.kwargs) if isinstance(pool.kwargs, dict) else {}
     conninfo = pool.conninfo if isinstance(pool.conninfo, str) else ""
-    listener = PostgresListener(conninfo, settings, timeout)
-    store = PostgresStore(pool, breaker, listener, timeout, owns_pool=owns)
+    listener = PostgresListener(conninfo, settings, pool.timeout)
+    store = PostgresStore(pool, breaker, listener, pool.timeout, owns_pool=owns_pool)
+    max_connections = pool.max_size
 
     def make() -> AsyncPostgresStore:
-        return AsyncPostgresStore(conninfo, settings, max_connections, breaker, listener, timeout)
+        return AsyncPostgresStore(conninfo, settings, max_connections, breaker, listener, pool.timeout)
 
     return store, make
