@@ -41,7 +41,7 @@ import redis
 
 from . import Stampede
 from ._backends.redis import is_cluster
-from ._clients import close_client, make_clients
+from ._clients import close_client, is_postgres_url, make_clients
 from ._core.codec import Codec, Kind, stale_window_of
 from ._core.keys import EntryKeys
 from ._core.patterns import entry_pattern
@@ -168,6 +168,8 @@ class Session:
 
     def __init__(self, url: str, namespace: str, cluster: bool) -> None:
         self.url, self.namespace = url, namespace
+        if is_postgres_url(url):
+            raise Failed("the command line reads Redis stores only; a PostgreSQL store's rows are plain SQL", 2)
         try:
             self.client, _ = make_clients(
                 url, cluster=cluster, socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT, max_connections=4

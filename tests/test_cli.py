@@ -290,3 +290,10 @@ def test_waiters_locks_and_patterns_on_one_server_a_cluster_and_through_sentinel
     _, out, _ = cli(capsys, *base, "invalidate", "item:*", "--yes")
     assert out["invalidated"] == 41
     assert layer.matching("item:*") == []
+
+
+def test_a_postgresql_url_is_refused_with_a_clear_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from stampede.cli import main
+
+    assert main(["--url", "postgresql://127.0.0.1/app", "locks"]) == 2
+    assert "Redis stores only" in capsys.readouterr().err
