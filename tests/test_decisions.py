@@ -17,6 +17,8 @@ from stampede._core.effects import (
     Acquire,
     Decision,
     Effect,
+    Expire,
+    Hold,
     Invalidate,
     LeaveQueue,
     Pause,
@@ -33,6 +35,7 @@ from stampede._core.effects import (
 )
 from stampede._core.keys import EntryKeys
 from stampede._core.majority import Quorum, RedlockLeases, renew_majority, take_majority
+from stampede._core.sessions import SessionLeases
 from stampede._core.store import AcquireReply, LockState, Round, Written
 from stampede._drivers.perform import Performer, arun, run
 
@@ -293,3 +296,65 @@ def test_a_layer_renewal_renews_the_cache_key_best_effort() -> None:
     lost = LEASES.renew(KEYS, "t", 9_000)
     next(lost)
     assert finish(lost, Round(1, 0)) is False
+
+
+# --- ZooKeeper: leases bound to a session (``_core.sessions``) ---------------------------
+
+
+ONE = Quorum(1, 0.0)
+SESSIONS = SessionLeases(ONE, Clock())
+
+
+def test_a_cache_key_held_when_zookeeper_granted_the_lease_is_taken_over() -> None:
+    """Every release gives the cache key up before the node: a key still held is a holder
+    whose session ended, and its write must be refused (Expire leaves the marker)."""
+    decision = SESSIONS.acquire(KEYS, "t", 10_000, check_value=True)
+    assert next(decision) == ServersTake(SERVER_KEYS, "t", 10_000)
+    assert decision.send(Round(1, 0)) == Acquire(check_value=True)
+    assert decision.send(AcquireReply(LockState.HELD, lease_left=25.0)) == Expire()
+    assert decision.send(None) == Acquire(check_value=True)
+    assert finish(decision, AcquireReply(LockState.LOCKED)) == AcquireReply(LockState.LOCKED)
+
+
+def test_a_failed_loads_hold_is_no_holder_and_is_not_taken_over() -> None:
+    decision = SESSIONS.acquire(KEYS, "t", 10_000, check_value=True)
+    next(decision)
+    decision.send(Round(1, 0))
+    held = AcquireReply(LockState.HELD, lease_left=0.5, failed=True)
+    assert decision.send(held) == ServersRelease(SERVER_KEYS, "t")
+    assert finish(decision, Round(1, 0)) == held
+
+
+def test_zookeeper_down_is_a_backend_failure_and_a_refusal_reads_the_value() -> None:
+    decision = SESSIONS.acquire(KEYS, "t", 10_000, check_value=True)
+    next(decision)
+    with pytest.raises(BackendUnavailable, match="0 of 1 lock servers"):
+        decision.send(Round(0, 1))
+    refused = SESSIONS.acquire(KEYS, "t", 10_000, check_value=True)
+    next(refused)
+    assert refused.send(Round(0, 0, lease_left=10.0)) == ReadValue()
+    assert finish(refused, b"v") == AcquireReply(LockState.VALUE, b"v")
+
+
+def test_a_holder_whose_session_ended_writes_nothing_and_gives_the_key_back() -> None:
+    decision = SESSIONS.write_release(KEYS, "t", b"env", 5_000, inline=True)
+    assert next(decision) == ServersRenew(SERVER_KEYS, "t", 0)
+    assert decision.send(Round(0, 0)) == Release()
+    assert decision.send(False) == ServersRelease(SERVER_KEYS, "t")
+    assert finish(decision, Round(0, 0)) is Written.REFUSED
+    alive = SESSIONS.write_release(KEYS, "t", b"env", 5_000, inline=True)
+    next(alive)
+    assert alive.send(Round(1, 0)) == WriteRelease(b"env", 5_000, True)
+    assert alive.send(Written.YES) == ServersRelease(SERVER_KEYS, "t")
+    assert finish(alive, Round(1, 0)) is Written.YES
+
+
+def test_a_session_lease_gives_up_the_cache_key_before_its_node() -> None:
+    decision = SESSIONS.release(KEYS, "t")
+    assert next(decision) == Release()
+    assert decision.send(True) == ServersRelease(SERVER_KEYS, "t")
+    assert finish(decision, Round(1, 0)) is True
+    hold = SESSIONS.hold(KEYS, "t", 500, 30_000)
+    assert next(hold) == Hold(500, 30_000)
+    assert hold.send(True) == ServersRelease(SERVER_KEYS, "t")
+    assert finish(hold, Round(1, 0)) is True

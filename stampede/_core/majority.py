@@ -130,6 +130,12 @@ class RedlockLeases:
             if reply.state is not LockState.LOCKED:  # the value is there, or a lapsed holder's key
                 yield ServersRelease(on_servers, token)
             return reply
+        return (yield from self.refused(keys, taken, check_value, stale))
+
+    def refused(self, keys: EntryKeys, taken: Round, check_value: bool, stale: bytes) -> Decision[AcquireReply]:
+        """After the lock servers refused a lease: unavailable (too few answered), the
+        value (a holder writes before it releases the servers), or held."""
+        quorum = self.quorum
         if not quorum.reachable(taken):
             raise BackendUnavailable(
                 f"only {quorum.size - taken.failed} of {quorum.size} lock servers answered for {keys.value!r}; "

@@ -30,8 +30,7 @@ Timeline of a session expiry while loading::
 
 from __future__ import annotations
 
-from .._errors import BackendUnavailable
-from .effects import Acquire, Decision, Expire, Hold, ReadValue, Release, ServersRelease, ServersRenew, WriteRelease
+from .effects import Acquire, Decision, Expire, Hold, Release, ServersRelease, ServersRenew, WriteRelease
 from .keys import EntryKeys
 from .majority import RedlockLeases, take_majority
 from .store import AcquireReply, LockState, Round, Written
@@ -45,7 +44,7 @@ class SessionLeases(RedlockLeases):
     ) -> Decision[AcquireReply]:
         taken, valid_until = yield from take_majority(self.quorum, keys.on_lock_servers, token, lease_ms, self.clock)
         if valid_until is None:
-            return (yield from self._refused(keys, taken, check_value, stale))
+            return (yield from self.refused(keys, taken, check_value, stale))
         try:
             reply: AcquireReply = yield Acquire(check_value, stale)
             if reply.state is LockState.HELD and not reply.failed:
@@ -59,16 +58,6 @@ class SessionLeases(RedlockLeases):
         if reply.state is not LockState.LOCKED:
             yield ServersRelease(keys.on_lock_servers, token)
         return reply
-
-    def _refused(self, keys: EntryKeys, taken: Round, check_value: bool, stale: bytes) -> Decision[AcquireReply]:
-        """Redlock's answer to a refused lease: unavailable, the value, or held."""
-        if not self.quorum.reachable(taken):
-            raise BackendUnavailable(f"ZooKeeper did not answer for {keys.value!r}", key=keys.value)
-        if check_value:
-            raw = yield ReadValue()
-            if raw is not None and not (stale and raw.startswith(stale)):
-                return AcquireReply(LockState.VALUE, raw)
-        return AcquireReply(LockState.HELD, lease_left=taken.lease_left)
 
     def write_release(
         self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool
