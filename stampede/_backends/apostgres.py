@@ -28,6 +28,7 @@ from .postgres import (
     acquire_reply,
     connection_settings,
     failure,
+    log,
     schema_ready,
     take_lock_reply,
 )
@@ -126,7 +127,10 @@ class AsyncPostgresStore:
         async with self._connection("write", keys.value) as connection:
             row = await (await connection.execute(statement.query, statement.params)).fetchone()
             if self._sweeper.due():
-                await connection.execute(sql.SWEEP, (SWEEP_BATCH,))
+                try:
+                    await connection.execute(sql.SWEEP, (SWEEP_BATCH,))
+                except psycopg.Error as error:  # the write stands (autocommit); the next sweep tries again
+                    log.info("stampede: sweeping expired rows failed (%s)", error)
         return Written(row[0] if row else -1)
 
     async def release(self, keys: EntryKeys, token: str) -> bool:

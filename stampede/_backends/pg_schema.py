@@ -353,7 +353,10 @@ def wake_up(payload: str) -> tuple[str, bytes]:
     """A NOTIFY payload as (the entry's channel, the message for its waiters)."""
     if payload.startswith("v"):
         encoded, _, channel = payload[1:].partition("\n")
-        return channel, base64.b64decode(encoded)
+        try:
+            return channel, base64.b64decode(encoded, validate=True)
+        except ValueError:  # not ours, or cut: the waiters re-check
+            return channel, b""
     return payload[1:], b""
 
 

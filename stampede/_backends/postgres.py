@@ -271,7 +271,10 @@ class PostgresStore:
             statement = sql.write_release(keys, token, envelope, ttl_ms, inline)
             row = connection.execute(statement.query, statement.params).fetchone()
             if self._sweeper.due():
-                connection.execute(sql.SWEEP, (SWEEP_BATCH,))
+                try:
+                    connection.execute(sql.SWEEP, (SWEEP_BATCH,))
+                except psycopg.Error as error:  # the write stands (autocommit); the next sweep tries again
+                    log.info("stampede: sweeping expired rows failed (%s)", error)
         return Written(row[0] if row else -1)
 
     def release(self, keys: EntryKeys, token: str) -> bool:
