@@ -127,6 +127,7 @@ class PostgresServer:
                 [os.path.join(self.bindir, "initdb"), "-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8"],
                 check=True,
                 capture_output=True,
+                cwd=self._dir,  # a folder the server's user can enter
                 **self._user,
             )
         data = os.path.join(self._dir, "data")
@@ -139,6 +140,7 @@ class PostgresServer:
             command,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            cwd=self._dir,
             **self._user,
         )
         _wait_port(self.port, self.process, timeout, "postgres")
