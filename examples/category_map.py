@@ -2,6 +2,7 @@
 
     python examples/category_map.py                              # embedded backend, threads
     python examples/category_map.py --redis redis://127.0.0.1:6379/0
+    python examples/category_map.py --redis postgresql://app@127.0.0.1/app   # the PostgreSQL store
 
 What one decorated function does on each call (``cached_loader``):
 
@@ -66,7 +67,9 @@ def burst(loader: Callable[[str], Any], shop: str, threads: int) -> list[Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--redis", help="a Redis URL; default: the embedded backend (this process only)")
+    parser.add_argument(
+        "--redis", help="a Redis or postgresql:// URL; default: the embedded backend (this process only)"
+    )
     parser.add_argument("--threads", type=int, default=50)
     parser.add_argument("--ttl", type=float, default=1.0, help="seconds a category map stays cached")
     options = parser.parse_args()

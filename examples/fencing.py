@@ -2,6 +2,7 @@
 
     python examples/fencing.py                              # embedded backend
     python examples/fencing.py --redis redis://127.0.0.1:6379/0
+    python examples/fencing.py --redis postgresql://app@127.0.0.1/app   # fences from a sequence
 
 A lock's lease can run out while its holder is paused (a GC pause, a VM migration, a
 SIGSTOP) and cannot renew it; another process then takes the lock, and when the first
@@ -48,7 +49,7 @@ class FencedStore:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--redis", help="a Redis URL; default: the embedded backend")
+    parser.add_argument("--redis", help="a Redis or postgresql:// URL; default: the embedded backend")
     options = parser.parse_args()
     layer = Stampede.from_url(options.redis, namespace="fencing") if options.redis else Stampede(namespace="fencing")
     store = FencedStore()

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from stampede.testing import PostgresServer
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -67,3 +69,10 @@ def test_the_lock_benchmark_runs_in_its_quick_form() -> None:
     out = run("loadtest/bench_lock.py", "--quick")
     assert "stampede  2  EVALSHA EVALSHA" in out and "ratio" in out and "stampede (message)" in out
     assert "Redlock, 3 of 5 up" in out
+
+
+def test_the_examples_run_on_the_postgresql_store(postgres_server: PostgresServer) -> None:
+    out = run("examples/category_map.py", "--threads", "30", "--redis", postgres_server.url)
+    assert "a cold shop" in out and out.rstrip().endswith("OK")
+    out = run("examples/fencing.py", "--redis", postgres_server.url)
+    assert "accepted: False" in out and out.rstrip().endswith("OK")
