@@ -17,8 +17,9 @@ watches the holder's node, so that a holder whose session ends is taken over at 
 
 The order of the steps is ``_core.majority.RedlockLeases``'s, written once; this module
 performs it with ``_drivers.perform``, blocking or awaited. Fair named locks and fencing stay
-single-server: ``layer.lock()`` on such a layer lives on the cache server, as
-``RedlockLock`` (``Redlock.lock``) lives on the lock servers.
+single-server: ``layer.lock()`` on a Redlock layer lives on the cache server, as
+``RedlockLock`` (``Redlock.lock``) lives on the lock servers; on a ZooKeeper layer it is
+ZooKeeper's line beside the cache server's key (``_drivers.zookeeper_locks``).
 """
 
 from __future__ import annotations
