@@ -241,35 +241,29 @@ class Stampede:
                 pool.close()
                 raise
             layer._owned_pool = pool
-            if check:
-                try:
-                    layer.check()
-                except BaseException:
-                    layer.close()
-                    raise
-            return layer
-        client, make_async_client = make_clients(
-            url,
-            cluster=cluster,
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=socket_connect_timeout,
-            max_connections=max_connections,
-        )
-        try:
-            layer = cls(
-                client,
-                async_client=make_async_client,
-                redlock=redlock,
-                zookeeper=zookeeper,
-                namespace=namespace,
-                serializer=serializer,
-                background_refreshes=background_refreshes,
-                **settings,
+        else:
+            client, make_async_client = make_clients(
+                url,
+                cluster=cluster,
+                socket_timeout=socket_timeout,
+                socket_connect_timeout=socket_connect_timeout,
+                max_connections=max_connections,
             )
-        except BaseException:  # a setting refused: nothing left open
-            close_client(client)
-            raise
-        layer._owned_client = client
+            try:
+                layer = cls(
+                    client,
+                    async_client=make_async_client,
+                    redlock=redlock,
+                    zookeeper=zookeeper,
+                    namespace=namespace,
+                    serializer=serializer,
+                    background_refreshes=background_refreshes,
+                    **settings,
+                )
+            except BaseException:  # a setting refused: nothing left open
+                close_client(client)
+                raise
+            layer._owned_client = client
         if check:
             try:
                 layer.check()

@@ -128,3 +128,29 @@ class Channels:
 
     def __bool__(self) -> bool:
         return bool(self._members)
+
+
+class Waiting:
+    """The mailboxes on each channel of a store that wakes its own waiters, with no
+    SUBSCRIBE to send or confirm: the embedded store, and PostgreSQL's listener. Not
+    thread-safe: the store calls it under its lock."""
+
+    def __init__(self) -> None:
+        self._members: dict[str, set[Mailbox]] = {}
+
+    def add(self, mailbox: Mailbox) -> None:
+        self._members.setdefault(mailbox.channel, set()).add(mailbox)
+
+    def remove(self, mailbox: Mailbox) -> None:
+        members = self._members.get(mailbox.channel)
+        if members is not None:
+            members.discard(mailbox)
+            if not members:
+                del self._members[mailbox.channel]
+
+    def on(self, channel: str) -> list[Mailbox]:
+        """The mailboxes on ``channel`` now (a copy: deliver to them outside the lock)."""
+        return list(self._members.get(channel, ()))
+
+    def everyone(self) -> list[Mailbox]:
+        return [mailbox for members in self._members.values() for mailbox in members]

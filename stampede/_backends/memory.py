@@ -19,7 +19,7 @@ from .._core.codec import stale_window_of
 from .._core.keys import EntryKeys, entry_value_keys, failing_key
 from .._core.store import FAILED_HOLD, AcquireReply, AsyncSubscription, LockState, Subscription, Written
 from .._fork import reset_after_fork
-from .channels import Mailbox
+from .channels import Mailbox, Waiting
 from .mailbox import LoopMailbox, ThreadMailbox
 
 
@@ -40,13 +40,13 @@ class MemoryStore:
         )
         self._fences: dict[str, int] = {}  # a named lock's fence key -> the last token drawn
         self._queues: dict[str, dict[str, float]] = {}  # a fair lock's key -> {token: waiter expiry}, in order
-        self._mailboxes: dict[str, set[Mailbox]] = {}
+        self._waiting = Waiting()
         reset_after_fork(self)
 
     def after_fork_in_child(self) -> None:
         """The child keeps the values; the parent's loads and waiters are not here."""
         self._lock = threading.Lock()
-        self._leases, self._mailboxes = {}, {}
+        self._leases, self._waiting = {}, Waiting()
 
     def get(self, key: str) -> bytes | None:
         with self._lock:
@@ -184,16 +184,12 @@ class MemoryStore:
     def attach(self, mailbox: Mailbox) -> None:
         """Deliver the entry's wake-ups to ``mailbox`` (of a blocking or an asyncio waiter)."""
         with self._lock:
-            self._mailboxes.setdefault(mailbox.channel, set()).add(mailbox)
+            self._waiting.add(mailbox)
         mailbox.confirm(True)
 
     def detach(self, mailbox: Mailbox) -> None:
         with self._lock:
-            members = self._mailboxes.get(mailbox.channel)
-            if members is not None:
-                members.discard(mailbox)
-                if not members:
-                    del self._mailboxes[mailbox.channel]
+            self._waiting.remove(mailbox)
 
     def close(self) -> None:
         with self._lock:
@@ -213,7 +209,7 @@ class MemoryStore:
         return lease is not None and lease[0] == token
 
     def _publish(self, keys: EntryKeys, message: bytes) -> None:
-        for mailbox in self._mailboxes.get(keys.channel, ()):
+        for mailbox in self._waiting.on(keys.channel):
             mailbox.deliver(message)
 
 

@@ -84,6 +84,35 @@ CREATE UNLOGGED TABLE IF NOT EXISTS stampede_queue (
 CREATE SEQUENCE IF NOT EXISTS stampede_fences;
 CREATE SEQUENCE IF NOT EXISTS stampede_tickets;
 
+-- The unique-row lock with an expiry: take the lease row at p_lock if it is free or its
+-- deadline has passed (a dead holder's). True if it is now p_token's.
+CREATE OR REPLACE FUNCTION stampede_take_lease(p_lock text, p_token text, p_lease_ms bigint, p_now timestamptz)
+RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    holder text;
+BEGIN
+    INSERT INTO stampede_leases AS l (key, token, expires_at)
+        VALUES (p_lock, p_token, p_now + p_lease_ms * interval '1 millisecond')
+        ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at
+        WHERE l.expires_at <= p_now
+        RETURNING l.token INTO holder;
+    RETURN holder IS NOT NULL;
+END $$;
+
+-- Milliseconds from p_now to p_deadline, never below 0.
+CREATE OR REPLACE FUNCTION stampede_ms_left(p_deadline timestamptz, p_now timestamptz)
+RETURNS bigint LANGUAGE sql IMMUTABLE AS
+    'SELECT GREATEST(0, ceil(extract(epoch FROM p_deadline - p_now) * 1000))::bigint';
+
+-- The value at p_value, unless it is missing, expired, or the caller's stale one (its
+-- first bytes are p_stale). VOLATILE, so that each call reads what is committed now.
+CREATE OR REPLACE FUNCTION stampede_fresh_value(p_value text, p_stale bytea, p_now timestamptz)
+RETURNS bytea LANGUAGE sql VOLATILE AS $$
+    SELECT v.value FROM stampede_values v
+    WHERE v.key = p_value AND v.expires_at > p_now
+      AND (length(p_stale) = 0 OR substring(v.value FROM 1 FOR length(p_stale)) <> p_stale)
+$$;
+
 -- Double-check the value and take the lease, in one step (the Redis ACQUIRE script).
 -- state 1: the value (not the caller's stale one) is there; 2: the lease is ours;
 -- 3: another holder has it for left_ms more (failed: a failed load's hold).
@@ -98,34 +127,25 @@ DECLARE
 BEGIN
     left_ms := 0; failed := false;
     IF p_check THEN
-        SELECT v.value INTO raw FROM stampede_values v WHERE v.key = p_value AND v.expires_at > now_;
-        IF raw IS NOT NULL AND (length(p_stale) = 0 OR substring(raw FROM 1 FOR length(p_stale)) <> p_stale) THEN
-            state := 1; RETURN;
-        END IF;
-        raw := NULL;
+        raw := stampede_fresh_value(p_value, p_stale, now_);
+        IF raw IS NOT NULL THEN state := 1; RETURN; END IF;
     END IF;
-    INSERT INTO stampede_leases AS l (key, token, expires_at)
-        VALUES (p_lock, p_token, now_ + p_lease_ms * interval '1 millisecond')
-        ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at
-        WHERE l.expires_at <= now_
-        RETURNING l.token INTO holder;
-    IF holder IS NOT NULL THEN
+    IF stampede_take_lease(p_lock, p_token, p_lease_ms, now_) THEN
         IF p_check THEN
             -- Each statement here reads what was committed when it began: a holder may have
             -- written (and released) between the first read and the insert. Read again,
             -- now that the lease is ours: a value there is returned, the lease given back.
-            SELECT v.value INTO raw FROM stampede_values v WHERE v.key = p_value AND v.expires_at > now_;
-            IF raw IS NOT NULL AND (length(p_stale) = 0 OR substring(raw FROM 1 FOR length(p_stale)) <> p_stale) THEN
+            raw := stampede_fresh_value(p_value, p_stale, now_);
+            IF raw IS NOT NULL THEN
                 DELETE FROM stampede_leases WHERE key = p_lock AND token = p_token;
                 state := 1; RETURN;
             END IF;
-            raw := NULL;
         END IF;
         state := 2; RETURN;
     END IF;
     SELECT l.token, l.expires_at INTO holder, deadline FROM stampede_leases l WHERE l.key = p_lock;
     state := 3;
-    left_ms := GREATEST(0, ceil(extract(epoch FROM deadline - now_) * 1000))::bigint;
+    left_ms := stampede_ms_left(deadline, now_);
     failed := holder = '!failed';
 END $$;
 
@@ -221,7 +241,6 @@ CREATE OR REPLACE FUNCTION stampede_take_lock(
 LANGUAGE plpgsql AS $$
 DECLARE
     now_ timestamptz := clock_timestamp();
-    holder text;
     head text;
     head_expiry timestamptz;
     deadline timestamptz;
@@ -240,13 +259,8 @@ BEGIN
             ON CONFLICT (key, token) DO UPDATE SET expires_at = EXCLUDED.expires_at;
         SELECT q.token INTO head FROM stampede_queue q WHERE q.key = p_lock ORDER BY q.ticket LIMIT 1;
     END IF;
-    IF p_queue_ms <= 0 OR head = p_token THEN
-        INSERT INTO stampede_leases AS l (key, token, expires_at)
-            VALUES (p_lock, p_token, now_ + p_lease_ms * interval '1 millisecond')
-            ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at
-            WHERE l.expires_at <= now_
-            RETURNING l.token INTO holder;
-        IF holder IS NOT NULL THEN
+    IF p_queue_ms <= 0 OR head = p_token THEN  -- (nested: SQL does not promise to short-circuit AND)
+        IF stampede_take_lease(p_lock, p_token, p_lease_ms, now_) THEN
             DELETE FROM stampede_queue WHERE key = p_lock AND token = p_token;
             state := 2; fence := nextval('stampede_fences'); RETURN;
         END IF;
@@ -256,7 +270,7 @@ BEGIN
     IF deadline IS NULL THEN
         left_ms := -2;
     ELSE
-        left_ms := GREATEST(0, ceil(extract(epoch FROM deadline - now_) * 1000))::bigint;
+        left_ms := stampede_ms_left(deadline, now_);
     END IF;
 END $$;
 

@@ -35,7 +35,7 @@ from .._errors import BackendUnavailable
 from .._fork import reset_after_fork
 from . import pg_schema as sql
 from .breaker import CircuitBreaker
-from .channels import Mailbox
+from .channels import Mailbox, Waiting
 from .mailbox import ThreadMailbox
 
 log = logging.getLogger("stampede.backend")
@@ -98,7 +98,7 @@ class PostgresListener:
         self._settings["autocommit"] = True
         self._timeout = timeout
         self._lock = threading.Lock()
-        self._mailboxes: dict[str, set[Mailbox]] = {}
+        self._waiting = Waiting()
         self._connected = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -106,7 +106,7 @@ class PostgresListener:
 
     def after_fork_in_child(self) -> None:
         self._lock = threading.Lock()
-        self._mailboxes = {}
+        self._waiting = Waiting()
         self._connected = threading.Event()
         self._thread = None  # the parent's thread and connection are not in the child
 
@@ -123,7 +123,7 @@ class PostgresListener:
         with self._lock:
             if self._stop.is_set():
                 raise BackendUnavailable("the layer is closed")
-            self._mailboxes.setdefault(mailbox.channel, set()).add(mailbox)
+            self._waiting.add(mailbox)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="stampede-pg-listener", daemon=True)
                 self._thread.start()
@@ -134,11 +134,7 @@ class PostgresListener:
 
     def detach(self, mailbox: Mailbox) -> None:
         with self._lock:
-            members = self._mailboxes.get(mailbox.channel)
-            if members is not None:
-                members.discard(mailbox)
-                if not members:
-                    del self._mailboxes[mailbox.channel]
+            self._waiting.remove(mailbox)
 
     def close(self) -> None:
         self._stop.set()
@@ -178,13 +174,13 @@ class PostgresListener:
     def _deliver(self, payload: str) -> None:
         channel, message = sql.wake_up(payload)
         with self._lock:
-            members = list(self._mailboxes.get(channel, ()))
+            members = self._waiting.on(channel)
         for mailbox in members:
             mailbox.deliver(message)
 
     def _wake_all(self) -> None:
         with self._lock:
-            members = [mailbox for group in self._mailboxes.values() for mailbox in group]
+            members = self._waiting.everyone()
         for mailbox in members:
             mailbox.deliver(b"")
 
