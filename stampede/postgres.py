@@ -125,8 +125,7 @@ class AdvisoryLock:
         if runner is None:
             raise ConfigError("aacquire() needs an asyncio store: use acquire()")
         store: Any = runner.loop_store()
-        await store.opened()
-        pool = store.pool
+        pool = store.pool  # this loop's connections (``_backends.apostgres.LoopConnections``)
         try:
             connection = await pool.getconn(timeout=pool.timeout)
         except psycopg.Error as error:

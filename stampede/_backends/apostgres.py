@@ -11,7 +11,8 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
+from psycopg.pq import TransactionStatus
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .._core.keys import EntryKeys, check_key, entry_value_keys, failing_key
 from .._core.store import AcquireReply, AsyncSubscription, Written
@@ -33,6 +34,72 @@ from .postgres import (
     take_lock_reply,
 )
 
+IDLE = TransactionStatus.IDLE
+
+
+class LoopConnections:
+    """This event loop's connections to the database: at most ``size`` at once, made when
+    needed and kept while idle, every one in autocommit. No background task: psycopg's
+    asyncio pool runs workers that ``asyncio.run`` cancels before the layer's store can
+    close (``_drivers.aio`` closes it while the loop finalizes its async generators), and a
+    worker cancelled mid-connect can keep the loop from ending. A connection that met an
+    error (or a cancellation) mid-statement is closed, not reused."""
+
+    def __init__(self, conninfo: str, settings: dict[str, Any], size: int, timeout: float) -> None:
+        self._conninfo = conninfo
+        self._settings = {**settings, "autocommit": True}
+        self._slots = asyncio.Semaphore(size)
+        self._idle: list[psycopg.AsyncConnection[Any]] = []
+        self.timeout = timeout  # waiting for a slot, and for a new connection, at most
+        self.closed = False
+
+    async def getconn(self, timeout: float | None = None) -> psycopg.AsyncConnection[Any]:
+        """A connection of this loop's own until ``putconn``; ``PoolTimeout`` after ``timeout``."""
+        wait = self.timeout if timeout is None else timeout
+        try:
+            await asyncio.wait_for(self._slots.acquire(), wait)
+        except asyncio.TimeoutError:
+            raise PoolTimeout(f"no free connection to the database within {wait} s") from None
+        try:
+            while self._idle:
+                connection = self._idle.pop()
+                if not connection.closed:
+                    return connection
+            return await asyncio.wait_for(psycopg.AsyncConnection.connect(self._conninfo, **self._settings), wait)
+        except asyncio.TimeoutError:
+            self._slots.release()
+            raise PoolTimeout(f"no connection to the database within {wait} s") from None
+        except BaseException:
+            self._slots.release()
+            raise
+
+    async def putconn(self, connection: psycopg.AsyncConnection[Any], broken: bool = False) -> None:
+        """Give ``connection`` back: kept if it is clean and the pool open, else closed."""
+        try:
+            clean = not broken and not connection.closed and connection.info.transaction_status == IDLE
+            if clean and not self.closed:
+                self._idle.append(connection)
+            else:
+                await connection.close()
+        finally:
+            self._slots.release()
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        connection = await self.getconn()
+        try:
+            yield connection
+        except BaseException:
+            await self.putconn(connection, broken=True)
+            raise
+        await self.putconn(connection)
+
+    async def close(self) -> None:
+        self.closed = True
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            await connection.close()
+
 
 class AsyncPostgresStore:
     """An ``AsyncStore`` in a PostgreSQL database, for the tasks of one event loop."""
@@ -46,14 +113,9 @@ class AsyncPostgresStore:
         listener: PostgresListener,
         timeout: float,
     ) -> None:
-        self.pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            conninfo, kwargs=settings, min_size=1, max_size=max_connections, open=False, timeout=timeout
-        )
-        self._opened = False
-        self._open_lock = asyncio.Lock()
+        self.pool = LoopConnections(conninfo, settings, max_connections, timeout)
         self.breaker = breaker
         self.listener = listener
-        self._timeout = timeout
         self._schema_ready = False
         self._sweeper = Sweeper()
 
@@ -61,9 +123,7 @@ class AsyncPostgresStore:
     async def _connection(self, what: str, key: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         self.breaker.check(key)
         try:
-            if not self._opened:
-                await self._open()
-            async with self.pool.connection(timeout=self._timeout) as connection:
+            async with self.pool.connection() as connection:
                 if not self._schema_ready:
                     await self._create_schema(connection)
                 yield connection
@@ -74,11 +134,6 @@ class AsyncPostgresStore:
             raise failure(self.breaker, what, key, error) from error
         self.breaker.succeeded()
 
-    async def opened(self) -> None:
-        """Open this loop's pool, if its first call has not."""
-        if not self._opened:
-            await self._open()
-
     async def _create_schema(self, connection: psycopg.AsyncConnection[Any]) -> None:
         """Create the schema unless this version of it is there (see ``SCHEMA_VERSION``)."""
         if not schema_ready(await (await connection.execute(sql.SCHEMA_READY)).fetchone()):
@@ -87,12 +142,6 @@ class AsyncPostgresStore:
                 if not schema_ready(await (await connection.execute(sql.SCHEMA_READY)).fetchone()):
                     await connection.execute(sql.SCHEMA)
         self._schema_ready = True
-
-    async def _open(self) -> None:
-        async with self._open_lock:
-            if not self._opened:
-                await self.pool.open(wait=False)
-                self._opened = True
 
     async def _one(self, what: str, key: str, statement: sql.Statement) -> tuple[Any, ...] | None:
         async with self._connection(what, key) as connection:
@@ -179,8 +228,7 @@ class AsyncPostgresStore:
         return entry_value_keys(row[0] for row in rows)
 
     async def aclose(self) -> None:
-        if self._opened:
-            await self.pool.close()
+        await self.pool.close()
 
 
 def make_pool(url: str, *, socket_timeout: float, connect_timeout: float, max_connections: int) -> ConnectionPool[Any]:
