@@ -1,5 +1,5 @@
-"""The PostgreSQL backend for asyncio callers: the same statements as ``postgres`` over a
-psycopg 3 ``AsyncConnectionPool`` of the event loop's own, opened at its first call.
+"""The PostgreSQL backend for asyncio callers: the same statements as ``postgres`` over
+psycopg 3's ``AsyncConnection``, a few of the event loop's own (``LoopConnections``).
 Wake-ups come from the process's one ``PostgresListener`` (a thread), which hands each
 to the waiter's loop; the blocking store of the layer owns it."""
 
