@@ -182,6 +182,14 @@ class PostgresServer:
         self.close()
 
 
+def _read_all(sock: socket.socket) -> bytes:
+    """What the peer sends until it closes the connection (a four-letter-word answer)."""
+    chunks = []
+    while chunk := sock.recv(4096):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 class ZooKeeperServer:
     """One standalone ZooKeeper server on 127.0.0.1, its data in a temporary folder.
     ``hosts`` (``127.0.0.1:port``) while it runs. ``tick_ms`` sets the shortest session
@@ -209,7 +217,7 @@ class ZooKeeperServer:
         Path(config).write_text(
             f"tickTime={self.tick_ms}\ndataDir={self._dir}/data\nclientPort={self.port}\n"
             "clientPortAddress=127.0.0.1\nmaxClientCnxns=0\nadmin.enableServer=false\n"
-            "4lw.commands.whitelist=ruok,srvr\n"
+            "4lw.commands.whitelist=srvr\nforceSync=no\npreAllocSize=1024\n"
         )
         log4j = os.path.join(self._dir, "log4j.properties")
         Path(log4j).write_text("log4j.rootLogger=WARN, NULL\nlog4j.appender.NULL=org.apache.log4j.varia.NullAppender\n")
@@ -224,12 +232,15 @@ class ZooKeeperServer:
         return self
 
     def _wait_serving(self, timeout: float) -> None:
+        """Wait until the server takes sessions: ``srvr`` reports a mode only once the data
+        is loaded (``ruok`` answers as soon as the port is open, and a session asked for
+        before then may wait unanswered)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
-                    sock.sendall(b"ruok")
-                    if sock.recv(16) == b"imok":
+                    sock.sendall(b"srvr")
+                    if b"Mode: " in _read_all(sock):
                         return
             except OSError:
                 pass
