@@ -11,6 +11,9 @@
 2. Warm hits awaited one after another: stampede's calls/s against raw redis.asyncio GET
    + orjson.loads of the same value, in interleaved rounds (alternating which goes first)
    in the same run; the median of the per-round ratios is the figure.
+
+The last line printed is the figures as JSON (each round's slowest caller minus the
+loader, loads per round, the hit ratio), for scripts and for the suite's short-form test.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -60,7 +64,7 @@ async def asyncio_floor(options: argparse.Namespace) -> list[float]:
     return await timed_gather([leader] + [waiter] * (options.coroutines - 1))
 
 
-async def cold_key_stampede(url: str, options: argparse.Namespace) -> None:
+async def cold_key_stampede(url: str, options: argparse.Namespace) -> dict[str, Any]:
     keys = itertools.count()
     loads = {"stampede": 0, "off": 0}
     # Both sides get a blocking pool of 64 connections (stampede's default).
@@ -121,9 +125,18 @@ async def cold_key_stampede(url: str, options: argparse.Namespace) -> None:
     print("   (slowest: the longest any caller waited from its call to its value, worst round;")
     print("    commands: the worst round, MONITOR, scripts' inner commands excluded)")
     assert all(r["loads"] == 1 for r in rows["stampede"]), "stampede let more than one load through"
+    return {
+        name: {
+            "loads": [r["loads"] for r in results],
+            "over_loader_ms": [
+                round(max(r["latencies"]) * 1000 - (delay_ms if name != "warm floor" else 0), 2) for r in results
+            ],
+        }
+        for name, results in rows.items()
+    }
 
 
-async def warm_hits(url: str, options: argparse.Namespace) -> None:
+async def warm_hits(url: str, options: argparse.Namespace) -> float:
     client = redis.asyncio.Redis.from_url(url, socket_timeout=5)
     await client.set("bench-async:raw", orjson.dumps(VALUE))
     layer = Stampede.from_url(url, namespace="bench-async")
@@ -164,11 +177,13 @@ async def warm_hits(url: str, options: argparse.Namespace) -> None:
     print(f"   stampede async cached_loader          {statistics.median(cached_rates):>9.0f} calls/s (median)")
     spread = f"min {min(ratios):.3f}, max {max(ratios):.3f}"
     print(f"   ratio                                 {statistics.median(ratios):>9.3f} (median; {spread})")
+    return statistics.median(ratios)
 
 
 async def run(url: str, options: argparse.Namespace) -> None:
-    await cold_key_stampede(url, options)
-    await warm_hits(url, options)
+    cold = await cold_key_stampede(url, options)
+    ratio = await warm_hits(url, options)
+    print(json.dumps({"cold": cold, "hit_ratio": round(ratio, 4)}))
 
 
 def main() -> None:

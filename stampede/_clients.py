@@ -13,6 +13,9 @@ URL forms:
 
 from __future__ import annotations
 
+import queue
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -90,6 +93,55 @@ def is_postgres_url(url: str) -> bool:
     return urlsplit(url).scheme in POSTGRES_SCHEMES
 
 
+class ConnectionQueue:
+    """The free connections of a blocking pool (redis-py's ``BlockingConnectionPool``
+    takes its ``queue_class``): what the pool uses of ``queue.LifoQueue`` (``get``,
+    ``put_nowait``, ``queue``), with one lock taken per get or put. ``queue.LifoQueue``
+    goes through a ``Condition`` each time, which cost about as much as the rest of a
+    hit's own work; here a put wakes a getter only when one is waiting.
+
+    Not a subclass: under gevent's monkey-patching ``queue.LifoQueue`` is gevent's own
+    class, with none of the standard one's internals. The lock and condition are made
+    when the pool is, so they are gevent's there too."""
+
+    def __init__(self, maxsize: int = 0) -> None:
+        self.maxsize = maxsize
+        self.queue: list[Any] = []  # the pool reads it to list its free connections
+        self._mutex = threading.Lock()
+        self._not_empty = threading.Condition(self._mutex)
+        self._getters = 0  # callers waiting in get(), under _mutex
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        with self._mutex:
+            if not self.queue:
+                if not block:
+                    raise queue.Empty
+                self._wait_for_one(timeout)
+            return self.queue.pop()
+
+    def _wait_for_one(self, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._getters += 1
+        try:
+            while not self.queue:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise queue.Empty
+                self._not_empty.wait(remaining)
+        finally:
+            self._getters -= 1
+
+    def put_nowait(self, item: Any) -> None:
+        # The pool puts back only what it took out: the queue is never full (raise as
+        # LifoQueue's put_nowait would, rather than wait, if it ever were).
+        with self._mutex:
+            if 0 < self.maxsize <= len(self.queue):
+                raise queue.Full
+            self.queue.append(item)
+            if self._getters:
+                self._not_empty.notify()
+
+
 def make_clients(
     url: str, *, cluster: bool, socket_timeout: float, socket_connect_timeout: float, max_connections: int
 ) -> tuple[Any, AsyncMaker]:
@@ -106,7 +158,12 @@ def make_clients(
     if cluster:
         return _cluster_clients(url, timeouts, no_retries, max_connections)
     pool = redis.BlockingConnectionPool.from_url(
-        url, max_connections=max_connections, timeout=socket_timeout, retry=no_retries, **timeouts
+        url,
+        max_connections=max_connections,
+        timeout=socket_timeout,
+        retry=no_retries,
+        queue_class=ConnectionQueue,
+        **timeouts,
     )
     client = redis.Redis(connection_pool=pool, retry=no_retries)
 
@@ -177,6 +234,7 @@ def _sentinel_clients(
     client: redis.Redis = manager.master_for(  # type: ignore[no-untyped-call]
         sentinel.service,
         connection_pool_class=BlockingSentinelConnectionPool,
+        queue_class=ConnectionQueue,
         max_connections=max_connections,
         timeout=timeouts["socket_timeout"],  # the longest wait for a free connection
         retry=no_retries,

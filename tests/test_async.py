@@ -16,7 +16,7 @@ import pytest
 import redis
 import redis.asyncio
 
-from stampede import BackendUnavailable, Stampede, WaitTimeout
+from stampede import BackendUnavailable, InvalidKey, Stampede, WaitTimeout
 from stampede.testing import CommandMonitor, FaultProxy, RedisServer, names
 
 from .scenarios import commands_run, until
@@ -259,6 +259,32 @@ def test_none_is_cached_as_the_null_sentinel(layer_of_each_backend: Callable[...
 
     asyncio.run(main())
     assert calls == [1]
+
+
+def test_arguments_that_make_no_key_raise_when_awaited_as_from_an_async_def(
+    make_layer: Callable[..., Stampede],
+) -> None:
+    layer = make_layer()
+    calls: list[object] = []
+
+    @layer.cached_loader("item:{key}")
+    async def item(key: object) -> int:
+        calls.append(key)
+        return 1
+
+    outer = make_layer(namespace="outer").cached_loader("outer:{key}")(item)  # stacked: still async
+
+    async def main() -> None:
+        unbuildable = item(object())  # no canonical form: InvalidKey, but only once awaited
+        with pytest.raises(InvalidKey):
+            await unbuildable
+        wrong = item(1, 2)  # type: ignore[call-arg]
+        with pytest.raises(TypeError):
+            await wrong
+        assert await outer(3) == 1
+
+    asyncio.run(main())
+    assert calls == [3]
 
 
 def test_a_loader_error_reaches_every_joiner_and_is_not_cached(

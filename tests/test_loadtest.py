@@ -11,6 +11,7 @@ import sys
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +19,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "loadtest"))
 
 from expiry_windows import expiry_windows, queries_per_second, summarize  # noqa: E402
+
+
+def short_form(script: str, timeout: float) -> Any:
+    """Run ``loadtest/<script> --quick`` and return the figures of its last line (JSON)."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "loadtest" / script), "--quick"],
+        capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @dataclass
@@ -114,12 +125,7 @@ def test_the_freshness_benchmark_short_form_serves_hot_keys_without_a_wait_or_an
     afford them. The figures are the script's; this checks the properties that hold
     at any size: one load per window with freshness on, no error to a caller in the
     outage, and the loader tried about once per key per second while down."""
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "loadtest" / "bench_freshness.py"), "--quick"],
-        capture_output=True, text=True, timeout=240, cwd=ROOT,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    rows = json.loads(done.stdout.strip().splitlines()[-1])["figures"]
+    rows = short_form("bench_freshness.py", timeout=240)["figures"]
     fresh, outage = rows["stampede, swr + early"], rows["stampede, + stale_if_error, outage"]
     assert fresh["max per window"] == 1 and fresh["errors"] == 0
     assert fresh["p99"] < 40  # no call waited for a 50 ms load
@@ -133,12 +139,7 @@ def test_the_cluster_benchmark_short_form_loads_once_and_recovers_from_each_fail
     """``loadtest/bench_cluster.py --quick``: the cold key on one server and on a cluster,
     and a failover of each kind under traffic, as CI can afford them. The figures are the
     script's; this checks what holds at any size."""
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "loadtest" / "bench_cluster.py"), "--quick"],
-        capture_output=True, text=True, timeout=240, cwd=ROOT,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    figures = json.loads(done.stdout.strip().splitlines()[-1])["figures"]
+    figures = short_form("bench_cluster.py", timeout=240)["figures"]
     assert figures["cold key"]["one server"]["loads"] == figures["cold key"]["cluster"]["loads"] == 1
     for name, runs in figures["failover"].items():
         for run in runs:
@@ -155,12 +156,7 @@ def test_the_near_cache_benchmark_short_form() -> None:
     the lease, as CI can afford them. The figures are the script's; this checks what
     holds on any machine: near hits far cheaper than a round trip, invalidations that
     wait for acknowledgements and not for leases, and a lease that ends by itself."""
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "loadtest" / "bench_near.py"), "--quick"],
-        capture_output=True, text=True, timeout=110, cwd=ROOT,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    figures = short_form("bench_near.py", timeout=110)
     assert figures["hit_path"]["near"]["ratio"] > 5 and figures["hit_path"]["near shared"]["ratio"] > 5
     assert figures["invalidate"]["1"]["median_ms"] < 50  # acknowledged: the lease is 100 ms
     assert figures["lease"]["max_ms"] <= 100 + 20  # a stalled stream stops copies within its lease
@@ -172,12 +168,7 @@ def test_the_metrics_benchmark_short_form() -> None:
     OpenTelemetry, beside raw GET + loads. The figures are the script's (three rounds are
     too few to hold them to 5%); this checks that every variant ran and stayed in the
     same league as the counters-only layer."""
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "loadtest" / "bench_metrics.py"), "--quick"],
-        capture_output=True, text=True, timeout=110, cwd=ROOT,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    figures = short_form("bench_metrics.py", timeout=110)
     assert set(figures) == {"raw GET + loads", "counters only", "prometheus", "opentelemetry", "report_us"}
     assert all(figures[name]["vs_counters"] > 0.5 for name in ("prometheus", "opentelemetry"))
     assert all(0 < cost < 50 for cost in figures["report_us"].values())  # microseconds per report
@@ -187,15 +178,35 @@ def test_the_metrics_benchmark_short_form() -> None:
 def test_the_lock_services_benchmark_short_form() -> None:
     """``loadtest/bench_lock_services.py --quick``: every service the machine can run,
     each row measured, every stampede loaded once, a killed holder taken over."""
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "loadtest" / "bench_lock_services.py"), "--quick"],
-        capture_output=True, text=True, timeout=110, cwd=ROOT,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    table = json.loads(done.stdout.strip().splitlines()[-1])
+    table = short_form("bench_lock_services.py", timeout=110)
     taken = table.pop("takeover_s")
     assert {"Redis", "Redlock (5)"} <= set(table)
     assert 0.5 < taken["Redis (lease 1 s)"] < 3  # by the lease, not by wait_timeout
     for figures in table.values():
         assert figures["acquire_release_us"] > 0 and figures["handoff_ms"] > 0
         assert figures.get("loads", [1]) == [1]
+
+
+@pytest.mark.timeout(120)
+def test_the_async_benchmark_short_form_loads_once_per_round() -> None:
+    """``loadtest/bench_async.py --quick``: a thousand coroutines on one cold key, and
+    warm async hits beside raw redis.asyncio GET + loads. The figures are the script's;
+    this checks what holds on any machine: one load for the stampede (more without
+    protection), every caller served within the wait, and hits in the same league."""
+    figures = short_form("bench_async.py", timeout=110)
+    assert figures["cold"]["stampede"]["loads"] == [1] and figures["cold"]["off"]["loads"][0] > 1
+    assert 0 < figures["cold"]["stampede"]["over_loader_ms"][0] < 5000  # within the default wait_timeout
+    assert figures["hit_ratio"] > 0.5
+
+
+@pytest.mark.timeout(120)
+def test_the_hit_path_benchmark_short_form_times_every_part() -> None:
+    """``loadtest/bench_hit_path.py --quick``: each part of a warm hit timed alone, and
+    the whole hit beside a bare GET + loads. Each part is measured, and stampede's own
+    (key, singleflight, breaker) cost less than the round trip they wrap."""
+    figures = short_form("bench_hit_path.py", timeout=110)
+    parts = figures["parts_us"]
+    assert set(parts) == {"key", "singleflight", "breaker", "pool", "round trip", "client", "decode", "counter"}
+    assert all(cost > 0 for name, cost in parts.items() if name != "client")  # client is a difference
+    assert parts["round trip"] > parts["key"] + parts["singleflight"] + parts["breaker"]
+    assert figures["ratio"] > 0.5 and figures["whole_us"] > 0 and figures["bare_us"] > 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -11,6 +13,7 @@ import pytest
 import redis
 
 from stampede import BackendUnavailable, CachedLoader, ConfigError, Stampede
+from stampede._clients import ConnectionQueue
 from stampede.testing import CommandMonitor, RedisServer, names
 
 from .scenarios import wait_until
@@ -215,6 +218,41 @@ def test_closing_a_layer_from_a_url_closes_every_connection_it_opened(redis_url:
         wait_until(lambda: len(watcher.client_list()) == before, "the layer's connections to close")
     finally:
         watcher.close()
+
+
+def test_blocking_callers_beyond_max_connections_wait_for_a_connection(
+    make_layer: Callable[..., Stampede], redis_url: str
+) -> None:
+    layer = make_layer(max_connections=4)
+    db = CountingLoader(delay=0.01)
+    load = layer.cached_loader("item:{key}")(db)
+    assert hammer(load, list(range(150))) == [{"id": key} for key in range(150)]
+    assert db.calls == {key: 1 for key in range(150)}  # no caller was served without the cache
+    assert layer.stats()["redis_errors"] == 0
+    pool = layer._runner.store.client.connection_pool  # type: ignore[union-attr]
+    assert len(pool._connections) <= 4  # never more than the bound
+
+
+def test_the_pools_queue_hands_out_the_last_connection_back_and_wakes_one_waiter() -> None:
+    free = ConnectionQueue(2)
+    free.put_nowait("a")
+    free.put_nowait("b")
+    with pytest.raises(queue.Full):
+        free.put_nowait("c")
+    assert [free.get(), free.get()] == ["b", "a"]  # last in, first out: warm connections first
+    with pytest.raises(queue.Empty):
+        free.get(block=False)
+    started = time.monotonic()
+    with pytest.raises(queue.Empty):
+        free.get(timeout=0.05)
+    assert 0.05 <= time.monotonic() - started < 2
+    taken: list[str] = []
+    waiting = threading.Thread(target=lambda: taken.append(free.get(timeout=10)))
+    waiting.start()
+    wait_until(lambda: free._getters == 1, "the getter to wait")
+    free.put_nowait("d")
+    waiting.join(10)
+    assert taken == ["d"] and free.queue == [] and free._getters == 0
 
 
 def test_a_client_decoding_responses_is_refused(redis_url: str) -> None:

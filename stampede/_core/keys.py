@@ -265,6 +265,12 @@ class KeyBuilder:
         # and the index of the parameter each {} takes.
         self._format = "".join(literal + ("" if name is None else "{}") for literal, name in fields)
         self._fields = [self._names.index(name) for _, name in fields if name is not None]
+        # Most templates have one field: their entry is text before + argument + text after,
+        # joined with no format call (the hit path renders a key on every call).
+        self._single = self._fields[0] if len(self._fields) == 1 else None
+        self._before, _, self._after = self._format.partition("{}")
+        self._arity = len(self._names)
+        self._prefix = f"{namespace}:{{"
 
     def _render(self, value: Any, index: int) -> str:
         return render(value, name=f"argument {self._names[index]!r}")
@@ -275,23 +281,32 @@ class KeyBuilder:
 
     def value_key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         """The key of the value alone: all a hit needs."""
-        if not kwargs and self._zip_ok and len(args) == len(self._names):
+        if not kwargs and self._zip_ok and len(args) == self._arity:
             values: Any = args
         else:
             call = self._signature.bind(*args, **kwargs)  # TypeError, as calling func would
             call.apply_defaults()
             values = [call.arguments[name] for name in self._names]
-        rendered = []
-        try:
-            for index in self._fields:
-                value = values[index]
-                rendered.append(str(value) if type(value) is int else self._render(value, index))
-        except ValueError:  # an int too long for str() (or InvalidKey, raised again here)
-            rendered = [self._render(values[index], index) for index in self._fields]
-        entry = self._format.format(*rendered)
+        index = self._single
+        if index is not None:
+            value = values[index]
+            try:
+                text = str(value) if type(value) is int else self._render(value, index)
+            except ValueError:  # an int too long for str() (or InvalidKey, raised again here)
+                text = self._render(value, index)
+            entry = self._before + text + self._after
+        else:
+            rendered = []
+            try:
+                for index in self._fields:
+                    value = values[index]
+                    rendered.append(str(value) if type(value) is int else self._render(value, index))
+            except ValueError:
+                rendered = [self._render(values[index], index) for index in self._fields]
+            entry = self._format.format(*rendered)
         if len(entry) > self._max_length:
             entry = shorten(entry, self._max_length)
-        return f"{self._namespace}:{{{entry}}}"
+        return self._prefix + entry + "}"
 
 
 def shorten(entry: str, max_length: int) -> str:

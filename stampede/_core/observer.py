@@ -114,6 +114,26 @@ class Wait:
             self._since = None
 
 
+class _Unobserved(Wait):
+    """The wait of a caller no observer hears of: nothing to report and no state to
+    keep, so one serves every caller (a thousand callers joining one load need not
+    make a thousand objects)."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        pass
+
+    def begin(self) -> None:
+        pass
+
+    def end(self, outcome: str) -> None:
+        pass
+
+
+UNOBSERVED: Wait = _Unobserved()
+
+
 LOGGERS = {
     "stampede": "configuration of a layer",
     "stampede.cache": "what calls did: loads, waits, takeovers, stale values, unreadable values, observers",

@@ -116,8 +116,7 @@ class AsyncRunner:
             if not deadline:
                 deadline = time.monotonic() + spec.settings.wait_timeout
             if wait is None:
-                wait = Wait(self._events, time.monotonic)
-                wait.begin()
+                wait = self._events.waiting()
             try:
                 joined = await flights.wait(flight, max(0.0, deadline - time.monotonic()))
             except BaseException:

@@ -76,8 +76,7 @@ class SyncRunner:
             if not deadline:
                 deadline = time.monotonic() + spec.settings.wait_timeout
             if wait is None:
-                wait = Wait(self._events, time.monotonic)
-                wait.begin()
+                wait = self._events.waiting()
             try:
                 joined = done.wait(max(0.0, deadline - time.monotonic()))
             except BaseException:

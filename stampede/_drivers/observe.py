@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from .._core.observer import COUNTERS, Measure, Observer, log_extra
+from .._core.observer import COUNTERS, UNOBSERVED, Measure, Observer, Wait, log_extra
 from .._errors import ConfigError
 
 
@@ -64,6 +64,14 @@ class Events:
                     observer.count(self.namespace, name, n)
                 except Exception as error:
                     self._failed(observer, error)
+
+    def waiting(self) -> Wait:
+        """A caller's wait, reported begun (``UNOBSERVED`` while no observer is added)."""
+        if not self._observers:
+            return UNOBSERVED
+        wait = Wait(self, time.monotonic)
+        wait.begin()
+        return wait
 
     def began(self, measure: Measure) -> None:
         for observer in self._observers:

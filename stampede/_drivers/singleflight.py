@@ -59,10 +59,11 @@ from .._fork import reset_after_fork
 
 
 class Flight:
-    __slots__ = ("done", "error", "sent", "stale", "subscribed_at", "timer", "unwritten", "value")
+    __slots__ = ("deadlines", "done", "error", "sent", "stale", "subscribed_at", "timer", "unwritten", "value")
+    deadlines: list[float]  # asyncio: each future's deadline, set with ``done`` (floats: nothing for the GC to track)
 
     def __init__(self) -> None:
-        # threading.Event, or a list of (deadline, future); made by the first joiner
+        # threading.Event, or a list of futures (asyncio); made by the first joiner
         self.done: Any = None
         self.value: Any = None
         self.error: BaseException | None = None
@@ -171,8 +172,9 @@ class AsyncFlightTable:
         waiter: asyncio.Future[bool] = loop.create_future()
         deadline = loop.time() + timeout
         if flight.done is None:
-            flight.done = []
-        flight.done.append((deadline, waiter))
+            flight.done, flight.deadlines = [], []
+        flight.done.append(waiter)
+        flight.deadlines.append(deadline)
         if flight.timer is None or deadline < flight.timer.when():
             if flight.timer is not None:
                 flight.timer.cancel()
@@ -186,20 +188,21 @@ class AsyncFlightTable:
         if flight.timer is not None:
             flight.timer.cancel()
             flight.timer = None
-        for _, waiter in flight.done or ():
+        for waiter in flight.done or ():
             settle(waiter, True)
 
     @staticmethod
     def _expire(flight: Flight, loop: asyncio.AbstractEventLoop) -> None:
         now = loop.time() + EXPIRY_SLACK
-        pending = []
-        for deadline, waiter in flight.done:
+        pending, deadlines = [], []
+        for deadline, waiter in zip(flight.deadlines, flight.done, strict=True):
             if deadline <= now:
                 settle(waiter, False)
             elif not waiter.done():
-                pending.append((deadline, waiter))
-        flight.done = pending
-        soonest = min((deadline for deadline, _ in pending), default=None)
+                pending.append(waiter)
+                deadlines.append(deadline)
+        flight.done, flight.deadlines = pending, deadlines
+        soonest = min(deadlines, default=None)
         flight.timer = None if soonest is None else loop.call_at(soonest, AsyncFlightTable._expire, flight, loop)
 
     def forget(self, key: str) -> None:

@@ -1,0 +1,165 @@
+"""Where a warm hit's time goes: each part of stampede's blocking hit path timed on its
+own, next to a bare redis-py GET + orjson.loads of the same value, in the same run.
+
+    python loadtest/bench_hit_path.py            # starts a throwaway server on 127.0.0.1
+    python loadtest/bench_hit_path.py --quick    # fewer calls, for CI
+
+The parts, in the order a hit meets them:
+
+    key           the key rendered from the call's arguments (``loader.key``)
+    singleflight  joining and finishing the key's flight (the in-process collapse)
+    breaker       the circuit breaker's check and its success
+    pool          a connection taken from the layer's bounded pool and given back
+    round trip    GET sent and its reply read on a connection already taken
+    client        the rest of redis-py's ``client.get`` (its command machinery):
+                  ``client.get`` minus pool minus round trip
+    decode        the envelope checked and the value decoded (orjson.loads)
+    counter       the ``hits`` counter
+
+Each is timed alone (``--calls`` calls, the median of ``--repeats`` repeats), so their
+sum differs from a whole hit by the calls between them and by the noise of a shared
+machine. The whole hit and the bare GET + orjson.loads are timed in interleaved rounds
+(alternating which goes first); their ratio is the figure ``bench_core.py`` prints too.
+The parts reach into the layer's internals: this is a profile, not an API. The last
+line printed is the figures as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import redis
+
+from stampede import Stampede
+from stampede._core.flow import first_read
+from stampede.testing import server_url
+
+VALUE = {"id": 42, "name": "category map", "children": [{"id": i, "name": f"c{i}"} for i in range(20)]}
+
+
+def per_call_us(run: Callable[[], object], calls: int, repeats: int) -> float:
+    """Microseconds per call of ``run``: the median over ``repeats`` loops of ``calls``."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            run()
+        times.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(times)
+
+
+def hit_parts(url: str, options: argparse.Namespace) -> None:
+    bare = redis.Redis.from_url(url, socket_timeout=5)
+    bare.set("bench-hit:raw", orjson.dumps(VALUE))
+    with Stampede.from_url(url, namespace="bench-hit") as layer:
+
+        @layer.cached_loader("item:{item_id}", ttl=3600)
+        def load(item_id: int) -> dict[str, Any]:
+            return VALUE
+
+        assert load(42) == VALUE  # now warm
+        runner = layer._runner
+        assert runner is not None
+        store, flights, events = runner.store, runner.flights, runner._events
+        client = store.client  # type: ignore[attr-defined]
+        pool, breaker = client.connection_pool, store.breaker  # type: ignore[attr-defined]
+        key = load.key(42)
+        raw = client.get(key)
+        codec = load._spec.codec
+
+        def singleflight() -> None:
+            flight, _ = flights.join(key)
+            flights.finish(key, flight, value=None)
+
+        def breaker_pass() -> None:
+            breaker.check(key)
+            breaker.succeeded()
+
+        def pool_cycle() -> None:
+            pool.release(pool.get_connection())
+
+        connection = pool.get_connection()
+
+        def round_trip() -> None:
+            connection.send_command("GET", key)
+            connection.read_response()
+
+        def bare_hit() -> None:
+            orjson.loads(bare.get("bench-hit:raw"))  # type: ignore[arg-type]
+
+        def timed(run: Callable[[], object]) -> float:
+            return per_call_us(run, options.calls, options.repeats)
+
+        try:
+            parts = {
+                "key": timed(lambda: load.key(42)),
+                "singleflight": timed(singleflight),
+                "breaker": timed(breaker_pass),
+                "round trip": timed(round_trip),
+            }
+        finally:
+            pool.release(connection)
+        parts["pool"] = timed(pool_cycle)
+        parts["client"] = timed(lambda: client.get(key)) - parts["pool"] - parts["round trip"]
+        parts["decode"] = timed(lambda: codec.decode_hit(raw))
+        parts["counter"] = timed(lambda: events.incr("hits"))
+        parts["read + decode + counter"] = timed(lambda: first_read(raw, codec, events, runner._warn, key))
+
+        whole, plain, ratios = [], [], []
+        for round_number in range(options.rounds):
+            if round_number % 2:  # alternate which goes first, so drift favours neither
+                hit_us = per_call_us(lambda: load(42), options.calls, 1)
+                bare_us = per_call_us(bare_hit, options.calls, 1)
+            else:
+                bare_us = per_call_us(bare_hit, options.calls, 1)
+                hit_us = per_call_us(lambda: load(42), options.calls, 1)
+            whole.append(hit_us)
+            plain.append(bare_us)
+            ratios.append(bare_us / hit_us)  # calls/s of stampede over calls/s of the bare GET
+    bare.close()
+
+    order = ["key", "singleflight", "breaker", "pool", "round trip", "client", "decode", "counter"]
+    print(f"\nA warm hit, one thread: each part alone, us per call (median of {options.repeats} x {options.calls})")
+    for name in order:
+        print(f"   {name:<14} {parts[name]:>7.2f}")
+    print(f"   {'sum':<14} {sum(parts[name] for name in order):>7.2f}")
+    print(f"   ({'first_read, the decode and counter together':<14}: {parts['read + decode + counter']:.2f})")
+    bare_parts = parts["pool"] + parts["round trip"] + parts["client"]
+    print(f"\n   whole hit                    {statistics.median(whole):>7.2f} us (median of {options.rounds} rounds)")
+    print(f"   bare GET + orjson.loads      {statistics.median(plain):>7.2f} us")
+    print(f"   stampede's own parts         {parts['key'] + parts['singleflight'] + parts['breaker']:>7.2f} us "
+          "(key, singleflight, breaker)")  # fmt: skip
+    print(f"   redis-py's parts             {bare_parts:>7.2f} us (pool, round trip, client)")
+    spread = f"min {min(ratios):.3f}, max {max(ratios):.3f}"
+    print(f"   ratio (calls/s, stampede / bare)  {statistics.median(ratios):.3f} (median; {spread})")
+    figures = {
+        "parts_us": {name: round(parts[name], 3) for name in order},
+        "whole_us": round(statistics.median(whole), 2),
+        "bare_us": round(statistics.median(plain), 2),
+        "ratio": round(statistics.median(ratios), 4),
+    }
+    print(json.dumps(figures))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--redis", help="a Redis URL; default: start a throwaway server")
+    parser.add_argument("--calls", type=int, default=5000)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=21)
+    parser.add_argument("--quick", action="store_true", help="fewer calls and rounds (CI)")
+    options = parser.parse_args()
+    if options.quick:
+        options.calls, options.repeats, options.rounds = 500, 3, 3
+    with server_url(options.redis) as url:
+        hit_parts(url, options)
+
+
+if __name__ == "__main__":
+    main()
