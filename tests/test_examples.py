@@ -1,4 +1,5 @@
-"""The README's demo, the examples and the benchmarks run, in their short forms, and say what they should."""
+"""The README's demo, the examples and the benchmarks run, in their short forms, and say what they should
+(the benchmarks that print their figures as JSON: tests/test_loadtest.py)."""
 
 from __future__ import annotations
 
@@ -32,11 +33,6 @@ def test_the_demo_runs_from_examples_too() -> None:
 
 def test_the_core_benchmark_runs_in_its_quick_form() -> None:
     out = run("loadtest/bench_core.py", "--quick", "--processes", "2", "--threads", "8")
-    assert "ratio" in out and "stampede" in out
-
-
-def test_the_async_benchmark_runs_in_its_quick_form() -> None:
-    out = run("loadtest/bench_async.py", "--quick", "--coroutines", "200")
     assert "ratio" in out and "stampede" in out
 
 
