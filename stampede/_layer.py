@@ -652,12 +652,8 @@ def _typed_for(serializer: TypedSerializer, func: Callable[..., Any]) -> Seriali
 
 
 def _is_async(func: Callable[..., Any]) -> bool:
-    """An ``async def`` function, an object whose ``__call__`` is one, or an async cached loader."""
-    return (
-        inspect.iscoroutinefunction(func)
-        or inspect.iscoroutinefunction(type(func).__call__)
-        or isinstance(func, AsyncCachedLoader)  # returns a coroutine from a plain def
-    )
+    """An ``async def`` function, or an object whose ``__call__`` is one."""
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__)
 
 
 def _check_client_timeouts(client: Any) -> None:

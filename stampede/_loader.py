@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
@@ -121,15 +121,9 @@ class AsyncCachedLoader(_Loader[P, R]):
             inspect.markcoroutinefunction(self)
         self._runner = runner
 
-    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]:
-        # Returns the runner's coroutine itself: one coroutine per call, not two (a
-        # thousand tasks joining one load make a thousand objects fewer for the GC). A
-        # key that cannot be built still raises when awaited, as from an async def.
-        try:
-            value_key = self._keys.value_key(args, kwargs)
-        except Exception as error:
-            return _raise(error)
-        return self._runner.call(value_key, self._spec, args, kwargs)
+    async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        value_key = self._keys.value_key(args, kwargs)
+        return await self._runner.call(value_key, self._spec, args, kwargs)  # type: ignore[no-any-return]
 
     async def fetch(self, *args: P.args, **kwargs: P.kwargs) -> Fetched[R]:
         """``CachedLoader.fetch``, awaited."""
@@ -152,10 +146,6 @@ class AsyncCachedLoader(_Loader[P, R]):
             await self._runner.expire(keys)
         finally:
             self._forget(keys.value)
-
-
-async def _raise(error: Exception) -> Any:
-    raise error
 
 
 class BoundLoader:

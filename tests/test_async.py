@@ -6,6 +6,8 @@ Each test runs its own event loop(s) with asyncio.run; no plugin is needed.
 from __future__ import annotations
 
 import asyncio
+import inspect
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -285,6 +287,24 @@ def test_arguments_that_make_no_key_raise_when_awaited_as_from_an_async_def(
 
     asyncio.run(main())
     assert calls == [3]
+
+
+def test_an_async_loader_is_an_async_callable_to_frameworks(make_layer: Callable[..., Stampede]) -> None:
+    """Frameworks decide whether to await an endpoint or a dependency by asking whether
+    it is a coroutine function: FastAPI asks ``inspect`` of its ``__call__``, Starlette
+    asks of the object and of its ``__call__``. An async loader must answer yes to each,
+    or it is run as a plain function and its coroutine is never awaited."""
+    layer = make_layer()
+
+    @layer.cached_loader("item:{key}")
+    async def item(key: int) -> int:
+        return key
+
+    assert inspect.iscoroutinefunction(type(item).__call__)
+    assert inspect.iscoroutinefunction(item.__call__)
+    if sys.version_info >= (3, 12):  # inspect.markcoroutinefunction: the object itself too
+        assert inspect.iscoroutinefunction(item)
+    assert asyncio.run(item(7)) == 7
 
 
 def test_a_loader_error_reaches_every_joiner_and_is_not_cached(
