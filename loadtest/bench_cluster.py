@@ -34,6 +34,7 @@ from typing import Any
 import redis
 
 from stampede import BackendUnavailable, Stampede
+from stampede._backends.redis import TORN_DOWN
 from stampede.demo import run_workers
 from stampede.testing import ClusterServers, CommandMonitor, RedisServer, SentinelServers, names
 
@@ -196,14 +197,16 @@ class Traffic:
 def first_write(layer: Stampede, key: str, fault: float, timeout: float = 60.0) -> float:
     """When the layer's own client could write ``key`` again after ``fault`` (the new
     primary or master of its slot takes writes, and the client has found it): polled
-    every 10 ms."""
+    every 10 ms. The layer's threads share the client: when one of their commands fails,
+    redis-py disconnects the node's connections, and a probe mid-command on one of them
+    meets what the store calls ``TORN_DOWN`` (a ValueError from the pure-Python parser)."""
     client = layer._runner.store.client  # type: ignore[union-attr]
     deadline = fault + timeout
     while time.monotonic() < deadline:
         try:
             client.set(key, b"1", px=1000)
             return time.monotonic()
-        except (redis.RedisError, OSError):
+        except (redis.RedisError, OSError, *TORN_DOWN):  # redis-py re-routing the slot under this command
             time.sleep(0.01)
     raise RuntimeError("the store never took a write again")
 
