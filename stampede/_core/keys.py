@@ -275,6 +275,15 @@ class KeyBuilder:
     def _render(self, value: Any, index: int) -> str:
         return render(value, name=f"argument {self._names[index]!r}")
 
+    def _text(self, value: Any, index: int) -> str:
+        """``_render``, with a plain int's ``str()`` first (the common case, and cheap)."""
+        if type(value) is int:
+            try:
+                return str(value)
+            except ValueError:  # too long for str(): _render writes it in hex
+                pass
+        return self._render(value, index)
+
     def keys(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> EntryKeys:
         """The keys of the entry that ``func(*args, **kwargs)`` loads."""
         return EntryKeys.for_value(self.value_key(args, kwargs))
@@ -289,21 +298,9 @@ class KeyBuilder:
             values = [call.arguments[name] for name in self._names]
         index = self._single
         if index is not None:
-            value = values[index]
-            try:
-                text = str(value) if type(value) is int else self._render(value, index)
-            except ValueError:  # an int too long for str() (or InvalidKey, raised again here)
-                text = self._render(value, index)
-            entry = self._before + text + self._after
+            entry = self._before + self._text(values[index], index) + self._after
         else:
-            rendered = []
-            try:
-                for index in self._fields:
-                    value = values[index]
-                    rendered.append(str(value) if type(value) is int else self._render(value, index))
-            except ValueError:
-                rendered = [self._render(values[index], index) for index in self._fields]
-            entry = self._format.format(*rendered)
+            entry = self._format.format(*[self._text(values[index], index) for index in self._fields])
         if len(entry) > self._max_length:
             entry = shorten(entry, self._max_length)
         return self._prefix + entry + "}"
