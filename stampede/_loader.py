@@ -30,9 +30,70 @@ class Fetched(Generic[R]):
     stale: bool
 
 
+class BoundLoader:
+    """A cached loader bound to an instance, as ``obj.method`` is: calls, ``invalidate``
+    and ``key`` take the arguments after ``self``."""
+
+    __slots__ = ("_instance", "_loader")
+
+    def __init__(self, loader: _Loader[Any, Any], instance: object) -> None:
+        self._loader = loader
+        self._instance = instance
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._loader(self._instance, *args, **kwargs)  # type: ignore[operator]
+
+    def invalidate(self, *args: Any, **kwargs: Any) -> Any:
+        """The loader's ``invalidate`` (awaitable for an async loader)."""
+        return self._loader.invalidate(self._instance, *args, **kwargs)  # type: ignore[attr-defined]
+
+    def expire(self, *args: Any, **kwargs: Any) -> Any:
+        """The loader's ``expire`` (awaitable for an async loader)."""
+        return self._loader.expire(self._instance, *args, **kwargs)  # type: ignore[attr-defined]
+
+    def fetch(self, *args: Any, **kwargs: Any) -> Any:
+        """The loader's ``fetch`` (awaitable for an async loader)."""
+        return self._loader.fetch(self._instance, *args, **kwargs)  # type: ignore[attr-defined]
+
+    def key(self, *args: Any, **kwargs: Any) -> str:
+        return self._loader.key(self._instance, *args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<bound {self._loader!r} of {self._instance!r}>"
+
+
+class AsyncBoundLoader(BoundLoader):
+    """``BoundLoader`` of an async loader: its calls and methods are coroutine functions,
+    so that frameworks asking ``inspect`` (FastAPI, Starlette) await a bound method."""
+
+    __slots__ = ("_is_coroutine_marker",)  # set by inspect.markcoroutinefunction (3.12+)
+
+    def __init__(self, loader: _Loader[Any, Any], instance: object) -> None:
+        super().__init__(loader, instance)
+        if hasattr(inspect, "markcoroutinefunction"):
+            inspect.markcoroutinefunction(self)
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._loader(self._instance, *args, **kwargs)  # type: ignore[operator]
+
+    async def invalidate(self, *args: Any, **kwargs: Any) -> None:
+        """The loader's ``invalidate``, awaited."""
+        await self._loader.invalidate(self._instance, *args, **kwargs)  # type: ignore[attr-defined]
+
+    async def expire(self, *args: Any, **kwargs: Any) -> None:
+        """The loader's ``expire``, awaited."""
+        await self._loader.expire(self._instance, *args, **kwargs)  # type: ignore[attr-defined]
+
+    async def fetch(self, *args: Any, **kwargs: Any) -> Any:
+        """The loader's ``fetch``, awaited."""
+        return await self._loader.fetch(self._instance, *args, **kwargs)  # type: ignore[attr-defined]
+
+
 class _Loader(Generic[P, R]):
     """What both kinds of cached loader share: the wrapped function's identity, its
     settings and its keys."""
+
+    _bound: type[BoundLoader] = BoundLoader  # what it becomes looked up on an instance
 
     def __init__(self, spec: LoaderSpec, keys: KeyBuilder, forget: Callable[[str], None]) -> None:
         functools.update_wrapper(self, spec.func)  # type: ignore[arg-type]  # a callable object, not a function
@@ -54,7 +115,7 @@ class _Loader(Generic[P, R]):
     def __get__(self, instance: object, owner: type | None = None) -> Any:
         """Looked up on an instance, a loader decorated as a method binds it as a function
         does; ``self`` is passed to the loader but is not part of the key."""
-        return self if instance is None else BoundLoader(self, instance)
+        return self if instance is None else self._bound(self, instance)
 
     def __repr__(self) -> str:
         func = self._spec.func
@@ -115,6 +176,8 @@ class AsyncCachedLoader(_Loader[P, R]):
     them cancels only its own wait, and a cancelled loading task hands over to another.
     """
 
+    _bound = AsyncBoundLoader
+
     def __init__(self, spec: LoaderSpec, runner: AsyncRunner, keys: KeyBuilder, forget: Callable[[str], None]) -> None:
         super().__init__(spec, keys, forget)
         if hasattr(inspect, "markcoroutinefunction"):  # Python 3.12+: frameworks see an async callable
@@ -146,35 +209,3 @@ class AsyncCachedLoader(_Loader[P, R]):
             await self._runner.expire(keys)
         finally:
             self._forget(keys.value)
-
-
-class BoundLoader:
-    """A cached loader bound to an instance, as ``obj.method`` is: calls, ``invalidate``
-    and ``key`` take the arguments after ``self``."""
-
-    __slots__ = ("_instance", "_loader")
-
-    def __init__(self, loader: _Loader[Any, Any], instance: object) -> None:
-        self._loader = loader
-        self._instance = instance
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._loader(self._instance, *args, **kwargs)  # type: ignore[operator]
-
-    def invalidate(self, *args: Any, **kwargs: Any) -> Any:
-        """The loader's ``invalidate`` (awaitable for an async loader)."""
-        return self._loader.invalidate(self._instance, *args, **kwargs)  # type: ignore[attr-defined]
-
-    def expire(self, *args: Any, **kwargs: Any) -> Any:
-        """The loader's ``expire`` (awaitable for an async loader)."""
-        return self._loader.expire(self._instance, *args, **kwargs)  # type: ignore[attr-defined]
-
-    def fetch(self, *args: Any, **kwargs: Any) -> Any:
-        """The loader's ``fetch`` (awaitable for an async loader)."""
-        return self._loader.fetch(self._instance, *args, **kwargs)  # type: ignore[attr-defined]
-
-    def key(self, *args: Any, **kwargs: Any) -> str:
-        return self._loader.key(self._instance, *args, **kwargs)
-
-    def __repr__(self) -> str:
-        return f"<bound {self._loader!r} of {self._instance!r}>"

@@ -300,11 +300,28 @@ def test_an_async_loader_is_an_async_callable_to_frameworks(make_layer: Callable
     async def item(key: int) -> int:
         return key
 
-    assert inspect.iscoroutinefunction(type(item).__call__)
-    assert inspect.iscoroutinefunction(item.__call__)
-    if sys.version_info >= (3, 12):  # inspect.markcoroutinefunction: the object itself too
-        assert inspect.iscoroutinefunction(item)
-    assert asyncio.run(item(7)) == 7
+    class Repository:
+        @layer.cached_loader("row:{row_id}")
+        async def row(self, row_id: int) -> int:
+            return row_id
+
+    method = Repository().row  # bound to its instance, as obj.method is
+    for loader in (item, method):
+        assert inspect.iscoroutinefunction(type(loader).__call__)
+        assert inspect.iscoroutinefunction(loader.__call__)
+        if sys.version_info >= (3, 12):  # inspect.markcoroutinefunction: the object itself too
+            assert inspect.iscoroutinefunction(loader)
+        for name in ("fetch", "invalidate", "expire"):
+            assert inspect.iscoroutinefunction(getattr(loader, name)), name
+
+    async def main() -> None:
+        assert await item(7) == 7
+        assert await method(8) == 8
+        assert (await method.fetch(8)).value == 8
+        await method.invalidate(8)
+        await method.expire(8)
+
+    asyncio.run(main())
 
 
 def test_a_loader_error_reaches_every_joiner_and_is_not_cached(
