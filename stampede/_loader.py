@@ -31,8 +31,8 @@ class Fetched(Generic[R]):
 
 
 class BoundLoader:
-    """A cached loader bound to an instance, as ``obj.method`` is: calls, ``invalidate``
-    and ``key`` take the arguments after ``self``."""
+    """A blocking cached loader bound to an instance, as ``obj.method`` is: calls,
+    ``invalidate`` and ``key`` take the arguments after ``self``."""
 
     __slots__ = ("_instance", "_loader")
 
@@ -43,16 +43,16 @@ class BoundLoader:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._loader(self._instance, *args, **kwargs)  # type: ignore[operator]
 
-    def invalidate(self, *args: Any, **kwargs: Any) -> Any:
-        """The loader's ``invalidate`` (awaitable for an async loader)."""
+    def invalidate(self, *args: Any, **kwargs: Any) -> Any:  # Any: the async subclass returns a coroutine
+        """The loader's ``invalidate``."""
         return self._loader.invalidate(self._instance, *args, **kwargs)  # type: ignore[attr-defined]
 
-    def expire(self, *args: Any, **kwargs: Any) -> Any:
-        """The loader's ``expire`` (awaitable for an async loader)."""
+    def expire(self, *args: Any, **kwargs: Any) -> Any:  # Any: the async subclass returns a coroutine
+        """The loader's ``expire``."""
         return self._loader.expire(self._instance, *args, **kwargs)  # type: ignore[attr-defined]
 
     def fetch(self, *args: Any, **kwargs: Any) -> Any:
-        """The loader's ``fetch`` (awaitable for an async loader)."""
+        """The loader's ``fetch``."""
         return self._loader.fetch(self._instance, *args, **kwargs)  # type: ignore[attr-defined]
 
     def key(self, *args: Any, **kwargs: Any) -> str:
