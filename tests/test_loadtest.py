@@ -210,3 +210,18 @@ def test_the_hit_path_benchmark_short_form_times_every_part() -> None:
     assert all(cost > 0 for name, cost in parts.items() if name != "client")  # client is a difference
     assert parts["round trip"] > parts["key"] + parts["singleflight"] + parts["breaker"]
     assert figures["ratio"] > 0.5 and figures["whole_us"] > 0 and figures["bare_us"] > 0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("path", ["hit", "cold"])
+def test_the_profile_workloads_run_and_share_their_time_out_by_package(path: str) -> None:
+    """``loadtest/profile_paths.py <path> --quick``: the workload runs under cProfile and
+    its own time is shared out by package, stampede's and redis-py's among them."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "loadtest" / "profile_paths.py"), path, "--quick"],
+        capture_output=True, text=True, timeout=110, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    shares = json.loads(done.stdout.strip().splitlines()[-1])["shares"]
+    assert shares["stampede"] > 0 and shares["redis"] > 0
+    assert sum(shares.values()) == pytest.approx(1.0, abs=0.01)
