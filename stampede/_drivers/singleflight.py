@@ -59,19 +59,20 @@ from .._fork import reset_after_fork
 
 
 class Flight:
-    __slots__ = ("deadlines", "done", "error", "sent", "stale", "subscribed_at", "timer", "unwritten", "value")
-    deadlines: list[float]  # asyncio: each future's deadline, set with ``done`` (floats: nothing for the GC to track)
+    """One leader's read or load of a key, and what those who joined it share.
 
-    def __init__(self) -> None:
-        # threading.Event, or a list of futures (asyncio); made by the first joiner
-        self.done: Any = None
-        self.value: Any = None
-        self.error: BaseException | None = None
-        self.timer: asyncio.TimerHandle | None = None  # asyncio: the earliest joiner's deadline
-        self.unwritten = False  # the leader loaded a value but its write was refused or failed; set before done
-        self.sent = 0  # the leader's steps that may produce its value; bumped just before each
-        self.subscribed_at = 0  # ``sent`` when the leader subscribed to the entry's channel
-        self.stale = False  # the value is stale (served while refreshed, or instead of an error); set before done
+    No ``__init__``: a flight starts as its class attributes say, and each is written on
+    the instance only when it changes, so opening one (every hit does) costs no stores."""
+
+    done: Any = None  # threading.Event, or a list of futures (asyncio); made by the first joiner
+    value: Any = None
+    error: BaseException | None = None
+    timer: asyncio.TimerHandle | None = None  # asyncio: the earliest joiner's deadline
+    deadlines: list[float]  # asyncio: each future's deadline, set with ``done`` (floats: nothing for the GC to track)
+    unwritten = False  # the leader loaded a value but its write was refused or failed; set before done
+    sent = 0  # the leader's steps that may produce its value; bumped just before each
+    subscribed_at = 0  # ``sent`` when the leader subscribed to the entry's channel
+    stale = False  # the value is stale (served while refreshed, or instead of an error); set before done
 
     def count(self, effect: Effect) -> None:
         """The leader is about to perform ``effect``: count it if it may produce the value."""
