@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -225,3 +226,13 @@ def test_the_profile_workloads_run_and_share_their_time_out_by_package(path: str
     shares = json.loads(done.stdout.strip().splitlines()[-1])["shares"]
     assert shares["stampede"] > 0 and shares["redis"] > 0
     assert sum(shares.values()) == pytest.approx(1.0, abs=0.01)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not on the PATH")
+def test_the_instruction_count_short_form_counts_both_hits() -> None:
+    """``loadtest/count_instructions.py --quick``: both hits are counted, and stampede's
+    adds work to the bare GET's but less than the bare GET itself costs."""
+    figures = short_form("count_instructions.py", timeout=280)
+    bare, cached = figures["instructions"]["bare"], figures["instructions"]["stampede"]
+    assert bare > 0 and 0 < figures["own"] == cached - bare < bare
