@@ -13,25 +13,14 @@ from .._errors import ConfigError
 
 
 class Counts:
-    """The observer every layer has: thread-safe counters; ``snapshot()`` is what
-    ``Stampede.stats()`` returns. Loads and waits are counted by their counters
-    (``loads``, ``collapsed``, ``lock_waits``), not timed."""
+    """A layer's counters, what ``Stampede.stats()`` returns (``snapshot()``). Loads and
+    waits are counted by their counters (``loads``, ``collapsed``, ``lock_waits``), not
+    timed. ``Events.incr`` is the one writer: it increments ``values`` under ``lock``
+    itself, so that a hit's counter costs no call."""
 
     def __init__(self) -> None:
-        # Written under ``lock`` only; ``Events.incr`` writes them itself (a hit's counter
-        # costs no call into here).
         self.lock = threading.Lock()
-        self.values = dict.fromkeys(COUNTERS, 0)
-
-    def count(self, namespace: str, event: str, n: int) -> None:
-        with self.lock:
-            self.values[event] += n
-
-    def began(self, namespace: str, measure: Measure) -> None:
-        pass
-
-    def ended(self, namespace: str, measure: Measure, outcome: str, seconds: float) -> None:
-        pass
+        self.values = dict.fromkeys(COUNTERS, 0)  # written under ``lock``
 
     def snapshot(self) -> dict[str, int]:
         with self.lock:
@@ -59,7 +48,7 @@ class Events:
             self._observers = (*self._observers, observer)
 
     def incr(self, name: str, n: int = 1) -> None:
-        counts = self.counts  # Counts.count, inline: every hit counts
+        counts = self.counts
         with counts.lock:
             counts.values[name] += n
         if self._observers:
