@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from .._core.observer import COUNTERS, UNOBSERVED, Measure, Observer, Wait, log_extra
 from .._errors import ConfigError
+from .._fork import reset_after_fork
 
 
 class Counts:
@@ -21,6 +22,12 @@ class Counts:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.values = dict.fromkeys(COUNTERS, 0)  # written under ``lock``
+        reset_after_fork(self)
+
+    def after_fork_in_child(self) -> None:
+        """A parent's thread may have held the lock at the fork (every call takes it): the
+        child gets a new one, and its counts carry on from the parent's."""
+        self.lock = threading.Lock()
 
     def snapshot(self) -> dict[str, int]:
         with self.lock:
@@ -39,6 +46,10 @@ class Events:
         self._warn = warn
         self._observers: tuple[Observer, ...] = ()  # replaced whole, under _adding: read without a lock
         self._adding = threading.Lock()
+        reset_after_fork(self)
+
+    def after_fork_in_child(self) -> None:
+        self._adding = threading.Lock()  # perhaps held by a parent's thread at the fork
 
     def add(self, observer: Observer) -> None:
         for method in ("count", "began", "ended"):
@@ -114,6 +125,10 @@ class RateLimitedLog:
         self._lock = threading.Lock()
         self._next: dict[str, float] = {}  # format string -> when that kind may be logged again
         self._held_back: dict[str, int] = {}  # format string -> warnings held back since
+        reset_after_fork(self)
+
+    def after_fork_in_child(self) -> None:
+        self._lock = threading.Lock()  # perhaps held by a parent's thread at the fork
 
     def warning(self, message: str, *args: object, key: str = "", outcome: str = "") -> None:
         now = self._clock()
