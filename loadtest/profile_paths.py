@@ -10,9 +10,9 @@ With ``--plain`` the workload runs unprofiled, for a sampling profiler outside i
 (py-spy's flame graph). Otherwise it runs under cProfile and prints the share of the
 workload's own time spent in each package's functions (stampede, redis-py, asyncio, the
 rest), then the functions with the most own time; the last line printed is the shares
-as JSON. cProfile's overhead is per call, so
-the shares lean towards code making many small calls: read them beside the timed parts
-of ``bench_hit_path.py``, not instead of them.
+as JSON. cProfile's overhead is per call, so the shares lean towards code making many
+small calls: read them beside the timed parts of ``bench_hit_path.py``, not instead of
+them.
 """
 
 from __future__ import annotations

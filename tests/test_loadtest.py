@@ -22,10 +22,10 @@ sys.path.insert(0, str(ROOT / "loadtest"))
 from expiry_windows import expiry_windows, queries_per_second, summarize  # noqa: E402
 
 
-def short_form(script: str, timeout: float) -> Any:
-    """Run ``loadtest/<script> --quick`` and return the figures of its last line (JSON)."""
+def short_form(script: str, timeout: float, *args: str) -> Any:
+    """Run ``loadtest/<script> [args] --quick`` and return the figures of its last line (JSON)."""
     done = subprocess.run(
-        [sys.executable, str(ROOT / "loadtest" / script), "--quick"],
+        [sys.executable, str(ROOT / "loadtest" / script), *args, "--quick"],
         capture_output=True, text=True, timeout=timeout, cwd=ROOT,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
@@ -218,12 +218,7 @@ def test_the_hit_path_benchmark_short_form_times_every_part() -> None:
 def test_the_profile_workloads_run_and_share_their_time_out_by_package(path: str) -> None:
     """``loadtest/profile_paths.py <path> --quick``: the workload runs under cProfile and
     its own time is shared out by package, stampede's and redis-py's among them."""
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "loadtest" / "profile_paths.py"), path, "--quick"],
-        capture_output=True, text=True, timeout=110, cwd=ROOT,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    shares = json.loads(done.stdout.strip().splitlines()[-1])["shares"]
+    shares = short_form("profile_paths.py", 110, path)["shares"]
     assert shares["stampede"] > 0 and shares["redis"] > 0
     assert sum(shares.values()) == pytest.approx(1.0, abs=0.01)
 
