@@ -33,6 +33,7 @@ from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from ._errors import BackendUnavailable, ConfigError
+from ._redact import redacted
 
 SENTINEL_SCHEME = "redis+sentinel"
 POSTGRES_SCHEMES = ("postgresql", "postgres")
@@ -62,14 +63,14 @@ def parse_sentinel_url(url: str) -> SentinelURL | None:
         try:
             addresses.append((host or address, int(port) if port else SENTINEL_PORT))
         except ValueError:
-            raise ConfigError(f"bad sentinel address {address!r} in {_redacted(url)}") from None
+            raise ConfigError(f"bad sentinel address {address!r} in {redacted(url)}") from None
     path = [unquote(part) for part in parts.path.split("/") if part]
     if not addresses or not all(host for host, _ in addresses) or len(path) not in (1, 2):
         raise ConfigError(
-            f"expected {SENTINEL_SCHEME}://host[:port][,host[:port]...]/service[/db], got {_redacted(url)}"
+            f"expected {SENTINEL_SCHEME}://host[:port][,host[:port]...]/service[/db], got {redacted(url)}"
         )
     if len(path) == 2 and not path[1].isdigit():
-        raise ConfigError(f"the database in {_redacted(url)} must be a number")
+        raise ConfigError(f"the database in {redacted(url)} must be a number")
     return SentinelURL(
         addresses,
         path[0],
@@ -77,13 +78,6 @@ def parse_sentinel_url(url: str) -> SentinelURL | None:
         unquote(parts.username) if parts.username else None,
         unquote(parts.password) if parts.password else None,
     )
-
-
-def _redacted(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    return url.replace(f":{parts.password}@", ":***@", 1)
 
 
 AsyncMaker = Callable[[], Any]
@@ -194,10 +188,10 @@ def _cluster_clients(
         )
     except RedisClusterException as error:
         if "not enabled" in str(error):
-            raise ConfigError(f"cluster=True, but {_redacted(url)} is not a cluster node: {error}") from None
-        raise BackendUnavailable(f"cannot reach the cluster at {_redacted(url)}: {error}") from error
+            raise ConfigError(f"cluster=True, but {redacted(url)} is not a cluster node: {error}") from None
+        raise BackendUnavailable(f"cannot reach the cluster at {redacted(url)}: {error}") from error
     except redis.RedisError as error:
-        raise BackendUnavailable(f"cannot reach the cluster at {_redacted(url)}: {error}") from error
+        raise BackendUnavailable(f"cannot reach the cluster at {redacted(url)}: {error}") from error
 
     def make_async_client() -> redis.asyncio.cluster.RedisCluster:
         no_async_retries = redis.asyncio.retry.Retry(NoBackoff(), 0)
@@ -222,8 +216,11 @@ def _sentinel_clients(
     the sentinels again). A service no answering sentinel knows is a ``ConfigError`` now;
     if no sentinel answers, the clients are made anyway and find the master later."""
     auth: dict[str, Any] = {"username": sentinel.username, "password": sentinel.password, "db": sentinel.db}
+    # The sentinels' own clients take no retry from the master's settings: each is asked
+    # once per lookup, so a lookup with no sentinel answering costs one socket timeout
+    # per sentinel, not redis-py's default retries of each.
     manager = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
-        sentinel.addresses, sentinel_kwargs=dict(timeouts), retry=no_retries, **timeouts
+        sentinel.addresses, sentinel_kwargs=dict(timeouts, retry=no_retries), retry=no_retries, **timeouts
     )
     try:
         _check_service(manager, sentinel)
@@ -244,7 +241,10 @@ def _sentinel_clients(
     def make_async_client() -> redis.asyncio.Redis:
         no_async_retries = redis.asyncio.retry.Retry(NoBackoff(), 0)
         async_manager = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
-            sentinel.addresses, sentinel_kwargs=dict(timeouts), retry=no_async_retries, **timeouts
+            sentinel.addresses,
+            sentinel_kwargs=dict(timeouts, retry=no_async_retries),
+            retry=no_async_retries,
+            **timeouts,
         )
         # Its pool fails beyond max_connections; the asyncio store bounds its commands to
         # that number (see _backends.aredis), so callers wait instead.

@@ -20,6 +20,7 @@ import redis.asyncio.cluster
 from ._backends.aredis import AsyncRedisStore
 from ._backends.breaker import CircuitBreaker, NodeBreakers
 from ._backends.memory import AsyncMemoryStore, MemoryStore
+from ._backends.pg_schema import MAX_KEY_LENGTH as PG_MAX_KEY_LENGTH
 from ._backends.redis import EvictionCheck, RedisStore, is_cluster
 from ._backends.tracking import Tracker
 from ._clients import close_client, is_postgres_url, make_clients
@@ -40,6 +41,7 @@ from ._drivers.watchdog import Watchdog
 from ._errors import BackendUnavailable, ConfigError
 from ._loader import AsyncCachedLoader, CachedLoader, P
 from ._lock import Lock, ReentrantHolds
+from ._redact import redacted
 from ._redlock import Redlock
 
 if typing.TYPE_CHECKING:
@@ -56,6 +58,7 @@ DEFAULT_SOCKET_TIMEOUT = 2.0
 DEFAULT_CONNECT_TIMEOUT = 1.0
 ZOOKEEPER_SESSION_TIMEOUT = 10.0  # kazoo's default: how long a silent holder keeps its leases
 ZOOKEEPER_CONNECT_TIMEOUT = 10.0
+REFRESH_CLOSE_TIMEOUT = 5.0  # the longest close() waits for background refreshes under way
 
 
 AsyncClient = Union[
@@ -150,6 +153,12 @@ class Stampede:
         if postgres is not None:
             if client is not None or async_client is not None or redlock is not None:
                 raise ConfigError("postgres= is the whole store: pass no redis client and no redlock with it")
+            if self.settings.max_key_length > PG_MAX_KEY_LENGTH:
+                raise ConfigError(
+                    f"max_key_length={self.settings.max_key_length} is more than PostgreSQL's keys can hold: "
+                    f"at most {PG_MAX_KEY_LENGTH} (a btree entry holds 2704 bytes); longer entries are "
+                    "shortened to a prefix and a hash"
+                )
             store, make_async_store = _postgres_stores(postgres, breaker)
         elif client is None and async_client is None:
             memory = MemoryStore(max_entries)
@@ -561,7 +570,7 @@ class Stampede:
         if self._tracker is not None:
             self._tracker.close()
         if self._runner is not None:
-            self._runner.refresher.close()
+            self._runner.refresher.close(REFRESH_CLOSE_TIMEOUT)
             self._runner.store.close()
         if self._async_runner is not None:
             self._async_runner.close()
@@ -611,6 +620,14 @@ class LoaderDecorator:
 
     def __call__(self, func: Callable[P, Any]) -> CachedLoader[P, Any] | AsyncCachedLoader[P, Any]:
         layer = self._layer
+        if isinstance(func, classmethod):
+            raise ConfigError(
+                f"cached_loader cannot decorate the classmethod {func.__func__.__qualname__}: write "
+                "@classmethod above @cached_loader (its first parameter, cls, is then not part of the key)"
+            )
+        static = isinstance(func, staticmethod)
+        if static:
+            func = func.__func__  # type: ignore[attr-defined]  # called as it is, from the class or an instance: nothing is bound
         if not callable(func):
             raise ConfigError(f"cached_loader decorates a function, got {func!r}")
         keys = KeyBuilder(func, self._template, layer.namespace, self._settings.max_key_length)
@@ -626,13 +643,13 @@ class LoaderDecorator:
                     f"{func.__qualname__} is async, and this layer has no asyncio client: "
                     "pass async_client= to Stampede, or use Stampede.from_url"
                 )
-            return AsyncCachedLoader(spec, layer._async_runner, keys, layer._forget)
+            return AsyncCachedLoader(spec, layer._async_runner, keys, layer._forget, static)
         if layer._runner is None:
             raise ConfigError(
                 f"{func.__qualname__} is not async, and this layer has only an asyncio client: "
                 "pass a blocking client too, or use Stampede.from_url"
             )
-        return CachedLoader(spec, layer._runner, keys, layer._forget)
+        return CachedLoader(spec, layer._runner, keys, layer._forget, static)
 
 
 def _typed_for(serializer: TypedSerializer, func: Callable[..., Any]) -> Serializer:
@@ -784,7 +801,9 @@ def _postgres_pool(url: str, socket_timeout: float, connect_timeout: float, max_
     """A bounded pool for ``url`` (``_backends.apostgres.make_pool``); psycopg is imported
     only here, being the ``postgres`` extra's."""
     if not is_postgres_url(url):
-        raise ConfigError(f"postgres= takes a postgresql:// URL or a psycopg_pool.ConnectionPool, got {url!r}")
+        raise ConfigError(
+            f"postgres= takes a postgresql:// URL or a psycopg_pool.ConnectionPool, got {redacted(url)!r}"
+        )
     try:
         from ._backends.apostgres import make_pool
     except ImportError as error:

@@ -95,8 +95,9 @@ class _Loader(Generic[P, R]):
 
     _bound: type[BoundLoader] = BoundLoader  # what it becomes looked up on an instance
 
-    def __init__(self, spec: LoaderSpec, keys: KeyBuilder, forget: Callable[[str], None]) -> None:
+    def __init__(self, spec: LoaderSpec, keys: KeyBuilder, forget: Callable[[str], None], static: bool = False) -> None:
         functools.update_wrapper(self, spec.func)  # type: ignore[arg-type]  # a callable object, not a function
+        self._static = static  # decorated over @staticmethod: never bound
         self._spec = spec
         self._keys = keys
         self._forget = forget
@@ -114,8 +115,9 @@ class _Loader(Generic[P, R]):
 
     def __get__(self, instance: object, owner: type | None = None) -> Any:
         """Looked up on an instance, a loader decorated as a method binds it as a function
-        does; ``self`` is passed to the loader but is not part of the key."""
-        return self if instance is None else self._bound(self, instance)
+        does; ``self`` is passed to the loader but is not part of the key. One decorated
+        over ``@staticmethod`` is never bound."""
+        return self if instance is None or self._static else self._bound(self, instance)
 
     def __repr__(self) -> str:
         func = self._spec.func
@@ -129,8 +131,15 @@ class CachedLoader(_Loader[P, R]):
     drops that entry; a load already in flight for it is not written afterwards.
     """
 
-    def __init__(self, spec: LoaderSpec, runner: SyncRunner, keys: KeyBuilder, forget: Callable[[str], None]) -> None:
-        super().__init__(spec, keys, forget)
+    def __init__(
+        self,
+        spec: LoaderSpec,
+        runner: SyncRunner,
+        keys: KeyBuilder,
+        forget: Callable[[str], None],
+        static: bool = False,
+    ) -> None:
+        super().__init__(spec, keys, forget, static)
         self._runner = runner
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -178,8 +187,15 @@ class AsyncCachedLoader(_Loader[P, R]):
 
     _bound = AsyncBoundLoader
 
-    def __init__(self, spec: LoaderSpec, runner: AsyncRunner, keys: KeyBuilder, forget: Callable[[str], None]) -> None:
-        super().__init__(spec, keys, forget)
+    def __init__(
+        self,
+        spec: LoaderSpec,
+        runner: AsyncRunner,
+        keys: KeyBuilder,
+        forget: Callable[[str], None],
+        static: bool = False,
+    ) -> None:
+        super().__init__(spec, keys, forget, static)
         if hasattr(inspect, "markcoroutinefunction"):  # Python 3.12+: frameworks see an async callable
             inspect.markcoroutinefunction(self)
         self._runner = runner

@@ -46,6 +46,7 @@ from ._core.codec import Codec, Kind, stale_window_of
 from ._core.keys import EntryKeys
 from ._core.patterns import entry_pattern
 from ._errors import BackendUnavailable, ConfigError, InvalidKey
+from ._redact import redacted, scrubbed
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 TIMEOUT = 5.0  # seconds, per command
@@ -126,7 +127,7 @@ def stats(session: Session | None, options: argparse.Namespace) -> Any:
         with urllib.request.urlopen(url, timeout=TIMEOUT) as response:
             text = response.read().decode()
     except (urllib.error.URLError, OSError, ValueError) as error:
-        raise Failed(f"cannot read metrics from {url}: {error}", 1) from None
+        raise Failed(f"cannot read metrics from {redacted(url)}: {error}", 1) from None
     totals: dict[str, dict[str, float]] = {}
     for line in text.splitlines():
         if not line.startswith("stampede_") or "_created" in line.split(" ")[0]:
@@ -144,8 +145,8 @@ def stats(session: Session | None, options: argparse.Namespace) -> Any:
             continue
         series[key] = series.get(key, 0.0) + value
     if not totals:
-        raise Failed(f"{url} serves no stampede metrics for namespace {options.namespace!r}", 1)
-    return {"namespace": options.namespace, "metrics_url": url, **totals}
+        raise Failed(f"{redacted(url)} serves no stampede metrics for namespace {options.namespace!r}", 1)
+    return {"namespace": options.namespace, "metrics_url": redacted(url), **totals}
 
 
 def _sample(line: str) -> tuple[str, dict[str, str], float]:
@@ -175,7 +176,7 @@ class Session:
                 url, cluster=cluster, socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT, max_connections=4
             )
         except ValueError as error:  # redis-py's word for a URL it cannot read
-            raise Failed(f"bad URL {url!r}: {error}", 2) from None
+            raise Failed(f"bad URL {redacted(url)!r}: {error}", 2) from None
         try:
             self.layer = Stampede(self.client, namespace=namespace)
         except BaseException:
@@ -413,17 +414,30 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["demo"]:
-        from .demo import main as demo
-
-        demo(arguments[1:])
-        return 0
-    options = _parser().parse_args(arguments)
+        return _demo(arguments[1:])
+    parser = _parser()
+    options, rest = parser.parse_known_args(arguments)
+    if options.command == "demo":  # after global options, which it takes: --url is its --redis
+        given = any(argument == "--url" or argument.startswith("--url=") for argument in arguments)
+        return _demo((["--redis", options.url] if given else []) + rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         result = _run(options)
     except Failed as failure:
-        print(f"stampede {options.command}: {failure}", file=sys.stderr)
+        message = scrubbed(str(failure), options.url)
+        if getattr(options, "metrics_url", None):
+            message = scrubbed(message, options.metrics_url)
+        print(f"stampede {options.command}: {message}", file=sys.stderr)
         return failure.status
     print(json.dumps(result, default=str) if options.json else _human(options.command, result))
+    return 0
+
+
+def _demo(arguments: list[str]) -> int:
+    from .demo import main as demo
+
+    demo(arguments)
     return 0
 
 
@@ -439,4 +453,4 @@ def _run(options: argparse.Namespace) -> Any:
     except (InvalidKey, ConfigError) as error:
         raise Failed(str(error), 2) from None
     except (BackendUnavailable, redis.RedisError, OSError) as error:
-        raise Failed(f"{options.url}: {error}", 1) from None
+        raise Failed(f"{redacted(options.url)}: {error}", 1) from None

@@ -33,6 +33,7 @@ import orjson
 import redis
 
 from . import Stampede
+from ._redact import redacted
 from .testing import RedisServer, find_server_binary
 
 STRATEGIES = ("off", "sleep-spin", "stampede")
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     url = options.redis or server.url  # type: ignore[union-attr]
     try:
         print(f"{options.processes} processes x {options.threads} threads = {callers} callers on one cold key, "
-              f"server {url}")  # fmt: skip
+              f"server {redacted(url)}")  # fmt: skip
         rows = [(name, run_processes(url, name, options.processes, options.threads, options.delay))
                 for name in STRATEGIES]  # fmt: skip
     finally:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ._core.observer import COUNTERS, DESCRIPTIONS, MEASURES, Measure
+from ._fork import reset_after_fork
 
 __all__ = ["OpenTelemetryMetrics"]
 
@@ -47,6 +48,7 @@ class OpenTelemetryMetrics:
         from . import __version__
 
         self._lock = threading.Lock()
+        reset_after_fork(self)
         self._counts: dict[str, dict[str, int]] = {name: {} for name in COUNTERS}  # event -> namespace -> n
         self._running: dict[str, dict[str, int]] = {"load": {}, "wait": {}, "breakers": {}}  # -> namespace -> now
         meter = metrics.get_meter("stampede", __version__, meter_provider=meter_provider)
@@ -87,6 +89,11 @@ class OpenTelemetryMetrics:
             return [metrics.Observation(n, {NAMESPACE: namespace}) for namespace, n in current]
 
         return callback
+
+    def after_fork_in_child(self) -> None:
+        """A parent's thread may have held the lock at the fork (every call reports): the
+        child gets a new one, or its first call would wait forever."""
+        self._lock = threading.Lock()
 
     def count(self, namespace: str, event: str, n: int) -> None:
         with self._lock:

@@ -28,10 +28,12 @@ try:
 except ImportError as error:  # pragma: no cover - the extra is missing
     raise ImportError("stampede.prometheus needs prometheus-client: pip install 'stampede[prometheus]'") from error
 
+import threading
 from typing import Any
 
 from ._core.observer import COUNTERS, DESCRIPTIONS, MEASURES, Measure
 from ._errors import ConfigError
+from ._fork import reset_after_fork
 
 __all__ = ["BUCKETS", "PrometheusMetrics"]
 
@@ -92,6 +94,16 @@ class PrometheusMetrics:
         self._counted: dict[tuple[str, str], Any] = {}
         self._timed: dict[tuple[str, Measure, str], Any] = {}
         self._running: dict[tuple[str, Measure], Any] = {}
+        reset_after_fork(self)
+
+    def after_fork_in_child(self) -> None:
+        """prometheus_client guards each metric and each value with a lock of its own, and
+        a parent's thread may have held one at the fork (every call reports): the child's
+        first report would wait forever. Each metric here and its values get new ones."""
+        metrics = [*self._counters.values(), *self._seconds.values(), *self._in_progress.values(), self._breakers_open]
+        for metric in metrics:
+            for part in (metric, *getattr(metric, "_metrics", {}).values()):
+                _new_locks(part)
 
     def count(self, namespace: str, event: str, n: int) -> None:
         child = self._counted.get((namespace, event))
@@ -118,3 +130,11 @@ class PrometheusMetrics:
         if child is None:
             child = self._running[namespace, measure] = self._in_progress[measure].labels(namespace)
         return child
+
+
+def _new_locks(metric: Any) -> None:
+    """Replace the locks of a prometheus_client metric (or labelled child) and its values."""
+    values = [metric, getattr(metric, "_value", None), getattr(metric, "_sum", None), *getattr(metric, "_buckets", ())]
+    for value in values:
+        if value is not None and isinstance(getattr(value, "_lock", None), type(threading.Lock())):
+            value._lock = threading.Lock()

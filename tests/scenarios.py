@@ -95,3 +95,31 @@ def disturb(proxy: FaultProxy, fault: str, latency: float, rng: random.Random, s
         proxy.flow()
     else:
         raise ValueError(f"unknown network fault {fault!r}")
+
+
+def forked_child_passes(check: Callable[[], bool], held: Any) -> bool:
+    """Fork while ``held`` is held (a lock a parent's thread would hold mid-report), and
+    whether ``check()`` returned True in the child, which must not wait for a lock nobody
+    in the child will release (a hung child is killed, and fails)."""
+    import os
+    import signal
+
+    with held:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if check() else 1)
+    exited: list[int] = []
+
+    def child_exited() -> bool:
+        ended, status = os.waitpid(pid, os.WNOHANG)
+        if ended:
+            exited.append(status)
+        return bool(ended)
+
+    try:
+        wait_until(child_exited, "the forked child's call (a lock held at the fork would hang it)", timeout=10)
+    finally:
+        if not exited:  # hung: end it (it is ours)
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(exited[0]) == 0

@@ -564,7 +564,7 @@ def test_the_refresh_workers_are_bounded_reused_and_leave_when_idle(caplog: pyte
     wait_until(lambda: workers() == 0, "the idle workers to leave", timeout=5)
     assert refresher.start("f", work("f"))
     wait_until(lambda: refresher.running() == 0 and workers() == 1, "a new worker's refresh")
-    refresher.close()
+    refresher.close(timeout=1.0)
     wait_until(lambda: workers() == 0, "close() to let the idle worker leave")
     assert not refresher.start("g", work("g"))
 

@@ -16,7 +16,7 @@ from stampede import BackendUnavailable, CachedLoader, ConfigError, Stampede
 from stampede._clients import ConnectionQueue
 from stampede.testing import CommandMonitor, RedisServer, names
 
-from .scenarios import wait_until
+from .scenarios import forked_child_passes, wait_until
 from .test_behaviour import CountingLoader, hammer
 
 
@@ -385,31 +385,12 @@ def test_a_child_forked_while_the_counters_lock_is_held_still_serves_hits(make_l
     """Every call takes the layer's counter lock to count itself. A fork while a parent's
     thread holds it (here the forking thread itself) must not leave the child's calls
     waiting for a lock nobody in the child will release."""
-    import os
-    import signal
-
     layer = make_layer()
     load = layer.cached_loader("item:{key}")(lambda key: {"id": key})
     assert load(1) == {"id": 1}
     hits_before = layer.stats()["hits"]
-    with layer._events.counts.lock:  # as a thread mid-increment holds it
-        pid = os.fork()
-        if pid == 0:
-            served = load(1) == {"id": 1} and layer.stats()["hits"] == hits_before + 1
-            os._exit(0 if served else 1)
-    exited: list[int] = []
-
-    def child_exited() -> bool:
-        ended, status = os.waitpid(pid, os.WNOHANG)
-        if ended:
-            exited.append(status)
-        return bool(ended)
-
-    try:
-        wait_until(child_exited, "the forked child's hit (a lock held at the fork would hang it)", timeout=10)
-    finally:
-        if not exited:  # hung: end it (it is ours)
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(exited[0]) == 0
+    # as a thread mid-increment holds it
+    assert forked_child_passes(
+        lambda: load(1) == {"id": 1} and layer.stats()["hits"] == hits_before + 1, layer._events.counts.lock
+    )
     assert layer.stats()["hits"] == hits_before  # the parent's counts are its own

@@ -40,7 +40,13 @@ from .._core.keys import EntryKeys
 NOTIFY_CHANNEL = "stampede"
 """The one channel every store LISTENs on. A payload is ``c<entry's channel>`` (the
 entry changed: re-check), or ``v<envelope in base64>\n<entry's channel>`` (a write whose
-envelope travels with it, when it fits in NOTIFY's 8000 bytes)."""
+envelope travels with it), or ``*`` (every waiter re-checks). Whatever would not fit in
+NOTIFY's 8000 bytes goes as less (``stampede_wake``): a wake-up never costs a write."""
+
+MAX_KEY_LENGTH = 500
+"""The longest ``max_key_length`` over PostgreSQL: a key is a primary key, and a btree
+entry holds at most 2704 bytes (500 characters are 2000 bytes of UTF-8 at most, leaving
+room for the namespace and the suffix of each key of an entry)."""
 
 INLINE_MAX = 5000  # the largest envelope a wake-up carries (base64 makes it 6668 bytes)
 
@@ -48,13 +54,13 @@ SCHEMA_LOCK = "SELECT pg_advisory_xact_lock(1400136045)"
 """Taken by a store that creates the schema, in the creating transaction: one creator at a
 time (concurrent CREATE OR REPLACE of one function fails)."""
 
-SCHEMA_VERSION = "stampede_schema_v1"
+SCHEMA_VERSION = "stampede_schema_v2"
 """A function the schema's last statement creates, named after its version (a new version
 of the schema gets a new name). A store that finds it creates nothing: DDL under traffic
 takes table locks that can deadlock with the functions' row writes, so it runs only where
 the schema is missing or older."""
 
-SCHEMA_READY = "SELECT count(*) FROM pg_proc WHERE proname = 'stampede_schema_v1'"
+SCHEMA_READY = "SELECT count(*) FROM pg_proc WHERE proname = 'stampede_schema_v2'"
 
 SCHEMA = r"""
 
@@ -83,6 +89,21 @@ CREATE UNLOGGED TABLE IF NOT EXISTS stampede_queue (
 
 CREATE SEQUENCE IF NOT EXISTS stampede_fences;
 CREATE SEQUENCE IF NOT EXISTS stampede_tickets;
+
+-- Wake the waiters of p_channel with p_payload, or with less where NOTIFY's 8000-byte
+-- limit would refuse it (and with it the write or release that sends it): a bare "re-check"
+-- of the channel, or, where even that is too long, "*": every waiter re-checks.
+CREATE OR REPLACE FUNCTION stampede_wake(p_channel text, p_payload text)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    IF octet_length(p_payload) < 8000 THEN
+        PERFORM pg_notify('stampede', p_payload);
+    ELSIF octet_length(p_channel) < 7999 THEN
+        PERFORM pg_notify('stampede', 'c' || p_channel);
+    ELSE
+        PERFORM pg_notify('stampede', '*');
+    END IF;
+END $$;
 
 -- The unique-row lock with an expiry: take the lease row at p_lock if it is free or its
 -- deadline has passed (a dead holder's). True if it is now p_token's.
@@ -171,9 +192,10 @@ BEGIN
         SET value = EXCLUDED.value, expires_at = EXCLUDED.expires_at, stale_ms = EXCLUDED.stale_ms;
     DELETE FROM stampede_values WHERE key = p_failing;
     IF p_inline AND length(p_envelope) <= 5000 THEN
-        PERFORM pg_notify('stampede', 'v' || translate(encode(p_envelope, 'base64'), E'\n', '') || E'\n' || p_channel);
+        PERFORM stampede_wake(
+            p_channel, 'v' || translate(encode(p_envelope, 'base64'), E'\n', '') || E'\n' || p_channel);
     ELSE
-        PERFORM pg_notify('stampede', 'c' || p_channel);
+        PERFORM stampede_wake(p_channel, 'c' || p_channel);
     END IF;
     RETURN 1;
 END $$;
@@ -184,7 +206,7 @@ RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN
     DELETE FROM stampede_leases WHERE key = p_lock AND token = p_token AND expires_at > clock_timestamp();
     IF NOT FOUND THEN RETURN false; END IF;
-    PERFORM pg_notify('stampede', 'c' || p_channel);
+    PERFORM stampede_wake(p_channel, 'c' || p_channel);
     RETURN true;
 END $$;
 
@@ -202,7 +224,7 @@ BEGIN
     INSERT INTO stampede_values (key, value, expires_at)
         VALUES (p_failing, '\x31', now_ + p_failing_ms * interval '1 millisecond')
         ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, expires_at = EXCLUDED.expires_at;
-    PERFORM pg_notify('stampede', 'c' || p_channel);
+    PERFORM stampede_wake(p_channel, 'c' || p_channel);
     RETURN true;
 END $$;
 
@@ -229,7 +251,7 @@ BEGIN
         INSERT INTO stampede_values (key, value, expires_at) VALUES (p_invalidated, '\x31', deadline)
             ON CONFLICT (key) DO UPDATE SET expires_at = EXCLUDED.expires_at;
     END IF;
-    PERFORM pg_notify('stampede', 'c' || p_channel);
+    PERFORM stampede_wake(p_channel, 'c' || p_channel);
 END $$;
 
 -- Take a named lock, in arrival order if p_queue_ms > 0, and draw its fencing token
@@ -279,7 +301,7 @@ CREATE OR REPLACE FUNCTION stampede_leave_queue(p_lock text, p_token text, p_cha
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
     DELETE FROM stampede_queue WHERE key = p_lock AND token = p_token;
-    IF FOUND THEN PERFORM pg_notify('stampede', 'c' || p_channel); END IF;
+    IF FOUND THEN PERFORM stampede_wake(p_channel, 'c' || p_channel); END IF;
 END $$;
 
 -- Delete up to p_batch expired rows of each table; return how many went. Expired rows
@@ -303,7 +325,7 @@ BEGIN
     RETURN gone;
 END $$;
 
-CREATE OR REPLACE FUNCTION stampede_schema_v1() RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT 1';
+CREATE OR REPLACE FUNCTION stampede_schema_v2() RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT 1';
 """
 
 
@@ -364,7 +386,8 @@ def write_release(keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inl
 
 
 def wake_up(payload: str) -> tuple[str, bytes]:
-    """A NOTIFY payload as (the entry's channel, the message for its waiters)."""
+    """A NOTIFY payload as (the entry's channel, the message for its waiters); the
+    channel is ``*`` when every waiter is to re-check."""
     if payload.startswith("v"):
         encoded, _, channel = payload[1:].partition("\n")
         try:

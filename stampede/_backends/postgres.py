@@ -173,6 +173,9 @@ class PostgresListener:
 
     def _deliver(self, payload: str) -> None:
         channel, message = sql.wake_up(payload)
+        if channel == "*":  # a channel too long for a wake-up of its own
+            self._wake_all()
+            return
         with self._lock:
             members = self._waiting.on(channel)
         for mailbox in members:

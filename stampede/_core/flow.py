@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 import random
 import time
 from collections.abc import Callable
@@ -117,6 +118,9 @@ class Context:
     # arrived before that read.
     served_stale: bool = False
     load_error: BaseException | None = None  # what the loader raised, when LOAD_FAILED was returned
+    # The envelope the returned value was read from, or written as: a joiner of another
+    # loader, or one that needs an object of its own, decodes it (see _drivers.singleflight).
+    raw: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -132,12 +136,14 @@ class LoaderSpec:
     reads_failing: bool = field(init=False)
     near: bool = field(init=False)  # served from the near cache, when the layer has one
     near_shared: bool = field(init=False)  # its callers share one object
+    own_copies: bool = field(init=False)  # each caller gets an object of its own, even a joiner
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "reads_ttl", self.settings.reads_ttl)
         object.__setattr__(self, "reads_failing", self.settings.reads_failing)
         object.__setattr__(self, "near", bool(self.settings.near_cache))
         object.__setattr__(self, "near_shared", self.settings.near_cache == "shared")
+        object.__setattr__(self, "own_copies", self.near and not self.near_shared)
 
 
 def new_context(value_key: str, spec: LoaderSpec, events: Events, warn: WarningLog) -> Context:
@@ -264,6 +270,7 @@ def _fill(ctx: Context, miss: Miss | Stale, wait: Wait) -> Flow:
             if decoded.kind is not Kind.CORRUPT:
                 log.debug("%s: value found on re-check", key)
                 wait.end("value")
+                ctx.raw = reply.raw
                 return decoded.value
             _corrupt(ctx, decoded.problem)
             check_value = False
@@ -278,7 +285,8 @@ def _fill(ctx: Context, miss: Miss | Stale, wait: Wait) -> Flow:
                     key,
                     extra=log_extra(key, "takeover"),
                 )
-            value = yield from _load_and_write(ctx, hold_after_error=fallback is not None)
+            hold = settings.stale_retry_interval if fallback is not None else 0.0
+            value = yield from _load_and_write(ctx, hold)
             if value is LOAD_FAILED:
                 assert fallback is not None
                 return _serve_stale(ctx, fallback, "the load failed")
@@ -320,7 +328,7 @@ def _fill(ctx: Context, miss: Miss | Stale, wait: Wait) -> Flow:
             if decoded.kind is not Kind.CORRUPT:
                 log.debug("%s: woken with the value", key)
                 wait.end("value")
-                ctx.via_notice = True
+                ctx.via_notice, ctx.raw = True, notice
                 return decoded.value
         log.debug("%s: %s; re-checking", key, "no message" if notice is None else "state changed")
 
@@ -338,7 +346,9 @@ def _load_uncached(ctx: Context) -> Flow:
         raise
     ctx.events.ended("load", "none" if value is None else "value", ctx.clock() - started)
     envelope = ctx.codec.encode(value, ctx.wall_clock(), 0.0, key=ctx.keys.value)
-    return ctx.codec.read_back(envelope, key=ctx.keys.value)
+    value = ctx.codec.read_back(envelope, key=ctx.keys.value)
+    ctx.raw = envelope
+    return value
 
 
 def after_wait_timeout(ctx: Context) -> Flow:
@@ -360,12 +370,19 @@ def after_wait_timeout(ctx: Context) -> Flow:
     return (yield from _load_uncached(ctx))
 
 
-def refresh(ctx: Context, stale: bytes) -> Decision[None]:
+def refresh(ctx: Context, stale: bytes, life_left: float = -1.0) -> Decision[None]:
     """A background refresh of a value whose identity is ``stale``: take the lease over it,
     unless another process holds the lease or has already written another value, then
-    load and write as a miss does. A failing loader leaves a hold (``Hold``), so the key is
-    retried once per ``stale_retry_interval`` while its stale value is served."""
+    load and write as a miss does. ``life_left``: the seconds the store keeps the value
+    (its TTL when read; -1: no TTL).
+
+    A failing loader leaves a hold (``Hold``), so the key is retried once per
+    ``stale_retry_interval`` while its stale value is served; the hold never outlives that
+    value. With no stale window, or once the value is gone, nobody is served a stale value
+    while it holds: the next caller would wait for nobody. So the lease is released, as
+    after a failed load, and the next caller loads at once."""
     key = ctx.keys.value
+    gone_at = math.inf if life_left < 0 else ctx.clock() + life_left
     try:
         reply: AcquireReply = yield Acquire(True, stale)
     except BackendUnavailable as error:
@@ -381,14 +398,23 @@ def refresh(ctx: Context, stale: bytes) -> Decision[None]:
         return
     ctx.events.incr("refreshes")
     log.debug("%s: refreshing in the background", key)
-    if (yield from _load_and_write(ctx, hold_after_error=True)) is LOAD_FAILED:
+
+    hold = ctx.settings.stale_retry_interval if ctx.settings.stale_window else 0.0
+    try:
+        result = yield from _load_and_write(ctx, hold, hold_until=gone_at)
+    except Exception as error:
+        if error is not ctx.load_error:
+            raise  # not the loader's: a serializer's error, say (the refresher warns)
+        result = LOAD_FAILED
+    if result is LOAD_FAILED:
         ctx.events.incr("refresh_errors")
         failure = ctx.load_error
         ctx.warn.warning(
-            "stampede: the background refresh of %r failed (%s: %s); its stale value is still served",
+            "stampede: the background refresh of %r failed (%s: %s); %s",
             key,
             type(failure).__name__,
             failure,
+            "its stale value is still served" if ctx.settings.stale_window else "the next caller after its ttl loads",
             key=key,
             outcome="refresh_error",
         )
@@ -415,7 +441,11 @@ def _serve_stale(ctx: Context, stale: Stale, why: str) -> Any:
     return stale.value
 
 
-def _load_and_write(ctx: Context, hold_after_error: bool = False) -> Flow:
+def _load_and_write(ctx: Context, hold: float = 0.0, hold_until: float = math.inf) -> Flow:
+    """Load under the lease and write the value. If the loader raises an Exception, the
+    lease becomes a hold of ``hold`` seconds, ending by ``hold_until`` (``ctx.clock``),
+    and ``LOAD_FAILED`` is returned; with no time left for a hold, the lease is released
+    and the error raised. Either way the error is kept in ``Context.load_error``."""
     key, settings = ctx.keys.value, ctx.settings
     loaded_at, started = ctx.wall_clock(), ctx.clock()
     ctx.events.incr("loads")
@@ -430,11 +460,12 @@ def _load_and_write(ctx: Context, hold_after_error: bool = False) -> Flow:
         ctx.events.ended("load", "error", ctx.clock() - started)
         if isinstance(error, Exception):
             ctx.events.incr("loader_errors")
-            if hold_after_error:
+            ctx.load_error = error
+            hold = min(hold, hold_until - ctx.clock())
+            if hold > 0:
                 log.debug("%s: the loader raised %s; holding the lock", key, type(error).__name__)
-                ctx.load_error = error
                 try:
-                    yield Hold(milliseconds(settings.stale_retry_interval), milliseconds(settings.stale_window))
+                    yield Hold(milliseconds(hold), milliseconds(settings.stale_window))
                 except BackendUnavailable:
                     pass  # the lease runs out by itself
                 return LOAD_FAILED
@@ -452,6 +483,7 @@ def _load_and_write(ctx: Context, hold_after_error: bool = False) -> Flow:
                 key=key,
             )
         value = ctx.codec.read_back(envelope, key=key)
+        ctx.raw = envelope
     except SerializationError:
         yield from _release(ctx)
         raise

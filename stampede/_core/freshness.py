@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .codec import Codec, Kind, identity
@@ -54,6 +54,7 @@ class Served:
     refresh: bytes | None = None
     early: bool = False
     on_error: bool = False  # stale, past stale_while_revalidate: served because the loader fails
+    life_left: float = field(default=-1.0, compare=False)  # with a refresh: the seconds the store keeps it (-1: no TTL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,12 +88,12 @@ def classify(
     if fresh_left > 0:
         beta = settings.early_refresh
         if beta and decoded.load_duration * beta * -math.log(1.0 - random()) >= fresh_left:
-            return Served(decoded.value, refresh=identity(raw), early=True)
+            return Served(decoded.value, refresh=identity(raw), early=True, life_left=ttl_left)
         return Served(decoded.value)
     past_ttl = -fresh_left
     if past_ttl < settings.stale_while_revalidate:
-        return Served(decoded.value, stale=True, refresh=identity(raw))
+        return Served(decoded.value, stale=True, refresh=identity(raw), life_left=ttl_left)
     on_error = past_ttl < settings.stale_if_error
     if on_error and failing:
-        return Served(decoded.value, stale=True, refresh=identity(raw), on_error=True)
+        return Served(decoded.value, stale=True, refresh=identity(raw), on_error=True, life_left=ttl_left)
     return Stale(decoded.value, identity(raw), on_error=on_error)

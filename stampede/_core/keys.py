@@ -270,6 +270,7 @@ class KeyBuilder:
         self._single = self._fields[0] if len(self._fields) == 1 else None
         self._before, _, self._after = self._format.partition("{}")
         self._arity = len(self._names)
+        self._unkeyed_first = self._names[:1] in (["self"], ["cls"]) and 0 not in self._fields
         self._prefix = f"{namespace}:{{"
 
     def _render(self, value: Any, index: int) -> str:
@@ -293,7 +294,14 @@ class KeyBuilder:
         if not kwargs and self._zip_ok and len(args) == self._arity:
             values: Any = args
         else:
-            call = self._signature.bind(*args, **kwargs)  # TypeError, as calling func would
+            try:
+                call = self._signature.bind(*args, **kwargs)  # TypeError, as calling func would
+            except TypeError:
+                if not self._unkeyed_first:
+                    raise
+                # Cls.method.key(x): the self or cls the key leaves out may be left out here
+                # (a classmethod over the loader is not bound on Python 3.13+).
+                call = self._signature.bind(None, *args, **kwargs)
             call.apply_defaults()
             values = [call.arguments[name] for name in self._names]
         index = self._single

@@ -87,7 +87,11 @@ def entry_pattern(pattern: str, fields: dict[str, Any] | None = None) -> EntryPa
 
 
 def _glob_regex(glob: str, pattern: str) -> str:
-    """Redis's glob syntax as a regular expression."""
+    """Redis's glob syntax as a regular expression, read as Redis reads it
+    (``stringmatchlen``): in a set, ``]`` right after ``[`` or ``[^`` closes it, a range
+    may run backwards (``[z-a]`` is ``[a-z]``), and every other character, ``[`` and
+    ``\\`` too, stands for itself. Each member is escaped on its own, so no set reaches
+    ``re`` in a form it reads otherwise (or warns about)."""
     out, index = [], 0
     while index < len(glob):
         char = glob[index]
@@ -99,15 +103,38 @@ def _glob_regex(glob: str, pattern: str) -> str:
             index += 1
             out.append(re.escape(glob[index]))
         elif char == "[":
-            end = glob.find("]", index + 2)
-            if end < 0:
-                raise InvalidKey(f"bad pattern {pattern!r}: '[' at {index} is never closed")
-            body = glob[index + 1 : end]
-            negated = body.startswith("^")
-            body = body[1:] if negated else body
-            out.append("[" + ("^" if negated else "") + body.replace("\\", "\\\\") + "]")
-            index = end
+            index, members, negated = _glob_set(glob, index + 1, pattern)
+            if members:
+                out.append("[" + ("^" if negated else "") + "".join(members) + "]")
+            elif negated:
+                out.append(".")  # [^]: any one character
+            else:
+                raise InvalidKey(f"bad pattern {pattern!r}: the empty set '[]' matches no entry")
         else:
             out.append(re.escape(char))
         index += 1
     return "".join(out)
+
+
+def _glob_set(glob: str, index: int, pattern: str) -> tuple[int, list[str], bool]:
+    """The set that starts at ``glob[index]`` (just after its ``[``): the index of its
+    closing ``]``, its members as regex set items, and whether it is negated."""
+    negated = glob.startswith("^", index)
+    index += negated
+    members = []
+    while True:
+        if index >= len(glob):
+            raise InvalidKey(f"bad pattern {pattern!r}: a '[' is never closed")
+        char = glob[index]
+        if char == "\\" and index + 1 < len(glob):
+            index += 1
+            members.append(re.escape(glob[index]))
+        elif char == "]":
+            return index, members, negated
+        elif index + 2 < len(glob) and glob[index + 1] == "-":
+            low, high = sorted((char, glob[index + 2]))
+            members.append(f"{re.escape(low)}-{re.escape(high)}")
+            index += 2
+        else:
+            members.append(re.escape(char))
+        index += 1

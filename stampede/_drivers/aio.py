@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._core.codec import NOT_A_VALUE
 from .._core.effects import Effect, Lease, milliseconds
 from .._core.flow import (
     Context,
@@ -130,7 +131,10 @@ class AsyncRunner:
             if flight.starts_over(joined_at):
                 early = True
                 continue
-            value = take_shared(flight, wait, self._events)
+            value = take_shared(flight, spec, wait, self._events)
+            if value is NOT_A_VALUE:
+                early = True
+                continue
             if flight.stale:
                 report_stale()
             return value
@@ -155,7 +159,7 @@ class AsyncRunner:
         state: LoopState,
         flight: Flight,
     ) -> Any:
-        flight.sent = 1
+        flight.sent, flight.codec = 1, spec.codec
         store = state.store
         near = self.near if spec.near else None
         try:
@@ -168,6 +172,7 @@ class AsyncRunner:
         except BackendUnavailable as error:
             found: Any = failed_read(self._events, self._warn, error)
         else:
+            flight.raw = raw
             if not spec.reads_ttl:
                 found = first_read(raw, spec.codec, self._events, self._warn, value_key)
                 if not isinstance(found, Miss):
@@ -216,7 +221,7 @@ class AsyncRunner:
             return
         ctx = self._context(value_key, spec)
         loader = functools.partial(spec.func, *args, **kwargs)
-        work = self._refreshing(state, value_key, refresh(ctx, found.refresh), ctx, loader)
+        work = self._refreshing(state, value_key, refresh(ctx, found.refresh, found.life_left), ctx, loader)
         # In a context of its own: not the caller's call (see _drivers.refresh).
         task = contextvars.Context().run(asyncio.get_running_loop().create_task, work)
         state.refreshes[value_key] = task
@@ -309,7 +314,7 @@ class AsyncRunner:
                 return performer(effect)
 
             value = await arun(flow, perform)
-        flight.decided(ctx.unwritten, ctx.via_notice, ctx.served_stale)
+        flight.decided(ctx.unwritten, ctx.via_notice, ctx.served_stale, ctx.raw)
         return value
 
 

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .._core.codec import NOT_A_VALUE
 from .._core.effects import Effect, Lease, milliseconds
 from .._core.flow import (
     Context,
@@ -89,7 +90,10 @@ class SyncRunner:
             if flight.starts_over(joined_at):
                 early = True
                 continue
-            value = take_shared(flight, wait, self._events)
+            value = take_shared(flight, spec, wait, self._events)
+            if value is NOT_A_VALUE:
+                early = True
+                continue
             if flight.stale:
                 report_stale()
             return value
@@ -108,7 +112,7 @@ class SyncRunner:
     def _lead(
         self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any], flight: Flight
     ) -> Any:
-        flight.sent = 1
+        flight.sent, flight.codec = 1, spec.codec
         near = self.near if spec.near else None
         try:
             if near is not None:
@@ -120,6 +124,7 @@ class SyncRunner:
         except BackendUnavailable as error:
             found: Any = failed_read(self._events, self._warn, error)
         else:
+            flight.raw = raw
             if not spec.reads_ttl:
                 found = first_read(raw, spec.codec, self._events, self._warn, value_key)
                 if not isinstance(found, Miss):
@@ -155,7 +160,7 @@ class SyncRunner:
         assert found.refresh is not None
         ctx = self._context(value_key, spec)
         loader = functools.partial(spec.func, *args, **kwargs)
-        work = functools.partial(self._drive, refresh(ctx, found.refresh), ctx, loader)
+        work = functools.partial(self._drive, refresh(ctx, found.refresh, found.life_left), ctx, loader)
         if self.refresher.start(value_key, work) and found.early:
             self._events.incr("early_refreshes")
 
@@ -185,5 +190,5 @@ class SyncRunner:
                 return performer(effect)
 
             value = run(flow, perform)
-        flight.decided(ctx.unwritten, ctx.via_notice, ctx.served_stale)
+        flight.decided(ctx.unwritten, ctx.via_notice, ctx.served_stale, ctx.raw)
         return value

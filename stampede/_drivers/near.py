@@ -53,6 +53,7 @@ MISSING = _Missing.MISSING
 class _Copy:
     raw: bytes
     value: Any  # decoded at fill, for "shared"; None otherwise (and for the null sentinel)
+    codec: Codec  # what decoded ``value``: a loader of another codec decodes ``raw`` itself
     null: bool
     fresh_until: float
     size: int
@@ -101,7 +102,7 @@ class NearCache:
             return MISSING
         if copy.null:
             value = None
-        elif shared:
+        elif shared and copy.codec is codec:
             value = copy.value
         else:
             value = codec.decode_hit(copy.raw)
@@ -224,4 +225,6 @@ def _copy_of(raw: bytes, ttl_left: float, started: float, spec: LoaderSpec) -> _
         return None
     null = decoded.kind is Kind.NULL
     value = decoded.value if spec.near_shared and not null else None
-    return _Copy(raw, value, null, started + min(fresh_left, spec.settings.near_ttl), len(raw) + ENTRY_OVERHEAD)
+    return _Copy(
+        raw, value, spec.codec, null, started + min(fresh_left, spec.settings.near_ttl), len(raw) + ENTRY_OVERHEAD
+    )

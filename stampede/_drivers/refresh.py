@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextvars
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -48,6 +49,7 @@ class Refresher:
         self._workers = 0  # threads started and not exited
         self._idle = 0  # of those, waiting for work
         self._closed = False
+        self._threads: set[threading.Thread] = set()  # the workers started and not exited
 
     def after_fork_in_child(self) -> None:
         """The parent's workers and their refreshes are not in this process."""
@@ -68,12 +70,14 @@ class Refresher:
                 self._work_ready.notify()  # an idle worker, or the next to finish, takes it
                 return True
             self._workers += 1
-        worker = threading.Thread(target=self._serve, name="stampede-refresh", daemon=True)
+            worker = threading.Thread(target=self._serve, name="stampede-refresh", daemon=True)
+            self._threads.add(worker)
         try:
             contextvars.Context().run(worker.start)
         except RuntimeError:  # the interpreter cannot start a thread (at its limit, or exiting)
             with self._lock:
                 self._workers -= 1
+                self._threads.discard(worker)
                 if (key, work) in self._queue:
                     self._queue.remove((key, work))
                     self._keys.discard(key)
@@ -85,11 +89,14 @@ class Refresher:
         while True:
             with self._lock:
                 while not self._queue:
-                    self._idle += 1
-                    woken = self._work_ready.wait(self._idle_timeout)
-                    self._idle -= 1
+                    woken = False
+                    if not self._closed:
+                        self._idle += 1
+                        woken = self._work_ready.wait(self._idle_timeout)
+                        self._idle -= 1
                     if self._closed or (not woken and not self._queue):
                         self._workers -= 1
+                        self._threads.discard(threading.current_thread())
                         return
                 key, work = self._queue.popleft()
             try:
@@ -100,12 +107,22 @@ class Refresher:
                 with self._lock:
                     self._keys.discard(key)
 
-    def close(self) -> None:
-        """Let idle workers leave now, and start no more refreshes. A refresh under way is
-        not waited for: cut short by the process's exit, its lease runs out."""
+    def close(self, timeout: float) -> None:
+        """Start no more refreshes, let idle workers leave now, and wait up to ``timeout``
+        seconds for those under way to end (so that none writes through a connection
+        opened after the layer closed its own). A refresh still running then is left to
+        end by itself; queued ones are dropped."""
         with self._lock:
             self._closed = True
+            for key, _ in self._queue:
+                self._keys.discard(key)
+            self._queue.clear()
             self._work_ready.notify_all()
+            threads = list(self._threads)
+        deadline = time.monotonic() + timeout
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
 
     def running(self) -> int:
         """Refreshes queued or running in this process."""

@@ -51,8 +51,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from .._core.codec import NOT_A_VALUE, Kind
 from .._core.effects import Effect, Subscribe
-from .._core.flow import produces_value
+from .._core.flow import LoaderSpec, produces_value
 from .._core.observer import Events, Wait
 from .._errors import RecursiveLoad
 from .._fork import reset_after_fork
@@ -73,6 +74,8 @@ class Flight:
     sent = 0  # the leader's steps that may produce its value; bumped just before each
     subscribed_at = 0  # ``sent`` when the leader subscribed to the entry's channel
     stale = False  # the value is stale (served while refreshed, or instead of an error); set before done
+    codec: Any = None  # the leader's Codec; set when it leads
+    raw: bytes | None = None  # the envelope the value was read from or written as; set before done
 
     def count(self, effect: Effect) -> None:
         """The leader is about to perform ``effect``: count it if it may produce the value."""
@@ -81,12 +84,14 @@ class Flight:
             if isinstance(effect, Subscribe):
                 self.subscribed_at = self.sent
 
-    def decided(self, unwritten: bool, via_notice: bool, served_stale: bool = False) -> None:
+    def decided(self, unwritten: bool, via_notice: bool, served_stale: bool = False, raw: bytes | None = None) -> None:
         """The leader's flow returned its value: if its write was refused or failed, it
         goes to nobody else; if it came in a message, only to those who arrived before
         the subscription; if it is the stale value of the first read, only to those who
         arrived before that read."""
         self.unwritten = unwritten
+        if not served_stale:  # a stale value served is the first read's, whose bytes are kept
+            self.raw = raw
         if via_notice:
             self.sent = self.subscribed_at
         if served_stale:
@@ -103,11 +108,22 @@ class Flight:
             return not isinstance(self.error, Exception)
         return self.unwritten or (joined_at is not None and joined_at >= self.sent)
 
-    def shared(self) -> Any:
-        """The leader's outcome for a joiner: its value, or its Exception raised."""
+    def shared(self, spec: LoaderSpec) -> Any:
+        """The leader's outcome for a joiner calling ``spec``'s loader: its Exception
+        raised, or its value. The leader's own object goes only to a joiner of a loader
+        that decodes alike (the same codec) and whose callers may share objects; any other
+        joiner decodes the envelope afresh, so it never gets another loader's type nor an
+        object another caller may mutate. ``NOT_A_VALUE`` if the envelope is not a value
+        for the joiner's codec: it starts over, as it would on its own."""
         if self.error is not None:
             raise self.error
-        return self.value
+        if self.codec is spec.codec and not spec.own_copies:
+            return self.value
+        raw = self.raw
+        if raw is None:
+            return NOT_A_VALUE
+        decoded = spec.codec.decode(raw)
+        return NOT_A_VALUE if decoded.kind is Kind.CORRUPT else decoded.value
 
 
 class FlightTable:
@@ -245,14 +261,18 @@ def loading(key: str) -> Iterator[None]:
         _loading.reset(token)
 
 
-def take_shared(flight: Flight, wait: Wait, events: Events) -> Any:
+def take_shared(flight: Flight, spec: LoaderSpec, wait: Wait, events: Events) -> Any:
     """A joiner takes its leader's outcome (``Flight.shared``): counted as ``collapsed``,
-    its wait reported ended with the value or with the leader's error."""
-    events.incr("collapsed")
+    its wait reported ended with the value or with the leader's error. ``NOT_A_VALUE``
+    (nothing counted, the wait still open): the joiner starts over."""
     try:
-        value = flight.shared()
+        value = flight.shared(spec)
     except BaseException:
+        events.incr("collapsed")
         wait.end("error")
         raise
+    if value is NOT_A_VALUE:
+        return value
+    events.incr("collapsed")
     wait.end("value")
     return value
