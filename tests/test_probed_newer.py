@@ -21,7 +21,7 @@ import redis
 
 from stampede import BackendUnavailable, ConfigError, InvalidKey, MsgspecSerializer, Stampede
 from stampede._drivers.refresh import Refresher
-from stampede.testing import RedisServer, free_port
+from stampede.testing import FaultProxy, RedisServer, free_port
 
 from .scenarios import forked_child_passes, parked_in, wait_until
 from .test_behaviour import CountingLoader
@@ -430,3 +430,98 @@ def test_with_the_sentinels_silent_a_call_costs_one_socket_timeout_per_sentinel(
         for server in silent:
             server.close()
     assert max(took.values()) < 2 * 0.5 + 0.8, took  # redis-py's retries made each 7-19 s
+
+
+# --- 1. cluster near cache: a primary cut off from this process alone ----------------------
+
+
+@pytest.mark.timeout(60)
+def test_a_primary_cut_off_from_a_near_cache_alone_stops_its_copies(cluster_servers: Any) -> None:
+    """The process reaches each primary through a proxy of its own; the proxy of a primary
+    other than the registry's is stalled (packets dropped: no FIN, no RST) while other
+    programs still reach that primary. A copy of a key there must stop being served
+    within the lease, however the other primaries answer."""
+    from redis.cluster import RedisCluster
+
+    from .conftest import empty_cluster
+    from .test_near_cache import copied, tracked, versioned
+
+    empty_cluster(cluster_servers)
+    proxies = {primary.port: FaultProxy(primary.port) for primary in cluster_servers.primaries}
+    client = RedisCluster.from_url(
+        cluster_servers.url,
+        address_remap=lambda address: (address[0], proxies[address[1]].port if address[1] in proxies else address[1]),
+        socket_timeout=0.5,
+        socket_connect_timeout=0.5,
+    )
+    holder = Stampede(client, namespace="cut", near_cache=True, breaker_threshold=0)
+    try:
+        versions = dict.fromkeys(range(12), 1)
+        load = versioned(holder, versions)
+        home = cluster_servers.owner("cut:near:members").port
+        key = next(key for key in versions if cluster_servers.owner(load.key(key)).port != home)
+        tracked(holder)
+        copied(holder, load, key)
+        proxies[cluster_servers.owner(load.key(key)).port].stall()
+        cut = time.monotonic()
+        versions[key] = 2  # another program updates the database and deletes the entry
+        redis.Redis.from_url(cluster_servers.owner(load.key(key)).url).delete(load.key(key))
+        served = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the cut primary's reads fail open: the point
+            while time.monotonic() - cut < 1.5:
+                value, at = load(key), time.monotonic() - cut
+                served.append((round(at, 3), value["version"]))
+        stale = [at for at, version in served if version == 1 and at > 0.15]
+        assert not stale, served  # at most one lease (100 ms) and a renewal after the cut
+    finally:
+        for proxy in proxies.values():
+            proxy.flow()
+        holder.close()
+        client.close()
+        for proxy in proxies.values():
+            proxy.close()
+
+
+# --- 9. ZooKeeper: a connection blip the session survives costs no write -------------------
+
+
+@pytest.mark.timeout(60)
+def test_a_zookeeper_connection_blip_the_session_survives_keeps_the_lease(
+    zookeeper_server: Any, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """The lease holder's connection to ZooKeeper drops (reset) and stays down for a moment
+    while its loader finishes: kazoo reconnects within the session, so the lease still
+    holds and the value is written, once."""
+    from kazoo.client import KazooClient
+    from kazoo.protocol.states import KazooState
+
+    proxy = FaultProxy(int(zookeeper_server.hosts.rsplit(":", 1)[1]))
+    client = KazooClient(
+        hosts=f"127.0.0.1:{proxy.port}", timeout=10, connection_retry={"max_tries": -1, "max_delay": 0.2}
+    )
+    client.start(timeout=10)
+    namespace = f"zk-blip-{uuid.uuid4().hex[:8]}"
+    layer = Stampede.from_url(redis_url, namespace=namespace, zookeeper=client)
+    loader = CountingLoader(lambda key: {"id": key})
+    load = layer.cached_loader("row:{key}")(loader)
+    try:
+        loader.release.clear()
+        with ThreadPoolExecutor(1) as pool:
+            leader = pool.submit(load, 1)
+            assert loader.started.wait(10)
+            proxy.stall()  # reconnections hang...
+            proxy.cut()  # ...after the connection is reset
+            wait_until(lambda: client.state == KazooState.SUSPENDED, "kazoo to notice")
+            loader.release.set()  # the write is decided while kazoo reconnects
+            time.sleep(0.3)  # the outage itself: what the test is about, not a synchronisation
+            proxy.flow()
+            assert leader.result(20) == {"id": 1}
+        assert redis_client.exists(f"{namespace}:{{row:1}}")  # written
+        assert load(1) == {"id": 1} and loader.total == 1  # a hit: one load
+    finally:
+        proxy.flow()
+        layer.close()
+        client.stop()
+        client.close()
+        proxy.close()

@@ -9,13 +9,15 @@ redis-py's client-side caching, which refuses Valkey, has no asyncio client and 
 over pub/sub on the client it runs on.
 
 Every fifth of its lease the thread registers this process through the layer's client (a
-command on a pooled connection) and then sends a PING down the tracking connection; the
-PONG renews the lease. Requests are acknowledged through the pooled client too, in one
+command on a pooled connection) and then sends a PING down each tracking connection; the
+last of their PONGs renews the lease. A stream that stops answering (a primary cut off
+from this process alone, packets dropped) so stops the renewals within one lease, though
+the others still answer. Requests are acknowledged through the pooled client too, in one
 pipeline for everything read in one go. On any failure the lease is revoked and every
 copy dropped before the thread reconnects; through Sentinel it also reconnects when the
 master moved. On a Redis Cluster it keeps one such connection per primary (``Stream``),
-and listens for requests and renews on the registry's primary only; it reconnects to
-all of them when the primaries change.
+and listens for requests on the registry's primary only; it reconnects to all of them
+when the primaries change.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ _INVALIDATIONS = b"__redis__:invalidate"
 @dataclass(frozen=True)
 class Stream:
     """One tracking connection: to the one server, or to one primary of a cluster (the
-    ``home`` one also carries requests and the PING that renews the lease)."""
+    ``home`` one also carries the invalidation requests)."""
 
     name: str
     connection: Any
@@ -223,31 +225,34 @@ class Tracker:
     def _serve(self, streams: list[Stream]) -> None:
         """Renew, read and acknowledge until the stop, a failure (raised) or a move of the
         master (Sentinel) or of a primary (a cluster): then it returns."""
-        home = next(stream.connection for stream in streams if stream.home)
         with selectors.DefaultSelector() as selector:  # not select(): descriptors may pass 1024
             for stream in streams:
                 selector.register(stream.connection._sock, selectors.EVENT_READ, stream.connection)
-            self._serve_with(streams, home, selector)
+            self._serve_with(streams, selector)
 
-    def _serve_with(self, streams: list[Stream], home: Any, selector: selectors.BaseSelector) -> None:
+    def _serve_with(self, streams: list[Stream], selector: selectors.BaseSelector) -> None:
         """``_serve``'s loop: a renewal every fifth of the lease (a registration, then a
-        PING on ``home``), the messages of every stream as they come, acknowledgements
-        for everything read in one go."""
+        PING on every stream, renewing once all have answered), the messages of every
+        stream as they come, acknowledgements for everything read in one go."""
         register = registration(self._client)
         next_renewal = time.monotonic()
         next_follow = next_renewal + FOLLOW_INTERVAL
         registered_at = 0.0
-        ping_sent: float | None = None  # a PING is out, its PONG not yet read
+        ping_sent: float | None = None  # PINGs are out, not every PONG read yet
+        unanswered: set[Any] = set()  # the connections whose PONG is still to come
         while not self._stop.is_set():
             now = time.monotonic()
             if ping_sent is None and now >= next_renewal:
                 registered_at = now
                 register([self._channel.members], [self.member, round(self._lease * 1000)])
-                home.send_command("PING")
+                for stream in streams:
+                    stream.connection.send_command("PING")
+                unanswered = {stream.connection for stream in streams}
                 ping_sent = time.monotonic()
                 next_renewal = registered_at + self._renew_every
             elif ping_sent is not None and now - ping_sent > self._timeout:
-                raise redis.TimeoutError(f"no PONG within {self._timeout} s")
+                silent = ", ".join(stream.name for stream in streams if stream.connection in unanswered)
+                raise redis.TimeoutError(f"no PONG within {self._timeout} s from {silent}")
             if now >= next_follow:
                 next_follow = now + FOLLOW_INTERVAL
                 if self._moved(streams):
@@ -258,8 +263,10 @@ class Tracker:
                 connection = key.data
                 while connection.can_read(timeout=0):  # what the parser holds, then the socket
                     if self._handle(connection.read_response(disconnect_on_error=False), nonces):
-                        self._copies.renew(registered_at + self._lease)
-                        ping_sent = None
+                        unanswered.discard(connection)
+                        if ping_sent is not None and not unanswered:  # every stream is live
+                            self._copies.renew(registered_at + self._lease)
+                            ping_sent = None
             if nonces:
                 self._acknowledge(nonces)
 

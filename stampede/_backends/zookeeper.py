@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
@@ -33,6 +34,7 @@ from .._errors import BackendUnavailable
 
 ROOT = "/stampede"
 FAILURES = (KazooException, KazooTimeoutError)
+SETTLE_POLL = 0.01  # seconds between looks at a reconnecting session's state
 
 
 def entry_path(keys: EntryKeys) -> str:
@@ -52,6 +54,18 @@ class ZooKeeperLockServers:
         self.timeout = timeout  # a request the ensemble leaves unanswered fails after this
         self._lock = threading.Lock()
         self._nodes: dict[tuple[str, str], str] = {}  # (entry path, token) -> our node's path
+
+    def settled_state(self) -> str:
+        """The session's state once a reconnection under way has ended (``self.timeout`` at
+        most): SUSPENDED means the connection dropped but the session may live, and kazoo
+        is reconnecting. "Cannot ask now" must not be read as "not held" (a blip the
+        session survives would refuse a write, and a second load would run)."""
+        deadline = time.monotonic() + self.timeout
+        state = self.client.state
+        while state == KazooState.SUSPENDED and time.monotonic() < deadline:
+            time.sleep(SETTLE_POLL)
+            state = self.client.state
+        return str(state)
 
     def _lowest(self, path: str) -> str | None:
         children = self.client.get_children_async(path).get(timeout=self.timeout)
@@ -104,9 +118,13 @@ class ZooKeeperLockServers:
             node = self._nodes.get((entry_path(keys), token))
         if node is None:
             return Round(0, 0)
+        state = self.settled_state()
+        if state == KazooState.LOST:  # the session ended: its nodes went with it
+            return Round(0, 0)
+        if state != KazooState.CONNECTED:  # still reconnecting: could not ask
+            return Round(0, 1)
         try:
-            connected = self.client.state == KazooState.CONNECTED
-            held = connected and self.client.exists_async(node).get(timeout=self.timeout) is not None
+            held = self.client.exists_async(node).get(timeout=self.timeout) is not None
             return Round(int(held), 0)
         except FAILURES:
             return Round(0, 1)
@@ -205,6 +223,7 @@ class ZooKeeperQueue:
     def __init__(self, servers: ZooKeeperLockServers) -> None:
         self.client = servers.client
         self.timeout = servers.timeout
+        self._servers = servers
         self._lock = threading.Lock()
         self._places: dict[tuple[str, str], tuple[str, int]] = {}  # (path, token) -> (node, czxid)
 
@@ -256,7 +275,7 @@ class ZooKeeperQueue:
         """Our node is still there (our session lives)."""
         with self._lock:
             place = self._places.get((entry_path(keys), token))
-        if place is None or self.client.state != KazooState.CONNECTED:
+        if place is None or self._servers.settled_state() != KazooState.CONNECTED:
             return False
         try:
             return self.client.exists_async(place[0]).get(timeout=self.timeout) is not None
