@@ -525,3 +525,98 @@ def test_a_zookeeper_connection_blip_the_session_survives_keeps_the_lease(
         client.stop()
         client.close()
         proxy.close()
+
+
+# --- 6. Sentinel: a waiter long after a switch is woken on the current master --------------
+
+
+@pytest.fixture
+def own_sentinels() -> Any:
+    from stampede.testing import SentinelServers
+
+    with SentinelServers() as sentinels:
+        yield sentinels
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("waits", ["blocking", "asyncio"])
+def test_a_waiter_long_after_a_frozen_master_was_replaced_is_woken_by_message(own_sentinels: Any, waits: str) -> None:
+    """The layer's subscriber was on the old master, which froze and was replaced while
+    nobody waited. Seconds later the next waiter must subscribe on the new master, and be
+    woken by the holder's message, not by its lease running out. (The asyncio waiter's
+    calls all run on one event loop, whose subscriber lives as long as it does.)"""
+    from stampede._core.keys import EntryKeys
+
+    from .test_cluster import until
+    from .test_sentinel import subscribers
+
+    settings = dict(namespace="test", lock_ttl=3.0, wait_timeout=10.0, recheck_interval=30.0, breaker_threshold=0)
+    waiter, holder = (Stampede.from_url(own_sentinels.url, **settings) for _ in range(2))
+    old = own_sentinels.current_master()
+    paused = False
+    loop = asyncio.new_event_loop()
+    looping = threading.Thread(target=loop.run_forever, daemon=True)
+    looping.start()
+    try:
+        db = CountingLoader()
+        hold_with = holder.cached_loader("item:{key}")(db)
+        if waits == "blocking":
+            wait_on = waiter.cached_loader("item:{key}")(db)
+        else:
+
+            @waiter.cached_loader("item:{key}")
+            async def wait_async(key: int) -> Any:
+                return await asyncio.to_thread(db, key)
+
+            def wait_on(key: int) -> Any:
+                return asyncio.run_coroutine_threadsafe(wait_async(key), loop).result(30)
+
+            wait_on.key = wait_async.key  # type: ignore[attr-defined]
+        joined_by_other_layer(holder, waiter, db, hold_with, wait_on, 0)  # the subscriber is on the old master now
+        old.pause()
+        paused = True
+        new = own_sentinels.wait_master_moved(old)
+        time.sleep(2.0)  # "seconds later", nobody waiting meanwhile: what the test is about
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the first commands may meet the old master
+            until(lambda: wait_on(1) == {"id": 1} and hold_with(2) == {"id": 2}, timeout=30)
+        channel = EntryKeys.for_value(wait_on.key(3)).channel
+        took = joined_by_other_layer(holder, waiter, db, hold_with, wait_on, 3, lambda: subscribers(new, channel) == 1)
+        assert took < 1.0, took  # woken by message (the holder's lease had 3 s)
+    finally:
+        if paused:
+            old.resume()
+        asyncio.run_coroutine_threadsafe(waiter.aclose(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        looping.join(10)
+        loop.close()
+        holder.close()
+
+
+def joined_by_other_layer(
+    holder: Stampede,
+    waiter: Stampede,
+    db: CountingLoader,
+    hold_with: Any,
+    wait_on: Any,
+    key: int,
+    subscribed: Callable[[], bool] = lambda: True,
+) -> float:
+    """``holder`` loads ``key`` and is held in ``db`` until ``waiter`` waits on its lease
+    (and ``subscribed()``); then the load ends. The seconds from then to the waiter's value."""
+    from .test_cluster import until
+
+    db.release.clear()
+    db.started.clear()
+    waits = waiter.stats()["lock_waits"]
+    with ThreadPoolExecutor(2) as pool:
+        leading = pool.submit(hold_with, key)
+        assert db.started.wait(10)
+        waiting = pool.submit(wait_on, key)
+        until(lambda: waiter.stats()["lock_waits"] > waits and subscribed(), timeout=5)
+        released = time.monotonic()
+        db.release.set()
+        assert waiting.result(20) == {"id": key}
+        took = time.monotonic() - released
+        assert leading.result(20) == {"id": key}
+    return took

@@ -19,6 +19,7 @@ import asyncio
 import collections
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -51,6 +52,7 @@ class AsyncSubscriber:
         self._unsubscribe_command = "SUNSUBSCRIBE" if sharded else "UNSUBSCRIBE"
         self._on_lost = on_lost
         self._follows_master = callable(getattr(pool, "get_master_address", None))
+        self._followed_at = 0.0  # monotonic: when the sentinels were last asked (see Subscriber)
         self._channels = Channels()
         self._connection: Any = None
         self._connecting = asyncio.Lock()
@@ -69,6 +71,7 @@ class AsyncSubscriber:
         if self._closed:
             raise BackendUnavailable("the layer is closed")
         try:
+            await self._follow_master()
             await self._ensure_connected()
         except FAILURES as error:
             raise BackendUnavailable(f"cannot subscribe to {channel!r}: {error}") from error
@@ -151,8 +154,18 @@ class AsyncSubscriber:
         if orphans and self._on_lost is not None:
             await self._on_lost(orphans)  # type: ignore[arg-type]
 
+    async def _follow_master(self) -> None:
+        """``Subscriber._follow_master``, awaited."""
+        connection = self._connection
+        if not self._follows_master or connection is None or time.monotonic() - self._followed_at < FOLLOW_INTERVAL:
+            return
+        if await self._master_moved(connection):
+            log.info("stampede: the master moved while nobody waited; subscribing there")
+            await self._drop(connection)
+
     async def _master_moved(self, connection: Any) -> bool:
         """Through Sentinel: whether the master is now elsewhere than ``connection``."""
+        self._followed_at = time.monotonic()
         try:
             address = await self._pool.get_master_address()
         except Exception:  # the sentinels cannot say now; ask again next time

@@ -15,7 +15,10 @@ On a Redis Cluster the layer keeps one such subscriber per primary with waiters,
 sharded pub/sub (``sharded=True``): they do not reconnect by themselves but hand their
 mailboxes to ``on_lost`` (``_backends.shards``), which routes them to the slot's current
 owner. Through Sentinel the subscriber follows the master: while waiters wait it asks
-the sentinels every ``FOLLOW_INTERVAL`` where the master is, and moves there.
+the sentinels every ``FOLLOW_INTERVAL`` where the master is, and moves there. A waiter
+that subscribes when nobody has asked for longer than that asks first, so however long
+ago the master moved (a frozen master replaced while nobody waited), its subscription is
+on the master that the holder's message will come from.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class Subscriber:
         self._on_lost = on_lost
         self._orphans: list[ThreadMailbox] = []  # for on_lost, handed over by the reader
         self._follows_master = callable(getattr(pool, "get_master_address", None))
+        self._followed_at = 0.0  # monotonic: when the sentinels were last asked where the master is
         self._lock = threading.Lock()
         self._wake_reader = threading.Condition(self._lock)
         self._connection: Any = None  # a redis-py Connection while connected, else None
@@ -75,6 +79,7 @@ class Subscriber:
             if self._closed:
                 raise BackendUnavailable("the layer is closed")
             try:
+                self._follow_master()
                 self._ensure_connected()
                 if self._channels.add(subscription):
                     self._connection.send_command(self._subscribe_command, channel)
@@ -103,6 +108,23 @@ class Subscriber:
                     self._connection.send_command(self._unsubscribe_command, subscription.channel)
                 except Exception:
                     self._drop_connection()
+
+    def _follow_master(self) -> None:
+        """Through Sentinel, under ``_lock``: leave a connection to a master that is no
+        longer the master, unless the sentinels were asked within ``FOLLOW_INTERVAL``."""
+        if not self._follows_master or self._connection is None:
+            return
+        if time.monotonic() - self._followed_at < FOLLOW_INTERVAL:
+            return
+        if self._master_moved(self._connection):
+            log.info("stampede: the master moved while nobody waited; subscribing there")
+            self._drop_connection()  # waiters re-check; the caller connects to the new one
+
+    def _master_moved(self, connection: Any) -> bool:
+        """Ask the sentinels whether the master is elsewhere than ``connection``, noting
+        when (a float, written by either thread)."""
+        self._followed_at = time.monotonic()
+        return master_moved(self._pool, connection)
 
     def _ensure_connected(self) -> None:
         if self._connection is not None:
@@ -173,7 +195,7 @@ class Subscriber:
                 connection = self._connection
             if self._follows_master and time.monotonic() >= next_follow:
                 next_follow = time.monotonic() + FOLLOW_INTERVAL
-                if self._channels and master_moved(self._pool, connection):
+                if self._channels and self._master_moved(connection):
                     with self._lock:
                         if self._connection is connection and not self._closed:
                             log.info("stampede: the master moved; subscribing there")
