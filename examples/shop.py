@@ -14,7 +14,7 @@ import os
 import random
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,7 @@ class Query:
     finished: float
     pid: int
     what: str  # the query and its argument, e.g. "category_map shop-3": one cache entry each
+    note: str = ""  # what the querying process saw when it began (``ShopDatabase.note``)
 
 
 class ShopDatabase:
@@ -70,6 +71,9 @@ class ShopDatabase:
         self.path = Path(path)
         self.log_path = self.path.with_suffix(".queries")
         self.query_seconds = query_seconds
+        # Called with a query's ``what`` as it begins; its text goes into the log line (the
+        # load test notes what the cache held then, to explain a query it did not expect).
+        self.note: Callable[[str], str] | None = None
 
     @classmethod
     def create(cls, path: str | os.PathLike[str], shops: int = 20, query_seconds: float = QUERY_SECONDS,
@@ -143,18 +147,20 @@ class ShopDatabase:
     def query(self, what: str) -> Iterator[sqlite3.Connection]:
         """A connection for one logged query (read-only: the examples only read)."""
         started = time.time()
+        note = self.note(what) if self.note is not None else ""
         time.sleep(self.query_seconds)  # the round trip to a busy database server
         connection = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=30)
         try:
             yield connection
         finally:
             connection.close()
-            self.record(what, started)
+            self.record(what, started, note)
 
-    def record(self, what: str, started: float) -> None:
+    def record(self, what: str, started: float, note: str = "") -> None:
         """Append one query to the log. One write() of one short line to a file opened
         for appending lands whole, whichever process makes it."""
-        line = f"{started:.6f} {time.time():.6f} {os.getpid()} {what}\n".encode()
+        note = " ".join(note.split())  # one line, no tab
+        line = f"{started:.6f} {time.time():.6f} {os.getpid()} {what}\t{note}\n".encode()
         descriptor = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(descriptor, line)
@@ -167,8 +173,9 @@ class ShopDatabase:
             return []
         logged = []
         for line in self.log_path.read_text().splitlines():
-            started, finished, pid, what = line.split(" ", 3)
-            logged.append(Query(float(started), float(finished), int(pid), what))
+            started, finished, pid, rest = line.split(" ", 3)
+            what, _, note = rest.partition("\t")
+            logged.append(Query(float(started), float(finished), int(pid), what, note))
         return logged
 
     def count(self, what: str | None = None) -> int:

@@ -35,6 +35,7 @@ import httpx
 import redis.asyncio
 import uvicorn
 from cache_aside import aread_through
+from cache_state import cache_state
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from shop import CATEGORY_MAP_ENTRY, PRODUCT_ENTRY, ShopDatabase
 from starlette.applications import Starlette
@@ -183,6 +184,12 @@ def main() -> None:
         )
         if options.protection == "on":
             queries = protected_queries(layer, database, options.ttl)
+            if url:  # the query log notes what the cache held (read by the load test)
+                category_map, product, _ = queries
+                database.note = cache_state(layer, url, {
+                    "category_map": category_map.key,  # type: ignore[attr-defined]
+                    "product": lambda argument: product.key(int(argument)),  # type: ignore[attr-defined]
+                })  # fmt: skip
         else:
             client = redis.asyncio.Redis.from_url(url, socket_timeout=5)
             queries = unprotected_queries(client, database, options.ttl)

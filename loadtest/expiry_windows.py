@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 CLOCK_SLACK = 0.010  # seconds: millisecond TTLs and two clocks (Redis's and ours) reading one time
@@ -35,6 +35,7 @@ class Window:
     opened: float
     closes: float
     queries: int = 1
+    logged: list[Any] = field(default_factory=list)  # the queries that started in it
 
 
 def expiry_windows(queries: Iterable[LoggedQuery], min_ttl: float) -> list[Window]:
@@ -48,8 +49,9 @@ def expiry_windows(queries: Iterable[LoggedQuery], min_ttl: float) -> list[Windo
         for query in sorted(logged, key=lambda query: query.started):
             if current is not None and query.started < current.closes - CLOCK_SLACK:
                 current.queries += 1
+                current.logged.append(query)
                 continue
-            current = Window(what, query.started, query.finished + min_ttl)
+            current = Window(what, query.started, query.finished + min_ttl, logged=[query])
             windows.append(current)
     return windows
 
@@ -71,6 +73,22 @@ def summarize(windows: list[Window]) -> dict[str, Any]:
         "worst_windows": [{"key": window.what, "queries": window.queries} for window in broken[:5]],
         "queries_by_key": dict(sorted(per_key.items(), key=lambda item: -item[1])),
     }
+
+
+def explain(windows: list[Window], since: float) -> list[str]:
+    """For each window with more than one query, each of its queries: when it started
+    and finished (seconds after ``since``), which process made it, and what that process
+    noted when it began (the cache's state, its counters: ``ShopDatabase.note``)."""
+    lines = []
+    for window in windows:
+        if window.queries < 2:
+            continue
+        lines.append(f"{window.what}: {window.queries} queries in the window {window.opened - since:.3f} .. "
+                     f"{window.closes - since:.3f} s")  # fmt: skip
+        for query in window.logged:
+            note = getattr(query, "note", "") or "no note"
+            lines.append(f"  {query.started - since:8.3f} .. {query.finished - since:8.3f} s  pid {query.pid}  {note}")
+    return lines
 
 
 def queries_per_second(queries: Iterable[LoggedQuery], since: float) -> list[int]:

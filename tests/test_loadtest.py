@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "loadtest"))
 
-from expiry_windows import expiry_windows, queries_per_second, summarize  # noqa: E402
+from expiry_windows import expiry_windows, explain, queries_per_second, summarize  # noqa: E402
 
 
 def short_form(script: str, timeout: float, *args: str) -> Any:
@@ -37,6 +37,12 @@ class Q:
     started: float
     finished: float
     what: str
+
+
+@dataclass
+class Noted(Q):
+    pid: int
+    note: str
 
 
 def test_queries_of_one_key_while_its_first_load_runs_share_its_window() -> None:
@@ -59,6 +65,22 @@ def test_one_query_per_expiry_is_one_per_window() -> None:
     figures = summarize(expiry_windows(log, min_ttl=2.7))
     assert figures["windows"] == 3 and figures["max_queries_per_window"] == 1
     assert queries_per_second(log, since=0.0) == [1, 0, 1, 0, 0, 1]
+
+
+def test_a_window_of_two_queries_explains_each_by_its_process_and_note() -> None:
+    """What a failing run prints: each query of the window, when, by which process, and
+    what that process noted of the cache as it began (``ShopDatabase.note``)."""
+    log = [
+        Noted(100.0, 100.05, "k", 11, "value ttl -2 ms, lease ae4cc692 ttl 10000 ms"),
+        Noted(100.06, 100.11, "k", 12, "value ttl -2 ms, lease 44fe6b6a ttl 9999 ms"),
+        Noted(100.2, 100.25, "other", 12, ""),
+    ]
+    lines = explain(expiry_windows(log, min_ttl=2.7), since=90.0)
+    assert lines == [
+        "k: 2 queries in the window 10.000 .. 12.750 s",
+        "    10.000 ..   10.050 s  pid 11  value ttl -2 ms, lease ae4cc692 ttl 10000 ms",
+        "    10.060 ..   10.110 s  pid 12  value ttl -2 ms, lease 44fe6b6a ttl 9999 ms",
+    ]
 
 
 @pytest.mark.timeout(90)

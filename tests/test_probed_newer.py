@@ -424,12 +424,24 @@ def test_with_the_sentinels_silent_a_call_costs_one_socket_timeout_per_sentinel(
                 with pytest.raises(BackendUnavailable):
                     load.invalidate(1)
                 took["invalidate"] = time.monotonic() - started
+
+                def circuit_open() -> bool:
+                    load(0)  # one more failure towards breaker_threshold
+                    return layer.stats()["breaker_opened"] == 1
+
+                wait_until(circuit_open, "the circuit to open", 30)
+                started = time.monotonic()
+                assert [load(key) for key in range(10)] == list(range(10))
+                open_circuit = time.monotonic() - started
         finally:
             layer.close()
     finally:
         for server in silent:
             server.close()
     assert max(took.values()) < 2 * 0.5 + 0.8, took  # redis-py's retries made each 7-19 s
+    # With the circuit open, the sentinels are asked at most once in a while (it cost every
+    # call one socket timeout per sentinel): ten calls, at most one asking.
+    assert open_circuit < 2 * 0.5 + 0.6, open_circuit
 
 
 # --- 1. cluster near cache: a primary cut off from this process alone ----------------------

@@ -256,10 +256,15 @@ class AsyncRedisStore:
         return breaker
 
     async def _refresh_slots(self) -> None:
+        answered = False
         try:
             await refresh_route(self.client)
+            answered = True
         except Exception as error:
             log.info("stampede: cannot ask where the server is now (%s)", error)
+        finally:
+            if self._node_breakers is not None:
+                self._node_breakers.refreshed(answered)
 
     async def _initialize(self) -> None:
         async with self._initializing:

@@ -121,7 +121,9 @@ class NodeBreakers:
     server's circuit is open no command goes to it, so the store asks where commands go
     instead (CLUSTER SLOTS, or the sentinels), at most every ``SLOTS_REFRESH_INTERVAL``
     (``refresh_due``): once a replica is promoted, commands go to it, and its breaker
-    starts closed."""
+    starts closed. The interval counts from the end of the last asking, and doubles (up to
+    the cooldown) while nobody answers: with every sentinel silent, an asking costs a
+    socket timeout per sentinel, which the circuit is open to spare callers."""
 
     def __init__(
         self,
@@ -137,6 +139,7 @@ class NodeBreakers:
         self._breakers: dict[str, CircuitBreaker] = {}
         self._lock = threading.Lock()
         self._next_refresh = 0.0
+        self._refresh_interval = SLOTS_REFRESH_INTERVAL  # doubled while askings go unanswered
         reset_after_fork(self)
 
     def refresh_due(self) -> bool:
@@ -147,8 +150,17 @@ class NodeBreakers:
         with self._lock:
             if now < self._next_refresh:
                 return False
-            self._next_refresh = now + SLOTS_REFRESH_INTERVAL
+            self._next_refresh = now + self._refresh_interval
             return True
+
+    def refreshed(self, answered: bool) -> None:
+        """The asking that ``refresh_due`` allowed has ended, answered or not."""
+        with self._lock:
+            if answered:
+                self._refresh_interval = SLOTS_REFRESH_INTERVAL
+            else:
+                self._refresh_interval = min(max(self._cooldown, SLOTS_REFRESH_INTERVAL), self._refresh_interval * 2)
+            self._next_refresh = self._clock() + self._refresh_interval
 
     def after_fork_in_child(self) -> None:
         self._lock = threading.Lock()

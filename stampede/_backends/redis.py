@@ -343,12 +343,17 @@ class RedisStore:
 
     def _breaker(self, key: str) -> CircuitBreaker:
         breaker = breaker_for(self.client, self._node_breakers, self.breaker, key)
-        if breaker.open and self._node_breakers is not None and self._node_breakers.refresh_due():
+        nodes = self._node_breakers
+        if breaker.open and nodes is not None and nodes.refresh_due():
+            answered = False
             try:  # the slot may have a new owner, or Sentinel a new master (see NodeBreakers)
                 refresh_route(self.client)
+                answered = True
             except Exception as error:
                 log.info("stampede: cannot ask where the server is now (%s)", error)
-            breaker = breaker_for(self.client, self._node_breakers, self.breaker, key)
+            finally:
+                nodes.refreshed(answered)
+            breaker = breaker_for(self.client, nodes, self.breaker, key)
         return breaker
 
     @contextmanager
