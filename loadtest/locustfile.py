@@ -74,6 +74,14 @@ STANDALONE = Standalone()
 AUTO = "auto"
 
 
+STOP_TIMEOUT = 10.0
+"""Seconds a user is given to finish the call it is in when the run ends (Locust's
+``--stop-timeout``, unless the command line sets one). Locust kills users at once by
+default: a user killed mid-load releases the lease unwritten (as any interrupted caller
+does), and the next caller queries again, a second query in what looked like one
+expiry window though its first value was never cached."""
+
+
 def _redis_url(value: str) -> str:
     STANDALONE.redis_url = STANDALONE.server() if value == AUTO else value
     return STANDALONE.redis_url
@@ -104,6 +112,7 @@ def _web_app(value: str) -> str:
 
 @events.init_command_line_parser.add_listener
 def _options(parser: Any) -> None:
+    parser.set_defaults(stop_timeout=STOP_TIMEOUT)  # an explicit --stop-timeout (even 0) wins
     group = parser.add_argument_group("stampede")
     group.add_argument(
         "--redis-url",
@@ -220,19 +229,6 @@ class WebUser(FastHttpUser):
 _started: list[float] = []
 _stopping: list[float] = []
 
-STOP_TIMEOUT = 10.0
-"""Seconds a user is given to finish the call it is in when the run ends (Locust's
-``--stop-timeout``, unless the command line sets one). Locust kills users at once by
-default: a user killed mid-load releases the lease unwritten (as any interrupted caller
-does), and the next caller queries again, a second query in what looked like one
-expiry window though its first value was never cached."""
-
-
-@events.init.add_listener
-def _graceful_stop(environment: Any, **kwargs: Any) -> None:
-    if not environment.stop_timeout:
-        environment.stop_timeout = STOP_TIMEOUT
-
 
 @events.test_stopping.add_listener
 def _note_stopping(environment: Any, **kwargs: Any) -> None:
@@ -246,6 +242,7 @@ def _note_start(environment: Any, **kwargs: Any) -> None:
         _started.append(time.time())
         for started in STANDALONE.started:
             print(f"started {started}", flush=True)
+        print(f"users get {environment.stop_timeout:g} s to finish their call when the run ends", flush=True)
 
 
 @events.quitting.add_listener
