@@ -46,10 +46,9 @@ class Refresher:
         self._work_ready = threading.Condition(self._lock)
         self._keys: set[str] = set()  # keys whose refresh is queued or running in this process
         self._queue: deque[tuple[str, Callable[[], None]]] = deque()
-        self._workers = 0  # threads started and not exited
+        self._workers: set[threading.Thread] = set()  # started and not exited
         self._idle = 0  # of those, waiting for work
         self._closed = False
-        self._threads: set[threading.Thread] = set()  # the workers started and not exited
 
     def after_fork_in_child(self) -> None:
         """The parent's workers and their refreshes are not in this process."""
@@ -66,18 +65,16 @@ class Refresher:
                 return False
             self._keys.add(key)
             self._queue.append((key, work))
-            if self._idle >= len(self._queue) or self._workers >= self._limit:
+            if self._idle >= len(self._queue) or len(self._workers) >= self._limit:
                 self._work_ready.notify()  # an idle worker, or the next to finish, takes it
                 return True
-            self._workers += 1
             worker = threading.Thread(target=self._serve, name="stampede-refresh", daemon=True)
-            self._threads.add(worker)
+            self._workers.add(worker)
         try:
             contextvars.Context().run(worker.start)
         except RuntimeError:  # the interpreter cannot start a thread (at its limit, or exiting)
             with self._lock:
-                self._workers -= 1
-                self._threads.discard(worker)
+                self._workers.discard(worker)
                 if (key, work) in self._queue:
                     self._queue.remove((key, work))
                     self._keys.discard(key)
@@ -95,8 +92,7 @@ class Refresher:
                         woken = self._work_ready.wait(self._idle_timeout)
                         self._idle -= 1
                     if self._closed or (not woken and not self._queue):
-                        self._workers -= 1
-                        self._threads.discard(threading.current_thread())
+                        self._workers.discard(threading.current_thread())
                         return
                 key, work = self._queue.popleft()
             try:
@@ -118,7 +114,7 @@ class Refresher:
                 self._keys.discard(key)
             self._queue.clear()
             self._work_ready.notify_all()
-            threads = list(self._threads)
+            threads = list(self._workers)
         deadline = time.monotonic() + timeout
         for thread in threads:
             if thread is not threading.current_thread():
