@@ -177,7 +177,7 @@ class Tracker:
     def _servers(self) -> list[tuple[str, Any, bool]]:
         """(name, pool, home) of each server whose changes to track: the one server, or
         every primary of a cluster (asked afresh), home being the one that holds the
-        registry, where requests are published and leases renewed."""
+        registry, where requests are published (leases are renewed on every one)."""
         client = self._client
         if not is_cluster(client):
             return [("server", client.connection_pool, True)]
