@@ -160,7 +160,9 @@ class FaultProxy:
     * ``stall()`` / ``flow()``: stop relaying, connections kept open (a black hole), and
       start again; ``stall_replies()`` holds back only what the server sends, so commands
       still reach it and run, but their replies wait;
-    * ``cut()``: close every open connection at once (a reset, a failover).
+    * ``cut()``: close every open connection at once (a reset, a failover);
+    * ``requests_received``: how many chunks clients have sent so far, counted as they
+      arrive (before any delay): a test's proof that no command was even attempted.
 
     Only connections it accepted and made are closed; ``close()`` stops it.
     """
@@ -168,6 +170,7 @@ class FaultProxy:
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
         self.delay = 0.0
+        self.requests_received = 0
         self._requests_flowing = threading.Event()
         self._replies_flowing = threading.Event()
         self.flow()
@@ -237,6 +240,9 @@ class FaultProxy:
                 data = source.recv(65536)
                 if not data:
                     break
+                if flowing is self._requests_flowing:
+                    with self._lock:
+                        self.requests_received += 1
                 flowing.wait()
                 if self.delay:
                     time.sleep(self.delay)

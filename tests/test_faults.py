@@ -220,14 +220,22 @@ def test_latency_beyond_the_socket_timeout_is_bounded_and_opens_the_circuit(
     assert load(0) == 0
     proxy.delay = 0.5
     timings = []
+    sent_while_open = 0
     for key in range(1, 11):
         started = time.monotonic()
+        sent_before = proxy.requests_received
         assert load(key) == key  # served by the loader
         timings.append(time.monotonic() - started)
+        if key > 3:
+            sent_while_open += proxy.requests_received - sent_before
     figures("network latency 0.5 s, socket timeout 0.2 s, 10 calls (breaker threshold 3)", worst=max(timings),
             deadline=0.45, loads=len(calls) - 1, bound="1 per call (no cache)")  # fmt: skip
     assert max(timings) < 0.2 + 0.25, timings  # one socket timeout at most
-    assert max(timings[4:]) < 0.05, timings  # the circuit is open: no waiting at all
+    # The circuit is open after the third failure: the later calls send nothing and wait
+    # on no socket. (Counted at the proxy, not timed: a scheduler pause on a busy machine
+    # is not a socket wait.)
+    assert sent_while_open == 0
+    assert sorted(timings[3:])[3] < 0.05, timings
     proxy.delay = 0.0
     time.sleep(0.5)  # the configured cool-down
     calls.clear()
