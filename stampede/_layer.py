@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import inspect
 import logging
 import os
@@ -13,22 +12,19 @@ import typing
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, TypeVar, Union, overload
 
-import redis
-import redis.asyncio
-import redis.asyncio.cluster
-
-from ._backends.aredis import AsyncRedisStore
-from ._backends.breaker import CircuitBreaker, NodeBreakers
-from ._backends.memory import AsyncMemoryStore, MemoryStore
-from ._backends.pg_schema import MAX_KEY_LENGTH as PG_MAX_KEY_LENGTH
-from ._backends.redis import EvictionCheck, RedisStore, is_cluster
-from ._backends.tracking import Tracker
-from ._clients import close_client, is_postgres_url, make_clients
+from ._backend import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_SOCKET_TIMEOUT,
+    BackendOptions,
+    backend_for,
+    given_by_url,
+)
 from ._core.codec import Codec, Serializer, TypedSerializer
 from ._core.config import NearMode, Policy, Settings, check_count, check_namespace, check_seconds
 from ._core.flow import LoaderSpec
 from ._core.keys import EntryKeys, KeyBuilder, lock_keys
-from ._core.near import NEAR_LEASE, NearChannel
+from ._core.near import NEAR_LEASE
 from ._core.observer import Observer
 from ._core.patterns import entry_pattern
 from ._core.store import AsyncStore, Store
@@ -36,15 +32,16 @@ from ._drivers.aio import AsyncRunner
 from ._drivers.blocking import SyncRunner
 from ._drivers.near import NearCache
 from ._drivers.observe import Events, RateLimitedLog
-from ._drivers.redlock_store import AsyncRedlockStore, AsyncZooKeeperStore, RedlockStore, ZooKeeperStore
 from ._drivers.watchdog import Watchdog
-from ._errors import BackendUnavailable, ConfigError
+from ._errors import ConfigError
 from ._loader import AsyncCachedLoader, CachedLoader, P
 from ._lock import Lock, ReentrantHolds
-from ._redact import redacted
 from ._redlock import Redlock
 
 if typing.TYPE_CHECKING:
+    import redis
+    import redis.asyncio
+    import redis.asyncio.cluster
     from kazoo.client import KazooClient
     from psycopg_pool import ConnectionPool
 
@@ -54,10 +51,6 @@ log = logging.getLogger("stampede")
 
 R = TypeVar("R")
 
-DEFAULT_SOCKET_TIMEOUT = 2.0
-DEFAULT_CONNECT_TIMEOUT = 1.0
-ZOOKEEPER_SESSION_TIMEOUT = 10.0  # kazoo's default: how long a silent holder keeps its leases
-ZOOKEEPER_CONNECT_TIMEOUT = 10.0
 REFRESH_CLOSE_TIMEOUT = 5.0  # the longest close() waits for background refreshes under way
 
 
@@ -134,68 +127,22 @@ class Stampede:
         self._codec = Codec(serializer)
         self._watchdog = Watchdog()
         self._reentrant_holds = ReentrantHolds()
-        self._owned_client: redis.Redis | None = None
-        self._owned_pool: Any = None  # a PostgreSQL pool from_url made
         self._warn = warn = RateLimitedLog(logging.getLogger("stampede.cache"), namespace=self.namespace)
         self._events = events = Events(self.namespace, warn)
         for observer in observers:
             events.add(observer)
-        # One verdict on the server for the blocking store and every loop's store.
-        threshold, cooldown = self.settings.breaker_threshold, self.settings.breaker_cooldown
-        breaker = CircuitBreaker(threshold, cooldown, on_change=events.breaker_changed)
-        node_breakers = NodeBreakers(threshold, cooldown, on_change=events.breaker_changed)  # a cluster's
-        store: Store | None = None
-        make_async_store: Callable[[], AsyncStore] | None = None
-        if redlock is not None and client is None and async_client is None:
-            raise ConfigError("redlock= needs a cache server: pass a redis client, or use Stampede.from_url")
-        if zookeeper is not None and (redlock is not None or (client is None and async_client is None)):
-            raise ConfigError("zookeeper= holds leases beside a cache server: pass a redis client, and no redlock")
-        if postgres is not None:
-            if client is not None or async_client is not None or redlock is not None:
-                raise ConfigError("postgres= is the whole store: pass no redis client and no redlock with it")
-            if self.settings.max_key_length > PG_MAX_KEY_LENGTH:
-                raise ConfigError(
-                    f"max_key_length={self.settings.max_key_length} is more than PostgreSQL's keys can hold: "
-                    f"at most {PG_MAX_KEY_LENGTH} (a btree entry holds 2704 bytes); longer entries are "
-                    "shortened to a prefix and a hash"
-                )
-            store, make_async_store = _postgres_stores(postgres, breaker)
-        elif client is None and async_client is None:
-            memory = MemoryStore(max_entries)
-            store = memory
-            make_async_store = functools.partial(AsyncMemoryStore, memory)
-        eviction = EvictionCheck()  # asked once for the layer, blocking and async stores alike
-        # Every invalidation asks the namespace's near caches to drop their copies, whether
-        # this layer keeps one or not (see docs/near-cache.md).
-        near_channel = NearChannel(self.namespace)
-        self._embedded = client is None and async_client is None and postgres is None
-        self._postgres = postgres is not None
+        options = BackendOptions(self.namespace, self.settings, max_entries, events.breaker_changed)
+        self._backend = backend = backend_for(
+            options, client=client, async_client=async_client, postgres=postgres, redlock=redlock, zookeeper=zookeeper
+        )
         self._near: NearCache | None = None
-        self._tracker: Tracker | None = None
-        if client is not None:
-            timeout = _socket_timeout(client)
-            store = RedisStore(client, timeout, breaker, eviction, node_breakers, near=near_channel)
-            if redlock is not None:
-                store = RedlockStore(store, redlock.servers, redlock.quorum)
-            near = NearCache(near_cache_entries, near_cache_bytes, self._events, self._start_tracking)
-            self._near = near
-            self._tracker = Tracker(client, near_channel, near, timeout, near_lease)
-        if async_client is not None:
-            make_async_store = _async_store_maker(async_client, breaker, eviction, node_breakers, near_channel)
-            if redlock is not None:
-                make_async_store = _with_redlock(make_async_store, redlock)
-        self._zookeeper: Any = None  # a kazoo client the layer started (and stops)
-        self._zookeeper_queue: Any = None  # named locks' line in ZooKeeper
-        if zookeeper is not None:
-            store, make_async_store, self._zookeeper, self._zookeeper_queue = _with_zookeeper(
-                zookeeper, store, make_async_store
-            )
-            from ._drivers.zookeeper_locks import Wakers
-
-            self._wakers = Wakers()
+        if backend.make_tracker is not None:
+            self._near = NearCache(near_cache_entries, near_cache_bytes, events, backend.start_tracking)
+            backend.track(self._near, near_lease)
+        store, make_async_store = backend.store, backend.make_async_store
         refreshes = background_refreshes
-        self._runner = SyncRunner(store, self._events, warn, self._watchdog, refreshes) if store is not None else None
-        self._async_runner = AsyncRunner(make_async_store, self._events, warn, refreshes) if make_async_store else None
+        self._runner = SyncRunner(store, events, warn, self._watchdog, refreshes) if store is not None else None
+        self._async_runner = AsyncRunner(make_async_store, events, warn, refreshes) if make_async_store else None
         for runner in (self._runner, self._async_runner):
             if runner is not None:
                 runner.near = self._near
@@ -208,7 +155,7 @@ class Stampede:
         *,
         socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
         socket_connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-        max_connections: int = 64,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
         namespace: str = "stampede",
         serializer: Serializer | None = None,
         redlock: Redlock | None = None,
@@ -234,45 +181,28 @@ class Stampede:
         check_seconds("socket_timeout", socket_timeout)
         check_seconds("socket_connect_timeout", socket_connect_timeout)
         check_count("max_connections", max_connections)
-        if is_postgres_url(url):
-            if cluster or redlock is not None or zookeeper is not None:
-                raise ConfigError("a postgresql:// URL is the whole store: cluster= and redlock= are Redis's")
-            pool = _postgres_pool(url, socket_timeout, socket_connect_timeout, max_connections)
-            try:
-                layer = cls(
-                    postgres=pool,
-                    namespace=namespace,
-                    serializer=serializer,
-                    background_refreshes=background_refreshes,
-                    **settings,
-                )
-            except BaseException:  # a setting refused: nothing left open
-                pool.close()
-                raise
-            layer._owned_pool = pool
-        else:
-            client, make_async_client = make_clients(
-                url,
-                cluster=cluster,
-                socket_timeout=socket_timeout,
-                socket_connect_timeout=socket_connect_timeout,
-                max_connections=max_connections,
+        given, close_given = given_by_url(
+            url,
+            cluster=cluster,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=socket_connect_timeout,
+            max_connections=max_connections,
+            lease_services=redlock is not None or zookeeper is not None,
+        )
+        try:
+            layer = cls(
+                **given,
+                redlock=redlock,
+                zookeeper=zookeeper,
+                namespace=namespace,
+                serializer=serializer,
+                background_refreshes=background_refreshes,
+                **settings,
             )
-            try:
-                layer = cls(
-                    client,
-                    async_client=make_async_client,
-                    redlock=redlock,
-                    zookeeper=zookeeper,
-                    namespace=namespace,
-                    serializer=serializer,
-                    background_refreshes=background_refreshes,
-                    **settings,
-                )
-            except BaseException:  # a setting refused: nothing left open
-                close_client(client)
-                raise
-            layer._owned_client = client
+        except BaseException:  # a setting refused: nothing left open
+            close_given()
+            raise
+        layer._backend.close_last.append(close_given)
         if check:
             try:
                 layer.check()
@@ -359,19 +289,10 @@ class Stampede:
     def _check_near(self, settings: Settings) -> None:
         """Refuse ``near_cache`` where it cannot keep its promise (see docs/near-cache.md).
         The embedded store is in this process already: the setting changes nothing there."""
-        if not settings.near_cache or self._near is not None or self._embedded:
+        backend = self._backend
+        if not settings.near_cache or self._near is not None or backend.in_process:
             return
-        if self._postgres:
-            raise ConfigError(
-                "near_cache needs Redis's client-side caching to keep copies exact: the PostgreSQL store has none"
-            )
-        raise ConfigError(
-            "near_cache needs a blocking client for its invalidation stream: pass one too, or use Stampede.from_url"
-        )
-
-    def _start_tracking(self) -> None:
-        if self._tracker is not None:
-            self._tracker.start()
+        raise ConfigError(backend.near_refusal or f"near_cache is not available on {backend.name}")
 
     def _claim_name(self, name: str, func: Callable[..., Any]) -> None:
         """Refuse a second loader whose keys, built from ``name``, would be another's."""
@@ -416,9 +337,9 @@ class Stampede:
             retries=retries,
             renew=renew,
             reentrant=reentrant,
-            fair=fair or self._zookeeper_queue is not None,  # ZooKeeper's line is fair
+            fair=fair or self._backend.lock_queue is not None,
             recheck_interval=self.settings.recheck_interval,
-            store=self._named_lock_store(self._runner.store) if self._runner is not None else None,
+            store=self._backend.named_lock_store(self._runner.store) if self._runner is not None else None,
             async_store=self._named_lock_async_store if self._async_runner is not None else None,
             watchdog=self._watchdog,
             reentrant_holds=self._reentrant_holds,
@@ -429,30 +350,16 @@ class Stampede:
         pool, for a layer whose store is PostgreSQL: ``with layer.advisory_lock("job"):``
         or ``async with``. Freed by the database when the holder's session ends; no lease,
         no fencing token (see ``stampede.postgres.AdvisoryLock`` for when it is right)."""
-        try:
-            from .postgres import AdvisoryLock
-        except ImportError as error:
-            raise ConfigError(f"advisory_lock() needs psycopg 3: pip install 'stampede[postgres]' ({error})") from None
-        return AdvisoryLock(self, name, blocking=blocking, timeout=timeout)
+        make = self._backend.advisory_lock
+        if make is None:
+            raise ConfigError("advisory_lock() needs a layer whose store is PostgreSQL")
+        loop_store = self._async_runner.loop_store if self._async_runner is not None else None
+        lock: AdvisoryLock = make(self.namespace, name, blocking=blocking, timeout=timeout, loop_store=loop_store)
+        return lock
 
     def _named_lock_async_store(self) -> AsyncStore:
         assert self._async_runner is not None
-        return self._named_lock_store(self._async_runner.loop_store())
-
-    def _named_lock_store(self, store: StoreT) -> StoreT:
-        """Where named locks live: the cache server, also in a layer with Redlock leases
-        (a named lock has a fencing token and a fair queue, which need one server); in a
-        layer with ZooKeeper leases, ZooKeeper's line beside the cache server's key
-        (``_drivers.zookeeper_locks``)."""
-        if isinstance(store, (RedlockStore, AsyncRedlockStore)):
-            cache = store.cache
-            if self._zookeeper_queue is None:
-                return cache
-            from ._drivers.zookeeper_locks import AsyncZooKeeperLockStore, ZooKeeperLockStore
-
-            if isinstance(store, AsyncRedlockStore):
-                return AsyncZooKeeperLockStore(cache, self._zookeeper_queue, self._wakers)
-            return ZooKeeperLockStore(cache, self._zookeeper_queue, self._wakers)
+        store: AsyncStore = self._backend.named_lock_store(self._async_runner.loop_store())
         return store
 
     def _forget(self, key: str) -> None:
@@ -563,21 +470,13 @@ class Stampede:
         """Stop the layer's threads and close the connections it opened. Connections of
         async loaders are closed by ``aclose()`` in their event loop."""
         self._watchdog.close()
-        if self._zookeeper is not None:
-            self._zookeeper.stop()
-            self._zookeeper.close()
-            self._zookeeper = None
-        if self._tracker is not None:
-            self._tracker.close()
+        self._backend.close_services()
         if self._runner is not None:
             self._runner.refresher.close(REFRESH_CLOSE_TIMEOUT)
             self._runner.store.close()
         if self._async_runner is not None:
             self._async_runner.close()
-        if self._owned_client is not None:
-            close_client(self._owned_client)
-        if self._owned_pool is not None:
-            self._owned_pool.close()
+        self._backend.close_connections()
 
     async def aclose(self) -> None:
         """``close()`` from a coroutine: also closes this event loop's connections."""
@@ -598,8 +497,8 @@ class Stampede:
         await self.aclose()
 
     def __repr__(self) -> str:
-        store = type(self._runner.store).__name__ if self._runner is not None else "none"
-        return f"<Stampede namespace={self.namespace!r} store={store} {dataclasses.asdict(self.settings)}>"
+        settings = dataclasses.asdict(self.settings)
+        return f"<stampede.Stampede namespace={self.namespace!r} backend={self._backend.name} {settings}>"
 
 
 class LoaderDecorator:
@@ -671,147 +570,6 @@ def _typed_for(serializer: TypedSerializer, func: Callable[..., Any]) -> Seriali
 def _is_async(func: Callable[..., Any]) -> bool:
     """An ``async def`` function, or an object whose ``__call__`` is one."""
     return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__)
-
-
-def _check_client_timeouts(client: Any) -> None:
-    """A client's timeouts must be None or usable: redis-py takes -1 and fails every call."""
-    kwargs = client.get_connection_kwargs()
-    for name in ("socket_timeout", "socket_connect_timeout"):
-        if kwargs.get(name) is not None:
-            check_seconds(f"the client's {name}", kwargs[name])
-
-
-def _socket_timeout(client: redis.Redis) -> float:
-    _check_client_timeouts(client)
-    socket_timeout = client.get_connection_kwargs().get("socket_timeout")
-    if socket_timeout is None:
-        log.warning(
-            "stampede: the redis client has no socket_timeout; a stalled server can "
-            "block callers without bound (see Stampede.from_url)"
-        )
-    return float(socket_timeout or DEFAULT_SOCKET_TIMEOUT)
-
-
-def _async_store_maker(
-    async_client: AsyncClient,
-    breaker: CircuitBreaker,
-    eviction: EvictionCheck,
-    node_breakers: NodeBreakers,
-    near: NearChannel,
-) -> Callable[[], AsyncStore]:
-    """A maker of one event loop's store: over the given client, or over a new one from
-    the given function. The store owns (closes) a client it had made, and when that
-    client's pool does not block for a free connection, bounds its commands to the pool's
-    size so that a burst waits for a connection instead of failing."""
-    if callable(async_client) and not isinstance(
-        async_client, (redis.asyncio.Redis, redis.asyncio.cluster.RedisCluster)
-    ):
-        factory = async_client
-
-        def make() -> AsyncStore:
-            client = factory()
-            timeout = _socket_timeout(client)  # type: ignore[arg-type]
-            if is_cluster(client):
-                # It bounds each node's connections as a plain pool does (and fails beyond):
-                # bounding its commands to that number bounds every node's.
-                slots = client.get_connection_kwargs().get("max_connections")
-            else:
-                pool = client.connection_pool  # type: ignore[union-attr]
-                blocks = isinstance(pool, redis.asyncio.BlockingConnectionPool)
-                slots = None if blocks else getattr(pool, "max_connections", None)
-            return AsyncRedisStore(
-                client,
-                timeout,
-                breaker,
-                owns_client=True,
-                slots=slots,
-                slot_timeout=timeout,
-                eviction=eviction,
-                node_breakers=node_breakers,
-                near=near,
-            )
-
-        return make
-    client = async_client
-    timeout = _socket_timeout(client)  # type: ignore[arg-type]
-    return lambda: AsyncRedisStore(client, timeout, breaker, eviction=eviction, node_breakers=node_breakers, near=near)
-
-
-StoreT = TypeVar("StoreT", Store, AsyncStore)
-
-
-def _with_zookeeper(
-    zookeeper: Any, store: Store | None, make_async_store: Callable[[], AsyncStore] | None
-) -> tuple[Store | None, Callable[[], AsyncStore] | None, Any, Any]:
-    """The stores of a layer whose leases are also ZooKeeper nodes (``zookeeper=``: hosts,
-    ``host:port[,host:port...]``, or a started kazoo client), and the client it started."""
-    try:
-        from ._backends.zookeeper import AsyncZooKeeperLockServers, ZooKeeperLockServers, ZooKeeperQueue, client_of
-    except ImportError as error:
-        raise ConfigError(f"zookeeper= needs kazoo: pip install 'stampede[zookeeper]' ({error})") from None
-    try:
-        client, owned = client_of(zookeeper, ZOOKEEPER_SESSION_TIMEOUT, ZOOKEEPER_CONNECT_TIMEOUT)
-    except Exception as error:
-        raise BackendUnavailable(f"cannot connect to ZooKeeper at {zookeeper!r}: {error}") from error
-    servers = ZooKeeperLockServers(client)
-    if store is not None:
-        store = ZooKeeperStore(store, servers, servers)
-    if make_async_store is not None:
-        make_cache_store = make_async_store
-
-        def make() -> AsyncStore:
-            return AsyncZooKeeperStore(make_cache_store(), AsyncZooKeeperLockServers(servers), servers)
-
-        make_async_store = make
-    return store, make_async_store, client if owned else None, ZooKeeperQueue(servers)
-
-
-def _with_redlock(make_cache_store: Callable[[], AsyncStore], redlock: Redlock) -> Callable[[], AsyncStore]:
-    """A maker of one event loop's store whose leases are also held on ``redlock``'s servers
-    (a ConfigError, at an async loader's first call, if they were given as clients)."""
-
-    def make() -> AsyncStore:
-        servers = redlock.async_servers()  # its ConfigError before any client is made
-        return AsyncRedlockStore(make_cache_store(), servers, redlock.quorum)
-
-    return make
-
-
-def _postgres_stores(postgres: Any, breaker: CircuitBreaker) -> tuple[Store, Callable[[], AsyncStore]]:
-    """The stores of a layer in PostgreSQL (``postgres=``: a psycopg_pool ``ConnectionPool``,
-    or a ``postgresql://`` URL for a pool with the default bounds, which the store owns)."""
-    if isinstance(postgres, str):
-        pool = _postgres_pool(postgres, DEFAULT_SOCKET_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, 64)
-        from ._backends.apostgres import postgres_stores
-
-        return postgres_stores(pool, breaker, owns_pool=True)
-    try:
-        from psycopg_pool import ConnectionPool
-
-        from ._backends.apostgres import postgres_stores
-    except ImportError as error:
-        needs = "postgres= needs psycopg 3 and psycopg-pool: pip install 'stampede[postgres]'"
-        raise ConfigError(f"{needs} ({error})") from None
-    if not isinstance(postgres, ConnectionPool):
-        raise ConfigError(f"postgres= takes a postgresql:// URL or a psycopg_pool.ConnectionPool, got {postgres!r}")
-    return postgres_stores(postgres, breaker, owns_pool=False)
-
-
-def _postgres_pool(url: str, socket_timeout: float, connect_timeout: float, max_connections: int) -> Any:
-    """A bounded pool for ``url`` (``_backends.apostgres.make_pool``); psycopg is imported
-    only here, being the ``postgres`` extra's."""
-    if not is_postgres_url(url):
-        raise ConfigError(
-            f"postgres= takes a postgresql:// URL or a psycopg_pool.ConnectionPool, got {redacted(url)!r}"
-        )
-    try:
-        from ._backends.apostgres import make_pool
-    except ImportError as error:
-        needs = "a postgresql:// store needs psycopg 3 and psycopg-pool: pip install 'stampede[postgres]'"
-        raise ConfigError(f"{needs} ({error})") from None
-    return make_pool(
-        url, socket_timeout=socket_timeout, connect_timeout=connect_timeout, max_connections=max_connections
-    )
 
 
 _default_layer: Stampede | None = None

@@ -35,14 +35,14 @@ def serve_from_copy() -> None:
 
 
 serve_from_copy()
-parent_member = layer._tracker.member  # type: ignore[union-attr]
+parent_member = layer._backend.tracker.member  # type: ignore[union-attr]
 reader, writer = os.pipe()
 child = os.fork()
 if child == 0:
     os.close(reader)
     findings = {
         "copy_after_fork": layer._near.get(load.key(1), load._spec.codec, False) is not MISSING,  # type: ignore[union-attr]
-        "own_member": layer._tracker.member != parent_member,  # type: ignore[union-attr]
+        "own_member": layer._backend.tracker.member != parent_member,  # type: ignore[union-attr]
     }
     serve_from_copy()  # its own tracker, started by its first call
     os.write(writer, b"ready\n")

@@ -141,7 +141,7 @@ def test_a_lease_that_ran_out_is_reported_lost_and_the_next_holders_lock_is_unto
     layer_of_each_backend: Callable[..., Stampede],
 ) -> None:
     layer = layer_of_each_backend()
-    if layer._zookeeper_queue is not None:
+    if layer._backend.lock_queue is not None:
         pytest.skip(SESSION_BOUND)
     stale = layer.lock("job", ttl=0.2, renew=False)
     assert stale.acquire()
@@ -396,11 +396,11 @@ def queued(layer: Stampede, lock: Lock) -> int:
     if hasattr(store, "pool"):  # PostgreSQL
         query = "SELECT count(*) FROM stampede_queue WHERE key = %s AND expires_at > clock_timestamp()"
         return int(_sql(store, query, lock.keys.lock))
-    if layer._zookeeper_queue is not None:  # the line in ZooKeeper, its holder first
+    if layer._backend.lock_queue is not None:  # the line in ZooKeeper, its holder first
         from stampede._backends.zookeeper import entry_path
 
         try:
-            line = layer._zookeeper_queue.client.get_children(entry_path(lock.keys))
+            line = layer._backend.lock_queue.client.get_children(entry_path(lock.keys))
         except Exception:  # no line at all
             return 0
         return max(0, len(line) - (store.holder(lock.keys) is not None))
@@ -450,7 +450,7 @@ def test_a_fair_lock_skips_a_dead_waiter_after_its_lease(layer_of_each_backend: 
     """A waiter first in line dies (it tried once and never again): the next one gets the
     lock once the dead one's place has lapsed, one ttl after its last try."""
     layer = layer_of_each_backend()
-    if layer._zookeeper_queue is not None:
+    if layer._backend.lock_queue is not None:
         pytest.skip(SESSION_BOUND + ": a waiter keeps its place while its session lives")
     store: Any = cache_store(layer)
     holder = layer.lock("fair", fair=True, ttl=0.5)

@@ -40,7 +40,7 @@ def tracked(layer: Stampede, timeout: float = 10.0) -> None:
     first near-cache call, or is started here)."""
     near = layer._near
     assert near is not None
-    layer._start_tracking()
+    layer._backend.start_tracking()
     until(lambda: near.lease_until > time.monotonic() + 0.01, timeout)
 
 
@@ -55,7 +55,7 @@ def copied(layer: Stampede, load: Any, *args: Any) -> None:
     messages already on their way: a read right after this process's own write is
     usually not copied (the write's message comes in while the read is on its way, and
     spoils it), or its copy is dropped when that message is read a moment later."""
-    near, tracker = layer._near, layer._tracker
+    near, tracker = layer._near, layer._backend.tracker
     assert near is not None and tracker is not None
 
     def settled() -> bool:
@@ -104,7 +104,7 @@ def test_the_near_cache_is_off_by_default(make_layer: Callable[..., Stampede]) -
     for _ in range(5):
         load(1)
     assert layer.stats()["near_hits"] == 0 and layer.stats()["hits"] == 4
-    assert layer._tracker is not None and layer._tracker._thread is None  # no thread, no connection
+    assert layer._backend.tracker is not None and layer._backend.tracker._thread is None  # no thread, no connection
 
 
 def test_per_loader_setting_overrides_the_layer(make_layer: Callable[..., Stampede]) -> None:
@@ -293,8 +293,8 @@ def test_the_fill_race_stores_no_stale_copy(
     must not be copied."""
     versions = {1: 1}
     reader = make_layer(proxy.url, near_cache=True, socket_timeout=5)
-    assert reader._tracker is not None
-    reader._tracker._client = redis.Redis.from_url(redis_url, socket_timeout=5)  # track around the proxy
+    assert reader._backend.tracker is not None
+    reader._backend.tracker._client = redis.Redis.from_url(redis_url, socket_timeout=5)  # track around the proxy
     writer = make_layer()
     load_b, load_a = versioned(reader, versions), versioned(writer, versions)
     tracked(reader)

@@ -1,0 +1,228 @@
+"""The one place that chooses a layer's backend: from a URL's scheme, or from the
+objects the layer was given.
+
+``SCHEMES`` maps each URL scheme to its family. A new family is a folder under
+``_backends/`` with a builder of ``Backend`` (``_core/backend.py``), plus one line here
+(see docs/development.md). The layer's keywords (``client=``, ``async_client=``,
+``postgres=``, ``redlock=``, ``zookeeper=``) are shorthand, translated here and nowhere
+else. Redlock and ZooKeeper leases sit on top of the Redis family: their stores drive a
+decision of the core (``_drivers/redlock_store.py``), so they are composed here.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+from ._core.backend import Backend, BackendOptions
+from ._core.store import AsyncStore, Store
+from ._errors import BackendUnavailable, ConfigError
+from ._redact import redacted
+from ._redlock import Redlock
+
+DEFAULT_SOCKET_TIMEOUT = 2.0
+DEFAULT_CONNECT_TIMEOUT = 1.0
+DEFAULT_MAX_CONNECTIONS = 64
+ZOOKEEPER_SESSION_TIMEOUT = 10.0  # kazoo's default: how long a silent holder keeps its leases
+ZOOKEEPER_CONNECT_TIMEOUT = 10.0
+
+SCHEMES: dict[str, str] = {
+    "redis": "redis",
+    "rediss": "redis",
+    "unix": "redis",
+    "redis+sentinel": "redis",
+    "postgresql": "postgresql",
+    "postgres": "postgresql",
+    "memory": "memory",
+}
+"""URL scheme -> backend family."""
+
+
+def family_of(url: str) -> str:
+    """The family a URL names (``ConfigError`` for a scheme no family serves)."""
+    scheme = urlsplit(url).scheme.lower()
+    family = SCHEMES.get(scheme)
+    if family is None:
+        known = ", ".join(f"{name}://" for name in SCHEMES)
+        raise ConfigError(f"no backend serves {redacted(url)!r}: a URL starts with one of {known}")
+    return family
+
+
+def backend_for(
+    options: BackendOptions,
+    *,
+    client: Any = None,
+    async_client: Any = None,
+    postgres: Any = None,
+    redlock: Redlock | None = None,
+    zookeeper: Any = None,
+) -> Backend:
+    """The backend the layer's keywords name (``Stampede(...)``)."""
+    if redlock is not None and client is None and async_client is None:
+        raise ConfigError("redlock= needs a cache server: pass a redis client, or use Stampede.from_url")
+    if zookeeper is not None and (redlock is not None or (client is None and async_client is None)):
+        raise ConfigError("zookeeper= holds leases beside a cache server: pass a redis client, and no redlock")
+    if postgres is not None:
+        if client is not None or async_client is not None or redlock is not None:
+            raise ConfigError("postgres= is the whole store: pass no redis client and no redlock with it")
+        return _postgres(postgres, options)
+    if client is None and async_client is None:
+        from ._backends.memory_backend import memory_backend
+
+        return memory_backend(options)
+    from ._backends.redis_backend import redis_backend
+
+    backend = redis_backend(client, async_client, options)
+    if redlock is not None:
+        _with_redlock(backend, redlock)
+    if zookeeper is not None:
+        _with_zookeeper(backend, zookeeper)
+    return backend
+
+
+def given_by_url(
+    url: str,
+    *,
+    cluster: bool,
+    socket_timeout: float,
+    socket_connect_timeout: float,
+    max_connections: int,
+    lease_services: bool,
+) -> tuple[dict[str, Any], Callable[[], None]]:
+    """What ``Stampede.from_url(url)`` passes to ``Stampede(...)``, and how to close it.
+    ``lease_services``: Redlock or ZooKeeper leases were asked for too (Redis's only)."""
+    family = family_of(url)
+    if family == "memory":
+        if cluster or lease_services:
+            raise ConfigError("a memory:// store is this process's: cluster=, redlock= and zookeeper= are Redis's")
+        return {}, _nothing
+    if family == "postgresql":
+        if cluster or lease_services:
+            raise ConfigError("a postgresql:// URL is the whole store: cluster= and redlock= are Redis's")
+        pool = _postgres_pool(url, socket_timeout, socket_connect_timeout, max_connections)
+        return {"postgres": pool}, pool.close
+    from ._clients import close_client, make_clients
+
+    client, make_async_client = make_clients(
+        url,
+        cluster=cluster,
+        socket_timeout=socket_timeout,
+        socket_connect_timeout=socket_connect_timeout,
+        max_connections=max_connections,
+    )
+    return {"client": client, "async_client": make_async_client}, functools.partial(close_client, client)
+
+
+def _nothing() -> None:
+    pass
+
+
+def _postgres(postgres: Any, options: BackendOptions) -> Backend:
+    """``postgres=``: a psycopg_pool ``ConnectionPool``, or a ``postgresql://`` URL for a
+    pool with the default bounds, which the store owns."""
+    if isinstance(postgres, str):
+        if family_of(postgres) != "postgresql":
+            raise ConfigError(
+                f"postgres= takes a postgresql:// URL or a psycopg_pool.ConnectionPool, got {redacted(postgres)!r}"
+            )
+        pool = _postgres_pool(postgres, DEFAULT_SOCKET_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_CONNECTIONS)
+        owns_pool = True
+    else:
+        pool, owns_pool = postgres, False
+    try:
+        from ._backends.postgres_backend import postgres_backend
+    except ImportError as error:
+        needs = "postgres= needs psycopg 3 and psycopg-pool: pip install 'stampede[postgres]'"
+        raise ConfigError(f"{needs} ({error})") from None
+    try:
+        return postgres_backend(pool, options, owns_pool=owns_pool)
+    except BaseException:
+        if owns_pool:  # a setting refused: nothing left open
+            pool.close()
+        raise
+
+
+def _postgres_pool(url: str, socket_timeout: float, connect_timeout: float, max_connections: int) -> Any:
+    """A bounded pool for ``url`` (``_backends.apostgres.make_pool``); psycopg is imported
+    only here, being the ``postgres`` extra's."""
+    try:
+        from ._backends.postgres_backend import make_pool
+    except ImportError as error:
+        needs = "a postgresql:// store needs psycopg 3 and psycopg-pool: pip install 'stampede[postgres]'"
+        raise ConfigError(f"{needs} ({error})") from None
+    return make_pool(
+        url, socket_timeout=socket_timeout, connect_timeout=connect_timeout, max_connections=max_connections
+    )
+
+
+def _with_redlock(backend: Backend, redlock: Redlock) -> None:
+    """Every load's lease is held on a majority of ``redlock``'s servers as well as on the
+    cache server. Named locks stay on the cache server (a fencing token and a fair queue
+    need one server)."""
+    from ._drivers.redlock_store import AsyncRedlockStore, RedlockStore
+
+    backend.name += "+redlock"
+    if backend.store is not None:
+        backend.store = RedlockStore(backend.store, redlock.servers, redlock.quorum)
+    make_cache_store = backend.make_async_store
+    if make_cache_store is not None:
+
+        def make() -> AsyncStore:
+            servers = redlock.async_servers()  # its ConfigError before any client is made
+            return AsyncRedlockStore(make_cache_store(), servers, redlock.quorum)
+
+        backend.make_async_store = make
+    backend.named_lock_store = _cache_store_of
+
+
+def _cache_store_of(store: Any) -> Any:
+    return store.cache
+
+
+def _with_zookeeper(backend: Backend, zookeeper: Any) -> None:
+    """Every load's lease is also a ZooKeeper node (``zookeeper=``: hosts,
+    ``host:port[,host:port...]``, or a started kazoo client). Named locks wait in
+    ZooKeeper's fair line beside the cache server's key (``_drivers.zookeeper_locks``)."""
+    try:
+        from ._backends.zookeeper import AsyncZooKeeperLockServers, ZooKeeperLockServers, ZooKeeperQueue, client_of
+    except ImportError as error:
+        raise ConfigError(f"zookeeper= needs kazoo: pip install 'stampede[zookeeper]' ({error})") from None
+    from ._drivers.redlock_store import AsyncZooKeeperStore, ZooKeeperStore
+    from ._drivers.zookeeper_locks import AsyncZooKeeperLockStore, Wakers, ZooKeeperLockStore
+
+    try:
+        client, owned = client_of(zookeeper, ZOOKEEPER_SESSION_TIMEOUT, ZOOKEEPER_CONNECT_TIMEOUT)
+    except Exception as error:
+        raise BackendUnavailable(f"cannot connect to ZooKeeper at {zookeeper!r}: {error}") from error
+    servers = ZooKeeperLockServers(client)
+    backend.name += "+zookeeper"
+    if backend.store is not None:
+        backend.store = ZooKeeperStore(backend.store, servers, servers)
+    make_cache_store = backend.make_async_store
+    if make_cache_store is not None:
+
+        def make() -> AsyncStore:
+            return AsyncZooKeeperStore(make_cache_store(), AsyncZooKeeperLockServers(servers), servers)
+
+        backend.make_async_store = make
+    queue, wakers = ZooKeeperQueue(servers), Wakers()
+
+    def named_lock_store(store: Any) -> Any:
+        if isinstance(store, AsyncZooKeeperStore):
+            return AsyncZooKeeperLockStore(store.cache, queue, wakers)
+        return ZooKeeperLockStore(store.cache, queue, wakers)
+
+    backend.named_lock_store = named_lock_store
+    backend.lock_queue = queue  # ZooKeeper's line is fair
+    if owned:
+
+        def stop() -> None:
+            client.stop()
+            client.close()
+
+        backend.close_first.append(stop)
+
+
+__all__ = ["SCHEMES", "Backend", "BackendOptions", "Store", "backend_for", "family_of", "given_by_url"]

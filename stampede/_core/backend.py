@@ -1,0 +1,89 @@
+"""The backend seam: what a layer needs of the store it runs over.
+
+A backend family builds one ``Backend`` for a layer. The families are Redis (one server,
+Sentinel, Cluster), PostgreSQL and the embedded store, with Redlock or ZooKeeper leases
+beside Redis. The layer composes the backend with the drivers and asks nothing else of
+it: the layer never names a family.
+
+What a backend says about itself:
+
+* its stores: the blocking one, and a maker of one event loop's store;
+* where named locks live (``named_lock_store``), and their own line if they have one;
+* whether it can keep a near cache exact (``make_tracker``), and if not, why not;
+* capabilities only some families have (``advisory_lock``: PostgreSQL's session lock);
+* what to close, in two steps: lease services before the stores, connections after.
+
+Rules of the imports: this module is part of the core. It names no family.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .config import Settings
+from .store import AsyncStore, Store
+
+
+class Tracking(Protocol):
+    """A near cache's invalidation stream and lease (``_backends.redis.tracking``)."""
+
+    def start(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """What every family is built with, from the layer's own settings."""
+
+    namespace: str
+    settings: Settings
+    max_entries: int  # the embedded store's bound
+    on_breaker_change: Callable[[bool], None]  # the layer's report when a circuit opens or closes
+
+
+def _same(store: Any) -> Any:
+    return store
+
+
+@dataclass(eq=False)
+class Backend:
+    """One layer's backend. Built by one family (``stampede._backend`` chooses which)."""
+
+    name: str  # what the layer's repr shows: "redis", "postgresql", "memory", "redis+redlock", ...
+    store: Store | None  # None: no blocking client was given
+    make_async_store: Callable[[], AsyncStore] | None  # None: no asyncio client was given
+    in_process: bool = False  # the store lives in this process: a near cache adds nothing
+    near_refusal: str | None = None  # why near_cache cannot be kept exact here (None: it can)
+    make_tracker: Callable[[Any, float], Tracking] | None = None  # (the near cache's copies, its lease)
+    named_lock_store: Callable[[Any], Any] = _same  # the store named locks use, given a loader's
+    lock_queue: Any = None  # named locks' own line beside the store (ZooKeeper's): all are fair
+    advisory_lock: Callable[..., Any] | None = None  # a database session lock, where there is one
+    close_first: list[Callable[[], None]] = field(default_factory=list)  # lease services
+    close_last: list[Callable[[], None]] = field(default_factory=list)  # connections it opened
+    tracker: Tracking | None = None  # made by track()
+
+    def track(self, copies: Any, lease: float) -> None:
+        """Make (not start) the stream that keeps ``copies`` exact."""
+        assert self.make_tracker is not None, "track() on a backend without near-cache tracking"
+        self.tracker = self.make_tracker(copies, lease)
+
+    def start_tracking(self) -> None:
+        if self.tracker is not None:
+            self.tracker.start()
+
+    def close_services(self) -> None:
+        """Stop lease services and the tracking stream, before the stores close."""
+        for close in self.close_first:
+            close()
+        self.close_first.clear()
+        if self.tracker is not None:
+            self.tracker.close()
+
+    def close_connections(self) -> None:
+        """Close what the backend opened for itself, after the stores closed."""
+        for close in self.close_last:
+            close()
+        self.close_last.clear()
