@@ -69,10 +69,10 @@ def backend_for(
             raise ConfigError("postgres= is the whole store: pass no redis client and no redlock with it")
         return _postgres(postgres, options)
     if client is None and async_client is None:
-        from ._backends.memory_backend import memory_backend
+        from ._backends.memory.backend import memory_backend
 
         return memory_backend(options)
-    from ._backends.redis_backend import redis_backend
+    from ._backends.redis.backend import redis_backend
 
     backend = redis_backend(client, async_client, options)
     if redlock is not None:
@@ -103,7 +103,7 @@ def given_by_url(
             raise ConfigError("a postgresql:// URL is the whole store: cluster= and redlock= are Redis's")
         pool = _postgres_pool(url, socket_timeout, socket_connect_timeout, max_connections)
         return {"postgres": pool}, pool.close
-    from ._clients import close_client, make_clients
+    from ._backends.redis.clients import close_client, make_clients
 
     client, make_async_client = make_clients(
         url,
@@ -132,7 +132,7 @@ def _postgres(postgres: Any, options: BackendOptions) -> Backend:
     else:
         pool, owns_pool = postgres, False
     try:
-        from ._backends.postgres_backend import postgres_backend
+        from ._backends.postgres.backend import postgres_backend
     except ImportError as error:
         needs = "postgres= needs psycopg 3 and psycopg-pool: pip install 'stampede[postgres]'"
         raise ConfigError(f"{needs} ({error})") from None
@@ -145,10 +145,10 @@ def _postgres(postgres: Any, options: BackendOptions) -> Backend:
 
 
 def _postgres_pool(url: str, socket_timeout: float, connect_timeout: float, max_connections: int) -> Any:
-    """A bounded pool for ``url`` (``_backends.apostgres.make_pool``); psycopg is imported
+    """A bounded pool for ``url`` (``_backends.postgres.astore.make_pool``); psycopg is imported
     only here, being the ``postgres`` extra's."""
     try:
-        from ._backends.postgres_backend import make_pool
+        from ._backends.postgres.backend import make_pool
     except ImportError as error:
         needs = "a postgresql:// store needs psycopg 3 and psycopg-pool: pip install 'stampede[postgres]'"
         raise ConfigError(f"{needs} ({error})") from None
@@ -184,13 +184,18 @@ def _cache_store_of(store: Any) -> Any:
 def _with_zookeeper(backend: Backend, zookeeper: Any) -> None:
     """Every load's lease is also a ZooKeeper node (``zookeeper=``: hosts,
     ``host:port[,host:port...]``, or a started kazoo client). Named locks wait in
-    ZooKeeper's fair line beside the cache server's key (``_drivers.zookeeper_locks``)."""
+    ZooKeeper's fair line beside the cache server's key (``_backends.zookeeper.locks``)."""
     try:
-        from ._backends.zookeeper import AsyncZooKeeperLockServers, ZooKeeperLockServers, ZooKeeperQueue, client_of
+        from ._backends.zookeeper.servers import (
+            AsyncZooKeeperLockServers,
+            ZooKeeperLockServers,
+            ZooKeeperQueue,
+            client_of,
+        )
     except ImportError as error:
         raise ConfigError(f"zookeeper= needs kazoo: pip install 'stampede[zookeeper]' ({error})") from None
+    from ._backends.zookeeper.locks import AsyncZooKeeperLockStore, Wakers, ZooKeeperLockStore
     from ._drivers.redlock_store import AsyncZooKeeperStore, ZooKeeperStore
-    from ._drivers.zookeeper_locks import AsyncZooKeeperLockStore, Wakers, ZooKeeperLockStore
 
     try:
         client, owned = client_of(zookeeper, ZOOKEEPER_SESSION_TIMEOUT, ZOOKEEPER_CONNECT_TIMEOUT)

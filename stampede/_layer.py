@@ -81,7 +81,7 @@ class Stampede:
 
     ``postgres=`` (a ``postgresql://`` URL or a psycopg_pool ``ConnectionPool``) keeps
     everything in PostgreSQL instead: values, leases, fencing, queues, and wake-ups by
-    LISTEN/NOTIFY (``_backends.pg_schema``). ``zookeeper=`` (hosts, or a started kazoo
+    LISTEN/NOTIFY (``_backends.postgres.schema``). ``zookeeper=`` (hosts, or a started kazoo
     client) holds every load's lease as a ZooKeeper node as well, beside a Redis client:
     a holder's lease ends with its session, and ``layer.lock()`` is ZooKeeper's fair lock.
     See docs/lock-services.md.
@@ -174,7 +174,7 @@ class Stampede:
 
         ``cluster=True`` treats ``url`` as one node of a Redis Cluster, and
         ``redis+sentinel://host:port[,host:port...]/service[/db]`` names the master a set
-        of sentinels knows as ``service`` (see ``_clients`` and docs/scaling.md). A
+        of sentinels knows as ``service`` (see ``_backends.redis.clients`` and docs/scaling.md). A
         ``postgresql://`` URL makes the store PostgreSQL (a pool of ``max_connections``,
         ``socket_timeout`` as the statement timeout); ``zookeeper=`` adds ZooKeeper leases
         (docs/lock-services.md)."""

@@ -29,7 +29,7 @@ publish N messages with no order between them.
 
 The decisions are written once, as generators of effects (``_core.majority``, and the
 retries below); ``_drivers.perform`` performs them with blocking calls, one server after
-another, or with awaits, on all servers at once (``_backends.lock_servers``).
+another, or with awaits, on all servers at once (``_backends.redis.lock_servers``).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from collections.abc import Sequence
 import redis
 import redis.asyncio
 
-from ._backends.lock_servers import AsyncRedisLockServers, RedisLockServers
+from ._backends.redis.lock_servers import AsyncRedisLockServers, RedisLockServers
 from ._core.effects import Decision, Pause, ServersRelease, milliseconds
 from ._core.keys import EntryKeys, lock_keys
 from ._core.majority import Quorum, renew_majority, take_majority

@@ -40,8 +40,8 @@ from typing import Any
 import redis
 
 from . import Stampede
-from ._backends.redis import is_cluster
-from ._clients import close_client, is_postgres_url, make_clients
+from ._backends.redis.clients import close_client, is_postgres_url, make_clients
+from ._backends.redis.store import is_cluster
 from ._core.codec import Codec, Kind, stale_window_of
 from ._core.keys import EntryKeys
 from ._core.patterns import entry_pattern

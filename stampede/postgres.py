@@ -17,6 +17,6 @@ and it pins a connection of the pool while held. See docs/lock-services.md.
 
 from __future__ import annotations
 
-from ._backends.advisory import AdvisoryLock, advisory_key
+from ._backends.postgres.advisory import AdvisoryLock, advisory_key
 
 __all__ = ["AdvisoryLock", "advisory_key"]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from stampede import SerializationError, Stampede, ValueTooLarge, WaitTimeout
-from stampede._backends.memory import MemoryStore
+from stampede._backends.memory.store import MemoryStore
 from stampede._core.keys import EntryKeys
 from stampede._drivers.redlock_store import RedlockStore
 

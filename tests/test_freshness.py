@@ -15,8 +15,8 @@ import pytest
 import redis
 
 from stampede import ConfigError, Fetched, Stampede
-from stampede._backends.memory import MemoryStore
-from stampede._core import scripts
+from stampede._backends.memory.store import MemoryStore
+from stampede._backends.redis import scripts
 from stampede._core.codec import Codec
 from stampede._core.config import Settings
 from stampede._core.freshness import Served, Stale, classify
@@ -520,7 +520,7 @@ def test_a_writer_whose_clock_is_minutes_off_changes_nothing(
 
 
 def test_a_get_and_a_pttl_sent_together_read_a_key_deleted_between_them_as_absent() -> None:
-    from stampede._backends.redis import with_ttl
+    from stampede._backends.redis.store import with_ttl
 
     assert with_ttl(b"value", -2, 1) == (None, 0.0, False)  # an invalidation ran between the two
     assert with_ttl(None, 1500) == (None, 0.0, False)

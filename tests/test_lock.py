@@ -18,8 +18,8 @@ import pytest
 import redis
 
 from stampede import BackendUnavailable, ConfigError, Lock, LockLost, LockNotOwned, Stampede, WaitTimeout
-from stampede._backends.memory import MemoryStore
-from stampede._core import scripts as _scripts
+from stampede._backends.memory.store import MemoryStore
+from stampede._backends.redis import scripts as _scripts
 from stampede._core.acquiring import acquiring
 from stampede._core.effects import LEASE_MARGIN, AwaitNotice, LeaveQueue, Pause, Subscribe, TakeLock
 from stampede._core.store import AcquireReply, LockState
@@ -397,7 +397,7 @@ def queued(layer: Stampede, lock: Lock) -> int:
         query = "SELECT count(*) FROM stampede_queue WHERE key = %s AND expires_at > clock_timestamp()"
         return int(_sql(store, query, lock.keys.lock))
     if layer._backend.lock_queue is not None:  # the line in ZooKeeper, its holder first
-        from stampede._backends.zookeeper import entry_path
+        from stampede._backends.zookeeper.servers import entry_path
 
         try:
             line = layer._backend.lock_queue.client.get_children(entry_path(lock.keys))

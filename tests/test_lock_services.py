@@ -419,7 +419,7 @@ def test_a_named_lock_whose_session_expires_is_lost_and_taken_over_at_once(
 ) -> None:
     from kazoo.client import KazooClient
 
-    from stampede._backends.zookeeper import entry_path
+    from stampede._backends.zookeeper.servers import entry_path
 
     client = KazooClient(hosts=zookeeper_server.hosts, timeout=2)
     client.start(timeout=10)

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from stampede import BackendUnavailable, CachedLoader, ConfigError, Stampede
-from stampede._clients import ConnectionQueue
+from stampede._backends.redis.clients import ConnectionQueue
 from stampede.testing import CommandMonitor, RedisServer, names
 
 from .scenarios import forked_child_passes, wait_until

@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 
 from stampede import AsyncCachedLoader, CachedLoader, Lock, RedlockLock, Stampede
-from stampede._backends.aredis import AsyncRedisStore
-from stampede._backends.lock_servers import AsyncRedisLockServers, RedisLockServers
-from stampede._backends.memory import AsyncMemoryStore, MemoryStore
-from stampede._backends.redis import RedisStore
+from stampede._backends.memory.store import AsyncMemoryStore, MemoryStore
+from stampede._backends.redis.astore import AsyncRedisStore
+from stampede._backends.redis.lock_servers import AsyncRedisLockServers, RedisLockServers
+from stampede._backends.redis.store import RedisStore
+from stampede._backends.zookeeper.locks import AsyncZooKeeperLockStore, ZooKeeperLockStore
 from stampede._core.store import AsyncLockServers, AsyncStore, LockServers, Store
 from stampede._drivers.perform import AsyncPerformer, Performer
 from stampede._drivers.redlock_store import AsyncRedlockStore, AsyncZooKeeperStore, RedlockStore, ZooKeeperStore
-from stampede._drivers.zookeeper_locks import AsyncZooKeeperLockStore, ZooKeeperLockStore
 
 # Names that differ between the two worlds only by being blocking or asyncio.
 _ASYNC_WORDS = re.compile(r"\bAsync")
@@ -51,12 +51,12 @@ STORE_PAIRS = [
 ]
 # The optional extras' backends, where they are installed (the dev extra has them).
 if importlib.util.find_spec("psycopg") and importlib.util.find_spec("psycopg_pool"):
-    from stampede._backends.apostgres import AsyncPostgresStore
-    from stampede._backends.postgres import PostgresStore
+    from stampede._backends.postgres.astore import AsyncPostgresStore
+    from stampede._backends.postgres.store import PostgresStore
 
     STORE_PAIRS.append((PostgresStore, AsyncPostgresStore))
 if importlib.util.find_spec("kazoo"):
-    from stampede._backends.zookeeper import AsyncZooKeeperLockServers, ZooKeeperLockServers
+    from stampede._backends.zookeeper.servers import AsyncZooKeeperLockServers, ZooKeeperLockServers
 
     STORE_PAIRS.append((ZooKeeperLockServers, AsyncZooKeeperLockServers))
 

@@ -4,7 +4,7 @@ an invalidation waits for.
 A process serves a value from its near cache (``_drivers.near``) without asking Redis
 only while it holds a **lease** on its invalidation stream (Gray and Cheriton's leases):
 
-* Its tracker (``_backends.tracking``) keeps one connection subscribed to every change of
+* Its tracker (``_backends.redis.tracking``) keeps one connection subscribed to every change of
   the namespace's keys (``CLIENT TRACKING ... BCAST``) and to the namespace's request
   channel, and every fifth of its lease it **registers** (a script puts its member
   id in the namespace's registry with a deadline of the server's clock plus its lease)

@@ -1,6 +1,6 @@
 """The near cache: copies of fresh values in this process, served with no I/O while the
 lease on the invalidation stream holds (see ``_core.near`` for the agreement across
-processes, ``_backends.tracking`` for the stream).
+processes, ``_backends.redis.tracking`` for the stream).
 
 A hit is a clock read, a dictionary lookup, a freshness check and, by default, a decode
 of the stored envelope: each caller gets an object of its own, so one that mutates what

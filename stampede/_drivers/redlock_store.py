@@ -19,7 +19,7 @@ The order of the steps is ``_core.majority.RedlockLeases``'s, written once; this
 performs it with ``_drivers.perform``, blocking or awaited. Fair named locks and fencing stay
 single-server: ``layer.lock()`` on a Redlock layer lives on the cache server, as
 ``RedlockLock`` (``Redlock.lock``) lives on the lock servers; on a ZooKeeper layer it is
-ZooKeeper's line beside the cache server's key (``_drivers.zookeeper_locks``).
+ZooKeeper's line beside the cache server's key (``_backends.zookeeper.locks``).
 """
 
 from __future__ import annotations
@@ -192,6 +192,8 @@ class ZooKeeperStore(RedlockStore):
     """A ``Store``: the cache server's store, with every load's lease also a ZooKeeper
     node; a waiter is woken by the holder's message or by its node's deletion."""
 
+    session_leases = True  # a lease ends with its holder's session, not by a term
+
     def __init__(self, cache: Store, servers: LockServers, watcher: Watchable) -> None:
         super().__init__(cache, servers, SESSION_QUORUM, SessionLeases(SESSION_QUORUM))
         self._watcher = watcher
@@ -206,6 +208,8 @@ class ZooKeeperStore(RedlockStore):
 
 class AsyncZooKeeperStore(AsyncRedlockStore):
     """``ZooKeeperStore`` for the tasks of one event loop."""
+
+    session_leases = True
 
     def __init__(self, cache: AsyncStore, servers: AsyncLockServers, watcher: Watchable) -> None:
         super().__init__(cache, servers, SESSION_QUORUM, SessionLeases(SESSION_QUORUM))

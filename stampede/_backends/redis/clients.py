@@ -32,8 +32,8 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
-from ._errors import BackendUnavailable, ConfigError
-from ._redact import redacted
+from ..._errors import BackendUnavailable, ConfigError
+from ..._redact import redacted
 
 SENTINEL_SCHEME = "redis+sentinel"
 POSTGRES_SCHEMES = ("postgresql", "postgres")
@@ -141,7 +141,7 @@ def make_clients(
 ) -> tuple[Any, AsyncMaker]:
     """A blocking client for ``url`` and a maker of an asyncio one (called once per event
     loop). Callers beyond ``max_connections`` wait for a connection, one socket timeout at
-    most (the asyncio store bounds its own commands, see ``_backends.aredis``)."""
+    most (the asyncio store bounds its own commands, see ``_backends.redis.astore``)."""
     timeouts = dict(socket_timeout=socket_timeout, socket_connect_timeout=socket_connect_timeout)
     no_retries = Retry(NoBackoff(), 0)
     sentinel = parse_sentinel_url(url)
@@ -247,7 +247,7 @@ def _sentinel_clients(
             **timeouts,
         )
         # Its pool fails beyond max_connections; the asyncio store bounds its commands to
-        # that number (see _backends.aredis), so callers wait instead.
+        # that number (see _backends.redis.astore), so callers wait instead.
         async_client: redis.asyncio.Redis = async_manager.master_for(
             sentinel.service, retry=no_async_retries, max_connections=max_connections, **auth
         )

@@ -15,12 +15,12 @@ from collections.abc import Callable
 
 from cachetools import TLRUCache
 
-from .._core.codec import stale_window_of
-from .._core.keys import EntryKeys, entry_value_keys, failing_key
-from .._core.store import FAILED_HOLD, AcquireReply, AsyncSubscription, LockState, Subscription, Written
-from .._fork import reset_after_fork
-from .channels import Mailbox, Waiting
-from .mailbox import LoopMailbox, ThreadMailbox
+from ..._core.codec import stale_window_of
+from ..._core.keys import EntryKeys, entry_value_keys, failing_key
+from ..._core.store import FAILED_HOLD, AcquireReply, AsyncSubscription, LockState, Subscription, Written
+from ..._fork import reset_after_fork
+from ..channels import Mailbox, Waiting
+from ..mailbox import LoopMailbox, ThreadMailbox
 
 
 class MemoryStore:

@@ -9,8 +9,8 @@ an UNSUBSCRIBE of a channel can never overtake the SUBSCRIBE that follows it. On
 reader task reads from the connection.
 
 As for blocking waiters, a cluster has one such subscriber per primary per loop, speaking
-sharded pub/sub and handing lost mailboxes to ``on_lost`` (``_backends.shards``); through
-Sentinel the subscriber follows the master (see ``_backends.notify``).
+sharded pub/sub and handing lost mailboxes to ``on_lost`` (``_backends.redis.shards``); through
+Sentinel the subscriber follows the master (see ``_backends.redis.notify``).
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from .._errors import BackendUnavailable
-from .channels import Channels
-from .mailbox import LoopMailbox
+from ..._errors import BackendUnavailable
+from ..channels import Channels
+from ..mailbox import LoopMailbox
 from .notify import FOLLOW_INTERVAL, connect_pubsub
-from .redis import FAILURES
+from .store import FAILURES
 
 log = logging.getLogger("stampede.wakeups")
 

@@ -1,4 +1,4 @@
-"""Wake-ups on a Redis Cluster for asyncio waiters: ``_backends.shards``' rules, per event
+"""Wake-ups on a Redis Cluster for asyncio waiters: ``_backends.redis.shards``' rules, per event
 loop, with one ``AsyncSubscriber`` per primary with waiters.
 """
 
@@ -8,9 +8,9 @@ import asyncio
 import logging
 from typing import Any
 
-from .._errors import BackendUnavailable
+from ..._errors import BackendUnavailable
+from ..mailbox import LoopMailbox
 from .anotify import AsyncSubscriber
-from .mailbox import LoopMailbox
 
 log = logging.getLogger("stampede.wakeups")
 

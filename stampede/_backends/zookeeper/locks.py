@@ -26,12 +26,12 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from .._core.keys import EntryKeys
-from .._core.store import AcquireReply, AsyncStore, AsyncSubscription, LockState, Store, Subscription
+from ..._core.keys import EntryKeys
+from ..._core.store import AcquireReply, AsyncStore, AsyncSubscription, LockState, Store, Subscription
 
 
 class ZooKeeperQueue(Protocol):
-    """Named locks' line in ZooKeeper (``_backends.zookeeper.ZooKeeperQueue``)."""
+    """Named locks' line in ZooKeeper (``_backends.zookeeper.servers.ZooKeeperQueue``)."""
 
     def enqueue(self, keys: EntryKeys, token: str) -> tuple[int, str | None]: ...
 

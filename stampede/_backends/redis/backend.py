@@ -11,13 +11,13 @@ import redis
 import redis.asyncio
 import redis.asyncio.cluster
 
-from .._core.backend import Backend, BackendOptions
-from .._core.config import check_seconds
-from .._core.near import NearChannel
-from .._core.store import AsyncStore
-from .aredis import AsyncRedisStore
-from .breaker import CircuitBreaker, NodeBreakers
-from .redis import EvictionCheck, RedisStore, is_cluster
+from ..._core.backend import Backend, BackendOptions
+from ..._core.config import check_seconds
+from ..._core.near import NearChannel
+from ..._core.store import AsyncStore
+from ..breaker import CircuitBreaker, NodeBreakers
+from .astore import AsyncRedisStore
+from .store import EvictionCheck, RedisStore, is_cluster
 from .tracking import Tracker
 
 log = logging.getLogger("stampede")

@@ -19,7 +19,7 @@ from typing import Any
 import redis
 from redis.crc import key_slot
 
-from .testing import RedisServer, free_port
+from .servers import RedisServer, free_port
 
 SLOTS = 16384
 

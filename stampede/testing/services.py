@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .testing import free_port
+from .servers import free_port
 
 
 def find_postgres() -> str | None:

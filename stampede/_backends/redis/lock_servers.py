@@ -11,10 +11,10 @@ from typing import Any
 import redis
 import redis.asyncio
 
-from .._core import scripts as _scripts
-from .._core.keys import EntryKeys
-from .._core.store import Round
-from .redis import FAILURES  # what a server's failure raises, blocking or asyncio: a refusal here
+from ..._core.keys import EntryKeys
+from ..._core.store import Round
+from . import scripts as _scripts
+from .store import FAILURES  # what a server's failure raises, blocking or asyncio: a refusal here
 
 
 class _Server:

@@ -1,4 +1,4 @@
-"""The Redis backend for asyncio callers: the same scripts and replies as ``_backends.redis``,
+"""The Redis backend for asyncio callers: the same scripts and replies as ``_backends.redis.store``,
 over a redis.asyncio client of one event loop.
 
 When the layer made the client, it bounds the connections itself: at most ``slots``
@@ -19,15 +19,15 @@ from typing import Any, TypeVar
 
 import redis
 
-from .._core import scripts as _scripts
-from .._core.keys import EntryKeys, check_key, entry_value_keys
-from .._core.near import NearChannel
-from .._core.store import AcquireReply, AsyncSubscription, LockState, Written
-from .._errors import BackendUnavailable
+from ..._core.keys import EntryKeys, check_key, entry_value_keys
+from ..._core.near import NearChannel
+from ..._core.store import AcquireReply, AsyncSubscription, LockState, Written
+from ..._errors import BackendUnavailable
+from ..breaker import CircuitBreaker, NodeBreakers
+from . import scripts as _scripts
 from .anotify import AsyncSubscriber
 from .ashards import AsyncShardedSubscriber
-from .breaker import CircuitBreaker, NodeBreakers
-from .redis import (
+from .store import (
     FAILURES,
     NOT_HEARD,
     TORN_DOWN,

@@ -7,11 +7,11 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from .._core.backend import Backend, BackendOptions
-from .._errors import ConfigError
-from .apostgres import make_pool, postgres_stores
-from .breaker import CircuitBreaker
-from .pg_schema import MAX_KEY_LENGTH
+from ..._core.backend import Backend, BackendOptions
+from ..._errors import ConfigError
+from ..breaker import CircuitBreaker
+from .astore import make_pool, postgres_stores
+from .schema import MAX_KEY_LENGTH
 
 NEAR_REFUSAL = "near_cache needs Redis's client-side caching to keep copies exact: the PostgreSQL store has none"
 

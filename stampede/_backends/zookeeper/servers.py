@@ -28,9 +28,9 @@ from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError, NotEm
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import KazooState
 
-from .._core.keys import EntryKeys
-from .._core.store import Round
-from .._errors import BackendUnavailable
+from ..._core.keys import EntryKeys
+from ..._core.store import Round
+from ..._errors import BackendUnavailable
 
 ROOT = "/stampede"
 FAILURES = (KazooException, KazooTimeoutError)

@@ -34,8 +34,8 @@ from __future__ import annotations
 import base64
 from typing import NamedTuple
 
-from .._core.codec import stale_window_of
-from .._core.keys import EntryKeys
+from ..._core.codec import stale_window_of
+from ..._core.keys import EntryKeys
 
 NOTIFY_CHANNEL = "stampede"
 """The one channel every store LISTENs on. A payload is ``c<entry's channel>`` (the

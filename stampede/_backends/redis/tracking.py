@@ -33,11 +33,11 @@ from typing import Any, Protocol
 
 import redis
 
-from .._core import scripts as _scripts
-from .._core.near import ACK_KEY_TTL_MS, NEAR_LEASE, RENEWALS_PER_LEASE, NearChannel, parse_request
-from .._fork import reset_after_fork
+from ..._core.near import ACK_KEY_TTL_MS, NEAR_LEASE, RENEWALS_PER_LEASE, NearChannel, parse_request
+from ..._fork import reset_after_fork
+from . import scripts as _scripts
 from .notify import FOLLOW_INTERVAL, connect_pubsub, master_moved
-from .redis import SlotScript, as_text, follows_master, is_cluster
+from .store import SlotScript, as_text, follows_master, is_cluster
 
 log = logging.getLogger("stampede.near")
 

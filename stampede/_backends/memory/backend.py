@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import functools
 
-from .._core.backend import Backend, BackendOptions
-from .memory import AsyncMemoryStore, MemoryStore
+from ..._core.backend import Backend, BackendOptions
+from .store import AsyncMemoryStore, MemoryStore
 
 
 def memory_backend(options: BackendOptions) -> Backend:

@@ -14,13 +14,13 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from .._core.keys import EntryKeys, check_key, entry_value_keys, failing_key
-from .._core.store import AcquireReply, AsyncSubscription, Written
-from .._errors import BackendUnavailable
-from . import pg_schema as sql
-from .breaker import CircuitBreaker
-from .mailbox import LoopMailbox
-from .postgres import (
+from ..._core.keys import EntryKeys, check_key, entry_value_keys, failing_key
+from ..._core.store import AcquireReply, AsyncSubscription, Written
+from ..._errors import BackendUnavailable
+from ..breaker import CircuitBreaker
+from ..mailbox import LoopMailbox
+from . import schema as sql
+from .store import (
     SCHEMA_LOST,
     SWEEP_BATCH,
     PostgresListener,

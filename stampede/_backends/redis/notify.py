@@ -13,7 +13,7 @@ re-check made after it cannot miss the write's message.
 
 On a Redis Cluster the layer keeps one such subscriber per primary with waiters, speaking
 sharded pub/sub (``sharded=True``): they do not reconnect by themselves but hand their
-mailboxes to ``on_lost`` (``_backends.shards``), which routes them to the slot's current
+mailboxes to ``on_lost`` (``_backends.redis.shards``), which routes them to the slot's current
 owner. Through Sentinel the subscriber follows the master: while waiters wait it asks
 the sentinels every ``FOLLOW_INTERVAL`` where the master is, and moves there. A waiter
 that subscribes when nobody has asked for longer than that asks first, so however long
@@ -31,10 +31,10 @@ from typing import Any
 
 import redis
 
-from .._errors import BackendUnavailable
-from .._fork import reset_after_fork
-from .channels import Channels
-from .mailbox import ThreadMailbox
+from ..._errors import BackendUnavailable
+from ..._fork import reset_after_fork
+from ..channels import Channels
+from ..mailbox import ThreadMailbox
 
 log = logging.getLogger("stampede.wakeups")
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .keys import EntryKeys
-from .near import NearChannel, request
+from ..._core.keys import EntryKeys
+from ..._core.near import NearChannel, request
 
 
 def sharded(script: str) -> str:

@@ -21,12 +21,12 @@ import redis.asyncio.cluster
 import redis.cluster
 from redis.exceptions import NoScriptError, RedisError
 
-from .._core import scripts as _scripts
-from .._core.keys import EntryKeys, check_key, entry_value_keys, failing_key
-from .._core.near import AckWait, NearChannel, members_in, registry_problem
-from .._core.store import AcquireReply, LockState, Subscription, Written
-from .._errors import BackendUnavailable, ConfigError
-from .breaker import CircuitBreaker, NodeBreakers
+from ..._core.keys import EntryKeys, check_key, entry_value_keys, failing_key
+from ..._core.near import AckWait, NearChannel, members_in, registry_problem
+from ..._core.store import AcquireReply, LockState, Subscription, Written
+from ..._errors import BackendUnavailable, ConfigError
+from ..breaker import CircuitBreaker, NodeBreakers
+from . import scripts as _scripts
 from .notify import Subscriber
 from .shards import ShardedSubscriber
 

@@ -29,14 +29,14 @@ import psycopg
 import psycopg.errors
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from .._core.keys import EntryKeys, check_key, entry_value_keys, failing_key
-from .._core.store import AcquireReply, LockState, Subscription, Written
-from .._errors import BackendUnavailable
-from .._fork import reset_after_fork
-from . import pg_schema as sql
-from .breaker import CircuitBreaker
-from .channels import Mailbox, Waiting
-from .mailbox import ThreadMailbox
+from ..._core.keys import EntryKeys, check_key, entry_value_keys, failing_key
+from ..._core.store import AcquireReply, LockState, Subscription, Written
+from ..._errors import BackendUnavailable
+from ..._fork import reset_after_fork
+from ..breaker import CircuitBreaker
+from ..channels import Mailbox, Waiting
+from ..mailbox import ThreadMailbox
+from . import schema as sql
 
 log = logging.getLogger("stampede.backend")
 wakeups_log = logging.getLogger("stampede.wakeups")

@@ -1,0 +1,1 @@
+"""The embedded family: everything in this process's memory (cachetools)."""

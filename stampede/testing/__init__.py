@@ -1,0 +1,37 @@
+"""The test kit: what stampede's own suite runs on, for applications and third-party
+backends to run theirs on.
+
+* Throwaway servers on 127.0.0.1, each started by this process and stopped by its PID:
+  ``RedisServer``, ``ClusterServers``, ``SentinelServers``, ``PostgresServer``,
+  ``ZooKeeperServer`` (``servers``, ``topologies``, ``services``).
+* Faults and their witnesses: ``FaultProxy`` (a slow, stalled or cut network) and
+  ``CommandMonitor`` (the commands clients sent) (``faults``).
+* The store contract suite, for pytest (``stampede.testing.contract``; imported on its
+  own, since it needs pytest).
+"""
+
+from __future__ import annotations
+
+from .faults import HANDSHAKE, CommandMonitor, FaultProxy, names
+from .servers import RedisServer, find_server_binary, free_port, server_url
+from .services import PostgresServer, ZooKeeperServer, find_postgres, find_zookeeper
+from .topologies import ClusterServers, SentinelServers
+
+__all__ = [
+    # servers
+    "ClusterServers",
+    "PostgresServer",
+    "RedisServer",
+    "SentinelServers",
+    "ZooKeeperServer",
+    "find_postgres",
+    "find_server_binary",
+    "find_zookeeper",
+    "free_port",
+    "server_url",
+    # faults
+    "HANDSHAKE",
+    "CommandMonitor",
+    "FaultProxy",
+    "names",
+]

