@@ -17,8 +17,10 @@ from typing import Any
 import pytest
 import redis
 
-from stampede import Redlock, Stampede
-from stampede.testing import (
+pytest.register_assert_rewrite("stampede.testing.contract")  # its asserts explain themselves, as ours do
+
+from stampede import Redlock, Stampede  # noqa: E402
+from stampede.testing import (  # noqa: E402
     ClusterServers,
     FaultProxy,
     PostgresServer,

@@ -13,7 +13,9 @@ Run it over a backend from a test module of your own, with pytest::
         return make
 
 ``contract_layer`` makes a ``Stampede`` over the backend, taking layer options
-(``namespace=``); the suite asks for its blocking store and one event loop's store.
+(``namespace=``). The suite asks for its blocking store and one event loop's store.
+Call ``pytest.register_assert_rewrite("stampede.testing.contract")`` in your
+conftest.py first, so that a failed assertion shows its values.
 
 The asyncio stores are driven through ``OnLoop``, which runs each awaited method on an
 event loop in a thread of its own, so one test body serves both.
