@@ -134,7 +134,7 @@ def _postgres(postgres: Any, options: BackendOptions) -> Backend:
     try:
         from ._backends.postgres.backend import postgres_backend
     except ImportError as error:
-        needs = "postgres= needs psycopg 3 and psycopg-pool: pip install 'stampede[postgres]'"
+        needs = "postgres= needs psycopg 3 and psycopg-pool: pip install 'stampede-guard[postgres]'"
         raise ConfigError(f"{needs} ({error})") from None
     try:
         return postgres_backend(pool, options, owns_pool=owns_pool)
@@ -150,7 +150,7 @@ def _postgres_pool(url: str, socket_timeout: float, connect_timeout: float, max_
     try:
         from ._backends.postgres.backend import make_pool
     except ImportError as error:
-        needs = "a postgresql:// store needs psycopg 3 and psycopg-pool: pip install 'stampede[postgres]'"
+        needs = "a postgresql:// store needs psycopg 3 and psycopg-pool: pip install 'stampede-guard[postgres]'"
         raise ConfigError(f"{needs} ({error})") from None
     return make_pool(
         url, socket_timeout=socket_timeout, connect_timeout=connect_timeout, max_connections=max_connections
@@ -193,7 +193,7 @@ def _with_zookeeper(backend: Backend, zookeeper: Any) -> None:
             client_of,
         )
     except ImportError as error:
-        raise ConfigError(f"zookeeper= needs kazoo: pip install 'stampede[zookeeper]' ({error})") from None
+        raise ConfigError(f"zookeeper= needs kazoo: pip install 'stampede-guard[zookeeper]' ({error})") from None
     from ._backends.zookeeper.locks import AsyncZooKeeperLockStore, Wakers, ZooKeeperLockStore
     from ._drivers.redlock_store import AsyncZooKeeperStore, ZooKeeperStore
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 try:
     from opentelemetry import metrics
 except ImportError as error:  # pragma: no cover - the extra is missing
-    raise ImportError("stampede.otel needs opentelemetry-api: pip install 'stampede[otel]'") from error
+    raise ImportError("stampede.otel needs opentelemetry-api: pip install 'stampede-guard[otel]'") from error
 
 import threading
 from collections.abc import Callable, Iterable

@@ -26,7 +26,8 @@ from __future__ import annotations
 try:
     from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 except ImportError as error:  # pragma: no cover - the extra is missing
-    raise ImportError("stampede.prometheus needs prometheus-client: pip install 'stampede[prometheus]'") from error
+    needs = "stampede.prometheus needs prometheus-client: pip install 'stampede-guard[prometheus]'"
+    raise ImportError(needs) from error
 
 import threading
 from typing import Any

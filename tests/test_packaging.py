@@ -41,13 +41,13 @@ def test_the_wheel_holds_every_module_and_the_typing_marker(tmp_path: Path) -> N
         timeout=170,
     )
     assert built.returncode == 0, built.stderr
-    (wheel,) = tmp_path.glob("stampede-*.whl")
+    (wheel,) = tmp_path.glob("stampede_guard-*.whl")
     shipped = set(zipfile.ZipFile(wheel).namelist())
     expected = {path.relative_to(ROOT).as_posix() for path in SOURCE.rglob("*.py")} | {"stampede/py.typed"}
     assert expected - shipped == set()
-    assert wheel.name.startswith(f"stampede-{stampede.__version__}-")
+    assert wheel.name.startswith(f"stampede_guard-{stampede.__version__}-")
 
 
 def test_the_version_is_written_once() -> None:
-    assert importlib.metadata.version("stampede") == stampede.__version__
+    assert importlib.metadata.version("stampede-guard") == stampede.__version__
     assert "version =" not in (ROOT / "pyproject.toml").read_text().split("[project]")[1].split("[")[0]

@@ -1,4 +1,4 @@
-"""A typed serializer (optional: ``pip install 'stampede[msgspec]'``): values are decoded
+"""A typed serializer (optional: ``pip install 'stampede-guard[msgspec]'``): values are decoded
 into the loader's return annotation, so a dataclass, a datetime, a UUID, a tuple or an
 enum comes back as itself, for the caller who loaded and every later hit alike.
 
@@ -22,7 +22,7 @@ class MsgspecSerializer:
         try:
             import msgspec
         except ImportError:
-            raise ConfigError("MsgspecSerializer needs msgspec: pip install 'stampede[msgspec]'") from None
+            raise ConfigError("MsgspecSerializer needs msgspec: pip install 'stampede-guard[msgspec]'") from None
         self.type = type
         self._encoder = msgspec.json.Encoder()
         try:
