@@ -14,7 +14,7 @@ what a failover costs (a cluster primary killed, a Sentinel master failed over).
    by SIGSTOP until the sentinels promote its replica (Sentinel).
    Measured: the time from the fault to the first write the layer's client gets through
    (the new primary found), the loads per key and the callers that saw an error from the
-   fault to ``--settle`` seconds after the promotion, for each ``on_redis_error``.
+   fault to ``--settle`` seconds after the promotion, for each ``on_backend_error``.
 3. Through Sentinel, how long after the sentinels name a new master the waiting layer's
    subscription is on it.
 """
@@ -213,7 +213,7 @@ def first_write(layer: Stampede, key: str, fault: float, timeout: float = 60.0) 
 
 def cluster_failover(policy: str, options: argparse.Namespace) -> dict[str, Any]:
     with ClusterServers(3, 1) as cluster:
-        layers = [Stampede.from_url(cluster.url, cluster=True, namespace="bench", on_redis_error=policy)
+        layers = [Stampede.from_url(cluster.url, cluster=True, namespace="bench", on_backend_error=policy)
                   for _ in range(2)]  # fmt: skip
         try:
             naming = layers[0].cached_loader("item:{key}")(lambda key: key)
@@ -235,7 +235,7 @@ def cluster_failover(policy: str, options: argparse.Namespace) -> dict[str, Any]
 
 def sentinel_failover(policy: str, options: argparse.Namespace, freeze: bool = False) -> dict[str, Any]:
     with SentinelServers() as sentinels:
-        layers = [Stampede.from_url(sentinels.url, namespace="bench", on_redis_error=policy) for _ in range(2)]
+        layers = [Stampede.from_url(sentinels.url, namespace="bench", on_backend_error=policy) for _ in range(2)]
         try:
             keys = list(range(options.keys))
             old = sentinels.current_master()

@@ -21,7 +21,7 @@ from ._backend import (
     given_by_url,
 )
 from ._core.codec import Codec, Serializer, TypedSerializer
-from ._core.config import NearMode, Policy, Settings, check_count, check_namespace, check_seconds
+from ._core.config import NearMode, Policy, Settings, check_count, check_namespace, check_seconds, renamed
 from ._core.flow import LoaderSpec
 from ._core.keys import EntryKeys, KeyBuilder, lock_keys
 from ._core.near import NEAR_LEASE
@@ -112,7 +112,7 @@ class Stampede:
         **settings: Any,
     ) -> None:
         try:
-            self.settings = Settings(**settings)
+            self.settings = Settings(**renamed(settings, stacklevel=2))
         except TypeError as error:
             raise ConfigError(f"unknown setting: {error}") from None
         check_count("max_entries", max_entries)
@@ -227,7 +227,8 @@ class Stampede:
         lock_ttl: float | None = None,
         wait_timeout: float | None = None,
         on_wait_timeout: Policy | None = None,
-        on_redis_error: Policy | None = None,
+        on_backend_error: Policy | None = None,
+        on_redis_error: Policy | None = None,  # deprecated: on_backend_error
         max_value_bytes: int | None = None,
         stale_while_revalidate: float | None = None,
         stale_if_error: float | None = None,
@@ -247,7 +248,8 @@ class Stampede:
         lock_ttl: float | None = None,
         wait_timeout: float | None = None,
         on_wait_timeout: Policy | None = None,
-        on_redis_error: Policy | None = None,
+        on_backend_error: Policy | None = None,
+        on_redis_error: Policy | None = None,  # deprecated: on_backend_error
         max_value_bytes: int | None = None,
         stale_while_revalidate: float | None = None,
         stale_if_error: float | None = None,
@@ -269,7 +271,9 @@ class Stampede:
             lock_ttl=lock_ttl,
             wait_timeout=wait_timeout,
             on_wait_timeout=on_wait_timeout,
+            on_backend_error=on_backend_error,
             on_redis_error=on_redis_error,
+            stacklevel=3,
             max_value_bytes=max_value_bytes,
             stale_while_revalidate=stale_while_revalidate,
             stale_if_error=stale_if_error,
@@ -375,7 +379,7 @@ class Stampede:
         """Fail fast: raise ``BackendUnavailable`` naming the cause unless the cache server
         answers and takes writes in this layer's namespace (a wrong password, a read-only
         replica, an ACL user outside its keys, a server down). Under the default
-        ``on_redis_error="load"`` such a server would only cost a rate-limited warning per
+        ``on_backend_error="load"`` such a server would only cost a rate-limited warning per
         call. Also warns if the server may evict leases (see the README). Blocking client
         needed; ``acheck()`` uses this event loop's."""
         if self._runner is None:

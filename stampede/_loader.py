@@ -121,7 +121,7 @@ class _Loader(Generic[P, R]):
 
     def __repr__(self) -> str:
         func = self._spec.func
-        return f"<{type(self).__name__} {func.__module__}.{func.__qualname__}>"
+        return f"<stampede.{type(self).__name__} {func.__module__}.{func.__qualname__}>"
 
 
 class CachedLoader(_Loader[P, R]):
@@ -156,7 +156,7 @@ class CachedLoader(_Loader[P, R]):
         """Drop the entry of these arguments, and keep any load in flight from writing it.
         Once it returns, no caller in any process gets the old value, stale or not.
 
-        Raises BackendUnavailable if Redis cannot be reached, whatever ``on_redis_error``
+        Raises BackendUnavailable if Redis cannot be reached, whatever ``on_backend_error``
         says: an invalidation must not fail silently.
         """
         keys = self._keys.keys(args, kwargs)

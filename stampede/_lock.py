@@ -44,7 +44,7 @@ log = logging.getLogger("stampede.lock")
 
 
 @dataclass(eq=False)
-class Hold:
+class Acquisition:
     """One acquisition in Redis: what its holder (or holders, if reentrant) share."""
 
     token: str
@@ -65,7 +65,7 @@ class ReentrantHolds:
     thread (or greenlet) or an asyncio task. Only the owner reads or writes its entries."""
 
     def __init__(self) -> None:
-        self.holds: dict[tuple[str, Any], Hold] = {}
+        self.holds: dict[tuple[str, Any], Acquisition] = {}
         reset_after_fork(self)
 
     def after_fork_in_child(self) -> None:
@@ -192,22 +192,22 @@ class Lock(LockContextManager):
         self._async_store = async_store
         self._watchdog = watchdog
         self._reentrant_holds = reentrant_holds
-        self._hold: Hold | None = None  # while this object holds the lock
+        self._acquisition: Acquisition | None = None  # while this object holds the lock
         self._owner: Any = None  # the reentrant owner that acquired through this object
 
     @property
     def token(self) -> str | None:
         """The random token of the lease in the store, while held."""
-        return None if self._hold is None else self._hold.token
+        return None if self._acquisition is None else self._acquisition.token
 
     @property
     def fence(self) -> int | None:
         """The fencing token of the current acquisition, while held."""
-        return None if self._hold is None else self._hold.fence
+        return None if self._acquisition is None else self._acquisition.fence
 
     def __repr__(self) -> str:
         state = f"held, fence {self.fence}" if self.token else "not held"
-        return f"<Lock {self.name!r} {state}>"
+        return f"<stampede.Lock {self.name!r} {state}>"
 
     # --- blocking ---------------------------------------------------------------------
 
@@ -238,7 +238,7 @@ class Lock(LockContextManager):
         """Reset the lease to ``ttl`` (default: the lock's) from now, and renew it to that
         length from then on; LockLost if it is gone."""
         store = self._blocking_store()
-        hold = self._held_hold()
+        hold = self._held_acquisition()
         lease_ms = milliseconds(ttl or self.ttl)
         if not store.renew(self.keys, hold.token, lease_ms):
             self._give_up(entirely=True)
@@ -281,7 +281,7 @@ class Lock(LockContextManager):
     async def aextend(self, ttl: float | None = None) -> None:
         """``extend`` for a task."""
         store = self._loop_store()
-        hold = self._held_hold()
+        hold = self._held_acquisition()
         lease_ms = milliseconds(ttl or self.ttl)
         if not await store.renew(self.keys, hold.token, lease_ms):
             self._give_up(entirely=True)
@@ -315,7 +315,7 @@ class Lock(LockContextManager):
     def _reenter(self, owner: Callable[[], Any]) -> bool:
         """Refuse a second acquisition through this object; for a reentrant lock its
         owner already holds, count one more and return True."""
-        if self._hold is not None:
+        if self._acquisition is not None:
             raise LockNotOwned(f"lock {self.name!r} is already held by this Lock object", key=self.keys.lock)
         if not self.reentrant:
             return False
@@ -324,28 +324,28 @@ class Lock(LockContextManager):
         if hold is None:
             return False
         hold.count += 1
-        self._hold, self._owner = hold, key
+        self._acquisition, self._owner = hold, key
         return True
 
-    def _held(self, token: str, fence: int, owner: Callable[[], Any]) -> Hold:
+    def _held(self, token: str, fence: int, owner: Callable[[], Any]) -> Acquisition:
         """Record a new acquisition in Redis."""
-        hold = self._hold = Hold(token, fence)
+        hold = self._acquisition = Acquisition(token, fence)
         if self.reentrant:
             self._owner = (self.keys.lock, owner())
             self._reentrant_holds.holds[self._owner] = hold
         log.debug("lock %r acquired (fence %d)", self.name, fence)
         return hold
 
-    def _held_hold(self) -> Hold:
-        if self._hold is None:
+    def _held_acquisition(self) -> Acquisition:
+        if self._acquisition is None:
             raise LockNotOwned(f"lock {self.name!r} is not held by this Lock object", key=self.keys.lock)
-        return self._hold
+        return self._acquisition
 
-    def _give_up(self, entirely: bool = False) -> Hold | None:
+    def _give_up(self, entirely: bool = False) -> Acquisition | None:
         """Forget this object's acquisition; return the hold if it is to be released in
         the store now (the last of a reentrant owner's, or ``entirely``), else None."""
-        hold = self._held_hold()
-        self._hold = None
+        hold = self._held_acquisition()
+        self._acquisition = None
         hold.count = 0 if entirely else max(hold.count - 1, 0)
         if hold.count > 0:
             return None

@@ -38,6 +38,7 @@ import asyncio
 import random
 import secrets
 import time
+import warnings
 import weakref
 from collections.abc import Sequence
 
@@ -103,13 +104,18 @@ class Redlock:
         ttl: float = 10.0,
         blocking: bool = True,
         timeout: float | None = None,
-        retry_delay: float = 0.2,
+        retry_interval: float = 0.2,
         retries: int | None = None,
         renew: bool = True,
+        retry_delay: float | None = None,
     ) -> RedlockLock:
-        """A lock named ``name`` over all the servers; see ``RedlockLock``."""
+        """A lock named ``name`` over all the servers; see ``RedlockLock``. ``retry_delay``
+        is the old name of ``retry_interval`` (a DeprecationWarning)."""
+        if retry_delay is not None:
+            warnings.warn("retry_delay is deprecated: use retry_interval", DeprecationWarning, stacklevel=2)
+            retry_interval = retry_delay
         keys = lock_keys(self.namespace, name, self._max_key_length)
-        return RedlockLock(self, name, keys, ttl, blocking, timeout, retry_delay, retries, renew)
+        return RedlockLock(self, name, keys, ttl, blocking, timeout, retry_interval, retries, renew)
 
     def async_servers(self) -> AsyncRedisLockServers:
         """New asyncio clients of every server, for the running event loop."""
@@ -129,6 +135,9 @@ class Redlock:
         if servers is None:
             servers = self._loop_servers[loop] = self.async_servers()
         return servers
+
+    def __repr__(self) -> str:
+        return f"<stampede.Redlock {self.quorum.size} servers, {self.quorum.needed} needed>"
 
     def close(self) -> None:
         """Stop renewing, and close the blocking clients this manager made (``aclose``
@@ -196,19 +205,19 @@ class RedlockLock(LockContextManager):
         ttl: float,
         blocking: bool,
         timeout: float | None,
-        retry_delay: float,
+        retry_interval: float,
         retries: int | None,
         renew: bool,
     ) -> None:
-        if ttl <= 0 or retry_delay < 0 or (timeout is not None and timeout < 0) or (retries or 0) < 0:
-            raise ConfigError(f"Redlock lock {name!r}: ttl must be > 0; timeout, retry_delay and retries >= 0")
+        if ttl <= 0 or retry_interval < 0 or (timeout is not None and timeout < 0) or (retries or 0) < 0:
+            raise ConfigError(f"Redlock lock {name!r}: ttl must be > 0; timeout, retry_interval and retries >= 0")
         self._manager = manager
         self.name = name
         self.keys = keys
         self.ttl = ttl
         self.blocking = blocking
         self.timeout = timeout
-        self.retry_delay = retry_delay
+        self.retry_interval = retry_interval
         self.retries = retries
         self.renew = renew
         self.token: str | None = None
@@ -248,6 +257,9 @@ class RedlockLock(LockContextManager):
         run(self._extending(ttl), Performer(servers=self._manager.servers))
         if isinstance(self._renewal, WatchedLease):
             self._renewal.lease_ms = self._lease_ms
+
+    def __repr__(self) -> str:
+        return f"<stampede.RedlockLock {self.name!r} {'held' if self.token is not None else 'not held'}>"
 
     def locked(self) -> bool:
         """Whether a majority of servers hold one same token now."""
@@ -308,7 +320,7 @@ class RedlockLock(LockContextManager):
                 return True
             if not blocking or (tries_left is not None and tries_left <= 0):
                 return False
-            pause = random.uniform(0, self.retry_delay)
+            pause = random.uniform(0, self.retry_interval)
             if deadline is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:

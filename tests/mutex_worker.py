@@ -36,7 +36,7 @@ def main() -> None:
     def make_lock() -> Any:
         if options.single:
             return layer.lock("counter", ttl=5, timeout=30)
-        return manager.lock("counter", ttl=5, timeout=30, retry_delay=0.02)
+        return manager.lock("counter", ttl=5, timeout=30, retry_interval=0.02)
 
     print("ready", flush=True)
     if sys.stdin.readline().strip() != "go":

@@ -554,7 +554,7 @@ def test_async_waiters_survive_a_lost_subscriber_connection(
 
 @pytest.mark.parametrize("policy", ["load", "raise"])
 def test_a_stopped_server_applies_the_redis_error_policy(own_server: RedisServer, policy: str) -> None:
-    layer = Stampede.from_url(own_server.url, socket_timeout=0.5, socket_connect_timeout=0.5, on_redis_error=policy)
+    layer = Stampede.from_url(own_server.url, socket_timeout=0.5, socket_connect_timeout=0.5, on_backend_error=policy)
     calls: list[int] = []
 
     @layer.cached_loader("item:{key}")

@@ -128,7 +128,7 @@ def test_a_stalled_server_costs_threshold_socket_timeouts_then_none(
         assert [value for value, _ in fast] == list(range(4, 24))  # served by the loader (fail open)
         assert max(elapsed for _, elapsed in fast) < 0.1, fast
 
-        strict = layer.cached_loader("strict:{key}", on_redis_error="raise")(lambda key: key)
+        strict = layer.cached_loader("strict:{key}", on_backend_error="raise")(lambda key: key)
         with pytest.raises(BackendUnavailable, match="circuit open"):
             strict(1)
         own_server.resume()
@@ -143,7 +143,7 @@ def test_a_stalled_server_costs_threshold_socket_timeouts_then_none(
 
 def test_async_callers_share_the_layers_verdict(own_server: RedisServer) -> None:
     layer = Stampede.from_url(own_server.url, socket_timeout=0.3, socket_connect_timeout=0.3,
-                              breaker_threshold=2, breaker_cooldown=30, on_redis_error="raise")  # fmt: skip
+                              breaker_threshold=2, breaker_cooldown=30, on_backend_error="raise")  # fmt: skip
 
     @layer.cached_loader("sync:{key}")
     def blocking(key: int) -> int:

@@ -251,7 +251,7 @@ def start_stampede(
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("policy", ["load", "raise"])
 def test_a_primary_killed_mid_stampede_fails_over_and_caching_resumes(own_cluster: ClusterServers, policy: str) -> None:
-    settings = dict(namespace="test", wait_timeout=8.0, on_redis_error=policy, breaker_threshold=0)
+    settings = dict(namespace="test", wait_timeout=8.0, on_backend_error=policy, breaker_threshold=0)
     layers = [Stampede.from_url(own_cluster.url, cluster=True, **settings) for _ in range(2)]
     try:
         db = CountingLoader(delay=0.0)
@@ -366,7 +366,7 @@ def test_a_redlock_layer_over_a_cluster_loads_once(
 @pytest.mark.timeout(60)
 def test_a_failed_primary_opens_the_circuit_for_its_slots_only(own_cluster: ClusterServers) -> None:
     layer = Stampede.from_url(own_cluster.url, cluster=True, namespace="test", breaker_threshold=2,
-                              breaker_cooldown=30.0, on_redis_error="raise")  # fmt: skip
+                              breaker_cooldown=30.0, on_backend_error="raise")  # fmt: skip
     try:
         db = CountingLoader()
         load = layer.cached_loader("item:{key}")(db)

@@ -170,7 +170,7 @@ def test_the_deadline_applies_the_wait_timeout_policy(policy: str) -> None:
 
 @pytest.mark.parametrize("policy", ["load", "raise"])
 def test_a_failing_store_applies_the_redis_error_policy(policy: str) -> None:
-    ctx, _ = make_ctx(on_redis_error=policy)
+    ctx, _ = make_ctx(on_backend_error=policy)
     step = Stepper(fill(ctx))
     error = BackendUnavailable("down", key=KEYS.value)
     if policy == "raise":
@@ -187,7 +187,7 @@ def test_a_failed_first_read_goes_straight_to_the_policy() -> None:
     ctx, _ = make_ctx()
     step = Stepper(fill(ctx, failed_read(ctx.events, ctx.warn, BackendUnavailable("no permission to read k"))))
     assert step.effect == Load(leased=False)
-    strict, _ = make_ctx(on_redis_error="raise")
+    strict, _ = make_ctx(on_backend_error="raise")
     with pytest.raises(BackendUnavailable, match="no permission to read k"):  # the cause, not a generic error
         Stepper(fill(strict, failed_read(strict.events, strict.warn, BackendUnavailable("no permission to read k"))))
 

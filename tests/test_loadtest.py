@@ -128,7 +128,7 @@ def test_the_fault_figures_script_runs_a_scenario_and_prints_its_row() -> None:
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    row = [line for line in done.stdout.splitlines() if line.startswith('| Redis stopped, on_redis_error="raise"')]
+    row = [line for line in done.stdout.splitlines() if line.startswith('| Redis stopped, on_backend_error="raise"')]
     assert len(row) == 1 and "BackendUnavailable" in row[0], done.stdout
 
 
@@ -169,7 +169,7 @@ def test_the_cluster_benchmark_short_form_loads_once_and_recovers_from_each_fail
             assert run["recovery"] < 15, name
             assert run["normal"] < run["recovery"] + 3, name  # no breaker cool-down past the promotion
             if name.endswith(", load"):
-                assert run["errors"] == 0, name  # on_redis_error="load": nobody sees an error
+                assert run["errors"] == 0, name  # on_backend_error="load": nobody sees an error
     assert all(follow < 1.0 for follow in figures["follow"])  # Sentinel: the subscriber on the new master
 
 

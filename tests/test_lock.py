@@ -507,9 +507,9 @@ def test_a_fair_waiter_tries_often_enough_to_keep_its_place_and_leaves_when_it_g
 
 def test_a_lock_never_fails_open_when_redis_is_down(own_server: RedisServer) -> None:
     """A lock that cannot be taken is not held: acquire raises BackendUnavailable whatever
-    the layer's on_redis_error says, within one connect timeout; a release that cannot
+    the layer's on_backend_error says, within one connect timeout; a release that cannot
     reach the server raises too, and the lease then runs out by itself."""
-    layer = Stampede.from_url(own_server.url, socket_timeout=0.3, socket_connect_timeout=0.3, on_redis_error="load")
+    layer = Stampede.from_url(own_server.url, socket_timeout=0.3, socket_connect_timeout=0.3, on_backend_error="load")
     try:
         held = layer.lock("job", ttl=1)
         assert held.acquire()

@@ -294,7 +294,7 @@ def test_the_database_restarted_mid_stampede(redis_client: redis.Redis) -> None:
 def test_zookeeper_stopped_and_restarted_mid_stampede(redis_url: str, redis_client: redis.Redis) -> None:
     needs_zookeeper()
     with ZooKeeperServer() as zookeeper:
-        raising = Stampede.from_url(redis_url, namespace="zk-down", zookeeper=zookeeper.hosts, on_redis_error="raise")
+        raising = Stampede.from_url(redis_url, namespace="zk-down", zookeeper=zookeeper.hosts, on_backend_error="raise")
         loading = Stampede.from_url(redis_url, namespace="zk-down2", zookeeper=zookeeper.hosts)
         try:
 
@@ -551,7 +551,7 @@ def test_the_schema_is_created_once_and_again_if_the_database_lost_it(redis_clie
             assert load(1) == {"key": 1} and load(1) == {"key": 1} and loads == [1]
             with psycopg.connect(server.url, autocommit=True) as admin:
                 admin.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")  # a database recreated
-            assert load(2) == {"key": 2}  # on_redis_error="load": served while the schema is gone
+            assert load(2) == {"key": 2}  # on_backend_error="load": served while the schema is gone
             assert load(3) == {"key": 3} and load(3) == {"key": 3}  # created again, then cached
             assert loads == [1, 2, 3]
             with psycopg.connect(server.url, autocommit=True) as admin:

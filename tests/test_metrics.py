@@ -268,7 +268,7 @@ def test_an_open_breaker_is_counted_and_shown_open(caplog: pytest.LogCaptureFixt
         return n
 
     try:
-        assert [load(n) for n in range(5)] == list(range(5))  # served by the loader (on_redis_error="load")
+        assert [load(n) for n in range(5)] == list(range(5))  # served by the loader (on_backend_error="load")
         assert layer.stats()["breaker_opened"] == 1
         assert registry.get_sample_value("stampede_breakers_open", {"namespace": "metrics-breaker"}) == 1
         assert registry.get_sample_value("stampede_breaker_opened_total", {"namespace": "metrics-breaker"}) == 1

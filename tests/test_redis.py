@@ -280,7 +280,7 @@ def test_redis_stopped_mid_run_fails_open_and_caching_resumes(
         started = time.monotonic()
         results = hammer(load, [1] * 8 + [2] * 8)  # served by the loader, still collapsed per process
         elapsed = time.monotonic() - started
-        figures("Redis stopped, on_redis_error=\"load\", 16 threads on 2 keys (load 0.3 s)", worst=elapsed,
+        figures("Redis stopped, on_backend_error=\"load\", 16 threads on 2 keys (load 0.3 s)", worst=elapsed,
                 deadline=2.0, loads=db.calls[1] - 1 + db.calls[2], bound=4)  # fmt: skip
         assert elapsed < 2.0  # two loads in a row at most, each after a refused connection
         assert results == [{"id": 1}] * 8 + [{"id": 2}] * 8
@@ -301,7 +301,7 @@ def test_redis_stopped_mid_run_fails_open_and_caching_resumes(
 
 
 def test_policy_raise_surfaces_a_dead_redis(own_server: RedisServer, figures: Callable[..., None]) -> None:
-    layer = Stampede.from_url(own_server.url, on_redis_error="raise", socket_timeout=0.5)
+    layer = Stampede.from_url(own_server.url, on_backend_error="raise", socket_timeout=0.5)
     db = CountingLoader()
     load = layer.cached_loader("item:{key}")(db)
     try:
@@ -310,7 +310,7 @@ def test_policy_raise_surfaces_a_dead_redis(own_server: RedisServer, figures: Ca
         with pytest.raises(BackendUnavailable) as raised:
             load(1)
         elapsed = time.monotonic() - started
-        figures("Redis stopped, on_redis_error=\"raise\"", worst=elapsed, deadline=0.5, loads=sum(db.calls.values()),
+        figures("Redis stopped, on_backend_error=\"raise\"", worst=elapsed, deadline=0.5, loads=sum(db.calls.values()),
                 bound=0, exceptions="BackendUnavailable naming the key and the cause")  # fmt: skip
         assert elapsed < 0.5  # a refused connection: no waiting
         assert raised.value.key == load.key(1)

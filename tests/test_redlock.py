@@ -41,7 +41,7 @@ def test_two_servers_down_still_grant_three_down_refuse_within_the_timeout(five:
         with manager.lock("job", ttl=5) as lock:
             assert lock.last_granted == 3  # a majority of five
         five[2].kill()
-        lock = manager.lock("job", ttl=5, timeout=0.5, retry_delay=0.05)
+        lock = manager.lock("job", ttl=5, timeout=0.5, retry_interval=0.05)
         started = time.monotonic()
         assert lock.acquire() is False
         elapsed = time.monotonic() - started
@@ -137,7 +137,7 @@ def test_tasks_take_turns_under_a_redlock_and_a_majority_down_refuses_them(five:
             shared = {"count": 0, "inside": 0, "most_inside": 0}
 
             async def increment() -> None:
-                async with manager.lock("job", ttl=5, retry_delay=0.01, timeout=20) as lock:
+                async with manager.lock("job", ttl=5, retry_interval=0.01, timeout=20) as lock:
                     assert lock.last_granted >= 3 and await lock.aowned()
                     shared["inside"] += 1
                     shared["most_inside"] = max(shared["most_inside"], shared["inside"])
@@ -162,7 +162,7 @@ def test_tasks_take_turns_under_a_redlock_and_a_majority_down_refuses_them(five:
 
             for server in five[:3]:
                 server.kill()
-            lock = manager.lock("job", ttl=5, timeout=0.5, retry_delay=0.05)
+            lock = manager.lock("job", ttl=5, timeout=0.5, retry_interval=0.05)
             started = time.monotonic()
             assert await lock.aacquire() is False
             assert 0.45 <= time.monotonic() - started < 1.0

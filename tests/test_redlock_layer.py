@@ -64,14 +64,14 @@ def test_four_processes_of_eight_threads_load_once_over_redlock_leases(
 def test_three_of_five_lock_servers_down_is_a_backend_failure(
     policy: str, five: list[RedisServer], make_layer: Callable[..., Stampede]
 ) -> None:
-    """No lease is possible: the layer's ``on_redis_error`` decides, as for a cache server
+    """No lease is possible: the layer's ``on_backend_error`` decides, as for a cache server
     that is down. "raise" names the key and how many servers answered; "load" loads
     without caching. Grants by the two live servers are undone."""
     for server in five[:3]:
         server.kill()
     with Redlock(urls(five)) as redlock:
         db = CountingLoader()
-        layer = make_layer(redlock=redlock, on_redis_error=policy)
+        layer = make_layer(redlock=redlock, on_backend_error=policy)
         load = layer.cached_loader("item:{key}")(db)
         started = time.monotonic()
         if policy == "raise":

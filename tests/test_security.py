@@ -67,7 +67,7 @@ def app_url(server: RedisServer, user: str = "app") -> str:
 def test_a_password_protected_server_is_used_by_every_connection(
     secured_server: RedisServer, make_layer: Callable[..., Stampede]
 ) -> None:
-    options = dict(namespace="auth", lock_ttl=20, recheck_interval=20, on_redis_error="raise")
+    options = dict(namespace="auth", lock_ttl=20, recheck_interval=20, on_backend_error="raise")
     url = secured_server.url
     loads, lag = one_load_and_a_wake_up(make_layer(url, **options), make_layer(url, **options))
     assert loads == 1
@@ -78,11 +78,11 @@ def test_a_wrong_password_is_a_redis_error_under_the_policy_not_a_hang(
     secured_server: RedisServer, make_layer: Callable[..., Stampede]
 ) -> None:
     wrong = f"redis://:not-the-password@127.0.0.1:{secured_server.port}/0"
-    strict = make_layer(wrong, namespace="auth", on_redis_error="raise")
+    strict = make_layer(wrong, namespace="auth", on_backend_error="raise")
     started = time.monotonic()
     with pytest.raises(BackendUnavailable, match="(?i)password|auth"):
         strict.cached_loader("item:{key}")(lambda key: key)(1)
-    lenient = make_layer(wrong, namespace="auth", on_redis_error="load")
+    lenient = make_layer(wrong, namespace="auth", on_backend_error="load")
     calls: list[int] = []
     load = lenient.cached_loader("item:{key}")(lambda key: calls.append(key) or key)
     assert load(1) == 1 and load(1) == 1 and calls == [1, 1]  # served, never cached
@@ -92,7 +92,7 @@ def test_a_wrong_password_is_a_redis_error_under_the_policy_not_a_hang(
 def test_an_acl_user_works_inside_its_namespace(
     secured_server: RedisServer, make_layer: Callable[..., Stampede]
 ) -> None:
-    options = dict(namespace="app", lock_ttl=20, recheck_interval=20, on_redis_error="raise")
+    options = dict(namespace="app", lock_ttl=20, recheck_interval=20, on_backend_error="raise")
     url = app_url(secured_server)
     loads, lag = one_load_and_a_wake_up(make_layer(url, **options), make_layer(url, **options))
     assert loads == 1
@@ -102,7 +102,7 @@ def test_an_acl_user_works_inside_its_namespace(
 def test_an_acl_user_outside_its_namespace_gets_a_clear_error(
     secured_server: RedisServer, make_layer: Callable[..., Stampede]
 ) -> None:
-    outside = make_layer(app_url(secured_server), namespace="other", on_redis_error="raise")
+    outside = make_layer(app_url(secured_server), namespace="other", on_backend_error="raise")
     load = outside.cached_loader("item:{key}")(lambda key: key)
     with pytest.raises(BackendUnavailable, match=REFUSED):
         load(1)
@@ -113,7 +113,7 @@ def test_an_acl_user_outside_its_namespace_gets_a_clear_error(
 def test_an_acl_user_renews_leases_and_invalidates_inside_its_namespace(
     secured_server: RedisServer, make_layer: Callable[..., Stampede]
 ) -> None:
-    layer = make_layer(app_url(secured_server), namespace="app", lock_ttl=0.3, on_redis_error="raise")
+    layer = make_layer(app_url(secured_server), namespace="app", lock_ttl=0.3, on_backend_error="raise")
     calls: list[int] = []
 
     @layer.cached_loader("slow:{key}")
@@ -146,7 +146,7 @@ def test_a_near_cache_needs_its_commands_and_works_with_them(
 ) -> None:
     holder = make_layer(app_url(secured_server, "near"), namespace="app", near_cache=True)
     load = holder.cached_loader("item:{key}")(lambda key: {"key": key})
-    writer = make_layer(app_url(secured_server), namespace="app", on_redis_error="raise")
+    writer = make_layer(app_url(secured_server), namespace="app", on_backend_error="raise")
     tracked(holder)
     copied(holder, load, 1)
     started = time.monotonic()
@@ -166,7 +166,7 @@ def test_an_acl_user_without_the_registry_commands_still_invalidates_and_is_warn
     from stampede._backends import redis as redis_backend
 
     redis_backend._near_warned_at.clear()
-    layer = make_layer(app_url(secured_server, "old"), namespace="app", on_redis_error="raise")
+    layer = make_layer(app_url(secured_server, "old"), namespace="app", on_backend_error="raise")
     calls: list[int] = []
     load = layer.cached_loader("item:{key}")(lambda key: calls.append(key) or key)
     load(1)

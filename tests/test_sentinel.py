@@ -95,7 +95,7 @@ def test_sentinels_nobody_answers_leave_the_layer_to_find_the_master_later() -> 
             calls.append(key)
             return key
 
-        assert load(1) == 1  # on_redis_error="load": served without the cache
+        assert load(1) == 1  # on_backend_error="load": served without the cache
         assert calls == [1]
     finally:
         layer.close()
@@ -133,7 +133,7 @@ def test_a_failover_during_a_stampede_serves_every_caller_and_the_subscriber_fol
             thread.join(40)
         assert not any(thread.is_alive() for thread in threads)
         values = [outcome for outcome, _ in outcomes]
-        assert values == [{"id": 1}] * 16  # every caller got the value (on_redis_error="load")
+        assert values == [{"id": 1}] * 16  # every caller got the value (on_backend_error="load")
         longest = max(duration for _, duration in outcomes)
         assert longest < (switched - started) + settings["wait_timeout"] + 2 * 2.0 + 3.0
         # The holder's load, one takeover after its lease ran out on the new master, and
@@ -177,7 +177,7 @@ def test_async_waiters_follow_the_master_across_a_sentinel_failover(own_sentinel
 @pytest.mark.timeout(60)
 def test_an_open_circuit_does_not_outlast_a_failover(own_sentinels: SentinelServers) -> None:
     layer = Stampede.from_url(own_sentinels.url, namespace="test", socket_timeout=0.5, breaker_threshold=2,
-                              breaker_cooldown=30.0, on_redis_error="raise")  # fmt: skip
+                              breaker_cooldown=30.0, on_backend_error="raise")  # fmt: skip
     old = own_sentinels.current_master()
     try:
         db = CountingLoader()

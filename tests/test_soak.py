@@ -100,7 +100,7 @@ def test_soak_with_random_faults(
                 try:
                     value = loaders[layer](key)
                 except BackendUnavailable:
-                    continue  # not with on_redis_error="load"; recorded as a problem below
+                    continue  # not with on_backend_error="load"; recorded as a problem below
                 elapsed = time.monotonic() - started
                 with counts_lock:
                     counts["calls"] += 1

@@ -127,6 +127,6 @@ def test_a_certificate_from_another_authority_is_refused(
     terminator, _ = tls
     stranger = tmp_path / "other-ca.pem"
     trustme.CA().cert_pem.write_to_path(str(stranger))
-    layer = make_layer(rediss(terminator, stranger), namespace="tls", on_redis_error="raise")
+    layer = make_layer(rediss(terminator, stranger), namespace="tls", on_backend_error="raise")
     with pytest.raises(BackendUnavailable, match="(?i)certificate"):
         layer.cached_loader("item:{key}")(lambda key: key)(1)

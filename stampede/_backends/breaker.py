@@ -4,7 +4,7 @@ A stalled or unreachable server costs every caller one socket timeout before the
 fail-open path serves it: a second or two per request, for as long as the outage lasts.
 After ``threshold`` connection failures in a row the breaker opens: for ``cooldown``
 seconds every command fails at once (BackendUnavailable, "circuit open"), so callers
-go straight to the ``on_redis_error`` policy. Then one caller's command is let through
+go straight to the ``on_backend_error`` policy. Then one caller's command is let through
 as a probe; its success closes the breaker, its failure opens it for another cool-down.
 Only failures to reach the server count (connection refused or reset, timeouts): an
 error reply means the server is there.

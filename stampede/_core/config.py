@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -37,8 +38,10 @@ class Settings:
     """Each TTL is scaled by a random factor in [1 - jitter, 1 + jitter] so entries loaded together expire apart."""
     on_wait_timeout: Policy = "load"
     """After wait_timeout: "load" calls the loader (value returned, not cached); "raise" raises WaitTimeout."""
-    on_redis_error: Policy = "load"
-    """When Redis fails: "load" calls the loader (fail open, value not cached); "raise" raises BackendUnavailable."""
+    on_backend_error: Policy = "load"
+    """When the store fails (Redis, PostgreSQL, a lock service): "load" calls the loader
+    (fail open, value not cached); "raise" raises BackendUnavailable. Formerly
+    ``on_redis_error``, a name still taken with a DeprecationWarning."""
     recheck_interval: float = 1.0
     """A waiter re-checks at least this often even without a notification, which bounds a lost message."""
     max_key_length: int = 200
@@ -98,20 +101,37 @@ class Settings:
             raise ConfigError(f'near_cache must be True, False or "shared", got {self.near_cache!r}')
         if not _is_number(self.early_refresh) or not 0 <= self.early_refresh <= 100:
             raise ConfigError(f"early_refresh must be a number from 0 (off) to 100, got {self.early_refresh!r}")
-        for name in ("on_wait_timeout", "on_redis_error"):
+        for name in ("on_wait_timeout", "on_backend_error"):
             if getattr(self, name) not in ("load", "raise"):
                 raise ConfigError(f'{name} must be "load" or "raise", got {getattr(self, name)!r}')
         for name, low in (("max_key_length", 64), ("inline_value_limit", 0), ("max_value_bytes", 64),
                           ("breaker_threshold", 0)):  # fmt: skip
             check_count(name, getattr(self, name), low)
 
-    def replace(self, **changes: Any) -> Settings:
+    def replace(self, *, stacklevel: int = 2, **changes: Any) -> Settings:
         """A copy with ``changes`` applied (None values ignored), validated like a new one."""
-        changes = {name: value for name, value in changes.items() if value is not None}
+        changes = renamed({name: value for name, value in changes.items() if value is not None}, stacklevel)
         unknown = set(changes) - {field.name for field in dataclasses.fields(self)}
         if unknown:
             raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
         return dataclasses.replace(self, **changes) if changes else self
+
+
+RENAMED = {"on_redis_error": "on_backend_error"}
+"""Settings under an old name: taken, with a DeprecationWarning naming the new one."""
+
+
+def renamed(settings: dict[str, Any], stacklevel: int) -> dict[str, Any]:
+    """``settings`` with old names replaced by new ones, warning once per old name given.
+    ``stacklevel`` counts as ``warnings.warn``'s does, from the function calling this one."""
+    for old, new in RENAMED.items():
+        if old in settings:
+            if new in settings:
+                raise ConfigError(f"{old} is the old name of {new}: give {new} only")
+            warnings.warn(f"{old} is deprecated: use {new}", DeprecationWarning, stacklevel=stacklevel + 1)
+            settings = {**settings, new: settings[old]}
+            del settings[old]
+    return settings
 
 
 def check_namespace(namespace: str) -> str:

@@ -65,7 +65,7 @@ from .effects import (
 )
 from .freshness import Served, Stale, classify
 from .keys import EntryKeys
-from .observer import Events, Wait, log_extra
+from .observer import Reporter, Wait, log_extra
 from .store import AcquireReply, LockState, Written
 
 Flow = Decision[Any]
@@ -102,7 +102,7 @@ class Context:
     keys: EntryKeys
     settings: Settings
     codec: Codec
-    events: Events
+    events: Reporter
     warn: WarningLog
     clock: Callable[[], float]  # monotonic seconds: deadlines, load duration
     wall_clock: Callable[[], float]  # epoch seconds: loaded_at in the envelope
@@ -146,7 +146,7 @@ class LoaderSpec:
         object.__setattr__(self, "own_copies", self.near and not self.near_shared)
 
 
-def new_context(value_key: str, spec: LoaderSpec, events: Events, warn: WarningLog) -> Context:
+def new_context(value_key: str, spec: LoaderSpec, events: Reporter, warn: WarningLog) -> Context:
     """The context of one miss, on the real clocks."""
     keys = EntryKeys.for_value(value_key)
     return Context(keys, spec.settings, spec.codec, events, warn, time.monotonic, time.time, random.uniform)
@@ -170,7 +170,7 @@ class FailedRead:
     error: BackendUnavailable
 
 
-def first_read(raw: bytes | None, codec: Codec, events: Events, warn: WarningLog, key: str) -> Any:
+def first_read(raw: bytes | None, codec: Codec, events: Reporter, warn: WarningLog, key: str) -> Any:
     """What a call's first read found: the value to return (None for the null sentinel),
     or a ``Miss``. Drivers perform the read and call this; a hit never enters the flow."""
     if raw is not None:
@@ -195,7 +195,7 @@ def fresh_read(
     ttl_left: float,
     failing: bool,
     spec: LoaderSpec,
-    events: Events,
+    events: Reporter,
     warn: WarningLog,
     key: str,
     random: Callable[[], float],
@@ -220,7 +220,7 @@ def fresh_read(
     return Miss.CORRUPT if found is None else found
 
 
-def failed_read(events: Events, warn: WarningLog, error: BackendUnavailable) -> FailedRead:
+def failed_read(events: Reporter, warn: WarningLog, error: BackendUnavailable) -> FailedRead:
     """What a call's first read means when the store failed to answer it."""
     note_backend_error(events, warn, error)
     events.incr("misses")
@@ -546,7 +546,7 @@ def _release(ctx: Context) -> Flow:
 def _backend_failed(ctx: Context, error: BackendUnavailable, counted: bool = False) -> Flow:
     if not counted:
         _count_backend_error(ctx, error)
-    if ctx.settings.on_redis_error == "raise":
+    if ctx.settings.on_backend_error == "raise":
         raise error
     return (yield from _load_uncached(ctx))
 
@@ -559,7 +559,7 @@ def _corrupt(ctx: Context, problem: str) -> None:
     note_corrupt(ctx.events, ctx.warn, ctx.keys.value, problem)
 
 
-def note_backend_error(events: Events, warn: WarningLog, error: BaseException, key: str = "") -> None:
+def note_backend_error(events: Reporter, warn: WarningLog, error: BaseException, key: str = "") -> None:
     """Count a failed store command and warn, at most every few seconds."""
     events.incr("redis_errors")
     warn.warning(
@@ -567,7 +567,7 @@ def note_backend_error(events: Events, warn: WarningLog, error: BaseException, k
     )
 
 
-def note_corrupt(events: Events, warn: WarningLog, key: str, problem: str) -> None:
+def note_corrupt(events: Reporter, warn: WarningLog, key: str, problem: str) -> None:
     """Count an unreadable value and warn; the caller treats it as a miss."""
     events.incr("corrupt_values")
     warn.warning(

@@ -44,4 +44,4 @@ class MsgspecSerializer:
         return self._decoder.decode(data)
 
     def __repr__(self) -> str:
-        return f"MsgspecSerializer({self.type!r})"
+        return f"stampede.MsgspecSerializer({self.type!r})"

@@ -81,7 +81,7 @@ class Observer(Protocol):
     def ended(self, namespace: str, measure: Measure, outcome: str, seconds: float) -> None: ...
 
 
-class Events(Protocol):
+class Reporter(Protocol):
     """What the flow and the drivers report to: one layer's observers, its namespace
     already bound (``_drivers.observe.Events``)."""
 
@@ -98,7 +98,7 @@ class Wait:
 
     __slots__ = ("_clock", "_events", "_since")
 
-    def __init__(self, events: Events, clock: Callable[[], float]) -> None:
+    def __init__(self, events: Reporter, clock: Callable[[], float]) -> None:
         self._events = events
         self._clock = clock
         self._since: float | None = None

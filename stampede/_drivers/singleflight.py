@@ -54,7 +54,7 @@ from typing import Any
 from .._core.codec import NOT_A_VALUE, Kind
 from .._core.effects import Effect, Subscribe
 from .._core.flow import LoaderSpec, produces_value
-from .._core.observer import Events, Wait
+from .._core.observer import Reporter, Wait
 from .._errors import RecursiveLoad
 from .._fork import reset_after_fork
 
@@ -261,7 +261,7 @@ def loading(key: str) -> Iterator[None]:
         _loading.reset(token)
 
 
-def take_shared(flight: Flight, spec: LoaderSpec, wait: Wait, events: Events) -> Any:
+def take_shared(flight: Flight, spec: LoaderSpec, wait: Wait, events: Reporter) -> Any:
     """A joiner takes its leader's outcome (``Flight.shared``): counted as ``collapsed``,
     its wait reported ended with the value or with the leader's error. ``NOT_A_VALUE``
     (nothing counted, the wait still open): the joiner starts over."""

@@ -177,4 +177,6 @@ class AdvisoryLock:
         await self.arelease()
 
     def __repr__(self) -> str:
-        return f"<AdvisoryLock {self.name!r} {'held' if self._connection is not None else 'not held'}>"
+        return (
+            f"<stampede.postgres.AdvisoryLock {self.name!r} {'held' if self._connection is not None else 'not held'}>"
+        )

@@ -11,7 +11,7 @@ timeout) loses it without anyone's help, and the waiters watching it are woken.
 
 A failure to reach the ensemble (connection loss, an expired session, a timeout) is
 counted in the ``Round``, not raised, as a lock server's is: ``_core.majority`` turns it
-into ``BackendUnavailable``, and the layer's ``on_redis_error`` policy decides.
+into ``BackendUnavailable``, and the layer's ``on_backend_error`` policy decides.
 """
 
 from __future__ import annotations
