@@ -358,3 +358,26 @@ def test_a_session_lease_gives_up_the_cache_key_before_its_node() -> None:
     assert next(hold) == Hold(500, 30_000)
     assert hold.send(True) == ServersRelease(SERVER_KEYS, "t")
     assert finish(hold, Round(1, 0)) is True
+
+
+@pytest.mark.parametrize("leases", [LEASES, SESSIONS], ids=["redlock", "zookeeper"])
+@pytest.mark.parametrize("step", ["write_release", "release", "hold"])
+def test_a_lease_decision_closed_at_its_yield_closes_quietly(leases: RedlockLeases, step: str) -> None:
+    """A decision whose caller goes away (``close()``: GeneratorExit at its yield) must not
+    yield its cleanup: a generator that yields after GeneratorExit is a RuntimeError. Its
+    servers' leases end by their term, or with the session."""
+    decisions = {
+        "write_release": lambda: leases.write_release(KEYS, "t", b"env", 5_000, inline=True),
+        "release": lambda: leases.release(KEYS, "t"),
+        "hold": lambda: leases.hold(KEYS, "t", 1_000, 1_000),
+    }
+    decision = decisions[step]()
+    next(decision)
+    decision.close()  # no RuntimeError("generator ignored GeneratorExit")
+    thrown = decisions[step]()
+    effect = next(thrown)
+    if isinstance(effect, ServersRelease):
+        return  # the servers are released first: nothing is left to release after an error
+    assert thrown.throw(Interrupted()) == ServersRelease(SERVER_KEYS, "t")  # an error still releases them
+    with pytest.raises(Interrupted):
+        thrown.send(Round(1, 0))

@@ -21,11 +21,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from .._errors import BackendUnavailable
 from .effects import (
     Acquire,
     Decision,
+    Effect,
     Expire,
     Hold,
     Invalidate,
@@ -40,6 +42,8 @@ from .effects import (
 )
 from .keys import EntryKeys
 from .store import AcquireReply, LockState, Round, Written
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +107,28 @@ def renew_majority(
     renewed: Round = yield ServersRenew(keys, token, lease_ms)
     valid_until = quorum.valid_until(started, lease_ms / 1000)
     return renewed, valid_until if quorum.holds(renewed, valid_until, clock()) else None
+
+
+def releasing_after(decision: Decision[T], keys: EntryKeys, token: str) -> Decision[T]:
+    """``decision``, then the majority released, whether it returned or raised.
+
+    Not a bare ``finally``: a generator closed at its ``yield`` (GeneratorExit) may yield
+    nothing more. Then the servers' leases end by their term (or session) instead."""
+    try:
+        result = yield from decision
+    except GeneratorExit:
+        raise
+    except BaseException:
+        yield ServersRelease(keys.on_lock_servers, token)
+        raise
+    yield ServersRelease(keys.on_lock_servers, token)
+    return result
+
+
+def one(effect: Effect) -> Decision[Any]:
+    """A decision of one effect, whose reply it returns."""
+    reply = yield effect
+    return reply
 
 
 class RedlockLeases:
@@ -171,10 +197,7 @@ class RedlockLeases:
     def write_release(
         self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool
     ) -> Decision[Written]:
-        try:
-            written: Written = yield WriteRelease(envelope, ttl_ms, inline)
-        finally:
-            yield ServersRelease(keys.on_lock_servers, token)
+        written: Written = yield from releasing_after(one(WriteRelease(envelope, ttl_ms, inline)), keys, token)
         return written
 
     def release(self, keys: EntryKeys, token: str) -> Decision[bool]:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from .effects import Acquire, Decision, Expire, Hold, Release, ServersRelease, ServersRenew, WriteRelease
 from .keys import EntryKeys
-from .majority import RedlockLeases, take_majority
+from .majority import RedlockLeases, one, releasing_after, take_majority
 from .store import AcquireReply, LockState, Round, Written
 
 
@@ -62,26 +62,25 @@ class SessionLeases(RedlockLeases):
     def write_release(
         self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool
     ) -> Decision[Written]:
-        try:
-            alive: Round = yield ServersRenew(keys.on_lock_servers, token, 0)
-            if not alive.agreed:  # our session ended mid-load: write nothing
-                yield Release()
-                return Written.REFUSED
-            written: Written = yield WriteRelease(envelope, ttl_ms, inline)
-        finally:
-            yield ServersRelease(keys.on_lock_servers, token)
+        written: Written = yield from releasing_after(
+            self._write_while_alive(keys, token, envelope, ttl_ms, inline), keys, token
+        )
+        return written
+
+    def _write_while_alive(
+        self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool
+    ) -> Decision[Written]:
+        alive: Round = yield ServersRenew(keys.on_lock_servers, token, 0)
+        if not alive.agreed:  # our session ended mid-load: write nothing
+            yield Release()
+            return Written.REFUSED
+        written: Written = yield WriteRelease(envelope, ttl_ms, inline)
         return written
 
     def release(self, keys: EntryKeys, token: str) -> Decision[bool]:
-        try:
-            released: bool = yield Release()
-        finally:
-            yield ServersRelease(keys.on_lock_servers, token)
+        released: bool = yield from releasing_after(one(Release()), keys, token)
         return released
 
     def hold(self, keys: EntryKeys, token: str, hold_ms: int, failing_ms: int) -> Decision[bool]:
-        try:
-            held: bool = yield Hold(hold_ms, failing_ms)
-        finally:
-            yield ServersRelease(keys.on_lock_servers, token)
+        held: bool = yield from releasing_after(one(Hold(hold_ms, failing_ms)), keys, token)
         return held
