@@ -46,7 +46,7 @@ def family_of(url: str) -> str:
     family = SCHEMES.get(scheme)
     if family is None:
         known = ", ".join(f"{name}://" for name in SCHEMES)
-        raise ConfigError(f"no backend serves {redacted(url)!r}: a URL starts with one of {known}")
+        raise ConfigError(f"bad URL {redacted(url)!r}: no backend serves {scheme!r}; a URL starts with one of {known}")
     return family
 
 

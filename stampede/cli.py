@@ -15,9 +15,11 @@
 A PATTERN is a glob over the entry (``category-map:*``) or a template whose fields take
 the values given (``category-map:{shop} shop=s1``; ``FIELD:=JSON`` for a value of another
 type, ``ids:=[1,2]``) and match anything where none is given; see ``_core.patterns``.
-Entries are found with SCAN, never KEYS. ``--url`` takes what ``Stampede.from_url``
-takes (add ``--cluster`` for a Redis Cluster); its default is $STAMPEDE_URL, else
-redis://127.0.0.1:6379/0.
+Entries are found with SCAN on Redis (never KEYS) and by an index on PostgreSQL: the
+command line asks the layer's backend what it holds (``_core.backend.Inspector``).
+``--url`` takes what ``Stampede.from_url`` takes (add ``--cluster`` for a Redis
+Cluster); its default is $STAMPEDE_URL, else redis://127.0.0.1:6379/0. PostgreSQL
+cannot count the processes waiting on an entry: the command says so.
 
 Output is for people unless ``--json`` (one JSON document on stdout). Errors print one
 line on stderr and exit non-zero: 1 when the server cannot be reached or fails, 2 for a
@@ -40,8 +42,6 @@ from typing import Any
 import redis
 
 from . import Stampede
-from ._backends.redis.clients import close_client, is_postgres_url, make_clients
-from ._backends.redis.store import is_cluster
 from ._core.codec import Codec, Kind, stale_window_of
 from ._core.keys import EntryKeys
 from ._core.patterns import entry_pattern
@@ -85,32 +85,19 @@ def invalidate(session: Session, options: argparse.Namespace) -> Any:
 
 
 def locks(session: Session, options: argparse.Namespace) -> Any:
-    client, namespace = session.client, session.namespace
+    namespace = session.namespace
     found = []
-    for raw in client.scan_iter(match=f"{namespace}:{{*}}:lock", count=1000):
-        lock_key = raw.decode(errors="replace")
-        value_key = lock_key[: -len(":lock")]
-        entry = value_key[len(namespace) + 2 : -1]
-        pipe = client.pipeline(transaction=False)
-        pipe.get(lock_key)
-        pipe.pttl(lock_key)
+    for lease in session.inspector.leases(namespace):
+        entry = lease.lock_key[len(namespace) + 2 : -len("}:lock")]
         named = entry.startswith("~lock:")
-        if named:
-            pipe.get(value_key + ":fence")
-            pipe.zcard(lock_key + ":queue")
-        replies = pipe.execute()
-        holder, ttl_ms = replies[0], replies[1]
-        if holder is None:
-            continue  # released between the scan and the read
         row: dict[str, Any] = {
             "kind": "named" if named else "load",
             "name": entry[len("~lock:") :] if named else entry,
-            "holder": holder.decode(errors="replace"),
-            "ttl_s": ttl_ms / 1000 if ttl_ms >= 0 else None,
+            "holder": lease.holder,
+            "ttl_s": lease.ttl_ms / 1000 if lease.ttl_ms >= 0 else None,
         }
         if named:
-            row["fence"] = int(replies[2]) if replies[2] is not None else None
-            row["queued"] = replies[3]
+            row["fence"], row["queued"] = lease.fence, lease.queued
         found.append(row)
     return {"namespace": namespace, "locks": sorted(found, key=lambda row: (row["kind"], row["name"]))}
 
@@ -165,28 +152,26 @@ def _sample(line: str) -> tuple[str, dict[str, str], float]:
 
 
 class Session:
-    """A client and a layer (for invalidations, as the app's own would do them)."""
+    """A layer over the store the URL names (for invalidations, as the app's own would do
+    them), and what its backend lets the command line read."""
 
     def __init__(self, url: str, namespace: str, cluster: bool) -> None:
         self.url, self.namespace = url, namespace
-        if is_postgres_url(url):
-            raise Failed("the command line reads Redis stores only; a PostgreSQL store's rows are plain SQL", 2)
         try:
-            self.client, _ = make_clients(
-                url, cluster=cluster, socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT, max_connections=4
-            )
+            self.layer = Stampede.from_url(
+                url, namespace=namespace, cluster=cluster, socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT,
+                max_connections=4,
+            )  # fmt: skip
         except ValueError as error:  # redis-py's word for a URL it cannot read
             raise Failed(f"bad URL {redacted(url)!r}: {error}", 2) from None
-        try:
-            self.layer = Stampede(self.client, namespace=namespace)
-        except BaseException:
-            close_client(self.client)
-            raise
-        self.cluster = is_cluster(self.client)
+        inspector = self.layer._backend.inspector
+        if inspector is None:
+            self.layer.close()
+            raise Failed(f"{redacted(url)!r} is a store in one process's memory: nothing to read from here", 2)
+        self.inspector = inspector
 
     def close(self) -> None:
         self.layer.close()
-        close_client(self.client)
 
     def exact_key(self, pattern: str, fields: dict[str, Any]) -> str | None:
         """The key of the one entry ``pattern`` names, if it names one."""
@@ -198,45 +183,18 @@ class Session:
         return [exact] if exact is not None else self.layer.matching(pattern, **fields)
 
     def describe(self, value_key: str) -> dict[str, Any]:
-        """What the server holds for one entry."""
-        keys = EntryKeys.for_value(value_key)
-        pipe = self.client.pipeline(transaction=False)
-        for key in (keys.value, keys.lock):
-            pipe.get(key)
-            pipe.pttl(key)
-        pipe.exists(keys.failing)
-        raw, ttl_ms, holder, lock_ms, failing = pipe.execute()
+        """What the store holds for one entry."""
+        state = self.inspector.describe(EntryKeys.for_value(value_key))
         entry: dict[str, Any] = {"key": value_key, "entry": value_key[len(self.namespace) + 2 : -1]}
-        entry.update(_describe_value(raw, ttl_ms))
-        entry["failing"] = bool(failing)
+        entry.update(_describe_value(state.raw, state.ttl_ms))
+        entry["failing"] = state.failing
         entry["lock"] = (
-            {"held": True, "holder": holder.decode(errors="replace"), "ttl_s": _seconds(lock_ms)}
-            if holder is not None
+            {"held": True, "holder": state.holder, "ttl_s": _seconds(state.lock_ttl_ms)}
+            if state.holder is not None
             else {"held": False}
         )
-        entry["waiting_processes"] = self._subscribers(keys.channel)
+        entry["waiting_processes"] = state.waiting  # None: the store cannot tell
         return entry
-
-    def _subscribers(self, channel: str) -> int:
-        """Processes waiting for the entry: each has one subscription to its channel while
-        any of its callers waits (sharded pub/sub on a cluster)."""
-        if self.cluster:
-            node = self.client.get_node_from_key(channel)
-            reply = self.client.execute_command("PUBSUB SHARDNUMSUB", channel, target_nodes=node)
-        else:
-            reply = self.client.execute_command("PUBSUB NUMSUB", channel)
-        return _subscriber_count(reply)
-
-
-def _subscriber_count(reply: Any) -> int:
-    """The count in a NUMSUB reply for one channel, however redis-py shaped it: a flat
-    [channel, n], pairs [(channel, n)], or a dict per node on a cluster."""
-    if isinstance(reply, dict):
-        return sum(_subscriber_count(part) for part in reply.values())
-    flat: list[Any] = []
-    for item in reply or []:
-        flat.extend(item if isinstance(item, (list, tuple)) else [item])
-    return int(flat[1]) if len(flat) > 1 else 0
 
 
 def _describe_value(raw: bytes | None, ttl_ms: int) -> dict[str, Any]:
@@ -357,7 +315,10 @@ def _human_entry(entry: dict[str, Any]) -> str:
     lock = entry["lock"]
     held = f"held by {lock['holder']} for {lock['ttl_s']:.3f} s more" if lock["held"] else "free"
     lines.append(("lease", held))
-    lines.append(("waiting", f"{entry['waiting_processes']} processes subscribed"))
+    waiting = entry["waiting_processes"]
+    lines.append(
+        ("waiting", "unknown (the store cannot tell)" if waiting is None else f"{waiting} processes subscribed")
+    )
     if "value" in entry:
         text = json.dumps(entry["value"], default=str)
         lines.append(("value", text if len(text) <= PREVIEW else text[:PREVIEW] + f"... ({len(text)} chars)"))

@@ -239,6 +239,13 @@ def empty_postgres(url: str) -> None:
 
 
 @pytest.fixture
+def postgres_url(postgres_server: PostgresServer) -> str:
+    """The session's PostgreSQL server, emptied."""
+    empty_postgres(postgres_server.url)
+    return postgres_server.url
+
+
+@pytest.fixture
 def make_postgres_layer(postgres_server: PostgresServer) -> Iterator[Callable[..., Stampede]]:
     """Builds layers over the session's PostgreSQL server (emptied first); no near cache
     (the store has none to offer)."""

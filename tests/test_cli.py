@@ -292,8 +292,56 @@ def test_waiters_locks_and_patterns_on_one_server_a_cluster_and_through_sentinel
     assert layer.matching("item:*") == []
 
 
-def test_a_postgresql_url_is_refused_with_a_clear_line(capsys: pytest.CaptureFixture[str]) -> None:
-    from stampede.cli import main
+def test_inspect_locks_and_invalidate_on_a_postgresql_store(
+    postgres_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The command line asks the backend, not Redis: the same commands read a PostgreSQL
+    store (which cannot count a waiting process, and says so)."""
+    namespace = f"cli-{uuid.uuid4().hex[:8]}"
+    layer = Stampede.from_url(postgres_url, namespace=namespace)
+    gate, loading = threading.Event(), threading.Event()
 
-    assert main(["--url", "postgresql://127.0.0.1/app", "locks"]) == 2
-    assert "Redis stores only" in capsys.readouterr().err
+    @layer.cached_loader("item:{n}", ttl=60)
+    def item(n: int) -> dict[str, int] | None:
+        if n == 0:
+            loading.set()
+            assert gate.wait(10)
+        return None if n == 2 else {"n": n}
+
+    item(1)
+    item(2)
+    loader = threading.Thread(target=item, args=(0,))
+    loader.start()
+    named = layer.lock("report")
+    try:
+        assert loading.wait(10)
+        assert named.acquire()
+        base = ["--url", postgres_url, "--namespace", namespace, "--json"]
+        _, out, _ = cli(capsys, *base, "inspect", "item:{n}", "n=1")
+        [entry] = out["entries"]
+        assert entry["state"] == "value" and entry["value"] == {"n": 1} and 0 < entry["ttl_s"] <= 60 * 1.2
+        assert entry["lock"] == {"held": False} and entry["waiting_processes"] is None
+        _, out, _ = cli(capsys, *base, "inspect", "item:2")
+        assert out["entries"][0]["state"] == "null"
+        _, out, _ = cli(capsys, *base, "inspect", "item:0")
+        assert out["entries"][0]["lock"]["held"] and out["entries"][0]["state"] == "absent"
+        _, out, _ = cli(capsys, *base, "locks")
+        rows = {(row["kind"], row["name"]): row for row in out["locks"]}
+        assert set(rows) == {("load", "item:0"), ("named", "report")}
+        assert rows[("named", "report")]["queued"] == 0 and 0 < rows[("load", "item:0")]["ttl_s"] <= 10
+        status, out, _ = cli(capsys, *base, "inspect", "item:0")  # the human form too
+        status, text, _ = cli(capsys, "--url", postgres_url, "--namespace", namespace, "inspect", "item:1")
+        assert status == 0 and "unknown (the store cannot tell)" in text
+    finally:
+        gate.set()
+        loader.join(10)
+        named.release()
+    _, out, _ = cli(capsys, *base, "invalidate", "item:*", "--yes")
+    assert out["invalidated"] == 3
+    assert layer.matching("item:*") == []
+    layer.close()
+
+
+def test_an_embedded_store_is_refused_with_a_clear_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--url", "memory://", "locks"]) == 2
+    assert "one process's memory" in capsys.readouterr().err

@@ -112,12 +112,6 @@ def test_a_killed_holder_is_taken_over(
 # --- the database lock's textbook failures, and the fixes ------------------------------
 
 
-@pytest.fixture
-def postgres_url(postgres_server: PostgresServer) -> str:
-    empty_postgres(postgres_server.url)
-    return postgres_server.url
-
-
 def _plain_lock_table(url: str) -> None:
     import psycopg
 

@@ -10,7 +10,8 @@ What a backend says about itself:
 * its stores: the blocking one, and a maker of one event loop's store;
 * where named locks live (``named_lock_store``), and their own line if they have one;
 * whether it can keep a near cache exact (``make_tracker``), and if not, why not;
-* capabilities only some families have (``advisory_lock``: PostgreSQL's session lock);
+* capabilities only some families have (``advisory_lock``: PostgreSQL's session lock;
+  ``inspector``: what the command line reads of a shared store);
 * what to close, in two steps: lease services before the stores, connections after.
 
 Rules of the imports: this module is part of the core. It names no family.
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .config import Settings
+from .keys import EntryKeys
 from .store import AsyncStore, Store
 
 
@@ -32,6 +34,37 @@ class Tracking(Protocol):
     def start(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class EntryState:
+    """What a shared store holds for one entry, as the command line shows it."""
+
+    raw: bytes | None  # the envelope, or None
+    ttl_ms: int  # what is left of the value's life (-1: no expiry; meaningless without a value)
+    holder: str | None  # the lease's token, or "!failed" during a failed load's hold
+    lock_ttl_ms: int
+    failing: bool  # the loader failed and a stale value stands in
+    waiting: int | None  # processes subscribed to the entry's wake-ups (None: the store cannot tell)
+
+
+@dataclass(frozen=True)
+class LeaseState:
+    """One lease in flight: a load's, or a named lock's."""
+
+    lock_key: str
+    holder: str
+    ttl_ms: int
+    fence: int | None  # a named lock's last fencing token (None: the store keeps none per lock)
+    queued: int | None  # a named lock's waiters in line
+
+
+class Inspector(Protocol):
+    """Reads a shared store's entries and leases without taking part (``stampede`` CLI)."""
+
+    def describe(self, keys: EntryKeys) -> EntryState: ...
+
+    def leases(self, namespace: str) -> list[LeaseState]: ...
 
 
 @dataclass(frozen=True)
@@ -61,6 +94,7 @@ class Backend:
     named_lock_store: Callable[[Any], Any] = _same  # the store named locks use, given a loader's
     lock_queue: Any = None  # named locks' own line beside the store (ZooKeeper's): all are fair
     advisory_lock: Callable[..., Any] | None = None  # a database session lock, where there is one
+    inspector: Inspector | None = None  # None: the store is not shared (the embedded store's)
     close_first: list[Callable[[], None]] = field(default_factory=list)  # lease services
     close_last: list[Callable[[], None]] = field(default_factory=list)  # connections it opened
     tracker: Tracking | None = None  # made by track()

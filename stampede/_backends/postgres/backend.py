@@ -11,6 +11,7 @@ from ..._core.backend import Backend, BackendOptions
 from ..._errors import ConfigError
 from ..breaker import CircuitBreaker
 from .astore import make_pool, postgres_stores
+from .inspect import PostgresInspector
 from .schema import MAX_KEY_LENGTH
 
 NEAR_REFUSAL = "near_cache needs Redis's client-side caching to keep copies exact: the PostgreSQL store has none"
@@ -37,6 +38,7 @@ def postgres_backend(pool: Any, options: BackendOptions, *, owns_pool: bool) -> 
         make_async_store=make_async_store,
         near_refusal=NEAR_REFUSAL,
         advisory_lock=functools.partial(_advisory_lock, store.pool),
+        inspector=PostgresInspector(store),
     )
 
 

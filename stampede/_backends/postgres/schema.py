@@ -356,6 +356,22 @@ SCAN = (
     " UNION SELECT key FROM stampede_leases WHERE key LIKE %s AND expires_at > clock_timestamp()"
 )
 
+DESCRIBE = (  # an entry's value, lease and failing marker, for the command line
+    "SELECT (SELECT value FROM stampede_values WHERE key = %s AND expires_at > clock_timestamp()),"
+    " (SELECT (extract(epoch FROM expires_at - clock_timestamp()) * 1000)::bigint FROM stampede_values"
+    "  WHERE key = %s AND expires_at > clock_timestamp()),"
+    " (SELECT token FROM stampede_leases WHERE key = %s AND expires_at > clock_timestamp()),"
+    " (SELECT (extract(epoch FROM expires_at - clock_timestamp()) * 1000)::bigint FROM stampede_leases"
+    "  WHERE key = %s AND expires_at > clock_timestamp()),"
+    " EXISTS (SELECT 1 FROM stampede_values WHERE key = %s AND expires_at > clock_timestamp())"
+)
+
+LEASES = (  # every lease in flight in a namespace, with a fair lock's waiters in line
+    "SELECT l.key, l.token, (extract(epoch FROM l.expires_at - clock_timestamp()) * 1000)::bigint,"
+    " (SELECT count(*) FROM stampede_queue q WHERE q.key = l.key AND q.expires_at > clock_timestamp())"
+    " FROM stampede_leases l WHERE l.key LIKE %s AND l.expires_at > clock_timestamp()"
+)
+
 SWEEP = "SELECT stampede_sweep(%s)"
 
 CHECK = (
@@ -432,6 +448,14 @@ def leave_queue(keys: EntryKeys, token: str) -> Statement:
 
 def holder(keys: EntryKeys) -> Statement:
     return Statement(HOLDER, (keys.lock,))
+
+
+def describe(keys: EntryKeys) -> Statement:
+    return Statement(DESCRIBE, (keys.value, keys.value, keys.lock, keys.lock, keys.failing))
+
+
+def leases(namespace: str) -> Statement:
+    return Statement(LEASES, (_like_escape(f"{namespace}:{{") + "%}:lock",))
 
 
 def scan(namespace: str, match: str) -> Statement:

@@ -210,7 +210,7 @@ class PostgresStore:
         self._sweeper = Sweeper()
 
     @contextmanager
-    def _connection(self, what: str, key: str) -> Iterator[psycopg.Connection[Any]]:
+    def connection(self, what: str, key: str) -> Iterator[psycopg.Connection[Any]]:
         self.breaker.check(key)
         try:
             if not self._schema_ready:
@@ -238,12 +238,12 @@ class PostgresStore:
             self._schema_ready = True
 
     def _one(self, what: str, key: str, statement: sql.Statement) -> tuple[Any, ...] | None:
-        with self._connection(what, key) as connection:
+        with self.connection(what, key) as connection:
             row: tuple[Any, ...] | None = connection.execute(statement.query, statement.params).fetchone()
         return row
 
     def _count(self, what: str, key: str, statement: sql.Statement) -> int:
-        with self._connection(what, key) as connection:
+        with self.connection(what, key) as connection:
             return connection.execute(statement.query, statement.params).rowcount
 
     def get(self, key: str) -> bytes | None:
@@ -266,7 +266,7 @@ class PostgresStore:
         return self._count("renew the lease of", keys.value, sql.renew(keys, token, lease_ms)) == 1
 
     def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> Written:
-        with self._connection("write", keys.value) as connection:
+        with self.connection("write", keys.value) as connection:
             statement = sql.write_release(keys, token, envelope, ttl_ms, inline)
             row = connection.execute(statement.query, statement.params).fetchone()
             if self._sweeper.due():
@@ -311,13 +311,13 @@ class PostgresStore:
         takes writes (a wrong password, a read-only standby, a user without the rights
         to create the schema all fail here)."""
         key = check_key(namespace)
-        with self._connection("check the database with", key) as connection:
+        with self.connection("check the database with", key) as connection:
             connection.execute(sql.CHECK, (key,))
             connection.execute(sql.CHECK_DELETE, (key,))
 
     def scan(self, namespace: str, match: str = "*") -> set[str]:
         statement = sql.scan(namespace, match)
-        with self._connection("scan", namespace) as connection:
+        with self.connection("scan", namespace) as connection:
             rows = connection.execute(statement.query, statement.params).fetchall()
         return entry_value_keys(row[0] for row in rows)
 

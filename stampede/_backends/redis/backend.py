@@ -17,6 +17,7 @@ from ..._core.near import NearChannel
 from ..._core.store import AsyncStore
 from ..breaker import CircuitBreaker, NodeBreakers
 from .astore import AsyncRedisStore
+from .inspect import RedisInspector
 from .store import EvictionCheck, RedisStore, is_cluster
 from .tracking import Tracker
 
@@ -48,6 +49,7 @@ def redis_backend(client: Any, async_client: Any, options: BackendOptions) -> Ba
     if client is not None:
         timeout = socket_timeout(client)
         backend.store = RedisStore(client, timeout, breaker, eviction, node_breakers, near=near_channel)
+        backend.inspector = RedisInspector(client)
         backend.near_refusal = None
 
         def make_tracker(copies: Any, lease: float) -> Tracker:
