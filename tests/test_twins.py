@@ -61,6 +61,47 @@ if importlib.util.find_spec("kazoo"):
     STORE_PAIRS.append((ZooKeeperLockServers, AsyncZooKeeperLockServers))
 
 
+from stampede._backends.redis.anotify import AsyncSubscriber  # noqa: E402
+from stampede._backends.redis.ashards import AsyncShardedSubscriber  # noqa: E402
+from stampede._backends.redis.notify import Subscriber  # noqa: E402
+from stampede._backends.redis.shards import ShardedSubscriber  # noqa: E402
+from stampede._drivers.aio import AsyncRunner  # noqa: E402
+from stampede._drivers.blocking import SyncRunner  # noqa: E402
+from stampede._drivers.singleflight import AsyncFlightTable, FlightTable  # noqa: E402
+
+from .twin_bodies import current, recorded, recorded_on, this_python  # noqa: E402
+
+# The pairs written line for line alike. Not here: the contracts (protocols, bodies
+# empty), and the embedded store's asyncio view, which calls the blocking one.
+BODY_PAIRS = [
+    *(pair for pair in STORE_PAIRS if pair[0] not in (Store, LockServers, MemoryStore)),
+    (ZooKeeperLockStore, AsyncZooKeeperLockStore),
+    (Performer, AsyncPerformer),
+    (Subscriber, AsyncSubscriber),
+    (ShardedSubscriber, AsyncShardedSubscriber),
+    (SyncRunner, AsyncRunner),
+    (FlightTable, AsyncFlightTable),
+    (CachedLoader, AsyncCachedLoader),
+]
+
+
+def test_twin_bodies_differ_only_as_recorded() -> None:
+    """Each asyncio twin, read as blocking, differs from its blocking twin only as
+    ``tests/twins.txt`` records (see ``tests/twin_bodies.py``): a fix in one twin only
+    shows up here."""
+    if this_python() != recorded_on():
+        pytest.skip(f"the fingerprints are of Python {recorded_on()}'s ast.unparse (CI runs that one)")
+    now, then = current(BODY_PAIRS), recorded()
+    changed = {name: difference for name, (mark, difference) in now.items() if then.get(name) != mark}
+    report = "\n\n".join(f"{name} (recorded {then.get(name, 'nothing')}):\n{diff or '(now the same)'}"
+                          for name, diff in sorted(changed.items()))  # fmt: skip
+    assert not changed, (
+        "twins changed apart: make the same change in the other twin, or record the difference "
+        "(python tests/twin_bodies.py --record) and say why in the commit\n\n" + report
+    )
+    assert set(then) <= set(now), f"recorded twins that are gone: {sorted(set(then) - set(now))}"
+
+
 def test_the_zookeeper_named_lock_twins_have_the_same_methods_and_signatures() -> None:
     names = _public_methods(ZooKeeperLockStore)  # the rest is the cache server's (__getattr__)
     assert names == _public_methods(AsyncZooKeeperLockStore)
