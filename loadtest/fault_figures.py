@@ -25,18 +25,18 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 SCENARIOS = [
-    "tests/test_processes.py::test_a_killed_holder_is_taken_over_by_a_waiter_in_another_process",
-    "tests/test_async.py::test_a_killed_holder_process_is_taken_over_by_async_waiters",
-    "tests/test_faults.py::test_a_holder_paused_past_its_lease_neither_overwrites_nor_releases_anothers_lock",
-    "tests/test_faults.py::test_redis_killed_and_restarted_mid_stampede",
-    "tests/test_breaker.py::test_a_stalled_server_costs_threshold_socket_timeouts_then_none",
-    "tests/test_redis.py::test_redis_stopped_mid_run_fails_open_and_caching_resumes",
-    "tests/test_redis.py::test_policy_raise_surfaces_a_dead_redis",
-    "tests/test_faults.py::test_connections_cut_mid_stampede",
-    "tests/test_faults.py::test_latency_beyond_the_socket_timeout_is_bounded_and_opens_the_circuit",
-    "tests/test_faults.py::test_a_loader_failing_under_load_is_never_run_twice_at_once",
-    "tests/test_invalidation_stress.py::test_no_stale_value_after_an_invalidation_across_processes_under_faults",
-    "tests/test_soak.py::test_soak_with_random_faults",
+    "tests/promises/test_processes.py::test_a_killed_holder_is_taken_over_by_a_waiter_in_another_process",
+    "tests/promises/test_async.py::test_a_killed_holder_process_is_taken_over_by_async_waiters",
+    "tests/faults/test_faults.py::test_a_holder_paused_past_its_lease_neither_overwrites_nor_releases_anothers_lock",
+    "tests/faults/test_faults.py::test_redis_killed_and_restarted_mid_stampede",
+    "tests/faults/test_breaker.py::test_a_stalled_server_costs_threshold_socket_timeouts_then_none",
+    "tests/families/test_redis.py::test_redis_stopped_mid_run_fails_open_and_caching_resumes",
+    "tests/families/test_redis.py::test_policy_raise_surfaces_a_dead_redis",
+    "tests/faults/test_faults.py::test_connections_cut_mid_stampede",
+    "tests/faults/test_faults.py::test_latency_beyond_the_socket_timeout_is_bounded_and_opens_the_circuit",
+    "tests/faults/test_faults.py::test_a_loader_failing_under_load_is_never_run_twice_at_once",
+    "tests/faults/test_invalidation_stress.py::test_no_stale_value_after_an_invalidation_across_processes_under_faults",
+    "tests/faults/test_soak.py::test_soak_with_random_faults",
 ]
 
 

@@ -108,7 +108,7 @@ def record(pairs: list[tuple[type, type]]) -> None:
 
 if __name__ == "__main__" and sys.argv[1:] == ["--record"]:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from tests.test_twins import BODY_PAIRS
+    from tests.tools.test_twins import BODY_PAIRS
 
     record(BODY_PAIRS)
     print(f"recorded {RECORD}")

@@ -9,6 +9,6 @@ Each family has a ``backend.py`` building a ``Backend`` (``_core/backend.py``), 
 ZooKeeper's, composed on Redis by ``stampede._backend``. Shared here: the circuit
 breaker, who waits on which channel, a waiter's mailbox.
 
-Rules of the imports (``tests/test_layout.py``): a family imports the core, the shared
+Rules of the imports (``tests/tools/test_layout.py``): a family imports the core, the shared
 parts and itself, never another family, a driver or a public module.
 """

@@ -4,7 +4,7 @@ asyncio (``AsyncStore``: the same methods, awaited), with the replies they excha
 A backend stores envelopes, holds leases (a lock key with a token and an expiry) and
 wakes waiters. Methods raise ``BackendUnavailable`` when the store fails, never a
 client library's own exception. Durations are in milliseconds, as Redis takes them.
-Every backend passes the same contract suite (``tests/test_store_contract.py``).
+Every backend passes the same contract suite (``tests/promises/test_store_contract.py``).
 
 Lock servers (Redlock's majority) have a contract of their own: each command goes to
 every server and is answered with a ``Round``, a server's failure counted, not raised.

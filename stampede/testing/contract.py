@@ -168,7 +168,7 @@ def test_renewal_extends_only_the_holders_lease(store: Any, keys: EntryKeys) -> 
 
 def test_a_lease_nobody_renews_runs_out_and_is_taken_over(store: Any, keys: EntryKeys) -> None:
     if getattr(getattr(store, "_store", store), "session_leases", False):
-        pytest.skip("a ZooKeeper lease ends with its holder's session, not by a term (tests/test_lock_services.py)")
+        pytest.skip("a ZooKeeper lease ends with its holder's session, not by a term (docs/lock-services.md)")
     store.acquire(keys, "a", 100, True)
     deadline = time.monotonic() + 5
     while store.acquire(keys, "b", LEASE_MS, True).state is not LockState.LOCKED:

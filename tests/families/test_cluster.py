@@ -24,9 +24,9 @@ from stampede import BackendUnavailable, ConfigError, Stampede
 from stampede._core.keys import EntryKeys
 from stampede.testing import ClusterServers, RedisServer
 
-from .conftest import empty_cluster
-from .test_behaviour import CountingLoader, hammer
-from .test_processes import run_stampede
+from ..conftest import empty_cluster
+from ..promises.test_behaviour import CountingLoader, hammer
+from ..promises.test_processes import run_stampede
 
 
 def node_client(server: RedisServer) -> redis.Redis:

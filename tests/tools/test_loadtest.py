@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "loadtest"))
 
 from expiry_windows import expiry_windows, explain, queries_per_second, summarize  # noqa: E402

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("gevent")
 
-WORKER = Path(__file__).with_name("gevent_worker.py")
+WORKER = Path(__file__).parent.parent.joinpath("gevent_worker.py")
 
 
 def scenario(redis_url: str, name: str) -> dict[str, Any]:

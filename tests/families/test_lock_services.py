@@ -19,8 +19,8 @@ import redis
 from stampede import BackendUnavailable, ConfigError, LockLost, Stampede, WaitTimeout
 from stampede.testing import PostgresServer, ZooKeeperServer
 
-from .conftest import empty_postgres, needs_postgres, needs_zookeeper
-from .test_processes import Workers, run_stampede
+from ..conftest import empty_postgres, needs_postgres, needs_zookeeper
+from ..promises.test_processes import Workers, run_stampede
 
 pytestmark = pytest.mark.timeout(90)
 

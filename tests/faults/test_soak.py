@@ -17,7 +17,7 @@ the named lock: every overlap of two holders, and every write the resource refus
 stale fence, happens to a holder that is told at release that its lease was lost (or
 that Redis could not be reached to say).
 
-    STAMPEDE_SOAK_SECONDS=300 python -m pytest tests/test_soak.py -s   # the long form
+    STAMPEDE_SOAK_SECONDS=300 python -m pytest tests/faults/test_soak.py -s   # the long form
 
 CI runs the short form (8 s). ``-s`` prints the figures.
 """
@@ -39,7 +39,7 @@ import redis
 from stampede import BackendUnavailable, LockLost, Stampede
 from stampede.testing import FaultProxy
 
-from .scenarios import NETWORK_FAULTS, disturb
+from ..scenarios import NETWORK_FAULTS, disturb
 
 SECONDS = float(os.environ.get("STAMPEDE_SOAK_SECONDS", "8"))
 KEYS = 40

@@ -9,7 +9,7 @@ notes when the invalidation completed. Meanwhile it cuts a worker's connections,
 its network past the socket timeout, stalls it, or pauses the whole worker (SIGSTOP) for
 up to 0.9 s, past its 0.6 s leases. It stops by itself.
 
-    STAMPEDE_STRESS_SECONDS=120 python -m pytest tests/test_invalidation_stress.py -s -o timeout=300
+    STAMPEDE_STRESS_SECONDS=120 python -m pytest tests/faults/test_invalidation_stress.py -s -o timeout=300
 
 CI runs the short form (6 s). ``-s`` prints the figures.
 """
@@ -33,11 +33,11 @@ import redis
 from stampede import BackendUnavailable, Stampede
 from stampede.testing import FaultProxy
 
-from .scenarios import NETWORK_FAULTS, disturb
-from .test_processes import Workers
+from ..promises.test_processes import Workers
+from ..scenarios import NETWORK_FAULTS, disturb
 
 SECONDS = float(os.environ.get("STAMPEDE_STRESS_SECONDS", "6"))
-WORKER = str(Path(__file__).with_name("stress_worker.py"))
+WORKER = str(Path(__file__).parent.parent.joinpath("stress_worker.py"))
 PROCESSES, THREADS, KEYS = 3, 6, 30
 CALL_BOUND = 5.0  # seconds: a pause lasts at most 0.9 s, wait_timeout is 10
 

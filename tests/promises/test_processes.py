@@ -12,7 +12,7 @@ from typing import Any
 
 import redis
 
-WORKER = str(Path(__file__).with_name("worker.py"))
+WORKER = str(Path(__file__).parent.parent.joinpath("worker.py"))
 
 
 class Workers:
@@ -130,7 +130,7 @@ def test_a_killed_holder_is_taken_over_by_a_waiter_in_another_process(
 
 def test_a_child_forked_mid_load_does_not_wait_for_its_parents_flights(redis_url: str, redis_client: Any) -> None:
     done = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("fork_worker.py")), redis_url],
+        [sys.executable, str(Path(__file__).parent.parent.joinpath("fork_worker.py")), redis_url],
         capture_output=True, text=True, timeout=50,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr

@@ -29,10 +29,10 @@ from stampede._drivers.near import MISSING, NearCache
 from stampede._drivers.observe import Events, RateLimitedLog
 from stampede.testing import CommandMonitor, FaultProxy, RedisServer
 
-from .test_cluster import until
-from .test_processes import Workers
+from ..families.test_cluster import until
+from ..promises.test_processes import Workers
 
-NEAR_WORKER = str(Path(__file__).with_name("near_worker.py"))
+NEAR_WORKER = str(Path(__file__).parent.parent.joinpath("near_worker.py"))
 
 
 def tracked(layer: Stampede, timeout: float = 10.0) -> None:
@@ -458,7 +458,7 @@ def test_the_embedded_store_takes_the_setting_and_changes_nothing() -> None:
 
 def test_a_forked_child_serves_none_of_its_parents_copies_and_tracks_on_its_own(redis_url: str) -> None:
     done = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("near_fork_worker.py")), redis_url],
+        [sys.executable, str(Path(__file__).parent.parent.joinpath("near_fork_worker.py")), redis_url],
         capture_output=True, text=True, timeout=50,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

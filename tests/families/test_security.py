@@ -15,8 +15,8 @@ import pytest
 from stampede import BackendUnavailable, Stampede
 from stampede.testing import RedisServer, find_server_binary
 
-from .scenarios import one_load_and_a_wake_up
-from .test_near_cache import copied, held, tracked
+from ..families.test_near_cache import copied, held, tracked
+from ..scenarios import one_load_and_a_wake_up
 
 PASSWORD = "default-user-secret"
 # How the server words a command the ACL refuses: "No permissions ..." (Valkey, Redis 7.2+),

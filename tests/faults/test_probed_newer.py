@@ -23,10 +23,10 @@ from stampede import BackendUnavailable, ConfigError, InvalidKey, MsgspecSeriali
 from stampede._drivers.refresh import Refresher
 from stampede.testing import FaultProxy, RedisServer, free_port
 
-from .scenarios import forked_child_passes, parked_in, wait_until
-from .test_behaviour import CountingLoader
-from .test_cli import ROOT
-from .test_msgspec import ORDER, Order
+from ..promises.test_behaviour import CountingLoader
+from ..promises.test_msgspec import ORDER, Order
+from ..scenarios import forked_child_passes, parked_in, wait_until
+from ..tools.test_cli import ROOT
 
 
 class Joins:

@@ -14,10 +14,10 @@ import redis
 from stampede import ConfigError, LockLost, LockNotOwned, Redlock, WaitTimeout
 from stampede.testing import FaultProxy, RedisServer
 
-from .scenarios import wait_until
-from .test_processes import run_stampede
+from ..promises.test_processes import run_stampede
+from ..scenarios import wait_until
 
-WORKER = str(Path(__file__).with_name("mutex_worker.py"))
+WORKER = str(Path(__file__).parent.parent.joinpath("mutex_worker.py"))
 
 
 def test_a_majority_grants_the_lock_and_release_frees_it_everywhere(five: list[RedisServer]) -> None:

@@ -69,7 +69,7 @@ from stampede._drivers.aio import AsyncRunner  # noqa: E402
 from stampede._drivers.blocking import SyncRunner  # noqa: E402
 from stampede._drivers.singleflight import AsyncFlightTable, FlightTable  # noqa: E402
 
-from .twin_bodies import current, recorded, recorded_on, this_python  # noqa: E402
+from ..twin_bodies import current, recorded, recorded_on, this_python  # noqa: E402
 
 # The pairs written line for line alike. Not here: the contracts (protocols, bodies
 # empty), and the embedded store's asyncio view, which calls the blocking one.

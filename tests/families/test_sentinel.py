@@ -20,9 +20,14 @@ from stampede import BackendUnavailable, ConfigError, Stampede
 from stampede._core.keys import EntryKeys
 from stampede.testing import RedisServer, SentinelServers, free_port
 
-from .test_behaviour import CountingLoader, hammer
-from .test_cluster import async_waiters_through, sixteen_threads_and_fifty_tasks_load_once, start_stampede, until
-from .test_near_cache import copied, held, tracked, versioned
+from ..families.test_cluster import (
+    async_waiters_through,
+    sixteen_threads_and_fifty_tasks_load_once,
+    start_stampede,
+    until,
+)
+from ..families.test_near_cache import copied, held, tracked, versioned
+from ..promises.test_behaviour import CountingLoader, hammer
 
 
 def subscribers(server: RedisServer, channel: str) -> int:

@@ -25,10 +25,10 @@ from stampede._core.effects import LEASE_MARGIN, AwaitNotice, LeaveQueue, Pause,
 from stampede._core.store import AcquireReply, LockState
 from stampede.testing import CommandMonitor, FaultProxy, RedisServer, names
 
-from .scenarios import wait_until
-from .test_processes import run_stampede
+from ..promises.test_processes import run_stampede
+from ..scenarios import wait_until
 
-MUTEX_WORKER = str(Path(__file__).with_name("mutex_worker.py"))
+MUTEX_WORKER = str(Path(__file__).parent.parent.joinpath("mutex_worker.py"))
 
 TAKE_LOCK_SHA = hashlib.sha1(_scripts.TAKE_LOCK.encode()).hexdigest()
 

@@ -13,7 +13,7 @@ import pytest
 
 import stampede
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "stampede"
 
 pytestmark = pytest.mark.skipif(

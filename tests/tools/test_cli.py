@@ -22,7 +22,7 @@ from stampede._core.codec import Codec
 from stampede.cli import main
 from stampede.testing import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, Any, str]:

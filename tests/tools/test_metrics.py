@@ -23,7 +23,7 @@ import redis
 from stampede import COUNTERS, Stampede
 from stampede.testing import free_port
 
-from .scenarios import wait_until
+from ..scenarios import wait_until
 
 prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client import CollectorRegistry, start_http_server  # noqa: E402
@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from stampede.prometheus import PrometheusMetrics  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/, beside its workers
 CALLERS = 16
 
 

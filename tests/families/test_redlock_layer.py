@@ -19,9 +19,9 @@ import redis
 from stampede import BackendUnavailable, ConfigError, Redlock, Stampede
 from stampede.testing import RedisServer
 
-from .scenarios import wait_until
-from .test_behaviour import CountingLoader, lock_is_held
-from .test_processes import Workers, run_stampede
+from ..promises.test_behaviour import CountingLoader, lock_is_held
+from ..promises.test_processes import Workers, run_stampede
+from ..scenarios import wait_until
 
 
 def urls(servers: list[RedisServer]) -> list[str]:

@@ -29,8 +29,8 @@ from stampede import (
 )
 from stampede.testing import RedisServer
 
-from .scenarios import wait_until
-from .test_behaviour import CountingLoader
+from ..promises.test_behaviour import CountingLoader
+from ..scenarios import wait_until
 
 
 def blocked_loader(result: Callable[[Any], Any] = lambda key: key) -> CountingLoader:

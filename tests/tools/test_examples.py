@@ -1,5 +1,5 @@
 """The README's demo, the examples and the benchmarks run, in their short forms, and say what they should
-(the benchmarks that print their figures as JSON: tests/test_loadtest.py)."""
+(the benchmarks that print their figures as JSON: tests/tools/test_loadtest.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from stampede.testing import PostgresServer
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(*args: str) -> str:

@@ -23,9 +23,9 @@ from stampede._core.freshness import Served, Stale, classify
 from stampede._core.keys import EntryKeys
 from stampede._core.store import FAILED_HOLD
 
-from .scenarios import wait_until
-from .test_behaviour import CountingLoader, hammer
-from .test_processes import Workers
+from ..promises.test_behaviour import CountingLoader, hammer
+from ..promises.test_processes import Workers
+from ..scenarios import wait_until
 
 
 class Database:

@@ -19,7 +19,7 @@ import redis
 
 from stampede import BackendUnavailable, Stampede
 
-from .scenarios import one_load_and_a_wake_up
+from ..scenarios import one_load_and_a_wake_up
 
 trustme = pytest.importorskip("trustme")
 

@@ -30,9 +30,9 @@ from stampede import Stampede
 from stampede._backends.mailbox import ThreadMailbox
 from stampede.testing import FaultProxy, RedisServer
 
-from .scenarios import commands_run, parked_in, wait_until
-from .test_behaviour import CountingLoader
-from .test_processes import Workers
+from ..promises.test_behaviour import CountingLoader
+from ..promises.test_processes import Workers
+from ..scenarios import commands_run, parked_in, wait_until
 
 KEY, LOCK = "proc:{item:0}", "proc:{item:0}:lock"
 

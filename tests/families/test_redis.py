@@ -16,8 +16,8 @@ from stampede import BackendUnavailable, CachedLoader, ConfigError, Stampede
 from stampede._backends.redis.clients import ConnectionQueue
 from stampede.testing import CommandMonitor, RedisServer, names
 
-from .scenarios import forked_child_passes, wait_until
-from .test_behaviour import CountingLoader, hammer
+from ..promises.test_behaviour import CountingLoader, hammer
+from ..scenarios import forked_child_passes, wait_until
 
 
 def subscribers(client: redis.Redis, loader: CachedLoader[..., Any], *args: Any) -> int:

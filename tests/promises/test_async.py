@@ -21,8 +21,8 @@ import redis.asyncio
 from stampede import BackendUnavailable, InvalidKey, Stampede, WaitTimeout
 from stampede.testing import CommandMonitor, FaultProxy, RedisServer, names
 
-from .scenarios import commands_run, until
-from .test_processes import Workers
+from ..promises.test_processes import Workers
+from ..scenarios import commands_run, until
 
 
 class AsyncDatabase:

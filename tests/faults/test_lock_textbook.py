@@ -18,7 +18,7 @@ import redis
 from stampede import LockLost, Stampede
 from stampede.testing import CommandMonitor, names
 
-from .scenarios import wait_until
+from ..scenarios import wait_until
 
 KEY = "textbook:lock"
 

@@ -1,0 +1,1 @@
+"""The pure decisions and rules, step by step, without a server."""

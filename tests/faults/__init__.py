@@ -1,0 +1,1 @@
+"""Faults, soak and stress: servers killed, paused and cut off; probed defects."""
