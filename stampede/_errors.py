@@ -9,7 +9,7 @@ from __future__ import annotations
 
 
 class StampedeError(Exception):
-    """Base of every error stampede raises; ``key`` is the cache key concerned, if any."""
+    """Base of every error stampede raises. ``key`` is the cache key concerned, if any."""
 
     def __init__(self, message: str, *, key: str | None = None) -> None:
         super().__init__(message)
@@ -17,7 +17,7 @@ class StampedeError(Exception):
 
 
 class ConfigError(StampedeError, ValueError):
-    """A setting, template or namespace is invalid; raised when it is given, not at call time."""
+    """A setting, template or namespace is invalid. Raised when it is given, not at call time."""
 
 
 class InvalidKey(StampedeError, ValueError):
@@ -25,11 +25,11 @@ class InvalidKey(StampedeError, ValueError):
 
 
 class SerializationError(StampedeError, ValueError):
-    """A loaded value cannot be encoded; nothing was written and the lock was released."""
+    """A loaded value cannot be encoded. Nothing was written and the lock was released."""
 
 
 class ValueTooLarge(SerializationError):
-    """A loaded value encodes to more than ``max_value_bytes``; nothing was written and the
+    """A loaded value encodes to more than ``max_value_bytes``. Nothing was written and the
     lock was released. The limit keeps one oversized value from filling the server's
     memory or stalling its single thread, and every reader's connection, on each read."""
 

@@ -9,7 +9,7 @@ multiprocessing's fork start method all fork after a layer may have been used.
 
 Objects with such state register here, and are reset in the child before any of its
 own code runs: they start empty, with new locks, as if just made. The parent's
-connections are dropped without being closed; they are the parent's.
+connections are dropped without being closed. They are the parent's.
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ class Stampede:
     """A cache layer: loaders decorated by it share one store, one set of counters, one
     lease watchdog and one subscriber connection (per event loop for async loaders).
 
-    ``Stampede(client)`` uses a redis-py client you configured; give it a
+    ``Stampede(client)`` uses a redis-py client you configured. Give it a
     ``socket_timeout``, a ``socket_connect_timeout`` and ``retry=Retry(NoBackoff(), 0)``,
     or one command against a stalled server can outlast every bound here. For
     ``async def`` loaders add ``async_client=``: a redis.asyncio client (usable in one
@@ -76,7 +76,7 @@ class Stampede:
 
     ``redlock=Redlock(urls)`` holds every load's lease on a majority of those lock
     servers as well as on the cache server, so no two loads of a key run at once even if
-    the cache server loses its keys; values and messages stay on the cache server (see
+    the cache server loses its keys. Values and messages stay on the cache server (see
     ``_drivers.redlock_store``). Its servers must be URLs for async loaders.
 
     ``postgres=`` (a ``postgresql://`` URL or a psycopg_pool ``ConnectionPool``) keeps
@@ -88,7 +88,7 @@ class Stampede:
 
     ``near_cache=True`` (a setting, also per loader) serves fresh values from copies in
     this process with no I/O, kept exact across processes by a tracking connection and a
-    lease of ``near_lease`` seconds (see ``_core.near`` and docs/near-cache.md); it needs
+    lease of ``near_lease`` seconds (see ``_core.near`` and docs/near-cache.md). It needs
     a blocking client. ``near_cache_entries`` and
     ``near_cache_bytes`` bound the copies.
     """
@@ -168,7 +168,7 @@ class Stampede:
         """A layer over clients for ``url`` with bounded timeouts and no hidden retries,
         so no call spends longer than wait_timeout plus one socket timeout on Redis.
         ``max_connections`` bounds the pool (one pool for threads, one per event loop
-        for async loaders, made when that loop first calls); callers beyond it wait,
+        for async loaders, made when that loop first calls). Callers beyond it wait,
         one socket timeout at most, for a connection instead of failing. ``check=True``
         runs ``check()`` before returning: fail fast on a wrong password or a replica.
 
@@ -176,7 +176,7 @@ class Stampede:
         ``redis+sentinel://host:port[,host:port...]/service[/db]`` names the master a set
         of sentinels knows as ``service`` (see ``_backends.redis.clients`` and docs/scaling.md). A
         ``postgresql://`` URL makes the store PostgreSQL (a pool of ``max_connections``,
-        ``socket_timeout`` as the statement timeout); ``zookeeper=`` adds ZooKeeper leases
+        ``socket_timeout`` as the statement timeout). ``zookeeper=`` adds ZooKeeper leases
         (docs/lock-services.md)."""
         check_seconds("socket_timeout", socket_timeout)
         check_seconds("socket_connect_timeout", socket_connect_timeout)
@@ -261,7 +261,7 @@ class Stampede:
     ) -> Any:
         """Decorate a loader, plain or ``async def``, or a method (``self`` is not part of
         the key). ``template`` (``"product:{product_id}"``) names the entry from the
-        loader's arguments; without one the key is the loader's ``module.qualname`` and
+        loader's arguments. Without one the key is the loader's ``module.qualname`` and
         all its arguments, which must name one loader of this layer (a lambda or a
         function made inside another needs a template). Keyword settings override the
         layer's for this loader. ``@layer.cached_loader`` without parentheses works too."""
@@ -324,7 +324,7 @@ class Stampede:
         """A named lock in this layer's store (see ``Lock``): ``with layer.lock("report"):``
         or ``async with``. ``ttl`` (default: the layer's lock_ttl) is the lease, renewed
         every ttl/3 while held unless ``renew`` is False. A blocking acquire waits for a
-        release message, up to ``timeout`` seconds (None: no limit); ``retry_interval``
+        release message, up to ``timeout`` seconds (None: no limit). ``retry_interval``
         makes it poll instead, and ``retries`` bounds the number of tries after the first.
         ``reentrant``: the thread or task holding it may acquire it again (and must
         release as many times). ``fair``: waiters take it in arrival order. On a layer
@@ -352,7 +352,7 @@ class Stampede:
     def advisory_lock(self, name: str, *, blocking: bool = True, timeout: float | None = None) -> AdvisoryLock:
         """PostgreSQL's session lock (``pg_advisory_lock``) on a connection of this layer's
         pool, for a layer whose store is PostgreSQL: ``with layer.advisory_lock("job"):``
-        or ``async with``. Freed by the database when the holder's session ends; no lease,
+        or ``async with``. Freed by the database when the holder's session ends. No lease,
         no fencing token (see ``stampede.postgres.AdvisoryLock`` for when it is right)."""
         make = self._backend.advisory_lock
         if make is None:
@@ -381,7 +381,7 @@ class Stampede:
         replica, an ACL user outside its keys, a server down). Under the default
         ``on_backend_error="load"`` such a server would only cost a rate-limited warning per
         call. Also warns if the server may evict leases (see the README). Blocking client
-        needed; ``acheck()`` uses this event loop's."""
+        needed. ``acheck()`` uses this event loop's."""
         if self._runner is None:
             raise ConfigError("check() needs a blocking client: use acheck() in the event loop")
         self._runner.store.check(self.namespace)
@@ -394,7 +394,7 @@ class Stampede:
 
     def clear(self) -> int:
         """Invalidate every cache entry of this layer's namespace, as ``invalidate()`` does
-        each one (loads in flight are not written, waiters load afresh); return how many.
+        each one (loads in flight are not written, waiters load afresh). Return how many.
         Named locks, and their fencing counters, are left alone: a namespace cleared by
         hand (``SCAN``/``DEL``) would reset the counters too."""
         return self.invalidate_matching("*")
@@ -407,7 +407,7 @@ class Stampede:
         """The keys of the cache entries whose entry matches ``pattern``: a glob (Redis's
         syntax) over the entry, ``"category-map:*"``, or a template whose ``{field}``
         placeholders take the ``fields`` given and match anything where none is
-        (``matching("orders:{shop}:{id}", shop="s1")``). Found with SCAN, never KEYS;
+        (``matching("orders:{shop}:{id}", shop="s1")``). Found with SCAN, never KEYS.
         an entry whose load is in flight is found by its lease."""
         match = entry_pattern(pattern, fields)
         store = self._blocking_store("matching", "amatching")
@@ -421,7 +421,7 @@ class Stampede:
 
     def invalidate_matching(self, pattern: str, **fields: Any) -> int:
         """Invalidate, as ``invalidate()`` does each one, the entries ``matching(pattern,
-        **fields)`` finds; return how many. Entries written after the scan passed them are
+        **fields)`` finds. Return how many. Entries written after the scan passed them are
         left alone, as they would be by an invalidation a moment earlier. A pattern that
         names one entry (no wildcard, every field given) invalidates it with no scan, and
         counts 1."""
@@ -459,7 +459,7 @@ class Stampede:
 
     def stats(self) -> dict[str, int]:
         """Counters since the layer was made, blocking and async callers together: hits,
-        misses, loads, collapsed, lock_waits, ... (``stampede.COUNTERS``; the same
+        misses, loads, collapsed, lock_waits, ... (``stampede.COUNTERS``, the same
         reports its observers get)."""
         return self._events.counts.snapshot()
 

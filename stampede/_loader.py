@@ -115,7 +115,7 @@ class _Loader(Generic[P, R]):
 
     def __get__(self, instance: object, owner: type | None = None) -> Any:
         """Looked up on an instance, a loader decorated as a method binds it as a function
-        does; ``self`` is passed to the loader but is not part of the key. One decorated
+        does. ``self`` is passed to the loader but is not part of the key. One decorated
         over ``@staticmethod`` is never bound."""
         return self if instance is None or self._static else self._bound(self, instance)
 
@@ -128,7 +128,7 @@ class CachedLoader(_Loader[P, R]):
     """A loader whose calls read the cache first and collapse concurrent misses into one load.
 
     Call it as the function it wraps. ``invalidate(...)`` takes the same arguments and
-    drops that entry; a load already in flight for it is not written afterwards.
+    drops that entry. A load already in flight for it is not written afterwards.
     """
 
     def __init__(
@@ -167,7 +167,7 @@ class CachedLoader(_Loader[P, R]):
 
     def expire(self, *args: P.args, **kwargs: P.kwargs) -> None:
         """The soft ``invalidate``: the entry of these arguments is no longer fresh, and a
-        load in flight does not write it; the next caller refreshes it, but the old value
+        load in flight does not write it. The next caller refreshes it, but the old value
         may still be served stale (``stale_while_revalidate``, ``stale_if_error``) for the
         stale window it was written with. Without one, the same as ``invalidate``."""
         keys = self._keys.keys(args, kwargs)
@@ -181,7 +181,7 @@ class AsyncCachedLoader(_Loader[P, R]):
     """``CachedLoader`` for an ``async def`` loader: awaiting a call reads the cache first
     and collapses concurrent misses (tasks, threads, processes) into one load.
 
-    Concurrent tasks of one event loop share one read and one load; cancelling one of
+    Concurrent tasks of one event loop share one read and one load. Cancelling one of
     them cancels only its own wait, and a cancelled loading task hands over to another.
     """
 

@@ -6,18 +6,18 @@ scripts, and renewed while held (the layer's watchdog thread, or a task per lock
 asyncio callers). What makes the textbook Redis locks fail cannot happen here:
 
 * no SETNX-then-EXPIRE: the lease and its expiry are set in one command, so a holder that
-  dies at any point leaves a lock that expires within ``ttl``;
+  dies at any point leaves a lock that expires within ``ttl``.
 * no release by a holder whose lease has run out: release and extend compare the token
-  and act in one script; a holder that finds its lease gone gets ``LockLost``;
-* no timestamp locks (SETNX + GETSET): expiry is the server's, no client clock decides;
+  and act in one script. A holder that finds its lease gone gets ``LockLost``.
+* no timestamp locks (SETNX + GETSET): expiry is the server's, no client clock decides.
 * no sleep-spinning: a waiter subscribes to the lock's channel and is woken by the
-  release, re-checking at the latest when the holder's lease would end;
-* no lease shorter than the work: it is renewed every ttl/3 while held;
+  release, re-checking at the latest when the holder's lease would end.
+* no lease shorter than the work: it is renewed every ttl/3 while held.
 * a holder paused past its lease cannot be told apart by the lock alone, so every
   acquisition returns a fencing token, one greater than any before it for this name,
   which the protected resource can check to refuse a paused ex-holder's late write.
 
-The decisions of acquiring are ``_core.acquiring.acquiring``, written once (no I/O);
+The decisions of acquiring are ``_core.acquiring.acquiring``, written once (no I/O).
 ``Lock`` performs them with blocking calls or with awaits (``_drivers.perform``).
 """
 
@@ -83,7 +83,7 @@ def task_owner() -> Any:
 
 class LockContextManager:
     """``with`` and ``async with`` for a lock class with acquire/release (blocking) and
-    aacquire/arelease (asyncio): a lock that cannot be taken raises ``WaitTimeout``; one
+    aacquire/arelease (asyncio): a lock that cannot be taken raises ``WaitTimeout``. One
     lost by the time the block ends raises ``LockLost``, unless the block is already
     raising (its own error says more, and the loss is logged)."""
 
@@ -138,17 +138,17 @@ HolderT = TypeVar("HolderT", bound=LockContextManager)
 class Lock(LockContextManager):
     """A named lock over a layer's store, for threads (``with``, ``acquire``) and for
     tasks (``async with``, ``aacquire``). One object is one holder: make one per use
-    (``layer.lock(name)`` is cheap); it is not shared between threads or tasks.
+    (``layer.lock(name)`` is cheap). It is not shared between threads or tasks.
 
     ``fence`` is the fencing token of the current acquisition: greater than that of every
     earlier acquisition of this name, in any process.
 
     ``fair``: waiters take the lock in the order they first tried, through a queue in the
-    store; a waiter that stops trying (it died) loses its place after ``ttl``.
+    store. A waiter that stops trying (it died) loses its place after ``ttl``.
 
     ``reentrant``: while a thread (or task) holds the lock, its further acquisitions of
     the name, through any ``Lock`` object of the layer, succeed at once without a round
-    trip; the lock is released in Redis when every one of them has been released.
+    trip. The lock is released in Redis when every one of them has been released.
     """
 
     def __init__(
@@ -212,7 +212,7 @@ class Lock(LockContextManager):
     # --- blocking ---------------------------------------------------------------------
 
     def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
-        """Take the lock; True once held, False if not blocking or out of time or tries."""
+        """Take the lock. True once held, False if not blocking or out of time or tries."""
         store = self._blocking_store()
         if self._reenter(thread_owner):
             return True
@@ -227,7 +227,7 @@ class Lock(LockContextManager):
         return True
 
     def release(self) -> None:
-        """Give the lock up. LockNotOwned if this object does not hold it; LockLost if its
+        """Give the lock up. LockNotOwned if this object does not hold it. LockLost if its
         lease had already run out or been taken (the work under it was not protected)."""
         store = self._blocking_store()
         hold = self._give_up()
@@ -236,7 +236,7 @@ class Lock(LockContextManager):
 
     def extend(self, ttl: float | None = None) -> None:
         """Reset the lease to ``ttl`` (default: the lock's) from now, and renew it to that
-        length from then on; LockLost if it is gone."""
+        length from then on. LockLost if it is gone."""
         store = self._blocking_store()
         hold = self._held_acquisition()
         lease_ms = milliseconds(ttl or self.ttl)
@@ -313,7 +313,7 @@ class Lock(LockContextManager):
         )
 
     def _reenter(self, owner: Callable[[], Any]) -> bool:
-        """Refuse a second acquisition through this object; for a reentrant lock its
+        """Refuse a second acquisition through this object. For a reentrant lock its
         owner already holds, count one more and return True."""
         if self._acquisition is not None:
             raise LockNotOwned(f"lock {self.name!r} is already held by this Lock object", key=self.keys.lock)
@@ -342,7 +342,7 @@ class Lock(LockContextManager):
         return self._acquisition
 
     def _give_up(self, entirely: bool = False) -> Acquisition | None:
-        """Forget this object's acquisition; return the hold if it is to be released in
+        """Forget this object's acquisition. Return the hold if it is to be released in
         the store now (the last of a reentrant owner's, or ``entirely``), else None."""
         hold = self._held_acquisition()
         self._acquisition = None

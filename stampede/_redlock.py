@@ -2,33 +2,33 @@
 
 The algorithm (as its author specified it):
 
-1. take a random token and the time;
+1. take a random token and the time.
 2. on every server, SET the lock key to the token, NX, PX ttl, each with a short socket
-   timeout so a dead server costs little (asyncio callers ask all servers at once);
+   timeout so a dead server costs little (asyncio callers ask all servers at once).
 3. the lock is held if a majority (N // 2 + 1) granted it and time is left: the validity
    is ttl, minus the time the attempt took, minus an allowance for clock drift between
-   the servers (``clock_drift_factor`` x ttl + 2 ms);
+   the servers (``clock_drift_factor`` x ttl + 2 ms).
 4. otherwise release it everywhere (compare-and-delete, by token) and retry after a
    random delay, so contending clients do not retry in step.
 
-While held, the lease is renewed every ttl/3 on every server (compare-and-extend); each
+While held, the lease is renewed every ttl/3 on every server (compare-and-extend). Each
 renewal a majority grants in time moves the validity on, and one that no majority grants
 ends the renewals: the holder learns it at release (``LockLost``).
 
 Its assumptions, stated honestly: it is safe only while processes pause for less than
-the validity and server clocks run at about the same rate; a server that restarts
+the validity and server clocks run at about the same rate. A server that restarts
 without persistence forgets the locks it granted (keep it down for a ttl after a crash,
 or run it with fsync'd AOF). It has no fencing token: a majority drawn afresh each time
 gives no number that always grows. For correctness-critical uses (a paused ex-holder
 must not write) use a single-server ``layer.lock`` and its ``fence``, checked by the
-resource; use Redlock where a lock must survive the loss of a minority of servers and
+resource. Use Redlock where a lock must survive the loss of a minority of servers and
 an occasional overlap is tolerable (efficiency, not correctness).
 
 Waiters retry after a random delay rather than listening for a release: N servers
 publish N messages with no order between them.
 
 The decisions are written once, as generators of effects (``_core.majority``, and the
-retries below); ``_drivers.perform`` performs them with blocking calls, one server after
+retries below). ``_drivers.perform`` performs them with blocking calls, one server after
 another, or with awaits, on all servers at once (``_backends.redis.lock_servers``).
 """
 
@@ -61,7 +61,7 @@ class Redlock:
     the lock behind a layer's loads: ``Stampede(client, redlock=Redlock(urls))``.
 
     Servers given as URLs serve blocking and asyncio callers (asyncio clients are made
-    per event loop); servers given as ``redis.Redis`` clients serve blocking callers only.
+    per event loop). Servers given as ``redis.Redis`` clients serve blocking callers only.
     """
 
     def __init__(
@@ -109,7 +109,7 @@ class Redlock:
         renew: bool = True,
         retry_delay: float | None = None,
     ) -> RedlockLock:
-        """A lock named ``name`` over all the servers; see ``RedlockLock``. ``retry_delay``
+        """A lock named ``name`` over all the servers. See ``RedlockLock``. ``retry_delay``
         is the old name of ``retry_interval`` (a DeprecationWarning)."""
         if retry_delay is not None:
             warnings.warn("retry_delay is deprecated: use retry_interval", DeprecationWarning, stacklevel=2)
@@ -194,7 +194,7 @@ class RedlockLock(LockContextManager):
     ``validity`` is how long the lock is safely held from now: ttl from the last
     acquisition or renewal, less the time it took and the clock-drift allowance. While
     ``renew`` is on (the default) a majority renews the lease every ttl/3, moving the
-    validity on; a renewal that no majority grants in time stops the renewals, and the
+    validity on. A renewal that no majority grants in time stops the renewals, and the
     release then raises ``LockLost``. There is no fencing token (see the module)."""
 
     def __init__(
@@ -236,7 +236,7 @@ class RedlockLock(LockContextManager):
     # --- blocking ---------------------------------------------------------------------
 
     def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
-        """Take the lock on a majority within its validity; True once held (and renewed
+        """Take the lock on a majority within its validity. True once held (and renewed
         from then on by the manager's watchdog thread, unless ``renew`` is False)."""
         servers = self._manager.servers
         if not run(self._acquiring(blocking, timeout), Performer(servers=servers)):
@@ -247,12 +247,12 @@ class RedlockLock(LockContextManager):
         return True
 
     def release(self) -> None:
-        """Release on every server. LockNotOwned if not held; LockLost if a majority no
+        """Release on every server. LockNotOwned if not held. LockLost if a majority no
         longer held it (its validity ran out: the work may have overlapped another's)."""
         run(self._releasing(), Performer(servers=self._manager.servers))
 
     def extend(self, ttl: float | None = None) -> None:
-        """Reset the lease to ``ttl`` on every server that still holds it; LockLost unless
+        """Reset the lease to ``ttl`` on every server that still holds it. LockLost unless
         a majority did within the new validity."""
         run(self._extending(ttl), Performer(servers=self._manager.servers))
         if isinstance(self._renewal, WatchedLease):
@@ -347,7 +347,7 @@ class RedlockLock(LockContextManager):
         self._lease_ms = lease_ms  # what the renewals keep from now on
 
     def _renewing(self, token: str, lease_ms: int) -> Decision[bool]:
-        """Reset the lease to ``lease_ms`` on every server; True, and the validity moved on,
+        """Reset the lease to ``lease_ms`` on every server. True, and the validity moved on,
         if a majority did so in time."""
         _, valid_until = yield from renew_majority(self._manager.quorum, self.keys, token, lease_ms)
         if valid_until is None:

@@ -3,9 +3,9 @@
     stampede [--url URL] [--namespace NS] [--json] COMMAND
 
     inspect PATTERN [FIELD=VALUE ...]     one entry (or each matching one): the value's
-                                          kind, age, load duration, TTL left, size; its
-                                          lease's holder and TTL; processes waiting
-    invalidate PATTERN [FIELD=VALUE ...]  one entry; or, for a pattern, count the matching
+                                          kind, age, load duration, TTL left, size. Its
+                                          lease's holder and TTL. Processes waiting
+    invalidate PATTERN [FIELD=VALUE ...]  one entry. Or, for a pattern, count the matching
                   [--yes]                 entries, and invalidate them with --yes
     locks                                 leases held: named locks (holder, TTL, fence,
                                           queue) and loads in flight
@@ -13,12 +13,12 @@
     demo [...]                            the demo (``stampede demo --help``)
 
 A PATTERN is a glob over the entry (``category-map:*``) or a template whose fields take
-the values given (``category-map:{shop} shop=s1``; ``FIELD:=JSON`` for a value of another
-type, ``ids:=[1,2]``) and match anything where none is given; see ``_core.patterns``.
+the values given (``category-map:{shop} shop=s1``, ``FIELD:=JSON`` for a value of another
+type, ``ids:=[1,2]``) and match anything where none is given. See ``_core.patterns``.
 Entries are found with SCAN on Redis (never KEYS) and by an index on PostgreSQL: the
 command line asks the layer's backend what it holds (``_core.backend.Inspector``).
 ``--url`` takes what ``Stampede.from_url`` takes (add ``--cluster`` for a Redis
-Cluster); its default is $STAMPEDE_URL, else redis://127.0.0.1:6379/0. PostgreSQL
+Cluster). Its default is $STAMPEDE_URL, else redis://127.0.0.1:6379/0. PostgreSQL
 cannot count the processes waiting on an entry: the command says so.
 
 Output is for people unless ``--json`` (one JSON document on stdout). Errors print one
@@ -224,7 +224,7 @@ def _seconds(ms: int) -> float | None:
 
 
 def parse_fields(raw_fields: list[str]) -> dict[str, Any]:
-    """``name=text`` (a str; an int's key is the same) or ``name:=json``."""
+    """``name=text`` (a str, an int's key is the same) or ``name:=json``."""
     fields: dict[str, Any] = {}
     for raw in raw_fields:
         name, sep, text = raw.partition("=")

@@ -85,7 +85,7 @@ def make_reader(strategy: str, url: str | None, delay: float, queries: Callable[
 
 
 def run_threads(read: Callable[[str], Any], key: str, threads: int) -> dict[str, Any]:
-    """Every thread reads once, all released together; returns latencies in seconds."""
+    """Every thread reads once, all released together. Returns latencies in seconds."""
     barrier = threading.Barrier(threads)
     latencies: list[float] = []
     values: list[Any] = []
@@ -123,7 +123,7 @@ def worker_main(options: argparse.Namespace) -> None:
 def run_workers(command: list[str], processes: int, on_ready: Callable[[], None]) -> list[dict[str, Any]]:
     """Start ``processes`` copies of ``command`` (each prints "ready", waits for a line on
     stdin, then prints its result as a JSON line), let them go at once, and return their
-    results; ``on_ready`` runs just before the go. Every process is gone on return."""
+    results. ``on_ready`` runs just before the go. Every process is gone on return."""
     started = [subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
                for _ in range(processes)]  # fmt: skip
     try:

@@ -11,7 +11,7 @@ Instruments (meter ``stampede``): a counter ``stampede.<name>`` per ``stats()`` 
 (``stampede.hits``, ``stampede.loads``, ...), histograms ``stampede.load.duration`` and
 ``stampede.wait.duration`` in seconds, up-down counters ``stampede.load.active`` and
 ``stampede.wait.active``, and ``stampede.breakers.open``. Attributes:
-``stampede.namespace``, and ``stampede.outcome`` on the histograms; never a key. With no
+``stampede.namespace``, and ``stampede.outcome`` on the histograms. Never a key. With no
 SDK configured, the API's no-op meter records nothing.
 """
 

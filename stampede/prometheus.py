@@ -7,17 +7,17 @@ One line per process, then every layer reports to it::
     metrics = PrometheusMetrics()  # registers in prometheus_client's default registry
     layer = Stampede.from_url(url, namespace="shop", observers=[metrics])
 
-Every ``stats()`` counter is a counter ``stampede_<name>_total``; loads and waits are
+Every ``stats()`` counter is a counter ``stampede_<name>_total``. Loads and waits are
 histograms ``stampede_load_seconds`` and ``stampede_wait_seconds``, and gauges
-``stampede_loads_in_progress`` and ``stampede_waits_in_progress`` say how many run now;
+``stampede_loads_in_progress`` and ``stampede_waits_in_progress`` say how many run now.
 ``stampede_breakers_open`` how many circuit breakers are open. Labels: ``namespace``
-(the layer's), and ``outcome`` on the histograms (``stampede.OUTCOMES``); never a key,
+(the layer's), and ``outcome`` on the histograms (``stampede.OUTCOMES``). Never a key,
 so the number of series stays bounded.
 
 Multiprocess (gunicorn workers, the prometheus-client way): set
 ``PROMETHEUS_MULTIPROC_DIR`` before prometheus_client is imported in each worker, expose
 a registry with ``prometheus_client.multiprocess.MultiProcessCollector``, and call
-``multiprocess.mark_process_dead(pid)`` when a worker exits; the gauges here sum over
+``multiprocess.mark_process_dead(pid)`` when a worker exits. The gauges here sum over
 live processes (``livesum``).
 """
 

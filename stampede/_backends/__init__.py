@@ -1,8 +1,8 @@
 """The backend families, one folder each, and the parts they share.
 
-* ``redis/``: one server, Sentinel's master, a Cluster; Lua, pub/sub, tracking, clients;
-* ``postgres/``: stores, schema and wake-ups, the advisory lock;
-* ``zookeeper/``: session leases and named locks' fair line, beside Redis;
+* ``redis/``: one server, Sentinel's master, a Cluster. Lua, pub/sub, tracking, clients.
+* ``postgres/``: stores, schema and wake-ups, the advisory lock.
+* ``zookeeper/``: session leases and named locks' fair line, beside Redis.
 * ``memory/``: the embedded store.
 
 Each family has a ``backend.py`` building a ``Backend`` (``_core/backend.py``), except

@@ -5,15 +5,15 @@ fail-open path serves it: a second or two per request, for as long as the outage
 After ``threshold`` connection failures in a row the breaker opens: for ``cooldown``
 seconds every command fails at once (BackendUnavailable, "circuit open"), so callers
 go straight to the ``on_backend_error`` policy. Then one caller's command is let through
-as a probe; its success closes the breaker, its failure opens it for another cool-down.
+as a probe. Its success closes the breaker, its failure opens it for another cool-down.
 Only failures to reach the server count (connection refused or reset, timeouts): an
 error reply means the server is there.
 
 Timeline, threshold 3, cool-down 5 s:
 
     t=0.0  GET times out (failure 1) ... t=4.0 failure 3: open until t=9.0
-    t=4.0-9.0  every command fails at once; nobody waits on a socket
-    t=9.1  a caller's GET is the probe; the others still fail at once
+    t=4.0-9.0  every command fails at once. Nobody waits on a socket
+    t=9.1  a caller's GET is the probe. The others still fail at once
     t=9.1  the probe answers: closed, every command goes to Redis again
 
 Shared by a layer's blocking store and its asyncio stores (one server, one verdict).
@@ -52,9 +52,9 @@ class CircuitBreaker:
         self._clock = clock
         self._on_change = on_change
         self._lock = threading.Lock()
-        self._failures = 0  # connection failures in a row; >= threshold while open
+        self._failures = 0  # connection failures in a row. >= threshold while open
         self._open_until = 0.0  # no command before this time (clock)
-        self._probe_until = 0.0  # a probe is out until this time; after it, another may go
+        self._probe_until = 0.0  # a probe is out until this time. After it, another may go
         reset_after_fork(self)
 
     def after_fork_in_child(self) -> None:
@@ -114,10 +114,10 @@ SLOTS_REFRESH_INTERVAL = 0.5
 
 class NodeBreakers:
     """One ``CircuitBreaker`` per server (host:port) of a Redis Cluster or of a Sentinel
-    set, made when a server is first asked about; shared by a layer's blocking and
+    set, made when a server is first asked about. Shared by a layer's blocking and
     asyncio stores.
 
-    A client learns that a slot or the master moved from a failed command; while a
+    A client learns that a slot or the master moved from a failed command. While a
     server's circuit is open no command goes to it, so the store asks where commands go
     instead (CLUSTER SLOTS, or the sentinels), at most every ``SLOTS_REFRESH_INTERVAL``
     (``refresh_due``): once a replica is promoted, commands go to it, and its breaker

@@ -1,10 +1,10 @@
 """Who waits on which channel: the bookkeeping of a subscriber, without its I/O.
 
 The blocking subscriber (a reader thread) and the asyncio one (a reader task per event
-loop) differ only in how they send and read; the rules live here, once:
+loop) differ only in how they send and read. The rules live here, once:
 
-* The first mailbox on a channel makes the subscriber send SUBSCRIBE; mailboxes that
-  join before the server confirms it wait for the same confirmation; later ones are
+* The first mailbox on a channel makes the subscriber send SUBSCRIBE. Mailboxes that
+  join before the server confirms it wait for the same confirmation. Later ones are
   confirmed at once. The last one to leave makes it send UNSUBSCRIBE.
 * A message goes to every mailbox on its channel.
 * A lost connection wakes every mailbox with ``b""`` (a spurious wake-up is always safe:
@@ -12,7 +12,7 @@ loop) differ only in how they send and read; the rules live here, once:
   reconnect the subscriber subscribes again to every channel still awaited.
 * Sharded pub/sub (Redis Cluster) speaks the same language with an ``s`` in front:
   ``smessage``, ``ssubscribe``. The server unsubscribes a shard channel by itself when its
-  slot moves to another node; ``on_reply`` returns such a channel, still awaited, so the
+  slot moves to another node. ``on_reply`` returns such a channel, still awaited, so the
   subscriber can hand its mailboxes to the new owner (``take``).
 
 Not thread-safe: the blocking subscriber calls it under its lock, the asyncio one from
@@ -30,7 +30,7 @@ class Mailbox(Protocol):
     channel: str
 
     def deliver(self, message: bytes) -> None:
-        """Keep ``message`` as the latest and wake the waiter. Never blocks; any thread."""
+        """Keep ``message`` as the latest and wake the waiter. Never blocks. Any thread."""
 
     def confirm(self, ok: bool) -> None:
         """The server confirmed the subscription (``ok``), or the connection was lost first."""
@@ -42,7 +42,7 @@ class Channels:
         self._unconfirmed: dict[str, list[Mailbox]] = {}
 
     def add(self, mailbox: Mailbox) -> bool:
-        """Register ``mailbox``; True if the caller must send SUBSCRIBE for its channel."""
+        """Register ``mailbox``. True if the caller must send SUBSCRIBE for its channel."""
         members = self._members.setdefault(mailbox.channel, set())
         members.add(mailbox)
         if len(members) == 1:
@@ -56,7 +56,7 @@ class Channels:
         return False
 
     def remove(self, mailbox: Mailbox) -> bool:
-        """Unregister ``mailbox``; True if the caller must send UNSUBSCRIBE for its channel."""
+        """Unregister ``mailbox``. True if the caller must send UNSUBSCRIBE for its channel."""
         members = self._members.get(mailbox.channel)
         if members is None or mailbox not in members:
             return False
@@ -91,7 +91,7 @@ class Channels:
 
     def fail_unconfirmed(self) -> None:
         """An error reply (a MOVED to an SSUBSCRIBE sent to a node that no longer serves
-        the slot): fail the subscriptions still waiting for a confirmation; the subscriber
+        the slot): fail the subscriptions still waiting for a confirmation. The subscriber
         routes them again."""
         unconfirmed, self._unconfirmed = self._unconfirmed, {}
         for waiting in unconfirmed.values():

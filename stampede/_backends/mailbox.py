@@ -1,6 +1,6 @@
 """Waiters' mailboxes: where a subscriber (Redis pub/sub, or the embedded store's
 publish) delivers the messages of one channel to one waiter. ``ThreadMailbox`` wakes a
-blocking waiter; ``LoopMailbox`` wakes a task on its event loop. Both are the store
+blocking waiter. ``LoopMailbox`` wakes a task on its event loop. Both are the store
 contract's ``Subscription`` (and ``AsyncSubscription``) and ``_backends.channels``' ``Mailbox``.
 """
 
@@ -25,7 +25,7 @@ class ThreadMailbox:
     def __init__(self, channel: str, on_close: Callable[[ThreadMailbox], None]) -> None:
         self.channel = channel
         self._event = threading.Event()
-        self._message = b""  # the latest message; read only after _event is set
+        self._message = b""  # the latest message. Read only after _event is set
         self._confirmed = threading.Event()
         self._ok = False  # written before _confirmed is set
         self._on_close = on_close
@@ -53,7 +53,7 @@ class ThreadMailbox:
 
 
 async def within(future: asyncio.Future[bool], timeout: float) -> bool:
-    """The future's result, or False after ``timeout``; no task is made for the wait.
+    """The future's result, or False after ``timeout``. No task is made for the wait.
     ``future`` must be the caller's own: cancelling the caller cancels it."""
     handle = asyncio.get_running_loop().call_later(timeout, settle, future, False)
     try:
@@ -65,7 +65,7 @@ async def within(future: asyncio.Future[bool], timeout: float) -> bool:
 class LoopMailbox:
     """One asyncio waiter's mailbox on one channel (a ``Mailbox``). ``deliver`` and
     ``confirm`` may be called from any thread (the embedded store's writer can be a
-    thread); they hop onto the waiter's loop, where all the state lives."""
+    thread). They hop onto the waiter's loop, where all the state lives."""
 
     __slots__ = ("_confirmed", "_fired", "_loop", "_message", "_on_close", "_waiter", "channel")
 

@@ -8,7 +8,7 @@ Rules:
   a release message, at most the holder's remaining lease or ``recheck_interval``. With
   it, the waiter polls every ``retry_interval`` and never subscribes.
 * A fair lock (``queue_lease`` > 0) queues its waiters: each try keeps the caller's
-  place for ``queue_lease``, so it tries at least every third of that; a caller that
+  place for ``queue_lease``, so it tries at least every third of that. A caller that
   stops waiting, for any reason, gives its place up.
 * Interrupted while a try may have run (a cancelled task, KeyboardInterrupt: anything
   but an Exception thrown in at ``TakeLock``), the lock may be ours: it is released by
@@ -46,7 +46,7 @@ def acquiring(
     clock: Callable[[], float] = time.monotonic,
     queue_lease: float = 0.0,
 ) -> Acquiring:
-    """Take the lock: once if not ``blocking``; else until taken, ``timeout`` has passed,
+    """Take the lock: once if not ``blocking``. Else until taken, ``timeout`` has passed,
     or ``retries`` more tries have failed. Returns the fencing token, or None."""
     deadline = None if timeout is None else clock() + timeout
     subscribed = False

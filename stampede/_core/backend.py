@@ -7,11 +7,11 @@ it: the layer never names a family.
 
 What a backend says about itself:
 
-* its stores: the blocking one, and a maker of one event loop's store;
-* where named locks live (``named_lock_store``), and their own line if they have one;
-* whether it can keep a near cache exact (``make_tracker``), and if not, why not;
-* capabilities only some families have (``advisory_lock``: PostgreSQL's session lock;
-  ``inspector``: what the command line reads of a shared store);
+* its stores: the blocking one, and a maker of one event loop's store.
+* where named locks live (``named_lock_store``), and their own line if they have one.
+* whether it can keep a near cache exact (``make_tracker``), and if not, why not.
+* capabilities only some families have (``advisory_lock``: PostgreSQL's session lock,
+  ``inspector``: what the command line reads of a shared store).
 * what to close, in two steps: lease services before the stores, connections after.
 
 Rules of the imports: this module is part of the core. It names no family.
@@ -41,7 +41,7 @@ class EntryState:
     """What a shared store holds for one entry, as the command line shows it."""
 
     raw: bytes | None  # the envelope, or None
-    ttl_ms: int  # what is left of the value's life (-1: no expiry; meaningless without a value)
+    ttl_ms: int  # what is left of the value's life (-1: no expiry, meaningless without a value)
     holder: str | None  # the lease's token, or "!failed" during a failed load's hold
     lock_ttl_ms: int
     failing: bool  # the loader failed and a stale value stands in

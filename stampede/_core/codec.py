@@ -8,7 +8,7 @@ Layout, a fixed header then the serializer's payload::
     4   8  loaded_at: when the load started, seconds since the epoch (big-endian double)
     12  4  load_duration: seconds the loader took (big-endian float)
     16  8  version 2 only: stale_for, the seconds the value is kept past its ttl (double)
-    -   -  payload: serializer.dumps(value); empty for the null sentinel
+    -   -  payload: serializer.dumps(value). Empty for the null sentinel
 
 A value written with a stale window (``Settings.stale_window``) lives in the store for
 its ttl plus ``stale_for``, so it is fresh while the store's remaining TTL is more than
@@ -46,7 +46,7 @@ IDENTITY_BYTES = _HEADER.size
 
 
 class Serializer(Protocol):
-    """A dumps/loads pair; the default is orjson. Never pickle data others can write to."""
+    """A dumps/loads pair. The default is orjson. Never pickle data others can write to."""
 
     def dumps(self, value: Any) -> bytes: ...
 
@@ -138,7 +138,7 @@ class Codec:
         self.serializer: Serializer = serializer if serializer is not None else JsonSerializer()
 
     def encode(self, value: Any, loaded_at: float, load_duration: float, *, key: str, stale_for: float = 0.0) -> bytes:
-        """The envelope for ``value``; None becomes the null sentinel. ``stale_for``: the
+        """The envelope for ``value``. None becomes the null sentinel. ``stale_for``: the
         seconds the store will keep it past its ttl (version 2 if any)."""
         if stale_for > 0:
             header = _HEADER.pack(_MAGIC, _VERSION_2, _NULL if value is None else _VALUE, loaded_at, load_duration)
@@ -195,7 +195,7 @@ class Codec:
         return NOT_A_VALUE
 
     def decode(self, raw: bytes) -> Decoded:
-        """Classify ``raw`` as a value, the null sentinel or corrupt; never raises."""
+        """Classify ``raw`` as a value, the null sentinel or corrupt. Never raises."""
         try:
             magic, version, kind, loaded_at, duration = _HEADER.unpack_from(raw)
         except struct.error:

@@ -24,7 +24,7 @@ cannot wait longer than ``threading.TIMEOUT_MAX``. Refused when the setting is g
 
 @dataclass(frozen=True)
 class Settings:
-    """How long values live and how long callers wait; every duration is in seconds."""
+    """How long values live and how long callers wait. Every duration is in seconds."""
 
     ttl: float = 300.0
     """Lifetime of a loaded value, before jitter."""

@@ -11,7 +11,7 @@ decisions, once.
 Two kinds of command:
 
 * lease commands act on the one lease the performer was given (``Lease``: the entry's
-  keys, the caller's token, the term); the decision never handles the token;
+  keys, the caller's token, the term). The decision never handles the token.
 * lock-server commands name their keys and token, because a Redlock decision draws a
   fresh token for every try and addresses the cache server and the lock servers at once.
 
@@ -63,7 +63,7 @@ class Acquire:
 
 @dataclass(frozen=True, slots=True)
 class TakeLock:
-    """Take a named lock (with a fencing token; queued if fair). Reply: ``AcquireReply``."""
+    """Take a named lock (with a fencing token, queued if fair). Reply: ``AcquireReply``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +81,7 @@ class Renew:
 @dataclass(frozen=True, slots=True)
 class WriteRelease:
     """Write the envelope, release the lease, wake the waiters, if the lease is still ours.
-    Reply: a ``Written``; nothing is written unless it is ``Written.YES``."""
+    Reply: a ``Written``. Nothing is written unless it is ``Written.YES``."""
 
     envelope: bytes
     ttl_ms: int
@@ -116,7 +116,7 @@ class Invalidate:
 
 @dataclass(frozen=True, slots=True)
 class Expire:
-    """Make the value stale, keeping it for its stale window; drop any lease and wake the
+    """Make the value stale, keeping it for its stale window. Drop any lease and wake the
     waiters. Reply: None."""
 
 

@@ -5,21 +5,21 @@ Rules of the flow:
 * It performs no I/O. It yields an effect (``Acquire``, ``Subscribe``, ``AwaitNotice``,
   ``Load``, ``WriteRelease``, ``Release``: the vocabulary of ``_core.effects``) and a
   performer, blocking or asyncio (``_drivers.perform``), performs it and sends the reply back
-  in. A failure of the store comes back in as ``BackendUnavailable``; an exception of
+  in. A failure of the store comes back in as ``BackendUnavailable``. An exception of
   the loader comes back in as itself. Performers deliver every exception with ``throw``
   and never ``close()`` a flow that holds the lock.
 * The hit path is not here: drivers read the key themselves, so a hit is one round trip.
   The flow starts after a miss, in the one caller per process that leads for the key.
 * Only the holder of the lock loads and writes, and the write succeeds only if the lease
   is still the holder's (checked inside the write script). An invalidation deletes the
-  lease, so a load that was in flight when it ran is never written over it; so is a load
+  lease, so a load that was in flight when it ran is never written over it. So is a load
   whose lease expired or was taken over. Such a value goes to the leader's caller only
   (``Context.unwritten``): callers who joined it in this process, perhaps after an
   invalidation in another process, start over and read afresh. So does a value whose
   write failed (the connection cut mid-write): it may have been refused.
 * A waiter subscribes to the entry's channel *before* it re-checks, so a write between
   the re-check and the wait still wakes it. Any wake-up, spurious or not, leads to
-  another ``Acquire``, which re-checks the value and takes over a dead holder's lock;
+  another ``Acquire``, which re-checks the value and takes over a dead holder's lock.
   the wait between two checks never exceeds the holder's remaining lease nor
   ``recheck_interval``, which bounds a lost message.
 * A caller interrupted while it may hold the lock (a cancelled task, KeyboardInterrupt:
@@ -30,10 +30,10 @@ Rules of the flow:
 A timeline of a takeover::
 
     t=0     A: Acquire -> locked, Load starts (watchdog renews every lock_ttl/3)
-    t=0.01  B: Acquire -> held (lease 10 s left); Subscribe; Acquire -> held; AwaitNotice
+    t=0.01  B: Acquire -> held (lease 10 s left). Subscribe. Acquire -> held. AwaitNotice
     t=3     A is killed: no more renewals, nothing written, no message
-    t=10    the lease expires; B's wait (bounded by the lease) ends with no notice
-    t=10    B: Acquire -> locked (a takeover); B loads and writes; A's lease is gone
+    t=10    the lease expires. B's wait (bounded by the lease) ends with no notice
+    t=10    B: Acquire -> locked (a takeover). B loads and writes. A's lease is gone
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ Flow = Decision[Any]
 
 
 class WarningLog(Protocol):
-    """Where the flow warns, at most every few seconds per kind; ``key`` and ``outcome``
+    """Where the flow warns, at most every few seconds per kind. ``key`` and ``outcome``
     become the record's structured fields (``_core.observer.log_extra``)."""
 
     def warning(self, message: str, *args: object, key: str = "", outcome: str = "") -> None: ...
@@ -83,7 +83,7 @@ log = logging.getLogger("stampede.cache")
 
 def produces_value(effect: Effect) -> bool:
     """Whether the value a flow returns may come from this step: a command to the cache,
-    or a load without the lease. Waiting does not; a leased load's value is decided by
+    or a load without the lease. Waiting does not. A leased load's value is decided by
     the write that follows it. Callers who arrive after such a step began are not handed
     its value (see ``_drivers.singleflight``)."""
     if isinstance(effect, Load):
@@ -165,14 +165,14 @@ class Miss(enum.Enum):
 @dataclass(frozen=True)
 class FailedRead:
     """The first read failed: the store is not asked again, so a stalled server costs one
-    socket timeout, not one per step; ``error`` is what callers see under policy "raise"."""
+    socket timeout, not one per step. ``error`` is what callers see under policy "raise"."""
 
     error: BackendUnavailable
 
 
 def first_read(raw: bytes | None, codec: Codec, events: Reporter, warn: WarningLog, key: str) -> Any:
     """What a call's first read found: the value to return (None for the null sentinel),
-    or a ``Miss``. Drivers perform the read and call this; a hit never enters the flow."""
+    or a ``Miss``. Drivers perform the read and call this. A hit never enters the flow."""
     if raw is not None:
         value = codec.decode_hit(raw)
         if value is not NOT_A_VALUE:
@@ -295,7 +295,7 @@ def _fill(ctx: Context, miss: Miss | Stale, wait: Wait) -> Flow:
         if fallback is not None and reply.failed:
             wait.end("error")
             return _serve_stale(ctx, fallback, "a failed load's hold is on the lease")
-        # Another holder is loading; what it writes is fresh, so read it on re-checks.
+        # Another holder is loading. What it writes is fresh, so read it on re-checks.
         check_value = True
         if not subscribed:
             ctx.events.incr("lock_waits")
@@ -334,7 +334,7 @@ def _fill(ctx: Context, miss: Miss | Stale, wait: Wait) -> Flow:
 
 
 def _load_uncached(ctx: Context) -> Flow:
-    """Call the loader without a lease; its value is not cached, but goes to its caller as
+    """Call the loader without a lease. Its value is not cached, but goes to its caller as
     a cached one would (read back through the serializer), so every caller sees one form."""
     ctx.events.incr("loads")
     started = ctx.clock()
@@ -374,10 +374,10 @@ def refresh(ctx: Context, stale: bytes, life_left: float = -1.0) -> Decision[Non
     """A background refresh of a value whose identity is ``stale``: take the lease over it,
     unless another process holds the lease or has already written another value, then
     load and write as a miss does. ``life_left``: the seconds the store keeps the value
-    (its TTL when read; -1: no TTL).
+    (its TTL when read, -1: no TTL).
 
     A failing loader leaves a hold (``Hold``), so the key is retried once per
-    ``stale_retry_interval`` while its stale value is served; the hold never outlives that
+    ``stale_retry_interval`` while its stale value is served. The hold never outlives that
     value. With no stale window, or once the value is gone, nobody is served a stale value
     while it holds: the next caller would wait for nobody. So the lease is released, as
     after a failed load, and the next caller loads at once."""
@@ -444,7 +444,7 @@ def _serve_stale(ctx: Context, stale: Stale, why: str) -> Any:
 def _load_and_write(ctx: Context, hold: float = 0.0, hold_until: float = math.inf) -> Flow:
     """Load under the lease and write the value. If the loader raises an Exception, the
     lease becomes a hold of ``hold`` seconds, ending by ``hold_until`` (``ctx.clock``),
-    and ``LOAD_FAILED`` is returned; with no time left for a hold, the lease is released
+    and ``LOAD_FAILED`` is returned. With no time left for a hold, the lease is released
     and the error raised. Either way the error is kept in ``Context.load_error``."""
     key, settings = ctx.keys.value, ctx.settings
     loaded_at, started = ctx.wall_clock(), ctx.clock()
@@ -455,7 +455,7 @@ def _load_and_write(ctx: Context, hold: float = 0.0, hold_until: float = math.in
         value = yield Load(leased=True)
     except GeneratorExit:
         ctx.events.ended("load", "error", ctx.clock() - started)
-        raise  # closed by its driver: nothing may be yielded now; the lease runs out
+        raise  # closed by its driver: nothing may be yielded now. The lease runs out
     except BaseException as error:
         ctx.events.ended("load", "error", ctx.clock() - started)
         if isinstance(error, Exception):
@@ -492,12 +492,12 @@ def _load_and_write(ctx: Context, hold: float = 0.0, hold_until: float = math.in
     try:
         written = yield WriteRelease(envelope, milliseconds(ttl + stale_for), inline)
     except BackendUnavailable as error:
-        # The value is good for this caller; but whether the write ran, or was refused
+        # The value is good for this caller. But whether the write ran, or was refused
         # because an invalidation took the lease, is unknown: not for the joiners. An error
         # reply (OOM) ran nothing, and a cut connection may not have: release the lease so
         # that waiters elsewhere retry now rather than after it runs out (by token: if the
         # write did run, the lease is gone and nothing is released). Not after a timeout:
-        # a stalled server would hold this caller for another one; the lease runs out.
+        # a stalled server would hold this caller for another one. The lease runs out.
         _count_backend_error(ctx, error)
         ctx.unwritten = True
         if not error.timed_out:
@@ -510,7 +510,7 @@ def _load_and_write(ctx: Context, hold: float = 0.0, hold_until: float = math.in
         raise
     if written != Written.YES:  # the stores reply a Written (an int: True and False also do)
         # The lease was lost during the load: invalidated, or expired while this holder
-        # was paused. The value is returned to this caller, whose call began before; but
+        # was paused. The value is returned to this caller, whose call began before. But
         # it may predate an invalidation, so it is not handed to the process's joiners.
         ctx.unwritten = True
         ctx.events.incr("stale_writes_prevented")
@@ -568,7 +568,7 @@ def note_backend_error(events: Reporter, warn: WarningLog, error: BaseException,
 
 
 def note_corrupt(events: Reporter, warn: WarningLog, key: str, problem: str) -> None:
-    """Count an unreadable value and warn; the caller treats it as a miss."""
+    """Count an unreadable value and warn. The caller treats it as a miss."""
     events.incr("corrupt_values")
     warn.warning(
         "stampede: unreadable value at %r (%s); treating it as a miss", key, problem, key=key, outcome="corrupt_value"

@@ -4,13 +4,13 @@ Three settings, named after RFC 5861's Cache-Control extensions, all off by defa
 
 * ``stale_while_revalidate``: for this long past ttl a hit returns the old value at once
   and one background refresh runs for the key, across processes (it takes the lease, as
-  a load does);
+  a load does).
 * ``stale_if_error``: for this long past ttl, a caller whose load fails gets the old
-  value instead of the error; the failed holder keeps the lease for
+  value instead of the error. The failed holder keeps the lease for
   ``stale_retry_interval`` (a hold, ``Store.hold``), so the loader is retried about once
-  per interval per key, however many callers and processes there are; and it marks the
+  per interval per key, however many callers and processes there are. And it marks the
   entry failing until a load succeeds, so that meanwhile callers are served the old value
-  at once and the retries run in the background, as under ``stale_while_revalidate``;
+  at once and the retries run in the background, as under ``stale_while_revalidate``.
 * ``early_refresh`` (XFetch, Vattani et al., VLDB 2015): a hit on a fresh value refreshes
   it in the background when ``delta * beta * -ln(random()) >= fresh_left``, ``delta`` being
   the last load's duration (in the envelope), so a hot key is reloaded shortly before it
@@ -47,7 +47,7 @@ from .config import Settings
 @dataclass(frozen=True, slots=True)
 class Served:
     """A value a hit returns at once. ``refresh``: the identity of the value to refresh in
-    the background (None: no refresh); ``early``: that refresh is XFetch's, before ttl."""
+    the background (None: no refresh). ``early``: that refresh is XFetch's, before ttl."""
 
     value: Any
     stale: bool = False
@@ -76,7 +76,7 @@ def classify(
     random: Callable[[], float],
     failing: bool = False,
 ) -> Served | Stale | None:
-    """What a value read with its remaining TTL (seconds, -1: none) may be used for; None
+    """What a value read with its remaining TTL (seconds, -1: none) may be used for. None
     if ``raw`` is not readable (the caller counts it and treats it as corrupt). ``failing``:
     the entry's last load failed (the store's failing marker), so within
     ``stale_if_error`` the stale value is served at once and refreshed in the background,

@@ -23,7 +23,7 @@ a lambda, a function defined inside another (``<locals>``) or an object without 
 ``__qualname__`` (a ``functools.partial``) has none, so it needs a template.
 
 An entry longer than ``max_key_length`` keeps a readable prefix and ends in ``#`` plus a
-SHA-256 of the whole; ``#`` never occurs otherwise.
+SHA-256 of the whole. ``#`` never occurs otherwise.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ _HASH_CHARS = 40
 
 @dataclass(frozen=True, slots=True)
 class EntryKeys:
-    """The Redis keys (and channel) of one cache entry; all in one hash slot."""
+    """The Redis keys (and channel) of one cache entry. All in one hash slot."""
 
     value: str
     lock: str
@@ -103,7 +103,7 @@ def check_key(namespace: str) -> str:
 
 def entry_value_keys(keys: Iterable[bytes | str]) -> set[str]:
     """The value keys (``ns:{entry}``) of the cache entries that ``keys`` (values, leases,
-    markers, of one namespace) belong to; a named lock's keys and the check key left out."""
+    markers, of one namespace) belong to. A named lock's keys and the check key left out."""
     found = set()
     for key in keys:
         text = key.decode(errors="replace") if isinstance(key, bytes) else key
@@ -116,7 +116,7 @@ def entry_value_keys(keys: Iterable[bytes | str]) -> set[str]:
 def lock_keys(namespace: str, name: str, max_key_length: int) -> EntryKeys:
     """The keys of the named lock ``name``: its lease, its channel and, in the place of a
     value, its fencing counter. The entry starts with ``~lock:``, which no template (no
-    ``~`` allowed) and no argument (``~`` is escaped; values start ``~x`` or ``~`` and JSON)
+    ``~`` allowed) and no argument (``~`` is escaped, values start ``~x`` or ``~`` and JSON)
     can produce, so a named lock never shares a key with a cache entry."""
     if not isinstance(name, str) or not name:
         raise ConfigError(f"a lock name must be a non-empty str, got {name!r}")
@@ -155,7 +155,7 @@ def canonical(value: Any) -> str:
 
         null  true  false       None, bools
         12  -3  0x1f...         ints (hex beyond the decimal digits Python will print)
-        1.5  1e+100             floats (repr: always a '.' or an 'e'); NaN, inf refused
+        1.5  1e+100             floats (repr: always a '.' or an 'e'). NaN, inf refused
         "text"                  str (JSON, ASCII)
         x00ff                   bytes (hex)
         [a,b]  (a,b)            list, tuple
@@ -228,7 +228,7 @@ def _type_name(value: Any) -> str:
 
 
 def _int_key(value: int) -> str:
-    """An int argument's key text: decimal, as its str would be; ``~0x..`` when too long."""
+    """An int argument's key text: decimal, as its str would be. ``~0x..`` when too long."""
     try:
         return str(value)
     except ValueError:

@@ -1,17 +1,17 @@
 """Redlock's decisions, written once (sans-IO): the arithmetic of a majority, taking and
 renewing a lease on most of N servers, and a layer's leases held on lock servers and on
 the cache server together (``RedlockLeases``). ``_redlock`` and ``_drivers.redlock_store``
-perform them with ``_drivers.perform``; the tests step through them without a server.
+perform them with ``_drivers.perform``. The tests step through them without a server.
 
-The algorithm is ``_redlock``'s (see there); the order of the steps of a layer's leases
+The algorithm is ``_redlock``'s (see there). The order of the steps of a layer's leases
 is what keeps waiters from missing a wake-up:
 
-* take: the majority first, then the cache key with the value's double-check; a refused
+* take: the majority first, then the cache key with the value's double-check. A refused
   majority is followed by a read of the value, because a holder writes (and wakes its
-  waiters) before it releases the majority;
+  waiters) before it releases the majority.
 * write: on the cache server (waking the waiters with the value), then release the
-  majority; release without a write: the majority first, then the cache key, whose
-  message wakes the waiters to take it;
+  majority. Release without a write: the majority first, then the cache key, whose
+  message wakes the waiters to take it.
 * invalidate: drop the majority first, then the value and the cache key, whose message
   wakes the waiters.
 """
@@ -77,7 +77,7 @@ def take_majority(
     clock: Callable[[], float] = time.monotonic,
 ) -> Decision[tuple[Round, float | None]]:
     """Take a lease on every server. Returns the answers and, if a majority granted it in
-    time, the end of its validity; else None, with what was granted undone."""
+    time, the end of its validity. Else None, with what was granted undone."""
     started = clock()
     try:
         taken: Round = yield ServersTake(keys, token, lease_ms)
@@ -102,7 +102,7 @@ def renew_majority(
     clock: Callable[[], float] = time.monotonic,
 ) -> Decision[tuple[Round, float | None]]:
     """Reset a lease to ``lease_ms`` on every server. Returns the answers and, if a
-    majority renewed it in time, the new end of its validity; else None."""
+    majority renewed it in time, the new end of its validity. Else None."""
     started = clock()
     renewed: Round = yield ServersRenew(keys, token, lease_ms)
     valid_until = quorum.valid_until(started, lease_ms / 1000)
@@ -207,7 +207,7 @@ class RedlockLeases:
 
     def hold(self, keys: EntryKeys, token: str, hold_ms: int, failing_ms: int) -> Decision[bool]:
         """The hold lives on the cache server, where every take ends (a lease on the lock
-        servers alone is not enough to load); the majority is released first."""
+        servers alone is not enough to load). The majority is released first."""
         yield ServersRelease(keys.on_lock_servers, token)
         held: bool = yield Hold(hold_ms, failing_ms)
         return held

@@ -2,7 +2,7 @@
 into the loader's return annotation, so a dataclass, a datetime, a UUID, a tuple or an
 enum comes back as itself, for the caller who loaded and every later hit alike.
 
-The layer hands each loader's return annotation to ``for_type`` when it decorates it; a
+The layer hands each loader's return annotation to ``for_type`` when it decorates it. A
 value that does not match it is refused when loaded (``SerializationError``), and bytes
 that do not decode into it are a miss, as any unreadable value is.
 """
@@ -31,7 +31,7 @@ class MsgspecSerializer:
             raise ConfigError(f"msgspec cannot decode into {type!r}: {error}") from None
 
     def for_type(self, type: Any) -> MsgspecSerializer:
-        """This serializer for a loader that returns ``type``; one made for a type of
+        """This serializer for a loader that returns ``type``. One made for a type of
         its own (``MsgspecSerializer(Order)``) keeps it."""
         return MsgspecSerializer(type) if self.type is Any else self
 

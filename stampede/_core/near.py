@@ -20,7 +20,7 @@ only while it holds a **lease** on its invalidation stream (Gray and Cheriton's 
   gone) has by then seen its lease run out, so it serves nothing it may have missed.
   A member whose connection the server closed is still in the registry until its
   deadline, so it is waited for too.
-* A tracker that loses its connection revokes its lease at once and drops every copy;
+* A tracker that loses its connection revokes its lease at once and drops every copy.
   one that reconnects drops them again once subscribed, before its first lease.
 
 On a Redis Cluster the registry lives on one primary (the *home*), the tracker keeps a
@@ -119,7 +119,7 @@ def registry_problem(reply: Any) -> str | None:
 class AckWait:
     """Who must still acknowledge an invalidation, and until when.
 
-    ``members`` are the live members and their seconds left, as the script read them;
+    ``members`` are the live members and their seconds left, as the script read them.
     ``now`` is the invalidator's monotonic clock when the reply arrived, so each deadline
     falls no earlier than the server's. ``own`` (this process) is left out."""
 
@@ -140,7 +140,7 @@ class AckWait:
 
     def command(self, ack_key: str, now: float, blmpop: bool = True) -> tuple[Any, ...] | None:
         """The next command to wait for acknowledgements with (None: done): BLMPOP takes
-        every acknowledgement already there in one round trip (Redis 7+); BLPOP, one. A
+        every acknowledgement already there in one round trip (Redis 7+). BLPOP, one. A
         wait is at most ``MAX_BLOCK`` seconds, well inside any socket timeout."""
         timeout = self.timeout(now)
         if timeout is None:

@@ -3,7 +3,7 @@ OpenTelemetry exporters (``stampede.prometheus``, ``stampede.otel``) and any obs
 your own are built on.
 
 Three kinds of report, all made inline on the calling thread (or task), so an observer
-must be quick, thread-safe, and must not block; an exception it raises is logged (rate
+must be quick, thread-safe, and must not block. An exception it raises is logged (rate
 limited) and dropped, never handed to the caller:
 
 * ``count(namespace, event, n)``: one of ``COUNTERS`` went up by ``n`` (what ``stats()``
@@ -15,7 +15,7 @@ limited) and dropped, never handed to the caller:
 A load is one call of the loader, leased or not. A wait is a caller that did not load
 but took the value of another caller's read or load: a caller in this process joining
 the one that leads for the key (``collapsed``), or the leader waiting on another
-process's lease (``lock_waits``); it ends with the value, with a takeover (the lease
+process's lease (``lock_waits``). It ends with the value, with a takeover (the lease
 came free with nothing written: this caller loads), at the wait timeout, with an error
 (the leader's error, a failed server), or with a retry (the value it waited for
 predated an invalidation: the caller reads again). So in a stampede of N callers of one
@@ -93,7 +93,7 @@ class Reporter(Protocol):
 
 
 class Wait:
-    """One caller's wait, reported when it begins and once when it ends; ``end`` after
+    """One caller's wait, reported when it begins and once when it ends. ``end`` after
     the first (or before ``begin``) does nothing, so every way out of a wait may call it."""
 
     __slots__ = ("_clock", "_events", "_since")

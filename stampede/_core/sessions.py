@@ -20,9 +20,9 @@ What a session adds to Redlock's order of steps (``_core.majority.RedlockLeases`
 
 Timeline of a session expiry while loading::
 
-    time 0    A takes node lease-01 and the cache key; loads
+    time 0    A takes node lease-01 and the cache key. Loads
     time 1    A's process stalls (GC, swap) and misses its heartbeats
-    time 1+T  ZooKeeper expires A's session (T: the session timeout); lease-01 is deleted;
+    time 1+T  ZooKeeper expires A's session (T: the session timeout). Lease-01 is deleted.
               B's watch on lease-01 fires, B takes lease-02, finds A's cache key, takes
               it over (A's lease dropped, marker left), loads
     time 2    A resumes: its write finds lease-01 gone (or its cache key gone): refused

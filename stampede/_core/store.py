@@ -10,7 +10,7 @@ Lock servers (Redlock's majority) have a contract of their own: each command goe
 every server and is answered with a ``Round``, a server's failure counted, not raised.
 
 Rules of the imports: this module, like the decisions, imports nothing of a client
-library, of threading or of asyncio; backends implement it, drivers call it.
+library, of threading or of asyncio. Backends implement it, drivers call it.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ FAILED_HOLD = "!failed"
 
 
 class LockState(enum.Enum):
-    VALUE = "value"  # the value is there; no lock taken
+    VALUE = "value"  # the value is there. No lock taken
     LOCKED = "locked"  # the lock is ours
     HELD = "held"  # another holder has it
 
@@ -62,7 +62,7 @@ class Subscription(Protocol):
     """A blocking waiter's confirmed mailbox on an entry's channel."""
 
     def wait(self, timeout: float) -> bytes | None:
-        """The latest message since the last wait (``b""``: the state changed; else the
+        """The latest message since the last wait (``b""``: the state changed, else the
         written envelope), or None after ``timeout`` in silence."""
 
     def close(self) -> None:
@@ -97,14 +97,14 @@ class Store(Protocol):
     def get_with_ttl(self, key: str, failing: bool = False) -> tuple[bytes | None, float, bool]:
         """The raw bytes at ``key`` (or None), the seconds the store keeps them, by its own
         clock (-1: no expiry), and, if ``failing`` asks, whether the entry is marked failing
-        (``hold``; else False), read in one round trip."""
+        (``hold``, else False), read in one round trip."""
 
     def acquire(
         self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
     ) -> AcquireReply:
         """Return the value if there is one (and ``check_value``), else take the lock or
         report how long another holder's lease has left (and whether that is a failed
-        load's hold). ``stale``: the identity of a stale value the caller read; the lock
+        load's hold). ``stale``: the identity of a stale value the caller read. The lock
         is taken over that value, and only another one is returned."""
 
     def hold(self, keys: EntryKeys, token: str, hold_ms: int, failing_ms: int) -> bool:
@@ -115,19 +115,19 @@ class Store(Protocol):
 
     def expire(self, keys: EntryKeys) -> None:
         """Make the value stale but keep it for the stale window it was written with (or
-        delete it, if none); drop any lease and wake waiters, as ``invalidate`` does."""
+        delete it, if none). Drop any lease and wake waiters, as ``invalidate`` does."""
 
     def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         """Extend the lease if ``token`` still holds it."""
 
     def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> Written:
         """If ``token`` still holds the lease: write, release, wake waiters (with the
-        envelope if ``inline``) and return ``Written.YES``; else write nothing and say why
-        (``REFUSED``: invalidated or taken over; ``VANISHED``: gone, not invalidated)."""
+        envelope if ``inline``) and return ``Written.YES``. Else write nothing and say why
+        (``REFUSED``: invalidated or taken over, ``VANISHED``: gone, not invalidated)."""
 
     def release(self, keys: EntryKeys, token: str) -> bool:
         """Release the lease if ``token`` holds it, wake waiters to re-check, and return
-        True; return False if the lease was not ``token``'s."""
+        True. Return False if the lease was not ``token``'s."""
 
     def take_lock(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int = 0) -> AcquireReply:
         """Take a named lock (LOCKED, with the next fencing token from ``keys.value``) or
@@ -142,7 +142,7 @@ class Store(Protocol):
         """The token holding the lease, or None."""
 
     def invalidate(self, keys: EntryKeys) -> None:
-        """Delete the value and any lease, and wake waiters to re-check; a holder's write
+        """Delete the value and any lease, and wake waiters to re-check. A holder's write
         after it is ``REFUSED``."""
 
     def subscribe(self, keys: EntryKeys) -> Subscription:
@@ -160,7 +160,7 @@ class Store(Protocol):
 
 
 class AsyncStore(Protocol):
-    """``Store`` for the tasks of one event loop; see ``Store`` for each method."""
+    """``Store`` for the tasks of one event loop. See ``Store`` for each method."""
 
     async def get(self, key: str) -> bytes | None: ...
 

@@ -1,10 +1,10 @@
 """The asyncio driver: the hit path, the singleflight of one event loop, and the effects
-of the flow performed with awaits. The decisions are the flow's and the flight's; this
+of the flow performed with awaits. The decisions are the flow's and the flight's. This
 module only performs I/O, like the blocking driver in ``_drivers.blocking``.
 
 Each event loop gets its own flight table and store (a redis.asyncio client and a
 subscriber connection cannot be shared across loops). The store is closed when its loop
-shuts down (or by ``Stampede.aclose()``); a loop closed without finalizing its async
+shuts down (or by ``Stampede.aclose()``). A loop closed without finalizing its async
 generators has its state dropped when the next loop arrives.
 
 Cancellation: a cancelled leader's CancelledError goes into the flow like any
@@ -264,7 +264,7 @@ class AsyncRunner:
             await state.aclose()
 
     def close(self) -> None:
-        """Forget every loop's state; what is bound to a loop can only be closed in it."""
+        """Forget every loop's state. What is bound to a loop can only be closed in it."""
         with self._lock:
             self._loops.clear()
 

@@ -9,12 +9,12 @@ and hands every caller the same object (faster, for values nobody mutates).
 
 The fill race: a read's reply and the invalidation of that key travel on different
 connections, so a reply may carry a value that was invalidated while it was on its way.
-A read therefore begins with a ``Ticket``; an invalidation of the key (or a flush)
+A read therefore begins with a ``Ticket``. An invalidation of the key (or a flush)
 spoils every ticket of it, and a reply fills only through an unspoiled ticket.
 
 Only fresh values are copied, for no longer than their freshness left (the store's TTL,
-read with the value; with ``early_refresh``, less: see ``_copy_of``) and ``near_ttl``.
-Memory is bounded by entries and by bytes (of the envelopes); the oldest fill goes
+read with the value, with ``early_refresh``, less: see ``_copy_of``) and ``near_ttl``.
+Memory is bounded by entries and by bytes (of the envelopes). The oldest fill goes
 first, so a hit takes no lock.
 """
 
@@ -52,7 +52,7 @@ MISSING = _Missing.MISSING
 @dataclass(slots=True)
 class _Copy:
     raw: bytes
-    value: Any  # decoded at fill, for "shared"; None otherwise (and for the null sentinel)
+    value: Any  # decoded at fill, for "shared". None otherwise (and for the null sentinel)
     codec: Codec  # what decoded ``value``: a loader of another codec decodes ``raw`` itself
     null: bool
     fresh_until: float
@@ -72,7 +72,7 @@ class Ticket:
 
 class NearCache:
     """A layer's near cache, shared by its blocking and asyncio callers (the tracker's
-    ``NearCopies``). ``start`` starts the tracker; it is called by the first lookup."""
+    ``NearCopies``). ``start`` starts the tracker. It is called by the first lookup."""
 
     def __init__(self, max_entries: int, max_bytes: int, events: Events, start: Callable[[], None]) -> None:
         self.max_entries = max_entries

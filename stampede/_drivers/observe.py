@@ -1,4 +1,4 @@
-"""What a layer reports (``_core.observer``), counted and fanned out to its observers; and
+"""What a layer reports (``_core.observer``), counted and fanned out to its observers. And
 a warning that does not flood the log."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class Counts:
 class Events:
     """One layer's reports, fanned out to its ``Counts`` and to the observers added to
     it. An observer that raises is warned about (rate limited) and skipped for that
-    report; the caller never sees its error. With no observer added, a report costs
+    report. The caller never sees its error. With no observer added, a report costs
     the counter's increment and one truth test."""
 
     def __init__(self, namespace: str, warn: RateLimitedLog) -> None:

@@ -7,7 +7,7 @@ KeyboardInterrupt), until the decision returns. A decision is never closed while
 hold a lease: it sees every interruption and cleans up itself.
 
 ``Performer`` and ``AsyncPerformer`` map each effect onto a store, the lock servers, the
-loader or the clock; the ``match`` ends in ``unreachable``, so a new effect without a
+loader or the clock. The ``match`` ends in ``unreachable``, so a new effect without a
 branch here fails the type check. The asyncio performer shields the effects that must
 finish once started (the write, releases), so a second cancellation does not cut them.
 """
@@ -59,7 +59,7 @@ T = TypeVar("T")
 
 
 def run(decision: Decision[T], perform: Callable[[Effect], Any]) -> T:
-    """Perform ``decision``'s effects with blocking calls; return its outcome."""
+    """Perform ``decision``'s effects with blocking calls. Return its outcome."""
     reply: Any = None
     error: BaseException | None = None
     while True:
@@ -75,7 +75,7 @@ def run(decision: Decision[T], perform: Callable[[Effect], Any]) -> T:
 
 
 async def arun(decision: Decision[T], perform: Callable[[Effect], Awaitable[Any]]) -> T:
-    """Perform ``decision``'s effects with awaits; return its outcome."""
+    """Perform ``decision``'s effects with awaits. Return its outcome."""
     reply: Any = None
     error: BaseException | None = None
     while True:
@@ -179,7 +179,7 @@ class Performer:
 
 
 class AsyncPerformer:
-    """``Performer`` for a task: the same effects, awaited; ``loader`` returns an
+    """``Performer`` for a task: the same effects, awaited. ``loader`` returns an
     awaitable, and its lease is renewed by a task while it runs."""
 
     def __init__(

@@ -5,20 +5,20 @@ A load's lease is held in two places, for two reasons:
 
 * on a majority of the lock servers, so that no two loads of a key run at once even
   when the cache server loses its keys (a restart, a failover that lost the last
-  writes): a second loader waits for the first, however the cache fares;
+  writes): a second loader waits for the first, however the cache fares.
 * as the usual lock key on the cache server, so that the write stays one atomic
   compare-and-write there. An invalidation deletes that key (and drops the lease on the
-  lock servers, so a waiter takes over at once); the holder's write is then refused,
+  lock servers, so a waiter takes over at once). The holder's write is then refused,
   exactly as in a layer without Redlock. Nothing stale is written after an invalidation.
 
 ZooKeeper leases (``ZooKeeperStore``) take the same shape with a session's rules
 (``_core.sessions.SessionLeases``): the ensemble is one lock service, and a waiter also
 watches the holder's node, so that a holder whose session ends is taken over at once.
 
-The order of the steps is ``_core.majority.RedlockLeases``'s, written once; this module
+The order of the steps is ``_core.majority.RedlockLeases``'s, written once. This module
 performs it with ``_drivers.perform``, blocking or awaited. Fair named locks and fencing stay
 single-server: ``layer.lock()`` on a Redlock layer lives on the cache server, as
-``RedlockLock`` (``Redlock.lock``) lives on the lock servers; on a ZooKeeper layer it is
+``RedlockLock`` (``Redlock.lock``) lives on the lock servers. On a ZooKeeper layer it is
 ZooKeeper's line beside the cache server's key (``_backends.zookeeper.locks``).
 """
 
@@ -190,7 +190,7 @@ SESSION_QUORUM = Quorum(1, 0.0)  # one ensemble, whose leases have no term to dr
 
 class ZooKeeperStore(RedlockStore):
     """A ``Store``: the cache server's store, with every load's lease also a ZooKeeper
-    node; a waiter is woken by the holder's message or by its node's deletion."""
+    node. A waiter is woken by the holder's message or by its node's deletion."""
 
     session_leases = True  # a lease ends with its holder's session, not by a term
 

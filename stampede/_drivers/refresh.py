@@ -4,7 +4,7 @@ value was stale.
 A refresh runs beside the callers, never before them: in a worker thread for blocking
 loaders (``Refresher``), in a task on the caller's event loop for async ones
 (``_drivers.aio``). Both are bounded the same way: one refresh per key at a time in a
-process (per loop), and at most ``limit`` at once; a refresh beyond the limit is skipped
+process (per loop), and at most ``limit`` at once. A refresh beyond the limit is skipped
 and counted (``refreshes_skipped``), never queued: the next hit on the key asks again.
 Across processes, the lease collapses them into one (``_core.flow.refresh``).
 
@@ -107,7 +107,7 @@ class Refresher:
         """Start no more refreshes, let idle workers leave now, and wait up to ``timeout``
         seconds for those under way to end (so that none writes through a connection
         opened after the layer closed its own). A refresh still running then is left to
-        end by itself; queued ones are dropped."""
+        end by itself. Queued ones are dropped."""
         with self._lock:
             self._closed = True
             for key, _ in self._queue:

@@ -1,6 +1,6 @@
 """In-process singleflight: of all callers asking for one key, one leads and the rest wait.
 
-The leader reads the cache and, on a miss, loads; those who join share its outcome, so
+The leader reads the cache and, on a miss, loads. Those who join share its outcome, so
 concurrent callers of one key cost one read, and on a miss one load, per process (per
 event loop for asyncio callers). What a joiner does with the outcome is decided once,
 in ``Flight``: it shares the leader's value or Exception, and if the leader was
@@ -10,7 +10,7 @@ the joiners leads.
 
 A value is shared only with those who joined before the leader sent the command that
 produced it (``Flight.sent``). Another process's invalidation may complete while a GET is
-on the wire; a caller who arrives after that must not be handed what the GET read before:
+on the wire. A caller who arrives after that must not be handed what the GET read before:
 
     t=0    process B's leader sends GET k (the cache holds version 1)
     t=1    process A updates the database to version 2 and invalidates k: done
@@ -24,21 +24,21 @@ callers cost one more round trip, shared, and reads stay shared: one GET of a ke
 flight per process at a time, however many callers. The steps that may produce the value
 are the commands to the cache and a load made without the lease (``produces_value``). A
 leased load's joiners keep its value: they arrived before its write was sent, and a write
-sent after an invalidation is refused (the lease is gone; ``unwritten`` sends them back).
+sent after an invalidation is refused (the lease is gone, ``unwritten`` sends them back).
 A load without the lease (the cache unreachable) has no such guard, so those who arrive
 during it wait for the next one, which they share: still one load in flight per key.
 A value that came in another process's message was written some time after the leader
 subscribed, so it goes to those who arrived before the subscription (``via_notice``).
 
-Invariants of ``FlightTable``, all under its lock: a key maps to at most one open flight;
+Invariants of ``FlightTable``, all under its lock: a key maps to at most one open flight.
 a flight's ``done`` event exists once somebody joined it (most flights are hits nobody
-joins, and an Event costs more than the rest of a hit in memory); ``finish`` writes
+joins, and an Event costs more than the rest of a hit in memory). ``finish`` writes
 ``value`` and ``error`` before it sets ``done``, and joiners read them only after.
 ``forget`` detaches a key's flight (an invalidation): its leader still finishes and wakes
 those who joined, but later callers start a new flight instead of joining a stale one.
 
 ``AsyncFlightTable`` keeps the same invariants for the tasks of one event loop without a
-lock (one thread); each joiner waits on a future of its own, so a cancelled joiner
+lock (one thread). Each joiner waits on a future of its own, so a cancelled joiner
 cancels nobody else.
 """
 
@@ -65,17 +65,17 @@ class Flight:
     No ``__init__``: a flight starts as its class attributes say, and each is written on
     the instance only when it changes, so opening one (every hit does) costs no stores."""
 
-    done: Any = None  # threading.Event, or a list of futures (asyncio); made by the first joiner
+    done: Any = None  # threading.Event, or a list of futures (asyncio). Made by the first joiner
     value: Any = None
     error: BaseException | None = None
     timer: asyncio.TimerHandle | None = None  # asyncio: the earliest joiner's deadline
     deadlines: list[float]  # asyncio: each future's deadline, set with ``done`` (floats: nothing for the GC to track)
-    unwritten = False  # the leader loaded a value but its write was refused or failed; set before done
-    sent = 0  # the leader's steps that may produce its value; bumped just before each
+    unwritten = False  # the leader loaded a value but its write was refused or failed. Set before done
+    sent = 0  # the leader's steps that may produce its value. Bumped just before each
     subscribed_at = 0  # ``sent`` when the leader subscribed to the entry's channel
-    stale = False  # the value is stale (served while refreshed, or instead of an error); set before done
-    codec: Any = None  # the leader's Codec; set when it leads
-    raw: bytes | None = None  # the envelope the value was read from or written as; set before done
+    stale = False  # the value is stale (served while refreshed, or instead of an error). Set before done
+    codec: Any = None  # the leader's Codec. Set when it leads
+    raw: bytes | None = None  # the envelope the value was read from or written as. Set before done
 
     def count(self, effect: Effect) -> None:
         """The leader is about to perform ``effect``: count it if it may produce the value."""
@@ -86,8 +86,8 @@ class Flight:
 
     def decided(self, unwritten: bool, via_notice: bool, served_stale: bool = False, raw: bytes | None = None) -> None:
         """The leader's flow returned its value: if its write was refused or failed, it
-        goes to nobody else; if it came in a message, only to those who arrived before
-        the subscription; if it is the stale value of the first read, only to those who
+        goes to nobody else. If it came in a message, only to those who arrived before
+        the subscription. If it is the stale value of the first read, only to those who
         arrived before that read."""
         self.unwritten = unwritten
         if not served_stale:  # a stale value served is the first read's, whose bytes are kept
@@ -99,10 +99,10 @@ class Flight:
 
     def starts_over(self, joined_at: int | None) -> bool:
         """Whether a joiner must start over instead of sharing the outcome: the leader was
-        stopped by something other than an Exception (a cancelled task, a KeyboardInterrupt);
+        stopped by something other than an Exception (a cancelled task, a KeyboardInterrupt).
         or its value's write was refused, so the value may predate an invalidation
-        elsewhere; or the value came from a command sent before the joiner arrived
-        (``joined_at`` is ``sent`` as the joiner saw it on joining; None for a caller that
+        elsewhere. Or the value came from a command sent before the joiner arrived
+        (``joined_at`` is ``sent`` as the joiner saw it on joining, None for a caller that
         started over once, which is early for every flight it meets)."""
         if self.error is not None:
             return not isinstance(self.error, Exception)
@@ -111,7 +111,7 @@ class Flight:
     def shared(self, spec: LoaderSpec) -> Any:
         """The leader's outcome for a joiner calling ``spec``'s loader: its Exception
         raised, or its value. The leader's own object goes only to a joiner of a loader
-        that decodes alike (the same codec) and whose callers may share objects; any other
+        that decodes alike (the same codec) and whose callers may share objects. Any other
         joiner decodes the envelope afresh, so it never gets another loader's type nor an
         object another caller may mutate. ``NOT_A_VALUE`` if the envelope is not a value
         for the joiner's codec: it starts over, as it would on its own."""
@@ -140,7 +140,7 @@ class FlightTable:
         self._flights = {}
 
     def join(self, key: str) -> tuple[Flight, threading.Event | None]:
-        """The open flight for ``key``, and the event to wait on; None if the caller
+        """The open flight for ``key``, and the event to wait on. None if the caller
         leads (the flight was just opened)."""
         with self._lock:
             flight = self._flights.get(key)
@@ -236,7 +236,7 @@ def settle(future: asyncio.Future[bool], result: bool) -> None:
 
 # The keys whose loader runs in this context: the thread, or the task and the tasks it
 # starts (they copy the context). A call for one of them from inside its own load would
-# wait for itself until wait_timeout; it is refused at once instead.
+# wait for itself until wait_timeout. It is refused at once instead.
 _loading: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("stampede_loading", default=frozenset())
 
 

@@ -1,10 +1,10 @@
 """The lease watchdog: one thread per layer renews the lease of every load in progress
-(and of every named lock held by a thread); a task renews an asyncio holder's lease.
+(and of every named lock held by a thread). A task renews an asyncio holder's lease.
 
 A loader slower than ``lock_ttl`` must not lose its lock to a waiter (that would load a
 second time), and a holder that dies must lose it within ``lock_ttl``. So a lease is
 short and renewed every lock_ttl/3 while its loader runs. A renewal that finds the lock
-gone or someone else's marks the lease lost; the write then fails by itself, because
+gone or someone else's marks the lease lost. The write then fails by itself, because
 the write script checks the token too.
 """
 

@@ -6,7 +6,7 @@ backends to run theirs on.
   ``ZooKeeperServer`` (``servers``, ``topologies``, ``services``).
 * Faults and their witnesses: ``FaultProxy`` (a slow, stalled or cut network) and
   ``CommandMonitor`` (the commands clients sent) (``faults``).
-* The store contract suite, for pytest (``stampede.testing.contract``; imported on its
+* The store contract suite, for pytest (``stampede.testing.contract``, imported on its
   own, since it needs pytest).
 """
 

@@ -16,15 +16,15 @@ class FaultProxy:
     """A TCP proxy on 127.0.0.1 in front of a server, for fault tests: clients connect to
     ``url`` and every byte is relayed, unless the test says otherwise:
 
-    * ``delay``: seconds added before each chunk is relayed, both ways (a slow network);
+    * ``delay``: seconds added before each chunk is relayed, both ways (a slow network).
     * ``stall()`` / ``flow()``: stop relaying, connections kept open (a black hole), and
-      start again; ``stall_replies()`` holds back only what the server sends, so commands
-      still reach it and run, but their replies wait;
-    * ``cut()``: close every open connection at once (a reset, a failover);
+      start again. ``stall_replies()`` holds back only what the server sends, so commands
+      still reach it and run, but their replies wait.
+    * ``cut()``: close every open connection at once (a reset, a failover).
     * ``requests_received``: how many chunks clients have sent so far, counted as they
       arrive (before any delay): a test's proof that no command was even attempted.
 
-    Only connections it accepted and made are closed; ``close()`` stops it.
+    Only connections it accepted and made are closed. ``close()`` stops it.
     """
 
     def __init__(self, target_port: int) -> None:

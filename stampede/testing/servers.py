@@ -46,7 +46,7 @@ def free_port() -> int:
 
 
 class RedisServer:
-    """One server process on 127.0.0.1; ``url`` while it runs. A context manager."""
+    """One server process on 127.0.0.1. ``url`` while it runs. A context manager."""
 
     def __init__(
         self,
@@ -56,7 +56,7 @@ class RedisServer:
         args: Sequence[str] = (),
         password: str | None = None,
     ) -> None:
-        """``args`` are more server options (``["--user", "app", "on", ...]``); ``password``
+        """``args`` are more server options (``["--user", "app", "on", ...]``). ``password``
         is the default user's (``--requirepass``), put in ``url`` as well."""
         found = binary or find_server_binary()
         if found is None:

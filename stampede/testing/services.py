@@ -115,7 +115,7 @@ class PostgresServer:
         return {"user": nobody.pw_uid, "group": nobody.pw_gid, "extra_groups": []}
 
     def start(self, timeout: float = 30.0) -> PostgresServer:
-        """Create the cluster (first start only) and start the server; return once it
+        """Create the cluster (first start only) and start the server. Return once it
         accepts connections. A second start reuses the cluster: a restart."""
         self._user = self._as_user()
         if self._dir is None:
@@ -163,7 +163,7 @@ class PostgresServer:
     def stop(self, mode: str = "fast") -> None:
         """Stop the server: ``fast`` (SIGINT: roll back, disconnect everyone), ``smart``
         (SIGTERM: wait for sessions to end) or ``immediate`` (SIGQUIT: no shutdown, as a
-        crash; UNLOGGED tables come back empty). The cluster stays for ``start()``."""
+        crash, UNLOGGED tables come back empty). The cluster stays for ``start()``."""
         process, self.process = self.process, None
         signals = {"fast": signal.SIGINT, "smart": signal.SIGTERM, "immediate": signal.SIGQUIT}
         _stop(process, signals[mode])
@@ -248,7 +248,7 @@ class ZooKeeperServer:
         raise RuntimeError(f"zookeeper on port {self.port} did not serve within {timeout} s")
 
     def stop(self) -> None:
-        """Stop the process (SIGTERM); its data stays for ``start()``."""
+        """Stop the process (SIGTERM). Its data stays for ``start()``."""
         process, self.process = self.process, None
         _stop(process)
 

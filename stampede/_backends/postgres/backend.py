@@ -18,7 +18,7 @@ NEAR_REFUSAL = "near_cache needs Redis's client-side caching to keep copies exac
 
 
 def postgres_backend(pool: Any, options: BackendOptions, *, owns_pool: bool) -> Backend:
-    """A backend over ``pool``; it closes the pool on close if ``owns_pool``."""
+    """A backend over ``pool``. It closes the pool on close if ``owns_pool``."""
     from psycopg_pool import ConnectionPool
 
     if not isinstance(pool, ConnectionPool):

@@ -6,16 +6,16 @@ NOTHING`` takes it, ``DELETE`` releases it. On its own it has the textbook failu
 expiry (a holder that dies holds it for ever), no blocking wait (a refused caller polls),
 no reentrancy, no fairness, no fencing. Here each is fixed:
 
-* expiry: a lease row has a deadline by the database's clock (``clock_timestamp()``);
+* expiry: a lease row has a deadline by the database's clock (``clock_timestamp()``).
   a lapsed row is taken over by the same ``INSERT ... ON CONFLICT DO UPDATE ... WHERE
-  expires_at <= now``, and the watchdog pushes the deadline while the holder loads;
+  expires_at <= now``, and the watchdog pushes the deadline while the holder loads.
 * blocking waits: a release, a write and an invalidation ``NOTIFY`` the entry's channel
-  (delivered when they commit), and waiters sleep on ``LISTEN`` (``PostgresListener``);
+  (delivered when they commit), and waiters sleep on ``LISTEN`` (``PostgresListener``).
 * fencing: a named lock draws its token from a sequence, which never goes back, even
-  after a crash (sequences are logged, unlike these tables);
+  after a crash (sequences are logged, unlike these tables).
 * fairness: a queue table in arrival order (tickets from a sequence), each waiter's place
   leased as in Redis, every fair take serialised per lock by a transaction-scoped
-  advisory lock; reentrancy is the layer's, over any store (``Lock``).
+  advisory lock. Reentrancy is the layer's, over any store (``Lock``).
 
 Each function runs in one statement and one transaction: "check the token, then act"
 has no window between the steps, as in a Lua script. Row locks order the races: a write
@@ -402,7 +402,7 @@ def write_release(keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inl
 
 
 def wake_up(payload: str) -> tuple[str, bytes]:
-    """A NOTIFY payload as (the entry's channel, the message for its waiters); the
+    """A NOTIFY payload as (the entry's channel, the message for its waiters). The
     channel is ``*`` when every waiter is to re-check."""
     if payload.startswith("v"):
         encoded, _, channel = payload[1:].partition("\n")
@@ -459,7 +459,7 @@ def leases(namespace: str) -> Statement:
 
 
 def scan(namespace: str, match: str) -> Statement:
-    """Every key of the namespace whose entry starts with the glob's literal prefix;
+    """Every key of the namespace whose entry starts with the glob's literal prefix.
     callers test each entry against the whole pattern."""
     literal = ""
     for char in match:

@@ -4,15 +4,15 @@ wake-ups, and the translation of psycopg's failures.
 Every statement is one call of a function of ``pg_schema`` (or one plain statement),
 so each store method is one round trip, atomic in the database, as a Lua script is in
 Redis. Waiters sleep on ``LISTEN``: one connection per process (``PostgresListener``)
-hears every ``NOTIFY`` and hands each to the mailboxes of its entry; a lost connection
+hears every ``NOTIFY`` and hands each to the mailboxes of its entry. A lost connection
 wakes them all to re-check (a spurious wake-up is always safe), and the listener
 reconnects by itself. A wake-up carries no value: the woken waiter reads it (one round
 trip more than Redis's inline message, and no payload limit to mind).
 
 Every psycopg failure leaves this module as ``BackendUnavailable``, which the flow turns
-into policy; a failure to reach the server (``OperationalError``, a pool timeout) also
+into policy. A failure to reach the server (``OperationalError``, a pool timeout) also
 counts against the circuit breaker. The schema is created on first use, by any store,
-under an advisory lock; a database that lost it (dropped, recreated) gets it again.
+under an advisory lock. A database that lost it (dropped, recreated) gets it again.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def connection_settings(socket_timeout: float, connect_timeout: float) -> dict[s
 
 
 class Sweeper:
-    """When this store last swept expired rows; due every ``SWEEP_INTERVAL`` seconds."""
+    """When this store last swept expired rows. Due every ``SWEEP_INTERVAL`` seconds."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -118,7 +118,7 @@ class PostgresListener:
         mailbox.confirm(True)
 
     def join(self, mailbox: Mailbox) -> bool:
-        """Register ``mailbox`` (starting the listener at the first); True if LISTEN is in
+        """Register ``mailbox`` (starting the listener at the first). True if LISTEN is in
         place already, else the caller waits (``wait_connected``) before relying on it."""
         with self._lock:
             if self._stop.is_set():
@@ -272,7 +272,7 @@ class PostgresStore:
             if self._sweeper.due():
                 try:
                     connection.execute(sql.SWEEP, (SWEEP_BATCH,))
-                except psycopg.Error as error:  # the write stands (autocommit); the next sweep tries again
+                except psycopg.Error as error:  # the write stands (autocommit). The next sweep tries again
                     log.info("stampede: sweeping expired rows failed (%s)", error)
         return Written(row[0] if row else -1)
 

@@ -1,6 +1,6 @@
 """Wake-ups for asyncio waiters: one subscriber connection per event loop.
 
-The rules are ``_backends.channels``'s, as for the blocking subscriber; this module only performs
+The rules are ``_backends.channels``'s, as for the blocking subscriber. This module only performs
 them with redis.asyncio. Everything here belongs to one event loop: a redis.asyncio
 connection cannot be used from another, so each loop that waits gets its own subscriber.
 
@@ -9,7 +9,7 @@ an UNSUBSCRIBE of a channel can never overtake the SUBSCRIBE that follows it. On
 reader task reads from the connection.
 
 As for blocking waiters, a cluster has one such subscriber per primary per loop, speaking
-sharded pub/sub and handing lost mailboxes to ``on_lost`` (``_backends.redis.shards``); through
+sharded pub/sub and handing lost mailboxes to ``on_lost`` (``_backends.redis.shards``). Through
 Sentinel the subscriber follows the master (see ``_backends.redis.notify``).
 """
 
@@ -168,7 +168,7 @@ class AsyncSubscriber:
         self._followed_at = time.monotonic()
         try:
             address = await self._pool.get_master_address()
-        except Exception:  # the sentinels cannot say now; ask again next time
+        except Exception:  # the sentinels cannot say now. Ask again next time
             return False
         return tuple(address) != (connection.host, connection.port)
 
@@ -179,7 +179,7 @@ class AsyncSubscriber:
             while True:
                 try:
                     reply = await connection.read_response(timeout=timeout, disconnect_on_error=False)
-                except ResponseError as error:  # refused (MOVED, NOPERM); the connection works
+                except ResponseError as error:  # refused (MOVED, NOPERM). The connection works
                     log.info("stampede: the server refused a subscription (%s)", error)
                     self._channels.fail_unconfirmed()
                     continue

@@ -74,7 +74,7 @@ class AsyncRedisStore:
     ) -> None:
         check_client(client)
         self.client = client
-        self.breaker = breaker  # the whole server's; on a cluster, for commands on no one node
+        self.breaker = breaker  # the whole server's. On a cluster, for commands on no one node
         self._node_breakers = node_breakers if is_cluster(client) or follows_master(client) else None
         self._torn_down = TORN_DOWN if self._node_breakers is not None else ()
         self.eviction = eviction or EvictionCheck()
@@ -249,7 +249,7 @@ class AsyncRedisStore:
         breaker = breaker_for(self.client, self._node_breakers, self.breaker, key)
         if breaker.open and self._node_breakers is not None and self._node_breakers.refresh_due():
             # The slot may have a new owner, or Sentinel a new master (see NodeBreakers):
-            # ask in the background; the calls that follow go by the answer once it is in.
+            # ask in the background. The calls that follow go by the answer once it is in.
             task = asyncio.get_running_loop().create_task(self._refresh_slots())
             self._refreshes.add(task)
             task.add_done_callback(self._refreshes.discard)

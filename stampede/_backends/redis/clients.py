@@ -1,14 +1,14 @@
 """The redis-py clients ``Stampede.from_url`` makes: one server, a Redis Cluster, or the
-master a set of sentinels names; each with bounded timeouts and no hidden retries.
+master a set of sentinels names. Each with bounded timeouts and no hidden retries.
 
 URL forms:
 
 * ``redis://`` / ``rediss://`` / ``unix://``: one server (redis-py's own form).
-* the same with ``cluster=True``: any node of a Redis Cluster; the client discovers the
+* the same with ``cluster=True``: any node of a Redis Cluster. The client discovers the
   others (``CLUSTER SLOTS``), at once for the blocking client.
 * ``redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/service[/db]``: the
   master the sentinels at those addresses (port 26379 unless given) know as
-  ``service``; the user and password are the master's.
+  ``service``. The user and password are the master's.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class SentinelURL:
 
 
 def parse_sentinel_url(url: str) -> SentinelURL | None:
-    """The parts of a ``redis+sentinel://`` URL; None for any other scheme."""
+    """The parts of a ``redis+sentinel://`` URL. None for any other scheme."""
     parts = urlsplit(url)
     if parts.scheme != SENTINEL_SCHEME:
         return None
@@ -92,7 +92,7 @@ class ConnectionQueue:
     takes its ``queue_class``): what the pool uses of ``queue.LifoQueue`` (``get``,
     ``put_nowait``, ``queue``), with one lock taken per get or put. ``queue.LifoQueue``
     goes through a ``Condition`` each time, which cost about as much as the rest of a
-    hit's own work; here a put wakes a getter only when one is waiting.
+    hit's own work. Here a put wakes a getter only when one is waiting.
 
     Not a subclass: under gevent's monkey-patching ``queue.LifoQueue`` is gevent's own
     class, with none of the standard one's internals. The lock and condition are made
@@ -213,7 +213,7 @@ def _sentinel_clients(
 ) -> tuple[redis.Redis, AsyncMaker]:
     """Clients of the master the sentinels name, which follow it through a failover (as
     redis-py's Sentinel pools do: a connection that fails or finds a demoted master asks
-    the sentinels again). A service no answering sentinel knows is a ``ConfigError`` now;
+    the sentinels again). A service no answering sentinel knows is a ``ConfigError`` now.
     if no sentinel answers, the clients are made anyway and find the master later."""
     auth: dict[str, Any] = {"username": sentinel.username, "password": sentinel.password, "db": sentinel.db}
     # The sentinels' own clients take no retry from the master's settings: each is asked
@@ -246,7 +246,7 @@ def _sentinel_clients(
             retry=no_async_retries,
             **timeouts,
         )
-        # Its pool fails beyond max_connections; the asyncio store bounds its commands to
+        # Its pool fails beyond max_connections. The asyncio store bounds its commands to
         # that number (see _backends.redis.astore), so callers wait instead.
         async_client: redis.asyncio.Redis = async_manager.master_for(
             sentinel.service, retry=no_async_retries, max_connections=max_connections, **auth

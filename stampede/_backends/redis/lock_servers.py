@@ -1,5 +1,5 @@
 """Redlock's lock servers over redis-py: each command goes to every server, blocking
-callers one server after another, asyncio callers to all at once; each server's failure
+callers one server after another, asyncio callers to all at once. Each server's failure
 is counted in the ``Round``, not raised (the store contract's ``LockServers``)."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ what matters is that it wakes, not how many messages it missed. Who waits on wha
 what a lost connection means, is decided in ``_backends.channels``.
 
 ``Subscriber`` threading rules: commands (SUBSCRIBE, UNSUBSCRIBE) are sent by the calling
-thread under ``_lock``; only the reader thread reads replies and messages. Sending and
+thread under ``_lock``. Only the reader thread reads replies and messages. Sending and
 receiving touch different state of the connection, and connect/disconnect happen under
 ``_lock`` only. A caller's ``subscribe()`` returns once the server has confirmed it, so a
 re-check made after it cannot miss the write's message.
@@ -118,7 +118,7 @@ class Subscriber:
             return
         if self._master_moved(self._connection):
             log.info("stampede: the master moved while nobody waited; subscribing there")
-            self._drop_connection()  # waiters re-check; the caller connects to the new one
+            self._drop_connection()  # waiters re-check. The caller connects to the new one
 
     def _master_moved(self, connection: Any) -> bool:
         """Ask the sentinels whether the master is elsewhere than ``connection``, noting
@@ -240,7 +240,7 @@ def master_moved(pool: Any, connection: Any) -> bool:
     """Through Sentinel: whether the master is now elsewhere than ``connection``."""
     try:
         address = pool.get_master_address()
-    except Exception:  # the sentinels cannot say now; ask again next time
+    except Exception:  # the sentinels cannot say now. Ask again next time
         return False
     return tuple(address) != (connection.host, connection.port)
 
@@ -249,11 +249,11 @@ def connect_pubsub(pool: Any, timeout: float) -> Any:
     """A connection of ``pool``'s class and settings, outside the pool, for pub/sub only:
     RESP2 messages, and no health-check PINGs, which would read replies from the sender.
     Works for the blocking and the asyncio pools alike, and for an asyncio cluster node
-    (which has the same two attributes); the caller connects it."""
+    (which has the same two attributes). The caller connects it."""
     kwargs = {
         name: value
         for name, value in pool.connection_kwargs.items()
-        if "maint_notifications" not in name  # RESP3-only; this connection speaks RESP2
+        if "maint_notifications" not in name  # RESP3-only. This connection speaks RESP2
     }
     kwargs.update(health_check_interval=0, protocol=2)
     if kwargs.get("socket_connect_timeout") is None:

@@ -3,7 +3,7 @@ function that builds its KEYS and ARGV (``Call``), which every caller uses: the 
 and asyncio stores and Redlock's servers cannot drift apart on what a script takes.
 
 Every script touches only the keys of one entry, which share a hash tag, so each runs in
-one Redis Cluster slot. Channels are not keys and travel in ARGV; they share the entry's
+one Redis Cluster slot. Channels are not keys and travel in ARGV. They share the entry's
 hash tag too, so on a cluster (``sharded``) the wake-up is an SPUBLISH in the entry's own
 shard. A script runs atomically, so "check the lock token, then act" has no window
 between the two steps.
@@ -295,7 +295,7 @@ INVALIDATE = NEAR_REQUEST + INVALIDATE
 
 def invalidate_call(keys: EntryKeys, near: NearChannel | None = None, nonce: str = "") -> Call:
     """``near``: the namespace's near caches, asked to drop their copies in the same
-    script (on one server; on a cluster the registry is in another slot: ``REQUEST_NEAR``
+    script (on one server, on a cluster the registry is in another slot: ``REQUEST_NEAR``
     asks them in a second step)."""
     return _with_near(Call([keys.value, keys.lock, keys.invalidated, keys.failing], [keys.channel]), keys, near, nonce)
 

@@ -11,7 +11,7 @@ subscription.
 Slots move (a resharding, a failover): the old owner unsubscribes the channel by itself
 (or its connection is lost), and its waiters' mailboxes come here (``rehome``), which
 asks the cluster for its slots again and subscribes them at the slot's new owner. They
-are woken to re-check meanwhile, since a message may have gone while they moved; one
+are woken to re-check meanwhile, since a message may have gone while they moved. One
 that cannot be placed (no owner answers yet) is left to its waiter's re-checks, every
 ``recheck_interval`` at most.
 """
@@ -43,7 +43,7 @@ class ShardedSubscriber:
         reset_after_fork(self)
 
     def subscribe(self, channel: str) -> ThreadMailbox:
-        """A mailbox on ``channel`` at the primary of its slot, once confirmed; asked once
+        """A mailbox on ``channel`` at the primary of its slot, once confirmed. Asked once
         more after a refresh of the slots if that node refused it (MOVED) or is gone."""
         for attempt in (1, 2):
             mailbox = ThreadMailbox(channel, self._leave)

@@ -33,7 +33,7 @@ from .shards import ShardedSubscriber
 log = logging.getLogger("stampede.backend")
 
 # What a failing command raises, blocking or asyncio (on Python 3.10 asyncio's timeout
-# is not an OSError); of those, what says the server could not be reached.
+# is not an OSError). Of those, what says the server could not be reached.
 FAILURES = (RedisError, OSError, asyncio.TimeoutError)
 UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, OSError, asyncio.TimeoutError)
 
@@ -49,7 +49,7 @@ there it is a failure to reach the server like any other."""
 def translated(
     what: str, key: str, breaker: CircuitBreaker, torn_down: tuple[type[Exception], ...] = ()
 ) -> Iterator[None]:
-    """One command: refused at once while the circuit is open; its failure (and an error
+    """One command: refused at once while the circuit is open. Its failure (and an error
     of ``torn_down``: see ``TORN_DOWN``) translated to BackendUnavailable and its outcome
     told to the breaker."""
     breaker.check(key)
@@ -133,7 +133,7 @@ def queue_read_with_ttl(pipeline: Any, key: str, failing: bool) -> Any:
 def with_ttl(raw: Any, pttl: Any, failing: Any = 0) -> tuple[bytes | None, float, bool]:
     """A GET and a PTTL of one key (and an EXISTS of its failing marker), sent together:
     the value, its seconds left (-1: no expiry), and whether it is marked failing. They
-    are not one atomic step: a key deleted between them (PTTL -2) is read as absent; a key
+    are not one atomic step: a key deleted between them (PTTL -2) is read as absent. A key
     rewritten between them pairs the old value with the new TTL, which serves a value
     replaced a moment ago as fresh, as a GET sent a moment earlier would have."""
     pttl = int(pttl)
@@ -155,7 +155,7 @@ def follows_master(client: Any) -> bool:
 
 def node_of(client: Any, key: str) -> str | None:
     """The server a command on ``key`` goes to now, as the client knows it: the primary of
-    the key's slot on a cluster, the master through Sentinel; None while not known yet."""
+    the key's slot on a cluster, the master through Sentinel. None while not known yet."""
     if is_cluster(client):
         try:
             return str(client.get_node_from_key(key).name)
@@ -167,7 +167,7 @@ def node_of(client: Any, key: str) -> str | None:
 
 def breaker_for(client: Any, nodes: NodeBreakers | None, whole: CircuitBreaker, key: str) -> CircuitBreaker:
     """The breaker that guards commands on ``key``: with ``nodes`` (a cluster, or Sentinel),
-    that of the server the command goes to; else, or while that is not known, ``whole``."""
+    that of the server the command goes to. Else, or while that is not known, ``whole``."""
     if nodes is None:
         return whole
     node = node_of(client, key)
@@ -276,7 +276,7 @@ NOT_HEARD = (
 
 
 def without_blmpop(error: Exception, command: tuple[Any, ...]) -> bool:
-    """Whether ``error`` is the server refusing BLMPOP (Redis before 7 has none; an ACL
+    """Whether ``error`` is the server refusing BLMPOP (Redis before 7 has none, an ACL
     user may lack it): wait with BLPOP from then on."""
     return command[0] == "BLMPOP" and isinstance(error, redis.ResponseError)
 
@@ -312,13 +312,13 @@ class RedisStore:
     ) -> None:
         check_client(client)
         self.client = client
-        self.breaker = breaker  # the whole server's; on a cluster, for commands on no one node
+        self.breaker = breaker  # the whole server's. On a cluster, for commands on no one node
         self._node_breakers = node_breakers if is_cluster(client) or follows_master(client) else None
         self._torn_down = TORN_DOWN if self._node_breakers is not None else ()
         self.eviction = eviction or EvictionCheck()
         self._scripts = Scripts(client)
         self.near = near
-        # One server: invalidations ask near caches in their own script; a cluster: after it.
+        # One server: invalidations ask near caches in their own script. A cluster: after it.
         self._near_in_script = near if not is_cluster(client) else None
         self._blmpop = True  # until a server (before Redis 7) says it has no BLMPOP
         self._subscriber: Subscriber | ShardedSubscriber = (
@@ -372,7 +372,7 @@ class RedisStore:
     def _cut_short(self, what: str, key: str, error: Exception, breaker: CircuitBreaker) -> Exception:
         """A command whose connection another thread disconnected under it, which
         redis-py's parsers report as whatever they hit (``TORN_DOWN``): by ``close()``,
-        which is the store being closed, not a bug; through a cluster or Sentinel, by
+        which is the store being closed, not a bug. Through a cluster or Sentinel, by
         redis-py itself, a failure to reach the server. Any other exception is returned
         as it is."""
         if self.closed:
@@ -417,7 +417,7 @@ class RedisStore:
     def check(self, namespace: str) -> None:
         """Raise ``BackendUnavailable`` naming the cause unless the server answers and
         takes writes in ``namespace`` (a wrong password, a read-only replica, an ACL user
-        outside its keys all fail here); then warn if it may evict leases."""
+        outside its keys all fail here). Then warn if it may evict leases."""
         key = check_key(namespace)
         with self._translated("check the server with", key, whole=True):
             self.client.ping()
@@ -428,7 +428,7 @@ class RedisStore:
 
     def scan(self, namespace: str, match: str = "*") -> set[str]:
         """The value keys of the cache entries in ``namespace`` whose entry matches the glob
-        ``match`` (at least: callers test each; named locks left out). SCAN, 1000 keys a
+        ``match`` (at least: callers test each, named locks left out). SCAN, 1000 keys a
         step, never KEYS."""
         with self._translated("scan", namespace, whole=True):
             return entry_value_keys(self.client.scan_iter(match=f"{namespace}:{{{match}}}*", count=1000))
@@ -483,7 +483,7 @@ class RedisStore:
 
     def _ask_near_caches(self, reply: Any, keys: EntryKeys, nonce: str) -> Any:
         """On a cluster, once the entry's script ran: ask the near caches on the
-        registry's primary (``REQUEST_NEAR``); elsewhere the script has asked them."""
+        registry's primary (``REQUEST_NEAR``). Elsewhere the script has asked them."""
         if self.near is None or self._near_in_script is not None:
             return reply
         with self._translated("ask near caches to drop", self.near.members):

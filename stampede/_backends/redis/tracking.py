@@ -3,20 +3,20 @@ layer, kept while the layer lives (see ``_core.near`` for the agreement it keeps
 
 The connection speaks RESP2 and, once connected, only listens: ``CLIENT TRACKING ON
 REDIRECT <its own id> BCAST PREFIX <namespace>:{`` sends it the name of every key of the
-namespace that changes (a write, a delete, an expiry, an eviction; ``None`` for a
+namespace that changes (a write, a delete, an expiry, an eviction, ``None`` for a
 FLUSHDB), and ``SUBSCRIBE`` adds the namespace's invalidation requests. It is not
 redis-py's client-side caching, which refuses Valkey, has no asyncio client and takes
 over pub/sub on the client it runs on.
 
 Every fifth of its lease the thread registers this process through the layer's client (a
-command on a pooled connection) and then sends a PING down each tracking connection; the
+command on a pooled connection) and then sends a PING down each tracking connection. The
 last of their PONGs renews the lease. A stream that stops answering (a primary cut off
 from this process alone, packets dropped) so stops the renewals within one lease, though
 the others still answer. Requests are acknowledged through the pooled client too, in one
 pipeline for everything read in one go. On any failure the lease is revoked and every
-copy dropped before the thread reconnects; through Sentinel it also reconnects when the
+copy dropped before the thread reconnects. Through Sentinel it also reconnects when the
 master moved. On a Redis Cluster it keeps one such connection per primary (``Stream``),
-and listens for requests on the registry's primary only; it reconnects to all of them
+and listens for requests on the registry's primary only. It reconnects to all of them
 when the primaries change.
 """
 
@@ -132,7 +132,7 @@ class Tracker:
         self._copies.revoke()
 
     def after_fork_in_child(self) -> None:
-        """The parent's thread and connection are not in the child; the child is a member
+        """The parent's thread and connection are not in the child. The child is a member
         of its own, started again by its first near-cache call."""
         self._lock = threading.Lock()
         stopped, self._stop = self._stop.is_set(), threading.Event()  # its lock may have been held
@@ -196,7 +196,7 @@ class Tracker:
             for stream in streams:
                 stream.connection.disconnect()
             raise
-        # From here on every change reaches us; what was filled before may be stale.
+        # From here on every change reaches us. What was filled before may be stale.
         self._copies.flush()
         if self._lost_since is not None:
             log.warning("stampede: the near cache's invalidation stream is back")
@@ -286,7 +286,7 @@ class Tracker:
         return False
 
     def _handle(self, reply: Any, nonces: list[str]) -> bool:
-        """Obey one message; True for the PONG that renews the lease."""
+        """Obey one message. True for the PONG that renews the lease."""
         if not isinstance(reply, list) or not reply:
             return False
         if reply[0] == b"pong":

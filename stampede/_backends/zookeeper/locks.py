@@ -5,11 +5,11 @@ watchdog and the release message, as for a load (``_core.sessions``).
 
 Rules:
 
-* Every ``Lock`` joins the line in ZooKeeper (``ZooKeeperQueue``); only the first in line
+* Every ``Lock`` joins the line in ZooKeeper (``ZooKeeperQueue``). Only the first in line
   takes the cache server's key. A try that is not fair leaves the line at once when it is
   not first (a non-blocking acquire, or the next try of a plain blocking one).
 * A release gives up the cache key first, then the node: whoever is first next finds the
-  key free, so a key still held then is a holder whose session ended; it is taken over
+  key free, so a key still held then is a holder whose session ended. It is taken over
   (compare-and-delete with that holder's token) at once.
 * A waiter is woken by the release message on the cache server, or by the watch on the
   node before its own (``Wakers``: the mailboxes of this process on that lock).
@@ -106,7 +106,7 @@ class _AsyncWatched:
 
 class ZooKeeperLockStore:
     """The ``Store`` of a ZooKeeper layer's named locks (only the named locks' methods
-    differ from the cache server's; see the module)."""
+    differ from the cache server's, see the module)."""
 
     def __init__(self, cache: Store, queue: ZooKeeperQueue, wakers: Wakers) -> None:
         self.cache = cache

@@ -3,7 +3,7 @@
 holder's node goes.
 
 A lease is an ephemeral sequential node ``/stampede/<entry's lock key>/lease-<seq>``
-holding the token; the lowest node holds it (ZooKeeper's lock recipe). Taking it creates
+holding the token. The lowest node holds it (ZooKeeper's lock recipe). Taking it creates
 a node and, unless it is the lowest, deletes it again at once: a load's waiters do not
 queue in ZooKeeper, they wait for the value on the cache server. A node lives as long as
 its holder's session: a holder that dies (or is cut off for longer than the session
@@ -200,7 +200,7 @@ class AsyncZooKeeperLockServers:
 
 def start_client(hosts: str, session_timeout: float, connect_timeout: float) -> KazooClient:
     """A started kazoo client for ``hosts`` (``host:port,...``). It keeps reconnecting by
-    itself; a command while it cannot reach the ensemble fails at once."""
+    itself. A command while it cannot reach the ensemble fails at once."""
     client = KazooClient(hosts=hosts, timeout=session_timeout, connection_retry={"max_tries": -1, "max_delay": 1})
     client.start(timeout=connect_timeout)
     return client
@@ -215,7 +215,7 @@ def client_of(zookeeper: Any, session_timeout: float, connect_timeout: float) ->
 
 class ZooKeeperQueue:
     """Named locks' places in line: one ephemeral sequential node per waiter or holder,
-    kept until it leaves (ZooKeeper's fair lock recipe). The first in line holds the lock;
+    kept until it leaves (ZooKeeper's fair lock recipe). The first in line holds the lock.
     each waiter watches the node just before its own, so a release (or a holder's session
     ending) wakes only the next in line. A node's creation zxid is its fencing token: it
     grows across the whole ensemble, for ever."""
