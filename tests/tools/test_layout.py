@@ -174,3 +174,27 @@ def test_no_circle_of_imports() -> None:
 def test_the_rules_see_relative_imports() -> None:
     names = _imports(PACKAGE / "_drivers" / "perform.py")
     assert "stampede._core.effects" in names and "stampede._drivers.watchdog" in names
+
+
+def test_docstrings_and_comments_are_written_in_short_sentences() -> None:
+    """At most 3 semicolons per 1,000 words of docstrings and comments, as in the models
+    (httpcore, h11, dogpile, cachetools: 0-3): two sentences are two sentences."""
+    import io
+    import tokenize
+
+    words = semicolons = 0
+    for path in sorted(PACKAGE.rglob("*.py")):
+        source = path.read_text()
+        texts = [
+            ast.get_docstring(node, clean=False) or ""
+            for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        ]
+        texts += [
+            token.string
+            for token in tokenize.generate_tokens(io.StringIO(source).readline)
+            if token.type == tokenize.COMMENT
+        ]
+        words += sum(len(text.split()) for text in texts)
+        semicolons += sum(text.count(";") for text in texts)
+    assert semicolons * 1000 <= 3 * words, f"{semicolons} semicolons in {words} words"
