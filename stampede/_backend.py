@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from ._backends.redis.lock_servers import AsyncRedisLockServers, RedisLockServers
 from ._core.backend import Backend, BackendOptions
 from ._core.store import AsyncStore, Store
 from ._errors import BackendUnavailable, ConfigError
 from ._redact import redacted
-from ._redlock import Redlock
+
+if TYPE_CHECKING:
+    from ._redlock import Redlock
 
 DEFAULT_SOCKET_TIMEOUT = 2.0
 DEFAULT_CONNECT_TIMEOUT = 1.0
@@ -230,4 +233,14 @@ def _with_zookeeper(backend: Backend, zookeeper: Any) -> None:
         backend.close_first.append(stop)
 
 
-__all__ = ["SCHEMES", "Backend", "BackendOptions", "Store", "backend_for", "family_of", "given_by_url"]
+__all__ = [
+    "SCHEMES",
+    "AsyncRedisLockServers",  # Redlock's servers (``stampede.Redlock``)
+    "Backend",
+    "BackendOptions",
+    "RedisLockServers",
+    "Store",
+    "backend_for",
+    "family_of",
+    "given_by_url",
+]

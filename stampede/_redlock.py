@@ -45,7 +45,7 @@ from collections.abc import Sequence
 import redis
 import redis.asyncio
 
-from ._backends.redis.lock_servers import AsyncRedisLockServers, RedisLockServers
+from ._backend import AsyncRedisLockServers, RedisLockServers
 from ._core.effects import Decision, Pause, ServersRelease, milliseconds
 from ._core.keys import EntryKeys, lock_keys
 from ._core.majority import Quorum, renew_majority, take_majority

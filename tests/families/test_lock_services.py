@@ -21,6 +21,7 @@ from stampede.testing import PostgresServer, ZooKeeperServer
 
 from ..conftest import empty_postgres, needs_postgres, needs_zookeeper
 from ..promises.test_processes import Workers, run_stampede
+from ..scenarios import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -168,7 +169,10 @@ def test_a_plain_acquire_fails_at_once_where_the_fixed_one_waits_and_is_woken_by
 
         thread = threading.Thread(target=waiter)
         thread.start()
-        time.sleep(0.3)  # the waiter is asleep on LISTEN (no polling: recheck_interval is 5 s)
+        listener = layer._runner.store.listener  # type: ignore[union-attr]
+        wait_until(  # the waiter is asleep on LISTEN (no polling: recheck_interval is 5 s)
+            lambda: listener._connected.is_set() and listener._waiting.everyone(), "the waiter on LISTEN"
+        )
         released_at = time.monotonic()
         holder.release()
         assert acquired.wait(5)
@@ -194,6 +198,15 @@ def test_the_plain_lock_is_not_reentrant_and_the_fixed_one_is(postgres_url: str)
         layer.close()
 
 
+def _queued(url: str) -> int:
+    """Waiters in the fair queues of the database (the table is emptied for each test)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as connection:
+        row = connection.execute("SELECT count(*) FROM stampede_queue WHERE expires_at > clock_timestamp()").fetchone()
+    return int(row[0]) if row else 0
+
+
 def test_the_fixed_lock_is_fair_and_fenced(postgres_url: str) -> None:
     layer = Stampede.from_url(postgres_url, namespace="textbook")
     try:
@@ -217,7 +230,7 @@ def test_the_fixed_lock_is_fair_and_fenced(postgres_url: str) -> None:
             thread.start()
             threads.append(thread)
             assert queued[index].wait(5)
-            time.sleep(0.2)  # its first try has queued it
+            wait_until(lambda n=index + 1: _queued(postgres_url) == n, f"waiter {index} in the queue")
         first.release()
         for thread in threads:
             thread.join(20)

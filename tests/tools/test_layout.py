@@ -105,10 +105,10 @@ TOP = [path for path in sorted(PACKAGE.glob("*.py"))]
 
 @pytest.mark.parametrize("path", TOP, ids=lambda path: path.name)
 def test_only_the_seam_and_public_family_modules_import_a_backend(path: Path) -> None:
-    """``_backend.py`` chooses; ``postgres.py`` re-exports that family's public lock;
-    ``_redlock.py`` (public ``Redlock``) runs over Redis's lock servers. The CLI asks the
-    backend (its ``inspector``), whatever the family."""
-    allowed = {"_backend.py", "postgres.py", "_redlock.py"}
+    """``_backend.py`` chooses, and hands ``Redlock`` its servers; ``postgres.py`` is the
+    PostgreSQL family's public module (its advisory lock). The CLI asks the backend (its
+    ``inspector``), whatever the family."""
+    allowed = {"_backend.py", "postgres.py"}
     imported = sorted(name for name in _imports(path) if name.startswith("stampede._backends"))
     assert path.name in allowed or not imported, f"{path.name} imports {imported}"
 
