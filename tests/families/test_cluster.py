@@ -481,7 +481,7 @@ def test_a_near_cache_on_a_cluster_tracks_every_primary_and_invalidations_wait_f
     """Copies of keys on each of the three primaries: an invalidation (blocking or
     asyncio) returns only once the copy is gone, and a plain DEL on the key's primary
     (tracked there, BCAST) drops it too."""
-    from .test_near_cache import copied, held, tracked, versioned
+    from ..families.test_near_cache import copied, held, tracked, versioned
 
     versions = dict.fromkeys(range(12), 1)
     holder = make_cluster_layer(near_cache=True)
@@ -513,7 +513,7 @@ def test_a_near_cache_on_a_cluster_tracks_every_primary_and_invalidations_wait_f
 
 
 def test_a_near_cache_on_a_cluster_is_not_waited_for_once_closed(make_cluster_layer: Callable[..., Stampede]) -> None:
-    from .test_near_cache import tracked
+    from ..families.test_near_cache import tracked
 
     holder = make_cluster_layer(near_cache=True)
     tracked(holder)
@@ -528,7 +528,7 @@ def test_a_near_cache_on_a_cluster_is_not_waited_for_once_closed(make_cluster_la
 def test_a_near_cache_follows_a_failover_of_the_primary_its_leases_are_renewed_on(own_cluster: ClusterServers) -> None:
     """The registry's primary is killed: copies go at once (the stream is lost), the
     tracker tracks the promoted replica, and invalidations there are waited for."""
-    from .test_near_cache import copied, held, tracked, versioned
+    from ..families.test_near_cache import copied, held, tracked, versioned
 
     settings = dict(namespace="test", breaker_threshold=0)
     holder = Stampede.from_url(own_cluster.url, cluster=True, near_cache=True, **settings)

@@ -149,7 +149,7 @@ def test_a_joiner_of_another_loader_gets_its_own_type(make_layer: Callable[..., 
 
 def test_a_shared_near_copy_is_decoded_again_for_another_loaders_type(make_layer: Callable[..., Stampede]) -> None:
     pytest.importorskip("msgspec")
-    from .test_near_cache import copied, held, tracked
+    from ..families.test_near_cache import copied, held, tracked
 
     layer = make_layer(near_cache="shared")
     typed, untyped = order_loader(layer, CountingLoader(lambda order_id: ORDER))
@@ -455,8 +455,8 @@ def test_a_primary_cut_off_from_a_near_cache_alone_stops_its_copies(cluster_serv
     within the lease, however the other primaries answer."""
     from redis.cluster import RedisCluster
 
-    from .conftest import empty_cluster
-    from .test_near_cache import copied, tracked, versioned
+    from ..conftest import empty_cluster
+    from ..families.test_near_cache import copied, tracked, versioned
 
     empty_cluster(cluster_servers)
     proxies = {primary.port: FaultProxy(primary.port) for primary in cluster_servers.primaries}
@@ -559,8 +559,8 @@ def test_a_waiter_long_after_a_frozen_master_was_replaced_is_woken_by_message(ow
     calls all run on one event loop, whose subscriber lives as long as it does.)"""
     from stampede._core.keys import EntryKeys
 
-    from .test_cluster import until
-    from .test_sentinel import subscribers
+    from ..families.test_cluster import until
+    from ..families.test_sentinel import subscribers
 
     settings = dict(namespace="test", lock_ttl=3.0, wait_timeout=10.0, recheck_interval=30.0, breaker_threshold=0)
     waiter, holder = (Stampede.from_url(own_sentinels.url, **settings) for _ in range(2))
@@ -616,7 +616,7 @@ def joined_by_other_layer(
 ) -> float:
     """``holder`` loads ``key`` and is held in ``db`` until ``waiter`` waits on its lease
     (and ``subscribed()``); then the load ends. The seconds from then to the waiter's value."""
-    from .test_cluster import until
+    from ..families.test_cluster import until
 
     db.release.clear()
     db.started.clear()
