@@ -9,14 +9,15 @@ import re
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 from stampede import BackendUnavailable, Stampede
 from stampede.testing import RedisServer, find_server_binary
 
-from ..families.test_near_cache import copied, held, tracked
-from ..scenarios import one_load_and_a_wake_up
+from ..scenarios import one_load_and_a_wake_up, wait_until
+from .test_near_cache import copied, held, tracked
 
 PASSWORD = "default-user-secret"
 # How the server words a command the ACL refuses: "No permissions ..." (Valkey, Redis 7.2+),
@@ -156,7 +157,8 @@ def test_a_near_cache_needs_its_commands_and_works_with_them(
     without = make_layer(app_url(secured_server), namespace="app", near_cache=True)
     assert without._near is not None
     without.cached_loader("item:{key}")(lambda key: key)(1)  # starts its tracker, which is refused
-    time.sleep(0.3)
+    tracker: Any = without._backend.tracker
+    wait_until(lambda: tracker._lost_since is not None, "the tracker refused")
     assert without._near.lease_until == 0 and without.stats()["near_hits"] == 0
 
 
