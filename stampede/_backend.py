@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from ._backends.redis.lock_servers import AsyncRedisLockServers, RedisLockServers
-from ._core.backend import Backend, BackendOptions
+from ._core.backend import DEFAULT_CONNECT_TIMEOUT, DEFAULT_SOCKET_TIMEOUT, Backend, BackendOptions
 from ._core.store import AsyncStore, Store
 from ._errors import BackendUnavailable, ConfigError
 from ._redact import redacted
@@ -25,8 +25,6 @@ from ._redact import redacted
 if TYPE_CHECKING:
     from ._redlock import Redlock
 
-DEFAULT_SOCKET_TIMEOUT = 2.0
-DEFAULT_CONNECT_TIMEOUT = 1.0
 DEFAULT_MAX_CONNECTIONS = 64
 ZOOKEEPER_SESSION_TIMEOUT = 10.0  # kazoo's default: how long a silent holder keeps its leases
 ZOOKEEPER_CONNECT_TIMEOUT = 10.0
@@ -234,6 +232,8 @@ def _with_zookeeper(backend: Backend, zookeeper: Any) -> None:
 
 
 __all__ = [
+    "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_SOCKET_TIMEOUT",
     "SCHEMES",
     "AsyncRedisLockServers",  # Redlock's servers (``stampede.Redlock``)
     "Backend",

@@ -27,6 +27,9 @@ from .config import Settings
 from .keys import EntryKeys
 from .store import AsyncStore, Store
 
+DEFAULT_SOCKET_TIMEOUT = 2.0  # seconds: from_url's, and what a client without one is taken to have
+DEFAULT_CONNECT_TIMEOUT = 1.0
+
 
 class Tracking(Protocol):
     """A near cache's invalidation stream and lease (``_backends.redis.tracking``)."""

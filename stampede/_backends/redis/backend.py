@@ -11,7 +11,7 @@ import redis
 import redis.asyncio
 import redis.asyncio.cluster
 
-from ..._core.backend import Backend, BackendOptions
+from ..._core.backend import DEFAULT_SOCKET_TIMEOUT, Backend, BackendOptions
 from ..._core.config import check_seconds
 from ..._core.near import NearChannel
 from ..._core.store import AsyncStore
@@ -22,8 +22,6 @@ from .store import EvictionCheck, RedisStore, is_cluster
 from .tracking import Tracker
 
 log = logging.getLogger("stampede")
-
-DEFAULT_SOCKET_TIMEOUT = 2.0  # what a client without one is taken to have, for every bound
 
 
 def redis_backend(client: Any, async_client: Any, options: BackendOptions) -> Backend:
@@ -38,24 +36,20 @@ def redis_backend(client: Any, async_client: Any, options: BackendOptions) -> Ba
     # Every invalidation asks the namespace's near caches to drop their copies, whether
     # this layer keeps one or not (see docs/near-cache.md).
     near_channel = NearChannel(options.namespace)
-    backend = Backend(
-        name="redis",
-        store=None,
-        make_async_store=None,
-        near_refusal=(
-            "near_cache needs a blocking client for its invalidation stream: pass one too, or use Stampede.from_url"
-        ),
-    )
+    backend = Backend(name="redis", store=None, make_async_store=None)
     if client is not None:
         timeout = socket_timeout(client)
         backend.store = RedisStore(client, timeout, breaker, eviction, node_breakers, near=near_channel)
         backend.inspector = RedisInspector(client)
-        backend.near_refusal = None
 
         def make_tracker(copies: Any, lease: float) -> Tracker:
             return Tracker(client, near_channel, copies, timeout, lease)
 
         backend.make_tracker = make_tracker
+    else:
+        backend.near_refusal = (
+            "near_cache needs a blocking client for its invalidation stream: pass one too, or use Stampede.from_url"
+        )
     if async_client is not None:
         backend.make_async_store = async_store_maker(async_client, breaker, eviction, node_breakers, near_channel)
     return backend
