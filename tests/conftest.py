@@ -137,7 +137,10 @@ def make_redlock(
         redis.Redis.from_url(server.url).flushall()
 
     def make() -> Redlock:
-        manager = Redlock([redis_url, *(server.url for server in extra)])
+        # A lock server's default socket timeout is 50 ms. The tests' servers share 2 cores
+        # with the suite, where a 50 ms stall is no server failure: a lease over 2 of 3
+        # servers would fail at random.
+        manager = Redlock([redis_url, *(server.url for server in extra)], socket_timeout=0.5)
         managers.append(manager)
         return manager
 
