@@ -85,7 +85,7 @@ def produces_value(effect: Effect) -> bool:
     """Whether the value a flow returns may come from this step: a command to the cache,
     or a load without the lease. Waiting does not. A leased load's value is decided by
     the write that follows it. Callers who arrive after such a step began are not handed
-    its value (see ``_drivers.singleflight``)."""
+    its value (see ``_core.flight``)."""
     if isinstance(effect, Load):
         return not effect.leased
     return not isinstance(effect, AwaitNotice)
@@ -111,7 +111,7 @@ class Context:
     # The value came in a message: written by another process at some point after this
     # flow subscribed, perhaps before an invalidation that a message still on its way
     # would have announced. The driver shares it only with callers who arrived before
-    # the subscription (see _drivers.singleflight).
+    # the subscription (see _core.flight).
     via_notice: bool = False
     # The value returned is a stale one the first read found (stale_if_error), read
     # before anything else this flow did: the driver shares it only with callers who
@@ -119,7 +119,7 @@ class Context:
     served_stale: bool = False
     load_error: BaseException | None = None  # what the loader raised, when LOAD_FAILED was returned
     # The envelope the returned value was read from, or written as: a joiner of another
-    # loader, or one that needs an object of its own, decodes it (see _drivers.singleflight).
+    # loader, or one that needs an object of its own, decodes it (see _core.flight).
     raw: bytes | None = None
 
 

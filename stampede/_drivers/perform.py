@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from typing import Any, TypeVar
 
 from .._core.effects import (
     MUST_FINISH,
     Acquire,
     AwaitNotice,
-    Decision,
     Effect,
     Expire,
     Hold,
@@ -44,6 +43,7 @@ from .._core.effects import (
     WriteRelease,
     unreachable,
 )
+from .._core.flight import loading
 from .._core.store import (
     AsyncLockServers,
     AsyncStore,
@@ -52,42 +52,46 @@ from .._core.store import (
     Store,
     Subscription,
 )
-from .singleflight import loading
 from .watchdog import Watchdog, keep_renewed
 
 T = TypeVar("T")
+S = TypeVar("S")  # what a decision yields: an Effect, or a call's step (``_core.call``)
 
 
-def run(decision: Decision[T], perform: Callable[[Effect], Any]) -> T:
-    """Perform ``decision``'s effects with blocking calls. Return its outcome."""
-    reply: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            effect = decision.send(reply) if error is None else decision.throw(error)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        reply = error = None
-        try:
-            reply = perform(effect)
-        except BaseException as raised:
-            error = raised
+def run(decision: Generator[S, Any, T], perform: Callable[[S], Any]) -> T:
+    """Perform ``decision``'s effects (or a call's steps) with blocking calls. Return its outcome."""
+    send = decision.send
+    try:
+        effect = send(None)
+        while True:
+            try:
+                reply = perform(effect)
+            except BaseException as raised:
+                error = raised
+            else:
+                effect = send(reply)
+                continue
+            effect = decision.throw(error)  # outside the handler: nothing chained to ``error``
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
 
 
-async def arun(decision: Decision[T], perform: Callable[[Effect], Awaitable[Any]]) -> T:
-    """Perform ``decision``'s effects with awaits. Return its outcome."""
-    reply: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            effect = decision.send(reply) if error is None else decision.throw(error)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        reply = error = None
-        try:
-            reply = await perform(effect)
-        except BaseException as raised:
-            error = raised
+async def arun(decision: Generator[S, Any, T], perform: Callable[[S], Awaitable[Any]]) -> T:
+    """Perform ``decision``'s effects (or a call's steps) with awaits. Return its outcome."""
+    send = decision.send
+    try:
+        effect = send(None)
+        while True:
+            try:
+                reply = await perform(effect)
+            except BaseException as raised:
+                error = raised
+            else:
+                effect = send(reply)
+                continue
+            effect = decision.throw(error)  # outside the handler: nothing chained to ``error``
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
 
 
 class _Absent:

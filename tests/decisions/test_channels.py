@@ -9,8 +9,9 @@ from typing import Any
 
 from stampede._backends.channels import Channels
 from stampede._core.effects import Acquire, AwaitNotice, Load, Release, Subscribe, WriteRelease
+from stampede._core.flight import Flight
 from stampede._core.keys import EntryKeys
-from stampede._drivers.singleflight import AsyncFlightTable, Flight
+from stampede._drivers.singleflight import AsyncFlightTable
 from stampede._drivers.watchdog import Watchdog
 
 
