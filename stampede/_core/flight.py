@@ -1,6 +1,6 @@
 """A flight: one leader's read or load of a key in this process, and what those who joined
 it share. The decisions are here. The tables that hold flights are the drivers'
-(``_drivers.singleflight``), and the call that joins or leads one is ``_core.call``.
+(``_drivers.singleflight``), and so are the calls that join or lead one.
 
 The leader reads the cache and, on a miss, loads. Those who join share its outcome, so
 concurrent callers of one key cost one read, and on a miss one load, per process (per

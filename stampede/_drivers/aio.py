@@ -18,18 +18,35 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import random
 import secrets
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._core.call import AwaitFlight, CallStep, Drive, Read, ReadForNear, ReadWithTTL, ReportStale, StartRefresh, call
-from .._core.effects import Effect, Lease, milliseconds, unreachable
-from .._core.flight import Flight
-from .._core.flow import Context, Flow, LoaderSpec
+from .._core.codec import NOT_A_VALUE
+from .._core.effects import Effect, Lease, milliseconds
+from .._core.flight import Flight, refuse_recursion, take_shared
+from .._core.flow import (
+    Context,
+    Flow,
+    LoaderSpec,
+    Miss,
+    after_wait_timeout,
+    failed_read,
+    fill,
+    first_read,
+    fresh_read,
+    new_context,
+    refresh,
+)
+from .._core.freshness import Served
 from .._core.keys import EntryKeys
+from .._core.observer import Wait
 from .._core.store import AsyncStore
+from .._errors import BackendUnavailable
 from .._fork import reset_after_fork
 from .near import MISSING, NearCache
 from .observe import Events, RateLimitedLog
@@ -88,37 +105,90 @@ class AsyncRunner:
             if value is not MISSING:
                 return value
         state = self._state()
-        decision = call(value_key, spec, state.flights, self._events, self._warn, spec.near and near is not None)
-        return await arun(decision, functools.partial(self._step, state, value_key, spec, args, kwargs))
+        flights = state.flights
+        deadline = 0.0
+        wait: Wait | None = None  # for another caller's read or load (made when one starts: hits make none)
+        early = False  # after starting over: early for every flight (see _drivers.singleflight)
+        while True:
+            flight, leads = flights.join(value_key)
+            if leads:
+                break
+            refuse_recursion(value_key)
+            joined_at = None if early else flight.sent
+            if not deadline:
+                deadline = time.monotonic() + spec.settings.wait_timeout
+            if wait is None:
+                wait = self._events.waiting()
+            try:
+                joined = await flights.wait(flight, max(0.0, deadline - time.monotonic()))
+            except BaseException:
+                wait.end("error")  # this caller was cancelled
+                raise
+            if not joined:
+                wait.end("timeout")
+                ctx = self._context(value_key, spec)
+                loader = functools.partial(spec.func, *args, **kwargs)
+                return await self._drive(after_wait_timeout(ctx), ctx, loader, state.store)
+            if flight.starts_over(joined_at):
+                early = True
+                continue
+            value = take_shared(flight, spec, wait, self._events)
+            if value is NOT_A_VALUE:
+                early = True
+                continue
+            if flight.stale:
+                report_stale()
+            return value
+        if wait is not None:
+            wait.end("retry")  # what it waited for predated an invalidation: this caller leads now
+        try:
+            value = await self._lead(value_key, spec, args, kwargs, state, flight)
+        except BaseException as error:
+            flights.finish(value_key, flight, error=error)
+            raise
+        flights.finish(value_key, flight, value=value)
+        if flight.stale:
+            report_stale()
+        return value
 
-    async def _step(
+    async def _lead(
         self,
-        state: LoopState,
         value_key: str,
         spec: LoaderSpec,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        step: CallStep,
+        state: LoopState,
+        flight: Flight,
     ) -> Any:
-        match step:
-            case Read():
-                return await state.store.get(value_key)
-            case ReadWithTTL(failing=failing):
-                return await state.store.get_with_ttl(value_key, failing)
-            case ReadForNear():
-                assert self.near is not None
-                return await self._read_for_near(self.near, state.store, value_key, spec)
-            case AwaitFlight(flight=flight, timeout=timeout):
-                return await state.flights.wait(flight, timeout)
-            case Drive(flow=flow, ctx=ctx, flight=flight):
-                return await self._drive(flow, ctx, functools.partial(spec.func, *args, **kwargs), state.store, flight)
-            case StartRefresh(flow=flow, ctx=ctx, early=early):
-                self._refresh(state, value_key, flow, ctx, functools.partial(spec.func, *args, **kwargs), early)
-                return None
-            case ReportStale():
-                return report_stale()
-            case _:
-                unreachable(step)
+        flight.sent, flight.codec = 1, spec.codec
+        store = state.store
+        near = self.near if spec.near else None
+        try:
+            if near is not None:
+                raw, ttl_left, failing = await self._read_for_near(near, store, value_key, spec)
+            elif spec.reads_ttl:
+                raw, ttl_left, failing = await store.get_with_ttl(value_key, spec.reads_failing)
+            else:
+                raw = await store.get(value_key)
+        except BackendUnavailable as error:
+            found: Any = failed_read(self._events, self._warn, error)
+        else:
+            flight.raw = raw
+            if not spec.reads_ttl:
+                found = first_read(raw, spec.codec, self._events, self._warn, value_key)
+                if not isinstance(found, Miss):
+                    return found
+            else:
+                found = fresh_read(raw, ttl_left, failing, spec, self._events, self._warn, value_key, random.random)
+                if isinstance(found, Served):
+                    if found.refresh is not None:
+                        self._refresh(state, value_key, spec, args, kwargs, found)
+                    flight.stale = found.stale
+                    return found.value
+        refuse_recursion(value_key)
+        ctx = self._context(value_key, spec)
+        loader = functools.partial(spec.func, *args, **kwargs)
+        return await self._drive(fill(ctx, found), ctx, loader, store, flight)
 
     async def _read_for_near(
         self, near: NearCache, store: AsyncStore, value_key: str, spec: LoaderSpec
@@ -137,23 +207,26 @@ class AsyncRunner:
         self,
         state: LoopState,
         value_key: str,
-        flow: Flow,
-        ctx: Context,
-        loader: Callable[[], Awaitable[Any]],
-        early: bool,
+        spec: LoaderSpec,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        found: Served,
     ) -> None:
-        """Start a background refresh (``flow``) in a task of this loop, as
+        """Start a background refresh of the value ``found`` in a task of this loop, as
         ``_drivers.refresh`` says: one per key, at most ``refreshes`` at once."""
+        assert found.refresh is not None
         if value_key in state.refreshes:
             return
         if len(state.refreshes) >= self._refresh_limit:
             self._events.incr("refreshes_skipped")
             return
-        work = self._refreshing(state, value_key, flow, ctx, loader)
+        ctx = self._context(value_key, spec)
+        loader = functools.partial(spec.func, *args, **kwargs)
+        work = self._refreshing(state, value_key, refresh(ctx, found.refresh, found.life_left), ctx, loader)
         # In a context of its own: not the caller's call (see _drivers.refresh).
         task = contextvars.Context().run(asyncio.get_running_loop().create_task, work)
         state.refreshes[value_key] = task
-        if early:
+        if found.early:
             self._events.incr("early_refreshes")
 
     async def _refreshing(
@@ -165,6 +238,9 @@ class AsyncRunner:
             warn_refresh_raised(self._warn, value_key, error)
         finally:
             state.refreshes.pop(value_key, None)
+
+    def _context(self, value_key: str, spec: LoaderSpec) -> Context:
+        return new_context(value_key, spec, self._events, self._warn)
 
     def loop_store(self) -> AsyncStore:
         """The running event loop's store."""

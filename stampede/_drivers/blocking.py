@@ -4,16 +4,33 @@ flow performed with blocking calls (threads, or greenlets under gevent)."""
 from __future__ import annotations
 
 import functools
+import random
 import secrets
+import time
 from collections.abc import Callable
 from typing import Any
 
-from .._core.call import AwaitFlight, CallStep, Drive, Read, ReadForNear, ReadWithTTL, ReportStale, StartRefresh, call
-from .._core.effects import Effect, Lease, milliseconds, unreachable
-from .._core.flight import Flight
-from .._core.flow import Context, Flow, LoaderSpec
+from .._core.codec import NOT_A_VALUE
+from .._core.effects import Effect, Lease, milliseconds
+from .._core.flight import Flight, refuse_recursion, take_shared
+from .._core.flow import (
+    Context,
+    Flow,
+    LoaderSpec,
+    Miss,
+    after_wait_timeout,
+    failed_read,
+    fill,
+    first_read,
+    fresh_read,
+    new_context,
+    refresh,
+)
+from .._core.freshness import Served
 from .._core.keys import EntryKeys
+from .._core.observer import Wait
 from .._core.store import Store
+from .._errors import BackendUnavailable
 from .near import MISSING, NearCache
 from .observe import Events, RateLimitedLog
 from .perform import Performer, run
@@ -37,40 +54,93 @@ class SyncRunner:
         self._watchdog = watchdog
 
     def call(self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """The value of the entry, as ``_core.call.call`` decides, its steps performed
-        with blocking calls. The near cache answers first, if it holds the value."""
+        """The value of the entry: from the cache, from another caller's read or load, or loaded.
+
+        Of the callers of one key in this process, the first leads and the rest wait for
+        its outcome: concurrent callers share one read, and on a miss one load. A leader
+        stopped by something other than an Exception (KeyboardInterrupt, a killed greenlet)
+        passes nothing on: those who waited start over, and one of them leads.
+        """
         near = self.near
         if spec.near and near is not None:
             value = near.get(value_key, spec.codec, spec.near_shared)
             if value is not MISSING:
                 return value
-        decision = call(value_key, spec, self.flights, self._events, self._warn, spec.near and near is not None)
-        return run(decision, functools.partial(self._step, value_key, spec, args, kwargs))
+        deadline = 0.0
+        wait: Wait | None = None  # for another caller's read or load (made when one starts: hits make none)
+        early = False  # after starting over: early for every flight (see _drivers.singleflight)
+        while True:
+            flight, done = self.flights.join(value_key)
+            if done is None:
+                break
+            refuse_recursion(value_key)
+            joined_at = None if early else flight.sent
+            if not deadline:
+                deadline = time.monotonic() + spec.settings.wait_timeout
+            if wait is None:
+                wait = self._events.waiting()
+            try:
+                joined = done.wait(max(0.0, deadline - time.monotonic()))
+            except BaseException:
+                wait.end("error")  # interrupted (KeyboardInterrupt, a killed greenlet)
+                raise
+            if not joined:
+                wait.end("timeout")
+                ctx = self._context(value_key, spec)
+                return self._drive(after_wait_timeout(ctx), ctx, functools.partial(spec.func, *args, **kwargs))
+            if flight.starts_over(joined_at):
+                early = True
+                continue
+            value = take_shared(flight, spec, wait, self._events)
+            if value is NOT_A_VALUE:
+                early = True
+                continue
+            if flight.stale:
+                report_stale()
+            return value
+        if wait is not None:
+            wait.end("retry")  # what it waited for predated an invalidation: this caller leads now
+        try:
+            value = self._lead(value_key, spec, args, kwargs, flight)
+        except BaseException as error:
+            self.flights.finish(value_key, flight, error=error)
+            raise
+        self.flights.finish(value_key, flight, value=value)
+        if flight.stale:
+            report_stale()
+        return value
 
-    def _step(
-        self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any], step: CallStep
+    def _lead(
+        self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any], flight: Flight
     ) -> Any:
-        match step:
-            case Read():
-                return self.store.get(value_key)
-            case ReadWithTTL(failing=failing):
-                return self.store.get_with_ttl(value_key, failing)
-            case ReadForNear():
-                assert self.near is not None
-                return self._read_for_near(self.near, value_key, spec)
-            case AwaitFlight(flight=flight, timeout=timeout):
-                return self.flights.wait(flight, timeout)
-            case Drive(flow=flow, ctx=ctx, flight=flight):
-                return self._drive(flow, ctx, functools.partial(spec.func, *args, **kwargs), flight)
-            case StartRefresh(flow=flow, ctx=ctx, early=early):
-                work = functools.partial(self._drive, flow, ctx, functools.partial(spec.func, *args, **kwargs))
-                if self.refresher.start(value_key, work) and early:
-                    self._events.incr("early_refreshes")
-                return None
-            case ReportStale():
-                return report_stale()
-            case _:
-                unreachable(step)
+        flight.sent, flight.codec = 1, spec.codec
+        near = self.near if spec.near else None
+        try:
+            if near is not None:
+                raw, ttl_left, failing = self._read_for_near(near, value_key, spec)
+            elif spec.reads_ttl:
+                raw, ttl_left, failing = self.store.get_with_ttl(value_key, spec.reads_failing)
+            else:
+                raw = self.store.get(value_key)
+        except BackendUnavailable as error:
+            found: Any = failed_read(self._events, self._warn, error)
+        else:
+            flight.raw = raw
+            if not spec.reads_ttl:
+                found = first_read(raw, spec.codec, self._events, self._warn, value_key)
+                if not isinstance(found, Miss):
+                    return found
+            else:
+                found = fresh_read(raw, ttl_left, failing, spec, self._events, self._warn, value_key, random.random)
+                if isinstance(found, Served):
+                    if found.refresh is not None:
+                        self._refresh(value_key, spec, args, kwargs, found)
+                    flight.stale = found.stale
+                    return found.value
+        refuse_recursion(value_key)
+        ctx = self._context(value_key, spec)
+        loader = functools.partial(spec.func, *args, **kwargs)
+        return self._drive(fill(ctx, found), ctx, loader, flight)
 
     def _read_for_near(self, near: NearCache, value_key: str, spec: LoaderSpec) -> tuple[bytes | None, float, bool]:
         """Read the value with its TTL, and copy it into the near cache unless an
@@ -83,6 +153,20 @@ class SyncRunner:
             raise
         near.fill(ticket, raw, ttl_left, spec)
         return raw, ttl_left, failing
+
+    def _refresh(
+        self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any], found: Served
+    ) -> None:
+        """Start a background refresh of the value ``found`` (see ``_drivers.refresh``)."""
+        assert found.refresh is not None
+        ctx = self._context(value_key, spec)
+        loader = functools.partial(spec.func, *args, **kwargs)
+        work = functools.partial(self._drive, refresh(ctx, found.refresh, found.life_left), ctx, loader)
+        if self.refresher.start(value_key, work) and found.early:
+            self._events.incr("early_refreshes")
+
+    def _context(self, value_key: str, spec: LoaderSpec) -> Context:
+        return new_context(value_key, spec, self._events, self._warn)
 
     def invalidate(self, keys: EntryKeys) -> None:
         self.store.invalidate(keys)

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from .._core.effects import (
     MUST_FINISH,
     Acquire,
     AwaitNotice,
+    Decision,
     Effect,
     Expire,
     Hold,
@@ -55,43 +56,38 @@ from .._core.store import (
 from .watchdog import Watchdog, keep_renewed
 
 T = TypeVar("T")
-S = TypeVar("S")  # what a decision yields: an Effect, or a call's step (``_core.call``)
 
 
-def run(decision: Generator[S, Any, T], perform: Callable[[S], Any]) -> T:
-    """Perform ``decision``'s effects (or a call's steps) with blocking calls. Return its outcome."""
-    send = decision.send
-    try:
-        effect = send(None)
-        while True:
-            try:
-                reply = perform(effect)
-            except BaseException as raised:
-                error = raised
-            else:
-                effect = send(reply)
-                continue
-            effect = decision.throw(error)  # outside the handler: nothing chained to ``error``
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
+def run(decision: Decision[T], perform: Callable[[Effect], Any]) -> T:
+    """Perform ``decision``'s effects with blocking calls. Return its outcome."""
+    reply: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            effect = decision.send(reply) if error is None else decision.throw(error)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        reply = error = None
+        try:
+            reply = perform(effect)
+        except BaseException as raised:
+            error = raised
 
 
-async def arun(decision: Generator[S, Any, T], perform: Callable[[S], Awaitable[Any]]) -> T:
-    """Perform ``decision``'s effects (or a call's steps) with awaits. Return its outcome."""
-    send = decision.send
-    try:
-        effect = send(None)
-        while True:
-            try:
-                reply = await perform(effect)
-            except BaseException as raised:
-                error = raised
-            else:
-                effect = send(reply)
-                continue
-            effect = decision.throw(error)  # outside the handler: nothing chained to ``error``
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
+async def arun(decision: Decision[T], perform: Callable[[Effect], Awaitable[Any]]) -> T:
+    """Perform ``decision``'s effects with awaits. Return its outcome."""
+    reply: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            effect = decision.send(reply) if error is None else decision.throw(error)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        reply = error = None
+        try:
+            reply = await perform(effect)
+        except BaseException as raised:
+            error = raised
 
 
 class _Absent:

@@ -37,23 +37,18 @@ class FlightTable:
         self._lock = threading.Lock()
         self._flights = {}
 
-    def join(self, key: str) -> tuple[Flight, bool]:
-        """The open flight for ``key``, and True if the caller leads it (it was just
-        opened). A joiner waits on the flight's ``done`` event (``wait``)."""
+    def join(self, key: str) -> tuple[Flight, threading.Event | None]:
+        """The open flight for ``key``, and the event to wait on. None if the caller
+        leads (the flight was just opened)."""
         with self._lock:
             flight = self._flights.get(key)
             if flight is None:
                 self._flights[key] = flight = Flight()
-                return flight, True
+                return flight, None
             if flight.done is None:
                 flight.done = threading.Event()
-            return flight, False
-
-    @staticmethod
-    def wait(flight: Flight, timeout: float) -> bool:
-        """True once the leader finishes, False after ``timeout``."""
-        done: threading.Event = flight.done
-        return done.wait(timeout)
+            done: threading.Event = flight.done
+            return flight, done
 
     def finish(self, key: str, flight: Flight, value: Any = None, error: BaseException | None = None) -> None:
         """Record the leader's outcome and wake everyone who joined."""

@@ -496,9 +496,9 @@ def test_a_writer_whose_clock_is_minutes_off_changes_nothing(
 ) -> None:
     """The envelope's loaded_at is the writer's wall clock; freshness is decided by the
     server's TTL alone, so a writer ten minutes ahead (or behind) is served on time."""
-    from stampede._core import call
+    from stampede._drivers import blocking
 
-    made = call.new_context
+    made = blocking.new_context
     for skew in (600.0, -600.0):
 
         def skewed(*args: Any, skew: float = skew) -> Any:
@@ -506,7 +506,7 @@ def test_a_writer_whose_clock_is_minutes_off_changes_nothing(
             ctx.wall_clock = lambda: time.time() + skew
             return ctx
 
-        monkeypatch.setattr(call, "new_context", skewed)
+        monkeypatch.setattr(blocking, "new_context", skewed)
         writer = make_layer(jitter=0)
         db = Database()
         load = writer.cached_loader(f"skew{int(skew)}:{{key}}", ttl=0.5, stale_while_revalidate=30)(db)
