@@ -32,6 +32,8 @@ from stampede.testing import (  # noqa: E402
     find_zookeeper,
 )
 
+from .modes import Blocking, OnALoop  # noqa: E402
+
 BACKENDS = ["redis", "embedded", "redlock", "cluster", "sentinel", "postgres", "zookeeper"]
 
 # STAMPEDE_TEST_FRESHNESS=1 runs the suites with freshness on in every layer the fixtures
@@ -281,6 +283,21 @@ def make_zookeeper_layer(
     """Builds layers over the shared Redis server whose leases are also ZooKeeper nodes."""
     with layers_over(redis_url, zookeeper=zookeeper_server.hosts) as make:
         yield make
+
+
+@pytest.fixture(params=["blocking", "asyncio"])
+def mode(request: pytest.FixtureRequest) -> Iterator[Blocking | OnALoop]:
+    """How the test's loaders are written and called: plain, from threads, or ``async
+    def``, as tasks of one event loop (tests/modes.py). Listed last among a test's
+    fixtures, so that the loop's stores close before its layers do."""
+    if request.param == "blocking":
+        yield Blocking()
+        return
+    on_a_loop = OnALoop()
+    try:
+        yield on_a_loop
+    finally:
+        on_a_loop.close()
 
 
 @pytest.fixture(params=BACKENDS)

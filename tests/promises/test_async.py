@@ -1,6 +1,8 @@
-"""The promises of cached_loader for ``async def`` loaders, over real servers.
+"""What only ``async def`` loaders do, over real servers: cancellation, event loops in
+threads, blocking and async callers of one key, an async client given or made per loop.
+The promises both kinds of loader keep are written once, in test_behaviour.py (``mode``).
 
-Each test runs its own event loop(s) with asyncio.run; no plugin is needed.
+Each test runs its own event loop(s) with asyncio.run: no plugin is needed.
 """
 
 from __future__ import annotations
@@ -50,39 +52,6 @@ class AsyncDatabase:
         return sum(self.calls.values())
 
 
-def test_a_thousand_coroutines_on_one_cold_key_cause_one_load(
-    layer_of_each_backend: Callable[..., Stampede],
-) -> None:
-    layer = layer_of_each_backend()
-
-    async def main() -> None:
-        db = AsyncDatabase(delay=0.05)
-        load = layer.cached_loader("item:{key}")(db)
-        results = await asyncio.gather(*(load(7) for _ in range(1000)))
-        assert db.total == 1
-        assert results == [{"id": 7}] * 1000
-
-    asyncio.run(main())
-    stats = layer.stats()
-    assert stats["loads"] == 1 and stats["collapsed"] == 999
-
-
-def test_five_hundred_coroutines_over_a_hundred_keys_load_each_key_once(
-    layer_of_each_backend: Callable[..., Stampede],
-) -> None:
-    layer = layer_of_each_backend()
-
-    async def main() -> None:
-        db = AsyncDatabase(delay=0.01)
-        load = layer.cached_loader("item:{key}")(db)
-        keys = [i % 100 for i in range(500)]
-        results = await asyncio.gather(*(load(key) for key in keys))
-        assert db.calls == {key: 1 for key in range(100)}
-        assert results == [{"id": key} for key in keys]
-
-    asyncio.run(main())
-
-
 def test_a_cancelled_leader_hands_over_and_releases_the_lock(
     layer_of_each_backend: Callable[..., Stampede], redis_client: redis.Redis
 ) -> None:
@@ -129,34 +98,6 @@ def test_a_cancelled_waiter_cancels_only_itself(layer_of_each_backend: Callable[
         assert db.total == 1
 
     asyncio.run(main())
-
-
-def test_invalidate_is_awaitable_and_wins_over_a_load_in_flight(
-    layer_of_each_backend: Callable[..., Stampede],
-) -> None:
-    layer = layer_of_each_backend()
-
-    async def main() -> None:
-        version = {"n": 1}
-
-        async def query(key: int) -> dict[str, int]:
-            seen = version["n"]
-            started.set()
-            await release.wait()
-            return {"id": key, "version": seen}
-
-        started, release = asyncio.Event(), asyncio.Event()
-        load = layer.cached_loader("item:{key}")(query)
-        in_flight = asyncio.ensure_future(load(1))
-        await asyncio.wait_for(started.wait(), 5)
-        version["n"] = 2  # the database changes, then the cache is invalidated
-        await load.invalidate(1)
-        release.set()
-        assert await in_flight == {"id": 1, "version": 1}  # its caller gets what it read
-        assert await load(1) == {"id": 1, "version": 2}  # but it was never cached
-
-    asyncio.run(main())
-    assert layer.stats()["stale_writes_prevented"] == 1
 
 
 def test_a_task_joining_a_load_after_another_layers_invalidation_reads_afresh(
@@ -244,25 +185,6 @@ def test_a_task_arriving_after_an_invalidation_elsewhere_is_not_handed_an_earlie
     asyncio.run(main())
 
 
-def test_none_is_cached_as_the_null_sentinel(layer_of_each_backend: Callable[..., Stampede]) -> None:
-    layer = layer_of_each_backend()
-    calls: list[int] = []
-
-    @layer.cached_loader("missing:{key}")
-    async def find(key: int) -> None:
-        calls.append(key)
-        return None
-
-    async def main() -> None:
-        assert await asyncio.gather(*(find(1) for _ in range(50))) == [None] * 50
-        null_hits = layer.stats()["null_hits"]
-        assert await find(1) is None
-        assert layer.stats()["null_hits"] == null_hits + 1  # answered by the sentinel
-
-    asyncio.run(main())
-    assert calls == [1]
-
-
 def test_arguments_that_make_no_key_raise_when_awaited_as_from_an_async_def(
     make_layer: Callable[..., Stampede],
 ) -> None:
@@ -322,28 +244,6 @@ def test_an_async_loader_is_an_async_callable_to_frameworks(make_layer: Callable
         await method.expire(8)
 
     asyncio.run(main())
-
-
-def test_a_loader_error_reaches_every_joiner_and_is_not_cached(
-    layer_of_each_backend: Callable[..., Stampede],
-) -> None:
-    layer = layer_of_each_backend()
-    calls: list[int] = []
-
-    @layer.cached_loader("item:{key}")
-    async def broken(key: int) -> int:
-        calls.append(key)
-        await asyncio.sleep(0.02)
-        raise KeyError(key)
-
-    async def main() -> None:
-        results = await asyncio.gather(*(broken(1) for _ in range(30)), return_exceptions=True)
-        assert all(isinstance(result, KeyError) for result in results)
-        with pytest.raises(KeyError):
-            await broken(1)
-
-    asyncio.run(main())
-    assert calls == [1, 1]  # one per burst: the failure was shared, never cached
 
 
 def test_several_event_loops_in_threads_share_one_load(layer_of_each_backend: Callable[..., Stampede]) -> None:

@@ -1,4 +1,6 @@
-"""The promises of cached_loader, run over every backend (Redis and embedded)."""
+"""The promises of cached_loader, run over every backend, and where a promise holds for
+both kinds of loader, over both (``mode``: blocking from threads, or ``async def`` as
+tasks, tests/modes.py)."""
 
 from __future__ import annotations
 
@@ -15,37 +17,15 @@ from stampede._backends.memory.store import MemoryStore
 from stampede._core.keys import EntryKeys
 from stampede._drivers.redlock_store import RedlockStore
 
+from ..modes import Blocking, Database, OnALoop
 
-class CountingLoader:
-    """A fake database: counts calls per key; can block until released."""
 
-    def __init__(self, result: Callable[[Any], Any] = lambda key: {"id": key}, delay: float = 0.0) -> None:
-        self.result = result
-        self.delay = delay
-        self.calls: dict[Any, int] = {}
-        self.started = threading.Event()
-        self.release = threading.Event()
-        self.release.set()
-        self._lock = threading.Lock()
+class CountingLoader(Database):
+    """A fake database as a blocking loader: counts calls per key; can block until
+    released (``tests/modes.py``'s ``Database``, called directly)."""
 
     def __call__(self, key: Any) -> Any:
-        with self._lock:
-            self.calls[key] = self.calls.get(key, 0) + 1
-        try:  # the database is read when the load starts, as a query would
-            value, error = self.result(key), None
-        except BaseException as raised:
-            value, error = None, raised
-        self.started.set()
-        assert self.release.wait(30), "test never released the loader"
-        if self.delay:
-            time.sleep(self.delay)
-        if error is not None:
-            raise error
-        return value
-
-    @property
-    def total(self) -> int:
-        return sum(self.calls.values())
+        return self.load(key)
 
 
 def hammer(func: Callable[[Any], Any], args: list[Any]) -> list[Any]:
@@ -72,44 +52,57 @@ def returning_errors(load: Callable[[Any], Any], expected: type[Exception]) -> C
     return call
 
 
-def test_threads_on_one_cold_key_cause_one_load(layer_of_each_backend: Callable[..., Stampede]) -> None:
+def test_a_burst_on_one_cold_key_causes_one_load(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
     layer = layer_of_each_backend()
-    db = CountingLoader(delay=0.05)
-    load = layer.cached_loader("item:{key}")(db)
+    db = Database(delay=0.05)
+    load = layer.cached_loader("item:{key}")(mode.loader(db))
+    callers = 32 if mode.name == "blocking" else 1000  # a thread each, or a task each
 
-    results = hammer(load, [7] * 32)
+    results = mode.burst(load, [7] * callers)
 
     assert db.calls == {7: 1}
-    assert results == [{"id": 7}] * 32
+    assert results == [{"id": 7}] * callers
     stats = layer.stats()
-    assert stats["loads"] == 1 and stats["misses"] + stats["hits"] + stats["near_hits"] + stats["collapsed"] == 32
+    assert stats["loads"] == 1 and stats["misses"] + stats["hits"] + stats["near_hits"] + stats["collapsed"] == callers
+    if mode.name == "asyncio":  # every task starts before the leader's read returns: all join it
+        assert stats["collapsed"] == callers - 1
 
 
-def test_each_of_many_cold_keys_loads_once(layer_of_each_backend: Callable[..., Stampede]) -> None:
+def test_each_of_many_cold_keys_loads_once(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
     layer = layer_of_each_backend()
-    db = CountingLoader(delay=0.01)
-    load = layer.cached_loader("item:{key}")(db)
+    db = Database(delay=0.01)
+    load = layer.cached_loader("item:{key}")(mode.loader(db))
+    keys, per_key = (200, 2) if mode.name == "blocking" else (100, 5)
+    asked = [k % keys for k in range(keys * per_key)]
 
-    results = hammer(load, [k % 200 for k in range(400)])
+    results = mode.burst(load, asked)
 
-    assert db.calls == {k: 1 for k in range(200)}
-    assert results == [{"id": k % 200} for k in range(400)]
+    assert db.calls == {k: 1 for k in range(keys)}
+    assert results == [{"id": k} for k in asked]
 
 
-def test_none_is_cached_as_the_null_sentinel_until_null_ttl(layer_of_each_backend: Callable[..., Stampede]) -> None:
+def test_none_is_cached_as_the_null_sentinel_until_null_ttl(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
     layer = layer_of_each_backend(null_ttl=0.5, jitter=0)
-    db = CountingLoader(result=lambda key: None)
-    load = layer.cached_loader("missing:{key}")(db)
+    db = Database(result=lambda key: None)
+    load = layer.cached_loader("missing:{key}")(mode.loader(db))
 
     start = time.monotonic()
-    assert load(1) is None
-    for _ in range(20):
-        assert load(1) is None
+    assert mode.burst(load, [1] * 50) == [None] * 50
     assert db.calls == {1: 1}
-    assert layer.stats()["null_hits"] + layer.stats()["near_hits"] == 20  # near hits: STAMPEDE_TEST_NEAR
+    before = layer.stats()["null_hits"] + layer.stats()["near_hits"]
+    for _ in range(20):
+        assert mode(load, 1) is None
+    assert db.calls == {1: 1}
+    assert layer.stats()["null_hits"] + layer.stats()["near_hits"] == before + 20  # near: STAMPEDE_TEST_NEAR
     while db.calls[1] == 1:  # the sentinel expires: the next call loads again
         assert time.monotonic() - start < 5, "null sentinel never expired"
-        load(1)
+        mode(load, 1)
     # Not before null_ttl; with early_refresh on (the suite's freshness mode, conftest.py),
     # XFetch may reload a few loads' durations before it, and this loader takes microseconds.
     early = 0.01 if layer.settings.early_refresh else 0.0
@@ -117,7 +110,7 @@ def test_none_is_cached_as_the_null_sentinel_until_null_ttl(layer_of_each_backen
 
 
 def test_loader_error_reaches_every_waiter_and_nothing_is_cached(
-    layer_of_each_backend: Callable[..., Stampede],
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
 ) -> None:
     layer = layer_of_each_backend()
     failing = [True]
@@ -127,19 +120,19 @@ def test_loader_error_reaches_every_waiter_and_nothing_is_cached(
             raise LookupError(f"database down for {key}")
         return {"id": key}
 
-    db = CountingLoader(result=result, delay=0.05)
-    load = layer.cached_loader("item:{key}")(db)
+    db = Database(result=result, delay=0.05)
+    load = layer.cached_loader("item:{key}")(mode.loader(db))
 
-    outcomes = hammer(returning_errors(load, LookupError), [3] * 16)
+    outcomes = mode.burst(load, [3] * 16, errors=LookupError)
 
     assert db.calls == {3: 1}
     assert all(isinstance(o, LookupError) for o in outcomes)
     assert layer.stats()["loader_errors"] == 1
     assert not lock_is_held(layer, load.key(3))
     failing[0] = False
-    assert load(3) == {"id": 3}  # the lock was released: the next call loads at once
+    assert mode(load, 3) == {"id": 3}  # the lock was released: the next call loads at once
     assert db.calls == {3: 2}
-    assert load(3) == {"id": 3} and db.calls == {3: 2}
+    assert mode(load, 3) == {"id": 3} and db.calls == {3: 2}
 
 
 def test_unencodable_value_raises_and_writes_nothing(layer_of_each_backend: Callable[..., Stampede]) -> None:
@@ -194,23 +187,24 @@ def test_arguments_that_join_alike_are_different_entries(layer_of_each_backend: 
     assert calls == [("x:y", "z"), ("x", "y:z")]
 
 
-def test_invalidate_wins_over_a_load_in_flight(layer_of_each_backend: Callable[..., Stampede]) -> None:
+def test_invalidate_wins_over_a_load_in_flight(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
     layer = layer_of_each_backend()
     database = {"version": 1}
-    db = CountingLoader(result=lambda key: dict(database))
+    db = Database(result=lambda key: dict(database))
     db.release.clear()
-    load = layer.cached_loader("doc:{key}")(db)
+    load = layer.cached_loader("doc:{key}")(mode.loader(db))
 
-    with ThreadPoolExecutor(2) as pool:
-        in_flight = pool.submit(load, "a")
-        assert db.started.wait(5)
-        database["version"] = 2  # the database changes while the old load runs
-        load.invalidate("a")
-        db.release.set()
-        assert load("a") == {"version": 2}  # a caller after the invalidate does not join the old load
-        assert in_flight.result(5) == {"version": 1}  # the old load goes to its own caller only
+    in_flight = mode.start(load, "a")
+    assert db.started.wait(5)
+    database["version"] = 2  # the database changes while the old load runs
+    mode(load.invalidate, "a")
+    db.release.set()
+    assert mode(load, "a") == {"version": 2}  # a caller after the invalidate does not join the old load
+    assert in_flight.result(5) == {"version": 1}  # the old load goes to its own caller only
 
-    assert load("a") == {"version": 2}  # ...and was not written over the new value
+    assert mode(load, "a") == {"version": 2}  # ...and was not written over the new value
     assert db.calls == {"a": 2}
     assert layer.stats()["stale_writes_prevented"] == 1
 
