@@ -1,4 +1,5 @@
 """In-process singleflight: of all callers asking for one key, one leads and the rest wait.
+
 The tables of open flights, one per layer for threads and one per event loop. What a
 flight is and what its joiners share is ``_core.flight``.
 
