@@ -59,9 +59,6 @@ class Database:
             raise error
         return value
 
-    def blocking(self) -> Callable[[Any], Any]:
-        return self.load
-
     def coroutine(self) -> Callable[[Any], Any]:
         async def load(key: Any) -> Any:
             value, error = self._read(key)
@@ -81,11 +78,35 @@ class Database:
         return sum(self.calls.values())
 
 
+def hammer(func: Callable[[Any], Any], args: list[Any]) -> list[Any]:
+    """Call ``func(arg)`` for every arg from its own thread, all released at once."""
+    barrier = threading.Barrier(len(args))
+
+    def one(arg: Any) -> Any:
+        barrier.wait(10)
+        return func(arg)
+
+    with ThreadPoolExecutor(len(args)) as pool:
+        return list(pool.map(one, args))
+
+
+def returning_errors(load: Callable[[Any], Any], expected: type[Exception]) -> Callable[[Any], Any]:
+    """``load``, but an ``expected`` error is returned rather than raised (to collect outcomes)."""
+
+    def call(key: Any) -> Any:
+        try:
+            return load(key)
+        except expected as error:
+            return error
+
+    return call
+
+
 class Blocking:
     name = "blocking"
 
     def loader(self, database: Database) -> Callable[[Any], Any]:
-        return database.blocking()
+        return database.load
 
     def __call__(self, load: Callable[..., Any], *args: Any) -> Any:
         return load(*args)
@@ -104,24 +125,11 @@ class Blocking:
         return outcome
 
     def burst(
-        self, load: Callable[[Any], Any], args: Iterable[Any], errors: type[BaseException] | None = None
+        self, load: Callable[[Any], Any], args: Iterable[Any], errors: type[Exception] | None = None
     ) -> list[Any]:
-        """``load(arg)`` for every arg, each from its own thread, all released at once.
-        An ``errors`` exception is returned in place of the value, not raised."""
-        args = list(args)
-        barrier = threading.Barrier(len(args))
-
-        def one(arg: Any) -> Any:
-            barrier.wait(10)
-            if errors is None:
-                return load(arg)
-            try:
-                return load(arg)
-            except errors as error:
-                return error
-
-        with ThreadPoolExecutor(len(args)) as pool:
-            return list(pool.map(one, args, timeout=TIMEOUT))
+        """``load(arg)`` for every arg, each from its own thread, all released at once
+        (``hammer``). An ``errors`` exception is returned in place of the value, not raised."""
+        return hammer(load if errors is None else returning_errors(load, errors), list(args))
 
 
 class OnALoop:
@@ -146,7 +154,7 @@ class OnALoop:
         return asyncio.run_coroutine_threadsafe(load(*args), self.loop)
 
     def burst(
-        self, load: Callable[[Any], Any], args: Iterable[Any], errors: type[BaseException] | None = None
+        self, load: Callable[[Any], Any], args: Iterable[Any], errors: type[Exception] | None = None
     ) -> list[Any]:
         """``load(arg)`` for every arg, each as a task of the loop, gathered. An ``errors``
         exception is returned in place of the value, not raised."""

@@ -25,7 +25,8 @@ from stampede._core.keys import EntryKeys
 from stampede.testing import ClusterServers, RedisServer
 
 from ..conftest import empty_cluster
-from ..promises.test_behaviour import CountingLoader, hammer
+from ..modes import hammer
+from ..promises.test_behaviour import CountingLoader
 from ..promises.test_processes import run_stampede
 
 

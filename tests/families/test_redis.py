@@ -16,7 +16,8 @@ from stampede import BackendUnavailable, CachedLoader, ConfigError, Stampede
 from stampede._backends.redis.clients import ConnectionQueue
 from stampede.testing import CommandMonitor, RedisServer, names
 
-from ..promises.test_behaviour import CountingLoader, hammer
+from ..modes import hammer
+from ..promises.test_behaviour import CountingLoader
 from ..scenarios import forked_child_passes, wait_until
 
 

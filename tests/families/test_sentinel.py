@@ -27,7 +27,8 @@ from ..families.test_cluster import (
     until,
 )
 from ..families.test_near_cache import copied, held, tracked, versioned
-from ..promises.test_behaviour import CountingLoader, hammer
+from ..modes import hammer
+from ..promises.test_behaviour import CountingLoader
 
 
 def subscribers(server: RedisServer, channel: str) -> int:

@@ -17,7 +17,7 @@ from stampede._backends.memory.store import MemoryStore
 from stampede._core.keys import EntryKeys
 from stampede._drivers.redlock_store import RedlockStore
 
-from ..modes import Blocking, Database, OnALoop
+from ..modes import Blocking, Database, OnALoop, hammer, returning_errors
 
 
 class CountingLoader(Database):
@@ -26,30 +26,6 @@ class CountingLoader(Database):
 
     def __call__(self, key: Any) -> Any:
         return self.load(key)
-
-
-def hammer(func: Callable[[Any], Any], args: list[Any]) -> list[Any]:
-    """Call ``func(arg)`` for every arg from its own thread, all released at once."""
-    barrier = threading.Barrier(len(args))
-
-    def one(arg: Any) -> Any:
-        barrier.wait(10)
-        return func(arg)
-
-    with ThreadPoolExecutor(len(args)) as pool:
-        return list(pool.map(one, args))
-
-
-def returning_errors(load: Callable[[Any], Any], expected: type[Exception]) -> Callable[[Any], Any]:
-    """``load``, but an ``expected`` error is returned rather than raised (to collect outcomes)."""
-
-    def call(key: Any) -> Any:
-        try:
-            return load(key)
-        except expected as error:
-            return error
-
-    return call
 
 
 def test_a_burst_on_one_cold_key_causes_one_load(

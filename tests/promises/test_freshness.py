@@ -23,7 +23,8 @@ from stampede._core.freshness import Served, Stale, classify
 from stampede._core.keys import EntryKeys
 from stampede._core.store import FAILED_HOLD
 
-from ..promises.test_behaviour import CountingLoader, hammer
+from ..modes import hammer
+from ..promises.test_behaviour import CountingLoader
 from ..promises.test_processes import Workers
 from ..scenarios import wait_until
 
