@@ -6,29 +6,24 @@ from __future__ import annotations
 import functools
 import random
 import secrets
-import time
 from collections.abc import Callable
 from typing import Any
 
-from .._core.codec import NOT_A_VALUE
+from .._core.call import DECIDED, Joiner, Outcome, read_found
 from .._core.effects import Effect, Lease, milliseconds
-from .._core.flight import Flight, refuse_recursion, take_shared
+from .._core.flight import Flight, refuse_recursion
 from .._core.flow import (
     Context,
     Flow,
     LoaderSpec,
-    Miss,
     after_wait_timeout,
     failed_read,
     fill,
-    first_read,
-    fresh_read,
     new_context,
     refresh,
 )
 from .._core.freshness import Served
 from .._core.keys import EntryKeys
-from .._core.observer import Wait
 from .._core.store import Store
 from .._errors import BackendUnavailable
 from .near import MISSING, NearCache
@@ -66,46 +61,38 @@ class SyncRunner:
             value = near.get(value_key, spec.codec, spec.near_shared)
             if value is not MISSING:
                 return value
-        deadline = 0.0
-        wait: Wait | None = None  # for another caller's read or load (made when one starts: hits make none)
-        early = False  # after starting over: early for every flight (see _drivers.singleflight)
+        flights = self.flights
+        joiner: Joiner | None = None  # made when a flight is in progress: hits make none
         while True:
-            flight, done = self.flights.join(value_key)
+            flight, done = flights.join(value_key)
             if done is None:
                 break
-            refuse_recursion(value_key)
-            joined_at = None if early else flight.sent
-            if not deadline:
-                deadline = time.monotonic() + spec.settings.wait_timeout
-            if wait is None:
-                wait = self._events.waiting()
+            if joiner is None:
+                joiner = Joiner(value_key, spec, self._events)
+            timeout = joiner.joins(flight)
             try:
-                joined = done.wait(max(0.0, deadline - time.monotonic()))
+                joined = done.wait(timeout)
             except BaseException:
-                wait.end("error")  # interrupted (KeyboardInterrupt, a killed greenlet)
+                joiner.interrupted()  # a KeyboardInterrupt, a killed greenlet
                 raise
-            if not joined:
-                wait.end("timeout")
+            value = joiner.outcome(flight, joined)
+            if value is Outcome.START_OVER:
+                continue
+            if value is Outcome.TIMED_OUT:
                 ctx = self._context(value_key, spec)
-                return self._drive(after_wait_timeout(ctx), ctx, functools.partial(spec.func, *args, **kwargs))
-            if flight.starts_over(joined_at):
-                early = True
-                continue
-            value = take_shared(flight, spec, wait, self._events)
-            if value is NOT_A_VALUE:
-                early = True
-                continue
+                loader = functools.partial(spec.func, *args, **kwargs)
+                return self._drive(after_wait_timeout(ctx), ctx, loader)
             if flight.stale:
                 report_stale()
             return value
-        if wait is not None:
-            wait.end("retry")  # what it waited for predated an invalidation: this caller leads now
+        if joiner is not None:
+            joiner.leads()
         try:
             value = self._lead(value_key, spec, args, kwargs, flight)
         except BaseException as error:
-            self.flights.finish(value_key, flight, error=error)
+            flights.finish(value_key, flight, error=error)
             raise
-        self.flights.finish(value_key, flight, value=value)
+        flights.finish(value_key, flight, value=value)
         if flight.stale:
             report_stale()
         return value
@@ -114,29 +101,26 @@ class SyncRunner:
         self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any], flight: Flight
     ) -> Any:
         flight.sent, flight.codec = 1, spec.codec
+        store = self.store
         near = self.near if spec.near else None
+        ttl_left, failing = -1.0, False
         try:
             if near is not None:
                 raw, ttl_left, failing = self._read_for_near(near, value_key, spec)
             elif spec.reads_ttl:
-                raw, ttl_left, failing = self.store.get_with_ttl(value_key, spec.reads_failing)
+                raw, ttl_left, failing = store.get_with_ttl(value_key, spec.reads_failing)
             else:
-                raw = self.store.get(value_key)
+                raw = store.get(value_key)
         except BackendUnavailable as error:
             found: Any = failed_read(self._events, self._warn, error)
         else:
-            flight.raw = raw
-            if not spec.reads_ttl:
-                found = first_read(raw, spec.codec, self._events, self._warn, value_key)
-                if not isinstance(found, Miss):
-                    return found
-            else:
-                found = fresh_read(raw, ttl_left, failing, spec, self._events, self._warn, value_key, random.random)
-                if isinstance(found, Served):
-                    if found.refresh is not None:
-                        self._refresh(value_key, spec, args, kwargs, found)
-                    flight.stale = found.stale
-                    return found.value
+            found = read_found(flight, spec, raw, ttl_left, failing, self._events, self._warn, value_key, random.random)
+            if type(found) not in DECIDED:
+                return found  # a value, as it was read
+            if isinstance(found, Served):
+                if found.refresh is not None:
+                    self._refresh(value_key, spec, args, kwargs, found)
+                return found.value
         refuse_recursion(value_key)
         ctx = self._context(value_key, spec)
         loader = functools.partial(spec.func, *args, **kwargs)
