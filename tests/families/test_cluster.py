@@ -513,6 +513,7 @@ def test_a_near_cache_on_a_cluster_tracks_every_primary_and_invalidations_wait_f
         until(lambda: not held(holder, load.key(key)), timeout=2)  # noqa: B023
 
 
+@pytest.mark.timing
 def test_a_near_cache_on_a_cluster_is_not_waited_for_once_closed(make_cluster_layer: Callable[..., Stampede]) -> None:
     from ..families.test_near_cache import tracked
 

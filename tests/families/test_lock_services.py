@@ -148,6 +148,7 @@ def test_a_crashed_holder_leaves_the_plain_row_lock_held_forever_and_the_fixed_o
         survivor.close()
 
 
+@pytest.mark.timing
 def test_a_plain_acquire_fails_at_once_where_the_fixed_one_waits_and_is_woken_by_notify(postgres_url: str) -> None:
     _plain_lock_table(postgres_url)
     assert _plain_acquire(postgres_url, "job", "first")
@@ -463,6 +464,7 @@ def test_a_named_lock_whose_session_expires_is_lost_and_taken_over_at_once(
 # --- PostgreSQL's advisory lock, where it fits -----------------------------------------
 
 
+@pytest.mark.timing
 def test_an_advisory_lock_excludes_waits_in_the_database_and_is_freed_with_its_session(postgres_url: str) -> None:
     import psycopg
 

@@ -319,6 +319,7 @@ def test_the_fill_race_stores_no_stale_copy(
     assert load_b(1)["version"] == 2
 
 
+@pytest.mark.timing
 def test_a_process_cut_off_stops_serving_copies_within_its_lease(
     redis_url: str, proxy: FaultProxy, make_layer: Callable[..., Stampede]
 ) -> None:
@@ -397,6 +398,7 @@ def _ask(process: subprocess.Popen[str]) -> dict[str, Any]:
     return json.loads(process.stdout.readline())  # type: ignore[no-any-return]
 
 
+@pytest.mark.timing
 def test_invalidate_does_not_wait_for_a_closed_layer(make_layer: Callable[..., Stampede]) -> None:
     holder = make_layer(near_cache=True)
     tracked(holder)

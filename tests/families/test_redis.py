@@ -77,6 +77,7 @@ def test_round_trips_of_a_hit_a_leader_and_a_waiter(make_layer: Callable[..., St
     assert db.calls == {0: 1, 1: 1, 2: 1}
 
 
+@pytest.mark.timing
 def test_loader_slower_than_the_lease_runs_once(make_layer: Callable[..., Stampede]) -> None:
     layers = [make_layer(lock_ttl=0.2) for _ in range(3)]
     db = CountingLoader(delay=1.0)
@@ -89,6 +90,7 @@ def test_loader_slower_than_the_lease_runs_once(make_layer: Callable[..., Stampe
     assert sum(layer.stats()["takeovers"] for layer in layers) == 0
 
 
+@pytest.mark.timing
 def test_a_dead_holders_lock_is_taken_over_when_its_lease_ends(
     make_layer: Callable[..., Stampede], redis_client: redis.Redis
 ) -> None:
@@ -301,6 +303,7 @@ def test_redis_stopped_mid_run_fails_open_and_caching_resumes(
         layer.close()
 
 
+@pytest.mark.timing
 def test_policy_raise_surfaces_a_dead_redis(own_server: RedisServer, figures: Callable[..., None]) -> None:
     layer = Stampede.from_url(own_server.url, on_backend_error="raise", socket_timeout=0.5)
     db = CountingLoader()
@@ -320,6 +323,7 @@ def test_policy_raise_surfaces_a_dead_redis(own_server: RedisServer, figures: Ca
         layer.close()
 
 
+@pytest.mark.timing
 def test_a_stalled_server_costs_one_socket_timeout(own_server: RedisServer) -> None:
     layer = Stampede.from_url(own_server.url, socket_timeout=0.3, socket_connect_timeout=0.3)
     db = CountingLoader()

@@ -34,6 +34,7 @@ def test_a_majority_grants_the_lock_and_release_frees_it_everywhere(five: list[R
             assert second.owned()
 
 
+@pytest.mark.timing
 def test_two_servers_down_still_grant_three_down_refuse_within_the_timeout(five: list[RedisServer]) -> None:
     with Redlock([server.url for server in five], namespace="rl") as manager:
         five[0].kill()
@@ -87,6 +88,7 @@ def test_release_after_the_validity_ran_out_raises_lock_lost(five: list[RedisSer
             assert held.validity > 4.5
 
 
+@pytest.mark.timing
 def test_a_held_lock_is_renewed_on_a_majority_until_a_majority_is_gone(five: list[RedisServer]) -> None:
     """The watchdog renews the lease every ttl/3: held through more than three ttls,
     with its validity moving on. With three servers killed no majority renews it: the
@@ -127,6 +129,7 @@ def test_bad_settings_are_refused(five: list[RedisServer]) -> None:
         manager.lock("job", ttl=0)
 
 
+@pytest.mark.timing
 def test_tasks_take_turns_under_a_redlock_and_a_majority_down_refuses_them(five: list[RedisServer]) -> None:
     """The same decisions driven by awaits, each command sent to all five servers at once:
     20 tasks doing a read-await-write under the lock lose no update; with three servers

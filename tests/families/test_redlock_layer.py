@@ -117,6 +117,7 @@ def test_an_invalidation_mid_load_refuses_the_write_and_a_waiter_takes_over_at_o
 
 
 @pytest.mark.parametrize("leases", ["cache server only", "redlock"])
+@pytest.mark.timing
 def test_a_cache_server_restarted_empty_mid_load(
     leases: str, own_server: RedisServer, five: list[RedisServer], make_layer: Callable[..., Stampede]
 ) -> None:

@@ -111,6 +111,7 @@ def test_an_acl_user_outside_its_namespace_gets_a_clear_error(
         load.invalidate(1)
 
 
+@pytest.mark.timing
 def test_an_acl_user_renews_leases_and_invalidates_inside_its_namespace(
     secured_server: RedisServer, make_layer: Callable[..., Stampede]
 ) -> None:
@@ -142,6 +143,7 @@ def test_named_locks_need_the_fence_and_queue_commands_and_work_with_them(
             assert locker.lock("job", fair=fair, timeout=0.1).acquire() is False
 
 
+@pytest.mark.timing
 def test_a_near_cache_needs_its_commands_and_works_with_them(
     secured_server: RedisServer, make_layer: Callable[..., Stampede]
 ) -> None:

@@ -108,6 +108,7 @@ def timed(call: Any) -> tuple[Any, float]:
     return result, time.monotonic() - start
 
 
+@pytest.mark.timing
 def test_a_stalled_server_costs_threshold_socket_timeouts_then_none(
     own_server: RedisServer, figures: Callable[..., None]
 ) -> None:
@@ -141,6 +142,7 @@ def test_a_stalled_server_costs_threshold_socket_timeouts_then_none(
         layer.close()
 
 
+@pytest.mark.timing
 def test_async_callers_share_the_layers_verdict(own_server: RedisServer) -> None:
     layer = Stampede.from_url(own_server.url, socket_timeout=0.3, socket_connect_timeout=0.3,
                               breaker_threshold=2, breaker_cooldown=30, on_backend_error="raise")  # fmt: skip

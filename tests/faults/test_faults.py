@@ -207,6 +207,7 @@ def test_connections_cut_mid_stampede(
     wait_until(lambda: not redis_client.exists("cut:{item:1}:lock"), "no lock left", timeout=2)
 
 
+@pytest.mark.timing
 def test_latency_beyond_the_socket_timeout_is_bounded_and_opens_the_circuit(
     proxy: FaultProxy, make_layer: Callable[..., Stampede], figures: Callable[..., None]
 ) -> None:

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
+import pytest
 import redis
 
 from stampede import LockLost, Stampede
@@ -27,6 +28,7 @@ def expired(client: redis.Redis, key: str) -> bool:
     return int(client.pttl(key)) == -2  # type: ignore[arg-type]
 
 
+@pytest.mark.timing
 def test_setnx_then_expire_deadlocks_after_a_crash_between_them(
     redis_client: redis.Redis, make_layer: Callable[..., Stampede]
 ) -> None:
@@ -120,6 +122,7 @@ def test_timestamp_locks_let_a_client_with_a_fast_clock_in(
         assert layer.lock("job", blocking=False).acquire() is False
 
 
+@pytest.mark.timing
 def test_sleep_spinning_waiters_poll_and_hand_over_late(
     redis_client: redis.Redis, redis_url: str, make_layer: Callable[..., Stampede]
 ) -> None:
@@ -164,6 +167,7 @@ def test_sleep_spinning_waiters_poll_and_hand_over_late(
     assert 0 <= taken["spin"] - released < 0.2  # the spinner gets it on its next poll, 0-100 ms late
 
 
+@pytest.mark.timing
 def test_a_lease_without_renewal_runs_out_under_a_long_holder(
     redis_client: redis.Redis, make_layer: Callable[..., Stampede]
 ) -> None:

@@ -166,6 +166,7 @@ def test_a_shared_near_copy_is_decoded_again_for_another_loaders_type(make_layer
 
 
 @pytest.mark.parametrize("backend", ["redis", "postgres"])
+@pytest.mark.timing
 def test_a_failed_early_refresh_without_a_stale_window_leaves_no_hold(
     request: pytest.FixtureRequest, backend: str
 ) -> None:
@@ -402,6 +403,7 @@ def test_postgres_refuses_keys_longer_than_it_can_hold(postgres_server: Any) -> 
 # --- 5. Sentinel with no sentinel answering: one socket timeout per sentinel ---------------
 
 
+@pytest.mark.timing
 def test_with_the_sentinels_silent_a_call_costs_one_socket_timeout_per_sentinel() -> None:
     silent = [socket.socket() for _ in range(2)]  # they accept (the kernel does) and never answer
     try:
@@ -448,6 +450,7 @@ def test_with_the_sentinels_silent_a_call_costs_one_socket_timeout_per_sentinel(
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.timing
 def test_a_primary_cut_off_from_a_near_cache_alone_stops_its_copies(cluster_servers: Any) -> None:
     """The process reaches each primary through a proxy of its own; the proxy of a primary
     other than the registry's is stalled (packets dropped: no FIN, no RST) while other
@@ -552,6 +555,7 @@ def own_sentinels() -> Any:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("waits", ["blocking", "asyncio"])
+@pytest.mark.timing
 def test_a_waiter_long_after_a_frozen_master_was_replaced_is_woken_by_message(own_sentinels: Any, waits: str) -> None:
     """The layer's subscriber was on the old master, which froze and was replaced while
     nobody waited. Seconds later the next waiter must subscribe on the new master, and be

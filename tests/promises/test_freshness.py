@@ -109,6 +109,7 @@ def test_bad_freshness_settings_are_refused_when_given(setting: dict[str, Any]) 
 # --- stale while revalidate ------------------------------------------------------------------
 
 
+@pytest.mark.timing
 def test_threads_past_ttl_get_the_old_value_at_once_and_one_refresh_runs(
     layer_of_each_backend: Callable[..., Stampede],
 ) -> None:
@@ -174,6 +175,7 @@ def test_five_hundred_coroutines_past_ttl_get_the_old_value_and_one_refresh_runs
     assert calls["n"] == 2 and layer.stats()["refreshes"] == 1
 
 
+@pytest.mark.timing
 def test_two_processes_past_ttl_get_the_old_value_at_once_and_refresh_once(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
@@ -258,6 +260,7 @@ def test_a_process_killed_while_its_refresh_holds_the_lease_is_taken_over_after_
 # --- stale if error ---------------------------------------------------------------------------
 
 
+@pytest.mark.timing
 def test_stale_if_error_serves_the_old_value_while_the_loader_fails_and_retries_once_a_second(
     layer_of_each_backend: Callable[..., Stampede],
 ) -> None:
@@ -401,6 +404,7 @@ def test_the_null_sentinel_is_served_stale_while_refreshed(layer_of_each_backend
 # --- early refresh --------------------------------------------------------------------------------
 
 
+@pytest.mark.timing
 def test_early_refresh_keeps_a_hot_key_loaded_without_a_caller_waiting(
     layer_of_each_backend: Callable[..., Stampede],
 ) -> None:
@@ -570,6 +574,7 @@ def test_the_refresh_workers_are_bounded_reused_and_leave_when_idle(caplog: pyte
     assert not refresher.start("g", work("g"))
 
 
+@pytest.mark.timing
 def test_while_the_loader_fails_past_the_revalidate_window_nobody_waits_for_a_retry(
     layer_of_each_backend: Callable[..., Stampede],
 ) -> None:

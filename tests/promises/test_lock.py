@@ -66,6 +66,7 @@ def test_one_holder_at_a_time_and_fences_grow_with_every_acquisition(
     assert fences == sorted(fences) and len(set(fences)) == 200  # strictly increasing, in lock order
 
 
+@pytest.mark.timing
 def test_a_held_lock_is_refused_at_once_without_blocking(layer_of_each_backend: Callable[..., Stampede]) -> None:
     layer = layer_of_each_backend()
     with layer.lock("job") as held:
@@ -81,6 +82,7 @@ def test_a_held_lock_is_refused_at_once_without_blocking(layer_of_each_backend: 
     assert not layer.lock("job").locked()
 
 
+@pytest.mark.timing
 def test_a_blocking_acquire_gives_up_after_its_timeout(layer_of_each_backend: Callable[..., Stampede]) -> None:
     layer = layer_of_each_backend()
     with layer.lock("job"):
@@ -90,6 +92,7 @@ def test_a_blocking_acquire_gives_up_after_its_timeout(layer_of_each_backend: Ca
     assert 0.29 <= elapsed < 0.6, elapsed
 
 
+@pytest.mark.timing
 def test_polling_with_retries_stops_after_them(layer_of_each_backend: Callable[..., Stampede]) -> None:
     layer = layer_of_each_backend()
     with layer.lock("job"):
@@ -99,6 +102,7 @@ def test_polling_with_retries_stops_after_them(layer_of_each_backend: Callable[.
     assert 0.19 <= elapsed < 0.5, elapsed  # 4 pauses of 50 ms between 5 tries
 
 
+@pytest.mark.timing
 def test_a_waiter_is_woken_by_the_release_without_polling(make_layer: Callable[..., Stampede], redis_url: str) -> None:
     """The holder keeps the lock 0.5 s; the waiter (another layer: another process's
     subscriber) takes it within milliseconds of the release, having tried only three
@@ -162,6 +166,7 @@ def test_leaving_a_with_block_after_the_lease_ran_out_raises_lock_lost(
             wait_until(lambda: not lock.locked(), "the lease to run out")
 
 
+@pytest.mark.timing
 def test_a_held_lock_is_renewed_past_its_ttl_and_extend_resets_it(
     layer_of_each_backend: Callable[..., Stampede],
 ) -> None:
@@ -183,6 +188,7 @@ def test_a_held_lock_is_renewed_past_its_ttl_and_extend_resets_it(
     plain.release()
 
 
+@pytest.mark.timing
 def test_a_killed_holders_lock_is_free_within_its_ttl(make_layer: Callable[..., Stampede], redis_url: str) -> None:
     """A holder process SIGKILLed while holding: the lease is not renewed any more and the
     lock passes to a waiter within one ttl, with a greater fence."""
@@ -446,6 +452,7 @@ def test_a_fair_lock_goes_to_its_waiters_in_arrival_order(layer_of_each_backend:
     assert queued(layer, holder) == 0
 
 
+@pytest.mark.timing
 def test_a_fair_lock_skips_a_dead_waiter_after_its_lease(layer_of_each_backend: Callable[..., Stampede]) -> None:
     """A waiter first in line dies (it tried once and never again): the next one gets the
     lock once the dead one's place has lapsed, one ttl after its last try."""
@@ -470,6 +477,7 @@ def test_a_fair_lock_skips_a_dead_waiter_after_its_lease(layer_of_each_backend: 
     waiter.release()
 
 
+@pytest.mark.timing
 def test_a_fair_waiter_that_gives_up_leaves_the_queue(layer_of_each_backend: Callable[..., Stampede]) -> None:
     layer = layer_of_each_backend()
     holder = layer.lock("fair", fair=True, ttl=30)

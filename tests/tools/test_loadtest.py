@@ -143,6 +143,7 @@ def test_the_serializer_benchmark_prints_both_paths_of_both_values() -> None:
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.timing
 def test_the_freshness_benchmark_short_form_serves_hot_keys_without_a_wait_or_an_error() -> None:
     """``loadtest/bench_freshness.py --quick``: the expiry storm and the outage, as CI can
     afford them. The figures are the script's; this checks the properties that hold
@@ -174,6 +175,7 @@ def test_the_cluster_benchmark_short_form_loads_once_and_recovers_from_each_fail
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.timing
 def test_the_near_cache_benchmark_short_form() -> None:
     """``loadtest/bench_near.py --quick``: near hits, invalidations waiting for holders,
     the lease, as CI can afford them. The figures are the script's; this checks what
@@ -186,6 +188,7 @@ def test_the_near_cache_benchmark_short_form() -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.timing
 def test_the_metrics_benchmark_short_form() -> None:
     """``loadtest/bench_metrics.py --quick``: warm hits with counters only, Prometheus and
     OpenTelemetry, beside raw GET + loads. The figures are the script's (three rounds are
@@ -211,6 +214,7 @@ def test_the_lock_services_benchmark_short_form() -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.timing
 def test_the_async_benchmark_short_form_loads_once_per_round() -> None:
     """``loadtest/bench_async.py --quick``: a thousand coroutines on one cold key, and
     warm async hits beside raw redis.asyncio GET + loads. The figures are the script's;
@@ -223,6 +227,7 @@ def test_the_async_benchmark_short_form_loads_once_per_round() -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.timing
 def test_the_hit_path_benchmark_short_form_times_every_part() -> None:
     """``loadtest/bench_hit_path.py --quick``: each part of a warm hit timed alone, and
     the whole hit beside a bare GET + loads. Each part is measured, and stampede's own
