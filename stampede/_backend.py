@@ -5,8 +5,8 @@ objects the layer was given.
 ``_backends/`` with a builder of ``Backend`` (``_core/backend.py``), plus one line here
 (see docs/development.md). The layer's keywords (``client=``, ``async_client=``,
 ``postgres=``, ``redlock=``, ``zookeeper=``) are shorthand, translated here and nowhere
-else. Redlock and ZooKeeper leases sit on top of the Redis family: their stores drive a
-decision of the core (``_drivers/redlock_store.py``), so they are composed here.
+else. Redlock and ZooKeeper leases sit on top of the Redis family: each is a lease policy
+of the core (``_core/leases.py``) and the lock servers it needs, composed here.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from ._backends.redis.lock_servers import AsyncRedisLockServers, RedisLockServers
 from ._core.backend import DEFAULT_CONNECT_TIMEOUT, DEFAULT_SOCKET_TIMEOUT, Backend, BackendOptions
-from ._core.store import AsyncStore, Store
+from ._core.store import Store
 from ._errors import BackendUnavailable, ConfigError
 from ._redact import redacted
 
@@ -160,32 +160,22 @@ def _postgres_pool(url: str, socket_timeout: float, connect_timeout: float, max_
 
 def _with_redlock(backend: Backend, redlock: Redlock) -> None:
     """Every load's lease is held on a majority of ``redlock``'s servers as well as on the
-    cache server. Named locks stay on the cache server (a fencing token and a fair queue
-    need one server)."""
-    from ._drivers.redlock_store import AsyncRedlockStore, RedlockStore
+    cache server (``_core.majority.RedlockLeases``). Named locks stay on the cache server
+    (a fencing token and a fair queue need one server)."""
+    from ._core.majority import RedlockLeases
 
     backend.name += "+redlock"
-    if backend.store is not None:
-        backend.store = RedlockStore(backend.store, redlock.servers, redlock.quorum)
-    make_cache_store = backend.make_async_store
-    if make_cache_store is not None:
-
-        def make() -> AsyncStore:
-            servers = redlock.async_servers()  # its ConfigError before any client is made
-            return AsyncRedlockStore(make_cache_store(), servers, redlock.quorum)
-
-        backend.make_async_store = make
-    backend.named_lock_store = _cache_store_of
-
-
-def _cache_store_of(store: Any) -> Any:
-    return store.cache
+    backend.lease_policy = RedlockLeases(redlock.quorum)
+    backend.lock_servers = redlock.servers  # its clients are the Redlock manager's: it closes them
+    if backend.make_async_store is not None:
+        backend.make_async_lock_servers = redlock.async_servers  # its ConfigError before any client is made
 
 
 def _with_zookeeper(backend: Backend, zookeeper: Any) -> None:
     """Every load's lease is also a ZooKeeper node (``zookeeper=``: hosts,
-    ``host:port[,host:port...]``, or a started kazoo client). Named locks wait in
-    ZooKeeper's fair line beside the cache server's key (``_backends.zookeeper.locks``)."""
+    ``host:port[,host:port...]``, or a started kazoo client), held for its holder's
+    session (``_core.sessions.SessionLeases``). Named locks wait in ZooKeeper's fair line
+    beside the cache server's key (``_backends.zookeeper.locks``)."""
     try:
         from ._backends.zookeeper.servers import (
             AsyncZooKeeperLockServers,
@@ -196,7 +186,7 @@ def _with_zookeeper(backend: Backend, zookeeper: Any) -> None:
     except ImportError as error:
         raise ConfigError(f"zookeeper= needs kazoo: pip install 'stampede-guard[zookeeper]' ({error})") from None
     from ._backends.zookeeper.locks import AsyncZooKeeperLockStore, Wakers, ZooKeeperLockStore
-    from ._drivers.redlock_store import AsyncZooKeeperStore, ZooKeeperStore
+    from ._core.sessions import SESSION_QUORUM, SessionLeases
 
     try:
         client, owned = client_of(zookeeper, ZOOKEEPER_SESSION_TIMEOUT, ZOOKEEPER_CONNECT_TIMEOUT)
@@ -204,23 +194,13 @@ def _with_zookeeper(backend: Backend, zookeeper: Any) -> None:
         raise BackendUnavailable(f"cannot connect to ZooKeeper at {zookeeper!r}: {error}") from error
     servers = ZooKeeperLockServers(client)
     backend.name += "+zookeeper"
-    if backend.store is not None:
-        backend.store = ZooKeeperStore(backend.store, servers, servers)
-    make_cache_store = backend.make_async_store
-    if make_cache_store is not None:
-
-        def make() -> AsyncStore:
-            return AsyncZooKeeperStore(make_cache_store(), AsyncZooKeeperLockServers(servers), servers)
-
-        backend.make_async_store = make
+    backend.lease_policy = SessionLeases(SESSION_QUORUM)
+    backend.lock_servers = servers
+    if backend.make_async_store is not None:
+        backend.make_async_lock_servers = functools.partial(AsyncZooKeeperLockServers, servers)
     queue, wakers = ZooKeeperQueue(servers), Wakers()
-
-    def named_lock_store(store: Any) -> Any:
-        if isinstance(store, AsyncZooKeeperStore):
-            return AsyncZooKeeperLockStore(store.cache, queue, wakers)
-        return ZooKeeperLockStore(store.cache, queue, wakers)
-
-    backend.named_lock_store = named_lock_store
+    backend.named_lock_store = functools.partial(_zookeeper_lock_store, ZooKeeperLockStore, queue, wakers)
+    backend.async_named_lock_store = functools.partial(_zookeeper_lock_store, AsyncZooKeeperLockStore, queue, wakers)
     backend.lock_queue = queue  # ZooKeeper's line is fair
     if owned:
 
@@ -229,6 +209,10 @@ def _with_zookeeper(backend: Backend, zookeeper: Any) -> None:
             client.close()
 
         backend.close_first.append(stop)
+
+
+def _zookeeper_lock_store(kind: Any, queue: Any, wakers: Any, store: Any) -> Any:
+    return kind(store, queue, wakers)
 
 
 __all__ = [

@@ -77,7 +77,7 @@ class Stampede:
     ``redlock=Redlock(urls)`` holds every load's lease on a majority of those lock
     servers as well as on the cache server, so no two loads of a key run at once even if
     the cache server loses its keys. Values and messages stay on the cache server (see
-    ``_drivers.redlock_store``). Its servers must be URLs for async loaders.
+    ``_core.majority``). Its servers must be URLs for async loaders.
 
     ``postgres=`` (a ``postgresql://`` URL or a psycopg_pool ``ConnectionPool``) keeps
     everything in PostgreSQL instead: values, leases, fencing, queues, and wake-ups by
@@ -141,8 +141,13 @@ class Stampede:
             backend.track(self._near, near_lease)
         store, make_async_store = backend.store, backend.make_async_store
         refreshes = background_refreshes
-        self._runner = SyncRunner(store, events, warn, self._watchdog, refreshes) if store is not None else None
-        self._async_runner = AsyncRunner(make_async_store, events, warn, refreshes) if make_async_store else None
+        policy, servers, make_servers = backend.lease_policy, backend.lock_servers, backend.make_async_lock_servers
+        self._runner = (
+            SyncRunner(store, events, warn, self._watchdog, refreshes, policy, servers) if store is not None else None
+        )
+        self._async_runner = (
+            AsyncRunner(make_async_store, events, warn, refreshes, policy, make_servers) if make_async_store else None
+        )
         for runner in (self._runner, self._async_runner):
             if runner is not None:
                 runner.near = self._near
@@ -363,7 +368,7 @@ class Stampede:
 
     def _named_lock_async_store(self) -> AsyncStore:
         assert self._async_runner is not None
-        store: AsyncStore = self._backend.named_lock_store(self._async_runner.loop_store())
+        store: AsyncStore = self._backend.async_named_lock_store(self._async_runner.loop_store())
         return store
 
     def _forget(self, key: str) -> None:
@@ -425,24 +430,28 @@ class Stampede:
         left alone, as they would be by an invalidation a moment earlier. A pattern that
         names one entry (no wildcard, every field given) invalidates it with no scan, and
         counts 1."""
-        store = self._blocking_store("invalidate_matching", "ainvalidate_matching")
+        self._blocking_store("invalidate_matching", "ainvalidate_matching")
+        assert self._runner is not None
+        invalidate = self._runner.invalidate  # as the layer's lease policy drops leases
         exact = entry_pattern(pattern, fields).exact_key(self.namespace, self.settings.max_key_length)
         keys = [exact] if exact is not None else self.matching(pattern, **fields)
         for value_key in keys:
             try:
-                store.invalidate(EntryKeys.for_value(value_key))
+                invalidate(EntryKeys.for_value(value_key))
             finally:
                 self._forget(value_key)
         return len(keys)
 
     async def ainvalidate_matching(self, pattern: str, **fields: Any) -> int:
         """``invalidate_matching()`` with this event loop's client."""
-        store = self._loop_store("ainvalidate_matching", "invalidate_matching")
+        self._loop_store("ainvalidate_matching", "invalidate_matching")
+        assert self._async_runner is not None
+        invalidate = self._async_runner.invalidate  # as the layer's lease policy drops leases
         exact = entry_pattern(pattern, fields).exact_key(self.namespace, self.settings.max_key_length)
         keys = [exact] if exact is not None else await self.amatching(pattern, **fields)
         for value_key in keys:
             try:
-                await store.invalidate(EntryKeys.for_value(value_key))
+                await invalidate(EntryKeys.for_value(value_key))
             finally:
                 self._forget(value_key)
         return len(keys)

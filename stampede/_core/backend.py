@@ -8,6 +8,8 @@ it: the layer never names a family.
 What a backend says about itself:
 
 * its stores: the blocking one, and a maker of one event loop's store.
+* where a load's lease is held (``lease_policy``), and the lock servers the policy needs
+  beside the stores (Redlock's, ZooKeeper's).
 * where named locks live (``named_lock_store``), and their own line if they have one.
 * whether it can keep a near cache exact (``make_tracker``), and if not, why not.
 * capabilities only some families have (``advisory_lock``: PostgreSQL's session lock,
@@ -25,7 +27,8 @@ from typing import Any, Protocol
 
 from .config import Settings
 from .keys import EntryKeys
-from .store import AsyncStore, Store
+from .leases import ONE_SERVER, LeasePolicy
+from .store import AsyncLockServers, AsyncStore, LockServers, Store
 
 DEFAULT_SOCKET_TIMEOUT = 2.0  # seconds: from_url's, and what a client without one is taken to have
 DEFAULT_CONNECT_TIMEOUT = 1.0
@@ -94,7 +97,11 @@ class Backend:
     in_process: bool = False  # the store lives in this process: a near cache adds nothing
     near_refusal: str | None = None  # why near_cache cannot be kept exact here (None: it can)
     make_tracker: Callable[[Any, float], Tracking] | None = None  # (the near cache's copies, its lease)
+    lease_policy: LeasePolicy = ONE_SERVER  # where a load's lease is held (``_core.leases``)
+    lock_servers: LockServers | None = None  # the policy's servers, for blocking callers
+    make_async_lock_servers: Callable[[], AsyncLockServers] | None = None  # one event loop's
     named_lock_store: Callable[[Any], Any] = _same  # the store named locks use, given a loader's
+    async_named_lock_store: Callable[[Any], Any] = _same  # the same, given one event loop's
     lock_queue: Any = None  # named locks' own line beside the store (ZooKeeper's): all are fair
     advisory_lock: Callable[..., Any] | None = None  # a database session lock, where there is one
     inspector: Inspector | None = None  # None: the store is not shared (the embedded store's)

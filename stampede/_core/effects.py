@@ -187,6 +187,15 @@ class ServersDrop:
     keys: EntryKeys
 
 
+@dataclass(frozen=True, slots=True)
+class ServersWatch:
+    """Wake the performer's subscription (as a message with no value would) when the
+    lease at ``keys`` ends: ZooKeeper's watch on the holder's node, so that a holder whose
+    session ended is taken over at once. Reply: None."""
+
+    keys: EntryKeys
+
+
 Effect = (
     Acquire
     | TakeLock
@@ -206,10 +215,14 @@ Effect = (
     | ServersRenew
     | ServersRelease
     | ServersDrop
+    | ServersWatch
 )
 
 # A decision: yields effects, is sent their replies, returns its outcome.
 Decision = Generator[Effect, Any, T]
+
+# The lock-server commands: none of them reads or writes the entry's value.
+SERVERS = (ServersTake, ServersRenew, ServersRelease, ServersDrop, ServersWatch)
 
 # The effects a performer shields from a second cancellation: cleanup and the write,
 # which must not be cut short once started.

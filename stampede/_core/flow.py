@@ -52,19 +52,16 @@ from .codec import NOT_A_VALUE, Codec, Kind
 from .config import Settings
 from .effects import (
     LEASE_MARGIN,
-    Acquire,
+    SERVERS,
     AwaitNotice,
     Decision,
     Effect,
-    Hold,
     Load,
-    Release,
-    Subscribe,
-    WriteRelease,
     milliseconds,
 )
 from .freshness import Served, Stale, classify
 from .keys import EntryKeys
+from .leases import ON_ONE_SERVER, LeaseSteps
 from .observer import Reporter, Wait, log_extra
 from .store import AcquireReply, LockState, Written
 
@@ -85,10 +82,18 @@ def produces_value(effect: Effect) -> bool:
     """Whether the value a flow returns may come from this step: a command to the cache,
     or a load without the lease. Waiting does not. A leased load's value is decided by
     the write that follows it. Callers who arrive after such a step began are not handed
-    its value (see ``_core.flight``)."""
+    its value (see ``_core.flight``).
+
+    A lock server's command does not either: it never reads or writes the value. Counting
+    one would be wrong, not only wasteful. Redlock releases its majority after the write,
+    and a caller who arrived during that release would be handed a value written before
+    it arrived."""
     if isinstance(effect, Load):
         return not effect.leased
-    return not isinstance(effect, AwaitNotice)
+    return not isinstance(effect, NOT_THE_VALUE)
+
+
+NOT_THE_VALUE = (AwaitNotice, *SERVERS)  # the steps that never produce the value
 
 
 # --- the context of one miss ---------------------------------------------------------
@@ -121,6 +126,9 @@ class Context:
     # The envelope the returned value was read from, or written as: a joiner of another
     # loader, or one that needs an object of its own, decodes it (see _core.flight).
     raw: bytes | None = None
+    # Where the lease is held, step by step: the layer's policy bound to this load's
+    # lease (``_core.leases``). The cache server alone unless the driver binds another.
+    leases: LeaseSteps = ON_ONE_SERVER
 
 
 @dataclass(frozen=True)
@@ -247,11 +255,12 @@ def _fill(ctx: Context, miss: Miss | Stale, wait: Wait) -> Flow:
     stale = miss if isinstance(miss, Stale) else None
     fallback = stale if stale is not None and stale.on_error else None
     check_value = miss is not Miss.CORRUPT
+    taken_over = stale.identity if stale is not None else b""  # the lease is taken over this value only
     subscribed = False
     silent_wait = False  # the last wait ended with no message: a dead holder is possible
     while True:
         try:
-            reply: AcquireReply = yield Acquire(check_value, stale.identity if stale is not None else b"")
+            reply: AcquireReply = yield from ctx.leases.acquire(check_value, taken_over)
         except BackendUnavailable as error:
             wait.end("error")
             return (yield from _backend_failed(ctx, error))
@@ -302,7 +311,7 @@ def _fill(ctx: Context, miss: Miss | Stale, wait: Wait) -> Flow:
             wait.begin()
             log.debug("%s: lock held elsewhere (%.3f s left); subscribing", key, reply.lease_left)
             try:
-                yield Subscribe()
+                yield from ctx.leases.subscribe()
             except BackendUnavailable as error:
                 wait.end("error")
                 return (yield from _backend_failed(ctx, error))
@@ -384,7 +393,7 @@ def refresh(ctx: Context, stale: bytes, life_left: float = -1.0) -> Decision[Non
     key = ctx.keys.value
     gone_at = math.inf if life_left < 0 else ctx.clock() + life_left
     try:
-        reply: AcquireReply = yield Acquire(True, stale)
+        reply: AcquireReply = yield from ctx.leases.acquire(True, stale)
     except BackendUnavailable as error:
         _count_backend_error(ctx, error)
         return
@@ -465,7 +474,7 @@ def _load_and_write(ctx: Context, hold: float = 0.0, hold_until: float = math.in
             if hold > 0:
                 log.debug("%s: the loader raised %s; holding the lock", key, type(error).__name__)
                 try:
-                    yield Hold(milliseconds(hold), milliseconds(settings.stale_window))
+                    yield from ctx.leases.hold(milliseconds(hold), milliseconds(settings.stale_window))
                 except BackendUnavailable:
                     pass  # the lease runs out by itself
                 return LOAD_FAILED
@@ -490,7 +499,7 @@ def _load_and_write(ctx: Context, hold: float = 0.0, hold_until: float = math.in
     ttl = _jittered(ctx, settings.null_ttl if value is None else settings.ttl)
     inline = len(envelope) <= settings.inline_value_limit
     try:
-        written = yield WriteRelease(envelope, milliseconds(ttl + stale_for), inline)
+        written = yield from ctx.leases.write_release(envelope, milliseconds(ttl + stale_for), inline)
     except BackendUnavailable as error:
         # The value is good for this caller. But whether the write ran, or was refused
         # because an invalidation took the lease, is unknown: not for the joiners. An error
@@ -538,7 +547,7 @@ def _load_and_write(ctx: Context, hold: float = 0.0, hold_until: float = math.in
 
 def _release(ctx: Context) -> Flow:
     try:
-        yield Release()
+        yield from ctx.leases.release()
     except BackendUnavailable:
         pass  # the lease runs out by itself
 

@@ -1,7 +1,8 @@
 """Redlock's decisions, written once (sans-IO): the arithmetic of a majority, taking and
 renewing a lease on most of N servers, and a layer's leases held on lock servers and on
-the cache server together (``RedlockLeases``). ``_redlock`` and ``_drivers.redlock_store``
-perform them with ``_drivers.perform``. The tests step through them without a server.
+the cache server together (``RedlockLeases``, a lease policy: ``_core.leases``). The flow
+composes the policy's steps, and ``_redlock`` takes its locks with the same arithmetic.
+``_drivers.perform`` performs them. The tests step through them without a server.
 
 The algorithm is ``_redlock``'s (see there). The order of the steps of a layer's leases
 is what keeps waiters from missing a wake-up:
@@ -31,6 +32,7 @@ from .effects import (
     Expire,
     Hold,
     Invalidate,
+    Lease,
     ReadValue,
     Release,
     Renew,
@@ -38,9 +40,11 @@ from .effects import (
     ServersRelease,
     ServersRenew,
     ServersTake,
+    Subscribe,
     WriteRelease,
 )
 from .keys import EntryKeys
+from .leases import BoundSteps, LeaseSteps
 from .store import AcquireReply, LockState, Round, Written
 
 T = TypeVar("T")
@@ -140,6 +144,9 @@ class RedlockLeases:
         self.quorum = quorum
         self.clock = clock
 
+    def bind(self, lease: Lease) -> LeaseSteps:
+        return BoundSteps(self, lease)
+
     def acquire(
         self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
     ) -> Decision[AcquireReply]:
@@ -219,3 +226,8 @@ class RedlockLeases:
     def expire(self, keys: EntryKeys) -> Decision[None]:
         yield ServersDrop(keys.on_lock_servers)
         yield Expire()
+
+    def subscribe(self, keys: EntryKeys) -> Decision[None]:
+        """Waiters hear of the holder's write or release on the cache server, which every
+        holder ends with."""
+        yield Subscribe()

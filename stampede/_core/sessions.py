@@ -1,7 +1,7 @@
 """The decisions of a layer whose leases are also ZooKeeper leases (sans-IO): an ephemeral
-sequential node per load, released with its holder's session, performed by
-``_drivers.redlock_store`` as Redlock's are (ZooKeeper is one replicated lock service, a
-"majority" of one).
+sequential node per load, released with its holder's session. A lease policy
+(``_core.leases``), composed by the flow as Redlock's is (ZooKeeper is one replicated lock
+service, a "majority" of one).
 
 What a session adds to Redlock's order of steps (``_core.majority.RedlockLeases``):
 
@@ -14,6 +14,8 @@ What a session adds to Redlock's order of steps (``_core.majority.RedlockLeases`
 * every release of the node comes after the step on the cache server (write, release,
   hold), so that whoever is next in ZooKeeper finds the cache key settled: a key still
   held then can only be a holder ZooKeeper has forgotten, never one finishing up.
+* wait: on the cache server's wake-ups, and on a watch of the holder's node
+  (``ServersWatch``), so that a holder whose session ends is taken over at once.
 * write: only while our node still exists. A holder whose session expired mid-load
   releases the cache key and writes nothing (``Written.REFUSED``), even if nobody took
   over yet: another caller may be loading already.
@@ -30,14 +32,33 @@ Timeline of a session expiry while loading::
 
 from __future__ import annotations
 
-from .effects import Acquire, Decision, Expire, Hold, Release, ServersRelease, ServersRenew, WriteRelease
+from .effects import (
+    Acquire,
+    Decision,
+    Expire,
+    Hold,
+    Release,
+    ServersRelease,
+    ServersRenew,
+    ServersWatch,
+    Subscribe,
+    WriteRelease,
+)
 from .keys import EntryKeys
-from .majority import RedlockLeases, one, releasing_after, take_majority
+from .majority import Quorum, RedlockLeases, one, releasing_after, take_majority
 from .store import AcquireReply, LockState, Round, Written
+
+SESSION_QUORUM = Quorum(1, 0.0)  # one ensemble, whose leases have no term to drift
 
 
 class SessionLeases(RedlockLeases):
     """``RedlockLeases`` for a lease service whose leases end with their holder's session."""
+
+    session_leases = True  # a lease ends with its holder's session, not by a term
+
+    def subscribe(self, keys: EntryKeys) -> Decision[None]:
+        yield Subscribe()
+        yield ServersWatch(keys.on_lock_servers)
 
     def acquire(
         self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""

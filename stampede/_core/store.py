@@ -16,6 +16,7 @@ library, of threading or of asyncio. Backends implement it, drivers call it.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -218,6 +219,14 @@ class LockServers(Protocol):
         """Each server's holder token (None: free, or no answer)."""
 
 
+class WatchingServers(LockServers, Protocol):
+    """Lock servers whose leases end with their holder's session (ZooKeeper's): a waiter
+    can watch the holder's lease (``_core.effects.ServersWatch``)."""
+
+    def watch(self, keys: EntryKeys, wake: Callable[[], None]) -> None:
+        """Call ``wake`` once when the current holder's lease at ``keys`` ends."""
+
+
 class AsyncLockServers(Protocol):
     """``LockServers`` for the tasks of one event loop (all servers asked at once)."""
 
@@ -232,3 +241,9 @@ class AsyncLockServers(Protocol):
     async def holders(self, keys: EntryKeys) -> list[bytes | None]: ...
 
     async def aclose(self) -> None: ...
+
+
+class AsyncWatchingServers(AsyncLockServers, Protocol):
+    """``WatchingServers`` for the tasks of one event loop."""
+
+    async def watch(self, keys: EntryKeys, wake: Callable[[], None]) -> None: ...

@@ -40,9 +40,11 @@ from .._core.flow import (
 )
 from .._core.freshness import Served
 from .._core.keys import EntryKeys
-from .._core.store import AsyncStore
+from .._core.leases import ONE_SERVER, LeasePolicy
+from .._core.store import AsyncLockServers, AsyncStore
 from .._errors import BackendUnavailable
 from .._fork import reset_after_fork
+from .leases import AsyncLeases
 from .near import MISSING, NearCache
 from .observe import Events, RateLimitedLog
 from .perform import AsyncPerformer, arun
@@ -55,6 +57,7 @@ class LoopState:
     """What one event loop's callers share."""
 
     store: AsyncStore
+    leases: AsyncLeases  # the layer's lease policy on this loop's store and lock servers
     flights: AsyncFlightTable = field(default_factory=AsyncFlightTable)
     closer: Any = None  # the async generator that closes the store when the loop shuts down
     starter: asyncio.Task[None] | None = None  # the task that starts it (kept: the loop holds tasks weakly)
@@ -68,16 +71,28 @@ class LoopState:
             for task in refreshes:
                 task.cancel()  # the refresh releases its lease as any cancelled load does
             await asyncio.gather(*refreshes, return_exceptions=True)
-            await self.store.aclose()
+            try:
+                await self.store.aclose()
+            finally:
+                if self.leases.servers is not None:
+                    await self.leases.servers.aclose()
 
 
 class AsyncRunner:
     """Runs calls of async loaders against a store per event loop."""
 
     def __init__(
-        self, make_store: Callable[[], AsyncStore], events: Events, warn: RateLimitedLog, refreshes: int = 8
+        self,
+        make_store: Callable[[], AsyncStore],
+        events: Events,
+        warn: RateLimitedLog,
+        refreshes: int = 8,
+        policy: LeasePolicy = ONE_SERVER,
+        make_servers: Callable[[], AsyncLockServers] | None = None,
     ) -> None:
         self._make_store = make_store
+        self._policy = policy  # where a load's lease is held (``_core.leases``)
+        self._make_servers = make_servers  # one loop's lock servers, if the policy has them
         self.near: NearCache | None = None  # the layer's, if it has one
         self._events = events
         self._warn = warn
@@ -120,7 +135,7 @@ class AsyncRunner:
             if value is Outcome.TIMED_OUT:
                 ctx = self._context(value_key, spec)
                 loader = functools.partial(spec.func, *args, **kwargs)
-                return await self._drive(after_wait_timeout(ctx), ctx, loader, state.store)
+                return await self._drive(after_wait_timeout(ctx), ctx, loader, state)
             if flight.stale:
                 report_stale()
             return value
@@ -169,7 +184,7 @@ class AsyncRunner:
         refuse_recursion(value_key)
         ctx = self._context(value_key, spec)
         loader = functools.partial(spec.func, *args, **kwargs)
-        return await self._drive(fill(ctx, found), ctx, loader, store, flight)
+        return await self._drive(fill(ctx, found), ctx, loader, state, flight)
 
     async def _read_for_near(
         self, near: NearCache, store: AsyncStore, value_key: str, spec: LoaderSpec
@@ -214,7 +229,7 @@ class AsyncRunner:
         self, state: LoopState, value_key: str, flow: Flow, ctx: Context, loader: Callable[[], Awaitable[Any]]
     ) -> None:
         try:
-            await self._drive(flow, ctx, loader, state.store)
+            await self._drive(flow, ctx, loader, state)
         except Exception as error:
             warn_refresh_raised(self._warn, value_key, error)
         finally:
@@ -228,10 +243,10 @@ class AsyncRunner:
         return self._state().store
 
     async def invalidate(self, keys: EntryKeys) -> None:
-        await self._state().store.invalidate(keys)
+        await self._state().leases.invalidate(keys)
 
     async def expire(self, keys: EntryKeys) -> None:
-        await self._state().store.expire(keys)
+        await self._state().leases.expire(keys)
 
     def forget(self, key: str) -> None:
         """Detach the key's flight in every loop (after an invalidation)."""
@@ -259,10 +274,15 @@ class AsyncRunner:
                     del self._loops[closed]
                 state = self._loops.get(loop)
                 if state is None:
-                    state = self._loops[loop] = LoopState(self._make_store())
+                    state = self._loops[loop] = self._new_state()
                     state.closer = self._closing_with(loop, state)
                     state.starter = loop.create_task(_start(state.closer))
         return state
+
+    def _new_state(self) -> LoopState:
+        servers = self._make_servers() if self._make_servers is not None else None  # a ConfigError before the store
+        store = self._make_store()
+        return LoopState(store, AsyncLeases(self._policy, store, servers))
 
     async def _closing_with(self, loop: asyncio.AbstractEventLoop, state: LoopState) -> AsyncIterator[None]:
         """Closes the loop's store when the loop shuts down: the loop finalizes the async
@@ -281,13 +301,17 @@ class AsyncRunner:
         flow: Flow,
         ctx: Context,
         loader: Callable[[], Awaitable[Any]],
-        store: AsyncStore,
+        state: LoopState,
         flight: Flight | None = None,
     ) -> Any:
-        """Perform the flow (``perform.arun``) on a lease of a new token. The leader's
-        ``flight`` counts the steps that may produce the value (see Flight)."""
+        """Perform the flow (``perform.arun``) on a lease of a new token, held where the
+        layer's policy holds leases. The leader's ``flight`` counts the steps that may
+        produce the value (see Flight)."""
         lease = Lease(ctx.keys, secrets.token_hex(16), milliseconds(ctx.settings.lock_ttl))
-        with AsyncPerformer(lease, store=store, loader=loader) as performer:
+        leases = state.leases
+        ctx.leases = leases.policy.bind(lease)
+        performer = AsyncPerformer(lease, store=leases.store, servers=leases.servers, loader=loader, renewal=leases)
+        with performer:
             if flight is None:
                 return await arun(flow, performer)
 

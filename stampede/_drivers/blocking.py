@@ -24,8 +24,10 @@ from .._core.flow import (
 )
 from .._core.freshness import Served
 from .._core.keys import EntryKeys
-from .._core.store import Store
+from .._core.leases import ONE_SERVER, LeasePolicy
+from .._core.store import LockServers, Store
 from .._errors import BackendUnavailable
+from .leases import Leases
 from .near import MISSING, NearCache
 from .observe import Events, RateLimitedLog
 from .perform import Performer, run
@@ -38,9 +40,17 @@ class SyncRunner:
     """Runs calls of blocking loaders against one store."""
 
     def __init__(
-        self, store: Store, events: Events, warn: RateLimitedLog, watchdog: Watchdog, refreshes: int = 8
+        self,
+        store: Store,
+        events: Events,
+        warn: RateLimitedLog,
+        watchdog: Watchdog,
+        refreshes: int = 8,
+        policy: LeasePolicy = ONE_SERVER,
+        servers: LockServers | None = None,
     ) -> None:
         self.store = store
+        self.leases = Leases(policy, store, servers)  # where a load's lease is held (``_core.leases``)
         self.near: NearCache | None = None  # the layer's, if it has one
         self.flights = FlightTable()
         self.refresher = Refresher(refreshes, events, warn)
@@ -153,20 +163,26 @@ class SyncRunner:
         return new_context(value_key, spec, self._events, self._warn)
 
     def invalidate(self, keys: EntryKeys) -> None:
-        self.store.invalidate(keys)
+        self.leases.invalidate(keys)
 
     def expire(self, keys: EntryKeys) -> None:
-        self.store.expire(keys)
+        self.leases.expire(keys)
 
     def forget(self, key: str) -> None:
         """Detach the key's flight: later callers read afresh (after an invalidation)."""
         self.flights.forget(key)
 
     def _drive(self, flow: Flow, ctx: Context, loader: Callable[[], Any], flight: Flight | None = None) -> Any:
-        """Perform the flow (``perform.run``) on a lease of a new token. The leader's
-        ``flight`` counts the steps that may produce the value (see Flight)."""
+        """Perform the flow (``perform.run``) on a lease of a new token, held where the
+        layer's policy holds leases. The leader's ``flight`` counts the steps that may
+        produce the value (see Flight)."""
         lease = Lease(ctx.keys, secrets.token_hex(16), milliseconds(ctx.settings.lock_ttl))
-        with Performer(lease, store=self.store, loader=loader, watchdog=self._watchdog) as performer:
+        leases = self.leases
+        ctx.leases = leases.policy.bind(lease)
+        performer = Performer(
+            lease, store=leases.store, servers=leases.servers, loader=loader, watchdog=self._watchdog, renewal=leases
+        )
+        with performer:
             if flight is None:
                 return run(flow, performer)
 

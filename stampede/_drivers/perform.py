@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from .._core.effects import (
     MUST_FINISH,
@@ -39,6 +39,7 @@ from .._core.effects import (
     ServersRelease,
     ServersRenew,
     ServersTake,
+    ServersWatch,
     Subscribe,
     TakeLock,
     WriteRelease,
@@ -47,11 +48,15 @@ from .._core.effects import (
 from .._core.flight import loading
 from .._core.store import (
     AsyncLockServers,
+    AsyncRenewable,
     AsyncStore,
     AsyncSubscription,
+    AsyncWatchingServers,
     LockServers,
+    Renewable,
     Store,
     Subscription,
+    WatchingServers,
 )
 from .watchdog import Watchdog, keep_renewed
 
@@ -103,7 +108,8 @@ class _Absent:
 class Performer:
     """Performs effects with blocking calls, for one decision at a time: lease commands
     on ``store`` for ``lease``, lock-server commands on ``servers``, ``Load`` by calling
-    ``loader`` (its lease renewed by ``watchdog``). Closes its subscription on exit."""
+    ``loader`` (its lease renewed by ``watchdog`` through ``renewal``, the store unless
+    the lease policy renews elsewhere too). Closes its subscription on exit."""
 
     def __init__(
         self,
@@ -113,12 +119,14 @@ class Performer:
         servers: LockServers | None = None,
         loader: Callable[[], Any] | None = None,
         watchdog: Watchdog | None = None,
+        renewal: Renewable | None = None,
     ) -> None:
         self._lease: Lease = lease if lease is not None else _Absent("lease")  # type: ignore[assignment]
         self._store: Store = store if store is not None else _Absent("store")
         self._servers: LockServers = servers if servers is not None else _Absent("lock servers")
         self._loader: Callable[[], Any] = loader if loader is not None else _Absent("loader")  # type: ignore[assignment]
         self._watchdog: Watchdog = watchdog if watchdog is not None else _Absent("watchdog")  # type: ignore[assignment]
+        self._renewal: Renewable = renewal if renewal is not None else self._store
         self._subscription: Subscription | None = None
 
     def __enter__(self) -> Performer:
@@ -162,7 +170,7 @@ class Performer:
                 with loading(lease.keys.value):
                     if not leased:
                         return self._loader()
-                    with self._watchdog.guard(store, lease.keys, lease.token, lease.ms):
+                    with self._watchdog.guard(self._renewal, lease.keys, lease.token, lease.ms):
                         return self._loader()
             case Pause(seconds=seconds):
                 return time.sleep(seconds)
@@ -174,8 +182,19 @@ class Performer:
                 return self._servers.release(keys, token)
             case ServersDrop(keys=keys):
                 return self._servers.drop(keys)
+            case ServersWatch(keys=keys):
+                wake = _waker(self._subscription)
+                return None if wake is None else cast(WatchingServers, self._servers).watch(keys, wake)
             case _:
                 unreachable(effect)
+
+
+def _waker(subscription: Subscription | AsyncSubscription | None) -> Callable[[], None] | None:
+    """What wakes ``subscription`` as a message with no value would (its waiter re-checks).
+    None for a subscription that cannot be woken by hand: it waits for its message."""
+    assert subscription is not None, "ServersWatch before Subscribe"
+    deliver: Callable[[bytes], None] | None = getattr(subscription, "deliver", None)
+    return None if deliver is None else lambda: deliver(b"")
 
 
 class AsyncPerformer:
@@ -189,11 +208,13 @@ class AsyncPerformer:
         store: AsyncStore | None = None,
         servers: AsyncLockServers | None = None,
         loader: Callable[[], Awaitable[Any]] | None = None,
+        renewal: AsyncRenewable | None = None,
     ) -> None:
         self._lease: Lease = lease if lease is not None else _Absent("lease")  # type: ignore[assignment]
         self._store: AsyncStore = store if store is not None else _Absent("store")
         self._servers: AsyncLockServers = servers if servers is not None else _Absent("lock servers")
         self._loader: Callable[[], Awaitable[Any]] = loader if loader is not None else _Absent("loader")  # type: ignore[assignment]
+        self._renewal: AsyncRenewable = renewal if renewal is not None else self._store
         self._subscription: AsyncSubscription | None = None
 
     def __enter__(self) -> AsyncPerformer:
@@ -242,7 +263,7 @@ class AsyncPerformer:
                 with loading(lease.keys.value):
                     if not leased:
                         return await self._loader()
-                    renewal = asyncio.ensure_future(keep_renewed(store, lease.keys, lease.token, lease.ms))
+                    renewal = asyncio.ensure_future(keep_renewed(self._renewal, lease.keys, lease.token, lease.ms))
                     try:
                         return await self._loader()
                     finally:
@@ -257,5 +278,8 @@ class AsyncPerformer:
                 return await self._servers.release(keys, token)
             case ServersDrop(keys=keys):
                 return await self._servers.drop(keys)
+            case ServersWatch(keys=keys):
+                wake = _waker(self._subscription)
+                return None if wake is None else await cast(AsyncWatchingServers, self._servers).watch(keys, wake)
             case _:
                 unreachable(effect)

@@ -10,10 +10,25 @@ import pytest
 from stampede import BackendUnavailable, SerializationError, ValueTooLarge, WaitTimeout
 from stampede._core.codec import Codec
 from stampede._core.config import Settings
-from stampede._core.effects import LEASE_MARGIN, Acquire, AwaitNotice, Load, Release, Subscribe, WriteRelease
-from stampede._core.flow import Context, Miss, after_wait_timeout, failed_read, fill
+from stampede._core.effects import (
+    LEASE_MARGIN,
+    Acquire,
+    AwaitNotice,
+    Lease,
+    Load,
+    ReadValue,
+    Release,
+    ServersRelease,
+    ServersTake,
+    ServersWatch,
+    Subscribe,
+    WriteRelease,
+)
+from stampede._core.flow import Context, Miss, after_wait_timeout, failed_read, fill, produces_value
 from stampede._core.keys import EntryKeys
-from stampede._core.store import AcquireReply, LockState, Written
+from stampede._core.majority import Quorum, RedlockLeases
+from stampede._core.sessions import SessionLeases
+from stampede._core.store import AcquireReply, LockState, Round, Written
 from stampede._drivers.observe import Events, RateLimitedLog
 
 CODEC = Codec()
@@ -489,3 +504,53 @@ def test_an_observer_without_the_three_methods_is_refused() -> None:
     ctx, _ = make_ctx()
     with pytest.raises(ConfigError, match="has no ended"):
         ctx.events.add(type("Half", (), {"count": lambda *a: None, "began": lambda *a: None})())  # type: ignore[attr-defined]
+
+
+# --- the flow over a lease policy (``_core.leases``) ---------------------------------------
+
+
+def test_on_redlock_the_flow_takes_the_majority_then_the_cache_key_and_releases_after_the_write() -> None:
+    """One loop, one flow: the policy's steps are the flow's, composed with ``yield from``."""
+    ctx, _ = make_ctx(jitter=0)
+    ctx.leases = RedlockLeases(Quorum(3, 0.0)).bind(Lease(KEYS, "t", 9_000))
+    servers = KEYS.on_lock_servers
+    step = Stepper(fill(ctx))
+    assert step.effect == ServersTake(servers, "t", 9_000)
+    assert step.reply(Round(3, 0)) == Acquire(check_value=True)
+    assert step.reply(LOCKED) == Load(leased=True)
+    assert isinstance(step.reply({"a": 1}), WriteRelease)
+    assert step.reply(Written.YES) == ServersRelease(servers, "t")  # after the write, which woke the waiters
+    step.reply(Round(3, 0))
+    assert step.done and step.result == {"a": 1}
+
+
+def test_on_redlock_an_interrupted_take_releases_the_majority_and_the_cache_key() -> None:
+    ctx, _ = make_ctx()
+    ctx.leases = RedlockLeases(Quorum(3, 0.0)).bind(Lease(KEYS, "t", 9_000))
+    servers = KEYS.on_lock_servers
+    step = Stepper(fill(ctx))
+    step.reply(Round(3, 0))
+    assert step.fail(KeyboardInterrupt()) == ServersRelease(servers, "t")  # the policy's own undo
+    assert step.reply(Round(3, 0)) == ServersRelease(servers, "t")  # then the flow's release, by token
+    assert step.reply(Round(3, 0)) == Release()
+    with pytest.raises(KeyboardInterrupt):
+        step.reply(True)
+
+
+def test_a_zookeeper_waiter_also_watches_the_holders_node() -> None:
+    ctx, _ = make_ctx(wait_timeout=30, recheck_interval=10)
+    ctx.leases = SessionLeases(Quorum(1, 0.0)).bind(Lease(KEYS, "t", 9_000))
+    step = Stepper(fill(ctx))
+    step.reply(Round(0, 0, lease_left=4.0))  # another holder's node is the lowest
+    assert step.effect == ReadValue()  # refused: a holder writes before it releases, so read
+    assert step.reply(None) == Subscribe()
+    assert step.reply(None) == ServersWatch(KEYS.on_lock_servers)  # a holder whose session ends wakes us
+
+
+def test_lock_server_commands_never_count_as_producing_the_value() -> None:
+    """Redlock releases its majority after the write: a caller who arrived during that
+    release must not be handed the value written before it arrived (``_core.flight``)."""
+    servers = KEYS.on_lock_servers
+    for effect in (ServersTake(servers, "t", 1), ServersRelease(servers, "t"), ServersWatch(servers)):
+        assert not produces_value(effect)
+    assert produces_value(ReadValue()) and produces_value(Acquire())

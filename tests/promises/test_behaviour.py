@@ -15,7 +15,6 @@ import pytest
 from stampede import SerializationError, Stampede, ValueTooLarge, WaitTimeout
 from stampede._backends.memory.store import MemoryStore
 from stampede._core.keys import EntryKeys
-from stampede._drivers.redlock_store import RedlockStore
 
 from ..modes import Blocking, Database, OnALoop, hammer, returning_errors
 
@@ -234,12 +233,13 @@ def test_corrupt_bytes_at_a_key_are_a_miss(layer_of_each_backend: Callable[..., 
 def lock_is_held(layer: Stampede, value_key: str) -> bool:
     """Whether a lease of the entry is left anywhere: on the cache server, in the embedded
     store, or (a Redlock layer) on any lock server."""
+    assert layer._runner is not None
     store: Any = layer._runner.store
-    if isinstance(store, RedlockStore):
+    servers = layer._runner.leases.servers
+    if servers is not None:  # Redlock's, or ZooKeeper's
         on_servers = EntryKeys.for_value(value_key).on_lock_servers
-        if any(token is not None for token in store.servers.holders(on_servers)):
+        if any(token is not None for token in servers.holders(on_servers)):
             return True
-        store = store.cache
     lock_key = value_key + ":lock"
     if hasattr(store, "client"):
         return bool(store.client.exists(lock_key))

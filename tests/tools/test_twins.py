@@ -24,7 +24,6 @@ from stampede._backends.redis.store import RedisStore
 from stampede._backends.zookeeper.locks import AsyncZooKeeperLockStore, ZooKeeperLockStore
 from stampede._core.store import AsyncLockServers, AsyncStore, LockServers, Store
 from stampede._drivers.perform import AsyncPerformer, Performer
-from stampede._drivers.redlock_store import AsyncRedlockStore, AsyncZooKeeperStore, RedlockStore, ZooKeeperStore
 
 # Names that differ between the two worlds only by being blocking or asyncio.
 _ASYNC_WORDS = re.compile(r"\bAsync")
@@ -44,10 +43,8 @@ STORE_PAIRS = [
     (Store, AsyncStore),
     (RedisStore, AsyncRedisStore),
     (MemoryStore, AsyncMemoryStore),
-    (RedlockStore, AsyncRedlockStore),
     (LockServers, AsyncLockServers),
     (RedisLockServers, AsyncRedisLockServers),
-    (ZooKeeperStore, AsyncZooKeeperStore),
 ]
 # The optional extras' backends, where they are installed (the dev extra has them).
 if importlib.util.find_spec("psycopg") and importlib.util.find_spec("psycopg_pool"):
@@ -67,8 +64,10 @@ from stampede._backends.redis.notify import Subscriber  # noqa: E402
 from stampede._backends.redis.shards import ShardedSubscriber  # noqa: E402
 from stampede._drivers.aio import AsyncRunner  # noqa: E402
 from stampede._drivers.blocking import SyncRunner  # noqa: E402
+from stampede._drivers.leases import AsyncLeases, Leases  # noqa: E402
 from stampede._drivers.singleflight import AsyncFlightTable, FlightTable  # noqa: E402
 
+from ..leased import AsyncLeasedStore, LeasedStore  # noqa: E402
 from ..twin_bodies import current, recorded, recorded_on, this_python  # noqa: E402
 
 # The pairs written line for line alike. Not here: the contracts (protocols, bodies
@@ -80,6 +79,8 @@ BODY_PAIRS = [
     (Subscriber, AsyncSubscriber),
     (ShardedSubscriber, AsyncShardedSubscriber),
     (SyncRunner, AsyncRunner),
+    (Leases, AsyncLeases),
+    (LeasedStore, AsyncLeasedStore),
     (FlightTable, AsyncFlightTable),
     (CachedLoader, AsyncCachedLoader),
 ]
@@ -120,7 +121,7 @@ def test_store_twins_have_the_same_methods_and_signatures(blocking: type, asynci
         assert _shape(getattr(blocking, name)) == _shape(getattr(asyncio_twin, name)), name
 
 
-@pytest.mark.parametrize("implementation", [RedisStore, MemoryStore, RedlockStore], ids=lambda cls: cls.__name__)
+@pytest.mark.parametrize("implementation", [RedisStore, MemoryStore], ids=lambda cls: cls.__name__)
 def test_every_store_implements_the_contract_with_its_signatures(implementation: type) -> None:
     for name in sorted(_public_methods(Store)):
         assert _shape(getattr(implementation, name)) == _shape(getattr(Store, name)), name

@@ -194,6 +194,9 @@ class AsyncZooKeeperLockServers:
     async def holders(self, keys: EntryKeys) -> list[bytes | None]:
         return await asyncio.to_thread(self.servers.holders, keys)
 
+    async def watch(self, keys: EntryKeys, wake: Callable[[], None]) -> None:
+        await asyncio.to_thread(self.servers.watch, keys, wake)
+
     async def aclose(self) -> None:
         pass
 
