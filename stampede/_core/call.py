@@ -62,13 +62,14 @@ class Joiner:
       did (see ``_core.flight``).
     """
 
-    __slots__ = ("_clock", "_events", "_joined_at", "_key", "_spec", "deadline", "early", "wait")
+    __slots__ = ("_clock", "_events", "_joined_at", "_spec", "deadline", "early", "wait")
 
     def __init__(
         self, key: str, spec: LoaderSpec, events: JoinReporter, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        refuse_recursion(key)  # before the wait is reported begun: a recursion never waits
-        self._key = key
+        # Once, before the wait is reported begun: a recursion never waits. Whether this
+        # context runs the key's loader does not change while the call waits.
+        refuse_recursion(key)
         self._spec = spec
         self._events = events
         self._clock = clock
@@ -79,7 +80,6 @@ class Joiner:
 
     def joins(self, flight: Flight) -> float:
         """The caller is about to wait for ``flight``: the seconds it may wait."""
-        refuse_recursion(self._key)
         self._joined_at = None if self.early else flight.sent
         return max(0.0, self.deadline - self._clock())
 
