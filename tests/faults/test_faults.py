@@ -37,6 +37,7 @@ from ..scenarios import commands_run, parked_in, wait_until
 KEY, LOCK = "proc:{item:0}", "proc:{item:0}:lock"
 
 
+@pytest.mark.timing
 def test_a_holder_paused_past_its_lease_neither_overwrites_nor_releases_anothers_lock(
     redis_url: str, redis_client: redis.Redis, make_layer: Callable[..., Stampede], figures: Callable[..., None]
 ) -> None:
