@@ -199,8 +199,8 @@ def _with_zookeeper(backend: Backend, zookeeper: Any) -> None:
     if backend.make_async_store is not None:
         backend.make_async_lock_servers = functools.partial(AsyncZooKeeperLockServers, servers)
     queue, wakers = ZooKeeperQueue(servers), Wakers()
-    backend.named_lock_store = functools.partial(_zookeeper_lock_store, ZooKeeperLockStore, queue, wakers)
-    backend.async_named_lock_store = functools.partial(_zookeeper_lock_store, AsyncZooKeeperLockStore, queue, wakers)
+    backend.named_lock_store = functools.partial(ZooKeeperLockStore, queue=queue, wakers=wakers)
+    backend.async_named_lock_store = functools.partial(AsyncZooKeeperLockStore, queue=queue, wakers=wakers)
     backend.lock_queue = queue  # ZooKeeper's line is fair
     if owned:
 
@@ -209,10 +209,6 @@ def _with_zookeeper(backend: Backend, zookeeper: Any) -> None:
             client.close()
 
         backend.close_first.append(stop)
-
-
-def _zookeeper_lock_store(kind: Any, queue: Any, wakers: Any, store: Any) -> Any:
-    return kind(store, queue, wakers)
 
 
 __all__ = [

@@ -430,9 +430,8 @@ class Stampede:
         left alone, as they would be by an invalidation a moment earlier. A pattern that
         names one entry (no wildcard, every field given) invalidates it with no scan, and
         counts 1."""
-        self._blocking_store("invalidate_matching", "ainvalidate_matching")
-        assert self._runner is not None
-        invalidate = self._runner.invalidate  # as the layer's lease policy drops leases
+        # Each as invalidate() does it: by the layer's lease policy (Redlock's majority first).
+        invalidate = self._blocking_runner("invalidate_matching", "ainvalidate_matching").invalidate
         exact = entry_pattern(pattern, fields).exact_key(self.namespace, self.settings.max_key_length)
         keys = [exact] if exact is not None else self.matching(pattern, **fields)
         for value_key in keys:
@@ -444,9 +443,7 @@ class Stampede:
 
     async def ainvalidate_matching(self, pattern: str, **fields: Any) -> int:
         """``invalidate_matching()`` with this event loop's client."""
-        self._loop_store("ainvalidate_matching", "invalidate_matching")
-        assert self._async_runner is not None
-        invalidate = self._async_runner.invalidate  # as the layer's lease policy drops leases
+        invalidate = self._loop_runner("ainvalidate_matching", "invalidate_matching").invalidate
         exact = entry_pattern(pattern, fields).exact_key(self.namespace, self.settings.max_key_length)
         keys = [exact] if exact is not None else await self.amatching(pattern, **fields)
         for value_key in keys:
@@ -456,15 +453,21 @@ class Stampede:
                 self._forget(value_key)
         return len(keys)
 
-    def _blocking_store(self, method: str, twin: str) -> Store:
+    def _blocking_runner(self, method: str, twin: str) -> SyncRunner:
         if self._runner is None:
             raise ConfigError(f"{method}() needs a blocking client: use {twin}() in the event loop")
-        return self._runner.store
+        return self._runner
 
-    def _loop_store(self, method: str, twin: str) -> AsyncStore:
+    def _blocking_store(self, method: str, twin: str) -> Store:
+        return self._blocking_runner(method, twin).store
+
+    def _loop_runner(self, method: str, twin: str) -> AsyncRunner:
         if self._async_runner is None:
             raise ConfigError(f"{method}() needs an asyncio client: use {twin}()")
-        return self._async_runner.loop_store()
+        return self._async_runner
+
+    def _loop_store(self, method: str, twin: str) -> AsyncStore:
+        return self._loop_runner(method, twin).loop_store()
 
     def stats(self) -> dict[str, int]:
         """Counters since the layer was made, blocking and async callers together: hits,

@@ -13,7 +13,10 @@ Run it over a backend from a test module of your own, with pytest::
         return make
 
 ``contract_layer`` makes a ``Stampede`` over the backend, taking layer options
-(``namespace=``). The suite asks for its blocking store and one event loop's store.
+(``namespace=``). The suite asks for its blocking store and one event loop's store, and
+sees each through ``contract_view`` (as it is, unless that fixture is overridden: a
+layer whose leases are also held elsewhere, by a lease policy, is checked through a view
+whose leased methods are the policy's decisions).
 Call ``pytest.register_assert_rewrite("stampede.testing.contract")`` in your
 conftest.py first, so that a failed assertion shows its values.
 
