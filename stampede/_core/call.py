@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 from .codec import NOT_A_VALUE
 from .flight import Flight, refuse_recursion, take_shared
-from .flow import FailedRead, LoaderSpec, Miss, WarningLog, first_read, fresh_read
+from .flow import FailedRead, LoaderSpec, Miss, WarningLog, fresh_read, past_the_hit
 from .freshness import Served, Stale
 from .observer import Reporter, Wait
 
@@ -119,7 +119,7 @@ def read_found(
     key: str,
     random: Callable[[], float],
 ) -> Any:
-    """What the leader's first read means (``flow.first_read``, or ``flow.fresh_read``
+    """What the leader's first read means (``flow.first_read``'s, or ``flow.fresh_read``
     for a loader with freshness settings, whose read also returned ``ttl_left`` and
     ``failing``). One of:
 
@@ -130,12 +130,12 @@ def read_found(
     The flight keeps the bytes read, and whether its value is stale."""
     flight.raw = raw
     if not spec.reads_ttl:
-        if raw is not None:  # a hit, decided here: one frame less on the hot path than first_read
+        if raw is not None:  # a hit, as first_read decides it, here: one frame less on the hot path
             value = spec.codec.decode_hit(raw)
             if value is not NOT_A_VALUE:
                 events.incr("hits")
                 return value
-        return first_read(raw, spec.codec, events, warn, key)  # the null sentinel, a corrupt value, a miss
+        return past_the_hit(raw, spec.codec, events, warn, key)  # the null sentinel, a corrupt value, a miss
     found = fresh_read(raw, ttl_left, failing, spec, events, warn, key, random)
     if isinstance(found, Served):
         flight.stale = found.stale

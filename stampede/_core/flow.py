@@ -180,12 +180,20 @@ class FailedRead:
 
 def first_read(raw: bytes | None, codec: Codec, events: Reporter, warn: WarningLog, key: str) -> Any:
     """What a call's first read found: the value to return (None for the null sentinel),
-    or a ``Miss``. Drivers perform the read and call this. A hit never enters the flow."""
+    or a ``Miss``. A hit never enters the flow. (The drivers call ``_core.call.read_found``,
+    which decides a hit itself and the rest here, in ``past_the_hit``.)"""
     if raw is not None:
         value = codec.decode_hit(raw)
         if value is not NOT_A_VALUE:
             events.incr("hits")
             return value
+    return past_the_hit(raw, codec, events, warn, key)
+
+
+def past_the_hit(raw: bytes | None, codec: Codec, events: Reporter, warn: WarningLog, key: str) -> Any:
+    """``first_read`` for what ``Codec.decode_hit`` did not take: the null sentinel (None),
+    or a ``Miss`` (nothing at the key, or unreadable bytes)."""
+    if raw is not None:
         decoded = codec.decode(raw)
         if decoded.kind is Kind.NULL:
             events.incr("null_hits")
