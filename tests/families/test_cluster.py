@@ -225,6 +225,25 @@ def test_named_locks_and_clear_work_on_a_cluster(make_cluster_layer: Callable[..
     assert db.calls[3] == 2
 
 
+class WaitsBegun:
+    """An observer counting the waits that began, in every layer it is added to."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.begun = 0
+
+    def count(self, namespace: str, event: str, n: int) -> None:
+        pass
+
+    def began(self, namespace: str, measure: str) -> None:
+        if measure == "wait":
+            with self._lock:
+                self.begun += 1
+
+    def ended(self, namespace: str, measure: str, outcome: str, seconds: float) -> None:
+        pass
+
+
 def start_stampede(
     layers: list[Stampede], db: CountingLoader, threads_per_layer: int
 ) -> tuple[list[threading.Thread], list[tuple[Any, float]]]:
@@ -261,11 +280,16 @@ def test_a_primary_killed_mid_stampede_fails_over_and_caching_resumes(own_cluste
         owner = own_cluster.owner(key_name)
         replica = own_cluster.replicas[own_cluster.primaries.index(owner)]
         loaders = [layer.cached_loader("item:{key}")(db) for layer in layers]
+        waits = WaitsBegun()
+        for layer in layers:
+            layer.observe(waits)
         threads, outcomes = start_stampede(layers, db, 8)
         assert db.started.wait(10)
-        until(
-            lambda: sum(layer.stats()["lock_waits"] for layer in layers) >= 1
-        )  # one layer waits on the other in Redis
+        # Every caller is in before the kill: 7 joiners in each process, and the other
+        # process's leader waiting on the holder in Redis. A caller still starting when
+        # the load ended would find no flight and the primary gone, and load on its own.
+        until(lambda: waits.begun == 2 * 8 - 1)
+        assert sum(layer.stats()["lock_waits"] for layer in layers) == 1
         owner.kill()
         killed = time.monotonic()
         db.release.set()
