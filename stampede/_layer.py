@@ -35,6 +35,7 @@ from ._drivers.observe import Events, RateLimitedLog
 from ._drivers.watchdog import Watchdog
 from ._errors import ConfigError
 from ._loader import AsyncCachedLoader, CachedLoader, P
+from ._loader_many import AsyncCachedManyLoader, CachedManyLoader, ManyKeys
 from ._lock import Lock, ReentrantHolds
 from ._redlock import Redlock
 
@@ -294,6 +295,60 @@ class Stampede:
                 raise ConfigError(f"a key template must be a str, got {template!r}")
             return LoaderDecorator(self, None, settings, codec)(template)  # bare @cached_loader
         return LoaderDecorator(self, template, settings, codec)
+
+    def cached_loader_many(
+        self,
+        template: str,
+        *,
+        batch: str | None = None,
+        max_batch: int | None = None,
+        ttl: float | None = None,
+        null_ttl: float | None = None,
+        lock_ttl: float | None = None,
+        wait_timeout: float | None = None,
+        on_wait_timeout: Policy | None = None,
+        on_backend_error: Policy | None = None,
+        max_value_bytes: int | None = None,
+        stale_while_revalidate: float | None = None,
+        stale_if_error: float | None = None,
+        early_refresh: float | None = None,
+        stale_retry_interval: float | None = None,
+        near_cache: NearMode | None = None,
+        near_ttl: float | None = None,
+        serializer: Serializer | None = None,
+    ) -> ManyLoaderDecorator:
+        """Decorate a loader of many ids, plain or ``async def``: it takes a collection of
+        ids (its parameter ``batch``, by default the one the template leaves out) and
+        returns a mapping of id to value. ``template`` names one id's entry
+        (``"product:{product_id}"``), the same entry ``cached_loader`` with that template
+        names. A call reads every entry in one round trip and loads the missing ones in
+        one call, each loaded once across callers and processes. Requests larger than
+        ``max_batch`` are split. Other settings as ``cached_loader``'s."""
+        settings = self.settings.replace(
+            ttl=ttl,
+            null_ttl=null_ttl,
+            lock_ttl=lock_ttl,
+            wait_timeout=wait_timeout,
+            on_wait_timeout=on_wait_timeout,
+            on_backend_error=on_backend_error,
+            stacklevel=3,
+            max_value_bytes=max_value_bytes,
+            stale_while_revalidate=stale_while_revalidate,
+            stale_if_error=stale_if_error,
+            early_refresh=early_refresh,
+            stale_retry_interval=stale_retry_interval,
+            near_cache=near_cache,
+            near_ttl=near_ttl,
+            max_batch=max_batch,
+        )
+        self._check_near(settings)
+        codec = self._codec if serializer is None else Codec(serializer)
+        if not isinstance(template, str):
+            raise ConfigError(
+                f'cached_loader_many takes a key template naming one id\'s entry, e.g. "product:{{product_id}}", '
+                f"got {template!r}"
+            )
+        return ManyLoaderDecorator(self, template, batch, settings, codec)
 
     def _check_near(self, settings: Settings) -> None:
         """Refuse ``near_cache`` where it cannot keep its promise (see docs/near-cache.md).
@@ -567,6 +622,43 @@ class LoaderDecorator:
         return CachedLoader(spec, layer._runner, keys, layer._forget, static)
 
 
+class ManyLoaderDecorator:
+    """What ``cached_loader_many(...)`` returns: applied to a plain function it makes a
+    ``CachedManyLoader``, to an ``async def`` an ``AsyncCachedManyLoader``."""
+
+    def __init__(self, layer: Stampede, template: str, batch: str | None, settings: Settings, codec: Codec) -> None:
+        self._layer = layer
+        self._template = template
+        self._batch = batch
+        self._settings = settings
+        self._codec = codec
+
+    def __call__(self, func: Callable[..., Any]) -> Any:
+        layer = self._layer
+        if isinstance(func, classmethod):
+            raise ConfigError(
+                f"cached_loader_many cannot decorate the classmethod {func.__func__.__qualname__}: write "
+                "@classmethod above @cached_loader_many"
+            )
+        static = isinstance(func, staticmethod)
+        if static:
+            func = func.__func__  # type: ignore[attr-defined]
+        if not callable(func):
+            raise ConfigError(f"cached_loader_many decorates a function, got {func!r}")
+        keys = ManyKeys(func, self._template, self._batch, layer.namespace, self._settings.max_key_length)
+        codec = self._codec
+        if isinstance(codec.serializer, TypedSerializer):
+            codec = Codec(codec.serializer.for_type(_value_type(func)))
+        spec = LoaderSpec(func, self._settings, codec)
+        if _is_async(func):
+            if layer._async_runner is None:
+                raise ConfigError(f"{func.__qualname__} is async, and this layer has no asyncio client")
+            return AsyncCachedManyLoader(spec, layer._async_runner, keys, layer._forget, static)
+        if layer._runner is None:
+            raise ConfigError(f"{func.__qualname__} is not async, and this layer has only an asyncio client")
+        return CachedManyLoader(spec, layer._runner, keys, layer._forget, static)
+
+
 def _typed_for(serializer: TypedSerializer, func: Callable[..., Any]) -> Serializer:
     """``serializer`` for the loader's return annotation (Any if it has none). An
     annotation that cannot be resolved is an error, unless the serializer has its type."""
@@ -581,6 +673,17 @@ def _typed_for(serializer: TypedSerializer, func: Callable[..., Any]) -> Seriali
             "give the serializer its type, e.g. serializer=MsgspecSerializer(Order)"
         )
     return typed
+
+
+def _value_type(func: Callable[..., Any]) -> Any:
+    """The value type of a many-key loader's return annotation (``dict[int, Product]``:
+    ``Product``), or Any."""
+    try:
+        annotation = typing.get_type_hints(func).get("return", Any)
+    except Exception:
+        return Any
+    arguments = typing.get_args(annotation)
+    return arguments[1] if len(arguments) == 2 else Any
 
 
 def _is_async(func: Callable[..., Any]) -> bool:

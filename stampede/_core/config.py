@@ -69,6 +69,9 @@ class Settings:
     decodes each hit into an object of the caller's own; "shared" hands every caller one object."""
     near_ttl: float = 30.0
     """A near-cache copy lives at most this long (and never past its value's freshness) before Redis is read."""
+    max_batch: int = 500
+    """A many-key call asks the loader for at most this many ids at once, and the store for as many entries in
+    one round trip; a larger request is split (under SQL's IN-list limits: Oracle's 1000, SQLite's old 999)."""
 
     @property
     def stale_window(self) -> float:
@@ -105,7 +108,7 @@ class Settings:
             if getattr(self, name) not in ("load", "raise"):
                 raise ConfigError(f'{name} must be "load" or "raise", got {getattr(self, name)!r}')
         for name, low in (("max_key_length", 64), ("inline_value_limit", 0), ("max_value_bytes", 64),
-                          ("breaker_threshold", 0)):  # fmt: skip
+                          ("breaker_threshold", 0), ("max_batch", 1)):  # fmt: skip
             check_count(name, getattr(self, name), low)
 
     def replace(self, *, stacklevel: int = 2, **changes: Any) -> Settings:

@@ -36,7 +36,7 @@ subscribed, so it goes to those who arrived before the subscription (``via_notic
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -135,6 +135,16 @@ def refuse_recursion(key: str) -> None:
 def loading(key: str) -> Iterator[None]:
     """Mark ``key``'s loader as running in this context while the block runs."""
     token = _loading.set(_loading.get() | {key})
+    try:
+        yield
+    finally:
+        _loading.reset(token)
+
+
+@contextmanager
+def loading_all(keys: Iterable[str]) -> Iterator[None]:
+    """``loading`` for a many-key loader's call: every key it loads."""
+    token = _loading.set(_loading.get().union(keys))
     try:
         yield
     finally:

@@ -35,6 +35,8 @@ DESCRIPTIONS: dict[str, str] = {  # what each counter counts (the help text of e
     "null_hits": "A read found the null sentinel: the loader had returned None",
     "misses": "A read found nothing usable",
     "loads": "The loader was called",
+    "batch_reads": "A many-key call read the entries it leads together (hits and misses count each entry)",
+    "batch_loads": "A many-key loader was called (loads counts each id it was asked for)",
     "collapsed": "A caller shared another caller's read or load in this process instead of its own",
     "lock_waits": "A caller found the distributed lock held by another process and waited",
     "takeovers": "A waiter took the lock after the holder's lease ran out",

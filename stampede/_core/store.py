@@ -16,15 +16,23 @@ library, of threading or of asyncio. Backends implement it, drivers call it.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from .._errors import BackendUnavailable
 from .keys import EntryKeys
 
 FAILED_HOLD = "!failed"
 """What a lock key holds during a failed load's hold (``Store.hold``), in every backend
 (the Redis scripts spell it out); never a token, which is hex."""
+
+
+AcquireCall = tuple[EntryKeys, str, int, bool, bytes]
+"""One entry's ``Store.acquire`` in ``Store.acquire_many``: keys, token, lease_ms, check_value, stale."""
+
+WriteCall = tuple[EntryKeys, str, bytes, int, bool]
+"""One entry's ``Store.write_release`` in ``Store.write_release_many``: keys, token, envelope, ttl_ms, inline."""
 
 
 class LockState(enum.Enum):
@@ -100,6 +108,22 @@ class Store(Protocol):
         clock (-1: no expiry), and, if ``failing`` asks, whether the entry is marked failing
         (``hold``, else False), read in one round trip."""
 
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """``get`` of each of ``keys`` (at least one), in one round trip per server where
+        the store can: a many-key call's first read."""
+
+    def get_many_with_ttl(self, keys: Sequence[str], failing: bool = False) -> list[tuple[bytes | None, float, bool]]:
+        """``get_with_ttl`` of each of ``keys``, together."""
+
+    def acquire_many(self, calls: Sequence[AcquireCall]) -> list[AcquireReply | BackendUnavailable]:
+        """``acquire`` for each call (keys, token, lease_ms, check_value, stale), together.
+        An entry's failure is its ``BackendUnavailable`` in its place. A failure of them
+        all (the server unreachable) is raised."""
+
+    def write_release_many(self, calls: Sequence[WriteCall]) -> list[Written | BackendUnavailable]:
+        """``write_release`` for each call (keys, token, envelope, ttl_ms, inline),
+        together, each answered as ``acquire_many`` answers."""
+
     def acquire(
         self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
     ) -> AcquireReply:
@@ -166,6 +190,16 @@ class AsyncStore(Protocol):
     async def get(self, key: str) -> bytes | None: ...
 
     async def get_with_ttl(self, key: str, failing: bool = False) -> tuple[bytes | None, float, bool]: ...
+
+    async def get_many(self, keys: Sequence[str]) -> list[bytes | None]: ...
+
+    async def get_many_with_ttl(
+        self, keys: Sequence[str], failing: bool = False
+    ) -> list[tuple[bytes | None, float, bool]]: ...
+
+    async def acquire_many(self, calls: Sequence[AcquireCall]) -> list[AcquireReply | BackendUnavailable]: ...
+
+    async def write_release_many(self, calls: Sequence[WriteCall]) -> list[Written | BackendUnavailable]: ...
 
     async def acquire(
         self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""

@@ -21,10 +21,11 @@ import functools
 import random
 import secrets
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._core.batch import together
 from .._core.call import DECIDED, Joiner, Outcome, read_found
 from .._core.effects import Effect, Lease, milliseconds
 from .._core.flight import Flight, refuse_recursion
@@ -41,10 +42,13 @@ from .._core.flow import (
 from .._core.freshness import Served
 from .._core.keys import EntryKeys
 from .._core.leases import ONE_SERVER, LeasePolicy
+from .._core.many import failed_reads, read_many
 from .._core.store import AsyncLockServers, AsyncStore
 from .._errors import BackendUnavailable
 from .._fork import reset_after_fork
+from .batch import AsyncBatchPerformer, Entry, new_entry, performers_for
 from .leases import AsyncLeases
+from .many import aone_of, batch_name, finish_all, first_failure, refreshed
 from .near import MISSING, NearCache
 from .observe import Events, RateLimitedLog
 from .perform import AsyncPerformer, arun
@@ -185,6 +189,134 @@ class AsyncRunner:
         ctx = self._context(value_key, spec)
         loader = functools.partial(spec.func, *args, **kwargs)
         return await self._drive(fill(ctx, found), ctx, loader, state, flight)
+
+    async def call_many(
+        self, keys: Sequence[str], spec: LoaderSpec, load: Callable[[list[int]], Awaitable[list[Any]]]
+    ) -> list[Any]:
+        """The values of many entries, as ``SyncRunner.call_many``, for the tasks of this loop."""
+        values: list[Any] = [MISSING] * len(keys)
+        near = self.near if spec.near else None
+        if near is not None:
+            for index, key in enumerate(keys):
+                values[index] = near.get(key, spec.codec, spec.near_shared)
+        state = self._state()
+        led: dict[int, Flight] = {}
+        joined: list[int] = []
+        for index, key in enumerate(keys):
+            if values[index] is MISSING:
+                flight, leads = state.flights.join(key)
+                if leads:
+                    led[index] = flight
+                else:
+                    joined.append(index)
+        if led:
+            await self._lead_many(keys, spec, load, led, values, state)
+        for index in joined:  # in flight here: waited for as a single call waits, once this call's own are done
+            values[index] = await self.call(keys[index], aone_of(spec, load, index), (), {})
+        return values
+
+    async def _lead_many(
+        self,
+        keys: Sequence[str],
+        spec: LoaderSpec,
+        load: Callable[[list[int]], Awaitable[list[Any]]],
+        led: dict[int, Flight],
+        values: list[Any],
+        state: LoopState,
+    ) -> None:
+        """``SyncRunner._lead_many``, awaited."""
+        flights, unfinished = state.flights, dict(led)
+        try:
+            led_keys = [keys[index] for index in led]
+            for flight in led.values():
+                flight.sent, flight.codec = 1, spec.codec
+            try:
+                if spec.reads_ttl:
+                    reads = await state.store.get_many_with_ttl(led_keys, spec.reads_failing)
+                else:
+                    reads = [(raw, -1.0, False) for raw in await state.store.get_many(led_keys)]
+            except BackendUnavailable as error:
+                self._events.incr("batch_reads")
+                found = failed_reads(list(led), self._events, self._warn, error)
+            else:
+                self._events.incr("batch_reads")
+                found = read_many(
+                    list(led), list(led.values()), spec, reads, led_keys, self._events, self._warn, random.random
+                )
+            for index, value in found.values.items():
+                values[index] = value
+                flights.finish(keys[index], unfinished.pop(index), value=value)
+            if found.refreshes:
+                self._refresh_many(state, keys, spec, load, found.refreshes)
+            if not found.misses:
+                return
+            for index in found.misses:
+                refuse_recursion(keys[index])
+            entries = [
+                new_entry(index, self._context(keys[index], spec), state.leases.policy, led[index])
+                for index in found.misses
+            ]
+            flows = [fill(entry.ctx, found.misses[entry.position]) for entry in entries]
+            outcomes = await self._drive_many(flows, entries, load, state)
+            failure = finish_all(flights, keys, entries, outcomes, unfinished, values)
+            if failure is not None:
+                raise failure
+        except BaseException as error:
+            for index, flight in unfinished.items():
+                flights.finish(keys[index], flight, error=error)
+            raise
+
+    def _refresh_many(
+        self,
+        state: LoopState,
+        keys: Sequence[str],
+        spec: LoaderSpec,
+        load: Callable[[list[int]], Awaitable[list[Any]]],
+        served: dict[int, Served],
+    ) -> None:
+        """Start one background refresh of every stale entry ``served`` in a task of this
+        loop: one loader call (``_refresh``'s rules)."""
+        name = batch_name(keys, served)
+        if name in state.refreshes:
+            return
+        if len(state.refreshes) >= self._refresh_limit:
+            self._events.incr("refreshes_skipped")
+            return
+        entries = [new_entry(index, self._context(keys[index], spec), state.leases.policy, None) for index in served]
+        flows = [refresh(entry.ctx, *refreshed(served[entry.position])) for entry in entries]
+
+        async def work() -> None:
+            try:
+                failure = first_failure(await self._drive_many(flows, entries, load, state))
+                if failure is not None:
+                    raise failure
+            except Exception as error:
+                warn_refresh_raised(self._warn, name, error)
+            finally:
+                state.refreshes.pop(name, None)
+
+        task = contextvars.Context().run(asyncio.get_running_loop().create_task, work())
+        state.refreshes[name] = task
+        early = sum(1 for found in served.values() if found.early)
+        if early:
+            self._events.incr("early_refreshes", early)
+
+    async def _drive_many(
+        self,
+        flows: list[Flow],
+        entries: list[Entry],
+        load: Callable[[list[int]], Awaitable[list[Any]]],
+        state: LoopState,
+    ) -> list[Any]:
+        """``SyncRunner._drive_many``, awaited."""
+        leases = state.leases
+
+        def performer(entry: Entry) -> AsyncPerformer:
+            return AsyncPerformer(entry.lease, store=leases.store, servers=leases.servers, renewal=leases)
+
+        perform = AsyncBatchPerformer(entries, leases.store, load, leases, self._events)
+        with performers_for(entries, performer):
+            return await arun(together(flows), perform)
 
     async def _read_for_near(
         self, near: NearCache, store: AsyncStore, value_key: str, spec: LoaderSpec

@@ -6,9 +6,10 @@ from __future__ import annotations
 import functools
 import random
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from .._core.batch import together
 from .._core.call import DECIDED, Joiner, Outcome, read_found
 from .._core.effects import Effect, Lease, milliseconds
 from .._core.flight import Flight, refuse_recursion
@@ -25,9 +26,12 @@ from .._core.flow import (
 from .._core.freshness import Served
 from .._core.keys import EntryKeys
 from .._core.leases import ONE_SERVER, LeasePolicy
+from .._core.many import failed_reads, read_many
 from .._core.store import LockServers, Store
 from .._errors import BackendUnavailable
+from .batch import BatchPerformer, Entry, new_entry, performers_for
 from .leases import Leases
+from .many import batch_name, finish_all, first_failure, one_of, refreshed
 from .near import MISSING, NearCache
 from .observe import Events, RateLimitedLog
 from .perform import Performer, run
@@ -135,6 +139,112 @@ class SyncRunner:
         ctx = self._context(value_key, spec)
         loader = functools.partial(spec.func, *args, **kwargs)
         return self._drive(fill(ctx, found), ctx, loader, flight)
+
+    def call_many(self, keys: Sequence[str], spec: LoaderSpec, load: Callable[[list[int]], list[Any]]) -> list[Any]:
+        """The values of many entries, in the order of ``keys`` (see ``_core.many``).
+        ``load(positions)`` calls the loader with the ids at those positions of the call
+        and returns their values in that order."""
+        values: list[Any] = [MISSING] * len(keys)
+        near = self.near if spec.near else None
+        if near is not None:
+            for index, key in enumerate(keys):
+                values[index] = near.get(key, spec.codec, spec.near_shared)
+        led: dict[int, Flight] = {}
+        joined: list[int] = []
+        for index, key in enumerate(keys):
+            if values[index] is MISSING:
+                flight, done = self.flights.join(key)
+                if done is None:
+                    led[index] = flight
+                else:
+                    joined.append(index)
+        if led:
+            self._lead_many(keys, spec, load, led, values)
+        for index in joined:  # in flight here: waited for as a single call waits, once this call's own are done
+            values[index] = self.call(keys[index], one_of(spec, load, index), (), {})
+        return values
+
+    def _lead_many(
+        self,
+        keys: Sequence[str],
+        spec: LoaderSpec,
+        load: Callable[[list[int]], list[Any]],
+        led: dict[int, Flight],
+        values: list[Any],
+    ) -> None:
+        """Read the entries this call leads in one round trip, and fill their misses
+        together. Every flight it leads is finished, whatever happens."""
+        flights, unfinished = self.flights, dict(led)
+        try:
+            led_keys = [keys[index] for index in led]
+            for flight in led.values():
+                flight.sent, flight.codec = 1, spec.codec
+            try:
+                if spec.reads_ttl:
+                    reads = self.store.get_many_with_ttl(led_keys, spec.reads_failing)
+                else:
+                    reads = [(raw, -1.0, False) for raw in self.store.get_many(led_keys)]
+            except BackendUnavailable as error:
+                self._events.incr("batch_reads")
+                found = failed_reads(list(led), self._events, self._warn, error)
+            else:
+                self._events.incr("batch_reads")
+                found = read_many(
+                    list(led), list(led.values()), spec, reads, led_keys, self._events, self._warn, random.random
+                )
+            for index, value in found.values.items():
+                values[index] = value
+                flights.finish(keys[index], unfinished.pop(index), value=value)
+            if found.refreshes:
+                self._refresh_many(keys, spec, load, found.refreshes)
+            if not found.misses:
+                return
+            for index in found.misses:
+                refuse_recursion(keys[index])
+            entries = [
+                new_entry(index, self._context(keys[index], spec), self.leases.policy, led[index])
+                for index in found.misses
+            ]
+            outcomes = self._drive_many(
+                [fill(entry.ctx, found.misses[entry.position]) for entry in entries], entries, load
+            )
+            failure = finish_all(flights, keys, entries, outcomes, unfinished, values)
+            if failure is not None:
+                raise failure
+        except BaseException as error:
+            for index, flight in unfinished.items():
+                flights.finish(keys[index], flight, error=error)
+            raise
+
+    def _refresh_many(
+        self, keys: Sequence[str], spec: LoaderSpec, load: Callable[[list[int]], list[Any]], served: dict[int, Served]
+    ) -> None:
+        """Start one background refresh of every stale entry ``served``: one loader call."""
+        entries = [new_entry(index, self._context(keys[index], spec), self.leases.policy, None) for index in served]
+        flows = [refresh(entry.ctx, *refreshed(served[entry.position])) for entry in entries]
+
+        def work() -> None:
+            failure = first_failure(self._drive_many(flows, entries, load))
+            if failure is not None:
+                raise failure
+
+        early = sum(1 for found in served.values() if found.early)
+        if self.refresher.start(batch_name(keys, served), work) and early:
+            self._events.incr("early_refreshes", early)
+
+    def _drive_many(self, flows: list[Flow], entries: list[Entry], load: Callable[[list[int]], list[Any]]) -> list[Any]:
+        """Perform the flows together (``batch.together``): each entry's own steps on a
+        lease of its own, the rest in one round trip or one loader call."""
+        leases = self.leases
+
+        def performer(entry: Entry) -> Performer:
+            return Performer(
+                entry.lease, store=leases.store, servers=leases.servers, watchdog=self._watchdog, renewal=leases
+            )
+
+        perform = BatchPerformer(entries, leases.store, load, self._watchdog, leases, self._events)
+        with performers_for(entries, performer):
+            return run(together(flows), perform)
 
     def _read_for_near(self, near: NearCache, value_key: str, spec: LoaderSpec) -> tuple[bytes | None, float, bool]:
         """Read the value with its TTL, and copy it into the near cache unless an

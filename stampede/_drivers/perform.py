@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from typing import Any, TypeVar, cast
 
 from .._core.effects import (
     MUST_FINISH,
     Acquire,
     AwaitNotice,
-    Decision,
     Effect,
     Expire,
     Hold,
@@ -61,10 +60,12 @@ from .._core.store import (
 from .watchdog import Watchdog, keep_renewed
 
 T = TypeVar("T")
+E = TypeVar("E")  # what a decision yields: an Effect, or a batch's step
 
 
-def run(decision: Decision[T], perform: Callable[[Effect], Any]) -> T:
-    """Perform ``decision``'s effects with blocking calls. Return its outcome."""
+def run(decision: Generator[E, Any, T], perform: Callable[[E], Any]) -> T:
+    """Perform ``decision``'s effects (or a batch's steps: ``_core.batch``) with blocking
+    calls. Return its outcome."""
     reply: Any = None
     error: BaseException | None = None
     while True:
@@ -79,7 +80,7 @@ def run(decision: Decision[T], perform: Callable[[Effect], Any]) -> T:
             error = raised
 
 
-async def arun(decision: Decision[T], perform: Callable[[Effect], Awaitable[Any]]) -> T:
+async def arun(decision: Generator[E, Any, T], perform: Callable[[E], Awaitable[Any]]) -> T:
     """Perform ``decision``'s effects with awaits. Return its outcome."""
     reply: Any = None
     error: BaseException | None = None

@@ -20,10 +20,11 @@ from ..._core.keys import EntryKeys, entry_value_keys, failing_key
 from ..._core.store import FAILED_HOLD, AcquireReply, AsyncSubscription, LockState, Subscription, Written
 from ..._fork import reset_after_fork
 from ..channels import Mailbox, Waiting
+from ..each import AsyncOneByOne, OneByOne
 from ..mailbox import LoopMailbox, ThreadMailbox
 
 
-class MemoryStore:
+class MemoryStore(OneByOne):
     """A Store in memory. Thread-safe. Shared by every loader of one layer."""
 
     def __init__(self, max_entries: int = 10_000, clock: Callable[[], float] = time.monotonic) -> None:
@@ -213,7 +214,7 @@ class MemoryStore:
             mailbox.deliver(message)
 
 
-class AsyncMemoryStore:
+class AsyncMemoryStore(AsyncOneByOne):
     """The embedded store for asyncio callers: the same ``MemoryStore`` (so blocking and
     asyncio callers of one layer share entries, leases and wake-ups), its brief
     in-memory steps called directly from the loop."""

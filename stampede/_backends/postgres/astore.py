@@ -18,6 +18,7 @@ from ..._core.keys import EntryKeys, check_key, entry_value_keys, failing_key
 from ..._core.store import AcquireReply, AsyncSubscription, Written
 from ..._errors import BackendUnavailable
 from ..breaker import CircuitBreaker
+from ..each import AsyncOneByOne
 from ..mailbox import LoopMailbox
 from . import schema as sql
 from .store import (
@@ -101,7 +102,7 @@ class LoopConnections:
             await connection.close()
 
 
-class AsyncPostgresStore:
+class AsyncPostgresStore(AsyncOneByOne):
     """An ``AsyncStore`` in a PostgreSQL database, for the tasks of one event loop."""
 
     def __init__(

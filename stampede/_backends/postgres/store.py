@@ -35,6 +35,7 @@ from ..._errors import BackendUnavailable
 from ..._fork import reset_after_fork
 from ..breaker import CircuitBreaker
 from ..channels import Mailbox, Waiting
+from ..each import OneByOne
 from ..mailbox import ThreadMailbox
 from . import schema as sql
 
@@ -188,7 +189,7 @@ class PostgresListener:
             mailbox.deliver(b"")
 
 
-class PostgresStore:
+class PostgresStore(OneByOne):
     """A Store in a PostgreSQL database, over a psycopg 3 ``ConnectionPool``."""
 
     def __init__(

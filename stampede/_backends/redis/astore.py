@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
@@ -21,12 +21,14 @@ import redis
 
 from ..._core.keys import EntryKeys, check_key, entry_value_keys
 from ..._core.near import NearChannel
-from ..._core.store import AcquireReply, AsyncSubscription, LockState, Written
+from ..._core.store import AcquireCall, AcquireReply, AsyncSubscription, LockState, WriteCall, Written
 from ..._errors import BackendUnavailable
 from ..breaker import CircuitBreaker, NodeBreakers
+from . import batches
 from . import scripts as _scripts
 from .anotify import AsyncSubscriber
 from .ashards import AsyncShardedSubscriber
+from .replies import acquire_reply, queue_read_with_ttl, with_ttl
 from .store import (
     FAILURES,
     NOT_HEARD,
@@ -34,7 +36,6 @@ from .store import (
     EvictionCheck,
     Scripts,
     ack_route,
-    acquire_reply,
     breaker_for,
     check_client,
     failure,
@@ -42,12 +43,10 @@ from .store import (
     is_cluster,
     near_wait,
     new_nonce,
-    queue_read_with_ttl,
     refresh_route,
     torn_down_error,
     translated,
     warn_near,
-    with_ttl,
     without_blmpop,
 )
 
@@ -121,6 +120,53 @@ class AsyncRedisStore:
             raise failure(breaker, "read", key, torn_down_error(error)) from error
         breaker.succeeded()
         return with_ttl(raw, pttl, *marked)
+
+    async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """``RedisStore.get_many``, awaited."""
+        with self._translated("read", keys[0]):
+            if is_cluster(self.client):
+                return list(await self._send(keys[0], self.client.mget_nonatomic, keys))
+            return list(await self._send(keys[0], self.client.mget, keys))
+
+    async def get_many_with_ttl(
+        self, keys: Sequence[str], failing: bool = False
+    ) -> list[tuple[bytes | None, float, bool]]:
+        with self._translated("read", keys[0]):
+            pipeline = self.client.pipeline(transaction=False)
+            batches.queue_reads_with_ttl(pipeline, keys, failing)
+            replies = await self._send(keys[0], pipeline.execute)
+        return batches.reads_with_ttl(replies, failing)
+
+    async def acquire_many(self, calls: Sequence[AcquireCall]) -> list[AcquireReply | BackendUnavailable]:
+        replies = await self._run_scripts(
+            self._scripts.acquire, batches.acquire_calls(calls), "lock", calls[0][0].value
+        )
+        acquired = batches.acquire_replies(replies, calls, batches.error_reply)
+        if self.eviction.pending and any(getattr(reply, "state", None) is LockState.LOCKED for reply in acquired):
+            self.eviction.pending = False
+            self.eviction.found(await self.server_config())
+        return acquired
+
+    async def write_release_many(self, calls: Sequence[WriteCall]) -> list[Written | BackendUnavailable]:
+        replies = await self._run_scripts(
+            self._scripts.write_release, batches.write_calls(calls), "write", calls[0][0].value
+        )
+        return batches.write_replies(replies, calls, batches.error_reply)
+
+    async def _run_scripts(self, script: Any, calls: list[_scripts.Call], what: str, key: str) -> list[Any]:
+        """``RedisStore._run_scripts``, awaited."""
+        with self._translated(what, key):
+            pipeline = self.client.pipeline(transaction=False)
+            batches.queue_scripts(pipeline, script, calls)
+            replies: list[Any] = await self._send(key, pipeline.execute, raise_on_error=False)
+            unknown = batches.unknown_scripts(replies)
+            if unknown:
+                pipeline = self.client.pipeline(transaction=False)
+                batches.queue_evals(pipeline, script, calls, unknown)
+                again = await self._send(key, pipeline.execute, raise_on_error=False)
+                for index, reply in zip(unknown, again, strict=True):
+                    replies[index] = reply
+        return replies
 
     async def acquire(
         self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""

@@ -12,7 +12,7 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -21,13 +21,15 @@ import redis.asyncio.cluster
 import redis.cluster
 from redis.exceptions import NoScriptError, RedisError
 
-from ..._core.keys import EntryKeys, check_key, entry_value_keys, failing_key
+from ..._core.keys import EntryKeys, check_key, entry_value_keys
 from ..._core.near import AckWait, NearChannel, members_in, registry_problem
-from ..._core.store import AcquireReply, LockState, Subscription, Written
+from ..._core.store import AcquireCall, AcquireReply, LockState, Subscription, WriteCall, Written
 from ..._errors import BackendUnavailable, ConfigError
 from ..breaker import CircuitBreaker, NodeBreakers
+from . import batches
 from . import scripts as _scripts
 from .notify import Subscriber
+from .replies import acquire_reply, queue_read_with_ttl, with_ttl
 from .shards import ShardedSubscriber
 
 log = logging.getLogger("stampede.backend")
@@ -108,40 +110,6 @@ class EvictionCheck:
             log.warning("stampede: %s", warning)
 
 
-def acquire_reply(reply: Any) -> AcquireReply:
-    """The ACQUIRE script's reply as the flow's ``AcquireReply``."""
-    state = reply[0]
-    if state == 1:
-        return AcquireReply(LockState.VALUE, reply[1])
-    if state == 2:
-        return AcquireReply(LockState.LOCKED, fence=int(reply[1]) if len(reply) > 1 else 0)
-    failed = len(reply) > 2 and int(reply[2]) == 1
-    return AcquireReply(LockState.HELD, lease_left=max(int(reply[1]), 0) / 1000, failed=failed)
-
-
-def queue_read_with_ttl(pipeline: Any, key: str, failing: bool) -> Any:
-    """Queue the commands of ``Store.get_with_ttl`` on a pipeline, blocking or asyncio:
-    GET and PTTL of ``key``, and EXISTS of its failing marker if ``failing`` asks. The
-    pipeline's replies go to ``with_ttl``."""
-    pipeline.get(key)
-    pipeline.pttl(key)
-    if failing:
-        pipeline.exists(failing_key(key))
-    return pipeline
-
-
-def with_ttl(raw: Any, pttl: Any, failing: Any = 0) -> tuple[bytes | None, float, bool]:
-    """A GET and a PTTL of one key (and an EXISTS of its failing marker), sent together:
-    the value, its seconds left (-1: no expiry), and whether it is marked failing. They
-    are not one atomic step: a key deleted between them (PTTL -2) is read as absent. A key
-    rewritten between them pairs the old value with the new TTL, which serves a value
-    replaced a moment ago as fresh, as a GET sent a moment earlier would have."""
-    pttl = int(pttl)
-    if raw is None or pttl == -2:
-        return None, 0.0, False
-    return raw, -1.0 if pttl < 0 else pttl / 1000, bool(failing)
-
-
 def is_cluster(client: Any) -> bool:
     """Whether ``client`` is a Redis Cluster client, blocking or asyncio."""
     return isinstance(client, (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster))
@@ -191,14 +159,14 @@ class SlotScript:
 
     def __init__(self, client: Any, script: str) -> None:
         self._client = client
-        self._script = script
+        self.script = script
         self._sha = hashlib.sha1(script.encode()).hexdigest()  # Redis names scripts by their SHA-1
 
     def __call__(self, keys: list[str], args: list[Any]) -> Any:
         try:
             return self._client.evalsha(self._sha, len(keys), *keys, *args)
         except NoScriptError:
-            return self._client.eval(self._script, len(keys), *keys, *args)
+            return self._client.eval(self.script, len(keys), *keys, *args)
 
 
 class AsyncSlotScript(SlotScript):
@@ -208,7 +176,7 @@ class AsyncSlotScript(SlotScript):
         try:
             return await self._client.evalsha(self._sha, len(keys), *keys, *args)
         except NoScriptError:
-            return await self._client.eval(self._script, len(keys), *keys, *args)
+            return await self._client.eval(self.script, len(keys), *keys, *args)
 
 
 class Scripts:
@@ -394,6 +362,47 @@ class RedisStore:
             raise self._cut_short("read", key, error, breaker) from error
         breaker.succeeded()
         return with_ttl(raw, pttl, *marked)
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """The raw bytes at each of ``keys``: one MGET, or on a cluster one per slot."""
+        with self._translated("read", keys[0]):
+            if is_cluster(self.client):
+                return list(self.client.mget_nonatomic(keys))  # type: ignore[attr-defined]
+            return list(self.client.mget(keys))  # type: ignore[arg-type]
+
+    def get_many_with_ttl(self, keys: Sequence[str], failing: bool = False) -> list[tuple[bytes | None, float, bool]]:
+        with self._translated("read", keys[0]):
+            pipeline = self.client.pipeline(transaction=False)
+            batches.queue_reads_with_ttl(pipeline, keys, failing)
+            replies = pipeline.execute()
+        return batches.reads_with_ttl(replies, failing)
+
+    def acquire_many(self, calls: Sequence[AcquireCall]) -> list[AcquireReply | BackendUnavailable]:
+        replies = self._run_scripts(self._scripts.acquire, batches.acquire_calls(calls), "lock", calls[0][0].value)
+        acquired = batches.acquire_replies(replies, calls, batches.error_reply)
+        if self.eviction.pending and any(getattr(reply, "state", None) is LockState.LOCKED for reply in acquired):
+            self.eviction.pending = False
+            self.eviction.found(self.server_config())
+        return acquired
+
+    def write_release_many(self, calls: Sequence[WriteCall]) -> list[Written | BackendUnavailable]:
+        replies = self._run_scripts(self._scripts.write_release, batches.write_calls(calls), "write", calls[0][0].value)
+        return batches.write_replies(replies, calls, batches.error_reply)
+
+    def _run_scripts(self, script: Any, calls: list[_scripts.Call], what: str, key: str) -> list[Any]:
+        """Run ``script`` once per call in one pipeline (see ``batches``): the replies, an
+        error reply in place as an exception."""
+        with self._translated(what, key):
+            pipeline = self.client.pipeline(transaction=False)
+            batches.queue_scripts(pipeline, script, calls)
+            replies: list[Any] = pipeline.execute(raise_on_error=False)
+            unknown = batches.unknown_scripts(replies)
+            if unknown:
+                pipeline = self.client.pipeline(transaction=False)
+                batches.queue_evals(pipeline, script, calls, unknown)
+                for index, reply in zip(unknown, pipeline.execute(raise_on_error=False), strict=True):
+                    replies[index] = reply
+        return replies
 
     def acquire(
         self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""

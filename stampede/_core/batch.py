@@ -1,0 +1,144 @@
+"""Many flows driven as one (sans-IO): the misses of a many-key call, each entry's flow
+unchanged, with the steps that can go together performed together.
+
+A many-key loader's caller leads the flows of the entries it missed (``flow.fill``,
+``flow.refresh``: one per entry, each with its own lease). ``together`` steps them all
+and, whenever several ask for the same kind of step at once, yields that step once for
+all of them (``Each``): one round trip takes every lease (``Acquire``) or writes every
+value (``WriteRelease``), and one call of the loader loads every entry whose flow is at
+``Load``. Any other step is one flow's own (``One``).
+
+Rules of the order, so that one call of the loader covers every entry it can, and no
+two batches wait for each other:
+
+* A flow's own commands (subscribe, release, hold, lock servers) go first, then every
+  ``Acquire``, then every ``WriteRelease``, then every ``Load``, then ``Pause``. So when
+  the loader is called, every flow is loading, waiting, or done.
+* ``AwaitNotice`` goes last, one flow at a time: a caller waits for another holder only
+  once every entry it leads is loaded and written. Two batches that each lead what the
+  other waits for both load first, so neither waits on the other. Waiting for entries
+  one after the other costs the longest of their waits, not their sum: a notice that
+  comes in meanwhile is kept by its subscription.
+
+A flow that raises ends with its exception (``Failed``), not the batch. An interruption
+(a BaseException that is not an Exception: a cancelled task, a KeyboardInterrupt) is
+thrown into every flow still running, so each releases its own lease as a single call
+does, and then goes on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from .effects import Acquire, AwaitNotice, Decision, Effect, Load, Pause, WriteRelease
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class One:
+    """One flow's step. Reply: that step's reply (or its exception thrown in)."""
+
+    index: int
+    effect: Effect
+
+
+@dataclass(frozen=True, slots=True)
+class Each:
+    """The same kind of step (``Acquire``, ``WriteRelease`` or ``Load``) for several flows,
+    performed together. Reply: a list with, for each step in order, its reply or the
+    ``Failed`` it ended with. A failure of the whole round trip may be thrown in instead:
+    it is each step's."""
+
+    steps: tuple[One, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """A step's or a flow's exception, as a value."""
+
+    error: BaseException
+
+
+# A batch: yields steps, is sent their replies, returns its outcome.
+Steps = Generator[One | Each, Any, T]
+
+GROUPED = (Acquire, WriteRelease, Load)  # the kinds of step ``Each`` carries, in the order they go
+LAST = (Pause, AwaitNotice)  # the kinds that wait: after everything else
+
+
+def together(flows: Sequence[Decision[Any]]) -> Steps[list[Any]]:
+    """Drive ``flows`` together: the outcome of each, its value or the ``Failed`` it
+    raised, in order."""
+    outcomes: list[Any] = [None] * len(flows)
+    steps: dict[int, Effect] = {}  # each running flow's next step
+
+    def advance(index: int, reply: Any) -> None:
+        flow = flows[index]
+        try:
+            steps[index] = flow.throw(reply.error) if isinstance(reply, Failed) else flow.send(reply)
+        except StopIteration as stop:
+            del steps[index]
+            outcomes[index] = stop.value
+        except Exception as error:
+            del steps[index]
+            outcomes[index] = Failed(error)
+
+    for index in range(len(flows)):
+        steps[index] = None  # type: ignore[assignment]  # started by the first send
+        advance(index, None)
+    while steps:
+        batch = next_step(steps)
+        try:
+            if isinstance(batch, One):
+                try:
+                    reply = yield batch  # a batch performer performs it
+                except Exception as error:
+                    reply = Failed(error)
+                advance(batch.index, reply)
+                continue
+            try:
+                replies = yield batch
+            except Exception as error:
+                replies = [Failed(error)] * len(batch.steps)
+        except BaseException as interruption:  # not an Exception: every flow cleans up, then it goes on
+            for index in list(steps):
+                yield from _clean_up(flows[index], index, interruption)
+            raise
+        for step, reply in zip(batch.steps, replies, strict=True):
+            advance(step.index, reply)
+    return outcomes
+
+
+def next_step(steps: dict[int, Effect]) -> One | Each:
+    """What goes next, by the rules of the order."""
+    for index, effect in steps.items():
+        if not isinstance(effect, (*GROUPED, *LAST)):
+            return One(index, effect)
+    for kind in GROUPED:
+        group = tuple(One(index, effect) for index, effect in steps.items() if isinstance(effect, kind))
+        if group:
+            return Each(group)
+    for waiting in LAST:
+        for index, effect in steps.items():
+            if isinstance(effect, waiting):
+                return One(index, effect)
+    raise AssertionError(f"a step of no kind: {steps!r}")
+
+
+def _clean_up(flow: Decision[Any], index: int, interruption: BaseException) -> Steps[None]:
+    """Throw ``interruption`` into ``flow`` and perform the steps of its cleanup (its
+    lease released by token) until it ends."""
+    try:
+        effect = flow.throw(interruption)
+        while True:
+            try:
+                reply = yield One(index, effect)
+            except Exception as error:
+                effect = flow.throw(error)
+            else:
+                effect = flow.send(reply)
+    except BaseException:  # the interruption, or whatever its cleanup raised: it goes on anyway
+        return

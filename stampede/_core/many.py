@@ -1,0 +1,103 @@
+"""A many-key call's decisions (sans-IO): what its first read of many entries means, and
+what the loader's answer for many ids is.
+
+A many-key call is one call per entry, run together (see ``_core.batch`` for the misses):
+
+    near cache        answers what it holds
+    join flights      an entry whose flight is in progress in this process is that
+                      flight's (waited for after this call's own entries, as one key)
+    read              the entries this call leads, in one round trip (``read_many``)
+    fill together     the misses' flows driven as one (``batch.together``): every lease
+                      taken in one round trip, the loader called once with the ids this
+                      caller leads, every value written in one round trip
+    refresh together  stale entries' refreshes in one background batch
+
+Every entry keeps its own key, lease, flight and wake-up, so a many-key call and a
+single-key call of the same entry share them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from .._errors import BackendUnavailable
+from .call import DECIDED, read_found
+from .flight import Flight
+from .flow import FailedRead, LoaderSpec, WarningLog, failed_read
+from .freshness import Served
+from .observer import Reporter
+
+
+class Found:
+    """What a many-key call's first read found, entry by entry (by index in the call)."""
+
+    __slots__ = ("misses", "refreshes", "values")
+
+    def __init__(self) -> None:
+        self.values: dict[int, Any] = {}  # returned as read (hits, stale values served)
+        self.misses: dict[int, Any] = {}  # a Miss, a Stale value or a FailedRead: filled by a flow
+        self.refreshes: dict[int, Served] = {}  # served stale or early: refreshed in the background
+
+
+def read_many(
+    indexes: Sequence[int],
+    flights: Sequence[Flight],
+    spec: LoaderSpec,
+    reads: Sequence[tuple[bytes | None, float, bool]],
+    keys: Sequence[str],
+    events: Reporter,
+    warn: WarningLog,
+    random: Callable[[], float],
+) -> Found:
+    """What the first read of each led entry means (``call.read_found``, entry by entry)."""
+    found = Found()
+    for index, flight, (raw, ttl_left, failing), key in zip(indexes, flights, reads, keys, strict=True):
+        decided = read_found(flight, spec, raw, ttl_left, failing, events, warn, key, random)
+        if type(decided) not in DECIDED:
+            found.values[index] = decided
+        elif isinstance(decided, Served):
+            found.values[index] = decided.value
+            if decided.refresh is not None:
+                found.refreshes[index] = decided
+        else:
+            found.misses[index] = decided
+    return found
+
+
+def failed_reads(indexes: Sequence[int], events: Reporter, warn: WarningLog, error: BackendUnavailable) -> Found:
+    """What a first read that failed means for every entry it read: one failure
+    counted and warned of, a miss per entry."""
+    found = Found()
+    for index in indexes:
+        if not found.misses:
+            found.misses[index] = failed_read(events, warn, error)
+        else:
+            events.incr("misses")
+            found.misses[index] = FailedRead(error)
+    return found
+
+
+def values_of(result: Any, ids: Sequence[Any], loader: str) -> list[Any]:
+    """The loader's value of each of ``ids``, from what it returned: a mapping of id to
+    value (an id it leaves out is None: the null sentinel is cached for it, extra ids are
+    not written), or a list or tuple of one value per id, in the order asked."""
+    if isinstance(result, Mapping):
+        try:
+            return [result.get(id_) for id_ in ids]
+        except TypeError as error:  # an unhashable id
+            raise TypeError(
+                f"the many-key loader {loader} returned a mapping, but an id asked is not hashable "
+                f"({error}): return a list, one value per id in the order asked; nothing was written"
+            ) from None
+    if isinstance(result, (list, tuple)):
+        if len(result) == len(ids):
+            return list(result)
+        raise TypeError(
+            f"the many-key loader {loader} returned {len(result)} values for {len(ids)} ids: a list "
+            "must hold one value per id, in the order asked; nothing was written"
+        )
+    raise TypeError(
+        f"the many-key loader {loader} returned {type(result).__name__}, not a mapping of id to "
+        "value (or a list of one value per id, in the order asked); nothing was written"
+    )

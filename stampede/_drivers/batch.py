@@ -1,0 +1,178 @@
+"""The performers of a batch of flows (``_core.batch``), blocking and asyncio: a step of
+one entry goes to that entry's own ``Performer``, the steps of many entries go together
+(one round trip for every lease or every write, one call of the loader for every load).
+
+Each entry of a batch has its own lease (a token of its own), its own ``Performer`` (its
+subscription, its lock-server commands) and, when a caller leads its key, its flight,
+which counts the steps that may produce its value as a single call's does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
+
+from .._core.batch import Each, Failed, One
+from .._core.effects import Acquire, Effect, Lease, Load, WriteRelease, milliseconds
+from .._core.flight import Flight, loading_all
+from .._core.flow import Context
+from .._core.store import AsyncRenewable, AsyncStore, Renewable, Store
+from .observe import Events
+from .perform import AsyncPerformer, Performer
+from .watchdog import Watchdog, keep_renewed
+
+
+@dataclass(slots=True)
+class Entry:
+    """One entry of a batch: where its id is in the call, its flow's context and lease,
+    and its flight if the caller leads it (a refresh has none)."""
+
+    position: int
+    ctx: Context
+    lease: Lease
+    flight: Flight | None
+    performer: Any = None  # its Performer or AsyncPerformer
+
+    def count(self, effect: Effect) -> None:
+        if self.flight is not None:
+            self.flight.count(effect)
+
+
+def new_entry(position: int, ctx: Context, policy: Any, flight: Flight | None) -> Entry:
+    """An entry with a lease of a new token, held where ``policy`` holds leases."""
+    lease = Lease(ctx.keys, secrets.token_hex(16), milliseconds(ctx.settings.lock_ttl))
+    ctx.leases = policy.bind(lease)
+    return Entry(position, ctx, lease, flight)
+
+
+def replies(answers: Sequence[Any]) -> list[Any]:
+    """A store's many-key answers as a batch's replies: a failure in place as ``Failed``."""
+    return [Failed(answer) if isinstance(answer, BaseException) else answer for answer in answers]
+
+
+def acquire_calls(entries: Sequence[Entry], steps: Sequence[One]) -> list[Any]:
+    calls = []
+    for entry, step in zip(entries, steps, strict=True):
+        effect = step.effect
+        assert isinstance(effect, Acquire)
+        lease = entry.lease
+        calls.append((lease.keys, lease.token, lease.ms, effect.check_value, effect.stale))
+    return calls
+
+
+def write_calls(entries: Sequence[Entry], steps: Sequence[One]) -> list[Any]:
+    calls = []
+    for entry, step in zip(entries, steps, strict=True):
+        effect = step.effect
+        assert isinstance(effect, WriteRelease)
+        lease = entry.lease
+        calls.append((lease.keys, lease.token, effect.envelope, effect.ttl_ms, effect.inline))
+    return calls
+
+
+def leased(entries: Sequence[Entry], steps: Sequence[One]) -> list[Lease]:
+    """The leases of the entries whose load is under their lease (renewed while it runs)."""
+    return [
+        entry.lease
+        for entry, step in zip(entries, steps, strict=True)
+        if isinstance(step.effect, Load) and step.effect.leased
+    ]
+
+
+class BatchPerformer:
+    """Performs a batch's steps with blocking calls. ``load`` calls the loader with the
+    ids at the given positions and returns their values in that order."""
+
+    def __init__(
+        self,
+        entries: Sequence[Entry],
+        store: Store,
+        load: Callable[[list[int]], list[Any]],
+        watchdog: Watchdog,
+        renewal: Renewable,
+        events: Events,
+    ) -> None:
+        self._entries = entries
+        self._store = store
+        self._load = load
+        self._watchdog = watchdog
+        self._renewal = renewal
+        self._events = events
+
+    def __call__(self, step: One | Each) -> Any:
+        if isinstance(step, One):
+            entry = self._entries[step.index]
+            entry.count(step.effect)
+            return entry.performer(step.effect)
+        entries = [self._entries[one.index] for one in step.steps]
+        for entry, one in zip(entries, step.steps, strict=True):
+            entry.count(one.effect)
+        first = step.steps[0].effect
+        if isinstance(first, Acquire):
+            return replies(self._store.acquire_many(acquire_calls(entries, step.steps)))
+        if isinstance(first, WriteRelease):
+            return replies(self._store.write_release_many(write_calls(entries, step.steps)))
+        with ExitStack() as stack:
+            stack.enter_context(loading_all(entry.lease.keys.value for entry in entries))
+            for lease in leased(entries, step.steps):
+                stack.enter_context(self._watchdog.guard(self._renewal, lease.keys, lease.token, lease.ms))
+            self._events.incr("batch_loads")
+            return self._load([entry.position for entry in entries])
+
+
+class AsyncBatchPerformer:
+    """``BatchPerformer`` for a task: the same steps, awaited. The writes are shielded
+    from a second cancellation, as ``AsyncPerformer`` shields a single write."""
+
+    def __init__(
+        self,
+        entries: Sequence[Entry],
+        store: AsyncStore,
+        load: Callable[[list[int]], Awaitable[list[Any]]],
+        renewal: AsyncRenewable,
+        events: Events,
+    ) -> None:
+        self._entries = entries
+        self._store = store
+        self._load = load
+        self._renewal = renewal
+        self._events = events
+
+    async def __call__(self, step: One | Each) -> Any:
+        if isinstance(step, One):
+            entry = self._entries[step.index]
+            entry.count(step.effect)
+            performer: AsyncPerformer = entry.performer
+            return await performer(step.effect)
+        entries = [self._entries[one.index] for one in step.steps]
+        for entry, one in zip(entries, step.steps, strict=True):
+            entry.count(one.effect)
+        first = step.steps[0].effect
+        if isinstance(first, Acquire):
+            return replies(await self._store.acquire_many(acquire_calls(entries, step.steps)))
+        if isinstance(first, WriteRelease):
+            writing = self._store.write_release_many(write_calls(entries, step.steps))
+            return replies(await asyncio.shield(writing))
+        renewals = [
+            asyncio.ensure_future(keep_renewed(self._renewal, lease.keys, lease.token, lease.ms))
+            for lease in leased(entries, step.steps)
+        ]
+        try:
+            with loading_all(entry.lease.keys.value for entry in entries):
+                self._events.incr("batch_loads")
+                return await self._load([entry.position for entry in entries])
+        finally:
+            for renewal in renewals:
+                renewal.cancel()
+
+
+def performers_for(entries: Sequence[Entry], make: Callable[[Entry], Performer | AsyncPerformer]) -> ExitStack:
+    """Give each entry its performer; the stack closes their subscriptions on exit."""
+    stack = ExitStack()
+    for entry in entries:
+        entry.performer = stack.enter_context(make(entry))
+    return stack

@@ -1,0 +1,75 @@
+"""What the blocking and asyncio drivers of a many-key call share (``_core.many``): how
+a batch's outcomes finish its flights, and the single-key loader of one of its ids."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol
+
+from .._core.batch import Failed
+from .._core.flight import Flight
+from .._core.flow import LoaderSpec
+from .._core.freshness import Served
+from .batch import Entry
+
+
+class Flights(Protocol):
+    def finish(self, key: str, flight: Flight, value: Any = None, error: BaseException | None = None) -> None: ...
+
+
+def finish_all(
+    flights: Flights,
+    keys: Sequence[str],
+    entries: Sequence[Entry],
+    outcomes: Sequence[Any],
+    unfinished: dict[int, Flight],
+    values: list[Any],
+) -> BaseException | None:
+    """Finish each entry's flight with its flow's outcome, as a single call's leader does,
+    and put each value in its place. The first failure is returned, for the caller."""
+    for entry, outcome in zip(entries, outcomes, strict=True):
+        flight = unfinished.pop(entry.position)
+        key = keys[entry.position]
+        if isinstance(outcome, Failed):
+            flights.finish(key, flight, error=outcome.error)
+            continue
+        ctx = entry.ctx
+        flight.decided(ctx.unwritten, ctx.via_notice, ctx.served_stale, ctx.raw)
+        flights.finish(key, flight, value=outcome)
+        values[entry.position] = outcome
+    return first_failure(outcomes)
+
+
+def first_failure(outcomes: Sequence[Any]) -> BaseException | None:
+    return next((outcome.error for outcome in outcomes if isinstance(outcome, Failed)), None)
+
+
+def refreshed(served: Served) -> tuple[bytes, float]:
+    """A served value's refresh: the stale value's identity and its life left."""
+    assert served.refresh is not None
+    return served.refresh, served.life_left
+
+
+def batch_name(keys: Sequence[str], indexes: dict[int, Any]) -> str:
+    """The name a background refresh of these entries goes by (one refresh per name)."""
+    return "\n".join(keys[index] for index in indexes)
+
+
+def one_of(spec: LoaderSpec, load: Callable[[list[int]], list[Any]], position: int) -> LoaderSpec:
+    """A single-key loader of the id at ``position``: a many-key call waits for an entry in
+    flight in this process, and starts it over if it must, as a single call does."""
+    return LoaderSpec(functools.partial(_one, load, position), spec.settings, spec.codec)
+
+
+def aone_of(spec: LoaderSpec, load: Callable[[list[int]], Awaitable[list[Any]]], position: int) -> LoaderSpec:
+    """``one_of`` for an async loader."""
+    return LoaderSpec(functools.partial(_aone, load, position), spec.settings, spec.codec)
+
+
+def _one(load: Callable[[list[int]], list[Any]], position: int) -> Any:
+    return load([position])[0]
+
+
+async def _aone(load: Callable[[list[int]], Awaitable[list[Any]]], position: int) -> Any:
+    return (await load([position]))[0]

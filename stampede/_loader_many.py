@@ -1,0 +1,312 @@
+"""``CachedManyLoader`` and ``AsyncCachedManyLoader``: what ``@cached_loader_many`` turns a
+loader of many ids into.
+
+A many-key loader takes a collection of ids (its batched parameter) beside any fixed
+parameters, and returns a mapping of id to value. Each id's entry is the one
+``cached_loader`` with the same template gives, so single-key and many-key loaders of a
+template share entries, leases and wake-ups::
+
+    @layer.cached_loader_many("price:{shop}:{product_id}")
+    def prices(shop: str, product_ids: list[int]) -> dict[int, Price]: ...
+
+The template names the fixed parameters (``shop``) and one field that is not a
+parameter (``product_id``): an id of the batched parameter. That parameter is the one
+the template leaves out, or the one named ``batch=``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import string
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from ._core.keys import EntryKeys, KeyBuilder
+from ._core.many import values_of
+from ._errors import ConfigError
+from ._loader import AsyncBoundLoader, BoundLoader
+
+if TYPE_CHECKING:
+    from ._core.flow import LoaderSpec
+    from ._drivers.aio import AsyncRunner
+    from ._drivers.blocking import SyncRunner
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+SINGLE_IDS = (str, bytes, bytearray, memoryview)  # iterable, but one id each, never a collection of ids
+
+
+class EntryShape:
+    """The signature a many-key loader's entries are keyed by: its own, with the batched
+    parameter replaced by one id (the template's field of that name)."""
+
+    def __init__(self, signature: inspect.Signature) -> None:
+        self.__signature__ = signature
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:  # pragma: no cover - never called
+        raise TypeError("an entry's shape is not called")
+
+
+def template_fields(template: str) -> list[str]:
+    try:
+        return [field for _, field, _, _ in string.Formatter().parse(template) if field is not None]
+    except ValueError as error:
+        raise ConfigError(f"key template {template!r} is malformed: {error}") from None
+
+
+class ManyKeys:
+    """Where a many-key loader's ids are and what their entries are named."""
+
+    def __init__(
+        self, func: Callable[..., Any], template: str | None, batch: str | None, namespace: str, max_key_length: int
+    ) -> None:
+        name = getattr(func, "__qualname__", repr(func))
+        if not isinstance(template, str) or not template:
+            raise ConfigError(
+                f"cached_loader_many needs a key template naming one id's entry, e.g. "
+                f'cached_loader_many("product:{{product_id}}") (for {name})'
+            )
+        self.signature = inspect.signature(func)
+        params = self.signature.parameters
+        for param in params.values():
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                raise ConfigError(f"a many-key loader takes no *args or **kwargs: {name} has {param}")
+        fields = template_fields(template)
+        id_fields = [field for field in dict.fromkeys(fields) if field not in params]
+        if len(id_fields) != 1:
+            raise ConfigError(
+                f"key template {template!r} of the many-key loader {name} must name exactly one field "
+                f"that is not a parameter (an id of the batched parameter), got {id_fields or 'none'}"
+            )
+        self.id_field = id_fields[0]
+        self.batch = self._batched(batch, fields, name)
+        shape = [
+            param.replace(name=self.id_field, kind=param.POSITIONAL_OR_KEYWORD, default=param.empty)
+            if param.name == self.batch
+            else param.replace(kind=param.POSITIONAL_OR_KEYWORD, default=param.empty)
+            for param in params.values()
+        ]
+        self.names = list(params)
+        self._keys = KeyBuilder(EntryShape(inspect.Signature(shape)), template, namespace, max_key_length)
+        self.loader_name = f"{getattr(func, '__module__', '?')}.{name}"
+
+    def _batched(self, batch: str | None, fields: list[str], name: str) -> str:
+        params = self.signature.parameters
+        if batch is not None:
+            if batch not in params:
+                raise ConfigError(f"batch={batch!r} is not a parameter of {name}")
+            if batch in fields:
+                raise ConfigError(
+                    f"batch={batch!r} is in the key template: the template names one id as {{{self.id_field}}}"
+                )
+            return batch
+        keyed = {"self", "cls"} if list(params)[:1] in (["self"], ["cls"]) else set()
+        candidates = [param for param in params if param not in fields and param not in keyed]
+        if len(candidates) == 1:
+            return candidates[0]
+        plural = self.id_field + "s"
+        if plural in candidates:
+            return plural
+        raise ConfigError(
+            f"which parameter of {name} holds the ids? {', '.join(candidates) or 'none'} are not in its "
+            "key template: name it with batch=..."
+        )
+
+    def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> inspect.BoundArguments:
+        call = self.signature.bind(*args, **kwargs)  # TypeError, as calling the loader would
+        call.apply_defaults()
+        return call
+
+    def ids(self, call: inspect.BoundArguments, *, single_allowed: bool = False) -> list[Any]:
+        """The distinct ids asked, in the order first asked. With ``single_allowed``, a
+        value that is not a collection is one id (``invalidate(7)``)."""
+        asked = call.arguments[self.batch]
+        if isinstance(asked, SINGLE_IDS) or not isinstance(asked, Iterable):
+            if single_allowed:
+                return [asked]
+            raise TypeError(
+                f"{self.loader_name} takes its ids ({self.batch}) as a collection, got {type(asked).__name__}: "
+                f"pass a list, e.g. [{asked!r}]"
+            )
+        ids = list(asked)
+        try:
+            return list(dict.fromkeys(ids))
+        except TypeError:
+            raise TypeError(
+                f"the ids of {self.loader_name} must be hashable (they key the mapping it returns), got {ids!r}"
+            ) from None
+
+    def keys(self, call: inspect.BoundArguments, ids: Sequence[Any]) -> list[str]:
+        """The value key of each id's entry (``InvalidKey`` for an id that cannot key one)."""
+        values = [call.arguments[name] for name in self.names]
+        position = self.names.index(self.batch)
+        keys = []
+        for id_ in ids:
+            values[position] = id_
+            keys.append(self._keys.value_key(tuple(values), {}))
+        return keys
+
+    def with_ids(self, call: inspect.BoundArguments, ids: list[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The loader's arguments with ``ids`` as its batched one."""
+        arguments = dict(call.arguments)
+        arguments[self.batch] = ids
+        bound = inspect.BoundArguments(self.signature, arguments)
+        return bound.args, bound.kwargs
+
+
+def chunks(items: Sequence[K], size: int) -> Iterable[Sequence[K]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+class _ManyLoader(Generic[K, V]):
+    """What both kinds of many-key loader share."""
+
+    _bound: type[BoundLoader] = BoundLoader  # what it becomes looked up on an instance
+
+    def __init__(self, spec: LoaderSpec, keys: ManyKeys, forget: Callable[[str], None], static: bool = False) -> None:
+        functools.update_wrapper(self, spec.func)  # type: ignore[arg-type]
+        self._spec = spec
+        self._keys = keys
+        self._forget = forget
+        self._static = static
+        self.settings = spec.settings
+
+    def key(self, *args: Any, **kwargs: Any) -> str:
+        """The key of one id's entry: the loader's arguments with one id in place of the
+        collection (``products.key(7)``)."""
+        call = self._keys.bind(args, kwargs)
+        return self._keys.keys(call, self._keys.ids(call, single_allowed=True)[:1])[0]
+
+    def _asked(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[inspect.BoundArguments, list[Any], list[str]]:
+        call = self._keys.bind(args, kwargs)
+        ids = self._keys.ids(call)
+        return call, ids, self._keys.keys(call, ids)
+
+    def _invalidated(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str]:
+        call = self._keys.bind(args, kwargs)
+        return self._keys.keys(call, self._keys.ids(call, single_allowed=True))
+
+    def __get__(self, instance: object, owner: type | None = None) -> Any:
+        """Looked up on an instance, a many-key loader decorated as a method binds it as
+        a function does. ``self`` is passed to the loader but is not part of the keys."""
+        return self if instance is None or self._static else self._bound(self, instance)  # type: ignore[arg-type]
+
+    def __repr__(self) -> str:
+        return f"<stampede.{type(self).__name__} {self._keys.loader_name}>"
+
+
+class CachedManyLoader(_ManyLoader[K, V]):
+    """A loader of many ids whose calls read every entry in one round trip and load the
+    missing ones in one call, each entry loaded once across every caller and process.
+
+    Call it as the function it wraps: a dict of each id asked to its value, in the order
+    asked (an id the loader left out is None). ``invalidate(...)`` and ``expire(...)``
+    take the same arguments, with a collection of ids or one id.
+    """
+
+    def __init__(
+        self,
+        spec: LoaderSpec,
+        runner: SyncRunner,
+        keys: ManyKeys,
+        forget: Callable[[str], None],
+        static: bool = False,
+    ) -> None:
+        super().__init__(spec, keys, forget, static)
+        self._runner = runner
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[K, V]:
+        call, ids, keys = self._asked(args, kwargs)
+        found: dict[K, V] = {}
+        size = self.settings.max_batch
+        for part, part_keys in zip(chunks(ids, size), chunks(keys, size), strict=True):
+            values = self._runner.call_many(part_keys, self._spec, self._loading(call, part))
+            found.update(zip(part, values, strict=True))
+        return found
+
+    def _loading(self, call: inspect.BoundArguments, ids: Sequence[Any]) -> Callable[[list[int]], list[Any]]:
+        func, keys = self._spec.func, self._keys
+
+        def load(positions: list[int]) -> list[Any]:
+            asked = [ids[position] for position in positions]
+            args, kwargs = keys.with_ids(call, asked)
+            return values_of(func(*args, **kwargs), asked, keys.loader_name)
+
+        return load
+
+    def invalidate(self, *args: Any, **kwargs: Any) -> None:
+        """Drop the entries of these ids (a collection, or one id), as
+        ``CachedLoader.invalidate`` drops one: once it returns, no caller in any process
+        gets their old values, and no load in flight writes them."""
+        for key in self._invalidated(args, kwargs):
+            try:
+                self._runner.invalidate(EntryKeys.for_value(key))
+            finally:
+                self._forget(key)
+
+    def expire(self, *args: Any, **kwargs: Any) -> None:
+        """``CachedLoader.expire`` of each of these ids' entries."""
+        for key in self._invalidated(args, kwargs):
+            try:
+                self._runner.expire(EntryKeys.for_value(key))
+            finally:
+                self._forget(key)
+
+
+class AsyncCachedManyLoader(_ManyLoader[K, V]):
+    """``CachedManyLoader`` for an ``async def`` loader."""
+
+    _bound = AsyncBoundLoader
+
+    def __init__(
+        self,
+        spec: LoaderSpec,
+        runner: AsyncRunner,
+        keys: ManyKeys,
+        forget: Callable[[str], None],
+        static: bool = False,
+    ) -> None:
+        super().__init__(spec, keys, forget, static)
+        if hasattr(inspect, "markcoroutinefunction"):
+            inspect.markcoroutinefunction(self)
+        self._runner = runner
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> dict[K, V]:
+        call, ids, keys = self._asked(args, kwargs)
+        found: dict[K, V] = {}
+        size = self.settings.max_batch
+        for part, part_keys in zip(chunks(ids, size), chunks(keys, size), strict=True):
+            values = await self._runner.call_many(part_keys, self._spec, self._loading(call, part))
+            found.update(zip(part, values, strict=True))
+        return found
+
+    def _loading(self, call: inspect.BoundArguments, ids: Sequence[Any]) -> Callable[[list[int]], Any]:
+        func, keys = self._spec.func, self._keys
+
+        async def load(positions: list[int]) -> list[Any]:
+            asked = [ids[position] for position in positions]
+            args, kwargs = keys.with_ids(call, asked)
+            return values_of(await func(*args, **kwargs), asked, keys.loader_name)
+
+        return load
+
+    async def invalidate(self, *args: Any, **kwargs: Any) -> None:
+        """``CachedManyLoader.invalidate``, awaited."""
+        for key in self._invalidated(args, kwargs):
+            try:
+                await self._runner.invalidate(EntryKeys.for_value(key))
+            finally:
+                self._forget(key)
+
+    async def expire(self, *args: Any, **kwargs: Any) -> None:
+        """``CachedManyLoader.expire``, awaited."""
+        for key in self._invalidated(args, kwargs):
+            try:
+                await self._runner.expire(EntryKeys.for_value(key))
+            finally:
+                self._forget(key)
