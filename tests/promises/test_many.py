@@ -6,16 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
+from redis.crc import key_slot
 
 from stampede import ConfigError, InvalidKey, RecursiveLoad, Stampede
+from stampede.testing import ClusterServers
 
 from ..modes import TIMEOUT, Blocking, OnALoop
 from .test_behaviour import lock_is_held
+from .test_processes import Workers
 
 LEFT_OUT = object()  # what ManyDatabase's result gives for an id the loader leaves out
 
@@ -362,3 +368,134 @@ def until(condition: Callable[[], Any], timeout: float = TIMEOUT) -> None:
             assert not done.wait(0.002), "condition not met in time"
     finally:
         deadline.cancel()
+
+
+MANY_WORKER = str(Path(__file__).parent.parent.joinpath("many_worker.py"))
+
+
+def test_overlapping_pages_in_four_processes_load_every_id_once(redis_url: str, redis_client: redis.Redis) -> None:
+    redis_client.delete(*[f"asked:{id_}" for id_ in range(500)], "queries")
+    workers = Workers()
+    try:
+        started = [
+            workers.start(redis_url, "--threads", "8", "--pages", "3", "--seed", str(seed), script=MANY_WORKER)
+            for seed in range(4)
+        ]
+        for process in started:
+            workers.expect(process, "ready")
+        workers.go(started)  # the barrier: every worker waits for this line
+        results = [workers.result(process, timeout=60) for process in started]
+    finally:
+        workers.stop_all()
+
+    asked = [int(redis_client.get(f"asked:{id_}") or 0) for id_ in range(500)]
+    assert max(asked) == 1  # the database's own count: no id asked twice, across processes
+    loads = sum(result["stats"]["loads"] for result in results)
+    assert loads == sum(asked)  # each load the stats count is an id the database was asked for
+    assert all(result["wrong"] == [] for result in results)
+    assert sum(result["stats"]["batch_loads"] for result in results) == int(redis_client.get("queries") or 0)
+
+
+def commands_run(client: redis.Redis) -> Counter[str]:
+    """Each command's count on the server since it started (INFO commandstats)."""
+    return Counter(
+        {name.removeprefix("cmdstat_"): int(stat["calls"]) for name, stat in client.info("commandstats").items()}
+    )
+
+
+def commands_between(client: redis.Redis, before: Counter[str]) -> Counter[str]:
+    after = commands_run(client)
+    after.subtract(before)
+    after["info"] -= 1  # the INFO that read ``after``
+    return +after
+
+
+def test_a_warm_page_is_one_command_on_one_server(
+    make_layer: Callable[..., Stampede], redis_client: redis.Redis
+) -> None:
+    layer = make_layer(near_cache=False)
+    db = ManyDatabase()
+    load = layer.cached_loader_many("item:{item_id}")(db.load)
+    page = list(range(50))
+    load(page)
+
+    before = commands_run(redis_client)
+    assert load(page) == {id_: {"id": id_} for id_ in page}
+    assert commands_between(redis_client, before) == Counter({"mget": 1})
+    assert len(db.queries) == 1
+
+
+def test_a_cold_page_takes_its_leases_and_writes_in_one_round_trip_each(
+    make_layer: Callable[..., Stampede], redis_client: redis.Redis
+) -> None:
+    layer = make_layer(near_cache=False)
+    db = ManyDatabase()
+    load = layer.cached_loader_many("item:{item_id}")(db.load)
+    load([0])  # the scripts are known to the server
+
+    before = commands_run(redis_client)
+    load(list(range(1, 51)))
+    ran = commands_between(redis_client, before)
+    assert ran["mget"] == 1 and ran["evalsha"] == 100  # 50 takes and 50 writes, in two pipelines
+    assert db.queries == [[0], list(range(1, 51))]
+
+
+def test_scripts_the_server_forgot_are_sent_again(
+    make_layer: Callable[..., Stampede], redis_client: redis.Redis
+) -> None:
+    layer = make_layer(near_cache=False)
+    db = ManyDatabase()
+    load = layer.cached_loader_many("item:{item_id}")(db.load)
+    load([1])
+    redis_client.script_flush()
+
+    assert load([2, 3]) == {2: {"id": 2}, 3: {"id": 3}}
+    assert load([2, 3]) == {2: {"id": 2}, 3: {"id": 3}}
+    assert db.queries == [[1], [2, 3]]
+
+
+def test_a_page_on_a_cluster_is_one_read_per_server(
+    make_cluster_layer: Callable[..., Stampede], cluster_servers: ClusterServers
+) -> None:
+    layer = make_cluster_layer()
+    db = ManyDatabase()
+    load = layer.cached_loader_many("item:{item_id}")(db.load)
+    page = list(range(60))  # their slots span every primary
+    clients = [redis.Redis.from_url(primary.url) for primary in cluster_servers.primaries]
+    for client in clients:
+        client.script_flush()  # the first batch's scripts go again by EVAL
+    try:
+        assert load(page) == {id_: {"id": id_} for id_ in page}
+        before = [commands_run(client) for client in clients]
+        assert load(page) == {id_: {"id": id_} for id_ in page}
+        reads = [commands_between(client, counted) for client, counted in zip(clients, before, strict=True)]
+    finally:
+        for client in clients:
+            client.close()
+    assert db.queries == [page]
+    owners = {cluster_servers.owner(load.key(id_)).url for id_ in page}
+    assert len(owners) == len(clients)
+    assert all(ran["mget"] >= 1 and set(ran) == {"mget"} for ran in reads)
+    assert sum(ran["mget"] for ran in reads) == len({key_slot(load.key(id_).encode()) for id_ in page})
+
+
+def test_stale_entries_are_served_and_refreshed_in_one_background_call(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    layer = layer_of_each_backend(ttl=0.3, stale_while_revalidate=30.0, early_refresh=0.0, jitter=0)
+    versions = Counter[Any]()
+
+    def result(id_: Any) -> Any:
+        versions[id_] += 1
+        return {"id": id_, "v": versions[id_]}
+
+    db = ManyDatabase(result=result)
+    load = many_loader(layer, mode, db)
+    assert mode(load, [1, 2, 3]) == {id_: {"id": id_, "v": 1} for id_ in (1, 2, 3)}
+    time.sleep(0.35)  # past their ttl, within stale_while_revalidate
+
+    assert mode(load, [1, 2, 3]) == {id_: {"id": id_, "v": 1} for id_ in (1, 2, 3)}  # stale, at once
+    until(lambda: len(db.queries) == 2 and layer.stats()["refreshes"] == 3)
+    assert sorted(db.queries[1]) == [1, 2, 3]  # one background call for the three
+    until(lambda: mode(load, [1, 2, 3]) == {id_: {"id": id_, "v": 2} for id_ in (1, 2, 3)})
+    assert len(db.queries) == 2 and layer.stats()["stale_hits"] >= 3
