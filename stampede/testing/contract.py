@@ -60,6 +60,7 @@ __all__ = [  # what a star import takes: the fixtures and every test
     "test_a_failed_loads_hold_keeps_everyone_out_and_says_so",
     "test_expire_keeps_the_value_for_its_stale_window_and_drops_the_lease",
     "test_a_hold_marks_the_entry_failing_until_a_write_an_invalidation_or_an_expire",
+    "test_many_key_commands_answer_each_entry_as_its_single_key_command_does",
 ]
 LEASE_MS = 5_000
 ENVELOPE = Codec().encode({"v": 1}, 1.0, 0.0, key="k")
@@ -344,3 +345,21 @@ def test_a_hold_marks_the_entry_failing_until_a_write_an_invalidation_or_an_expi
         store.acquire(keys, "h", LEASE_MS, True)
         store.write_release(keys, "h", STALE_ENVELOPE, 60_000, False)
         assert not failing()
+
+
+def test_many_key_commands_answer_each_entry_as_its_single_key_command_does(store: Any, keys: EntryKeys) -> None:
+    other, third = (EntryKeys.for_value(f"contract:{{item:{uuid.uuid4().hex}}}") for _ in range(2))
+    assert store.get_many([keys.value, other.value]) == [None, None]
+    taken = store.acquire_many([(keys, "a", LEASE_MS, True, b""), (other, "a", LEASE_MS, True, b"")])
+    assert [reply.state for reply in taken] == [LockState.LOCKED, LockState.LOCKED]
+    second = store.acquire_many([(keys, "b", LEASE_MS, True, b""), (third, "b", LEASE_MS, True, b"")])
+    assert [reply.state for reply in second] == [LockState.HELD, LockState.LOCKED]
+    assert 0 < second[0].lease_left <= LEASE_MS / 1000
+
+    written = store.write_release_many([(keys, "a", ENVELOPE, 60_000, True), (other, "b", ENVELOPE, 60_000, False)])
+    assert written[0] == Written.YES and written[1] != Written.YES  # "b" never held the other's lease
+    assert store.get_many([keys.value, other.value, third.value]) == [ENVELOPE, None, None]
+    (raw, ttl_left, failing), absent = store.get_many_with_ttl([keys.value, other.value], True)
+    assert raw == ENVELOPE and 50 < ttl_left <= 60 and failing is False
+    assert absent == (None, 0.0, False)
+    assert store.acquire_many([(keys, "c", LEASE_MS, True, b"")]) == [AcquireReply(LockState.VALUE, ENVELOPE)]
