@@ -89,6 +89,7 @@ class ManyKeys:
             for param in params.values()
         ]
         self.names = list(params)
+        self._position = self.names.index(self.batch)
         self._keys = KeyBuilder(EntryShape(inspect.Signature(shape)), template, namespace, max_key_length)
         self.loader_name = f"{getattr(func, '__module__', '?')}.{name}"
 
@@ -141,12 +142,7 @@ class ManyKeys:
     def keys(self, call: inspect.BoundArguments, ids: Sequence[Any]) -> list[str]:
         """The value key of each id's entry (``InvalidKey`` for an id that cannot key one)."""
         values = [call.arguments[name] for name in self.names]
-        position = self.names.index(self.batch)
-        keys = []
-        for id_ in ids:
-            values[position] = id_
-            keys.append(self._keys.value_key(tuple(values), {}))
-        return keys
+        return self._keys.value_keys(values, self._position, ids)
 
     def with_ids(self, call: inspect.BoundArguments, ids: list[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The loader's arguments with ``ids`` as its batched one."""

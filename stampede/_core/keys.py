@@ -313,6 +313,25 @@ class KeyBuilder:
             entry = shorten(entry, self._max_length)
         return self._prefix + entry + "}"
 
+    def value_keys(self, values: list[Any], index: int, ids: Iterable[Any]) -> list[str]:
+        """The value key of each of ``ids`` put in place of ``values[index]`` (every
+        parameter's value, in order): a many-key loader's entries. A template whose one
+        field is the id joins text, as ``value_key`` does."""
+        if self._single != index:
+            keys = []
+            for id_ in ids:
+                values[index] = id_
+                keys.append(self.value_key(tuple(values), {}))
+            return keys
+        prefix, before, after, limit, text = self._prefix, self._before, self._after, self._max_length, self._text
+        keys = []
+        for id_ in ids:
+            entry = before + text(id_, index) + after
+            if len(entry) > limit:
+                entry = shorten(entry, limit)
+            keys.append(prefix + entry + "}")
+        return keys
+
 
 def shorten(entry: str, max_length: int) -> str:
     """``entry``, or when longer than ``max_length`` a readable prefix, ``#`` and a hash of

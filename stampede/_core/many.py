@@ -23,8 +23,9 @@ from typing import Any
 
 from .._errors import BackendUnavailable
 from .call import DECIDED, read_found
+from .codec import NOT_A_VALUE, Codec
 from .flight import Flight
-from .flow import FailedRead, LoaderSpec, WarningLog, failed_read
+from .flow import FailedRead, LoaderSpec, Miss, WarningLog, failed_read
 from .freshness import Served
 from .observer import Reporter
 
@@ -38,6 +39,13 @@ class Found:
         self.values: dict[int, Any] = {}  # returned as read (hits, stale values served)
         self.misses: dict[int, Any] = {}  # a Miss, a Stale value or a FailedRead: filled by a flow
         self.refreshes: dict[int, Served] = {}  # served stale or early: refreshed in the background
+
+    def absent(self, indexes: Sequence[int], events: Reporter) -> None:
+        """Entries the call's first read found absent: misses, not read again."""
+        for index in indexes:
+            self.misses[index] = Miss.ABSENT
+        if indexes:
+            events.incr("misses", len(indexes))
 
 
 def read_many(
@@ -76,6 +84,34 @@ def failed_reads(indexes: Sequence[int], events: Reporter, warn: WarningLog, err
             events.incr("misses")
             found.misses[index] = FailedRead(error)
     return found
+
+
+def take_hits(
+    raws: Sequence[bytes | None],
+    indexes: Sequence[int],
+    codec: Codec,
+    values: list[Any],
+    events: Reporter,
+    absent: set[int],
+) -> list[int]:
+    """A many-key call's first read, before it joins any flight: each hit's value put in
+    ``values``. The rest go through the flights. Those found ``absent`` are misses; the
+    null sentinel and unreadable bytes are read again by whoever leads them, so that no
+    value read before a caller joined a flight is handed to it. Returns the rest's
+    indexes."""
+    rest = []
+    for index, raw in zip(indexes, raws, strict=True):
+        if raw is None:
+            absent.add(index)
+        else:
+            value = codec.decode_hit(raw)
+            if value is not NOT_A_VALUE:
+                values[index] = value
+                continue
+        rest.append(index)
+    if len(rest) < len(indexes):
+        events.incr("hits", len(indexes) - len(rest))
+    return rest
 
 
 def values_of(result: Any, ids: Sequence[Any], loader: str) -> list[Any]:

@@ -42,13 +42,13 @@ from .._core.flow import (
 from .._core.freshness import Served
 from .._core.keys import EntryKeys
 from .._core.leases import ONE_SERVER, LeasePolicy
-from .._core.many import failed_reads, read_many
+from .._core.many import Found, failed_reads, read_many, take_hits
 from .._core.store import AsyncLockServers, AsyncStore
 from .._errors import BackendUnavailable
 from .._fork import reset_after_fork
 from .batch import AsyncBatchPerformer, Entry, new_entry, performers_for
 from .leases import AsyncLeases
-from .many import aone_of, batch_name, finish_all, first_failure, refreshed
+from .many import aone_of, batch_name, finish_all, first_failure, near_many, refreshed
 from .near import MISSING, NearCache
 from .observe import Events, RateLimitedLog
 from .perform import AsyncPerformer, arun
@@ -195,22 +195,28 @@ class AsyncRunner:
     ) -> list[Any]:
         """The values of many entries, as ``SyncRunner.call_many``, for the tasks of this loop."""
         values: list[Any] = [MISSING] * len(keys)
-        near = self.near if spec.near else None
-        if near is not None:
-            for index, key in enumerate(keys):
-                values[index] = near.get(key, spec.codec, spec.near_shared)
+        wanted = near_many(self.near, keys, spec, values)
         state = self._state()
+        failed: BackendUnavailable | None = None
+        absent: set[int] = set()
+        if wanted and not spec.reads_ttl:
+            try:
+                raws = await state.store.get_many([keys[index] for index in wanted])
+            except BackendUnavailable as error:
+                failed = error
+            else:
+                self._events.incr("batch_reads")
+                wanted = take_hits(raws, wanted, spec.codec, values, self._events, absent)
         led: dict[int, Flight] = {}
         joined: list[int] = []
-        for index, key in enumerate(keys):
-            if values[index] is MISSING:
-                flight, leads = state.flights.join(key)
-                if leads:
-                    led[index] = flight
-                else:
-                    joined.append(index)
+        for index in wanted:
+            flight, leads = state.flights.join(keys[index])
+            if leads:
+                led[index] = flight
+            else:
+                joined.append(index)
         if led:
-            await self._lead_many(keys, spec, load, led, values, state)
+            await self._lead_many(keys, spec, load, led, values, state, failed, absent)
         for index in joined:  # in flight here: waited for as a single call waits, once this call's own are done
             values[index] = await self.call(keys[index], aone_of(spec, load, index), (), {})
         return values
@@ -223,26 +229,37 @@ class AsyncRunner:
         led: dict[int, Flight],
         values: list[Any],
         state: LoopState,
+        failed: BackendUnavailable | None,
+        absent: set[int],
     ) -> None:
         """``SyncRunner._lead_many``, awaited."""
         flights, unfinished = state.flights, dict(led)
         try:
-            led_keys = [keys[index] for index in led]
             for flight in led.values():
                 flight.sent, flight.codec = 1, spec.codec
+            unread = [index for index in led if index not in absent]
+            unread_keys = [keys[index] for index in unread]
+            found = Found()
             try:
-                if spec.reads_ttl:
-                    reads = await state.store.get_many_with_ttl(led_keys, spec.reads_failing)
+                if failed is not None:
+                    raise failed
+                if not unread:
+                    reads: list[tuple[bytes | None, float, bool]] = []
+                elif spec.reads_ttl:
+                    reads = await state.store.get_many_with_ttl(unread_keys, spec.reads_failing)
                 else:
-                    reads = [(raw, -1.0, False) for raw in await state.store.get_many(led_keys)]
+                    reads = [(raw, -1.0, False) for raw in await state.store.get_many(unread_keys)]
             except BackendUnavailable as error:
                 self._events.incr("batch_reads")
-                found = failed_reads(list(led), self._events, self._warn, error)
+                found = failed_reads(unread, self._events, self._warn, error)
             else:
-                self._events.incr("batch_reads")
+                if unread:
+                    self._events.incr("batch_reads")
                 found = read_many(
-                    list(led), list(led.values()), spec, reads, led_keys, self._events, self._warn, random.random
-                )
+                    unread, [led[index] for index in unread], spec, reads, unread_keys, self._events, self._warn,
+                    random.random,
+                )  # fmt: skip
+            found.absent([index for index in led if index in absent], self._events)
             for index, value in found.values.items():
                 values[index] = value
                 flights.finish(keys[index], unfinished.pop(index), value=value)
@@ -250,11 +267,11 @@ class AsyncRunner:
                 self._refresh_many(state, keys, spec, load, found.refreshes)
             if not found.misses:
                 return
-            for index in found.misses:
+            misses = sorted(found.misses)  # the ids in the order asked
+            for index in misses:
                 refuse_recursion(keys[index])
             entries = [
-                new_entry(index, self._context(keys[index], spec), state.leases.policy, led[index])
-                for index in found.misses
+                new_entry(index, self._context(keys[index], spec), state.leases.policy, led[index]) for index in misses
             ]
             flows = [fill(entry.ctx, found.misses[entry.position]) for entry in entries]
             outcomes = await self._drive_many(flows, entries, load, state)

@@ -26,12 +26,12 @@ from .._core.flow import (
 from .._core.freshness import Served
 from .._core.keys import EntryKeys
 from .._core.leases import ONE_SERVER, LeasePolicy
-from .._core.many import failed_reads, read_many
+from .._core.many import Found, failed_reads, read_many, take_hits
 from .._core.store import LockServers, Store
 from .._errors import BackendUnavailable
 from .batch import BatchPerformer, Entry, new_entry, performers_for
 from .leases import Leases
-from .many import batch_name, finish_all, first_failure, one_of, refreshed
+from .many import batch_name, finish_all, first_failure, near_many, one_of, refreshed
 from .near import MISSING, NearCache
 from .observe import Events, RateLimitedLog
 from .perform import Performer, run
@@ -145,21 +145,27 @@ class SyncRunner:
         ``load(positions)`` calls the loader with the ids at those positions of the call
         and returns their values in that order."""
         values: list[Any] = [MISSING] * len(keys)
-        near = self.near if spec.near else None
-        if near is not None:
-            for index, key in enumerate(keys):
-                values[index] = near.get(key, spec.codec, spec.near_shared)
+        wanted = near_many(self.near, keys, spec, values)
+        failed: BackendUnavailable | None = None
+        absent: set[int] = set()
+        if wanted and not spec.reads_ttl:
+            try:
+                raws = self.store.get_many([keys[index] for index in wanted])
+            except BackendUnavailable as error:
+                failed = error
+            else:
+                self._events.incr("batch_reads")
+                wanted = take_hits(raws, wanted, spec.codec, values, self._events, absent)
         led: dict[int, Flight] = {}
         joined: list[int] = []
-        for index, key in enumerate(keys):
-            if values[index] is MISSING:
-                flight, done = self.flights.join(key)
-                if done is None:
-                    led[index] = flight
-                else:
-                    joined.append(index)
+        for index in wanted:
+            flight, done = self.flights.join(keys[index])
+            if done is None:
+                led[index] = flight
+            else:
+                joined.append(index)
         if led:
-            self._lead_many(keys, spec, load, led, values)
+            self._lead_many(keys, spec, load, led, values, failed, absent)
         for index in joined:  # in flight here: waited for as a single call waits, once this call's own are done
             values[index] = self.call(keys[index], one_of(spec, load, index), (), {})
         return values
@@ -171,27 +177,40 @@ class SyncRunner:
         load: Callable[[list[int]], list[Any]],
         led: dict[int, Flight],
         values: list[Any],
+        failed: BackendUnavailable | None,
+        absent: set[int],
     ) -> None:
         """Read the entries this call leads in one round trip, and fill their misses
-        together. Every flight it leads is finished, whatever happens."""
+        together. An entry the call's first read found ``absent`` is not read again (a
+        miss has no value to hand a joiner), nor is any after that read ``failed``.
+        Every flight it leads is finished, whatever happens."""
         flights, unfinished = self.flights, dict(led)
         try:
-            led_keys = [keys[index] for index in led]
             for flight in led.values():
                 flight.sent, flight.codec = 1, spec.codec
+            unread = [index for index in led if index not in absent]
+            unread_keys = [keys[index] for index in unread]
+            found = Found()
             try:
-                if spec.reads_ttl:
-                    reads = self.store.get_many_with_ttl(led_keys, spec.reads_failing)
+                if failed is not None:
+                    raise failed
+                if not unread:
+                    reads: list[tuple[bytes | None, float, bool]] = []
+                elif spec.reads_ttl:
+                    reads = self.store.get_many_with_ttl(unread_keys, spec.reads_failing)
                 else:
-                    reads = [(raw, -1.0, False) for raw in self.store.get_many(led_keys)]
+                    reads = [(raw, -1.0, False) for raw in self.store.get_many(unread_keys)]
             except BackendUnavailable as error:
                 self._events.incr("batch_reads")
-                found = failed_reads(list(led), self._events, self._warn, error)
+                found = failed_reads(unread, self._events, self._warn, error)
             else:
-                self._events.incr("batch_reads")
+                if unread:
+                    self._events.incr("batch_reads")
                 found = read_many(
-                    list(led), list(led.values()), spec, reads, led_keys, self._events, self._warn, random.random
-                )
+                    unread, [led[index] for index in unread], spec, reads, unread_keys, self._events, self._warn,
+                    random.random,
+                )  # fmt: skip
+            found.absent([index for index in led if index in absent], self._events)
             for index, value in found.values.items():
                 values[index] = value
                 flights.finish(keys[index], unfinished.pop(index), value=value)
@@ -199,11 +218,11 @@ class SyncRunner:
                 self._refresh_many(keys, spec, load, found.refreshes)
             if not found.misses:
                 return
-            for index in found.misses:
+            misses = sorted(found.misses)  # the ids in the order asked
+            for index in misses:
                 refuse_recursion(keys[index])
             entries = [
-                new_entry(index, self._context(keys[index], spec), self.leases.policy, led[index])
-                for index in found.misses
+                new_entry(index, self._context(keys[index], spec), self.leases.policy, led[index]) for index in misses
             ]
             outcomes = self._drive_many(
                 [fill(entry.ctx, found.misses[entry.position]) for entry in entries], entries, load

@@ -12,6 +12,7 @@ from .._core.flight import Flight
 from .._core.flow import LoaderSpec
 from .._core.freshness import Served
 from .batch import Entry
+from .near import MISSING, NearCache
 
 
 class Flights(Protocol):
@@ -43,6 +44,21 @@ def finish_all(
 
 def first_failure(outcomes: Sequence[Any]) -> BaseException | None:
     return next((outcome.error for outcome in outcomes if isinstance(outcome, Failed)), None)
+
+
+def near_many(near: NearCache | None, keys: Sequence[str], spec: LoaderSpec, values: list[Any]) -> list[int]:
+    """What the near cache holds of a many-key call's entries, put in ``values``; the
+    indexes of the rest."""
+    if near is None or not spec.near:
+        return list(range(len(keys)))
+    wanted = []
+    for index, key in enumerate(keys):
+        value = near.get(key, spec.codec, spec.near_shared)
+        if value is MISSING:
+            wanted.append(index)
+        else:
+            values[index] = value
+    return wanted
 
 
 def refreshed(served: Served) -> tuple[bytes, float]:
