@@ -89,6 +89,7 @@ class ManyKeys:
             for param in params.values()
         ]
         self.names = list(params)
+        self._positional = all(param.kind is param.POSITIONAL_OR_KEYWORD for param in params.values())
         self._position = self.names.index(self.batch)
         self._keys = KeyBuilder(EntryShape(inspect.Signature(shape)), template, namespace, max_key_length)
         self.loader_name = f"{getattr(func, '__module__', '?')}.{name}"
@@ -115,15 +116,18 @@ class ManyKeys:
             "key template: name it with batch=..."
         )
 
-    def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> inspect.BoundArguments:
+    def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Every parameter's value in this call, defaults applied."""
+        if not kwargs and len(args) == len(self.names) and self._positional:
+            return dict(zip(self.names, args, strict=True))  # the common call, without inspect's binding
         call = self.signature.bind(*args, **kwargs)  # TypeError, as calling the loader would
         call.apply_defaults()
-        return call
+        return dict(call.arguments)
 
-    def ids(self, call: inspect.BoundArguments, *, single_allowed: bool = False) -> list[Any]:
+    def ids(self, call: dict[str, Any], *, single_allowed: bool = False) -> list[Any]:
         """The distinct ids asked, in the order first asked. With ``single_allowed``, a
         value that is not a collection is one id (``invalidate(7)``)."""
-        asked = call.arguments[self.batch]
+        asked = call[self.batch]
         if isinstance(asked, SINGLE_IDS) or not isinstance(asked, Iterable):
             if single_allowed:
                 return [asked]
@@ -139,15 +143,14 @@ class ManyKeys:
                 f"the ids of {self.loader_name} must be hashable (they key the mapping it returns), got {ids!r}"
             ) from None
 
-    def keys(self, call: inspect.BoundArguments, ids: Sequence[Any]) -> list[str]:
+    def keys(self, call: dict[str, Any], ids: Sequence[Any]) -> list[str]:
         """The value key of each id's entry (``InvalidKey`` for an id that cannot key one)."""
-        values = [call.arguments[name] for name in self.names]
+        values = [call[name] for name in self.names]
         return self._keys.value_keys(values, self._position, ids)
 
-    def with_ids(self, call: inspect.BoundArguments, ids: list[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def with_ids(self, call: dict[str, Any], ids: list[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The loader's arguments with ``ids`` as its batched one."""
-        arguments = dict(call.arguments)
-        arguments[self.batch] = ids
+        arguments = {**call, self.batch: ids}
         bound = inspect.BoundArguments(self.signature, arguments)
         return bound.args, bound.kwargs
 
@@ -176,9 +179,7 @@ class _ManyLoader(Generic[K, V]):
         call = self._keys.bind(args, kwargs)
         return self._keys.keys(call, self._keys.ids(call, single_allowed=True)[:1])[0]
 
-    def _asked(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[inspect.BoundArguments, list[Any], list[str]]:
+    def _asked(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[dict[str, Any], list[Any], list[str]]:
         call = self._keys.bind(args, kwargs)
         ids = self._keys.ids(call)
         return call, ids, self._keys.keys(call, ids)
@@ -218,14 +219,16 @@ class CachedManyLoader(_ManyLoader[K, V]):
 
     def __call__(self, *args: Any, **kwargs: Any) -> dict[K, V]:
         call, ids, keys = self._asked(args, kwargs)
-        found: dict[K, V] = {}
         size = self.settings.max_batch
+        if len(ids) <= size:
+            return dict(zip(ids, self._runner.call_many(keys, self._spec, self._loading(call, ids)), strict=True))
+        found: dict[K, V] = {}
         for part, part_keys in zip(chunks(ids, size), chunks(keys, size), strict=True):
             values = self._runner.call_many(part_keys, self._spec, self._loading(call, part))
             found.update(zip(part, values, strict=True))
         return found
 
-    def _loading(self, call: inspect.BoundArguments, ids: Sequence[Any]) -> Callable[[list[int]], list[Any]]:
+    def _loading(self, call: dict[str, Any], ids: Sequence[Any]) -> Callable[[list[int]], list[Any]]:
         func, keys = self._spec.func, self._keys
 
         def load(positions: list[int]) -> list[Any]:
@@ -274,14 +277,16 @@ class AsyncCachedManyLoader(_ManyLoader[K, V]):
 
     async def __call__(self, *args: Any, **kwargs: Any) -> dict[K, V]:
         call, ids, keys = self._asked(args, kwargs)
-        found: dict[K, V] = {}
         size = self.settings.max_batch
+        if len(ids) <= size:
+            return dict(zip(ids, await self._runner.call_many(keys, self._spec, self._loading(call, ids)), strict=True))
+        found: dict[K, V] = {}
         for part, part_keys in zip(chunks(ids, size), chunks(keys, size), strict=True):
             values = await self._runner.call_many(part_keys, self._spec, self._loading(call, part))
             found.update(zip(part, values, strict=True))
         return found
 
-    def _loading(self, call: inspect.BoundArguments, ids: Sequence[Any]) -> Callable[[list[int]], Any]:
+    def _loading(self, call: dict[str, Any], ids: Sequence[Any]) -> Callable[[list[int]], Any]:
         func, keys = self._spec.func, self._keys
 
         async def load(positions: list[int]) -> list[Any]:

@@ -26,6 +26,7 @@ import dataclasses
 import enum
 import math
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -193,6 +194,23 @@ class Codec:
             except Exception:
                 pass
         return NOT_A_VALUE
+
+    def decode_hits(self, raws: Sequence[bytes | None]) -> list[Any]:
+        """``decode_hit`` of each of ``raws`` (None stays ``NOT_A_VALUE``): a many-key
+        call's hits, in one loop with no call per value but the serializer's."""
+        loads, header_size, values = self.serializer.loads, _HEADER.size, []
+        for raw in raws:
+            value: Any = NOT_A_VALUE
+            if raw is not None:
+                prefix = raw[:4]
+                size = header_size if prefix == _VALUE_PREFIX else _HEADER_2_SIZE if prefix == _VALUE_PREFIX_2 else 0
+                if size and len(raw) > size:
+                    try:
+                        value = loads(raw[size:])
+                    except Exception:
+                        pass
+            values.append(value)
+        return values
 
     def decode(self, raw: bytes) -> Decoded:
         """Classify ``raw`` as a value, the null sentinel or corrupt. Never raises."""

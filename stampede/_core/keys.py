@@ -39,7 +39,7 @@ import math
 import re
 import string
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -313,7 +313,7 @@ class KeyBuilder:
             entry = shorten(entry, self._max_length)
         return self._prefix + entry + "}"
 
-    def value_keys(self, values: list[Any], index: int, ids: Iterable[Any]) -> list[str]:
+    def value_keys(self, values: list[Any], index: int, ids: Sequence[Any]) -> list[str]:
         """The value key of each of ``ids`` put in place of ``values[index]`` (every
         parameter's value, in order): a many-key loader's entries. A template whose one
         field is the id joins text, as ``value_key`` does."""
@@ -324,6 +324,10 @@ class KeyBuilder:
                 keys.append(self.value_key(tuple(values), {}))
             return keys
         prefix, before, after, limit, text = self._prefix, self._before, self._after, self._max_length, self._text
+        bound = 10 ** max(0, limit - len(before) - len(after) - 1)  # ints within it need no shortening
+        if all(type(id_) is int and -bound < id_ < bound for id_ in ids):  # the common case: one join each
+            head, tail = prefix + before, after + "}"
+            return [head + str(id_) + tail for id_ in ids]
         keys = []
         for id_ in ids:
             entry = before + text(id_, index) + after

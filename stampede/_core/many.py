@@ -100,14 +100,12 @@ def take_hits(
     value read before a caller joined a flight is handed to it. Returns the rest's
     indexes."""
     rest = []
-    for index, raw in zip(indexes, raws, strict=True):
+    for index, raw, value in zip(indexes, raws, codec.decode_hits(raws), strict=True):
+        if value is not NOT_A_VALUE:
+            values[index] = value
+            continue
         if raw is None:
             absent.add(index)
-        else:
-            value = codec.decode_hit(raw)
-            if value is not NOT_A_VALUE:
-                values[index] = value
-                continue
         rest.append(index)
     if len(rest) < len(indexes):
         events.incr("hits", len(indexes) - len(rest))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from typing import Any
 
 import pytest
 import redis
@@ -135,3 +136,13 @@ def test_a_loader_kind_without_a_client_is_refused_at_decoration(redis_url: str)
         async_only.cached_loader("x:{x}")(load)
     sync_only.close()
     async_only.close()
+
+
+@pytest.mark.parametrize("template", ["p:{product_id}", "shop:{shop}:p:{product_id}:v2"])
+def test_a_many_key_loaders_keys_are_the_single_key_loaders(template: str) -> None:
+    def product(shop: str, product_id: Any) -> None:
+        pass
+
+    keys = KeyBuilder(product, template, "ns", 64)
+    ids = [1, -5, 0, 10**40, 10**70, -(10**70), "a b", 2.5, True, (1, 2), None]
+    assert keys.value_keys(["north", None], 1, ids) == [keys.value_key(("north", id_), {}) for id_ in ids]

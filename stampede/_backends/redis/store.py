@@ -364,11 +364,22 @@ class RedisStore:
         return with_ttl(raw, pttl, *marked)
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
-        """The raw bytes at each of ``keys``: one MGET, or on a cluster one per slot."""
-        with self._translated("read", keys[0]):
-            if is_cluster(self.client):
-                return list(self.client.mget_nonatomic(keys))  # type: ignore[attr-defined]
-            return list(self.client.mget(keys))  # type: ignore[arg-type]
+        """The raw bytes at each of ``keys``: one MGET, or on a cluster one per slot (all
+        sent at once). A warm page's one command: a plain try, as ``get``'s."""
+        key = keys[0]
+        breaker = self.breaker if self._node_breakers is None else self._breaker(key)
+        breaker.check(key)
+        try:
+            if self._node_breakers is not None and is_cluster(self.client):
+                raws: list[bytes | None] = self.client.mget_nonatomic(keys)  # type: ignore[attr-defined]
+            else:
+                raws = self.client.mget(keys)  # type: ignore[assignment]
+        except FAILURES as error:
+            raise failure(breaker, "read", key, error) from error
+        except Exception as error:
+            raise self._cut_short("read", key, error, breaker) from error
+        breaker.succeeded()
+        return raws
 
     def get_many_with_ttl(self, keys: Sequence[str], failing: bool = False) -> list[tuple[bytes | None, float, bool]]:
         with self._translated("read", keys[0]):
