@@ -16,10 +16,14 @@ How to cache what an ORM returns, safely:
   stream of requests for an id that does not exist does not reach the database.
 * After a write, commit first, then ``invalidate()``: the next read loads the new row,
   and a load that was already running cannot write the old one back.
+* A page of products is one ``cached_loader_many`` over the same entries: its hits are
+  one round trip, its misses one ``SELECT ... WHERE id IN (...)``, and an id another
+  caller is loading (a page or a single product) is waited for, not selected again.
 
 The query count comes from the database's own log (SQLAlchemy's cursor events): one
-SELECT for 50 threads on a cold product, one for a missing id, one after an update.
-It exits non-zero if any of that does not hold.
+SELECT for 50 threads on a cold product, one for a missing id, one after an update, one
+for 50 threads on a cold page of products (the product already cached not among its
+ids), none for the page again. It exits non-zero if any of that does not hold.
 """
 
 from __future__ import annotations
@@ -37,11 +41,11 @@ from typing import Any
 import orjson
 from category_map import burst
 from shop import ShopDatabase
-from sqlalchemy import String, create_engine, event
+from sqlalchemy import String, create_engine, event, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from stampede import CachedLoader, Stampede
+from stampede import CachedLoader, CachedManyLoader, Stampede
 
 
 class Base(DeclarativeBase):
@@ -114,6 +118,25 @@ def make_product_loader(layer: Stampede, engine: Engine, ttl: float = 60) -> Cac
     return product
 
 
+def make_page_loader(layer: Stampede, engine: Engine, ttl: float = 60) -> CachedManyLoader[int, ProductRow | None]:
+    """A product list page: the same entries as ``make_product_loader``'s, many at once."""
+
+    @layer.cached_loader_many("product:{product_id}", ttl=ttl, null_ttl=10, serializer=ProductRowSerializer())
+    def products(product_ids: list[int]) -> dict[int, ProductRow]:
+        with Session(engine) as session:
+            rows = session.scalars(select(Product).where(Product.id.in_(product_ids)))
+            return {row.id: ProductRow.of(row) for row in rows}  # an id not found is cached as None
+
+    return products
+
+
+def shown(value: Any) -> str:
+    """A value as the steps print it: a page as its size and its product 7."""
+    if isinstance(value, dict):
+        return f"{len(value)} products, #7 at {value[7].price}"
+    return repr(value)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--redis", help="a Redis URL; default: the embedded backend (this process only)")
@@ -126,20 +149,20 @@ def main() -> None:
         url, namespace = options.redis, "example"
         layer = Stampede.from_url(url, namespace=namespace) if url else Stampede(namespace=namespace)
         product = make_product_loader(layer, engine)
+        page = make_page_loader(layer, engine)
         if options.redis:
-            for product_id in (7, 999_999):
-                product.invalidate(product_id)  # a fresh start on a server that outlives us
+            page.invalidate([*range(1, 21), 999_999])  # a fresh start on a server that outlives us
         print(f"cache: {options.redis or 'embedded'}; database: SQLAlchemy ORM on SQLite")
         ok = True
 
-        def step(title: str, product_id: int, expected_queries: int) -> list[Any]:
+        def step(title: str, asked: Any, expected_queries: int) -> list[Any]:
             nonlocal ok
             before = database.count()
-            results = burst(product, product_id, options.threads)  # type: ignore[arg-type]
+            results = burst(page if isinstance(asked, list) else product, asked, options.threads)  # type: ignore[arg-type]
             queries = database.count() - before
             same = len({repr(result) for result in results}) == 1
             print(f"{title:<38} {options.threads} threads: {queries} SELECT{'' if queries == 1 else 's'}, "
-                  f"{'one value' if same else 'DIFFERENT VALUES'}: {results[0]!r}")  # fmt: skip
+                  f"{'one value' if same else 'DIFFERENT VALUES'}: {shown(results[0])}")  # fmt: skip
             ok = ok and same and queries == expected_queries
             return results
 
@@ -148,6 +171,10 @@ def main() -> None:
         ok = ok and isinstance(cached, ProductRow) and cached == loaded
         ok = ok and step("a product that does not exist", 999_999, 1)[0] is None
         step("again: the null sentinel answers", 999_999, 0)
+        page_ids = list(range(1, 21))
+        listed = step("a page of 20 products, one cached", page_ids, 1)[0]  # type: ignore[arg-type]
+        ok = ok and list(listed) == page_ids and listed[7] == loaded and isinstance(listed[3], ProductRow)
+        step("the same page, from the cache", page_ids, 0)  # type: ignore[arg-type]
 
         with Session(engine) as session, session.begin():
             row = session.get(Product, 7)
@@ -156,6 +183,7 @@ def main() -> None:
         product.invalidate(7)  # after the commit
         updated = step("after an update and invalidate()", 7, 1)[0]
         ok = ok and updated.price == loaded.price + Decimal("1.00")
+        ok = ok and step("the page: the same entry, updated", page_ids, 0)[0][7] == updated  # type: ignore[arg-type]
         print("cache counters:", layer.stats())
         layer.close()
         engine.dispose()

@@ -16,8 +16,9 @@ from ._errors import (
     ValueTooLarge,
     WaitTimeout,
 )
-from ._layer import Stampede, cached_loader, default_layer
+from ._layer import Stampede, cached_loader, cached_loader_many, default_layer
 from ._loader import AsyncCachedLoader, CachedLoader, Fetched
+from ._loader_many import AsyncCachedManyLoader, CachedManyLoader
 from ._lock import Lock
 from ._redlock import Redlock, RedlockLock
 
@@ -30,6 +31,9 @@ __all__ = [  # grouped, not sorted
     "AsyncCachedLoader",
     "Fetched",
     "cached_loader",
+    "CachedManyLoader",
+    "AsyncCachedManyLoader",
+    "cached_loader_many",
     "default_layer",
     "Settings",
     # observing it

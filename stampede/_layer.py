@@ -721,3 +721,8 @@ def cached_loader(template: str | None = None, **options: Any) -> LoaderDecorato
 def cached_loader(template: str | Callable[..., Any] | None = None, **options: Any) -> Any:
     """``Stampede.cached_loader`` on the default layer (see ``default_layer``)."""
     return default_layer().cached_loader(template, **options)
+
+
+def cached_loader_many(template: str, **options: Any) -> ManyLoaderDecorator:
+    """``Stampede.cached_loader_many`` on the default layer (see ``default_layer``)."""
+    return default_layer().cached_loader_many(template, **options)

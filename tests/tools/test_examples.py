@@ -52,6 +52,7 @@ def test_the_orm_example_caches_rows_as_their_own_type(redis_url: str) -> None:
     for backend in ([], ["--redis", redis_url]):
         out = run("examples/orm_sqlalchemy.py", "--threads", "30", *backend)
         assert "a cold product                         30 threads: 1 SELECT" in out
+        assert "a page of 20 products, one cached      30 threads: 1 SELECT, one value: 20 products" in out
         assert out.rstrip().endswith("OK")
 
 
