@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .._core.store import AcquireCall, AcquireReply, WriteCall, Written
+from .._core.keys import EntryKeys
+from .._core.store import AcquireCall, AcquireReply, AsyncSubscription, Subscription, WriteCall, Written
 from .._errors import BackendUnavailable
 
 
@@ -41,6 +42,17 @@ class OneByOne:
                 replies.append(error)
         return replies
 
+    def subscribe_many(self, keys: Sequence[EntryKeys]) -> list[Subscription]:
+        subscriptions: list[Subscription] = []
+        try:
+            for entry in keys:
+                subscriptions.append(self.subscribe(entry))  # type: ignore[attr-defined]
+        except BaseException:
+            for subscription in subscriptions:
+                subscription.close()
+            raise
+        return subscriptions
+
 
 class AsyncOneByOne:
     """``AsyncStore``'s many-key commands, one single-key command per entry."""
@@ -70,3 +82,14 @@ class AsyncOneByOne:
             except BackendUnavailable as error:
                 replies.append(error)
         return replies
+
+    async def subscribe_many(self, keys: Sequence[EntryKeys]) -> list[AsyncSubscription]:
+        subscriptions: list[AsyncSubscription] = []
+        try:
+            for entry in keys:
+                subscriptions.append(await self.subscribe(entry))  # type: ignore[attr-defined]
+        except BaseException:
+            for subscription in subscriptions:
+                subscription.close()
+            raise
+        return subscriptions

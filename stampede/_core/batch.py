@@ -4,16 +4,18 @@ unchanged, with the steps that can go together performed together.
 A many-key loader's caller leads the flows of the entries it missed (``flow.fill``,
 ``flow.refresh``: one per entry, each with its own lease). ``together`` steps them all
 and, whenever several ask for the same kind of step at once, yields that step once for
-all of them (``Each``): one round trip takes every lease (``Acquire``) or writes every
-value (``WriteRelease``), and one call of the loader loads every entry whose flow is at
-``Load``. Any other step is one flow's own (``One``).
+all of them (``Each``): one round trip takes every lease (``Acquire``), writes every
+value (``WriteRelease``) or subscribes every waiter (``Subscribe``), and one call of the
+loader loads every entry whose flow is at ``Load``. Any other step is one flow's own
+(``One``).
 
 Rules of the order, so that one call of the loader covers every entry it can, and no
 two batches wait for each other:
 
-* A flow's own commands (subscribe, release, hold, lock servers) go first, then every
-  ``Acquire``, then every ``WriteRelease``, then every ``Load``, then ``Pause``. So when
-  the loader is called, every flow is loading, waiting, or done.
+* A flow's own commands (release, hold, lock servers) go first, then every
+  ``Subscribe`` (confirmed together), every ``Acquire``, every ``WriteRelease``, every
+  ``Load``, then ``Pause``. So when the loader is called, every flow is loading,
+  waiting, or done.
 * ``AwaitNotice`` goes last, one flow at a time: a caller waits for another holder only
   once every entry it leads is loaded and written. Two batches that each lead what the
   other waits for both load first, so neither waits on the other. Waiting for entries
@@ -28,11 +30,11 @@ does, and then goes on.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .effects import Acquire, AwaitNotice, Decision, Effect, Load, Pause, WriteRelease
+from .effects import Acquire, AwaitNotice, Decision, Effect, Load, Pause, Subscribe, WriteRelease
 
 T = TypeVar("T")
 
@@ -65,13 +67,16 @@ class Failed:
 # A batch: yields steps, is sent their replies, returns its outcome.
 Steps = Generator[One | Each, Any, T]
 
-GROUPED = (Acquire, WriteRelease, Load)  # the kinds of step ``Each`` carries, in the order they go
+GROUPED = (Subscribe, Acquire, WriteRelease, Load)  # the kinds of step ``Each`` carries, in the order they go
 LAST = (Pause, AwaitNotice)  # the kinds that wait: after everything else
 
 
-def together(flows: Sequence[Decision[Any]]) -> Steps[list[Any]]:
+def together(
+    flows: Sequence[Decision[Any]], ended: Callable[[int, Any], None] = lambda index, outcome: None
+) -> Steps[list[Any]]:
     """Drive ``flows`` together: the outcome of each, its value or the ``Failed`` it
-    raised, in order."""
+    raised, in order. ``ended(index, outcome)`` is told of each as soon as its flow
+    ends, so that those waiting for that entry alone need not wait for the others."""
     outcomes: list[Any] = [None] * len(flows)
     steps: dict[int, Effect] = {}  # each running flow's next step
 
@@ -79,12 +84,13 @@ def together(flows: Sequence[Decision[Any]]) -> Steps[list[Any]]:
         flow = flows[index]
         try:
             steps[index] = flow.throw(reply.error) if isinstance(reply, Failed) else flow.send(reply)
+            return
         except StopIteration as stop:
-            del steps[index]
             outcomes[index] = stop.value
         except Exception as error:
-            del steps[index]
             outcomes[index] = Failed(error)
+        del steps[index]
+        ended(index, outcomes[index])
 
     for index in range(len(flows)):
         steps[index] = None  # type: ignore[assignment]  # started by the first send

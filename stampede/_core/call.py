@@ -62,7 +62,7 @@ class Joiner:
       did (see ``_core.flight``).
     """
 
-    __slots__ = ("_clock", "_events", "_joined_at", "_spec", "deadline", "early", "wait")
+    __slots__ = ("_clock", "_events", "_joined_at", "deadline", "early", "spec", "wait")
 
     def __init__(
         self, key: str, spec: LoaderSpec, events: JoinReporter, clock: Callable[[], float] = time.monotonic
@@ -70,7 +70,7 @@ class Joiner:
         # Once, before the wait is reported begun: a recursion never waits. Whether this
         # context runs the key's loader does not change while the call waits.
         refuse_recursion(key)
-        self._spec = spec
+        self.spec = spec
         self._events = events
         self._clock = clock
         self._joined_at: int | None = None
@@ -96,7 +96,7 @@ class Joiner:
         if flight.starts_over(self._joined_at):
             self.early = True
             return Outcome.START_OVER
-        value = take_shared(flight, self._spec, self.wait, self._events)
+        value = take_shared(flight, self.spec, self.wait, self._events)
         if value is NOT_A_VALUE:
             self.early = True
             return Outcome.START_OVER

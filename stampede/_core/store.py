@@ -173,6 +173,10 @@ class Store(Protocol):
     def subscribe(self, keys: EntryKeys) -> Subscription:
         """A confirmed mailbox on the entry's channel."""
 
+    def subscribe_many(self, keys: Sequence[EntryKeys]) -> list[Subscription]:
+        """``subscribe`` of each entry, confirmed together where the store can (one round
+        trip). On a failure none is left subscribed."""
+
     def check(self, namespace: str) -> None:
         """Raise ``BackendUnavailable`` naming the cause unless the store answers and takes
         writes in ``namespace``."""
@@ -226,6 +230,8 @@ class AsyncStore(Protocol):
     async def invalidate(self, keys: EntryKeys) -> None: ...
 
     async def subscribe(self, keys: EntryKeys) -> AsyncSubscription: ...
+
+    async def subscribe_many(self, keys: Sequence[EntryKeys]) -> list[AsyncSubscription]: ...
 
     async def check(self, namespace: str) -> None: ...
 

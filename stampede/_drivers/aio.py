@@ -48,7 +48,7 @@ from .._errors import BackendUnavailable
 from .._fork import reset_after_fork
 from .batch import AsyncBatchPerformer, Entry, new_entry, performers_for
 from .leases import AsyncLeases
-from .many import aone_of, batch_name, finish_all, first_failure, near_many, refreshed
+from .many import aone_of, batch_name, finish_entry, first_failure, near_many, refreshed
 from .near import MISSING, NearCache
 from .observe import Events, RateLimitedLog
 from .perform import AsyncPerformer, arun
@@ -208,18 +208,45 @@ class AsyncRunner:
                 self._events.incr("batch_reads")
                 wanted = take_hits(raws, wanted, spec.codec, values, self._events, absent)
         led: dict[int, Flight] = {}
-        joined: list[int] = []
+        joined: list[tuple[int, Flight]] = []
         for index in wanted:
             flight, leads = state.flights.join(keys[index])
             if leads:
                 led[index] = flight
             else:
-                joined.append(index)
+                joined.append((index, flight))
+        waits = []  # each joined flight's future, made before any await: it may finish during this call's own
+        try:
+            for index, flight in joined:
+                joiner = Joiner(keys[index], aone_of(spec, load, index), self._events)  # RecursiveLoad, at once
+                waits.append((index, joiner, flight, state.flights.wait(flight, joiner.joins(flight))))
+        except BaseException as error:
+            for index, flight in led.items():
+                state.flights.finish(keys[index], flight, error=error)
+            raise
         if led:
             await self._lead_many(keys, spec, load, led, values, state, failed, absent)
-        for index in joined:  # in flight here: waited for as a single call waits, once this call's own are done
-            values[index] = await self.call(keys[index], aone_of(spec, load, index), (), {})
+        for index, joiner, flight, done in waits:  # in flight here: waited for once this call's own are done
+            values[index] = await self._wait_joined(keys[index], joiner, flight, done, state)
         return values
+
+    async def _wait_joined(
+        self, value_key: str, joiner: Joiner, flight: Flight, done: asyncio.Future[bool], state: LoopState
+    ) -> Any:
+        """``SyncRunner._wait_joined``, awaited."""
+        spec = joiner.spec
+        try:
+            joined = await done
+        except BaseException:
+            joiner.interrupted()
+            raise
+        value = joiner.outcome(flight, joined)
+        if value is Outcome.TIMED_OUT:
+            ctx = self._context(value_key, spec)
+            return await self._drive(after_wait_timeout(ctx), ctx, spec.func, state)
+        if value is Outcome.START_OVER:
+            return await self.call(value_key, spec, (), {})  # its wait is bounded anew by wait_timeout
+        return value
 
     async def _lead_many(
         self,
@@ -274,8 +301,11 @@ class AsyncRunner:
                 new_entry(index, self._context(keys[index], spec), state.leases.policy, led[index]) for index in misses
             ]
             flows = [fill(entry.ctx, found.misses[entry.position]) for entry in entries]
-            outcomes = await self._drive_many(flows, entries, load, state)
-            failure = finish_all(flights, keys, entries, outcomes, unfinished, values)
+
+            def ended(index: int, outcome: Any) -> None:
+                finish_entry(flights, keys, entries[index], outcome, unfinished, values)
+
+            failure = first_failure(await self._drive_many(flows, entries, load, state, ended))
             if failure is not None:
                 raise failure
         except BaseException as error:
@@ -324,6 +354,7 @@ class AsyncRunner:
         entries: list[Entry],
         load: Callable[[list[int]], Awaitable[list[Any]]],
         state: LoopState,
+        ended: Callable[[int, Any], None] = lambda index, outcome: None,
     ) -> list[Any]:
         """``SyncRunner._drive_many``, awaited."""
         leases = state.leases
@@ -333,7 +364,7 @@ class AsyncRunner:
 
         perform = AsyncBatchPerformer(entries, leases.store, load, leases, self._events)
         with performers_for(entries, performer):
-            return await arun(together(flows), perform)
+            return await arun(together(flows, ended), perform)
 
     async def _read_for_near(
         self, near: NearCache, store: AsyncStore, value_key: str, spec: LoaderSpec

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._core.batch import Each, Failed, One
-from .._core.effects import Acquire, Effect, Lease, Load, WriteRelease, milliseconds
+from .._core.effects import Acquire, Effect, Lease, Load, Subscribe, WriteRelease, milliseconds
 from .._core.flight import Flight, loading_all
 from .._core.flow import Context
 from .._core.store import AsyncRenewable, AsyncStore, Renewable, Store
@@ -116,6 +116,11 @@ class BatchPerformer:
             return replies(self._store.acquire_many(acquire_calls(entries, step.steps)))
         if isinstance(first, WriteRelease):
             return replies(self._store.write_release_many(write_calls(entries, step.steps)))
+        if isinstance(first, Subscribe):
+            subscriptions = self._store.subscribe_many([entry.lease.keys for entry in entries])
+            for entry, subscription in zip(entries, subscriptions, strict=True):
+                entry.performer.subscribed(subscription)
+            return [None] * len(entries)
         with ExitStack() as stack:
             stack.enter_context(loading_all(entry.lease.keys.value for entry in entries))
             for lease in leased(entries, step.steps):
@@ -157,6 +162,11 @@ class AsyncBatchPerformer:
         if isinstance(first, WriteRelease):
             writing = self._store.write_release_many(write_calls(entries, step.steps))
             return replies(await asyncio.shield(writing))
+        if isinstance(first, Subscribe):
+            subscriptions = await self._store.subscribe_many([entry.lease.keys for entry in entries])
+            for entry, subscription in zip(entries, subscriptions, strict=True):
+                entry.performer.subscribed(subscription)
+            return [None] * len(entries)
         renewals = [
             asyncio.ensure_future(keep_renewed(self._renewal, lease.keys, lease.token, lease.ms))
             for lease in leased(entries, step.steps)

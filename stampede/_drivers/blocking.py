@@ -6,6 +6,8 @@ from __future__ import annotations
 import functools
 import random
 import secrets
+import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,7 +33,7 @@ from .._core.store import LockServers, Store
 from .._errors import BackendUnavailable
 from .batch import BatchPerformer, Entry, new_entry, performers_for
 from .leases import Leases
-from .many import batch_name, finish_all, first_failure, near_many, one_of, refreshed
+from .many import batch_name, finish_entry, first_failure, near_many, one_of, refreshed
 from .near import MISSING, NearCache
 from .observe import Events, RateLimitedLog
 from .perform import Performer, run
@@ -157,18 +159,45 @@ class SyncRunner:
                 self._events.incr("batch_reads")
                 wanted = take_hits(raws, wanted, spec.codec, values, self._events, absent)
         led: dict[int, Flight] = {}
-        joined: list[int] = []
+        joined: list[tuple[int, Flight, threading.Event]] = []
         for index in wanted:
             flight, done = self.flights.join(keys[index])
             if done is None:
                 led[index] = flight
             else:
-                joined.append(index)
+                joined.append((index, flight, done))
+        waits = []
+        try:
+            for index, flight, done in joined:
+                joiner = Joiner(keys[index], one_of(spec, load, index), self._events)  # RecursiveLoad, at once
+                joiner.joins(flight)  # joined now: what the flight sent before is not this caller's
+                waits.append((index, joiner, flight, done))
+        except BaseException as error:
+            for index, flight in led.items():
+                self.flights.finish(keys[index], flight, error=error)
+            raise
         if led:
             self._lead_many(keys, spec, load, led, values, failed, absent)
-        for index in joined:  # in flight here: waited for as a single call waits, once this call's own are done
-            values[index] = self.call(keys[index], one_of(spec, load, index), (), {})
+        for index, joiner, flight, done in waits:  # in flight here: waited for once this call's own are done
+            values[index] = self._wait_joined(keys[index], joiner, flight, done)
         return values
+
+    def _wait_joined(self, value_key: str, joiner: Joiner, flight: Flight, done: threading.Event) -> Any:
+        """Wait for another caller's flight of one entry of a many-key call, as ``call``
+        waits: its value, or if it must start over, a single call of the entry."""
+        spec = joiner.spec
+        try:
+            joined = done.wait(max(0.0, joiner.deadline - time.monotonic()))
+        except BaseException:
+            joiner.interrupted()
+            raise
+        value = joiner.outcome(flight, joined)
+        if value is Outcome.TIMED_OUT:
+            ctx = self._context(value_key, spec)
+            return self._drive(after_wait_timeout(ctx), ctx, spec.func)
+        if value is Outcome.START_OVER:
+            return self.call(value_key, spec, (), {})  # its wait is bounded anew by wait_timeout
+        return value
 
     def _lead_many(
         self,
@@ -224,10 +253,12 @@ class SyncRunner:
             entries = [
                 new_entry(index, self._context(keys[index], spec), self.leases.policy, led[index]) for index in misses
             ]
-            outcomes = self._drive_many(
-                [fill(entry.ctx, found.misses[entry.position]) for entry in entries], entries, load
-            )
-            failure = finish_all(flights, keys, entries, outcomes, unfinished, values)
+            flows = [fill(entry.ctx, found.misses[entry.position]) for entry in entries]
+
+            def ended(index: int, outcome: Any) -> None:
+                finish_entry(flights, keys, entries[index], outcome, unfinished, values)
+
+            failure = first_failure(self._drive_many(flows, entries, load, ended))
             if failure is not None:
                 raise failure
         except BaseException as error:
@@ -251,7 +282,13 @@ class SyncRunner:
         if self.refresher.start(batch_name(keys, served), work) and early:
             self._events.incr("early_refreshes", early)
 
-    def _drive_many(self, flows: list[Flow], entries: list[Entry], load: Callable[[list[int]], list[Any]]) -> list[Any]:
+    def _drive_many(
+        self,
+        flows: list[Flow],
+        entries: list[Entry],
+        load: Callable[[list[int]], list[Any]],
+        ended: Callable[[int, Any], None] = lambda index, outcome: None,
+    ) -> list[Any]:
         """Perform the flows together (``batch.together``): each entry's own steps on a
         lease of its own, the rest in one round trip or one loader call."""
         leases = self.leases
@@ -263,7 +300,7 @@ class SyncRunner:
 
         perform = BatchPerformer(entries, leases.store, load, self._watchdog, leases, self._events)
         with performers_for(entries, performer):
-            return run(together(flows), perform)
+            return run(together(flows, ended), perform)
 
     def _read_for_near(self, near: NearCache, value_key: str, spec: LoaderSpec) -> tuple[bytes | None, float, bool]:
         """Read the value with its TTL, and copy it into the near cache unless an

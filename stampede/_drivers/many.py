@@ -19,27 +19,21 @@ class Flights(Protocol):
     def finish(self, key: str, flight: Flight, value: Any = None, error: BaseException | None = None) -> None: ...
 
 
-def finish_all(
-    flights: Flights,
-    keys: Sequence[str],
-    entries: Sequence[Entry],
-    outcomes: Sequence[Any],
-    unfinished: dict[int, Flight],
-    values: list[Any],
-) -> BaseException | None:
-    """Finish each entry's flight with its flow's outcome, as a single call's leader does,
-    and put each value in its place. The first failure is returned, for the caller."""
-    for entry, outcome in zip(entries, outcomes, strict=True):
-        flight = unfinished.pop(entry.position)
-        key = keys[entry.position]
-        if isinstance(outcome, Failed):
-            flights.finish(key, flight, error=outcome.error)
-            continue
-        ctx = entry.ctx
-        flight.decided(ctx.unwritten, ctx.via_notice, ctx.served_stale, ctx.raw)
-        flights.finish(key, flight, value=outcome)
-        values[entry.position] = outcome
-    return first_failure(outcomes)
+def finish_entry(
+    flights: Flights, keys: Sequence[str], entry: Entry, outcome: Any, unfinished: dict[int, Flight], values: list[Any]
+) -> None:
+    """Finish an entry's flight with its flow's outcome, as a single call's leader does,
+    and put its value in its place: as soon as the flow ends, so that callers who joined
+    that entry do not wait for the rest of the batch."""
+    flight = unfinished.pop(entry.position)
+    key = keys[entry.position]
+    if isinstance(outcome, Failed):
+        flights.finish(key, flight, error=outcome.error)
+        return
+    ctx = entry.ctx
+    flight.decided(ctx.unwritten, ctx.via_notice, ctx.served_stale, ctx.raw)
+    flights.finish(key, flight, value=outcome)
+    values[entry.position] = outcome
 
 
 def first_failure(outcomes: Sequence[Any]) -> BaseException | None:

@@ -133,6 +133,11 @@ class Performer:
     def __enter__(self) -> Performer:
         return self
 
+    def subscribed(self, subscription: Subscription) -> None:
+        """The lease's subscription, made for it with others' (``_drivers.batch``): as if
+        its ``Subscribe`` had run here, and closed on exit as its own would be."""
+        self._subscription = subscription
+
     def __exit__(self, *exc_info: object) -> None:
         if self._subscription is not None:
             self._subscription.close()
@@ -220,6 +225,11 @@ class AsyncPerformer:
 
     def __enter__(self) -> AsyncPerformer:
         return self
+
+    def subscribed(self, subscription: AsyncSubscription) -> None:
+        """The lease's subscription, made for it with others' (``_drivers.batch``): as if
+        its ``Subscribe`` had run here, and closed on exit as its own would be."""
+        self._subscription = subscription
 
     def __exit__(self, *exc_info: object) -> None:
         if self._subscription is not None:

@@ -81,6 +81,8 @@ class OnLoop:
     def __getattr__(self, name: str) -> Callable[..., Any]:
         if name == "subscribe":
             return lambda keys: OnLoopSubscription(self._call("subscribe", keys), self._loop)
+        if name == "subscribe_many":
+            return lambda keys: [OnLoopSubscription(each, self._loop) for each in self._call(name, keys)]
         return lambda *args: self._call(name, *args)
 
 
@@ -363,3 +365,13 @@ def test_many_key_commands_answer_each_entry_as_its_single_key_command_does(stor
     assert raw == ENVELOPE and 50 < ttl_left <= 60 and failing is False
     assert absent == (None, 0.0, False)
     assert store.acquire_many([(keys, "c", LEASE_MS, True, b"")]) == [AcquireReply(LockState.VALUE, ENVELOPE)]
+
+    subscriptions = store.subscribe_many([other, third])  # confirmed: no wake-up after this is missed
+    try:
+        assert store.write_release_many([(third, "b", ENVELOPE, 60_000, True)]) == [Written.YES]
+        assert subscriptions[1].wait(10) == ENVELOPE
+        store.invalidate(other)
+        assert subscriptions[0].wait(10) == b""
+    finally:
+        for subscription in subscriptions:
+            subscription.close()

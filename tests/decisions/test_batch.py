@@ -57,13 +57,13 @@ def test_steps_of_one_kind_go_together_and_waits_go_last() -> None:
     seen, outcomes = drive(flows, answer)
 
     assert seen == [
-        (1, "Subscribe"),  # a flow's own command first
-        [(0, "Acquire"), (2, "Acquire")],  # then every lease in one round trip
+        [(1, "Subscribe")],  # subscriptions first, confirmed together
+        [(0, "Acquire"), (2, "Acquire")],  # every lease in one round trip
         [(0, "Load"), (2, "Load")],  # one call of the loader
         [(0, "WriteRelease"), (2, "WriteRelease")],  # every write together
         (1, "AwaitNotice"),  # the wait for another holder: once its own are written
     ]
-    assert outcomes == [["r0", "r0", "r0"], ["r", "r"], ["r2", "r2", "r2"]]
+    assert outcomes == [["r0", "r0", "r0"], ["r1", "r"], ["r2", "r2", "r2"]]
 
 
 def test_a_failed_step_fails_its_flow_only() -> None:
@@ -115,13 +115,13 @@ def test_real_flows_load_once_and_wait_for_another_holder_after_their_writes() -
     locked, held = AcquireReply(LockState.LOCKED), AcquireReply(LockState.HELD, lease_left=5.0)
     steps = [batch.send(None)]
     steps.append(batch.send([locked, held, locked]))
-    steps.append(batch.send(None))  # subscribed: entry 1 re-checks
+    steps.append(batch.send([None]))  # subscribed: entry 1 re-checks
     steps.append(batch.send([held]))
     steps.append(batch.send(["value 0", "value 2"]))  # one loader call for entries 0 and 2
     steps.append(batch.send([Written.YES, Written.YES]))
     assert [kinds(step) for step in steps] == [
         [(0, "Acquire"), (1, "Acquire"), (2, "Acquire")],
-        (1, "Subscribe"),
+        [(1, "Subscribe")],
         [(1, "Acquire")],
         [(0, "Load"), (2, "Load")],
         [(0, "WriteRelease"), (2, "WriteRelease")],

@@ -16,8 +16,9 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from stampede import ConfigError, InvalidKey, RecursiveLoad, Stampede
-from stampede.testing import ClusterServers
+from stampede import BackendUnavailable, ConfigError, InvalidKey, RecursiveLoad, Stampede
+from stampede._core.keys import EntryKeys
+from stampede.testing import ClusterServers, RedisServer
 
 from ..modes import TIMEOUT, Blocking, OnALoop
 from .test_behaviour import lock_is_held
@@ -499,3 +500,42 @@ def test_stale_entries_are_served_and_refreshed_in_one_background_call(
     assert sorted(db.queries[1]) == [1, 2, 3]  # one background call for the three
     until(lambda: mode(load, [1, 2, 3]) == {id_: {"id": id_, "v": 2} for id_ in (1, 2, 3)})
     assert len(db.queries) == 2 and layer.stats()["stale_hits"] >= 3
+
+
+@pytest.mark.parametrize("policy", ["load", "raise"])
+def test_a_page_while_the_server_is_down_loads_once_without_the_cache_or_raises(
+    own_server: RedisServer, mode: Blocking | OnALoop, policy: str
+) -> None:
+    layer = Stampede.from_url(own_server.url, namespace="test", on_backend_error=policy, breaker_threshold=0)
+    try:
+        db = ManyDatabase()
+        load = many_loader(layer, mode, db)
+        assert mode(load, [1]) == {1: {"id": 1}}
+        own_server.kill()
+
+        if policy == "raise":
+            with pytest.raises(BackendUnavailable):
+                mode(load, [1, 2, 3])
+            assert db.queries == [[1]]
+        else:
+            assert mode(load, [1, 2, 3]) == {1: {"id": 1}, 2: {"id": 2}, 3: {"id": 3}}
+            assert db.queries == [[1], [1, 2, 3]]  # one loader call, uncached
+            assert layer.stats()["redis_errors"] == 1  # the first read's failure, counted once
+    finally:
+        own_server.start()
+        if mode.name == "asyncio":
+            mode(layer.aclose)
+        layer.close()
+
+
+def test_an_id_whose_holder_died_is_taken_over(make_layer: Callable[..., Stampede], mode: Blocking | OnALoop) -> None:
+    layer = make_layer(lock_ttl=0.3, near_cache=False)
+    db = ManyDatabase()
+    load = many_loader(layer, mode, db)
+    assert layer._runner is not None
+    dead = EntryKeys.for_value(load.key(5))
+    assert layer._runner.store.acquire(dead, "a dead holder", 300, True).state.name == "LOCKED"  # never renewed
+
+    assert mode(load, [4, 5, 6]) == {4: {"id": 4}, 5: {"id": 5}, 6: {"id": 6}}
+    assert db.queries == [[4, 6], [5]]  # 5 waited for its holder's lease, then was taken over
+    assert layer.stats()["takeovers"] == 1

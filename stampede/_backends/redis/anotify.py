@@ -20,7 +20,7 @@ import collections
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from redis.exceptions import ResponseError
@@ -64,6 +64,19 @@ class AsyncSubscriber:
     async def subscribe(self, channel: str) -> LoopMailbox:
         """A mailbox on ``channel``, once the server has confirmed the subscription."""
         return await self.join(LoopMailbox(channel, asyncio.get_running_loop(), self.leave))
+
+    async def subscribe_many(self, channels: Sequence[str]) -> list[LoopMailbox]:
+        """``Subscriber.subscribe_many``, awaited."""
+        loop = asyncio.get_running_loop()
+        mailboxes: list[LoopMailbox] = []
+        try:
+            for channel in channels:
+                mailboxes.append(await self.join(LoopMailbox(channel, loop, self.leave), confirmed=False))
+        except BaseException:
+            for mailbox in mailboxes:
+                mailbox.close()
+            raise
+        return await confirm_all(mailboxes, self._timeout)
 
     async def join(self, subscription: LoopMailbox, confirmed: bool = True) -> LoopMailbox:
         """``Subscriber.join``, awaited."""
@@ -208,3 +221,32 @@ class AsyncSubscriber:
                 await self._ensure_connected()
             except FAILURES:
                 self._channels.on_connection_lost()
+
+
+async def confirm_all(mailboxes: list[LoopMailbox], timeout: float) -> list[LoopMailbox]:
+    """``notify.confirm_all``, awaited."""
+    deadline = time.monotonic() + timeout
+    try:
+        for mailbox in mailboxes:
+            if not await mailbox.wait_confirmed(max(0.0, deadline - time.monotonic())):
+                raise BackendUnavailable(f"the server did not confirm the subscription to {mailbox.channel!r}")
+    except BaseException:
+        for mailbox in mailboxes:
+            mailbox.close()
+        raise
+    return mailboxes
+
+
+async def subscribe_each(
+    subscribe: Callable[[str], Awaitable[LoopMailbox]], channels: Sequence[str]
+) -> list[LoopMailbox]:
+    """``notify.subscribe_each``, awaited."""
+    mailboxes: list[LoopMailbox] = []
+    try:
+        for channel in channels:
+            mailboxes.append(await subscribe(channel))
+    except BaseException:
+        for mailbox in mailboxes:
+            mailbox.close()
+        raise
+    return mailboxes

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from ..._errors import BackendUnavailable
 from ..mailbox import LoopMailbox
-from .anotify import AsyncSubscriber
+from .anotify import AsyncSubscriber, confirm_all, subscribe_each
 
 log = logging.getLogger("stampede.wakeups")
 
@@ -40,6 +41,26 @@ class AsyncShardedSubscriber:
                     raise
                 await self._refresh()
         raise AssertionError("unreachable")
+
+    async def subscribe_many(self, channels: Sequence[str]) -> list[LoopMailbox]:
+        """``ShardedSubscriber.subscribe_many``, awaited."""
+        loop = asyncio.get_running_loop()
+        mailboxes: list[LoopMailbox] = []
+        try:
+            for channel in channels:
+                mailbox = LoopMailbox(channel, loop, self._leave)
+                node = await self._node_for(channel)
+                self._homes[mailbox] = node
+                mailboxes.append(await node.join(mailbox, confirmed=False))
+            return await confirm_all(mailboxes, self._timeout)
+        except BackendUnavailable:
+            for mailbox in mailboxes:
+                mailbox.close()
+        except BaseException:
+            for mailbox in mailboxes:
+                mailbox.close()
+            raise
+        return await subscribe_each(self.subscribe, channels)
 
     async def aclose(self) -> None:
         self._closed = True

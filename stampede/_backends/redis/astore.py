@@ -345,6 +345,9 @@ class AsyncRedisStore:
     async def subscribe(self, keys: EntryKeys) -> AsyncSubscription:
         return await self._subscriber.subscribe(keys.channel)
 
+    async def subscribe_many(self, keys: Sequence[EntryKeys]) -> list[AsyncSubscription]:
+        return list(await self._subscriber.subscribe_many([entry.channel for entry in keys]))
+
     async def aclose(self) -> None:
         for task in list(self._refreshes):
             task.cancel()

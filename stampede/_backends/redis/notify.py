@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
@@ -69,6 +69,20 @@ class Subscriber:
     def subscribe(self, channel: str) -> ThreadMailbox:
         """A mailbox on ``channel``, once the server has confirmed the subscription."""
         return self.join(ThreadMailbox(channel, self.leave))
+
+    def subscribe_many(self, channels: Sequence[str]) -> list[ThreadMailbox]:
+        """``subscribe`` of each of ``channels``: every SUBSCRIBE is sent before the first
+        confirmation is awaited, so the waiters of a page cost one round trip, not one
+        each. On a failure none is left subscribed."""
+        mailboxes: list[ThreadMailbox] = []
+        try:
+            for channel in channels:
+                mailboxes.append(self.join(ThreadMailbox(channel, self.leave), confirmed=False))
+        except BaseException:
+            for mailbox in mailboxes:
+                mailbox.close()
+            raise
+        return confirm_all(mailboxes, self._timeout)
 
     def join(self, subscription: ThreadMailbox, confirmed: bool = True) -> ThreadMailbox:
         """Subscribe ``subscription`` (made by this subscriber or by its owner) and return it
@@ -234,6 +248,35 @@ class Subscriber:
                 dropped = self._channels.on_reply(reply)
                 if dropped is not None and self._on_lost is not None:
                     self._hand_over([dropped])
+
+
+def confirm_all(mailboxes: list[ThreadMailbox], timeout: float) -> list[ThreadMailbox]:
+    """Wait until the server has confirmed every subscription of ``mailboxes``, within
+    ``timeout`` in all. On a failure every one is closed (unsubscribed)."""
+    deadline = time.monotonic() + timeout
+    try:
+        for mailbox in mailboxes:
+            if not mailbox.wait_confirmed(max(0.0, deadline - time.monotonic())):
+                raise BackendUnavailable(f"the server did not confirm the subscription to {mailbox.channel!r}")
+    except BaseException:
+        for mailbox in mailboxes:
+            mailbox.close()
+        raise
+    return mailboxes
+
+
+def subscribe_each(subscribe: Callable[[str], ThreadMailbox], channels: Sequence[str]) -> list[ThreadMailbox]:
+    """``subscribe`` of each of ``channels``, one after the other. On a failure none is
+    left subscribed."""
+    mailboxes: list[ThreadMailbox] = []
+    try:
+        for channel in channels:
+            mailboxes.append(subscribe(channel))
+    except BaseException:
+        for mailbox in mailboxes:
+            mailbox.close()
+        raise
+    return mailboxes
 
 
 def master_moved(pool: Any, connection: Any) -> bool:

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from ..._errors import BackendUnavailable
 from ..._fork import reset_after_fork
 from ..mailbox import ThreadMailbox
-from .notify import Subscriber
+from .notify import Subscriber, confirm_all, subscribe_each
 
 log = logging.getLogger("stampede.wakeups")
 
@@ -59,6 +60,28 @@ class ShardedSubscriber:
                     raise
                 self._refresh()
         raise AssertionError("unreachable")
+
+    def subscribe_many(self, channels: Sequence[str]) -> list[ThreadMailbox]:
+        """``subscribe`` of each of ``channels``, every SSUBSCRIBE sent (to the primary of
+        each slot) before a confirmation is awaited. If a node fails or refuses one, each
+        is asked again as ``subscribe`` asks, one at a time."""
+        mailboxes: list[ThreadMailbox] = []
+        try:
+            for channel in channels:
+                mailbox = ThreadMailbox(channel, self._leave)
+                node = self._node_for(channel)
+                with self._lock:
+                    self._homes[mailbox] = node
+                mailboxes.append(node.join(mailbox, confirmed=False))
+            return confirm_all(mailboxes, self._timeout)
+        except BackendUnavailable:
+            for mailbox in mailboxes:
+                mailbox.close()
+        except BaseException:
+            for mailbox in mailboxes:
+                mailbox.close()
+            raise
+        return subscribe_each(self.subscribe, channels)
 
     def close(self) -> None:
         with self._lock:

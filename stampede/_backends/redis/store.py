@@ -530,6 +530,9 @@ class RedisStore:
     def subscribe(self, keys: EntryKeys) -> Subscription:
         return self._subscriber.subscribe(keys.channel)
 
+    def subscribe_many(self, keys: Sequence[EntryKeys]) -> list[Subscription]:
+        return list(self._subscriber.subscribe_many([entry.channel for entry in keys]))
+
     def close(self) -> None:
         self.closed = True
         self._subscriber.close()
