@@ -437,7 +437,7 @@ def test_a_cold_page_takes_its_leases_and_writes_in_one_round_trip_each(
     before = commands_run(redis_client)
     load(list(range(1, 51)))
     ran = commands_between(redis_client, before)
-    assert ran["mget"] == 1 and ran["evalsha"] == 100  # 50 takes and 50 writes, in two pipelines
+    assert ran["mget"] == 1 and ran["evalsha"] == 2  # one script takes the 50 leases, one writes the 50 values
     assert db.queries == [[0], list(range(1, 51))]
 
 

@@ -139,7 +139,7 @@ class AsyncRedisStore:
 
     async def acquire_many(self, calls: Sequence[AcquireCall]) -> list[AcquireReply | BackendUnavailable]:
         replies = await self._run_scripts(
-            self._scripts.acquire, batches.acquire_calls(calls), "lock", calls[0][0].value
+            self._scripts.acquires, batches.acquire_calls(calls), "lock", calls[0][0].value
         )
         acquired = batches.acquire_replies(replies, calls, batches.error_reply)
         if self.eviction.pending and any(getattr(reply, "state", None) is LockState.LOCKED for reply in acquired):
@@ -148,25 +148,24 @@ class AsyncRedisStore:
         return acquired
 
     async def write_release_many(self, calls: Sequence[WriteCall]) -> list[Written | BackendUnavailable]:
-        replies = await self._run_scripts(
-            self._scripts.write_release, batches.write_calls(calls), "write", calls[0][0].value
-        )
+        replies = await self._run_scripts(self._scripts.writes, batches.write_calls(calls), "write", calls[0][0].value)
         return batches.write_replies(replies, calls, batches.error_reply)
 
-    async def _run_scripts(self, script: Any, calls: list[_scripts.Call], what: str, key: str) -> list[Any]:
+    async def _run_scripts(self, pair: batches.Pair, calls: list[_scripts.Call], what: str, key: str) -> list[Any]:
         """``RedisStore._run_scripts``, awaited."""
+        groups = batches.slot_groups(calls, is_cluster(self.client))
         with self._translated(what, key):
             pipeline = self.client.pipeline(transaction=False)
-            batches.queue_scripts(pipeline, script, calls)
+            batches.queue_groups(pipeline, pair, calls, groups)
             replies: list[Any] = await self._send(key, pipeline.execute, raise_on_error=False)
             unknown = batches.unknown_scripts(replies)
             if unknown:
                 pipeline = self.client.pipeline(transaction=False)
-                batches.queue_evals(pipeline, script, calls, unknown)
+                batches.queue_groups(pipeline, pair, calls, [groups[index] for index in unknown], by_text=True)
                 again = await self._send(key, pipeline.execute, raise_on_error=False)
                 for index, reply in zip(unknown, again, strict=True):
                     replies[index] = reply
-        return replies
+        return batches.spread(groups, replies, len(calls))
 
     async def acquire(
         self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""

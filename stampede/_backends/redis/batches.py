@@ -1,6 +1,7 @@
-"""The many-key commands of the Redis stores, blocking and asyncio: each a pipeline, so a
-batch of entries costs one round trip per server (a cluster client sends each slot's
-commands to its primary, every primary at once).
+"""The many-key commands of the Redis stores, blocking and asyncio: one script call per
+slot group (``scripts.for_each``: every entry on one server, each slot's on a cluster),
+sent in one pipeline, so a batch of entries costs one round trip per server (a cluster
+client sends each slot's commands to its primary, every primary at once).
 
 Scripts go by EVALSHA. Those the server does not know (NOSCRIPT: a restarted or new
 server) go again by EVAL, in a second pipeline. redis-py's own pipelined scripts would
@@ -11,14 +12,25 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
+from redis.crc import key_slot
 from redis.exceptions import NoScriptError
 
 from ..._core.store import AcquireCall, WriteCall, Written
 from ..._errors import BackendUnavailable
 from . import scripts as _scripts
 from .replies import acquire_reply, queue_read_with_ttl, with_ttl
+
+GROUP_LIMIT = 500
+"""The most entries one script call takes (``max_batch``'s default): a larger group is split."""
+
+
+class Pair(NamedTuple):
+    """A script for one entry, and its ``scripts.for_each`` form for several."""
+
+    one: Any
+    each: Any
 
 
 def script_text(script: Any) -> tuple[str, str]:
@@ -27,24 +39,52 @@ def script_text(script: Any) -> tuple[str, str]:
     return hashlib.sha1(text.encode()).hexdigest(), text
 
 
-def queue_scripts(pipeline: Any, script: Any, calls: Sequence[_scripts.Call]) -> None:
-    """EVALSHA each call (by ``execute_command``: a cluster pipeline refuses its ``evalsha``
-    method, but routes the command by its keys as any other)."""
-    sha, _ = script_text(script)
-    for keys, args in calls:
-        pipeline.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+def slot_groups(calls: Sequence[_scripts.Call], cluster: bool) -> list[list[int]]:
+    """The calls (by index) that go together in one script: on a cluster those of one
+    slot (a script runs in one), elsewhere all of them, ``GROUP_LIMIT`` at most each."""
+    if not cluster:
+        return [list(range(start, min(start + GROUP_LIMIT, len(calls)))) for start in range(0, len(calls), GROUP_LIMIT)]
+    by_slot: dict[int, list[int]] = {}
+    for index, call in enumerate(calls):
+        by_slot.setdefault(key_slot(str(call.keys[0]).encode()), []).append(index)
+    return [
+        group[start : start + GROUP_LIMIT] for group in by_slot.values() for start in range(0, len(group), GROUP_LIMIT)
+    ]
+
+
+def queue_groups(
+    pipeline: Any, pair: Pair, calls: Sequence[_scripts.Call], groups: Sequence[list[int]], by_text: bool = False
+) -> None:
+    """One script call per group: ``pair.one`` for a group of one, else ``pair.each``. By
+    EVALSHA (or, ``by_text``, EVAL: after NOSCRIPT), through ``execute_command``: a cluster
+    pipeline refuses its ``evalsha`` method, but routes the command by its keys as any
+    other."""
+    for group in groups:
+        script, call = (pair.one, calls[group[0]]) if len(group) == 1 else (
+            pair.each, _scripts.each_call([calls[index] for index in group]))  # fmt: skip
+        sha, text = script_text(script)
+        pipeline.execute_command("EVAL" if by_text else "EVALSHA", text if by_text else sha, len(call.keys),
+                                 *call.keys, *call.args)  # fmt: skip
+
+
+def spread(groups: Sequence[list[int]], replies: Sequence[Any], count: int) -> list[Any]:
+    """Each call's reply, from its group's: a group's error reply is each of its calls'."""
+    spread_out: list[Any] = [None] * count
+    for group, reply in zip(groups, replies, strict=True):
+        if len(group) == 1:
+            spread_out[group[0]] = reply
+        elif isinstance(reply, Exception):
+            for index in group:
+                spread_out[index] = reply
+        else:
+            for index, one in zip(group, reply, strict=True):
+                spread_out[index] = one
+    return spread_out
 
 
 def unknown_scripts(replies: list[Any]) -> list[int]:
     """Where the server answered NOSCRIPT."""
     return [index for index, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
-
-
-def queue_evals(pipeline: Any, script: Any, calls: Sequence[_scripts.Call], indexes: list[int]) -> None:
-    _, text = script_text(script)
-    for index in indexes:
-        keys, args = calls[index]
-        pipeline.execute_command("EVAL", text, len(keys), *keys, *args)
 
 
 def acquire_calls(calls: Sequence[AcquireCall]) -> list[_scripts.Call]:

@@ -105,6 +105,33 @@ return 1
 """
 
 
+def for_each(script: str, keys_each: int, args_each: int) -> str:
+    """``script`` run once for each of several entries, in one call: a many-key command's
+    one script per slot group. The script's text becomes a function whose parameters
+    shadow KEYS and ARGV, so it runs unchanged for each entry.
+    KEYS: each entry's ``keys_each`` keys, entry after entry.
+    ARGV[1] the number of entries n; then each entry's ``args_each`` arguments, in order.
+    Returns a list of n replies, each what ``script`` returns for that entry."""
+    return (
+        f"local function one(KEYS, ARGV)\n{script}\nend\n"
+        "local replies = {}\n"
+        "for i = 0, tonumber(ARGV[1]) - 1 do\n"
+        "  local keys, args = {}, {}\n"
+        f"  for j = 1, {keys_each} do keys[j] = KEYS[i * {keys_each} + j] end\n"
+        f"  for j = 1, {args_each} do args[j] = ARGV[1 + i * {args_each} + j] end\n"
+        "  replies[i + 1] = one(keys, args)\n"
+        "end\n"
+        "return replies\n"
+    )
+
+
+def each_call(calls: list[Call]) -> Call:
+    """The KEYS and ARGV of a ``for_each`` script over ``calls`` (one script's calls)."""
+    return Call(
+        [key for call in calls for key in call.keys], [len(calls), *(arg for call in calls for arg in call.args)]
+    )
+
+
 def release_call(keys: EntryKeys, token: str) -> Call:
     return Call([keys.lock], [token, keys.channel])
 
@@ -370,3 +397,7 @@ redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]) * 100)
 return 1
 """
+
+
+ACQUIRE_EACH = for_each(ACQUIRE, 2, 4)
+WRITE_AND_RELEASE_EACH = for_each(WRITE_AND_RELEASE, 4, 5)

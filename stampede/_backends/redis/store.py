@@ -195,6 +195,8 @@ class Scripts:
 
         self.acquire = register(_scripts.ACQUIRE)
         self.write_release = register(_scripts.WRITE_AND_RELEASE)
+        self.acquires = batches.Pair(self.acquire, register(_scripts.ACQUIRE_EACH))  # many entries' (batches)
+        self.writes = batches.Pair(self.write_release, register(_scripts.WRITE_AND_RELEASE_EACH))
         self.renew = register(_scripts.RENEW)
         self.release = register(_scripts.RELEASE)
         self.invalidate = register(_scripts.INVALIDATE)
@@ -389,7 +391,12 @@ class RedisStore:
         return batches.reads_with_ttl(replies, failing)
 
     def acquire_many(self, calls: Sequence[AcquireCall]) -> list[AcquireReply | BackendUnavailable]:
-        replies = self._run_scripts(self._scripts.acquire, batches.acquire_calls(calls), "lock", calls[0][0].value)
+        replies = self._run_scripts(
+            self._scripts.acquires,
+            batches.acquire_calls(calls),
+            "lock",
+            calls[0][0].value,
+        )
         acquired = batches.acquire_replies(replies, calls, batches.error_reply)
         if self.eviction.pending and any(getattr(reply, "state", None) is LockState.LOCKED for reply in acquired):
             self.eviction.pending = False
@@ -397,23 +404,29 @@ class RedisStore:
         return acquired
 
     def write_release_many(self, calls: Sequence[WriteCall]) -> list[Written | BackendUnavailable]:
-        replies = self._run_scripts(self._scripts.write_release, batches.write_calls(calls), "write", calls[0][0].value)
+        replies = self._run_scripts(
+            self._scripts.writes,
+            batches.write_calls(calls),
+            "write",
+            calls[0][0].value,
+        )
         return batches.write_replies(replies, calls, batches.error_reply)
 
-    def _run_scripts(self, script: Any, calls: list[_scripts.Call], what: str, key: str) -> list[Any]:
-        """Run ``script`` once per call in one pipeline (see ``batches``): the replies, an
-        error reply in place as an exception."""
+    def _run_scripts(self, pair: batches.Pair, calls: list[_scripts.Call], what: str, key: str) -> list[Any]:
+        """Run a script for each call, one script call per slot group, in one pipeline
+        (see ``batches``): each call's reply, an error reply in place as an exception."""
+        groups = batches.slot_groups(calls, is_cluster(self.client))
         with self._translated(what, key):
             pipeline = self.client.pipeline(transaction=False)
-            batches.queue_scripts(pipeline, script, calls)
+            batches.queue_groups(pipeline, pair, calls, groups)
             replies: list[Any] = pipeline.execute(raise_on_error=False)
             unknown = batches.unknown_scripts(replies)
             if unknown:
                 pipeline = self.client.pipeline(transaction=False)
-                batches.queue_evals(pipeline, script, calls, unknown)
+                batches.queue_groups(pipeline, pair, calls, [groups[index] for index in unknown], by_text=True)
                 for index, reply in zip(unknown, pipeline.execute(raise_on_error=False), strict=True):
                     replies[index] = reply
-        return replies
+        return batches.spread(groups, replies, len(calls))
 
     def acquire(
         self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
