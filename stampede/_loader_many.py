@@ -128,14 +128,14 @@ class ManyKeys:
         """The distinct ids asked, in the order first asked. With ``single_allowed``, a
         value that is not a collection is one id (``invalidate(7)``)."""
         asked = call[self.batch]
-        if isinstance(asked, SINGLE_IDS) or not isinstance(asked, Iterable):
+        if type(asked) is not list and (isinstance(asked, SINGLE_IDS) or not isinstance(asked, Iterable)):
             if single_allowed:
                 return [asked]
             raise TypeError(
                 f"{self.loader_name} takes its ids ({self.batch}) as a collection, got {type(asked).__name__}: "
                 f"pass a list, e.g. [{asked!r}]"
             )
-        ids = list(asked)
+        ids = asked if type(asked) is list else list(asked)
         try:
             return list(dict.fromkeys(ids))
         except TypeError:

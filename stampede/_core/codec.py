@@ -195,10 +195,11 @@ class Codec:
                 pass
         return NOT_A_VALUE
 
-    def decode_hits(self, raws: Sequence[bytes | None]) -> list[Any]:
-        """``decode_hit`` of each of ``raws`` (None stays ``NOT_A_VALUE``): a many-key
-        call's hits, in one loop with no call per value but the serializer's."""
-        loads, header_size, values = self.serializer.loads, _HEADER.size, []
+    def decode_hits(self, raws: Sequence[bytes | None]) -> tuple[list[Any], int]:
+        """``decode_hit`` of each of ``raws`` (None stays ``NOT_A_VALUE``), and how many
+        were not hits: a many-key call's values, in one loop with no call per value but
+        the serializer's."""
+        loads, header_size, values, missed = self.serializer.loads, _HEADER.size, [], 0
         for raw in raws:
             value: Any = NOT_A_VALUE
             if raw is not None:
@@ -208,9 +209,11 @@ class Codec:
                     try:
                         value = loads(raw[size:])
                     except Exception:
-                        pass
+                        value = NOT_A_VALUE
+            if value is NOT_A_VALUE:
+                missed += 1
             values.append(value)
-        return values
+        return values, missed
 
     def decode(self, raw: bytes) -> Decoded:
         """Classify ``raw`` as a value, the null sentinel or corrupt. Never raises."""

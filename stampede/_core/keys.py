@@ -325,7 +325,7 @@ class KeyBuilder:
             return keys
         prefix, before, after, limit, text = self._prefix, self._before, self._after, self._max_length, self._text
         bound = 10 ** max(0, limit - len(before) - len(after) - 1)  # ints within it need no shortening
-        if all(type(id_) is int and -bound < id_ < bound for id_ in ids):  # the common case: one join each
+        if ids and all(type(id_) is int for id_ in ids) and -bound < min(ids) and max(ids) < bound:  # one join each
             head, tail = prefix + before, after + "}"
             return [head + str(id_) + tail for id_ in ids]
         keys = []

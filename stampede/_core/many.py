@@ -100,7 +100,7 @@ def take_hits(
     value read before a caller joined a flight is handed to it. Returns the rest's
     indexes."""
     rest = []
-    for index, raw, value in zip(indexes, raws, codec.decode_hits(raws), strict=True):
+    for index, raw, value in zip(indexes, raws, codec.decode_hits(raws)[0], strict=True):
         if value is not NOT_A_VALUE:
             values[index] = value
             continue

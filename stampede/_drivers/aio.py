@@ -194,18 +194,48 @@ class AsyncRunner:
         self, keys: Sequence[str], spec: LoaderSpec, load: Callable[[list[int]], Awaitable[list[Any]]]
     ) -> list[Any]:
         """The values of many entries, as ``SyncRunner.call_many``, for the tasks of this loop."""
-        values: list[Any] = [MISSING] * len(keys)
-        wanted = near_many(self.near, keys, spec, values)
         state = self._state()
-        failed: BackendUnavailable | None = None
-        absent: set[int] = set()
-        if wanted and not spec.reads_ttl:
+        if not keys:
+            return []
+        if not spec.near and not spec.reads_ttl:  # a warm page: one MGET, one loop
             try:
-                raws = await state.store.get_many([keys[index] for index in wanted])
+                raws = await state.store.get_many(keys)
+            except BackendUnavailable as error:
+                return await self._call_many(
+                    keys, spec, load, [MISSING] * len(keys), list(range(len(keys))), error, state
+                )
+            hits, missed = spec.codec.decode_hits(raws)
+            self._events.incr("batch_reads")
+            if not missed:
+                self._events.incr("hits", len(hits))
+                return hits
+            return await self._call_many(
+                keys, spec, load, [MISSING] * len(keys), list(range(len(keys))), None, state, raws
+            )
+        values = [MISSING] * len(keys)
+        return await self._call_many(keys, spec, load, values, near_many(self.near, keys, spec, values), None, state)
+
+    async def _call_many(
+        self,
+        keys: Sequence[str],
+        spec: LoaderSpec,
+        load: Callable[[list[int]], Awaitable[list[Any]]],
+        values: list[Any],
+        wanted: list[int],
+        failed: BackendUnavailable | None,
+        state: LoopState,
+        raws: list[bytes | None] | None = None,
+    ) -> list[Any]:
+        """``SyncRunner._call_many``, awaited."""
+        absent: set[int] = set()
+        if wanted and not spec.reads_ttl and failed is None:
+            try:
+                if raws is None:
+                    raws = await state.store.get_many([keys[index] for index in wanted])
+                    self._events.incr("batch_reads")
             except BackendUnavailable as error:
                 failed = error
             else:
-                self._events.incr("batch_reads")
                 wanted = take_hits(raws, wanted, spec.codec, values, self._events, absent)
         led: dict[int, Flight] = {}
         joined: list[tuple[int, Flight]] = []

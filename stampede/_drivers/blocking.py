@@ -146,17 +146,43 @@ class SyncRunner:
         """The values of many entries, in the order of ``keys`` (see ``_core.many``).
         ``load(positions)`` calls the loader with the ids at those positions of the call
         and returns their values in that order."""
-        values: list[Any] = [MISSING] * len(keys)
-        wanted = near_many(self.near, keys, spec, values)
-        failed: BackendUnavailable | None = None
-        absent: set[int] = set()
-        if wanted and not spec.reads_ttl:
+        if not keys:
+            return []
+        if not spec.near and not spec.reads_ttl:  # a warm page: one MGET, one loop
             try:
-                raws = self.store.get_many([keys[index] for index in wanted])
+                raws = self.store.get_many(keys)
+            except BackendUnavailable as error:
+                return self._call_many(keys, spec, load, [MISSING] * len(keys), list(range(len(keys))), error)
+            hits, missed = spec.codec.decode_hits(raws)
+            self._events.incr("batch_reads")
+            if not missed:
+                self._events.incr("hits", len(hits))
+                return hits
+            return self._call_many(keys, spec, load, [MISSING] * len(keys), list(range(len(keys))), None, raws)
+        values = [MISSING] * len(keys)
+        return self._call_many(keys, spec, load, values, near_many(self.near, keys, spec, values), None)
+
+    def _call_many(
+        self,
+        keys: Sequence[str],
+        spec: LoaderSpec,
+        load: Callable[[list[int]], list[Any]],
+        values: list[Any],
+        wanted: list[int],
+        failed: BackendUnavailable | None,
+        raws: list[bytes | None] | None = None,
+    ) -> list[Any]:
+        """``call_many`` past the near cache: the entries ``wanted`` read (unless that
+        read ``failed``, or gave ``raws`` already), the rest in flights."""
+        absent: set[int] = set()
+        if wanted and not spec.reads_ttl and failed is None:
+            try:
+                if raws is None:
+                    raws = self.store.get_many([keys[index] for index in wanted])
+                    self._events.incr("batch_reads")
             except BackendUnavailable as error:
                 failed = error
             else:
-                self._events.incr("batch_reads")
                 wanted = take_hits(raws, wanted, spec.codec, values, self._events, absent)
         led: dict[int, Flight] = {}
         joined: list[tuple[int, Flight, threading.Event]] = []
