@@ -20,7 +20,8 @@ two batches wait for each other:
   once every entry it leads is loaded and written. Two batches that each lead what the
   other waits for both load first, so neither waits on the other. Waiting for entries
   one after the other costs the longest of their waits, not their sum: a notice that
-  comes in meanwhile is kept by its subscription.
+  comes in meanwhile is kept by its subscription. (An entry whose notice came early is
+  finished only once the waits before it end.)
 
 A flow that raises ends with its exception (``Failed``), not the batch. An interruption
 (a BaseException that is not an Exception: a cancelled task, a KeyboardInterrupt) is
@@ -49,8 +50,7 @@ class One:
 
 @dataclass(frozen=True, slots=True)
 class Each:
-    """The same kind of step (``Acquire``, ``WriteRelease`` or ``Load``) for several flows,
-    performed together. Reply: a list with, for each step in order, its reply or the
+    """The same kind of step (one of ``GROUPED``) for several flows, performed together. Reply: a list with, for each step in order, its reply or the
     ``Failed`` it ended with. A failure of the whole round trip may be thrown in instead:
     it is each step's."""
 
