@@ -50,9 +50,9 @@ class One:
 
 @dataclass(frozen=True, slots=True)
 class Each:
-    """The same kind of step (one of ``GROUPED``) for several flows, performed together. Reply: a list with, for each step in order, its reply or the
-    ``Failed`` it ended with. A failure of the whole round trip may be thrown in instead:
-    it is each step's."""
+    """The same kind of step (one of ``GROUPED``) for several flows, performed together.
+    Reply: a list with, for each step in order, its reply or the ``Failed`` it ended
+    with. A failure of the whole round trip may be thrown in instead: it is each step's."""
 
     steps: tuple[One, ...]
 

@@ -10,6 +10,7 @@ which counts the steps that may produce its value as a single call's does.
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import ExitStack
@@ -24,6 +25,8 @@ from .._core.store import AsyncRenewable, AsyncStore, Renewable, Store
 from .observe import Events
 from .perform import AsyncPerformer, Performer
 from .watchdog import Watchdog, keep_renewed
+
+log = logging.getLogger("stampede.cache")
 
 
 @dataclass(slots=True)
@@ -121,6 +124,7 @@ class BatchPerformer:
             for entry, subscription in zip(entries, subscriptions, strict=True):
                 entry.performer.subscribed(subscription)
             return [None] * len(entries)
+        log.debug("loading %d entries in one call: %s, ...", len(entries), entries[0].lease.keys.value)
         with ExitStack() as stack:
             stack.enter_context(loading_all(entry.lease.keys.value for entry in entries))
             for lease in leased(entries, step.steps):
@@ -171,6 +175,7 @@ class AsyncBatchPerformer:
             asyncio.ensure_future(keep_renewed(self._renewal, lease.keys, lease.token, lease.ms))
             for lease in leased(entries, step.steps)
         ]
+        log.debug("loading %d entries in one call: %s, ...", len(entries), entries[0].lease.keys.value)
         try:
             with loading_all(entry.lease.keys.value for entry in entries):
                 self._events.incr("batch_loads")

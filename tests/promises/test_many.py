@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -539,3 +540,51 @@ def test_an_id_whose_holder_died_is_taken_over(make_layer: Callable[..., Stamped
     assert mode(load, [4, 5, 6]) == {4: {"id": 4}, 5: {"id": 5}, 6: {"id": 6}}
     assert db.queries == [[4, 6], [5]]  # 5 waited for its holder's lease, then was taken over
     assert layer.stats()["takeovers"] == 1
+
+
+def test_prometheus_counts_a_page_per_id_and_per_loader_call(redis_url: str) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from stampede.prometheus import PrometheusMetrics
+
+    registry = CollectorRegistry()
+    namespace = f"many-{uuid.uuid4().hex[:8]}"
+    layer = Stampede.from_url(redis_url, namespace=namespace, observers=[PrometheusMetrics(registry)])
+    try:
+        db = ManyDatabase()
+        load = layer.cached_loader_many("item:{item_id}")(db.load)
+        load([1, 2, 3])
+        load([1, 2, 3, 4])
+
+        def sample(name: str) -> float | None:
+            return registry.get_sample_value(f"stampede_{name}_total", {"namespace": namespace})
+
+        assert sample("loads") == 4 and sample("batch_loads") == 2  # per id, and per loader call
+        assert sample("hits") == 3 and sample("misses") == 4 and sample("batch_reads") == 2
+        assert {name: sample(name) for name in ("loads", "hits", "misses")} == {
+            name: layer.stats()[name] for name in ("loads", "hits", "misses")
+        }
+    finally:
+        layer.close()
+
+
+@pytest.mark.timing
+def test_the_watchdog_renews_every_lease_of_a_running_batch(
+    make_layer: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    layer = make_layer(lock_ttl=0.3, near_cache=False)
+    db = ManyDatabase()
+    db.release.clear()
+    load = many_loader(layer, mode, db)
+
+    page = mode.start(load, [1, 2, 3])
+    assert db.started.wait(TIMEOUT)
+    renewed = threading.Event()
+    assert not renewed.wait(0.9)  # three terms of the lease: only renewals keep it
+    assert all(lock_is_held(layer, load.key(id_)) for id_ in (1, 2, 3))
+    db.release.set()
+
+    assert page.result(TIMEOUT) == {1: {"id": 1}, 2: {"id": 2}, 3: {"id": 3}}
+    assert layer.stats()["stale_writes_prevented"] == 0
+    assert mode(load, [1, 2, 3]) == {1: {"id": 1}, 2: {"id": 2}, 3: {"id": 3}}
+    assert db.queries == [[1, 2, 3]]  # written: the leases were still the batch's
