@@ -17,7 +17,7 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from stampede import BackendUnavailable, ConfigError, InvalidKey, RecursiveLoad, Stampede
+from stampede import BackendUnavailable, ConfigError, InvalidKey, RecursiveLoad, Stampede, WaitTimeout
 from stampede._core.keys import EntryKeys
 from stampede.testing import ClusterServers, RedisServer
 
@@ -588,3 +588,26 @@ def test_the_watchdog_renews_every_lease_of_a_running_batch(
     assert layer.stats()["stale_writes_prevented"] == 0
     assert mode(load, [1, 2, 3]) == {1: {"id": 1}, 2: {"id": 2}, 3: {"id": 3}}
     assert db.queries == [[1, 2, 3]]  # written: the leases were still the batch's
+
+
+@pytest.mark.parametrize("policy", ["load", "raise"])
+def test_an_id_held_past_wait_timeout_follows_on_wait_timeout(
+    make_layer: Callable[..., Stampede], mode: Blocking | OnALoop, policy: str
+) -> None:
+    layer = make_layer(wait_timeout=0.5, on_wait_timeout=policy, near_cache=False)
+    db = ManyDatabase()
+    load = many_loader(layer, mode, db)
+    assert layer._runner is not None
+    stuck = EntryKeys.for_value(load.key(5))
+    assert layer._runner.store.acquire(stuck, "a slow holder", 60_000, True).state.name == "LOCKED"
+
+    if policy == "raise":
+        with pytest.raises(WaitTimeout):
+            mode(load, [4, 5])
+        assert db.queries == [[4]]
+    else:
+        assert mode(load, [4, 5]) == {4: {"id": 4}, 5: {"id": 5}}
+        assert db.queries == [[4], [5]]  # 5 loaded without the cache once the wait ran out
+    assert layer.stats()["wait_timeouts"] == 1
+    assert mode(load, [4]) == {4: {"id": 4}}  # 4 was written either way
+    assert len(db.queries) == (1 if policy == "raise" else 2)
