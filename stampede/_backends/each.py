@@ -1,6 +1,7 @@
 """The many-key commands of a store that sends one command per entry: the embedded
 store, whose commands are steps in memory with no round trip to save, and PostgreSQL,
-whose many-key statements are not written yet (each entry costs a round trip there).
+which reads a page in one statement (its own ``get_many``) but takes leases and writes
+one entry at a time (a round trip each: its many-entry statements are not written yet).
 
 A many-key command answers each entry as its single-key command would, a failure of an
 entry's command as its ``BackendUnavailable`` in place (``_core.store.Store.acquire_many``).

@@ -6,7 +6,7 @@ to the waiter's loop. The blocking store of the layer owns it."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -153,6 +153,14 @@ class AsyncPostgresStore(AsyncOneByOne):
     async def get(self, key: str) -> bytes | None:
         row = await self._one("read", key, sql.Statement(sql.GET, (key,)))
         return None if row is None else bytes(row[0])
+
+    async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """``PostgresStore.get_many``, awaited."""
+        async with self._connection("read", keys[0]) as connection:
+            cursor = await connection.execute(sql.GET_MANY, (list(keys),))
+            rows = await cursor.fetchall()
+        found = {key: bytes(value) for key, value in rows}
+        return [found.get(key) for key in keys]
 
     async def get_with_ttl(self, key: str, failing: bool = False) -> tuple[bytes | None, float, bool]:
         row = await self._one("read", key, sql.get_with_ttl(key, failing_key(key)))

@@ -338,6 +338,9 @@ class Statement(NamedTuple):
 
 GET = "SELECT value FROM stampede_values WHERE key = %s AND expires_at > clock_timestamp()"
 
+GET_MANY = "SELECT key, value FROM stampede_values WHERE key = ANY(%s) AND expires_at > clock_timestamp()"
+"""Many entries' values in one statement (a many-key call's first read): the rows found."""
+
 GET_WITH_TTL = (
     "SELECT v.value, extract(epoch FROM v.expires_at - clock_timestamp())::float8,"
     " EXISTS (SELECT 1 FROM stampede_values f WHERE f.key = %s AND f.expires_at > clock_timestamp())"
