@@ -617,3 +617,28 @@ def test_an_id_held_past_wait_timeout_follows_on_wait_timeout(
     assert layer.stats()["wait_timeouts"] == 1
     assert mode(load, [4]) == {4: {"id": 4}}  # 4 was written either way
     assert len(db.queries) == (1 if policy == "raise" else 2)
+
+
+def test_a_cancelled_page_releases_every_lease_and_its_joiners_go_on(
+    layer_of_each_backend: Callable[..., Stampede],
+) -> None:
+    layer = layer_of_each_backend()
+    on_a_loop = OnALoop()
+    try:
+        db = ManyDatabase()
+        db.release.clear()
+        load = many_loader(layer, on_a_loop, db)
+        page = on_a_loop.start(load, [1, 2, 3])
+        assert db.started.wait(TIMEOUT)
+        joiner = on_a_loop.start(load, [2, 4])  # joins 2 in this loop, leads 4
+
+        page.cancel()
+        until(lambda: page.cancelled() or page.done())
+        until(lambda: not any(lock_is_held(layer, load.key(id_)) for id_ in (1, 2, 3)))
+        db.release.set()
+
+        assert joiner.result(TIMEOUT) == {2: {"id": 2}, 4: {"id": 4}}  # it started over and led 2
+        assert on_a_loop(load, [1, 2, 3]) == {1: {"id": 1}, 2: {"id": 2}, 3: {"id": 3}}
+        assert db.asked[2] == 2 and db.asked[4] == 1
+    finally:
+        on_a_loop.close()
