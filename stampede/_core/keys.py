@@ -327,7 +327,7 @@ class KeyBuilder:
         bound = 10 ** max(0, limit - len(before) - len(after) - 1)  # ints within it need no shortening
         if ids and all(type(id_) is int for id_ in ids) and -bound < min(ids) and max(ids) < bound:  # one join each
             head, tail = prefix + before, after + "}"
-            return [head + str(id_) + tail for id_ in ids]
+            return [f"{head}{id_}{tail}" for id_ in ids]
         keys = []
         for id_ in ids:
             entry = before + text(id_, index) + after
