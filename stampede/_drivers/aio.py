@@ -231,7 +231,8 @@ class AsyncRunner:
         if wanted and not spec.reads_ttl and failed is None:
             try:
                 if raws is None:
-                    raws = await state.store.get_many([keys[index] for index in wanted])
+                    reads = await self._read_many([keys[index] for index in wanted], spec, state)
+                    raws = [read[0] for read in reads]
                     self._events.incr("batch_reads")
             except BackendUnavailable as error:
                 failed = error
@@ -300,12 +301,7 @@ class AsyncRunner:
             try:
                 if failed is not None:
                     raise failed
-                if not unread:
-                    reads: list[tuple[bytes | None, float, bool]] = []
-                elif spec.reads_ttl:
-                    reads = await state.store.get_many_with_ttl(unread_keys, spec.reads_failing)
-                else:
-                    reads = [(raw, -1.0, False) for raw in await state.store.get_many(unread_keys)]
+                reads = await self._read_many(unread_keys, spec, state) if unread else []
             except BackendUnavailable as error:
                 self._events.incr("batch_reads")
                 found = failed_reads(unread, self._events, self._warn, error)
@@ -342,6 +338,26 @@ class AsyncRunner:
             for index, flight in unfinished.items():
                 flights.finish(keys[index], flight, error=error)
             raise
+
+    async def _read_many(
+        self, keys: list[str], spec: LoaderSpec, state: LoopState
+    ) -> list[tuple[bytes | None, float, bool]]:
+        """``SyncRunner._read_many``, awaited."""
+        near = self.near if spec.near else None
+        if near is None:
+            if spec.reads_ttl:
+                return await state.store.get_many_with_ttl(keys, spec.reads_failing)
+            return [(raw, -1.0, False) for raw in await state.store.get_many(keys)]
+        tickets = [near.begin(key) for key in keys]
+        try:
+            reads = await state.store.get_many_with_ttl(keys, spec.reads_failing)
+        except BaseException:
+            for ticket in tickets:
+                near.cancel(ticket)
+            raise
+        for ticket, (raw, ttl_left, _) in zip(tickets, reads, strict=True):
+            near.fill(ticket, raw, ttl_left, spec)
+        return reads
 
     def _refresh_many(
         self,

@@ -15,7 +15,7 @@ import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from .._core.batch import Each, Failed, One
 from .._core.effects import Acquire, Effect, Lease, Load, Subscribe, WriteRelease, milliseconds
@@ -27,6 +27,8 @@ from .perform import AsyncPerformer, Performer
 from .watchdog import Watchdog, keep_renewed
 
 log = logging.getLogger("stampede.cache")
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -134,8 +136,8 @@ class BatchPerformer:
 
 
 class AsyncBatchPerformer:
-    """``BatchPerformer`` for a task: the same steps, awaited. The writes are shielded
-    from a second cancellation, as ``AsyncPerformer`` shields a single write."""
+    """``BatchPerformer`` for a task: the same steps, awaited. The writes run to their
+    end even if the task is cancelled meanwhile (``to_the_end``)."""
 
     def __init__(
         self,
@@ -164,8 +166,7 @@ class AsyncBatchPerformer:
         if isinstance(first, Acquire):
             return replies(await self._store.acquire_many(acquire_calls(entries, step.steps)))
         if isinstance(first, WriteRelease):
-            writing = self._store.write_release_many(write_calls(entries, step.steps))
-            return replies(await asyncio.shield(writing))
+            return replies(await to_the_end(self._store.write_release_many(write_calls(entries, step.steps))))
         if isinstance(first, Subscribe):
             subscriptions = await self._store.subscribe_many([entry.lease.keys for entry in entries])
             for entry, subscription in zip(entries, subscriptions, strict=True):
@@ -183,6 +184,22 @@ class AsyncBatchPerformer:
         finally:
             for renewal in renewals:
                 renewal.cancel()
+
+
+async def to_the_end(work: Awaitable[T]) -> T:
+    """Await ``work``, which must not be cut short (a batch's writes): a cancellation
+    meanwhile waits for it to end, then goes on. (A shield alone would let the task end
+    first, and a loop closing after it would destroy the writes still pending.)"""
+    task = asyncio.ensure_future(work)
+    interrupted: BaseException | None = None
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError as error:
+            interrupted = error
+    if interrupted is not None:
+        raise interrupted
+    return task.result()
 
 
 def performers_for(entries: Sequence[Entry], make: Callable[[Entry], Performer | AsyncPerformer]) -> ExitStack:

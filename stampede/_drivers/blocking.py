@@ -178,7 +178,7 @@ class SyncRunner:
         if wanted and not spec.reads_ttl and failed is None:
             try:
                 if raws is None:
-                    raws = self.store.get_many([keys[index] for index in wanted])
+                    raws = [read[0] for read in self._read_many([keys[index] for index in wanted], spec)]
                     self._events.incr("batch_reads")
             except BackendUnavailable as error:
                 failed = error
@@ -249,12 +249,7 @@ class SyncRunner:
             try:
                 if failed is not None:
                     raise failed
-                if not unread:
-                    reads: list[tuple[bytes | None, float, bool]] = []
-                elif spec.reads_ttl:
-                    reads = self.store.get_many_with_ttl(unread_keys, spec.reads_failing)
-                else:
-                    reads = [(raw, -1.0, False) for raw in self.store.get_many(unread_keys)]
+                reads = self._read_many(unread_keys, spec) if unread else []
             except BackendUnavailable as error:
                 self._events.incr("batch_reads")
                 found = failed_reads(unread, self._events, self._warn, error)
@@ -291,6 +286,26 @@ class SyncRunner:
             for index, flight in unfinished.items():
                 flights.finish(keys[index], flight, error=error)
             raise
+
+    def _read_many(self, keys: list[str], spec: LoaderSpec) -> list[tuple[bytes | None, float, bool]]:
+        """Read ``keys`` in one round trip, with their TTLs if a freshness setting or the
+        near cache needs them, and copy each into the near cache under its rules (a read
+        begun before an invalidation of its key copies nothing: ``_read_for_near``)."""
+        near = self.near if spec.near else None
+        if near is None:
+            if spec.reads_ttl:
+                return self.store.get_many_with_ttl(keys, spec.reads_failing)
+            return [(raw, -1.0, False) for raw in self.store.get_many(keys)]
+        tickets = [near.begin(key) for key in keys]
+        try:
+            reads = self.store.get_many_with_ttl(keys, spec.reads_failing)
+        except BaseException:
+            for ticket in tickets:
+                near.cancel(ticket)
+            raise
+        for ticket, (raw, ttl_left, _) in zip(tickets, reads, strict=True):
+            near.fill(ticket, raw, ttl_left, spec)
+        return reads
 
     def _refresh_many(
         self, keys: Sequence[str], spec: LoaderSpec, load: Callable[[list[int]], list[Any]], served: dict[int, Served]

@@ -642,3 +642,39 @@ def test_a_cancelled_page_releases_every_lease_and_its_joiners_go_on(
         assert db.asked[2] == 2 and db.asked[4] == 1
     finally:
         on_a_loop.close()
+
+
+def test_a_page_fills_the_near_cache_and_an_invalidation_drops_its_copy(
+    make_layer: Callable[..., Stampede], redis_client: redis.Redis, mode: Blocking | OnALoop
+) -> None:
+    from ..families.test_near_cache import held, tracked
+
+    layer = make_layer(near_cache=True, near_lease=5.0, stale_while_revalidate=0, stale_if_error=0, early_refresh=0)
+    db = ManyDatabase()
+    load = many_loader(layer, mode, db)
+    page = list(range(10))
+    tracked(layer)
+    near, tracker = layer._near, layer._backend.tracker
+    assert near is not None and tracker is not None
+
+    def copied() -> bool:
+        """Every entry of the page is copied, and stays so once the tracking messages of
+        this process's own writes (which spoil a copy) have all come in."""
+        assert mode(load, page) == {id_: {"id": id_} for id_ in page}
+        if not all(held(layer, load.key(id_)) for id_ in page):
+            return False
+        since = time.monotonic()
+        until(lambda: near.lease_until > since + tracker._lease)  # a renewal sent after: caught up
+        return all(held(layer, load.key(id_)) for id_ in page)
+
+    until(copied)
+    near_hits = layer.stats()["near_hits"]
+    before = commands_run(redis_client)
+    assert mode(load, page) == {id_: {"id": id_} for id_ in page}
+    assert layer.stats()["near_hits"] == near_hits + 10
+    assert not set(commands_between(redis_client, before)) & {"mget", "get", "evalsha"}  # no read of the page
+
+    mode(load.invalidate, 3)  # every near cache has dropped its copy when this returns
+    assert not held(layer, load.key(3))
+    assert mode(load, page) == {id_: {"id": id_} for id_ in page}
+    assert db.queries == [page, [3]]
