@@ -252,6 +252,8 @@ class AsyncRunner:
                 joiner = Joiner(keys[index], aone_of(spec, load, index), self._events)  # RecursiveLoad, at once
                 waits.append((index, joiner, flight, state.flights.wait(flight, joiner.joins(flight))))
         except BaseException as error:
+            for _, joiner, _, _ in waits:
+                joiner.interrupted()  # its wait, reported begun, ends
             for index, flight in led.items():
                 state.flights.finish(keys[index], flight, error=error)
             raise

@@ -199,6 +199,8 @@ class SyncRunner:
                 joiner.joins(flight)  # joined now: what the flight sent before is not this caller's
                 waits.append((index, joiner, flight, done))
         except BaseException as error:
+            for _, joiner, _, _ in waits:
+                joiner.interrupted()  # its wait, reported begun, ends
             for index, flight in led.items():
                 self.flights.finish(keys[index], flight, error=error)
             raise

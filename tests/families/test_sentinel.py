@@ -118,7 +118,7 @@ def test_a_failover_during_a_stampede_serves_every_caller_and_the_subscriber_fol
     try:
         db = CountingLoader()
         db.release.clear()
-        threads, outcomes = start_stampede(layers, db, 8)
+        threads, outcomes = start_stampede(layers, [db] * len(layers), 8)
         assert db.started.wait(10)
         until(lambda: sum(layer.stats()["lock_waits"] for layer in layers) >= 1)  # one layer waits on the other
         channel = EntryKeys.for_value(layers[0].cached_loader("item:{key}")(db).key(1)).channel
