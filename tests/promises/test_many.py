@@ -631,6 +631,7 @@ def test_a_cancelled_page_releases_every_lease_and_its_joiners_go_on(
         page = on_a_loop.start(load, [1, 2, 3])
         assert db.started.wait(TIMEOUT)
         joiner = on_a_loop.start(load, [2, 4])  # joins 2 in this loop, leads 4
+        until(lambda: [4] in db.queries)  # it leads 4 alone: it joined the page's flight of 2
 
         page.cancel()
         until(lambda: page.cancelled() or page.done())
