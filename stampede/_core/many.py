@@ -23,7 +23,7 @@ from typing import Any
 
 from .._errors import BackendUnavailable
 from .call import DECIDED, read_found
-from .codec import NOT_A_VALUE, Codec
+from .codec import NOT_A_VALUE
 from .flight import Flight
 from .flow import FailedRead, LoaderSpec, Miss, WarningLog, failed_read
 from .freshness import Served
@@ -88,19 +88,19 @@ def failed_reads(indexes: Sequence[int], events: Reporter, warn: WarningLog, err
 
 def take_hits(
     raws: Sequence[bytes | None],
+    decoded: Sequence[Any],
     indexes: Sequence[int],
-    codec: Codec,
     values: list[Any],
     events: Reporter,
     absent: set[int],
 ) -> list[int]:
-    """A many-key call's first read, before it joins any flight: each hit's value put in
-    ``values``. The rest go through the flights. Those found ``absent`` are misses; the
-    null sentinel and unreadable bytes are read again by whoever leads them, so that no
-    value read before a caller joined a flight is handed to it. Returns the rest's
-    indexes."""
+    """A many-key call's first read (``raws``, and ``decoded`` by ``Codec.decode_hits``),
+    before it joins any flight: each hit's value put in ``values``. The rest go through
+    the flights. Those found ``absent`` are misses; the null sentinel and unreadable
+    bytes are read again by whoever leads them, so that no value read before a caller
+    joined a flight is handed to it. Returns the rest's indexes."""
     rest = []
-    for index, raw, value in zip(indexes, raws, codec.decode_hits(raws)[0], strict=True):
+    for index, raw, value in zip(indexes, raws, decoded, strict=True):
         if value is not NOT_A_VALUE:
             values[index] = value
             continue
@@ -117,13 +117,7 @@ def values_of(result: Any, ids: Sequence[Any], loader: str) -> list[Any]:
     value (an id it leaves out is None: the null sentinel is cached for it, extra ids are
     not written), or a list or tuple of one value per id, in the order asked."""
     if isinstance(result, Mapping):
-        try:
-            return [result.get(id_) for id_ in ids]
-        except TypeError as error:  # an unhashable id
-            raise TypeError(
-                f"the many-key loader {loader} returned a mapping, but an id asked is not hashable "
-                f"({error}): return a list, one value per id in the order asked; nothing was written"
-            ) from None
+        return [result.get(id_) for id_ in ids]  # ids are hashable: ``_loader_many`` refuses others
     if isinstance(result, (list, tuple)):
         if len(result) == len(ids):
             return list(result)

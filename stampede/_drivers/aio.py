@@ -210,7 +210,7 @@ class AsyncRunner:
                 self._events.incr("hits", len(hits))
                 return hits
             return await self._call_many(
-                keys, spec, load, [MISSING] * len(keys), list(range(len(keys))), None, state, raws
+                keys, spec, load, [MISSING] * len(keys), list(range(len(keys))), None, state, (raws, hits)
             )
         values = [MISSING] * len(keys)
         return await self._call_many(keys, spec, load, values, near_many(self.near, keys, spec, values), None, state)
@@ -224,20 +224,20 @@ class AsyncRunner:
         wanted: list[int],
         failed: BackendUnavailable | None,
         state: LoopState,
-        raws: list[bytes | None] | None = None,
+        read: tuple[list[bytes | None], list[Any]] | None = None,
     ) -> list[Any]:
         """``SyncRunner._call_many``, awaited."""
         absent: set[int] = set()
         if wanted and not spec.reads_ttl and failed is None:
             try:
-                if raws is None:
-                    reads = await self._read_many([keys[index] for index in wanted], spec, state)
-                    raws = [read[0] for read in reads]
+                if read is None:
+                    raws = [found[0] for found in await self._read_many([keys[index] for index in wanted], spec, state)]
+                    read = raws, spec.codec.decode_hits(raws)[0]
                     self._events.incr("batch_reads")
             except BackendUnavailable as error:
                 failed = error
             else:
-                wanted = take_hits(raws, wanted, spec.codec, values, self._events, absent)
+                wanted = take_hits(*read, wanted, values, self._events, absent)
         led: dict[int, Flight] = {}
         joined: list[tuple[int, Flight]] = []
         for index in wanted:

@@ -158,7 +158,7 @@ class SyncRunner:
             if not missed:
                 self._events.incr("hits", len(hits))
                 return hits
-            return self._call_many(keys, spec, load, [MISSING] * len(keys), list(range(len(keys))), None, raws)
+            return self._call_many(keys, spec, load, [MISSING] * len(keys), list(range(len(keys))), None, (raws, hits))
         values = [MISSING] * len(keys)
         return self._call_many(keys, spec, load, values, near_many(self.near, keys, spec, values), None)
 
@@ -170,20 +170,22 @@ class SyncRunner:
         values: list[Any],
         wanted: list[int],
         failed: BackendUnavailable | None,
-        raws: list[bytes | None] | None = None,
+        read: tuple[list[bytes | None], list[Any]] | None = None,
     ) -> list[Any]:
         """``call_many`` past the near cache: the entries ``wanted`` read (unless that
-        read ``failed``, or gave ``raws`` already), the rest in flights."""
+        read ``failed``, or was made already: ``read``, the bytes and what they decode to),
+        the rest in flights."""
         absent: set[int] = set()
         if wanted and not spec.reads_ttl and failed is None:
             try:
-                if raws is None:
-                    raws = [read[0] for read in self._read_many([keys[index] for index in wanted], spec)]
+                if read is None:
+                    raws = [found[0] for found in self._read_many([keys[index] for index in wanted], spec)]
+                    read = raws, spec.codec.decode_hits(raws)[0]
                     self._events.incr("batch_reads")
             except BackendUnavailable as error:
                 failed = error
             else:
-                wanted = take_hits(raws, wanted, spec.codec, values, self._events, absent)
+                wanted = take_hits(*read, wanted, values, self._events, absent)
         led: dict[int, Flight] = {}
         joined: list[tuple[int, Flight, threading.Event]] = []
         for index in wanted:
