@@ -9,7 +9,7 @@ import logging
 import os
 import threading
 import typing
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any, TypeVar, Union, overload
 
 from ._backend import (
@@ -28,6 +28,7 @@ from ._core.near import NEAR_LEASE
 from ._core.observer import Observer
 from ._core.patterns import entry_pattern
 from ._core.store import AsyncStore, Store
+from ._core.tags import TagKeys, TagTemplates, clock_key, tag_name
 from ._drivers.aio import AsyncRunner
 from ._drivers.blocking import SyncRunner
 from ._drivers.near import NearCache
@@ -243,6 +244,7 @@ class Stampede:
         near_cache: NearMode | None = None,
         near_ttl: float | None = None,
         serializer: Serializer | None = None,
+        tags: Sequence[str] | None = None,
     ) -> LoaderDecorator: ...
 
     def cached_loader(
@@ -264,13 +266,16 @@ class Stampede:
         near_cache: NearMode | None = None,
         near_ttl: float | None = None,
         serializer: Serializer | None = None,
+        tags: Sequence[str] | None = None,
     ) -> Any:
         """Decorate a loader, plain or ``async def``, or a method (``self`` is not part of
         the key). ``template`` (``"product:{product_id}"``) names the entry from the
         loader's arguments. Without one the key is the loader's ``module.qualname`` and
         all its arguments, which must name one loader of this layer (a lambda or a
         function made inside another needs a template). Keyword settings override the
-        layer's for this loader. ``@layer.cached_loader`` without parentheses works too."""
+        layer's for this loader. ``@layer.cached_loader`` without parentheses works too.
+        ``tags`` (``["category:{category_id}", "catalog"]``): templates over the key's
+        fields naming groups the entries belong to, for ``invalidate_tag``."""
         settings = self.settings.replace(
             ttl=ttl,
             null_ttl=null_ttl,
@@ -294,7 +299,9 @@ class Stampede:
             if not callable(template):
                 raise ConfigError(f"a key template must be a str, got {template!r}")
             return LoaderDecorator(self, None, settings, codec)(template)  # bare @cached_loader
-        return LoaderDecorator(self, template, settings, codec)
+        if tags is not None:
+            self._check_tags()
+        return LoaderDecorator(self, template, settings, codec, tags)
 
     def cached_loader_many(
         self,
@@ -357,6 +364,12 @@ class Stampede:
         if not settings.near_cache or self._near is not None or backend.in_process:
             return
         raise ConfigError(backend.near_refusal or f"near_cache is not available on {backend.name}")
+
+    def _check_tags(self) -> None:
+        """Refuse tags where the backend cannot keep their promise."""
+        refusal = self._backend.tags_refusal
+        if refusal is not None:
+            raise ConfigError(refusal)
 
     def _claim_name(self, name: str, func: Callable[..., Any]) -> None:
         """Refuse a second loader whose keys, built from ``name``, would be another's."""
@@ -508,6 +521,50 @@ class Stampede:
                 self._forget(value_key)
         return len(keys)
 
+    def invalidate_tag(self, tag: str, **fields: Any) -> int:
+        """Invalidate every entry tagged ``tag``, as ``invalidate()`` does each one, and
+        keep every load of one that began before this call from writing. ``tag`` is a
+        tag as a loader renders it (``"category:7"``), or a tag template whose fields are
+        given (``invalidate_tag("category:{id}", id=7)``: escaped as a call's arguments
+        are). Once it returns, no caller in any process gets a value those entries held.
+        Return how many entries it invalidated. Raises ``BackendUnavailable`` if the
+        store fails: call it again (what was done stays done)."""
+        name = tag_name(tag, fields, self.settings.max_key_length)
+        store = self._blocking_store("invalidate_tag", "ainvalidate_tag")
+        return self._tag_done(store.invalidate_tag(clock_key(self.namespace), TagKeys.of(self.namespace, name), False))
+
+    def expire_tag(self, tag: str, **fields: Any) -> int:
+        """The soft ``invalidate_tag``: every entry tagged ``tag`` is stale from now on, as
+        ``expire()`` makes one (served stale within its stale window, refreshed by the
+        next caller), and no load of one that began before this call writes. Return how
+        many entries it expired."""
+        name = tag_name(tag, fields, self.settings.max_key_length)
+        store = self._blocking_store("expire_tag", "aexpire_tag")
+        return self._tag_done(store.invalidate_tag(clock_key(self.namespace), TagKeys.of(self.namespace, name), True))
+
+    async def ainvalidate_tag(self, tag: str, **fields: Any) -> int:
+        """``invalidate_tag()`` with this event loop's client."""
+        name = tag_name(tag, fields, self.settings.max_key_length)
+        store = self._loop_store("ainvalidate_tag", "invalidate_tag")
+        keys = await store.invalidate_tag(clock_key(self.namespace), TagKeys.of(self.namespace, name), False)
+        return self._tag_done(keys)
+
+    async def aexpire_tag(self, tag: str, **fields: Any) -> int:
+        """``expire_tag()`` with this event loop's client."""
+        name = tag_name(tag, fields, self.settings.max_key_length)
+        store = self._loop_store("aexpire_tag", "expire_tag")
+        keys = await store.invalidate_tag(clock_key(self.namespace), TagKeys.of(self.namespace, name), True)
+        return self._tag_done(keys)
+
+    def _tag_done(self, value_keys: list[str]) -> int:
+        """After a tag invalidation: callers in this process read its entries afresh."""
+        for value_key in value_keys:
+            self._forget(value_key)
+        self._events.incr("tag_invalidations")
+        if value_keys:
+            self._events.incr("tag_entries_dropped", len(value_keys))
+        return len(value_keys)
+
     def _blocking_runner(self, method: str, twin: str) -> SyncRunner:
         if self._runner is None:
             raise ConfigError(f"{method}() needs a blocking client: use {twin}() in the event loop")
@@ -576,11 +633,19 @@ class LoaderDecorator:
     """What ``cached_loader(...)`` returns: applied to a plain function it makes a
     ``CachedLoader``, to an ``async def`` an ``AsyncCachedLoader``."""
 
-    def __init__(self, layer: Stampede, template: str | None, settings: Settings, codec: Codec) -> None:
+    def __init__(
+        self,
+        layer: Stampede,
+        template: str | None,
+        settings: Settings,
+        codec: Codec,
+        tags: Sequence[str] | None = None,
+    ) -> None:
         self._layer = layer
         self._template = template
         self._settings = settings
         self._codec = codec
+        self._tags = tags
 
     @overload
     def __call__(self, func: Callable[P, Coroutine[Any, Any, R]]) -> AsyncCachedLoader[P, R]: ...  # type: ignore[overload-overlap]
@@ -604,9 +669,12 @@ class LoaderDecorator:
         codec = self._codec
         if isinstance(codec.serializer, TypedSerializer):
             codec = Codec(_typed_for(codec.serializer, func))
+        tags = None
+        if self._tags is not None:
+            tags = TagTemplates(func, self._tags, set(keys.fields), layer.namespace, self._settings.max_key_length)
         if keys.default_name is not None:
             layer._claim_name(keys.default_name, func)
-        spec = LoaderSpec(func, self._settings, codec)
+        spec = LoaderSpec(func, self._settings, codec, tags)
         if _is_async(func):
             if layer._async_runner is None:
                 raise ConfigError(

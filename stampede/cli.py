@@ -3,10 +3,13 @@
     stampede [--url URL] [--namespace NS] [--json] COMMAND
 
     inspect PATTERN [FIELD=VALUE ...]     one entry (or each matching one): the value's
-                                          kind, age, load duration, TTL left, size. Its
-                                          lease's holder and TTL. Processes waiting
+                                          kind, age, load duration, TTL left, size, tags.
+                                          Its lease's holder and TTL. Processes waiting
     invalidate PATTERN [FIELD=VALUE ...]  one entry. Or, for a pattern, count the matching
                   [--yes]                 entries, and invalidate them with --yes
+    invalidate --tag TAG [FIELD=VALUE ...] [--yes]
+                                          count the entries that carry TAG, and with
+                                          --yes invalidate them (``invalidate_tag``)
     locks                                 leases held: named locks (holder, TTL, fence,
                                           queue) and loads in flight
     stats [--metrics-url URL]             a running app's counters, from its metrics
@@ -45,6 +48,7 @@ from . import Stampede
 from ._core.codec import Codec, Kind, stale_window_of
 from ._core.keys import EntryKeys
 from ._core.patterns import entry_pattern
+from ._core.tags import TagKeys, tag_name
 from ._errors import BackendUnavailable, ConfigError, InvalidKey
 from ._redact import redacted, scrubbed
 
@@ -72,6 +76,8 @@ def inspect(session: Session, options: argparse.Namespace) -> Any:
 
 def invalidate(session: Session, options: argparse.Namespace) -> Any:
     fields = parse_fields(options.fields)
+    if options.tag:
+        return invalidate_tag(session, options, fields)
     exact = session.exact_key(options.pattern, fields)
     if exact is not None:
         session.layer.invalidate_matching(options.pattern, **fields)  # that entry, no scan
@@ -82,6 +88,18 @@ def invalidate(session: Session, options: argparse.Namespace) -> Any:
     started = time.monotonic()
     count = session.layer.invalidate_matching(options.pattern, **fields)
     return {"pattern": options.pattern, "matched": count, "invalidated": count, "seconds": time.monotonic() - started}
+
+
+def invalidate_tag(session: Session, options: argparse.Namespace, fields: dict[str, Any]) -> Any:
+    """The entries tagged PATTERN: counted, and with --yes invalidated (see invalidate_tag)."""
+    layer = session.layer
+    name = tag_name(options.pattern, fields, layer.settings.max_key_length)
+    tagged = session.inspector.tagged(TagKeys.of(session.namespace, name))
+    if not options.yes:
+        return {"tag": name, "matched": tagged, "invalidated": 0, "dry_run": True}
+    started = time.monotonic()
+    count = layer.invalidate_tag(name)
+    return {"tag": name, "matched": count, "invalidated": count, "seconds": time.monotonic() - started}
 
 
 def locks(session: Session, options: argparse.Namespace) -> Any:
@@ -194,6 +212,7 @@ class Session:
             else {"held": False}
         )
         entry["waiting_processes"] = state.waiting  # None: the store cannot tell
+        entry["tags"] = state.tags or []
         return entry
 
 
@@ -250,6 +269,13 @@ def _human(command: str, result: Any) -> str:
         shown = "\n\n".join(_human_entry(entry) for entry in result["entries"])
         more = result["matched"] - len(result["entries"])
         return shown + (f"\n\n... and {more} more (--limit)" if more > 0 else "")
+    if command == "invalidate" and "tag" in result:
+        if result.get("dry_run"):
+            return (
+                f"{result['matched']} entries carry the tag {result['tag']!r}; nothing invalidated "
+                "(run again with --yes to invalidate them)"
+            )
+        return f"invalidated {result['invalidated']} entries tagged {result['tag']!r} in {result['seconds']:.2f} s"
     if command == "invalidate":
         if result.get("dry_run"):
             return (
@@ -310,6 +336,8 @@ def _human_entry(entry: dict[str, Any]) -> str:
             lines.append(("ttl left", f"{ttl:.1f} s" + (f" (then {stale:g} s servable stale)" if stale else "")))
         else:
             lines.append(("ttl left", f"expired {-ttl:.1f} s ago: served stale while refreshed"))
+    if entry["tags"]:
+        lines.append(("tags", ", ".join(entry["tags"])))
     if entry["failing"]:
         lines.append(("failing", "yes: its last load failed (stale_if_error)"))
     lock = entry["lock"]
@@ -365,6 +393,7 @@ def _parser() -> argparse.ArgumentParser:
     invalidate_.add_argument("pattern", metavar="PATTERN")
     invalidate_.add_argument("fields", metavar="FIELD=VALUE", nargs="*")
     invalidate_.add_argument("--yes", action="store_true", help="invalidate what a pattern matches, not only count")
+    invalidate_.add_argument("--tag", action="store_true", help="PATTERN is a tag: the entries that carry it")
     commands.add_parser("locks", help="leases held: named locks and loads in flight")
     stats_ = commands.add_parser("stats", help="a running app's counters, from its Prometheus metrics")
     stats_.add_argument("--metrics-url", help="the app's metrics endpoint, e.g. http://127.0.0.1:9100/metrics")

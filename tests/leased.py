@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from stampede._core.effects import Decision, Lease
 from stampede._core.keys import EntryKeys
 from stampede._core.store import AcquireReply, Written
+from stampede._core.tags import Tagged
 from stampede._drivers.leases import AsyncLeases, Leases
 from stampede._drivers.perform import AsyncPerformer, Performer, arun, run
 
@@ -39,8 +40,10 @@ class LeasedStore:
     def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         return self._leases.renew(keys, token, lease_ms)
 
-    def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> Written:
-        decision = self._leases.policy.write_release(keys, token, envelope, ttl_ms, inline)
+    def write_release(
+        self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None = None
+    ) -> Written:
+        decision = self._leases.policy.write_release(keys, token, envelope, ttl_ms, inline, tagged)
         return self._run(decision, Lease(keys, token))
 
     def release(self, keys: EntryKeys, token: str) -> bool:
@@ -78,8 +81,10 @@ class AsyncLeasedStore:
     async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         return await self._leases.renew(keys, token, lease_ms)
 
-    async def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> Written:
-        decision = self._leases.policy.write_release(keys, token, envelope, ttl_ms, inline)
+    async def write_release(
+        self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None = None
+    ) -> Written:
+        decision = self._leases.policy.write_release(keys, token, envelope, ttl_ms, inline, tagged)
         return await self._run(decision, Lease(keys, token))
 
     async def release(self, keys: EntryKeys, token: str) -> bool:

@@ -29,6 +29,7 @@ from .config import Settings
 from .keys import EntryKeys
 from .leases import ONE_SERVER, LeasePolicy
 from .store import AsyncLockServers, AsyncStore, LockServers, Store
+from .tags import TagKeys
 
 DEFAULT_SOCKET_TIMEOUT = 2.0  # seconds: from_url's, and what a client without one is taken to have
 DEFAULT_CONNECT_TIMEOUT = 1.0
@@ -52,6 +53,7 @@ class EntryState:
     lock_ttl_ms: int
     failing: bool  # the loader failed and a stale value stands in
     waiting: int | None  # processes subscribed to the entry's wake-ups (None: the store cannot tell)
+    tags: list[str] | None = None  # the tags the value was written with (None: none, or no value)
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,10 @@ class Inspector(Protocol):
     def describe(self, keys: EntryKeys) -> EntryState: ...
 
     def leases(self, namespace: str) -> list[LeaseState]: ...
+
+    def tagged(self, tag: TagKeys) -> int:
+        """How many live entries carry ``tag`` (what ``invalidate_tag`` would invalidate)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -96,6 +102,7 @@ class Backend:
     make_async_store: Callable[[], AsyncStore] | None  # None: no asyncio client was given
     in_process: bool = False  # the store lives in this process: a near cache adds nothing
     near_refusal: str | None = None  # why near_cache cannot be kept exact here (None: it can)
+    tags_refusal: str | None = None  # why tags are not available here (None: they are)
     make_tracker: Callable[[Any, float], Tracking] | None = None  # (the near cache's copies, its lease)
     lease_policy: LeasePolicy = ONE_SERVER  # where a load's lease is held (``_core.leases``)
     lock_servers: LockServers | None = None  # the policy's servers, for blocking callers

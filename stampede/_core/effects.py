@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
 from .keys import EntryKeys
+from .tags import Tagged
 
 T = TypeVar("T")
 
@@ -86,6 +87,15 @@ class WriteRelease:
     envelope: bytes
     ttl_ms: int
     inline: bool  # the envelope travels in the wake-up message
+    tagged: Tagged | None = None  # a tagged entry's: admitted by each tag first (see _core.tags)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadTagClock:
+    """Read the namespace's tag clock at ``key``, before a tagged load begins (see
+    ``_core.tags``). Reply: int."""
+
+    key: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +212,7 @@ Effect = (
     | ReadValue
     | Renew
     | WriteRelease
+    | ReadTagClock
     | Release
     | Hold
     | LeaveQueue

@@ -57,6 +57,7 @@ from .effects import (
     Decision,
     Effect,
     Load,
+    ReadTagClock,
     milliseconds,
 )
 from .freshness import Served, Stale, classify
@@ -64,6 +65,7 @@ from .keys import EntryKeys
 from .leases import ON_ONE_SERVER, LeaseSteps
 from .observer import Reporter, Wait, log_extra
 from .store import AcquireReply, LockState, Written
+from .tags import TAGGED_LOAD_LIMIT, Tagged, TagSet, TagTemplates
 
 Flow = Decision[Any]
 
@@ -93,7 +95,7 @@ def produces_value(effect: Effect) -> bool:
     return not isinstance(effect, NOT_THE_VALUE)
 
 
-NOT_THE_VALUE = (AwaitNotice, *SERVERS)  # the steps that never produce the value
+NOT_THE_VALUE = (AwaitNotice, ReadTagClock, *SERVERS)  # the steps that never produce the value
 
 
 # --- the context of one miss ---------------------------------------------------------
@@ -129,6 +131,7 @@ class Context:
     # Where the lease is held, step by step: the layer's policy bound to this load's
     # lease (``_core.leases``). The cache server alone unless the driver binds another.
     leases: LeaseSteps = ON_ONE_SERVER
+    tags: TagSet | None = None  # the entry's tags (``_core.tags``), None if its loader has none
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,7 @@ class LoaderSpec:
     func: Callable[..., Any]
     settings: Settings
     codec: Codec
+    tags: TagTemplates | None = None  # what the entries are tagged with (``_core.tags``)
     reads_ttl: bool = field(init=False)
     reads_failing: bool = field(init=False)
     near: bool = field(init=False)  # served from the near cache, when the layer has one
@@ -154,10 +158,14 @@ class LoaderSpec:
         object.__setattr__(self, "own_copies", self.near and not self.near_shared)
 
 
-def new_context(value_key: str, spec: LoaderSpec, events: Reporter, warn: WarningLog) -> Context:
+def new_context(
+    value_key: str, spec: LoaderSpec, events: Reporter, warn: WarningLog, tags: TagSet | None = None
+) -> Context:
     """The context of one miss, on the real clocks."""
     keys = EntryKeys.for_value(value_key)
-    return Context(keys, spec.settings, spec.codec, events, warn, time.monotonic, time.time, random.uniform)
+    ctx = Context(keys, spec.settings, spec.codec, events, warn, time.monotonic, time.time, random.uniform)
+    ctx.tags = tags
+    return ctx
 
 
 # --- the flow --------------------------------------------------------------------------
@@ -464,6 +472,18 @@ def _load_and_write(ctx: Context, hold: float = 0.0, hold_until: float = math.in
     and ``LOAD_FAILED`` is returned. With no time left for a hold, the lease is released
     and the error raised. Either way the error is kept in ``Context.load_error``."""
     key, settings = ctx.keys.value, ctx.settings
+    since = 0
+    if ctx.tags is not None:
+        try:
+            since = yield ReadTagClock(ctx.tags.clock)  # the load begins now (see _core.tags)
+        except BackendUnavailable as error:
+            yield from _release(ctx)
+            return (yield from _backend_failed(ctx, error))
+        except GeneratorExit:
+            raise
+        except BaseException:
+            yield from _release(ctx)
+            raise
     loaded_at, started = ctx.wall_clock(), ctx.clock()
     ctx.events.incr("loads")
     ctx.events.began("load")
@@ -506,8 +526,19 @@ def _load_and_write(ctx: Context, hold: float = 0.0, hold_until: float = math.in
         raise
     ttl = _jittered(ctx, settings.null_ttl if value is None else settings.ttl)
     inline = len(envelope) <= settings.inline_value_limit
+    tagged = None
+    if ctx.tags is not None:
+        if ctx.clock() - started > TAGGED_LOAD_LIMIT:
+            # A tag invalidated during so long a load may have forgotten it was (its
+            # generation is gone): nothing is written, the caller gets its value.
+            ctx.unwritten = True
+            ctx.events.incr("stale_writes_prevented")
+            log.info("%s: a tagged load ran past %.0f s; result not written", key, TAGGED_LOAD_LIMIT)
+            yield from _release(ctx)
+            return value
+        tagged = Tagged(ctx.tags, since)
     try:
-        written = yield from ctx.leases.write_release(envelope, milliseconds(ttl + stale_for), inline)
+        written = yield from ctx.leases.write_release(envelope, milliseconds(ttl + stale_for), inline, tagged)
     except BackendUnavailable as error:
         # The value is good for this caller. But whether the write ran, or was refused
         # because an invalidation took the lease, is unknown: not for the joiners. An error

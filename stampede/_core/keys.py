@@ -70,6 +70,11 @@ class EntryKeys:
         return self.lock + ":invalidated"
 
     @property
+    def tags(self) -> str:
+        """The tags the value was written with, beside it for as long (see ``_core.tags``)."""
+        return self.value + ":tags"
+
+    @property
     def failing(self) -> str:
         """Set while the entry's loader fails and its stale value stands in (see
         ``failing_key``)."""
@@ -265,6 +270,9 @@ class KeyBuilder:
         # and the index of the parameter each {} takes.
         self._format = "".join(literal + ("" if name is None else "{}") for literal, name in fields)
         self._fields = [self._names.index(name) for _, name in fields if name is not None]
+        self.fields = frozenset(name for _, name in fields if name is not None)  # the parameters it renders
+        # The entry of a template without fields: the same for every call.
+        self.fixed_entry = shorten(self._format, max_key_length) if not self._fields else None
         # Most templates have one field: their entry is text before + argument + text after,
         # joined with no format call (the hit path renders a key on every call).
         self._single = self._fields[0] if len(self._fields) == 1 else None

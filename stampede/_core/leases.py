@@ -36,6 +36,7 @@ from .effects import (
 )
 from .keys import EntryKeys
 from .store import AcquireReply, Written
+from .tags import Tagged
 
 
 class LeasePolicy(Protocol):
@@ -54,7 +55,7 @@ class LeasePolicy(Protocol):
     def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> Decision[bool]: ...
 
     def write_release(
-        self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool
+        self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None = None
     ) -> Decision[Written]: ...
 
     def release(self, keys: EntryKeys, token: str) -> Decision[bool]: ...
@@ -73,7 +74,9 @@ class LeaseSteps(Protocol):
 
     def acquire(self, check_value: bool, stale: bytes = b"") -> Decision[AcquireReply]: ...
 
-    def write_release(self, envelope: bytes, ttl_ms: int, inline: bool) -> Decision[Written]: ...
+    def write_release(
+        self, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None = None
+    ) -> Decision[Written]: ...
 
     def release(self) -> Decision[bool]: ...
 
@@ -92,8 +95,10 @@ class OneServerSteps:
         reply: AcquireReply = yield Acquire(check_value, stale)
         return reply
 
-    def write_release(self, envelope: bytes, ttl_ms: int, inline: bool) -> Decision[Written]:
-        written: Written = yield WriteRelease(envelope, ttl_ms, inline)
+    def write_release(
+        self, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None = None
+    ) -> Decision[Written]:
+        written: Written = yield WriteRelease(envelope, ttl_ms, inline, tagged)
         return written
 
     def release(self) -> Decision[bool]:
@@ -127,9 +132,9 @@ class OneServer:
         return renewed
 
     def write_release(
-        self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool
+        self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None = None
     ) -> Decision[Written]:
-        return ON_ONE_SERVER.write_release(envelope, ttl_ms, inline)
+        return ON_ONE_SERVER.write_release(envelope, ttl_ms, inline, tagged)
 
     def release(self, keys: EntryKeys, token: str) -> Decision[bool]:
         return ON_ONE_SERVER.release()
@@ -163,8 +168,10 @@ class BoundSteps:
         lease = self._lease
         return self._policy.acquire(lease.keys, lease.token, lease.ms, check_value, stale)
 
-    def write_release(self, envelope: bytes, ttl_ms: int, inline: bool) -> Decision[Written]:
-        return self._policy.write_release(self._lease.keys, self._lease.token, envelope, ttl_ms, inline)
+    def write_release(
+        self, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None = None
+    ) -> Decision[Written]:
+        return self._policy.write_release(self._lease.keys, self._lease.token, envelope, ttl_ms, inline, tagged)
 
     def release(self) -> Decision[bool]:
         return self._policy.release(self._lease.keys, self._lease.token)

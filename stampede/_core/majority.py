@@ -46,6 +46,7 @@ from .effects import (
 from .keys import EntryKeys
 from .leases import BoundSteps, LeaseSteps
 from .store import AcquireReply, LockState, Round, Written
+from .tags import Tagged
 
 T = TypeVar("T")
 
@@ -202,9 +203,9 @@ class RedlockLeases:
         return True
 
     def write_release(
-        self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool
+        self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None = None
     ) -> Decision[Written]:
-        written: Written = yield from releasing_after(one(WriteRelease(envelope, ttl_ms, inline)), keys, token)
+        written: Written = yield from releasing_after(one(WriteRelease(envelope, ttl_ms, inline, tagged)), keys, token)
         return written
 
     def release(self, keys: EntryKeys, token: str) -> Decision[bool]:

@@ -82,15 +82,16 @@ class NearChannel:
         return self._acks + nonce
 
 
-def request(nonce: str, value_key: str) -> str:
-    """The message that asks every member to drop ``value_key`` and acknowledge ``nonce``."""
-    return f"{nonce} {value_key}"
+def request(nonce: str, *value_keys: str) -> str:
+    """The message that asks every member to drop ``value_keys`` (a tag invalidation's
+    are many) and acknowledge ``nonce``. A key holds no whitespace (see ``_core.keys``)."""
+    return " ".join((nonce, *value_keys))
 
 
-def parse_request(data: bytes) -> tuple[str, str] | None:
-    """(nonce, value key) of a request, or None if ``data`` is not one."""
-    nonce, _, value_key = data.decode(errors="replace").partition(" ")
-    return (nonce, value_key) if nonce and value_key else None
+def parse_request(data: bytes) -> tuple[str, list[str]] | None:
+    """(nonce, value keys) of a request, or None if ``data`` is not one."""
+    nonce, *value_keys = data.decode(errors="replace").split(" ")
+    return (nonce, value_keys) if nonce and value_keys and all(value_keys) else None
 
 
 def members_in(reply: Any) -> list[tuple[str, float]]:

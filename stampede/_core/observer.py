@@ -57,6 +57,8 @@ DESCRIPTIONS: dict[str, str] = {  # what each counter counts (the help text of e
     "near_invalidations": "A near-cache copy was dropped because its key changed or was invalidated",
     "near_flushes": "Every near-cache copy was dropped: the stream (re)connected, or the database was flushed",
     "near_lease_lapses": "The near cache's lease ran out or was revoked: calls read Redis until it is renewed",
+    "tag_invalidations": "invalidate_tag() or expire_tag() completed",
+    "tag_entries_dropped": "An entry was invalidated (or expired) by a tag invalidation",
     "breaker_opened": "The circuit breaker opened: commands to a server fail at once for breaker_cooldown",
     "breaker_closed": "An open circuit breaker closed: the server answered a probe",
 }

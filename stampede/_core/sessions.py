@@ -47,6 +47,7 @@ from .effects import (
 from .keys import EntryKeys
 from .majority import Quorum, RedlockLeases, one, releasing_after, take_majority
 from .store import AcquireReply, LockState, Round, Written
+from .tags import Tagged
 
 SESSION_QUORUM = Quorum(1, 0.0)  # one ensemble, whose leases have no term to drift
 
@@ -81,21 +82,21 @@ class SessionLeases(RedlockLeases):
         return reply
 
     def write_release(
-        self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool
+        self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None = None
     ) -> Decision[Written]:
         written: Written = yield from releasing_after(
-            self._write_while_alive(keys, token, envelope, ttl_ms, inline), keys, token
+            self._write_while_alive(keys, token, envelope, ttl_ms, inline, tagged), keys, token
         )
         return written
 
     def _write_while_alive(
-        self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool
+        self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None
     ) -> Decision[Written]:
         alive: Round = yield ServersRenew(keys.on_lock_servers, token, 0)
         if not alive.agreed:  # our session ended mid-load: write nothing
             yield Release()
             return Written.REFUSED
-        written: Written = yield WriteRelease(envelope, ttl_ms, inline)
+        written: Written = yield WriteRelease(envelope, ttl_ms, inline, tagged)
         return written
 
     def release(self, keys: EntryKeys, token: str) -> Decision[bool]:

@@ -22,6 +22,7 @@ from typing import Protocol
 
 from .._errors import BackendUnavailable
 from .keys import EntryKeys
+from .tags import Tagged, TagKeys
 
 FAILED_HOLD = "!failed"
 """What a lock key holds during a failed load's hold (``Store.hold``), in every backend
@@ -31,8 +32,9 @@ FAILED_HOLD = "!failed"
 AcquireCall = tuple[EntryKeys, str, int, bool, bytes]
 """One entry's ``Store.acquire`` in ``Store.acquire_many``: keys, token, lease_ms, check_value, stale."""
 
-WriteCall = tuple[EntryKeys, str, bytes, int, bool]
-"""One entry's ``Store.write_release`` in ``Store.write_release_many``: keys, token, envelope, ttl_ms, inline."""
+WriteCall = tuple[EntryKeys, str, bytes, int, bool, Tagged | None]
+"""One entry's ``Store.write_release`` in ``Store.write_release_many``: keys, token,
+envelope, ttl_ms, inline, tagged."""
 
 
 class LockState(enum.Enum):
@@ -145,10 +147,26 @@ class Store(Protocol):
     def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         """Extend the lease if ``token`` still holds it."""
 
-    def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> Written:
+    def write_release(
+        self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None = None
+    ) -> Written:
         """If ``token`` still holds the lease: write, release, wake waiters (with the
         envelope if ``inline``) and return ``Written.YES``. Else write nothing and say why
-        (``REFUSED``: invalidated or taken over, ``VANISHED``: gone, not invalidated)."""
+        (``REFUSED``: invalidated or taken over, ``VANISHED``: gone, not invalidated).
+        ``tagged``: each tag admits the entry first, or the write is ``REFUSED``, the
+        lease released and the waiters woken (see ``_core.tags``)."""
+
+    def tag_clock(self, key: str) -> int:
+        """The tag clock at ``key`` (see ``_core.tags``): read before a tagged load."""
+
+    def invalidate_tag(self, clock: str, tag: TagKeys, soft: bool) -> list[str]:
+        """Draw the next tag clock, mark ``tag`` invalidated with it, and ``invalidate``
+        (``soft``: ``expire``) each live member, near copies too. Return the value keys
+        of the members. Members invalidated are forgotten (not after ``soft``: a stale
+        value stays a member while it lives)."""
+
+    def entry_tags(self, keys: EntryKeys) -> list[str] | None:
+        """The tags the entry's value was written with (None: no value, or no tags)."""
 
     def release(self, keys: EntryKeys, token: str) -> bool:
         """Release the lease if ``token`` holds it, wake waiters to re-check, and return
@@ -216,8 +234,14 @@ class AsyncStore(Protocol):
     async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool: ...
 
     async def write_release(
-        self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool
+        self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None = None
     ) -> Written: ...
+
+    async def tag_clock(self, key: str) -> int: ...
+
+    async def invalidate_tag(self, clock: str, tag: TagKeys, soft: bool) -> list[str]: ...
+
+    async def entry_tags(self, keys: EntryKeys) -> list[str] | None: ...
 
     async def release(self, keys: EntryKeys, token: str) -> bool: ...
 

@@ -137,7 +137,7 @@ class AsyncRunner:
             if value is Outcome.START_OVER:
                 continue
             if value is Outcome.TIMED_OUT:
-                ctx = self._context(value_key, spec)
+                ctx = self._context(value_key, spec, args, kwargs)
                 loader = functools.partial(spec.func, *args, **kwargs)
                 return await self._drive(after_wait_timeout(ctx), ctx, loader, state)
             if flight.stale:
@@ -186,7 +186,7 @@ class AsyncRunner:
                     self._refresh(state, value_key, spec, args, kwargs, found)
                 return found.value
         refuse_recursion(value_key)
-        ctx = self._context(value_key, spec)
+        ctx = self._context(value_key, spec, args, kwargs)
         loader = functools.partial(spec.func, *args, **kwargs)
         return await self._drive(fill(ctx, found), ctx, loader, state, flight)
 
@@ -444,7 +444,7 @@ class AsyncRunner:
         if len(state.refreshes) >= self._refresh_limit:
             self._events.incr("refreshes_skipped")
             return
-        ctx = self._context(value_key, spec)
+        ctx = self._context(value_key, spec, args, kwargs)
         loader = functools.partial(spec.func, *args, **kwargs)
         work = self._refreshing(state, value_key, refresh(ctx, found.refresh, found.life_left), ctx, loader)
         # In a context of its own: not the caller's call (see _drivers.refresh).
@@ -463,8 +463,13 @@ class AsyncRunner:
         finally:
             state.refreshes.pop(value_key, None)
 
-    def _context(self, value_key: str, spec: LoaderSpec) -> Context:
-        return new_context(value_key, spec, self._events, self._warn)
+    def _context(
+        self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Context:
+        """A miss's context. ``args`` and ``kwargs``: the call's, which the entry's tags are
+        rendered from (rendered on a miss only: a hit never needs them)."""
+        tags = spec.tags.render(args, kwargs or {}) if spec.tags is not None else None
+        return new_context(value_key, spec, self._events, self._warn, tags)
 
     def loop_store(self) -> AsyncStore:
         """The running event loop's store."""

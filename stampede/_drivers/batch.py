@@ -75,7 +75,7 @@ def write_calls(entries: Sequence[Entry], steps: Sequence[One]) -> list[Any]:
         effect = step.effect
         assert isinstance(effect, WriteRelease)
         lease = entry.lease
-        calls.append((lease.keys, lease.token, effect.envelope, effect.ttl_ms, effect.inline))
+        calls.append((lease.keys, lease.token, effect.envelope, effect.ttl_ms, effect.inline, effect.tagged))
     return calls
 
 

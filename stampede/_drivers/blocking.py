@@ -95,7 +95,7 @@ class SyncRunner:
             if value is Outcome.START_OVER:
                 continue
             if value is Outcome.TIMED_OUT:
-                ctx = self._context(value_key, spec)
+                ctx = self._context(value_key, spec, args, kwargs)
                 loader = functools.partial(spec.func, *args, **kwargs)
                 return self._drive(after_wait_timeout(ctx), ctx, loader)
             if flight.stale:
@@ -138,7 +138,7 @@ class SyncRunner:
                     self._refresh(value_key, spec, args, kwargs, found)
                 return found.value
         refuse_recursion(value_key)
-        ctx = self._context(value_key, spec)
+        ctx = self._context(value_key, spec, args, kwargs)
         loader = functools.partial(spec.func, *args, **kwargs)
         return self._drive(fill(ctx, found), ctx, loader, flight)
 
@@ -364,14 +364,19 @@ class SyncRunner:
     ) -> None:
         """Start a background refresh of the value ``found`` (see ``_drivers.refresh``)."""
         assert found.refresh is not None
-        ctx = self._context(value_key, spec)
+        ctx = self._context(value_key, spec, args, kwargs)
         loader = functools.partial(spec.func, *args, **kwargs)
         work = functools.partial(self._drive, refresh(ctx, found.refresh, found.life_left), ctx, loader)
         if self.refresher.start(value_key, work) and found.early:
             self._events.incr("early_refreshes")
 
-    def _context(self, value_key: str, spec: LoaderSpec) -> Context:
-        return new_context(value_key, spec, self._events, self._warn)
+    def _context(
+        self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Context:
+        """A miss's context. ``args`` and ``kwargs``: the call's, which the entry's tags are
+        rendered from (rendered on a miss only: a hit never needs them)."""
+        tags = spec.tags.render(args, kwargs or {}) if spec.tags is not None else None
+        return new_context(value_key, spec, self._events, self._warn, tags)
 
     def invalidate(self, keys: EntryKeys) -> None:
         self.leases.invalidate(keys)

@@ -31,6 +31,7 @@ from .._core.effects import (
     LeaveQueue,
     Load,
     Pause,
+    ReadTagClock,
     ReadValue,
     Release,
     Renew,
@@ -154,8 +155,10 @@ class Performer:
                 return store.get(lease.keys.value)
             case Renew(lease_ms=lease_ms):
                 return store.renew(lease.keys, lease.token, lease_ms)
-            case WriteRelease(envelope=envelope, ttl_ms=ttl_ms, inline=inline):
-                return store.write_release(lease.keys, lease.token, envelope, ttl_ms, inline)
+            case WriteRelease(envelope=envelope, ttl_ms=ttl_ms, inline=inline, tagged=tagged):
+                return store.write_release(lease.keys, lease.token, envelope, ttl_ms, inline, tagged)
+            case ReadTagClock(key=key):
+                return store.tag_clock(key)
             case Release():
                 return store.release(lease.keys, lease.token)
             case Hold(hold_ms=hold_ms, failing_ms=failing_ms):
@@ -252,8 +255,10 @@ class AsyncPerformer:
                 return await store.get(lease.keys.value)
             case Renew(lease_ms=lease_ms):
                 return await store.renew(lease.keys, lease.token, lease_ms)
-            case WriteRelease(envelope=envelope, ttl_ms=ttl_ms, inline=inline):
-                return await store.write_release(lease.keys, lease.token, envelope, ttl_ms, inline)
+            case WriteRelease(envelope=envelope, ttl_ms=ttl_ms, inline=inline, tagged=tagged):
+                return await store.write_release(lease.keys, lease.token, envelope, ttl_ms, inline, tagged)
+            case ReadTagClock(key=key):
+                return await store.tag_clock(key)
             case Release():
                 return await store.release(lease.keys, lease.token)
             case Hold(hold_ms=hold_ms, failing_ms=failing_ms):

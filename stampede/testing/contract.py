@@ -35,10 +35,11 @@ from typing import Any
 
 import pytest
 
-from stampede import Stampede
+from stampede import ConfigError, Stampede
 from stampede._core.codec import Codec
 from stampede._core.keys import EntryKeys, lock_keys
 from stampede._core.store import AcquireReply, LockState, Written
+from stampede._core.tags import Tagged, TagKeys, TagSet, clock_key
 
 __all__ = [  # what a star import takes: the fixtures and every test
     "contract_view",
@@ -61,6 +62,9 @@ __all__ = [  # what a star import takes: the fixtures and every test
     "test_expire_keeps_the_value_for_its_stale_window_and_drops_the_lease",
     "test_a_hold_marks_the_entry_failing_until_a_write_an_invalidation_or_an_expire",
     "test_many_key_commands_answer_each_entry_as_its_single_key_command_does",
+    "test_a_tagged_write_joins_its_tag_and_the_tags_invalidation_drops_it",
+    "test_a_tagged_write_of_a_load_begun_before_its_tags_invalidation_is_refused",
+    "test_a_soft_tag_invalidation_keeps_stale_values_as_members",
 ]
 LEASE_MS = 5_000
 ENVELOPE = Codec().encode({"v": 1}, 1.0, 0.0, key="k")
@@ -358,7 +362,9 @@ def test_many_key_commands_answer_each_entry_as_its_single_key_command_does(stor
     assert [reply.state for reply in second] == [LockState.HELD, LockState.LOCKED]
     assert 0 < second[0].lease_left <= LEASE_MS / 1000
 
-    written = store.write_release_many([(keys, "a", ENVELOPE, 60_000, True), (other, "b", ENVELOPE, 60_000, False)])
+    written = store.write_release_many(
+        [(keys, "a", ENVELOPE, 60_000, True, None), (other, "b", ENVELOPE, 60_000, False, None)]
+    )
     assert written[0] == Written.YES and written[1] != Written.YES  # "b" never held the other's lease
     assert store.get_many([keys.value, other.value, third.value]) == [ENVELOPE, None, None]
     (raw, ttl_left, failing), absent = store.get_many_with_ttl([keys.value, other.value], True)
@@ -368,10 +374,67 @@ def test_many_key_commands_answer_each_entry_as_its_single_key_command_does(stor
 
     subscriptions = store.subscribe_many([other, third])  # confirmed: no wake-up after this is missed
     try:
-        assert store.write_release_many([(third, "b", ENVELOPE, 60_000, True)]) == [Written.YES]
+        assert store.write_release_many([(third, "b", ENVELOPE, 60_000, True, None)]) == [Written.YES]
         assert subscriptions[1].wait(10) == ENVELOPE
         store.invalidate(other)
         assert subscriptions[0].wait(10) == b""
     finally:
         for subscription in subscriptions:
             subscription.close()
+
+
+def _tag(store: Any) -> tuple[TagSet, TagKeys]:
+    """A tag of its own for one test, in the contract's namespace."""
+    tag = TagKeys.of("contract", f"tag:{uuid.uuid4().hex}")
+    return TagSet(clock_key("contract"), (tag,)), tag
+
+
+def _tag_clock(store: Any, tags: TagSet) -> int:
+    """The tag clock, or a skip: a store without tags refuses them (``ConfigError``)."""
+    try:
+        return int(store.tag_clock(tags.clock))
+    except ConfigError as error:
+        pytest.skip(f"this store has no tags: {error}")
+
+
+def test_a_tagged_write_joins_its_tag_and_the_tags_invalidation_drops_it(store: Any, keys: EntryKeys) -> None:
+    tags, tag = _tag(store)
+    since = _tag_clock(store, tags)
+    store.acquire(keys, "a", LEASE_MS, True)
+    assert store.write_release(keys, "a", ENVELOPE, 60_000, True, Tagged(tags, since)) == Written.YES
+    assert store.get(keys.value) == ENVELOPE and store.holder(keys) is None
+    assert store.entry_tags(keys) == [tag.name]
+    assert store.invalidate_tag(tags.clock, tag, False) == [keys.value]
+    assert store.get(keys.value) is None and store.entry_tags(keys) is None
+    assert store.invalidate_tag(tags.clock, tag, False) == []  # the member was forgotten with its value
+
+
+def test_a_tagged_write_of_a_load_begun_before_its_tags_invalidation_is_refused(store: Any, keys: EntryKeys) -> None:
+    tags, tag = _tag(store)
+    since = _tag_clock(store, tags)
+    store.acquire(keys, "a", LEASE_MS, True)
+    assert store.invalidate_tag(tags.clock, tag, False) == []  # nothing written yet: no member
+    subscription = store.subscribe(keys)
+    try:
+        assert store.write_release(keys, "a", ENVELOPE, 60_000, True, Tagged(tags, since)) == Written.REFUSED
+        assert subscription.wait(10) == b""  # the waiters are woken to load afresh
+    finally:
+        subscription.close()
+    assert store.get(keys.value) is None and store.holder(keys) is None  # nothing written, the lease released
+    later = store.tag_clock(tags.clock)  # a load that begins after the invalidation
+    assert later > since
+    store.acquire(keys, "b", LEASE_MS, True)
+    assert store.write_release(keys, "b", ENVELOPE, 60_000, True, Tagged(tags, later)) == Written.YES
+
+
+def test_a_soft_tag_invalidation_keeps_stale_values_as_members(store: Any, keys: EntryKeys) -> None:
+    tags, tag = _tag(store)
+    _tag_clock(store, tags)
+    envelope = Codec().encode({"v": 1}, 0.0, 0.0, key=keys.value, stale_for=30.0)
+    store.acquire(keys, "a", LEASE_MS, True)
+    assert store.write_release(keys, "a", envelope, 60_000, True, Tagged(tags, store.tag_clock(tags.clock))) == 1
+    assert store.invalidate_tag(tags.clock, tag, True) == [keys.value]
+    raw, ttl_left, _ = store.get_with_ttl(keys.value)
+    assert raw == envelope and 0 < ttl_left <= 30  # stale: kept for its stale window alone
+    assert store.invalidate_tag(tags.clock, tag, False) == [keys.value]  # still a member
+    assert store.get(keys.value) is None

@@ -266,6 +266,7 @@ def _put_raw(store: Any, key: str, raw: bytes) -> None:
     elif isinstance(store, MemoryStore):
         store._values[key] = (raw, time.monotonic() + 60)
     else:  # PostgreSQL
+        store.get(key)  # the store makes its schema on first use: this test may be the worker's first
         with store.pool.connection() as connection:
             connection.execute(
                 "INSERT INTO stampede_values (key, value, expires_at) VALUES (%s, %s, now() + interval '60 s')"

@@ -18,10 +18,12 @@ from cachetools import TLRUCache
 from ..._core.codec import stale_window_of
 from ..._core.keys import EntryKeys, entry_value_keys, failing_key
 from ..._core.store import FAILED_HOLD, AcquireReply, AsyncSubscription, LockState, Subscription, Written
+from ..._core.tags import Tagged, TagKeys
 from ..._fork import reset_after_fork
 from ..channels import Mailbox, Waiting
 from ..each import AsyncOneByOne, OneByOne
 from ..mailbox import LoopMailbox, ThreadMailbox
+from .tags import Tags
 
 
 class MemoryStore(OneByOne):
@@ -42,6 +44,11 @@ class MemoryStore(OneByOne):
         self._fences: dict[str, int] = {}  # a named lock's fence key -> the last token drawn
         self._queues: dict[str, dict[str, float]] = {}  # a fair lock's key -> {token: waiter expiry}, in order
         self._waiting = Waiting()
+        self._tags = Tags()
+        # value key -> (its tags, expires_at), bounded like the values
+        self._entry_tags: TLRUCache[str, tuple[list[str], float]] = TLRUCache(
+            maxsize=max_entries, ttu=lambda _key, item, _now: item[1], timer=clock
+        )
         reset_after_fork(self)
 
     def after_fork_in_child(self) -> None:
@@ -83,11 +90,19 @@ class MemoryStore(OneByOne):
             self._leases[keys.lock] = (token, now + lease_ms / 1000)
             return True
 
-    def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> Written:
+    def write_release(
+        self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None = None
+    ) -> Written:
         now = self._clock()
         with self._lock:
             if not self._holds(keys, token, now):
                 return Written.REFUSED  # nothing here evicts a lease
+            if tagged is not None:
+                if not self._tags.admit(tagged, keys.value, now, now + ttl_ms / 1000):
+                    del self._leases[keys.lock]
+                    self._publish(keys, b"")
+                    return Written.REFUSED
+                self._entry_tags[keys.value] = (tagged.tags.names.split(" "), now + ttl_ms / 1000)
             self._values[keys.value] = (envelope, now + ttl_ms / 1000)
             del self._leases[keys.lock]
             self._failing.pop(keys.failing, None)
@@ -164,6 +179,27 @@ class MemoryStore(OneByOne):
             self._leases.pop(keys.lock, None)
             self._failing.pop(keys.failing, None)
             self._publish(keys, b"")
+
+    def tag_clock(self, key: str) -> int:
+        with self._lock:
+            return self._tags.clock(key)
+
+    def invalidate_tag(self, clock: str, tag: TagKeys, soft: bool) -> list[str]:
+        """One step under the store's lock: nothing can come between (see ``_core.tags``)."""
+        now = self._clock()
+        with self._lock:
+            members = self._tags.mark(clock, tag, now, forget=not soft)
+            held = [key for key in members if key in self._values or EntryKeys.for_value(key).lock in self._leases]
+        for value_key in members:
+            (self.expire if soft else self.invalidate)(EntryKeys.for_value(value_key))
+        return held
+
+    def entry_tags(self, keys: EntryKeys) -> list[str] | None:
+        with self._lock:
+            if keys.value not in self._values:
+                return None
+            item = self._entry_tags.get(keys.value)
+        return None if item is None else item[0]
 
     def check(self, namespace: str) -> None:
         """Nothing to check: the store is this process's memory."""
@@ -242,8 +278,19 @@ class AsyncMemoryStore(AsyncOneByOne):
     async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         return self._store.renew(keys, token, lease_ms)
 
-    async def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> Written:
-        return self._store.write_release(keys, token, envelope, ttl_ms, inline)
+    async def write_release(
+        self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None = None
+    ) -> Written:
+        return self._store.write_release(keys, token, envelope, ttl_ms, inline, tagged)
+
+    async def tag_clock(self, key: str) -> int:
+        return self._store.tag_clock(key)
+
+    async def invalidate_tag(self, clock: str, tag: TagKeys, soft: bool) -> list[str]:
+        return self._store.invalidate_tag(clock, tag, soft)
+
+    async def entry_tags(self, keys: EntryKeys) -> list[str] | None:
+        return self._store.entry_tags(keys)
 
     async def release(self, keys: EntryKeys, token: str) -> bool:
         return self._store.release(keys, token)

@@ -16,7 +16,8 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..._core.keys import EntryKeys, check_key, entry_value_keys, failing_key
 from ..._core.store import AcquireReply, AsyncSubscription, Written
-from ..._errors import BackendUnavailable
+from ..._core.tags import TAGS_REFUSAL, Tagged, TagKeys
+from ..._errors import BackendUnavailable, ConfigError
 from ..breaker import CircuitBreaker
 from ..each import AsyncOneByOne
 from ..mailbox import LoopMailbox
@@ -180,7 +181,11 @@ class AsyncPostgresStore(AsyncOneByOne):
             cursor = await connection.execute(statement.query, statement.params)
         return cursor.rowcount == 1
 
-    async def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> Written:
+    async def write_release(
+        self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None = None
+    ) -> Written:
+        if tagged is not None:
+            raise ConfigError(TAGS_REFUSAL)
         statement = sql.write_release(keys, token, envelope, ttl_ms, inline)
         async with self._connection("write", keys.value) as connection:
             row = await (await connection.execute(statement.query, statement.params)).fetchone()
@@ -201,6 +206,15 @@ class AsyncPostgresStore(AsyncOneByOne):
 
     async def expire(self, keys: EntryKeys) -> None:
         await self._one("expire", keys.value, sql.invalidate(keys, keep_stale=True))
+
+    async def tag_clock(self, key: str) -> int:
+        raise ConfigError(TAGS_REFUSAL)
+
+    async def invalidate_tag(self, clock: str, tag: TagKeys, soft: bool) -> list[str]:
+        raise ConfigError(TAGS_REFUSAL)
+
+    async def entry_tags(self, keys: EntryKeys) -> list[str] | None:
+        return None  # no entry here has tags
 
     async def invalidate(self, keys: EntryKeys) -> None:
         await self._one("invalidate", keys.value, sql.invalidate(keys, keep_stale=False))

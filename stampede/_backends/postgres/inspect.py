@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ..._core.backend import EntryState, LeaseState
 from ..._core.keys import EntryKeys
+from ..._core.tags import TagKeys
 from . import schema as sql
 from .store import PostgresStore
 
@@ -28,6 +29,9 @@ class PostgresInspector:
             failing=bool(failing),
             waiting=None,
         )
+
+    def tagged(self, tag: TagKeys) -> int:
+        return 0  # no entry here has tags
 
     def leases(self, namespace: str) -> list[LeaseState]:
         statement = sql.leases(namespace)

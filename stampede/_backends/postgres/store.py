@@ -31,7 +31,8 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..._core.keys import EntryKeys, check_key, entry_value_keys, failing_key
 from ..._core.store import AcquireReply, LockState, Subscription, Written
-from ..._errors import BackendUnavailable
+from ..._core.tags import TAGS_REFUSAL, Tagged, TagKeys
+from ..._errors import BackendUnavailable, ConfigError
 from ..._fork import reset_after_fork
 from ..breaker import CircuitBreaker
 from ..channels import Mailbox, Waiting
@@ -273,7 +274,11 @@ class PostgresStore(OneByOne):
     def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         return self._count("renew the lease of", keys.value, sql.renew(keys, token, lease_ms)) == 1
 
-    def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> Written:
+    def write_release(
+        self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None = None
+    ) -> Written:
+        if tagged is not None:
+            raise ConfigError(TAGS_REFUSAL)
         with self.connection("write", keys.value) as connection:
             statement = sql.write_release(keys, token, envelope, ttl_ms, inline)
             row = connection.execute(statement.query, statement.params).fetchone()
@@ -294,6 +299,15 @@ class PostgresStore(OneByOne):
 
     def expire(self, keys: EntryKeys) -> None:
         self._one("expire", keys.value, sql.invalidate(keys, keep_stale=True))
+
+    def tag_clock(self, key: str) -> int:
+        raise ConfigError(TAGS_REFUSAL)
+
+    def invalidate_tag(self, clock: str, tag: TagKeys, soft: bool) -> list[str]:
+        raise ConfigError(TAGS_REFUSAL)
+
+    def entry_tags(self, keys: EntryKeys) -> list[str] | None:
+        return None  # no entry here has tags
 
     def invalidate(self, keys: EntryKeys) -> None:
         self._one("invalidate", keys.value, sql.invalidate(keys, keep_stale=False))

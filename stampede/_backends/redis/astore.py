@@ -22,9 +22,10 @@ import redis
 from ..._core.keys import EntryKeys, check_key, entry_value_keys
 from ..._core.near import NearChannel
 from ..._core.store import AcquireCall, AcquireReply, AsyncSubscription, LockState, WriteCall, Written
+from ..._core.tags import Tagged, TagKeys
 from ..._errors import BackendUnavailable
 from ..breaker import CircuitBreaker, NodeBreakers
-from . import batches
+from . import batches, tagging
 from . import scripts as _scripts
 from .anotify import AsyncSubscriber
 from .ashards import AsyncShardedSubscriber
@@ -148,8 +149,20 @@ class AsyncRedisStore:
         return acquired
 
     async def write_release_many(self, calls: Sequence[WriteCall]) -> list[Written | BackendUnavailable]:
-        replies = await self._run_scripts(self._scripts.writes, batches.write_calls(calls), "write", calls[0][0].value)
-        return batches.write_replies(replies, calls, batches.error_reply)
+        plain, tagged = batches.tagged_apart(calls)
+        written: list[Written | BackendUnavailable] = [Written.REFUSED] * len(calls)
+        if plain:
+            together = [calls[index] for index in plain]
+            calls_ = batches.write_calls(together)
+            replies = await self._run_scripts(self._scripts.writes, calls_, "write", together[0][0].value)
+            for index, reply in zip(plain, batches.write_replies(replies, together, batches.error_reply), strict=True):
+                written[index] = reply
+        for index in tagged:
+            try:
+                written[index] = await self.write_release(*calls[index])
+            except BackendUnavailable as error:
+                written[index] = error
+        return written
 
     async def _run_scripts(self, pair: batches.Pair, calls: list[_scripts.Call], what: str, key: str) -> list[Any]:
         """``RedisStore._run_scripts``, awaited."""
@@ -210,11 +223,66 @@ class AsyncRedisStore:
             call = _scripts.renew_call(keys, token, lease_ms)
             return bool(await self._send(keys.value, self._scripts.renew, *call))
 
-    async def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> Written:
+    async def write_release(
+        self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None = None
+    ) -> Written:
+        if tagged is not None:
+            return await self._write_tagged(keys, token, envelope, ttl_ms, inline, tagged)
         with self._translated("write", keys.value):
             call = _scripts.write_release_call(keys, token, envelope, ttl_ms, inline)
             written = await self._send(keys.value, self._scripts.write_release, *call)
         return Written(int(written))
+
+    async def _write_tagged(
+        self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged
+    ) -> Written:
+        """``RedisStore._write_tagged``, awaited."""
+        cluster = is_cluster(self.client)
+        if cluster:
+            for group in tagging.by_slot(tagged.tags.tags):
+                with self._translated("admit a tagged write of", keys.value):
+                    call = _scripts.admit_tags_call(group, keys.value, tagged.since, ttl_ms)
+                    admitted = await self._send(keys.value, self._scripts.admit_tags, *call)
+                if not admitted:
+                    await self.release(keys, token)
+                    return Written.REFUSED
+        with self._translated("write", keys.value):
+            call = _scripts.write_tagged_call(keys, token, envelope, ttl_ms, inline, tagged, not cluster)
+            written = await self._send(keys.value, self._scripts.write_tagged, *call)
+        return Written(int(written))
+
+    async def tag_clock(self, key: str) -> int:
+        with self._translated("read the tag clock", key):
+            return int(await self._send(key, self._scripts.read_tag_clock, [key], []))
+
+    async def invalidate_tag(self, clock: str, tag: TagKeys, soft: bool) -> list[str]:
+        with self._translated("draw the tag clock", clock):
+            drawn = int(await self._send(clock, self._scripts.draw_tag_clock, [clock], []))
+        with self._translated("mark the tag", tag.members):
+            call = _scripts.mark_tag_call(tag, drawn)
+            members = tagging.members_of(await self._send(tag.members, self._scripts.mark_tag, *call))
+        done: list[str] = []
+        for chunk in tagging.chunks(members):
+            value_keys = tagging.value_keys(chunk)
+            pair = self._scripts.expires if soft else self._scripts.invalidates
+            what = "expire" if soft else "invalidate"
+            replies = await self._run_scripts(pair, tagging.entry_calls(value_keys), what, value_keys[0])
+            done += tagging.dropped(replies, value_keys, what)
+            if not soft:
+                with self._translated("forget the members of", tag.members):
+                    call = _scripts.forget_members_call(tag, chunk)
+                    await self._send(tag.members, self._scripts.forget_members, *call)
+        if done and self.near is not None:
+            nonce = new_nonce(self.near)
+            with self._translated("ask near caches to drop", self.near.members):
+                call = _scripts.request_near_call(self.near, nonce, *done)
+                reply = await self._send(self.near.members, self._scripts.request_near, *call)
+            await self._await_near_caches(reply, nonce)
+        return done
+
+    async def entry_tags(self, keys: EntryKeys) -> list[str] | None:
+        with self._translated("read the tags of", keys.value):
+            return tagging.names_of(await self._send(keys.tags, self.client.get, keys.tags))
 
     async def release(self, keys: EntryKeys, token: str) -> bool:
         with self._translated("release the lock of", keys.value):
@@ -266,7 +334,7 @@ class AsyncRedisStore:
         if self.near is None or self._near_in_script is not None:
             return reply
         with self._translated("ask near caches to drop", self.near.members):
-            call = _scripts.request_near_call(keys.value, self.near, nonce)
+            call = _scripts.request_near_call(self.near, nonce, keys.value)
             return await self._send(self.near.members, self._scripts.request_near, *call)
 
     async def _await_near_caches(self, reply: Any, nonce: str) -> None:

@@ -92,7 +92,15 @@ def acquire_calls(calls: Sequence[AcquireCall]) -> list[_scripts.Call]:
 
 
 def write_calls(calls: Sequence[WriteCall]) -> list[_scripts.Call]:
-    return [_scripts.write_release_call(*call) for call in calls]
+    return [_scripts.write_release_call(*call[:5]) for call in calls]
+
+
+def tagged_apart(calls: Sequence[WriteCall]) -> tuple[list[int], list[int]]:
+    """The writes (by index) that go together in ``for_each`` scripts, and the tagged
+    ones, each of which its tags admit first (``RedisStore.write_release``)."""
+    tagged = [index for index, call in enumerate(calls) if len(call) > 5 and call[5] is not None]
+    plain = [index for index, call in enumerate(calls) if len(call) < 6 or call[5] is None]
+    return plain, tagged
 
 
 def acquire_replies(replies: list[Any], calls: Sequence[AcquireCall], error_of: Any) -> list[Any]:

@@ -7,7 +7,9 @@ from typing import Any
 
 from ..._core.backend import EntryState, LeaseState
 from ..._core.keys import EntryKeys
+from ..._core.tags import TagKeys
 from .store import is_cluster
+from .tagging import names_of
 
 
 class RedisInspector:
@@ -21,7 +23,8 @@ class RedisInspector:
             pipe.get(key)
             pipe.pttl(key)
         pipe.exists(keys.failing)
-        raw, ttl_ms, holder, lock_ms, failing = pipe.execute()
+        pipe.get(keys.tags)
+        raw, ttl_ms, holder, lock_ms, failing, tags = pipe.execute()
         return EntryState(
             raw=raw,
             ttl_ms=ttl_ms,
@@ -29,7 +32,21 @@ class RedisInspector:
             lock_ttl_ms=lock_ms,
             failing=bool(failing),
             waiting=self._subscribers(keys.channel),
+            tags=names_of(tags) if raw is not None else None,
         )
+
+    def tagged(self, tag: TagKeys) -> int:
+        """Members whose time has not passed (by the server's clock) and whose value is
+        there: a member invalidated by another of its tags stays one until its time."""
+        seconds, micros = self._client.time()
+        members = self._client.zrangebyscore(tag.members, f"({seconds * 1000 + micros / 1000:.3f}", "+inf")
+        count = 0
+        for start in range(0, len(members), 1000):
+            pipe = self._client.pipeline(transaction=False)
+            for member in members[start : start + 1000]:
+                pipe.exists(member)
+            count += sum(pipe.execute())
+        return count
 
     def _subscribers(self, channel: str) -> int:
         """Processes waiting for the entry: each has one subscription to its channel while

@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 from ..._core.keys import EntryKeys
 from ..._core.near import NearChannel, request
+from ..._core.tags import GENERATION_KEEP_MS, MEMBER_MARGIN_MS, Tagged, TagKeys
 
 
 def sharded(script: str) -> str:
@@ -171,34 +172,33 @@ end
 return 0
 """
 
-NEXT_FENCE = """
--- The next fencing token of a named lock: one more than the last drawn, and never less
--- than the server's clock in microseconds, so the tokens keep growing even if the
--- counter is deleted (a namespace cleared by hand) or lost. A lock changes hands far less
--- often than once a microsecond, so the counter never runs ahead of the clock for long.
-local function next_fence(counter)
+NEXT_CLOCK = """
+-- The next value of a counter that never goes back: one more than the last, and never
+-- less than the server's clock in microseconds, so it keeps growing even if the counter
+-- is deleted or lost (a failover). Draws of a tag clock, or of a named lock's fence.
+local function next_clock(counter)
   local clock = redis.call('TIME')
   local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-  local fence = redis.call('INCR', counter)
-  if fence < now then
-    fence = now
-    redis.call('SET', counter, string.format('%d', fence))
+  local value = redis.call('INCR', counter)
+  if value < now then
+    value = now
+    redis.call('SET', counter, string.format('%d', value))
   end
-  return fence
+  return value
 end
 """
 
 TAKE_LOCK = (
-    NEXT_FENCE
+    NEXT_CLOCK
     + """
 -- Take a named lock and draw its fencing token, in one step.
 -- KEYS[1] fence counter key (never expires), KEYS[2] lock key
 -- ARGV[1] token, ARGV[2] lease in ms
 -- Returns {2, fence}: the lock is now held with our token; fence is greater than every
---                     one drawn before for this lock (see NEXT_FENCE)
+--                     one drawn before for this lock (see NEXT_CLOCK)
 --         {3, pttl}: another holder has the lock for pttl more ms
 if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {2, next_fence(KEYS[1])}
+  return {2, next_clock(KEYS[1])}
 end
 return {3, redis.call('PTTL', KEYS[2])}
 """
@@ -210,7 +210,7 @@ def take_lock_call(keys: EntryKeys, token: str, lease_ms: int) -> Call:
 
 
 TAKE_LOCK_FAIRLY = (
-    NEXT_FENCE
+    NEXT_CLOCK
     + """
 -- Take a named lock in arrival order, and draw its fencing token.
 -- KEYS[1] fence counter, KEYS[2] lock key, KEYS[3] queue (sorted set: token -> ticket),
@@ -242,7 +242,7 @@ if redis.call('ZRANGE', KEYS[3], 0, 0)[1] == ARGV[1] then
   if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
     redis.call('ZREM', KEYS[3], ARGV[1])
     redis.call('HDEL', KEYS[4], ARGV[1])
-    return {2, next_fence(KEYS[1])}
+    return {2, next_clock(KEYS[1])}
   end
 end
 return {3, redis.call('PTTL', KEYS[2])}
@@ -278,15 +278,15 @@ INVALIDATE = """
 -- invalidation from an eviction (best effort: a marker refused under OOM is not needed).
 -- The failing marker goes too: what is loaded next is loaded afresh.
 -- KEYS[1] value key, KEYS[2] lock key, KEYS[3] invalidation marker, KEYS[4] failing marker,
--- KEYS[5] near caches' registry (optional: see NEAR_REQUEST); ARGV[1] channel, ARGV[2..3]
--- NEAR_REQUEST's
+-- KEYS[5] the value's tags (see WRITE_TAGGED), KEYS[6] near caches' registry (optional:
+-- see NEAR_REQUEST); ARGV[1] channel, ARGV[2..3] NEAR_REQUEST's
 -- Returns the number of keys deleted, then NEAR_REQUEST's members
 local lease = redis.call('PTTL', KEYS[2])
 local deleted = redis.call('DEL', KEYS[1], KEYS[2])
-redis.call('DEL', KEYS[4])
+redis.call('DEL', KEYS[4], KEYS[5])
 redis.call('PUBLISH', ARGV[1], '')
 if lease > 0 then redis.pcall('SET', KEYS[3], '1', 'PX', lease) end
-return near_request(deleted, KEYS[5], ARGV[2], ARGV[3])
+return near_request(deleted, KEYS[6], ARGV[2], ARGV[3])
 """
 
 
@@ -324,7 +324,9 @@ def invalidate_call(keys: EntryKeys, near: NearChannel | None = None, nonce: str
     """``near``: the namespace's near caches, asked to drop their copies in the same
     script (on one server, on a cluster the registry is in another slot: ``REQUEST_NEAR``
     asks them in a second step)."""
-    return _with_near(Call([keys.value, keys.lock, keys.invalidated, keys.failing], [keys.channel]), keys, near, nonce)
+    return _with_near(
+        Call([keys.value, keys.lock, keys.invalidated, keys.failing, keys.tags], [keys.channel]), keys, near, nonce
+    )
 
 
 def _with_near(call: Call, keys: EntryKeys, near: NearChannel | None, nonce: str) -> Call:
@@ -349,24 +351,25 @@ if value then
   end
   local left = redis.call('PTTL', KEYS[1])
   if keep < 1 then
-    redis.call('DEL', KEYS[1])
+    redis.call('DEL', KEYS[1], KEYS[5])
   elseif left < 0 or left > keep then
     redis.call('PEXPIRE', KEYS[1], keep)
+    redis.call('PEXPIRE', KEYS[5], keep)
   end
 end
 local lease = redis.call('PTTL', KEYS[2])
 redis.call('DEL', KEYS[2], KEYS[4])
 redis.call('PUBLISH', ARGV[1], '')
 if lease > 0 then redis.pcall('SET', KEYS[3], '1', 'PX', lease) end
-if value then return near_request(1, KEYS[5], ARGV[2], ARGV[3]) end
-return near_request(0, KEYS[5], ARGV[2], ARGV[3])
+if value then return near_request(1, KEYS[6], ARGV[2], ARGV[3]) end
+return near_request(0, KEYS[6], ARGV[2], ARGV[3])
 """
 
 EXPIRE = NEAR_REQUEST + EXPIRE
 
 
 def expire_call(keys: EntryKeys, near: NearChannel | None = None, nonce: str = "") -> Call:
-    return _with_near(Call([keys.value, keys.lock, keys.invalidated, keys.failing], [keys.channel]), keys, near, nonce)
+    return invalidate_call(keys, near, nonce)  # the same KEYS and ARGV
 
 
 REQUEST_NEAR = (
@@ -381,8 +384,8 @@ return near_request(0, KEYS[1], ARGV[1], ARGV[2])
 )
 
 
-def request_near_call(value_key: str, near: NearChannel, nonce: str) -> Call:
-    return Call([near.members], [near.channel, request(nonce, value_key)])
+def request_near_call(near: NearChannel, nonce: str, *value_keys: str) -> Call:
+    return Call([near.members], [near.channel, request(nonce, *value_keys)])
 
 
 REGISTER_NEAR = """
@@ -401,3 +404,181 @@ return 1
 
 ACQUIRE_EACH = for_each(ACQUIRE, 2, 4)
 WRITE_AND_RELEASE_EACH = for_each(WRITE_AND_RELEASE, 4, 5)
+
+
+# --- tags (see _core.tags) --------------------------------------------------------------
+
+DRAW_TAG_CLOCK = (
+    NEXT_CLOCK
+    + """
+-- A tag invalidation's first step: draw the next value of the namespace's tag clock.
+-- KEYS[1] the tag clock. Returns the value
+return next_clock(KEYS[1])
+"""
+)
+
+READ_TAG_CLOCK = """
+-- What a tagged load reads before it begins: the tag clock, or if it was never drawn
+-- (or lost), the server's clock in microseconds, which every later draw exceeds.
+-- KEYS[1] the tag clock. Returns the value
+local value = redis.call('GET', KEYS[1])
+if value then return tonumber(value) end
+local clock = redis.call('TIME')
+return tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+"""
+
+ADMIT = """
+-- Each tag admits a tagged write before its value exists: none if a tag's generation is
+-- newer than the clock the load read (the tag was invalidated after the load began).
+-- Else the entry joins each tag's members, for as long as its value may live (server
+-- ms, microsecond precision), and members whose time passed leave.
+-- tags: a list of {members key, generation key}; since: the clock the load read
+local function admitted(tags, since)
+  for _, tag in ipairs(tags) do
+    local last = redis.call('GET', tag[2])
+    if last and tonumber(last) > tonumber(since) then return false end
+  end
+  return true
+end
+local function admit(tags, value_key, life_ms)
+  local clock = redis.call('TIME')
+  local now = tonumber(clock[1]) * 1000 + tonumber(clock[2]) / 1000
+  for _, tag in ipairs(tags) do
+    redis.call('ZREMRANGEBYSCORE', tag[1], '-inf', string.format('%.3f', now))
+    redis.call('ZADD', tag[1], string.format('%.3f', now + life_ms), value_key)
+    if redis.call('PTTL', tag[1]) < life_ms then redis.call('PEXPIRE', tag[1], life_ms) end
+  end
+end
+"""
+
+ADMIT_TAGS = (
+    ADMIT
+    + """
+-- On a Redis Cluster, the first step of a tagged write: the tags of one slot admit it.
+-- KEYS: each tag's members key and generation key, tag after tag
+-- ARGV[1] the clock the load read, ARGV[2] the value key, ARGV[3] the member's life in ms
+-- Returns 1: admitted; 0: a tag was invalidated after the load began (nothing done)
+local tags = {}
+for i = 1, #KEYS, 2 do tags[#tags + 1] = {KEYS[i], KEYS[i + 1]} end
+if not admitted(tags, ARGV[1]) then return 0 end
+admit(tags, ARGV[2], tonumber(ARGV[3]))
+return 1
+"""
+)
+
+WRITE_TAGGED = (
+    ADMIT
+    + """
+-- WRITE_AND_RELEASE for a tagged entry: its tags admit it first (on one server, in this
+-- script; on a cluster ADMIT_TAGS did, and no tag keys are given here), and its tags
+-- are kept beside the value. A write the tags refuse releases the lease and wakes the
+-- waiters, who load afresh.
+-- KEYS[1..4] as WRITE_AND_RELEASE's, KEYS[5] the entry's tags key, then each tag's
+-- members key and generation key
+-- ARGV[1..5] as WRITE_AND_RELEASE's, ARGV[6] the clock the load read, ARGV[7] the
+-- members' life in ms, ARGV[8] the tags' names
+-- Returns WRITE_AND_RELEASE's replies (0 also when a tag refused)
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then
+  if redis.call('GET', KEYS[3]) then return 0 end
+  return -1
+end
+local tags = {}
+for i = 6, #KEYS, 2 do tags[#tags + 1] = {KEYS[i], KEYS[i + 1]} end
+if not admitted(tags, ARGV[6]) then
+  redis.call('DEL', KEYS[2])
+  redis.call('PUBLISH', ARGV[4], '')
+  return 0
+end
+admit(tags, KEYS[1], tonumber(ARGV[7]))
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+redis.call('SET', KEYS[5], ARGV[8], 'PX', ARGV[3])
+redis.call('DEL', KEYS[2], KEYS[4])
+if ARGV[5] == '1' then
+  redis.call('PUBLISH', ARGV[4], ARGV[2])
+else
+  redis.call('PUBLISH', ARGV[4], '')
+end
+return 1
+"""
+)
+
+
+def write_tagged_call(
+    keys: EntryKeys,
+    token: str,
+    envelope: bytes,
+    ttl_ms: int,
+    inline: bool,
+    tagged: Tagged,
+    with_tags: bool,
+) -> Call:
+    """``WRITE_TAGGED``'s call. ``with_tags``: the tags admit the entry in this script
+    (one server); else ``ADMIT_TAGS`` did (a cluster)."""
+    tag_keys = [key for tag in tagged.tags.tags for key in (tag.members, tag.generation)] if with_tags else []
+    return Call(
+        [keys.value, keys.lock, keys.invalidated, keys.failing, keys.tags, *tag_keys],
+        [
+            token,
+            envelope,
+            ttl_ms,
+            keys.channel,
+            "1" if inline else "0",
+            tagged.since,
+            ttl_ms + MEMBER_MARGIN_MS,
+            tagged.tags.names,
+        ],
+    )
+
+
+def admit_tags_call(tags: list[TagKeys], value_key: str, since: int, ttl_ms: int) -> Call:
+    """``ADMIT_TAGS``' call for ``tags`` (of one slot)."""
+    return Call(
+        [key for tag in tags for key in (tag.members, tag.generation)], [since, value_key, ttl_ms + MEMBER_MARGIN_MS]
+    )
+
+
+MARK_TAG = """
+-- A tag invalidation's second step, on the tag's server: the tag's generation becomes
+-- the clock value drawn (it never goes back), expired members leave, and the live ones
+-- are returned, each with its time, for the third step to invalidate, and the last to
+-- forget.
+-- KEYS[1] members, KEYS[2] generation; ARGV[1] the clock value drawn, ARGV[2] how long the
+-- generation is kept (ms)
+-- Returns {member, time, member, time, ...}
+local last = redis.call('GET', KEYS[2])
+if not last or tonumber(last) < tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+end
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + tonumber(clock[2]) / 1000
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.3f', now))
+return redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+"""
+
+
+def mark_tag_call(tag: TagKeys, drawn: int) -> Call:
+    return Call([tag.members, tag.generation], [drawn, GENERATION_KEEP_MS])
+
+
+FORGET_MEMBERS = """
+-- A tag invalidation's last step: the members it invalidated leave the tag, unless a
+-- write admitted one again since (its time changed: that write's load began after the
+-- invalidation did, and its value stays a member).
+-- KEYS[1] members; ARGV: member, time, member, time, ... (the times MARK_TAG returned)
+-- Returns how many left
+local gone = 0
+for i = 1, #ARGV, 2 do
+  if redis.call('ZSCORE', KEYS[1], ARGV[i]) == ARGV[i + 1] then
+    gone = gone + redis.call('ZREM', KEYS[1], ARGV[i])
+  end
+end
+return gone
+"""
+
+
+def forget_members_call(tag: TagKeys, members: list[tuple[bytes, bytes]]) -> Call:
+    return Call([tag.members], [part for pair in members for part in pair])
+
+
+INVALIDATE_EACH = for_each(INVALIDATE, 5, 1)
+EXPIRE_EACH = for_each(EXPIRE, 5, 1)

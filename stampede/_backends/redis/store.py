@@ -24,9 +24,10 @@ from redis.exceptions import NoScriptError, RedisError
 from ..._core.keys import EntryKeys, check_key, entry_value_keys
 from ..._core.near import AckWait, NearChannel, members_in, registry_problem
 from ..._core.store import AcquireCall, AcquireReply, LockState, Subscription, WriteCall, Written
+from ..._core.tags import Tagged, TagKeys
 from ..._errors import BackendUnavailable, ConfigError
 from ..breaker import CircuitBreaker, NodeBreakers
-from . import batches
+from . import batches, tagging
 from . import scripts as _scripts
 from .notify import Subscriber
 from .replies import acquire_reply, queue_read_with_ttl, with_ttl
@@ -206,6 +207,14 @@ class Scripts:
         self.take_lock = register(_scripts.TAKE_LOCK)
         self.take_lock_fairly = register(_scripts.TAKE_LOCK_FAIRLY)
         self.leave_queue = register(_scripts.LEAVE_QUEUE)
+        self.read_tag_clock = register(_scripts.READ_TAG_CLOCK)
+        self.draw_tag_clock = register(_scripts.DRAW_TAG_CLOCK)
+        self.write_tagged = register(_scripts.WRITE_TAGGED)
+        self.admit_tags = register(_scripts.ADMIT_TAGS)
+        self.mark_tag = register(_scripts.MARK_TAG)
+        self.forget_members = register(_scripts.FORGET_MEMBERS)
+        self.invalidates = batches.Pair(self.invalidate, register(_scripts.INVALIDATE_EACH))
+        self.expires = batches.Pair(self.expire, register(_scripts.EXPIRE_EACH))
 
 
 _near_warned_at: dict[str, float] = {}
@@ -404,13 +413,21 @@ class RedisStore:
         return acquired
 
     def write_release_many(self, calls: Sequence[WriteCall]) -> list[Written | BackendUnavailable]:
-        replies = self._run_scripts(
-            self._scripts.writes,
-            batches.write_calls(calls),
-            "write",
-            calls[0][0].value,
-        )
-        return batches.write_replies(replies, calls, batches.error_reply)
+        plain, tagged = batches.tagged_apart(calls)
+        written: list[Written | BackendUnavailable] = [Written.REFUSED] * len(calls)
+        if plain:
+            together = [calls[index] for index in plain]
+            replies = self._run_scripts(
+                self._scripts.writes, batches.write_calls(together), "write", together[0][0].value
+            )
+            for index, reply in zip(plain, batches.write_replies(replies, together, batches.error_reply), strict=True):
+                written[index] = reply
+        for index in tagged:
+            try:
+                written[index] = self.write_release(*calls[index])
+            except BackendUnavailable as error:
+                written[index] = error
+        return written
 
     def _run_scripts(self, pair: batches.Pair, calls: list[_scripts.Call], what: str, key: str) -> list[Any]:
         """Run a script for each call, one script call per slot group, in one pipeline
@@ -470,10 +487,64 @@ class RedisStore:
         with self._translated("renew the lease of", keys.value):
             return bool(self._scripts.renew(*_scripts.renew_call(keys, token, lease_ms)))
 
-    def write_release(self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool) -> Written:
+    def write_release(
+        self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None = None
+    ) -> Written:
+        if tagged is not None:
+            return self._write_tagged(keys, token, envelope, ttl_ms, inline, tagged)
         with self._translated("write", keys.value):
             written = self._scripts.write_release(*_scripts.write_release_call(keys, token, envelope, ttl_ms, inline))
         return Written(int(written))
+
+    def _write_tagged(
+        self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged
+    ) -> Written:
+        """One script on one server. On a cluster the tags of each slot admit the entry
+        first, then the entry is written (the order ``_core.tags`` shows)."""
+        cluster = is_cluster(self.client)
+        if cluster:
+            for group in tagging.by_slot(tagged.tags.tags):
+                with self._translated("admit a tagged write of", keys.value):
+                    admitted = self._scripts.admit_tags(
+                        *_scripts.admit_tags_call(group, keys.value, tagged.since, ttl_ms)
+                    )
+                if not admitted:
+                    self.release(keys, token)
+                    return Written.REFUSED
+        with self._translated("write", keys.value):
+            call = _scripts.write_tagged_call(keys, token, envelope, ttl_ms, inline, tagged, not cluster)
+            written = self._scripts.write_tagged(*call)
+        return Written(int(written))
+
+    def tag_clock(self, key: str) -> int:
+        with self._translated("read the tag clock", key):
+            return int(self._scripts.read_tag_clock([key], []))
+
+    def invalidate_tag(self, clock: str, tag: TagKeys, soft: bool) -> list[str]:
+        with self._translated("draw the tag clock", clock):
+            drawn = int(self._scripts.draw_tag_clock([clock], []))
+        with self._translated("mark the tag", tag.members):
+            members = tagging.members_of(self._scripts.mark_tag(*_scripts.mark_tag_call(tag, drawn)))
+        done: list[str] = []
+        for chunk in tagging.chunks(members):
+            value_keys = tagging.value_keys(chunk)
+            pair = self._scripts.expires if soft else self._scripts.invalidates
+            what = "expire" if soft else "invalidate"
+            replies = self._run_scripts(pair, tagging.entry_calls(value_keys), what, value_keys[0])
+            done += tagging.dropped(replies, value_keys, what)
+            if not soft:
+                with self._translated("forget the members of", tag.members):
+                    self._scripts.forget_members(*_scripts.forget_members_call(tag, chunk))
+        if done and self.near is not None:
+            nonce = new_nonce(self.near)
+            with self._translated("ask near caches to drop", self.near.members):
+                reply = self._scripts.request_near(*_scripts.request_near_call(self.near, nonce, *done))
+            self._await_near_caches(reply, nonce)
+        return done
+
+    def entry_tags(self, keys: EntryKeys) -> list[str] | None:
+        with self._translated("read the tags of", keys.value):
+            return tagging.names_of(self.client.get(keys.tags))
 
     def release(self, keys: EntryKeys, token: str) -> bool:
         with self._translated("release the lock of", keys.value):
@@ -520,7 +591,7 @@ class RedisStore:
         if self.near is None or self._near_in_script is not None:
             return reply
         with self._translated("ask near caches to drop", self.near.members):
-            return self._scripts.request_near(*_scripts.request_near_call(keys.value, self.near, nonce))
+            return self._scripts.request_near(*_scripts.request_near_call(self.near, nonce, keys.value))
 
     def _await_near_caches(self, reply: Any, nonce: str) -> None:
         """Return once every near cache the script named has dropped its copy, or run

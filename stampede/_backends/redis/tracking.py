@@ -302,8 +302,8 @@ class Tracker:
         elif channel == self._request_channel:
             request = parse_request(data)
             if request is not None:
-                nonce, value_key = request
-                self._copies.drop([value_key])
+                nonce, value_keys = request
+                self._copies.drop(value_keys)
                 nonces.append(nonce)
         return False
 
