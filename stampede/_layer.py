@@ -323,6 +323,7 @@ class Stampede:
         near_cache: NearMode | None = None,
         near_ttl: float | None = None,
         serializer: Serializer | None = None,
+        tags: Sequence[str] | None = None,
     ) -> ManyLoaderDecorator:
         """Decorate a loader of many ids, plain or ``async def``: it takes a collection of
         ids (its parameter ``batch``, by default the one the template leaves out) and
@@ -330,7 +331,8 @@ class Stampede:
         (``"product:{product_id}"``), the same entry ``cached_loader`` with that template
         names. A call reads every entry in one round trip and loads the missing ones in
         one call, each loaded once across callers and processes. Requests larger than
-        ``max_batch`` are split. Other settings as ``cached_loader``'s."""
+        ``max_batch`` are split. ``tags``: templates over the entry template's fields
+        (the id's too). Other settings as ``cached_loader``'s."""
         settings = self.settings.replace(
             ttl=ttl,
             null_ttl=null_ttl,
@@ -355,7 +357,9 @@ class Stampede:
                 f'cached_loader_many takes a key template naming one id\'s entry, e.g. "product:{{product_id}}", '
                 f"got {template!r}"
             )
-        return ManyLoaderDecorator(self, template, batch, settings, codec)
+        if tags is not None:
+            self._check_tags()
+        return ManyLoaderDecorator(self, template, batch, settings, codec, tags)
 
     def _check_near(self, settings: Settings) -> None:
         """Refuse ``near_cache`` where it cannot keep its promise (see docs/near-cache.md).
@@ -694,12 +698,21 @@ class ManyLoaderDecorator:
     """What ``cached_loader_many(...)`` returns: applied to a plain function it makes a
     ``CachedManyLoader``, to an ``async def`` an ``AsyncCachedManyLoader``."""
 
-    def __init__(self, layer: Stampede, template: str, batch: str | None, settings: Settings, codec: Codec) -> None:
+    def __init__(
+        self,
+        layer: Stampede,
+        template: str,
+        batch: str | None,
+        settings: Settings,
+        codec: Codec,
+        tags: Sequence[str] | None = None,
+    ) -> None:
         self._layer = layer
         self._template = template
         self._batch = batch
         self._settings = settings
         self._codec = codec
+        self._tags = tags
 
     def __call__(self, func: Callable[..., Any]) -> Any:
         layer = self._layer
@@ -714,6 +727,8 @@ class ManyLoaderDecorator:
         if not callable(func):
             raise ConfigError(f"cached_loader_many decorates a function, got {func!r}")
         keys = ManyKeys(func, self._template, self._batch, layer.namespace, self._settings.max_key_length)
+        if self._tags is not None:
+            keys.tag(self._tags, layer.namespace, self._settings.max_key_length)
         codec = self._codec
         if isinstance(codec.serializer, TypedSerializer):
             codec = Codec(codec.serializer.for_type(_value_type(func)))

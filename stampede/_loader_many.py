@@ -16,6 +16,7 @@ the template leaves out, or the one named ``batch=``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import string
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ._core.keys import EntryKeys, KeyBuilder
 from ._core.many import values_of
+from ._core.tags import TagSet, TagTemplates
 from ._errors import ConfigError
 from ._loader import AsyncBoundLoader, BoundLoader
 
@@ -91,7 +93,9 @@ class ManyKeys:
         self.names = list(params)
         self._positional = all(param.kind is param.POSITIONAL_OR_KEYWORD for param in params.values())
         self._position = self.names.index(self.batch)
-        self._keys = KeyBuilder(EntryShape(inspect.Signature(shape)), template, namespace, max_key_length)
+        self._shape = EntryShape(inspect.Signature(shape))
+        self._keys = KeyBuilder(self._shape, template, namespace, max_key_length)
+        self.tags: TagTemplates | None = None  # the entries' tags, if the loader has any (``tag``)
         self.loader_name = f"{getattr(func, '__module__', '?')}.{name}"
 
     def _batched(self, batch: str | None, fields: list[str], name: str) -> str:
@@ -148,11 +152,33 @@ class ManyKeys:
         values = [call[name] for name in self.names]
         return self._keys.value_keys(values, self._position, ids)
 
+    def tag(self, templates: Sequence[str], namespace: str, max_key_length: int) -> None:
+        """Tag each entry with ``templates`` over the entry's fields (``TagTemplates``)."""
+        self.tags = TagTemplates(self._shape, templates, set(self._keys.fields), namespace, max_key_length)
+
+    def tags_of(self, call: dict[str, Any], id_: Any) -> TagSet:
+        """The tags of the entry of ``id_`` in ``call``."""
+        assert self.tags is not None
+        values = [call[name] for name in self.names]
+        values[self._position] = id_
+        return self.tags.render(tuple(values), {})
+
     def with_ids(self, call: dict[str, Any], ids: list[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The loader's arguments with ``ids`` as its batched one."""
         arguments = {**call, self.batch: ids}
         bound = inspect.BoundArguments(self.signature, arguments)
         return bound.args, bound.kwargs
+
+
+class PageTags:
+    """The tags of a many-key call's entries: rendered for one entry at a time, by its
+    position in the call (``render((position,), {})``), on a miss only."""
+
+    def __init__(self, keys: ManyKeys, call: dict[str, Any], ids: Sequence[Any]) -> None:
+        self._keys, self._call, self._ids = keys, call, ids
+
+    def render(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> TagSet:
+        return self._keys.tags_of(self._call, self._ids[args[0]])
 
 
 def chunks(items: Sequence[K], size: int) -> Iterable[Sequence[K]]:
@@ -183,6 +209,12 @@ class _ManyLoader(Generic[K, V]):
         call = self._keys.bind(args, kwargs)
         ids = self._keys.ids(call)
         return call, ids, self._keys.keys(call, ids)
+
+    def _spec_of(self, call: dict[str, Any], ids: Sequence[Any]) -> LoaderSpec:
+        """The loader's spec for one call: with the tags of its entries, if it has tags."""
+        if self._keys.tags is None:
+            return self._spec
+        return dataclasses.replace(self._spec, tags=PageTags(self._keys, call, ids))
 
     def _invalidated(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str]:
         call = self._keys.bind(args, kwargs)
@@ -221,10 +253,11 @@ class CachedManyLoader(_ManyLoader[K, V]):
         call, ids, keys = self._asked(args, kwargs)
         size = self.settings.max_batch
         if len(ids) <= size:
-            return dict(zip(ids, self._runner.call_many(keys, self._spec, self._loading(call, ids)), strict=True))
+            values = self._runner.call_many(keys, self._spec_of(call, ids), self._loading(call, ids))
+            return dict(zip(ids, values, strict=True))
         found: dict[K, V] = {}
         for part, part_keys in zip(chunks(ids, size), chunks(keys, size), strict=True):
-            values = self._runner.call_many(part_keys, self._spec, self._loading(call, part))
+            values = self._runner.call_many(part_keys, self._spec_of(call, part), self._loading(call, part))
             found.update(zip(part, values, strict=True))
         return found
 
@@ -279,10 +312,11 @@ class AsyncCachedManyLoader(_ManyLoader[K, V]):
         call, ids, keys = self._asked(args, kwargs)
         size = self.settings.max_batch
         if len(ids) <= size:
-            return dict(zip(ids, await self._runner.call_many(keys, self._spec, self._loading(call, ids)), strict=True))
+            values = await self._runner.call_many(keys, self._spec_of(call, ids), self._loading(call, ids))
+            return dict(zip(ids, values, strict=True))
         found: dict[K, V] = {}
         for part, part_keys in zip(chunks(ids, size), chunks(keys, size), strict=True):
-            values = await self._runner.call_many(part_keys, self._spec, self._loading(call, part))
+            values = await self._runner.call_many(part_keys, self._spec_of(call, part), self._loading(call, part))
             found.update(zip(part, values, strict=True))
         return found
 

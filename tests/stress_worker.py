@@ -3,7 +3,9 @@ over many keys, through a network its parent cuts, slows and stalls, while the p
 updates the database and invalidates.
 
 The loader reads the key's version from the "database" (``db:<key>`` on --db-url, on a
-connection of its own that the faults do not touch). Every call is recorded as
+connection of its own that the faults do not touch). With --groups (tag mode) a key's
+version is its group's (``db:group:<key % groups>``), and its entry is tagged
+``group:<key % groups>``. Every call is recorded as
 (key, started, version), ``started`` from time.monotonic(): one clock for every process
 of the machine, so the parent can tell which calls began after an invalidation completed.
 
@@ -34,6 +36,7 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--near", action="store_true", help="with the near cache on")
+    parser.add_argument("--groups", type=int, default=0, help="tag mode: keys in this many groups, one tag each")
     options = parser.parse_args()
 
     database = redis.Redis.from_url(options.db_url, socket_timeout=5)
@@ -43,12 +46,26 @@ def main() -> None:
     )  # fmt: skip
     loads = [0] * options.keys
 
-    @layer.cached_loader("item:{key}")
-    def load(key: int) -> dict[str, int]:
-        loads[key] += 1
-        version = int(database.get(f"db:{key}") or 0)
-        time.sleep(random.uniform(0, 0.02))
-        return {"key": key, "version": version}
+    if options.groups:  # tag mode: a key's version is its group's, invalidated by tag
+
+        @layer.cached_loader("item:{group}:{key}", tags=["group:{group}"])
+        def in_group(group: int, key: int) -> dict[str, int]:
+            loads[key] += 1
+            version = int(database.get(f"db:group:{group}") or 0)
+            time.sleep(random.uniform(0, 0.02))
+            return {"key": key, "version": version}
+
+        def load(key: int) -> dict[str, int]:
+            return in_group(key % options.groups, key)
+
+    else:
+
+        @layer.cached_loader("item:{key}")
+        def load(key: int) -> dict[str, int]:
+            loads[key] += 1
+            version = int(database.get(f"db:{key}") or 0)
+            time.sleep(random.uniform(0, 0.02))
+            return {"key": key, "version": version}
 
     layer._runner.store.get("warm-up")  # type: ignore[attr-defined]  # open a connection
     print("ready", flush=True)

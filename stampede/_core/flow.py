@@ -65,7 +65,7 @@ from .keys import EntryKeys
 from .leases import ON_ONE_SERVER, LeaseSteps
 from .observer import Reporter, Wait, log_extra
 from .store import AcquireReply, LockState, Written
-from .tags import TAGGED_LOAD_LIMIT, Tagged, TagSet, TagTemplates
+from .tags import TAGGED_LOAD_LIMIT, Tagged, Tagging, TagSet
 
 Flow = Decision[Any]
 
@@ -143,7 +143,7 @@ class LoaderSpec:
     func: Callable[..., Any]
     settings: Settings
     codec: Codec
-    tags: TagTemplates | None = None  # what the entries are tagged with (``_core.tags``)
+    tags: Tagging | None = None  # what the entries are tagged with (``_core.tags``)
     reads_ttl: bool = field(init=False)
     reads_failing: bool = field(init=False)
     near: bool = field(init=False)  # served from the near cache, when the layer has one

@@ -68,7 +68,7 @@ import re
 import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from .._errors import ConfigError, InvalidKey
 from .keys import KeyBuilder, render, shorten
@@ -138,6 +138,22 @@ class Tagged:
 
     tags: TagSet
     since: int
+
+
+class Tagging(Protocol):
+    """What a loader's entries are tagged with, from a call's arguments."""
+
+    def render(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> TagSet: ...
+
+
+class FixedTags:
+    """The tags of one entry already rendered (a many-key call's entry, loaded alone)."""
+
+    def __init__(self, tags: TagSet) -> None:
+        self._tags = tags
+
+    def render(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> TagSet:
+        return self._tags
 
 
 class TagTemplates:

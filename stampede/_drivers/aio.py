@@ -326,7 +326,8 @@ class AsyncRunner:
             for index in misses:
                 refuse_recursion(keys[index])
             entries = [
-                new_entry(index, self._context(keys[index], spec), state.leases.policy, led[index]) for index in misses
+                new_entry(index, self._context(keys[index], spec, (index,)), state.leases.policy, led[index])
+                for index in misses
             ]
             flows = [fill(entry.ctx, found.misses[entry.position]) for entry in entries]
 
@@ -377,7 +378,9 @@ class AsyncRunner:
         if len(state.refreshes) >= self._refresh_limit:
             self._events.incr("refreshes_skipped")
             return
-        entries = [new_entry(index, self._context(keys[index], spec), state.leases.policy, None) for index in served]
+        entries = [
+            new_entry(index, self._context(keys[index], spec, (index,)), state.leases.policy, None) for index in served
+        ]
         flows = [refresh(entry.ctx, *refreshed(served[entry.position])) for entry in entries]
 
         async def work() -> None:
@@ -467,7 +470,8 @@ class AsyncRunner:
         self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Context:
         """A miss's context. ``args`` and ``kwargs``: the call's, which the entry's tags are
-        rendered from (rendered on a miss only: a hit never needs them)."""
+        rendered from (rendered on a miss only: a hit never needs them). A many-key call's
+        are the entry's position (``_loader_many.PageTags``)."""
         tags = spec.tags.render(args, kwargs or {}) if spec.tags is not None else None
         return new_context(value_key, spec, self._events, self._warn, tags)
 

@@ -276,7 +276,8 @@ class SyncRunner:
             for index in misses:
                 refuse_recursion(keys[index])
             entries = [
-                new_entry(index, self._context(keys[index], spec), self.leases.policy, led[index]) for index in misses
+                new_entry(index, self._context(keys[index], spec, (index,)), self.leases.policy, led[index])
+                for index in misses
             ]
             flows = [fill(entry.ctx, found.misses[entry.position]) for entry in entries]
 
@@ -315,7 +316,9 @@ class SyncRunner:
         self, keys: Sequence[str], spec: LoaderSpec, load: Callable[[list[int]], list[Any]], served: dict[int, Served]
     ) -> None:
         """Start one background refresh of every stale entry ``served``: one loader call."""
-        entries = [new_entry(index, self._context(keys[index], spec), self.leases.policy, None) for index in served]
+        entries = [
+            new_entry(index, self._context(keys[index], spec, (index,)), self.leases.policy, None) for index in served
+        ]
         flows = [refresh(entry.ctx, *refreshed(served[entry.position])) for entry in entries]
 
         def work() -> None:
@@ -374,7 +377,8 @@ class SyncRunner:
         self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Context:
         """A miss's context. ``args`` and ``kwargs``: the call's, which the entry's tags are
-        rendered from (rendered on a miss only: a hit never needs them)."""
+        rendered from (rendered on a miss only: a hit never needs them). A many-key call's
+        are the entry's position (``_loader_many.PageTags``)."""
         tags = spec.tags.render(args, kwargs or {}) if spec.tags is not None else None
         return new_context(value_key, spec, self._events, self._warn, tags)
 

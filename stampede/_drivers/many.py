@@ -11,6 +11,7 @@ from .._core.batch import Failed
 from .._core.flight import Flight
 from .._core.flow import LoaderSpec
 from .._core.freshness import Served
+from .._core.tags import FixedTags
 from .batch import Entry
 from .near import MISSING, NearCache
 
@@ -69,12 +70,18 @@ def batch_name(keys: Sequence[str], indexes: dict[int, Any]) -> str:
 def one_of(spec: LoaderSpec, load: Callable[[list[int]], list[Any]], position: int) -> LoaderSpec:
     """A single-key loader of the id at ``position``: a many-key call waits for an entry in
     flight in this process, and starts it over if it must, as a single call does."""
-    return LoaderSpec(functools.partial(_one, load, position), spec.settings, spec.codec)
+    return LoaderSpec(functools.partial(_one, load, position), spec.settings, spec.codec, tags_at(spec, position))
 
 
 def aone_of(spec: LoaderSpec, load: Callable[[list[int]], Awaitable[list[Any]]], position: int) -> LoaderSpec:
     """``one_of`` for an async loader."""
-    return LoaderSpec(functools.partial(_aone, load, position), spec.settings, spec.codec)
+    return LoaderSpec(functools.partial(_aone, load, position), spec.settings, spec.codec, tags_at(spec, position))
+
+
+def tags_at(spec: LoaderSpec, position: int) -> FixedTags | None:
+    """The tags of the entry at ``position`` of a many-key call (its spec's tags render
+    a position: ``_loader_many.PageTags``)."""
+    return None if spec.tags is None else FixedTags(spec.tags.render((position,), {}))
 
 
 def _one(load: Callable[[list[int]], list[Any]], position: int) -> Any:

@@ -101,11 +101,11 @@ def test_redis_killed_and_restarted_mid_stampede(
     cache = redis.Redis.from_url(own_server.url, socket_timeout=2)
     try:
         holder = workers.start(own_server.url, *options, "--delay", "1.5", "--announce")
-        workers.expect(holder, "ready")
+        waiter = workers.start(own_server.url, *options, "--delay", "0.05")  # started now: a slow start
+        workers.expect(holder, "ready")  # under load would outlast the holder's load
+        workers.expect(waiter, "ready")
         workers.go([holder])
         workers.expect(holder, "loading")
-        waiter = workers.start(own_server.url, *options, "--delay", "0.05")
-        workers.expect(waiter, "ready")
         workers.go([waiter])
         wait_until(lambda: cache.pubsub_numsub(KEY + ":notify")[0][1] >= 1, "the waiter's subscription", timeout=10)
         own_server.kill()

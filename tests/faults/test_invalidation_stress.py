@@ -3,7 +3,8 @@ call began after an invalidation completed is served a version older than the on
 invalidation was made for.
 
 Three worker processes (``stress_worker.py``) of 6 threads call a cached loader over 30
-keys, each through a FaultProxy of its own. This process is the writer: it bumps a key's
+keys, each through a FaultProxy of its own (four in tag mode, where the keys form five
+groups, each a tag, and the writer invalidates a group by its tag). This process is the writer: it bumps a key's
 version in the "database", invalidates the key (directly, not through a proxy), and
 notes when the invalidation completed. Meanwhile it cuts a worker's connections, slows
 its network past the socket timeout, stalls it, or pauses the whole worker (SIGSTOP) for
@@ -17,6 +18,7 @@ CI runs the short form (6 s). ``-s`` prints the figures.
 from __future__ import annotations
 
 import bisect
+import functools
 import os
 import random
 import signal
@@ -39,27 +41,34 @@ from ..scenarios import NETWORK_FAULTS, disturb
 SECONDS = float(os.environ.get("STAMPEDE_STRESS_SECONDS", "6"))
 WORKER = str(Path(__file__).parent.parent.joinpath("stress_worker.py"))
 PROCESSES, THREADS, KEYS = 3, 6, 30
+GROUPS = 5  # tag mode: key k is tagged group:<k % 5>
 CALL_BOUND = 5.0  # seconds: a pause lasts at most 0.9 s, wait_timeout is 10
 
 
-@pytest.mark.parametrize("near", [False, True], ids=["", "near-cache"])
+@pytest.mark.parametrize(("near", "tags"), [(False, False), (True, False), (True, True)],
+                         ids=["", "near-cache", "tags-near-cache"])  # fmt: skip
 def test_no_stale_value_after_an_invalidation_across_processes_under_faults(
-    redis_url: str, redis_client: redis.Redis, figures: Callable[..., None], near: bool
+    redis_url: str, redis_client: redis.Redis, figures: Callable[..., None], near: bool, tags: bool
 ) -> None:
     """With ``near``, every worker serves from its near cache too: its stream is cut,
     slowed and stalled with the rest of its network, and a paused worker is paused far
-    past its lease, while the writer's invalidations wait for the others."""
+    past its lease, while the writer's invalidations wait for the others. With ``tags``,
+    four workers, and the writer invalidates a group of keys by its tag."""
     port = redis_client.connection_pool.connection_kwargs["port"]
-    completed: dict[int, list[tuple[float, int]]] = {key: [] for key in range(KEYS)}
+    processes_ = PROCESSES + 1 if tags else PROCESSES
+    # per key, or in tag mode per group: when each invalidation completed, for which version
+    completed: dict[int, list[tuple[float, int]]] = {key: [] for key in range(GROUPS if tags else KEYS)}
     counts: dict[str, Any] = {"faults": 0, "pauses": 0, "invalidations": 0, "refused": 0}
     workers = Workers()
     stop = threading.Event()
     with ExitStack() as stack:
-        proxies = [stack.enter_context(FaultProxy(port)) for _ in range(PROCESSES)]
+        proxies = [stack.enter_context(FaultProxy(port)) for _ in range(processes_)]
         writer = Stampede.from_url(redis_url, namespace="stress", socket_timeout=2)
         stack.callback(writer.close)
         stack.callback(workers.stop_all)
         invalidate = writer.cached_loader("item:{key}")(lambda key: None).invalidate
+        if tags:
+            invalidate = functools.partial(writer.invalidate_tag, "group:{group}")  # type: ignore[assignment]
         processes = [
             workers.start(
                 proxy.url,
@@ -72,6 +81,7 @@ def test_no_stale_value_after_an_invalidation_across_processes_under_faults(
                 "--seed",
                 str(index),
                 *(["--near"] if near else []),
+                *(["--groups", str(GROUPS)] if tags else []),
                 script=WORKER,
             )
             for index, proxy in enumerate(proxies)
@@ -83,10 +93,10 @@ def test_no_stale_value_after_an_invalidation_across_processes_under_faults(
         def write() -> None:
             rng = random.Random(5)
             while not stop.wait(rng.uniform(0.005, 0.03)):
-                key = rng.randrange(KEYS)
-                version = int(redis_client.incr(f"db:{key}"))
+                key = rng.randrange(len(completed))
+                version = int(redis_client.incr(f"db:group:{key}" if tags else f"db:{key}"))
                 try:
-                    invalidate(key)
+                    invalidate(group=key) if tags else invalidate(key)
                 except BackendUnavailable:
                     counts["refused"] += 1  # not completed: it promises nothing
                     continue
@@ -96,7 +106,7 @@ def test_no_stale_value_after_an_invalidation_across_processes_under_faults(
         def chaos() -> None:
             rng = random.Random(11)
             while not stop.wait(rng.uniform(0.05, 0.3)):
-                victim = rng.randrange(PROCESSES)
+                victim = rng.randrange(processes_)
                 proxy, process = proxies[victim], processes[victim]
                 fault = rng.choice([*NETWORK_FAULTS, "pause"])
                 counts["faults"] += 1
@@ -124,7 +134,7 @@ def test_no_stale_value_after_an_invalidation_across_processes_under_faults(
     stale = []
     for result in results:
         for key, started, version in result["calls"]:
-            done = completed[key]
+            done = completed[key % GROUPS if tags else key]
             before = bisect.bisect_left(done, (started, -1))  # invalidations completed before the call
             floor = max((v for _, v in done[:before]), default=0)
             if version < floor:
@@ -144,8 +154,9 @@ def test_no_stale_value_after_an_invalidation_across_processes_under_faults(
     )
     print(f"\ninvalidation stress {SECONDS:g} s: {counts}")
     figures(
-        f"invalidations racing loads, {PROCESSES} processes x {THREADS} threads, {KEYS} keys, "
-        f"cuts/latency/stalls/SIGSTOP, {SECONDS:g} s{', near cache' if near else ''}",
+        f"invalidations racing loads, {processes_} processes x {THREADS} threads, {KEYS} keys, "
+        f"cuts/latency/stalls/SIGSTOP, {SECONDS:g} s{', near cache' if near else ''}"
+        f"{f', by tag over {GROUPS} groups' if tags else ''}",
         worst=counts["slowest"],
         deadline=CALL_BOUND,
         loads=counts["loads"],

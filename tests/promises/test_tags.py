@@ -351,3 +351,56 @@ def test_readers_never_see_a_version_older_than_the_last_invalidation(make_layer
             thread.join(10)
     assert not wrong
     assert db.total <= 51  # one load per invalidation, at most, and the first
+
+
+def test_a_many_key_loader_tags_each_entry_by_its_own_fields(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    layer = tagged_layer(layer_of_each_backend)
+    version = [1]
+    asked: list[list[int]] = []
+
+    def rows(shop: str, product_ids: list[int]) -> dict[int, Any]:
+        asked.append(list(product_ids))
+        return {id_: {"shop": shop, "id": id_, "version": version[0]} for id_ in product_ids}
+
+    if mode.name == "blocking":
+        prices: Any = rows
+    else:
+
+        async def prices(shop: str, product_ids: list[int]) -> dict[int, Any]:
+            return rows(shop, product_ids)
+
+    prices = layer.cached_loader_many("price:{shop}:{product_id}", tags=["shop:{shop}", "product:{product_id}"])(prices)
+    mode(prices, "s1", [1, 2, 3])
+    mode(prices, "s2", [1])
+    version[0] = 2
+
+    assert invalidate_tag(layer, mode, "product:1") == 2  # its price in both shops
+    assert {id_: row["version"] for id_, row in mode(prices, "s1", [1, 2, 3]).items()} == {1: 2, 2: 1, 3: 1}
+    assert invalidate_tag(layer, mode, "shop:s1") == 3
+    assert [row["version"] for row in mode(prices, "s1", [1, 2, 3]).values()] == [2, 2, 2]
+    assert asked == [[1, 2, 3], [1], [1], [1, 2, 3]]
+
+
+def test_a_page_in_flight_when_its_tag_is_invalidated_is_not_written(
+    layer_of_each_backend: Callable[..., Stampede],
+) -> None:
+    layer = tagged_layer(layer_of_each_backend)
+    version, started, release = [1], threading.Event(), threading.Event()
+
+    @layer.cached_loader_many("product:{product_id}", tags=["catalog"])
+    def products(product_ids: list[int]) -> dict[int, Any]:
+        seen = version[0]
+        started.set()
+        assert release.wait(10)
+        return {id_: seen for id_ in product_ids}
+
+    page = Blocking().start(products, [1, 2])
+    assert started.wait(5)
+    version[0] = 2
+    layer.invalidate_tag("catalog")
+    release.set()
+    assert page.result(10) == {1: 1, 2: 1}  # its own caller's
+    assert products([1, 2]) == {1: 2, 2: 2}
+    assert layer.stats()["stale_writes_prevented"] == 2

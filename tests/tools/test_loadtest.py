@@ -189,6 +189,21 @@ def test_the_near_cache_benchmark_short_form() -> None:
 
 @pytest.mark.timeout(120)
 @pytest.mark.timing
+def test_the_tags_benchmark_short_form() -> None:
+    """``loadtest/bench_tags.py --quick``: hits with tags beside a tagless one, tag
+    invalidations, bookkeeping after short-lived writes. What holds on any machine: every
+    variant ran, hits in the tagless one's league (three rounds are too few for 5%), an
+    invalidation of expired entries cheaper than of live ones, and nothing left of the
+    short-lived writes once expired."""
+    figures = short_form("bench_tags.py", timeout=110)
+    assert all(figures["hits"]["versus_tagless"][name] > 0.7 for name in ("1 tag", "3 tags"))
+    thousand = figures["invalidate_tag"]["1000"]
+    assert thousand["after_expiry_seconds"] < thousand["seconds"] < 1
+    assert figures["memory"]["keys_left"] == 0 and figures["memory"]["catalog_members"] == 0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.timing
 def test_the_metrics_benchmark_short_form() -> None:
     """``loadtest/bench_metrics.py --quick``: warm hits with counters only, Prometheus and
     OpenTelemetry, beside raw GET + loads. The figures are the script's (three rounds are
