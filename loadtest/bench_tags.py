@@ -14,6 +14,8 @@
    what is left is bounded by the live entries, not by every entry written.
 4. The miss path: a tagged miss against an untagged one (the tag clock is one more
    round trip, the admission is in the write script).
+5. ``invalidate_tag`` of 100 to 10,000 entries on a PostgreSQL store (if its binaries
+   are installed: ``pip install pgserver``), filled by a tagged many-key loader.
 
 The last line is JSON with every figure.
 """
@@ -32,7 +34,7 @@ import orjson
 import redis
 
 from stampede import Stampede
-from stampede.testing import server_url
+from stampede.testing import PostgresServer, find_postgres, server_url
 
 VALUE = {"id": 0, "name": "a product list", "items": list(range(20))}
 
@@ -189,6 +191,33 @@ def misses(url: str, options: argparse.Namespace) -> dict[str, Any]:
     return {"misses_per_s": {name: statistics.median(r) for name, r in rates.items()}, "tagged_versus_untagged": ratio}
 
 
+def on_postgres(options: argparse.Namespace) -> dict[str, Any]:
+    """``invalidate_tag`` over a PostgreSQL store (skipped where it cannot be run)."""
+    if find_postgres() is None:
+        print("\n5. PostgreSQL: not run (no PostgreSQL binaries: pip install pgserver)")
+        return {}
+    found: dict[str, Any] = {}
+    print("\n5. invalidate_tag of one tag on a PostgreSQL store (one transaction)")
+    with PostgresServer() as server:
+        layer = Stampede(postgres=server.url, namespace="bench", ttl=3600)
+        for size in options.sizes:
+
+            @layer.cached_loader_many(f"product-{size}:{{product_id}}", tags=[f"category:{size}"])
+            def products(product_ids: list[int]) -> dict[int, Any]:
+                return {id_: {**VALUE, "id": id_} for id_ in product_ids}
+
+            for first in range(0, size, 500):
+                products(list(range(first, min(size, first + 500))))
+            start = time.perf_counter()
+            count = layer.invalidate_tag(f"category:{size}")
+            took = time.perf_counter() - start
+            assert count == size, (count, size)
+            found[str(size)] = {"seconds": took}
+            print(f"   {size:>6} live entries: {took * 1000:8.1f} ms")
+        layer.close()
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", help="a Redis server (default: start one)")
@@ -207,6 +236,7 @@ def main() -> None:
             "memory": memory(url, options),
             "misses": misses(url, options),
         }
+    figures["postgres_invalidate_tag"] = on_postgres(options)
     print(json.dumps({"figures": figures}))
 
 

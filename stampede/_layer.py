@@ -299,8 +299,6 @@ class Stampede:
             if not callable(template):
                 raise ConfigError(f"a key template must be a str, got {template!r}")
             return LoaderDecorator(self, None, settings, codec)(template)  # bare @cached_loader
-        if tags is not None:
-            self._check_tags()
         return LoaderDecorator(self, template, settings, codec, tags)
 
     def cached_loader_many(
@@ -357,8 +355,6 @@ class Stampede:
                 f'cached_loader_many takes a key template naming one id\'s entry, e.g. "product:{{product_id}}", '
                 f"got {template!r}"
             )
-        if tags is not None:
-            self._check_tags()
         return ManyLoaderDecorator(self, template, batch, settings, codec, tags)
 
     def _check_near(self, settings: Settings) -> None:
@@ -368,12 +364,6 @@ class Stampede:
         if not settings.near_cache or self._near is not None or backend.in_process:
             return
         raise ConfigError(backend.near_refusal or f"near_cache is not available on {backend.name}")
-
-    def _check_tags(self) -> None:
-        """Refuse tags where the backend cannot keep their promise."""
-        refusal = self._backend.tags_refusal
-        if refusal is not None:
-            raise ConfigError(refusal)
 
     def _claim_name(self, name: str, func: Callable[..., Any]) -> None:
         """Refuse a second loader whose keys, built from ``name``, would be another's."""

@@ -233,13 +233,15 @@ def postgres_server() -> Iterator[PostgresServer]:
 
 
 def empty_postgres(url: str) -> None:
-    """Drop the rows every store keeps (values, leases, queues), if the schema is there."""
+    """Drop the rows every store keeps (values, leases, queues, tags), if the schema is there."""
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as connection:
         connection.execute(
             "DO $$ BEGIN IF to_regclass('stampede_values') IS NOT NULL THEN "
-            "TRUNCATE stampede_values, stampede_leases, stampede_queue; END IF; END $$"
+            "TRUNCATE stampede_values, stampede_leases, stampede_queue; END IF; "
+            "IF to_regclass('stampede_tag_members') IS NOT NULL THEN "
+            "TRUNCATE stampede_tag_members, stampede_tag_generations; END IF; END $$"
         )
 
 

@@ -102,7 +102,6 @@ class Backend:
     make_async_store: Callable[[], AsyncStore] | None  # None: no asyncio client was given
     in_process: bool = False  # the store lives in this process: a near cache adds nothing
     near_refusal: str | None = None  # why near_cache cannot be kept exact here (None: it can)
-    tags_refusal: str | None = None  # why tags are not available here (None: they are)
     make_tracker: Callable[[Any, float], Tracking] | None = None  # (the near cache's copies, its lease)
     lease_policy: LeasePolicy = ONE_SERVER  # where a load's lease is held (``_core.leases``)
     lock_servers: LockServers | None = None  # the policy's servers, for blocking callers

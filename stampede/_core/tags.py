@@ -30,7 +30,10 @@ The rules:
   dropped), then forgets the members it invalidated unless another write re-admitted
   them meanwhile (their time changed).
 
-On one server the admission and the write are one script. On a Redis Cluster the tag
+On PostgreSQL the clock is a sequence, and the tags' advisory locks (shared by a write,
+exclusive for an invalidation, which is one transaction) put each write wholly before or
+after each invalidation of one of its tags. On one Redis server the admission and the
+write are one script. On a Redis Cluster the tag
 lives in another slot than the entry, so they are two steps, and the order closes the
 race. Load L of an entry tagged ``t``, invalidation I of ``t``::
 
@@ -84,11 +87,6 @@ life, so a generation drawn during it is still there when it writes."""
 
 MEMBER_MARGIN_MS = 1000
 """How much longer than its value a member is kept: the admission precedes the write."""
-
-TAGS_REFUSAL = (
-    "tags are not available on PostgreSQL yet: its schema has no tag clock, generations or members "
-    "(docs/usage.md#tags). Use a Redis or embedded layer for tagged loaders"
-)
 
 INVALIDATION_CHUNK = 1000
 """Members invalidated, and forgotten, per step of a tag invalidation (each step one

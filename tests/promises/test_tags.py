@@ -25,13 +25,8 @@ TAG_WORKER = str(Path(__file__).parent.parent.joinpath("tag_worker.py"))
 
 
 def tagged_layer(make: Callable[..., Stampede], **options: Any) -> Stampede:
-    """A layer of the backend under test: PostgreSQL has no tags (a test below says so)."""
-    layer = make(**options)
-    if layer._backend.tags_refusal is not None:
-        with pytest.raises(ConfigError, match="tags are not available on PostgreSQL"):
-            layer.cached_loader("x:{a}", tags=["t:{a}"])(lambda a: a)
-        pytest.skip("this backend has no tags (its refusal is tested)")
-    return layer
+    """A layer of the backend under test."""
+    return make(**options)
 
 
 def invalidate_tag(layer: Stampede, mode: Blocking | OnALoop, tag: str, soft: bool = False, **fields: Any) -> int:

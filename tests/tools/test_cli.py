@@ -145,16 +145,21 @@ def test_invalidate_by_pattern_removes_ten_thousand_entries_and_nothing_else(
     redis_client.delete("other-ns:{product:1}")
 
 
+@pytest.mark.parametrize("store", ["redis", "postgres"])
 def test_invalidate_a_tag_counts_first_and_inspect_shows_the_tags(
-    redis_url: str, namespace: str, layer: Stampede, capsys: pytest.CaptureFixture[str]
+    store: str, namespace: str, request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    url = request.getfixturevalue(f"{store}_url")
+    layer = Stampede.from_url(url, namespace=namespace)
+    request.addfinalizer(layer.close)
+
     @layer.cached_loader("product-list:{category_id}:{page}", tags=["category:{category_id}", "catalog"])
     def product_list(category_id: int, page: int) -> list[int]:
         return [category_id, page]
 
     for category_id, page in [(1, 1), (1, 2), (2, 1)]:
         product_list(category_id, page)
-    base = ["--url", redis_url, "--namespace", namespace, "--json"]
+    base = ["--url", url, "--namespace", namespace, "--json"]
     status, out, _ = cli(capsys, *base, "inspect", "product-list:1:1")
     assert status == 0 and out["entries"][0]["tags"] == ["category:1", "catalog"]
 
@@ -165,7 +170,7 @@ def test_invalidate_a_tag_counts_first_and_inspect_shows_the_tags(
     _, out, _ = cli(capsys, *base, "inspect", "product-list:*")
     assert [entry["state"] for entry in out["entries"]] == ["value"]  # 2:1 alone is left
 
-    status, text, _ = cli(capsys, "--url", redis_url, "--namespace", namespace, "invalidate", "--tag", "catalog")
+    status, text, _ = cli(capsys, "--url", url, "--namespace", namespace, "invalidate", "--tag", "catalog")
     assert status == 0 and text.strip().startswith("1 entries carry the tag 'catalog'")
     status, _, err = cli(capsys, *base, "invalidate", "--tag", "bad tag")
     assert status == 2 and "bad tag" in err

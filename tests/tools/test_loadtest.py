@@ -195,7 +195,7 @@ def test_the_tags_benchmark_short_form() -> None:
     variant ran, hits in the tagless one's league (three rounds are too few for 5%), an
     invalidation of expired entries cheaper than of live ones, and nothing left of the
     short-lived writes once expired."""
-    figures = short_form("bench_tags.py", timeout=110)
+    figures = short_form("bench_tags.py", timeout=110)["figures"]
     assert all(figures["hits"]["versus_tagless"][name] > 0.7 for name in ("1 tag", "3 tags"))
     thousand = figures["invalidate_tag"]["1000"]
     assert thousand["after_expiry_seconds"] < thousand["seconds"] < 1

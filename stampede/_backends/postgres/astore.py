@@ -16,8 +16,8 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..._core.keys import EntryKeys, check_key, entry_value_keys, failing_key
 from ..._core.store import AcquireReply, AsyncSubscription, Written
-from ..._core.tags import TAGS_REFUSAL, Tagged, TagKeys
-from ..._errors import BackendUnavailable, ConfigError
+from ..._core.tags import Tagged, TagKeys
+from ..._errors import BackendUnavailable
 from ..breaker import CircuitBreaker
 from ..each import AsyncOneByOne
 from ..mailbox import LoopMailbox
@@ -184,9 +184,11 @@ class AsyncPostgresStore(AsyncOneByOne):
     async def write_release(
         self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None = None
     ) -> Written:
-        if tagged is not None:
-            raise ConfigError(TAGS_REFUSAL)
-        statement = sql.write_release(keys, token, envelope, ttl_ms, inline)
+        statement = (
+            sql.write_release(keys, token, envelope, ttl_ms, inline)
+            if tagged is None
+            else sql.write_tagged(keys, token, envelope, ttl_ms, inline, tagged)
+        )
         async with self._connection("write", keys.value) as connection:
             row = await (await connection.execute(statement.query, statement.params)).fetchone()
             if self._sweeper.due():
@@ -208,13 +210,19 @@ class AsyncPostgresStore(AsyncOneByOne):
         await self._one("expire", keys.value, sql.invalidate(keys, keep_stale=True))
 
     async def tag_clock(self, key: str) -> int:
-        raise ConfigError(TAGS_REFUSAL)
+        """``PostgresStore.tag_clock``, awaited."""
+        row = await self._one("read the tag clock", key, sql.Statement(sql.TAG_CLOCK, ()))
+        return int(row[0]) if row else 0
 
     async def invalidate_tag(self, clock: str, tag: TagKeys, soft: bool) -> list[str]:
-        raise ConfigError(TAGS_REFUSAL)
+        statement = sql.invalidate_tag(tag, keep_stale=soft)
+        async with self._connection("invalidate the tag", tag.members) as connection:
+            rows = await (await connection.execute(statement.query, statement.params)).fetchall()
+        return [key for (key,) in rows]
 
     async def entry_tags(self, keys: EntryKeys) -> list[str] | None:
-        return None  # no entry here has tags
+        raw = await self.get(keys.tags) if await self.get(keys.value) is not None else None
+        return None if raw is None else raw.decode().split(" ")
 
     async def invalidate(self, keys: EntryKeys) -> None:
         await self._one("invalidate", keys.value, sql.invalidate(keys, keep_stale=False))

@@ -8,7 +8,6 @@ from collections.abc import Callable
 from typing import Any
 
 from ..._core.backend import Backend, BackendOptions
-from ..._core.tags import TAGS_REFUSAL
 from ..._errors import ConfigError
 from ..breaker import CircuitBreaker
 from .astore import make_pool, postgres_stores
@@ -38,7 +37,6 @@ def postgres_backend(pool: Any, options: BackendOptions, *, owns_pool: bool) -> 
         store=store,
         make_async_store=make_async_store,
         near_refusal=NEAR_REFUSAL,
-        tags_refusal=TAGS_REFUSAL,
         advisory_lock=functools.partial(_advisory_lock, store.pool),
         inspector=PostgresInspector(store),
     )

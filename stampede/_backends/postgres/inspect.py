@@ -28,10 +28,13 @@ class PostgresInspector:
             lock_ttl_ms=-2 if lock_ms is None else int(lock_ms),
             failing=bool(failing),
             waiting=None,
+            tags=self._store.entry_tags(keys) if raw is not None else None,
         )
 
     def tagged(self, tag: TagKeys) -> int:
-        return 0  # no entry here has tags
+        with self._store.connection("count the entries of", tag.members) as connection:
+            row = connection.execute(sql.TAGGED, (tag.members,)).fetchone()
+        return int(row[0]) if row else 0
 
     def leases(self, namespace: str) -> list[LeaseState]:
         statement = sql.leases(namespace)

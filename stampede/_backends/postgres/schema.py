@@ -36,6 +36,7 @@ from typing import NamedTuple
 
 from ..._core.codec import stale_window_of
 from ..._core.keys import EntryKeys
+from ..._core.tags import GENERATION_KEEP_MS, MEMBER_MARGIN_MS, Tagged, TagKeys
 
 NOTIFY_CHANNEL = "stampede"
 """The one channel every store LISTENs on. A payload is ``c<entry's channel>`` (the
@@ -54,13 +55,13 @@ SCHEMA_LOCK = "SELECT pg_advisory_xact_lock(1400136045)"
 """Taken by a store that creates the schema, in the creating transaction: one creator at a
 time (concurrent CREATE OR REPLACE of one function fails)."""
 
-SCHEMA_VERSION = "stampede_schema_v2"
+SCHEMA_VERSION = "stampede_schema_v3"
 """A function the schema's last statement creates, named after its version (a new version
 of the schema gets a new name). A store that finds it creates nothing: DDL under traffic
 takes table locks that can deadlock with the functions' row writes, so it runs only where
 the schema is missing or older."""
 
-SCHEMA_READY = "SELECT count(*) FROM pg_proc WHERE proname = 'stampede_schema_v2'"
+SCHEMA_READY = "SELECT count(*) FROM pg_proc WHERE proname = 'stampede_schema_v3'"
 
 SCHEMA = r"""
 
@@ -89,6 +90,26 @@ CREATE UNLOGGED TABLE IF NOT EXISTS stampede_queue (
 
 CREATE SEQUENCE IF NOT EXISTS stampede_fences;
 CREATE SEQUENCE IF NOT EXISTS stampede_tickets;
+
+-- Tags (see stampede/_core/tags.py): each tag's members, each for as long as its value
+-- may live; each tag's generation, the tag clock's value at its last invalidation; the
+-- clock, a sequence (it never goes back). An entry's tags' names are a value row of
+-- their own (ns:{entry}:tags), beside the entry's value and for as long.
+CREATE UNLOGGED TABLE IF NOT EXISTS stampede_tag_members (
+    tag text NOT NULL,  -- the tag's members key, ns:tag:{name}
+    key text NOT NULL,  -- an entry's value key
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (tag, key)
+);
+CREATE INDEX IF NOT EXISTS stampede_tag_members_expiry ON stampede_tag_members (expires_at);
+
+CREATE UNLOGGED TABLE IF NOT EXISTS stampede_tag_generations (
+    tag text PRIMARY KEY,  -- the tag's generation key, ns:tag:{name}:gen
+    generation bigint NOT NULL,
+    expires_at timestamptz NOT NULL
+);
+
+CREATE SEQUENCE IF NOT EXISTS stampede_tag_clock;
 
 -- Wake the waiters of p_channel with p_payload, or with less where NOTIFY's 8000-byte
 -- limit would refuse it (and with it the write or release that sends it): a bare "re-check"
@@ -198,6 +219,91 @@ BEGIN
         PERFORM stampede_wake(p_channel, 'c' || p_channel);
     END IF;
     RETURN 1;
+END $$;
+
+-- A tagged write (the Redis WRITE_TAGGED script): each tag admits it, unless the tag was
+-- invalidated after the load began (its generation is newer than p_since); then the entry
+-- joins each tag's members and its tags' names are kept beside it, and it is written as
+-- stampede_write_release writes. A write the tags refuse releases the lease and wakes the
+-- waiters. The tags' advisory locks, shared here and exclusive in stampede_invalidate_tag,
+-- order a write against an invalidation of one of its tags: whichever comes second sees
+-- what the first committed (each statement here reads anew, READ COMMITTED).
+CREATE OR REPLACE FUNCTION stampede_write_tagged(
+    p_value text, p_lock text, p_invalidated text, p_failing text, p_token text,
+    p_envelope bytea, p_ttl_ms bigint, p_stale_ms bigint, p_channel text, p_inline boolean,
+    p_tags_key text, p_names text, p_members text[], p_generations text[], p_since bigint, p_life_ms bigint)
+RETURNS int LANGUAGE plpgsql AS $$
+DECLARE
+    member text;
+    now_ timestamptz;
+BEGIN
+    FOREACH member IN ARRAY p_members LOOP
+        PERFORM pg_advisory_xact_lock_shared(hashtextextended(member, 0));
+    END LOOP;
+    now_ := clock_timestamp();
+    IF NOT EXISTS (SELECT 1 FROM stampede_leases WHERE key = p_lock AND token = p_token AND expires_at > now_) THEN
+        IF EXISTS (SELECT 1 FROM stampede_values WHERE key = p_invalidated AND expires_at > now_) THEN
+            RETURN 0;
+        END IF;
+        RETURN -1;
+    END IF;
+    IF EXISTS (SELECT 1 FROM stampede_tag_generations
+               WHERE tag = ANY (p_generations) AND generation > p_since AND expires_at > now_) THEN
+        PERFORM stampede_release(p_lock, p_token, p_channel);
+        RETURN 0;
+    END IF;
+    INSERT INTO stampede_tag_members (tag, key, expires_at)
+        SELECT tag, p_value, now_ + p_life_ms * interval '1 millisecond' FROM unnest(p_members) AS tag
+        ON CONFLICT (tag, key) DO UPDATE SET expires_at = EXCLUDED.expires_at;
+    INSERT INTO stampede_values (key, value, expires_at)
+        VALUES (p_tags_key, convert_to(p_names, 'UTF8'), now_ + p_ttl_ms * interval '1 millisecond')
+        ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, expires_at = EXCLUDED.expires_at;
+    RETURN stampede_write_release(
+        p_value, p_lock, p_invalidated, p_failing, p_token, p_envelope, p_ttl_ms, p_stale_ms, p_channel, p_inline);
+END $$;
+
+-- A tag invalidation, in one transaction under the tag's exclusive advisory lock: draw
+-- the tag clock, set the tag's generation, and invalidate (p_keep: expire) each live
+-- member as stampede_invalidate does, in key order (two invalidations of tags sharing
+-- entries lock their rows in one order). The members are forgotten unless p_keep: a
+-- stale value stays a member while it lives. An entry's other keys are its value key
+-- plus the suffixes EntryKeys gives them. Returns the members that held a value or a
+-- lease.
+CREATE OR REPLACE FUNCTION stampede_invalidate_tag(
+    p_members text, p_generation text, p_keep boolean, p_generation_ms bigint)
+RETURNS SETOF text LANGUAGE plpgsql AS $$
+DECLARE
+    now_ timestamptz;
+    drawn bigint;
+    members text[];
+    member text;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended(p_members, 0));
+    drawn := nextval('stampede_tag_clock');
+    now_ := clock_timestamp();
+    INSERT INTO stampede_tag_generations (tag, generation, expires_at)
+        VALUES (p_generation, drawn, now_ + p_generation_ms * interval '1 millisecond')
+        ON CONFLICT (tag) DO UPDATE
+        SET generation = GREATEST(stampede_tag_generations.generation, EXCLUDED.generation),
+            expires_at = EXCLUDED.expires_at;
+    DELETE FROM stampede_tag_members WHERE tag = p_members AND expires_at <= now_;
+    members := ARRAY(SELECT key FROM stampede_tag_members WHERE tag = p_members ORDER BY key);
+    RETURN QUERY
+        SELECT v.key FROM stampede_values v WHERE v.key = ANY (members) AND v.expires_at > now_
+        UNION
+        SELECT left(l.key, -5) FROM stampede_leases l
+        WHERE l.key = ANY (ARRAY(SELECT m || ':lock' FROM unnest(members) AS m)) AND l.expires_at > now_;
+    FOREACH member IN ARRAY members LOOP
+        PERFORM stampede_invalidate(
+            member, member || ':lock', member || ':lock:invalidated', member || ':lock:failing',
+            member || ':notify', p_keep);
+        IF NOT p_keep THEN
+            DELETE FROM stampede_values WHERE key = member || ':tags';
+        END IF;
+    END LOOP;
+    IF NOT p_keep THEN
+        DELETE FROM stampede_tag_members WHERE tag = p_members AND key = ANY (members);
+    END IF;
 END $$;
 
 -- Release our lease without writing, and wake the waiters to take it.
@@ -322,10 +428,16 @@ BEGIN
     DELETE FROM stampede_queue WHERE ctid = ANY (ARRAY(
         SELECT ctid FROM stampede_queue WHERE expires_at <= now_ LIMIT p_batch));
     GET DIAGNOSTICS n = ROW_COUNT; gone := gone + n;
+    DELETE FROM stampede_tag_members WHERE ctid = ANY (ARRAY(
+        SELECT ctid FROM stampede_tag_members WHERE expires_at <= now_ LIMIT p_batch));
+    GET DIAGNOSTICS n = ROW_COUNT; gone := gone + n;
+    DELETE FROM stampede_tag_generations WHERE ctid = ANY (ARRAY(
+        SELECT ctid FROM stampede_tag_generations WHERE expires_at <= now_ LIMIT p_batch));
+    GET DIAGNOSTICS n = ROW_COUNT; gone := gone + n;
     RETURN gone;
 END $$;
 
-CREATE OR REPLACE FUNCTION stampede_schema_v2() RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT 1';
+CREATE OR REPLACE FUNCTION stampede_schema_v3() RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT 1';
 """
 
 
@@ -402,6 +514,37 @@ def write_release(keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inl
         "SELECT stampede_write_release(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
         (keys.value, keys.lock, *markers, token, envelope, ttl_ms, stale_ms, keys.channel, inline),
     )
+
+
+def write_tagged(keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged) -> Statement:
+    stale_ms = int(stale_window_of(envelope) * 1000)
+    markers = (keys.invalidated, keys.failing)
+    tags = tagged.tags.tags
+    return Statement(
+        "SELECT stampede_write_tagged(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        (
+            keys.value, keys.lock, *markers, token, envelope, ttl_ms, stale_ms, keys.channel, inline,
+            keys.tags, tagged.tags.names, [tag.members for tag in tags], [tag.generation for tag in tags],
+            tagged.since, ttl_ms + MEMBER_MARGIN_MS,
+        ),
+    )  # fmt: skip
+
+
+TAG_CLOCK = "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM stampede_tag_clock"
+"""The tag clock a tagged load reads before it begins: the last value drawn (0: none yet)."""
+
+
+def invalidate_tag(tag: TagKeys, keep_stale: bool) -> Statement:
+    return Statement(
+        "SELECT * FROM stampede_invalidate_tag(%s, %s, %s, %s)",
+        (tag.members, tag.generation, keep_stale, GENERATION_KEEP_MS),
+    )
+
+
+TAGGED = (  # how many live entries carry a tag, for the command line
+    "SELECT count(*) FROM stampede_tag_members m JOIN stampede_values v ON v.key = m.key"
+    " WHERE m.tag = %s AND m.expires_at > clock_timestamp() AND v.expires_at > clock_timestamp()"
+)
 
 
 def wake_up(payload: str) -> tuple[str, bytes]:

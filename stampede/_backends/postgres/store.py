@@ -31,8 +31,8 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..._core.keys import EntryKeys, check_key, entry_value_keys, failing_key
 from ..._core.store import AcquireReply, LockState, Subscription, Written
-from ..._core.tags import TAGS_REFUSAL, Tagged, TagKeys
-from ..._errors import BackendUnavailable, ConfigError
+from ..._core.tags import Tagged, TagKeys
+from ..._errors import BackendUnavailable
 from ..._fork import reset_after_fork
 from ..breaker import CircuitBreaker
 from ..channels import Mailbox, Waiting
@@ -277,10 +277,12 @@ class PostgresStore(OneByOne):
     def write_release(
         self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None = None
     ) -> Written:
-        if tagged is not None:
-            raise ConfigError(TAGS_REFUSAL)
         with self.connection("write", keys.value) as connection:
-            statement = sql.write_release(keys, token, envelope, ttl_ms, inline)
+            statement = (
+                sql.write_release(keys, token, envelope, ttl_ms, inline)
+                if tagged is None
+                else sql.write_tagged(keys, token, envelope, ttl_ms, inline, tagged)
+            )
             row = connection.execute(statement.query, statement.params).fetchone()
             if self._sweeper.due():
                 try:
@@ -301,13 +303,18 @@ class PostgresStore(OneByOne):
         self._one("expire", keys.value, sql.invalidate(keys, keep_stale=True))
 
     def tag_clock(self, key: str) -> int:
-        raise ConfigError(TAGS_REFUSAL)
+        """The database's one tag clock (a sequence): ``key`` names the namespace's on Redis."""
+        row = self._one("read the tag clock", key, sql.Statement(sql.TAG_CLOCK, ()))
+        return int(row[0]) if row else 0
 
     def invalidate_tag(self, clock: str, tag: TagKeys, soft: bool) -> list[str]:
-        raise ConfigError(TAGS_REFUSAL)
+        statement = sql.invalidate_tag(tag, keep_stale=soft)
+        with self.connection("invalidate the tag", tag.members) as connection:
+            return [key for (key,) in connection.execute(statement.query, statement.params).fetchall()]
 
     def entry_tags(self, keys: EntryKeys) -> list[str] | None:
-        return None  # no entry here has tags
+        raw = self.get(keys.tags) if self.get(keys.value) is not None else None
+        return None if raw is None else raw.decode().split(" ")
 
     def invalidate(self, keys: EntryKeys) -> None:
         self._one("invalidate", keys.value, sql.invalidate(keys, keep_stale=False))
