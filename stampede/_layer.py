@@ -523,32 +523,38 @@ class Stampede:
         are). Once it returns, no caller in any process gets a value those entries held.
         Return how many entries it invalidated. Raises ``BackendUnavailable`` if the
         store fails: call it again (what was done stays done)."""
-        name = tag_name(tag, fields, self.settings.max_key_length)
-        store = self._blocking_store("invalidate_tag", "ainvalidate_tag")
-        return self._tag_done(store.invalidate_tag(clock_key(self.namespace), TagKeys.of(self.namespace, name), False))
+        clock, keys = self._tag(tag, fields)
+        return self._tag_done(
+            self._blocking_store("invalidate_tag", "ainvalidate_tag").invalidate_tag(clock, keys, False)
+        )
 
     def expire_tag(self, tag: str, **fields: Any) -> int:
         """The soft ``invalidate_tag``: every entry tagged ``tag`` is stale from now on, as
         ``expire()`` makes one (served stale within its stale window, refreshed by the
         next caller), and no load of one that began before this call writes. Return how
         many entries it expired."""
-        name = tag_name(tag, fields, self.settings.max_key_length)
+        clock, keys = self._tag(tag, fields)
         store = self._blocking_store("expire_tag", "aexpire_tag")
-        return self._tag_done(store.invalidate_tag(clock_key(self.namespace), TagKeys.of(self.namespace, name), True))
+        return self._tag_done(store.invalidate_tag(clock, keys, True))
 
     async def ainvalidate_tag(self, tag: str, **fields: Any) -> int:
         """``invalidate_tag()`` with this event loop's client."""
-        name = tag_name(tag, fields, self.settings.max_key_length)
-        store = self._loop_store("ainvalidate_tag", "invalidate_tag")
-        keys = await store.invalidate_tag(clock_key(self.namespace), TagKeys.of(self.namespace, name), False)
-        return self._tag_done(keys)
+        clock, keys = self._tag(tag, fields)
+        return self._tag_done(
+            await self._loop_store("ainvalidate_tag", "invalidate_tag").invalidate_tag(clock, keys, False)
+        )
 
     async def aexpire_tag(self, tag: str, **fields: Any) -> int:
         """``expire_tag()`` with this event loop's client."""
-        name = tag_name(tag, fields, self.settings.max_key_length)
+        clock, keys = self._tag(tag, fields)
         store = self._loop_store("aexpire_tag", "expire_tag")
-        keys = await store.invalidate_tag(clock_key(self.namespace), TagKeys.of(self.namespace, name), True)
-        return self._tag_done(keys)
+        return self._tag_done(await store.invalidate_tag(clock, keys, True))
+
+    def _tag(self, tag: str, fields: dict[str, Any]) -> tuple[str, TagKeys]:
+        """The namespace's tag clock and the keys of the tag named (``InvalidKey`` before
+        any I/O for a tag no loader could render)."""
+        name = tag_name(tag, fields, self.settings.max_key_length)
+        return clock_key(self.namespace), TagKeys.of(self.namespace, name)
 
     def _tag_done(self, value_keys: list[str]) -> int:
         """After a tag invalidation: callers in this process read its entries afresh."""

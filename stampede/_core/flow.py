@@ -163,9 +163,7 @@ def new_context(
 ) -> Context:
     """The context of one miss, on the real clocks."""
     keys = EntryKeys.for_value(value_key)
-    ctx = Context(keys, spec.settings, spec.codec, events, warn, time.monotonic, time.time, random.uniform)
-    ctx.tags = tags
-    return ctx
+    return Context(keys, spec.settings, spec.codec, events, warn, time.monotonic, time.time, random.uniform, tags=tags)
 
 
 # --- the flow --------------------------------------------------------------------------

@@ -261,11 +261,11 @@ class AsyncRedisStore:
         with self._translated("mark the tag", tag.members):
             call = _scripts.mark_tag_call(tag, drawn)
             members = tagging.members_of(await self._send(tag.members, self._scripts.mark_tag, *call))
+        pair = self._scripts.expires if soft else self._scripts.invalidates
+        what = "expire" if soft else "invalidate"
         done: list[str] = []
         for chunk in tagging.chunks(members):
             value_keys = tagging.value_keys(chunk)
-            pair = self._scripts.expires if soft else self._scripts.invalidates
-            what = "expire" if soft else "invalidate"
             replies = await self._run_scripts(pair, tagging.entry_calls(value_keys), what, value_keys[0])
             done += tagging.dropped(replies, value_keys, what)
             if not soft:

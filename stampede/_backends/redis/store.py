@@ -525,11 +525,11 @@ class RedisStore:
             drawn = int(self._scripts.draw_tag_clock([clock], []))
         with self._translated("mark the tag", tag.members):
             members = tagging.members_of(self._scripts.mark_tag(*_scripts.mark_tag_call(tag, drawn)))
+        pair = self._scripts.expires if soft else self._scripts.invalidates
+        what = "expire" if soft else "invalidate"
         done: list[str] = []
         for chunk in tagging.chunks(members):
             value_keys = tagging.value_keys(chunk)
-            pair = self._scripts.expires if soft else self._scripts.invalidates
-            what = "expire" if soft else "invalidate"
             replies = self._run_scripts(pair, tagging.entry_calls(value_keys), what, value_keys[0])
             done += tagging.dropped(replies, value_keys, what)
             if not soft:
