@@ -14,6 +14,7 @@ two batches wait for each other:
 
 * A flow's own commands (release, hold, lock servers) go first, then every
   ``Subscribe`` (confirmed together), every ``Acquire``, every ``WriteRelease``, every
+  ``ReadTagClock`` (the clock read once for every tagged load about to begin), every
   ``Load``, then ``Pause``. So when the loader is called, every flow is loading,
   waiting, or done.
 * ``AwaitNotice`` goes last, one flow at a time: a caller waits for another holder only
@@ -35,7 +36,7 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .effects import Acquire, AwaitNotice, Decision, Effect, Load, Pause, Subscribe, WriteRelease
+from .effects import Acquire, AwaitNotice, Decision, Effect, Load, Pause, ReadTagClock, Subscribe, WriteRelease
 
 T = TypeVar("T")
 
@@ -67,7 +68,8 @@ class Failed:
 # A batch: yields steps, is sent their replies, returns its outcome.
 Steps = Generator[One | Each, Any, T]
 
-GROUPED = (Subscribe, Acquire, WriteRelease, Load)  # the kinds of step ``Each`` carries, in the order they go
+# the kinds of step ``Each`` carries, in the order they go
+GROUPED = (Subscribe, Acquire, WriteRelease, ReadTagClock, Load)
 LAST = (Pause, AwaitNotice)  # the kinds that wait: after everything else
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .._core.batch import Each, Failed, One
-from .._core.effects import Acquire, Effect, Lease, Load, Subscribe, WriteRelease, milliseconds
+from .._core.effects import Acquire, Effect, Lease, Load, ReadTagClock, Subscribe, WriteRelease, milliseconds
 from .._core.flight import Flight, loading_all
 from .._core.flow import Context
 from .._core.store import AsyncRenewable, AsyncStore, Renewable, Store
@@ -79,6 +79,12 @@ def write_calls(entries: Sequence[Entry], steps: Sequence[One]) -> list[Any]:
     return calls
 
 
+def clock_keys(steps: Sequence[One]) -> list[str]:
+    """The tag clocks these loads read before they begin: each read once for them all
+    (every load of a namespace reads one)."""
+    return list(dict.fromkeys(step.effect.key for step in steps if isinstance(step.effect, ReadTagClock)))
+
+
 def leased(entries: Sequence[Entry], steps: Sequence[One]) -> list[Lease]:
     """The leases of the entries whose load is under their lease (renewed while it runs)."""
     return [
@@ -126,6 +132,9 @@ class BatchPerformer:
             for entry, subscription in zip(entries, subscriptions, strict=True):
                 entry.performer.subscribed(subscription)
             return [None] * len(entries)
+        if isinstance(first, ReadTagClock):
+            clocks = {key: self._store.tag_clock(key) for key in clock_keys(step.steps)}
+            return [clocks[one.effect.key] for one in step.steps]  # type: ignore[union-attr]
         log.debug("loading %d entries in one call: %s, ...", len(entries), entries[0].lease.keys.value)
         with ExitStack() as stack:
             stack.enter_context(loading_all(entry.lease.keys.value for entry in entries))
@@ -172,6 +181,9 @@ class AsyncBatchPerformer:
             for entry, subscription in zip(entries, subscriptions, strict=True):
                 entry.performer.subscribed(subscription)
             return [None] * len(entries)
+        if isinstance(first, ReadTagClock):
+            clocks = {key: await self._store.tag_clock(key) for key in clock_keys(step.steps)}
+            return [clocks[one.effect.key] for one in step.steps]  # type: ignore[union-attr]
         renewals = [
             asyncio.ensure_future(keep_renewed(self._renewal, lease.keys, lease.token, lease.ms))
             for lease in leased(entries, step.steps)

@@ -399,3 +399,23 @@ def test_a_page_in_flight_when_its_tag_is_invalidated_is_not_written(
     assert page.result(10) == {1: 1, 2: 1}  # its own caller's
     assert products([1, 2]) == {1: 2, 2: 2}
     assert layer.stats()["stale_writes_prevented"] == 2
+
+
+def test_a_cold_tagged_page_writes_in_two_pipelines(
+    make_layer: Callable[..., Stampede], redis_client: redis.Redis
+) -> None:
+    """A cold tagged page reads the tag clock once, takes its leases in one script call,
+    and writes in two pipelines: an admission for each entry, then one script writing
+    every admitted value (not a script call each)."""
+    layer = make_layer(near_cache=False)
+
+    @layer.cached_loader_many("item:{item_id}", tags=["item:{item_id}", "catalog"])
+    def items(item_ids: list[int]) -> dict[int, int]:
+        return {id_: id_ for id_ in item_ids}
+
+    items([0])  # the scripts are known to the server
+    before = int(redis_client.info("commandstats")["cmdstat_evalsha"]["calls"])
+    assert items(list(range(1, 51))) == {id_: id_ for id_ in range(1, 51)}
+    calls = int(redis_client.info("commandstats")["cmdstat_evalsha"]["calls"]) - before
+    assert calls == 1 + 1 + 50 + 1  # the leases, the clock, 50 admissions, one write of the 50
+    assert layer.invalidate_tag("catalog") == 51

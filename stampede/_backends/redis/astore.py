@@ -157,16 +157,46 @@ class AsyncRedisStore:
             replies = await self._run_scripts(self._scripts.writes, calls_, "write", together[0][0].value)
             for index, reply in zip(plain, batches.write_replies(replies, together, batches.error_reply), strict=True):
                 written[index] = reply
-        for index in tagged:
-            try:
-                written[index] = await self.write_release(*calls[index])
-            except BackendUnavailable as error:
-                written[index] = error
+        if tagged:
+            for index, reply in zip(
+                tagged, await self._write_tagged_many([calls[index] for index in tagged]), strict=True
+            ):
+                written[index] = reply
         return written
 
-    async def _run_scripts(self, pair: batches.Pair, calls: list[_scripts.Call], what: str, key: str) -> list[Any]:
+    async def _write_tagged_many(self, calls: Sequence[WriteCall]) -> list[Written | BackendUnavailable]:
+        """A page's tagged writes in two pipelines: every admission (the order
+        ``_core.tags`` shows for a cluster, here on one server too), then the writes
+        admitted. A write a tag refused releases its lease."""
+        owners, admit = tagging.admissions(calls, is_cluster(self.client))
+        replies = await self._run_scripts(
+            self._scripts.admissions, admit, "admit a tagged write of", calls[0][0].value, True
+        )
+        outcome = tagging.admitted(owners, replies, calls)
+        written: list[Written | BackendUnavailable] = [Written.REFUSED] * len(calls)
+        for index, ok in enumerate(outcome):
+            if isinstance(ok, BackendUnavailable):
+                written[index] = ok
+            elif not ok:
+                keys, token = calls[index][0], calls[index][1]
+                try:
+                    await self.release(keys, token)
+                except BackendUnavailable:
+                    pass  # the lease runs out by itself
+        go = [index for index, ok in enumerate(outcome) if ok is True]
+        if go:
+            admitted = [calls[index] for index in go]
+            calls_ = tagging.entry_writes(admitted)
+            replies = await self._run_scripts(self._scripts.tagged_writes, calls_, "write", admitted[0][0].value)
+            for index, reply in zip(go, batches.write_replies(replies, admitted, batches.error_reply), strict=True):
+                written[index] = reply
+        return written
+
+    async def _run_scripts(
+        self, pair: batches.Pair, calls: list[_scripts.Call], what: str, key: str, alone: bool = False
+    ) -> list[Any]:
         """``RedisStore._run_scripts``, awaited."""
-        groups = batches.slot_groups(calls, is_cluster(self.client))
+        groups = batches.slot_groups(calls, is_cluster(self.client), alone)
         with self._translated(what, key):
             pipeline = self.client.pipeline(transaction=False)
             batches.queue_groups(pipeline, pair, calls, groups)

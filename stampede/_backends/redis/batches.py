@@ -39,9 +39,12 @@ def script_text(script: Any) -> tuple[str, str]:
     return hashlib.sha1(text.encode()).hexdigest(), text
 
 
-def slot_groups(calls: Sequence[_scripts.Call], cluster: bool) -> list[list[int]]:
+def slot_groups(calls: Sequence[_scripts.Call], cluster: bool, alone: bool = False) -> list[list[int]]:
     """The calls (by index) that go together in one script: on a cluster those of one
-    slot (a script runs in one), elsewhere all of them, ``GROUP_LIMIT`` at most each."""
+    slot (a script runs in one), elsewhere all of them, ``GROUP_LIMIT`` at most each.
+    ``alone``: each call a script call of its own (a script whose keys vary per call)."""
+    if alone:
+        return [[index] for index in range(len(calls))]
     if not cluster:
         return [list(range(start, min(start + GROUP_LIMIT, len(calls)))) for start in range(0, len(calls), GROUP_LIMIT)]
     by_slot: dict[int, list[int]] = {}

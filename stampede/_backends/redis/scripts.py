@@ -580,5 +580,6 @@ def forget_members_call(tag: TagKeys, members: list[tuple[bytes, bytes]]) -> Cal
     return Call([tag.members], [part for pair in members for part in pair])
 
 
+WRITE_TAGGED_EACH = for_each(WRITE_TAGGED, 5, 8)  # a page's admitted writes: no tag keys
 INVALIDATE_EACH = for_each(INVALIDATE, 5, 1)
 EXPIRE_EACH = for_each(EXPIRE, 5, 1)

@@ -215,6 +215,8 @@ class Scripts:
         self.forget_members = register(_scripts.FORGET_MEMBERS)
         self.invalidates = batches.Pair(self.invalidate, register(_scripts.INVALIDATE_EACH))
         self.expires = batches.Pair(self.expire, register(_scripts.EXPIRE_EACH))
+        self.admissions = batches.Pair(self.admit_tags, self.admit_tags)  # one call each: their keys vary
+        self.tagged_writes = batches.Pair(self.write_tagged, register(_scripts.WRITE_TAGGED_EACH))
 
 
 _near_warned_at: dict[str, float] = {}
@@ -422,17 +424,45 @@ class RedisStore:
             )
             for index, reply in zip(plain, batches.write_replies(replies, together, batches.error_reply), strict=True):
                 written[index] = reply
-        for index in tagged:
-            try:
-                written[index] = self.write_release(*calls[index])
-            except BackendUnavailable as error:
-                written[index] = error
+        if tagged:
+            replies_ = self._write_tagged_many([calls[index] for index in tagged])
+            for index, reply in zip(tagged, replies_, strict=True):
+                written[index] = reply
         return written
 
-    def _run_scripts(self, pair: batches.Pair, calls: list[_scripts.Call], what: str, key: str) -> list[Any]:
+    def _write_tagged_many(self, calls: Sequence[WriteCall]) -> list[Written | BackendUnavailable]:
+        """A page's tagged writes in two pipelines: every admission (the order
+        ``_core.tags`` shows for a cluster, here on one server too), then the writes
+        admitted. A write a tag refused releases its lease."""
+        owners, admit = tagging.admissions(calls, is_cluster(self.client))
+        what, key = "admit a tagged write of", calls[0][0].value
+        replies = self._run_scripts(self._scripts.admissions, admit, what, key, alone=True)
+        outcome = tagging.admitted(owners, replies, calls)
+        written: list[Written | BackendUnavailable] = [Written.REFUSED] * len(calls)
+        for index, ok in enumerate(outcome):
+            if isinstance(ok, BackendUnavailable):
+                written[index] = ok
+            elif not ok:
+                keys, token = calls[index][0], calls[index][1]
+                try:
+                    self.release(keys, token)
+                except BackendUnavailable:
+                    pass  # the lease runs out by itself
+        go = [index for index, ok in enumerate(outcome) if ok is True]
+        if go:
+            admitted = [calls[index] for index in go]
+            calls_ = tagging.entry_writes(admitted)
+            replies = self._run_scripts(self._scripts.tagged_writes, calls_, "write", admitted[0][0].value)
+            for index, reply in zip(go, batches.write_replies(replies, admitted, batches.error_reply), strict=True):
+                written[index] = reply
+        return written
+
+    def _run_scripts(
+        self, pair: batches.Pair, calls: list[_scripts.Call], what: str, key: str, alone: bool = False
+    ) -> list[Any]:
         """Run a script for each call, one script call per slot group, in one pipeline
         (see ``batches``): each call's reply, an error reply in place as an exception."""
-        groups = batches.slot_groups(calls, is_cluster(self.client))
+        groups = batches.slot_groups(calls, is_cluster(self.client), alone)
         with self._translated(what, key):
             pipeline = self.client.pipeline(transaction=False)
             batches.queue_groups(pipeline, pair, calls, groups)

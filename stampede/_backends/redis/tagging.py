@@ -4,21 +4,26 @@ The stores send them, in the order ``_core.tags`` gives."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from redis.crc import key_slot
 
 from ..._core.keys import EntryKeys
+from ..._core.store import WriteCall
 from ..._core.tags import INVALIDATION_CHUNK, TagKeys
+from ..._errors import BackendUnavailable
 from . import scripts as _scripts
 from .batches import error_reply
 
 Member = tuple[bytes, bytes]  # a value key and its time, as MARK_TAG returned them
 
 
-def by_slot(tags: tuple[TagKeys, ...]) -> list[list[TagKeys]]:
-    """The tags of a tagged write on a cluster, grouped by slot: one ADMIT_TAGS each."""
+def by_slot(tags: tuple[TagKeys, ...], cluster: bool = True) -> list[list[TagKeys]]:
+    """The tags of a tagged write, grouped by slot on a cluster (all in one group on one
+    server): one ADMIT_TAGS each."""
+    if not cluster:
+        return [list(tags)]
     groups: dict[int, list[TagKeys]] = {}
     for tag in tags:
         groups.setdefault(key_slot(tag.members.encode()), []).append(tag)
@@ -65,3 +70,37 @@ def names_of(raw: Any) -> list[str] | None:
         return None
     text = bytes(raw).decode(errors="replace")
     return text.split(" ") if text else []
+
+
+def admissions(calls: Sequence[WriteCall], cluster: bool) -> tuple[list[int], list[_scripts.Call]]:
+    """A page's tagged writes, first step: one ADMIT_TAGS call per write and slot of its
+    tags (on one server too: a page's writes go in two pipelines, not a script each).
+    Returns the write each call is for, and the calls."""
+    owners, admit = [], []
+    for index, (keys, _, _, ttl_ms, _, tagged) in enumerate(calls):
+        assert tagged is not None
+        for group in by_slot(tagged.tags.tags, cluster):
+            owners.append(index)
+            admit.append(_scripts.admit_tags_call(group, keys.value, tagged.since, ttl_ms))
+    return owners, admit
+
+
+def admitted(owners: list[int], replies: list[Any], calls: Sequence[WriteCall]) -> list[bool | BackendUnavailable]:
+    """Whether each write was admitted by every tag (an error reply in its place)."""
+    outcome: list[bool | BackendUnavailable] = [True] * len(calls)
+    for owner, reply in zip(owners, replies, strict=True):
+        if isinstance(reply, Exception):
+            outcome[owner] = error_reply("admit a tagged write of", calls[owner][0].value, reply)
+        elif not reply and outcome[owner] is True:
+            outcome[owner] = False
+    return outcome
+
+
+def entry_writes(calls: Sequence[WriteCall]) -> list[_scripts.Call]:
+    """A page's tagged writes, second step: WRITE_TAGGED of each admitted entry, its tags
+    left out (they admitted it)."""
+    found = []
+    for keys, token, envelope, ttl_ms, inline, tagged in calls:
+        assert tagged is not None
+        found.append(_scripts.write_tagged_call(keys, token, envelope, ttl_ms, inline, tagged, False))
+    return found
