@@ -468,6 +468,9 @@ return 1
 
 WRITE_TAGGED = (
     ADMIT
+    + "local function write_and_release(KEYS, ARGV)\n"
+    + WRITE_AND_RELEASE
+    + "\nend\n"
     + """
 -- WRITE_AND_RELEASE for a tagged entry: its tags admit it first (on one server, in this
 -- script; on a cluster ADMIT_TAGS did, and no tag keys are given here), and its tags
@@ -478,10 +481,7 @@ WRITE_TAGGED = (
 -- ARGV[1..5] as WRITE_AND_RELEASE's, ARGV[6] the clock the load read, ARGV[7] the
 -- members' life in ms, ARGV[8] the tags' names
 -- Returns WRITE_AND_RELEASE's replies (0 also when a tag refused)
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then
-  if redis.call('GET', KEYS[3]) then return 0 end
-  return -1
-end
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return write_and_release(KEYS, ARGV) end
 local tags = {}
 for i = 6, #KEYS, 2 do tags[#tags + 1] = {KEYS[i], KEYS[i + 1]} end
 if not admitted(tags, ARGV[6]) then
@@ -490,15 +490,8 @@ if not admitted(tags, ARGV[6]) then
   return 0
 end
 admit(tags, KEYS[1], tonumber(ARGV[7]))
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 redis.call('SET', KEYS[5], ARGV[8], 'PX', ARGV[3])
-redis.call('DEL', KEYS[2], KEYS[4])
-if ARGV[5] == '1' then
-  redis.call('PUBLISH', ARGV[4], ARGV[2])
-else
-  redis.call('PUBLISH', ARGV[4], '')
-end
-return 1
+return write_and_release(KEYS, ARGV)
 """
 )
 
