@@ -155,13 +155,9 @@ class AsyncRedisStore:
             together = [calls[index] for index in plain]
             calls_ = batches.write_calls(together)
             replies = await self._run_scripts(self._scripts.writes, calls_, "write", together[0][0].value)
-            for index, reply in zip(plain, batches.write_replies(replies, together, batches.error_reply), strict=True):
-                written[index] = reply
+            batches.put(written, plain, batches.write_replies(replies, together, batches.error_reply))
         if tagged:
-            for index, reply in zip(
-                tagged, await self._write_tagged_many([calls[index] for index in tagged]), strict=True
-            ):
-                written[index] = reply
+            batches.put(written, tagged, await self._write_tagged_many([calls[index] for index in tagged]))
         return written
 
     async def _write_tagged_many(self, calls: Sequence[WriteCall]) -> list[Written | BackendUnavailable]:
@@ -188,8 +184,7 @@ class AsyncRedisStore:
             admitted = [calls[index] for index in go]
             calls_ = tagging.entry_writes(admitted)
             replies = await self._run_scripts(self._scripts.tagged_writes, calls_, "write", admitted[0][0].value)
-            for index, reply in zip(go, batches.write_replies(replies, admitted, batches.error_reply), strict=True):
-                written[index] = reply
+            batches.put(written, go, batches.write_replies(replies, admitted, batches.error_reply))
         return written
 
     async def _run_scripts(

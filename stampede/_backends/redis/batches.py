@@ -98,6 +98,12 @@ def write_calls(calls: Sequence[WriteCall]) -> list[_scripts.Call]:
     return [_scripts.write_release_call(*call[:5]) for call in calls]
 
 
+def put(into: list[Any], indexes: Sequence[int], replies: Sequence[Any]) -> None:
+    """Each of ``replies`` in its place in ``into``: the replies of some of a batch's calls."""
+    for index, reply in zip(indexes, replies, strict=True):
+        into[index] = reply
+
+
 def tagged_apart(calls: Sequence[WriteCall]) -> tuple[list[int], list[int]]:
     """The writes (by index) that go together in ``for_each`` scripts, and the tagged
     ones, each of which its tags admit first (``RedisStore.write_release``)."""

@@ -422,12 +422,9 @@ class RedisStore:
             replies = self._run_scripts(
                 self._scripts.writes, batches.write_calls(together), "write", together[0][0].value
             )
-            for index, reply in zip(plain, batches.write_replies(replies, together, batches.error_reply), strict=True):
-                written[index] = reply
+            batches.put(written, plain, batches.write_replies(replies, together, batches.error_reply))
         if tagged:
-            replies_ = self._write_tagged_many([calls[index] for index in tagged])
-            for index, reply in zip(tagged, replies_, strict=True):
-                written[index] = reply
+            batches.put(written, tagged, self._write_tagged_many([calls[index] for index in tagged]))
         return written
 
     def _write_tagged_many(self, calls: Sequence[WriteCall]) -> list[Written | BackendUnavailable]:
@@ -453,8 +450,7 @@ class RedisStore:
             admitted = [calls[index] for index in go]
             calls_ = tagging.entry_writes(admitted)
             replies = self._run_scripts(self._scripts.tagged_writes, calls_, "write", admitted[0][0].value)
-            for index, reply in zip(go, batches.write_replies(replies, admitted, batches.error_reply), strict=True):
-                written[index] = reply
+            batches.put(written, go, batches.write_replies(replies, admitted, batches.error_reply))
         return written
 
     def _run_scripts(
