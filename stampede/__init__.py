@@ -4,6 +4,7 @@ from ._core.codec import JsonSerializer, Serializer, TypedSerializer
 from ._core.config import Settings
 from ._core.msgspec_serializer import MsgspecSerializer
 from ._core.observer import COUNTERS, OUTCOMES, Observer
+from ._core.results import Cached
 from ._errors import (
     BackendUnavailable,
     ConfigError,
@@ -45,6 +46,7 @@ __all__ = [  # grouped, not sorted
     "Redlock",
     "RedlockLock",
     # values
+    "Cached",
     "Serializer",
     "JsonSerializer",
     "TypedSerializer",

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from ._core.keys import KeyBuilder
+from ._core.results import Cached
 from ._drivers.refresh import reporting
 
 if TYPE_CHECKING:
@@ -55,6 +56,18 @@ class BoundLoader:
         """The loader's ``fetch``."""
         return self._loader.fetch(self._instance, *args, **kwargs)  # type: ignore[attr-defined]
 
+    def set(self, value: Any, *args: Any, **kwargs: Any) -> Any:  # Any: the async subclass returns a coroutine
+        """The loader's ``set``."""
+        return self._loader.set(value, self._instance, *args, **kwargs)  # type: ignore[attr-defined]
+
+    def refresh(self, *args: Any, **kwargs: Any) -> Any:
+        """The loader's ``refresh``."""
+        return self._loader.refresh(self._instance, *args, **kwargs)  # type: ignore[attr-defined]
+
+    def peek(self, *args: Any, **kwargs: Any) -> Any:
+        """The loader's ``peek``."""
+        return self._loader.peek(self._instance, *args, **kwargs)  # type: ignore[attr-defined]
+
     def key(self, *args: Any, **kwargs: Any) -> str:
         return self._loader.key(self._instance, *args, **kwargs)
 
@@ -87,6 +100,18 @@ class AsyncBoundLoader(BoundLoader):
     async def fetch(self, *args: Any, **kwargs: Any) -> Any:
         """The loader's ``fetch``, awaited."""
         return await self._loader.fetch(self._instance, *args, **kwargs)  # type: ignore[attr-defined]
+
+    async def set(self, value: Any, *args: Any, **kwargs: Any) -> bool:
+        """The loader's ``set``, awaited."""
+        return bool(await self._loader.set(value, self._instance, *args, **kwargs))  # type: ignore[attr-defined]
+
+    async def refresh(self, *args: Any, **kwargs: Any) -> Any:
+        """The loader's ``refresh``, awaited."""
+        return await self._loader.refresh(self._instance, *args, **kwargs)  # type: ignore[attr-defined]
+
+    async def peek(self, *args: Any, **kwargs: Any) -> Any:
+        """The loader's ``peek``, awaited."""
+        return await self._loader.peek(self._instance, *args, **kwargs)  # type: ignore[attr-defined]
 
 
 class _Loader(Generic[P, R]):
@@ -176,6 +201,40 @@ class CachedLoader(_Loader[P, R]):
         finally:
             self._forget(keys.value)
 
+    def set(self, value: R | Cached[R], *args: P.args, **kwargs: P.kwargs) -> bool:
+        """Write ``value`` as the entry of these arguments (after a database write), as a
+        load would have written it: a ``Cached`` sets its own ttl and tags. A load of the
+        entry in flight, in any process, is not written afterwards, and its waiters get
+        this value. Returns True, or False if a load that began after this call (and so
+        read the database after it) holds the entry, or a tag invalidation came first.
+
+        A value the serializer refuses raises ``SerializationError`` with nothing
+        written. Raises BackendUnavailable if the store cannot be reached, whatever
+        ``on_backend_error`` says: the old value may be gone, the new one not written.
+        """
+        value_key = self._keys.value_key(args, kwargs)
+        try:
+            return self._runner.set(value_key, self._spec, args, kwargs, value)
+        finally:
+            self._forget(value_key)
+
+    def refresh(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Load the entry of these arguments now, and return the new value. Callers
+        meanwhile get the current value. Refreshes and misses of the entry at the same
+        moment, in any process, share this one load."""
+        value_key = self._keys.value_key(args, kwargs)
+        try:
+            return self._runner.refresh(value_key, self._spec, args, kwargs)  # type: ignore[no-any-return]
+        finally:
+            self._forget(value_key)
+
+    def peek(self, *args: P.args, **kwargs: P.kwargs) -> Fetched[R] | None:
+        """What a call would be served from the cache now, with no load and no lease:
+        ``Fetched(value, stale)``, or None if nothing is cached (a cached None is
+        ``Fetched(None, False)``). Raises BackendUnavailable if the store cannot answer."""
+        found = self._runner.peek(self._keys.value_key(args, kwargs), self._spec)
+        return None if found is None else Fetched(*found)
+
 
 class AsyncCachedLoader(_Loader[P, R]):
     """``CachedLoader`` for an ``async def`` loader: awaiting a call reads the cache first
@@ -225,3 +284,24 @@ class AsyncCachedLoader(_Loader[P, R]):
             await self._runner.expire(keys)
         finally:
             self._forget(keys.value)
+
+    async def set(self, value: R | Cached[R], *args: P.args, **kwargs: P.kwargs) -> bool:
+        """``CachedLoader.set``, awaited."""
+        value_key = self._keys.value_key(args, kwargs)
+        try:
+            return await self._runner.set(value_key, self._spec, args, kwargs, value)
+        finally:
+            self._forget(value_key)
+
+    async def refresh(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """``CachedLoader.refresh``, awaited."""
+        value_key = self._keys.value_key(args, kwargs)
+        try:
+            return await self._runner.refresh(value_key, self._spec, args, kwargs)  # type: ignore[no-any-return]
+        finally:
+            self._forget(value_key)
+
+    async def peek(self, *args: P.args, **kwargs: P.kwargs) -> Fetched[R] | None:
+        """``CachedLoader.peek``, awaited."""
+        found = await self._runner.peek(self._keys.value_key(args, kwargs), self._spec)
+        return None if found is None else Fetched(*found)

@@ -55,6 +55,9 @@ class LeasedStore:
     def invalidate(self, keys: EntryKeys) -> None:
         self._leases.invalidate(keys)
 
+    def seize(self, keys: EntryKeys, token: str, lease_ms: int) -> None:
+        self._run(self._leases.policy.seize(keys, token, lease_ms), Lease(keys, token, lease_ms))
+
     def expire(self, keys: EntryKeys) -> None:
         self._leases.expire(keys)
 
@@ -95,6 +98,9 @@ class AsyncLeasedStore:
 
     async def invalidate(self, keys: EntryKeys) -> None:
         await self._leases.invalidate(keys)
+
+    async def seize(self, keys: EntryKeys, token: str, lease_ms: int) -> None:
+        await self._run(self._leases.policy.seize(keys, token, lease_ms), Lease(keys, token, lease_ms))
 
     async def expire(self, keys: EntryKeys) -> None:
         await self._leases.expire(keys)

@@ -16,6 +16,26 @@ from stampede.testing import FaultProxy
 NETWORK_FAULTS = ["cut", "latency", "stall"]
 
 
+class WaitsBegun:
+    """An observer counting the waits begun (a joiner of a flight begins one, and so does
+    a caller waiting on another process's lease), in every layer it is added to."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.begun = 0
+
+    def count(self, namespace: str, event: str, n: int) -> None:
+        pass
+
+    def began(self, namespace: str, measure: str) -> None:
+        if measure == "wait":
+            with self._lock:
+                self.begun += 1
+
+    def ended(self, namespace: str, measure: str, outcome: str, seconds: float) -> None:
+        pass
+
+
 def wait_until(condition: Callable[[], Any], what: str = "condition", timeout: float = 5.0) -> None:
     """Poll ``condition`` until it holds; fail the test after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

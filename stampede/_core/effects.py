@@ -125,6 +125,12 @@ class Invalidate:
 
 
 @dataclass(frozen=True, slots=True)
+class Seize:
+    """Invalidate, and take the lease, in one step: a write-through's first step. Reply:
+    None."""
+
+
+@dataclass(frozen=True, slots=True)
 class Expire:
     """Make the value stale, keeping it for its stale window. Drop any lease and wake the
     waiters. Reply: None."""
@@ -217,6 +223,7 @@ Effect = (
     | Hold
     | LeaveQueue
     | Invalidate
+    | Seize
     | Expire
     | Subscribe
     | AwaitNotice

@@ -47,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .._errors import BackendUnavailable, SerializationError, ValueTooLarge, WaitTimeout
+from .._errors import BackendUnavailable, ConfigError, InvalidKey, SerializationError, ValueTooLarge, WaitTimeout
 from .codec import NOT_A_VALUE, Codec, Kind
 from .config import Settings
 from .effects import (
@@ -64,6 +64,7 @@ from .freshness import Served, Stale, classify
 from .keys import EntryKeys
 from .leases import ON_ONE_SERVER, LeaseSteps
 from .observer import Reporter, Wait, log_extra
+from .results import PASS_THROUGH_MS, Cached, unwrapped
 from .store import AcquireReply, LockState, Written
 from .tags import TAGGED_LOAD_LIMIT, Tagged, Tagging, TagSet
 
@@ -367,6 +368,7 @@ def _load_uncached(ctx: Context) -> Flow:
     except BaseException:
         ctx.events.ended("load", "error", ctx.clock() - started)
         raise
+    value, _ = unwrapped(value)  # written nowhere: a Cached's rules have nothing to rule
     ctx.events.ended("load", "none" if value is None else "value", ctx.clock() - started)
     envelope = ctx.codec.encode(value, ctx.wall_clock(), 0.0, key=ctx.keys.value)
     value = ctx.codec.read_back(envelope, key=ctx.keys.value)
@@ -507,25 +509,17 @@ def _load_and_write(ctx: Context, hold: float = 0.0, hold_until: float = math.in
         log.debug("%s: the loader raised %s; releasing the lock", key, type(error).__name__)
         yield from _release(ctx)
         raise
+    value, rules = unwrapped(value)
     ctx.events.ended("load", "none" if value is None else "value", ctx.clock() - started)
-    stale_for = settings.stale_window
     try:
-        envelope = ctx.codec.encode(value, loaded_at, ctx.clock() - started, key=key, stale_for=stale_for)
-        if len(envelope) > ctx.settings.max_value_bytes:
-            raise ValueTooLarge(
-                f"the value loaded for {key!r} encodes to {len(envelope)} bytes, more than "
-                f"max_value_bytes={ctx.settings.max_value_bytes}; nothing was written",
-                key=key,
-            )
-        value = ctx.codec.read_back(envelope, key=key)
-        ctx.raw = envelope
-    except SerializationError:
+        write = prepare(ctx, value, rules, loaded_at, ctx.clock() - started)
+    except (SerializationError, ConfigError, InvalidKey):
         yield from _release(ctx)
         raise
-    ttl = _jittered(ctx, settings.null_ttl if value is None else settings.ttl)
-    inline = len(envelope) <= settings.inline_value_limit
-    tagged = None
-    if ctx.tags is not None:
+    value, tagged = write.value, None
+    if rules is not None and not rules.store:
+        ctx.events.incr("uncached_results")
+    if write.tags is not None:
         if ctx.clock() - started > TAGGED_LOAD_LIMIT:
             # A tag invalidated during so long a load may have forgotten it was (its
             # generation is gone): nothing is written, the caller gets its value.
@@ -534,9 +528,9 @@ def _load_and_write(ctx: Context, hold: float = 0.0, hold_until: float = math.in
             log.info("%s: a tagged load ran past %.0f s; result not written", key, TAGGED_LOAD_LIMIT)
             yield from _release(ctx)
             return value
-        tagged = Tagged(ctx.tags, since)
+        tagged = Tagged(write.tags, since)
     try:
-        written = yield from ctx.leases.write_release(envelope, milliseconds(ttl + stale_for), inline, tagged)
+        written = yield from ctx.leases.write_release(write.envelope, write.ttl_ms, write.inline, tagged)
     except BackendUnavailable as error:
         # The value is good for this caller. But whether the write ran, or was refused
         # because an invalidation took the lease, is unknown: not for the joiners. An error
@@ -578,8 +572,56 @@ def _load_and_write(ctx: Context, hold: float = 0.0, hold_until: float = math.in
                 extra=log_extra(key, "stale_write_prevented"),
             )
     else:
-        log.debug("%s: written (ttl %.3f s) and released", key, ttl)
+        log.debug("%s: written (for %d ms) and released", key, write.ttl_ms)
     return value
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    """A value made ready to write (``prepare``)."""
+
+    envelope: bytes
+    value: Any  # as every reader will get it (read back through the serializer)
+    ttl_ms: int  # how long the store keeps it: its ttl, jittered, plus the stale window
+    inline: bool  # the envelope travels in the wake-up message
+    tags: TagSet | None  # the entry's tags and the value's own (None: an untagged write)
+
+
+def prepare(ctx: Context, value: Any, rules: Cached[Any] | None, loaded_at: float, duration: float) -> Write:
+    """The write of ``value`` under the loader's settings and the value's own ``rules``
+    (``Cached``), or the error that writes nothing: ``SerializationError`` (the
+    serializer refuses it, or it exceeds ``max_value_bytes``), ``ConfigError`` (value
+    tags on a loader declared without ``tags=``), ``InvalidKey`` (a tag no tag could be).
+    A ``store=False`` value is written to live ``PASS_THROUGH_MS`` (``_core.results``)."""
+    key, settings = ctx.keys.value, ctx.settings
+    keep = rules is None or rules.store
+    stale_for = settings.stale_window if keep else 0.0
+    envelope = ctx.codec.encode(value, loaded_at, duration, key=key, stale_for=stale_for)
+    if len(envelope) > settings.max_value_bytes:
+        raise ValueTooLarge(
+            f"the value loaded for {key!r} encodes to {len(envelope)} bytes, more than "
+            f"max_value_bytes={settings.max_value_bytes}; nothing was written",
+            key=key,
+        )
+    value = ctx.codec.read_back(envelope, key=key)
+    ctx.raw = envelope
+    tags = ctx.tags
+    if rules is not None and rules.tags:
+        if tags is None:
+            raise ConfigError(
+                f"the loader of {key!r} returned Cached(tags=...), but was decorated without tags=: declare "
+                "tags=[...] (or tags=[] if every tag comes from values), so its loads read the tag clock first; "
+                "nothing was written"
+            )
+        tags = tags.joined(rules.tags, settings.max_key_length)
+    if not keep:
+        return Write(envelope, value, PASS_THROUGH_MS, True, None)
+    ttl = rules.ttl if rules is not None and rules.ttl is not None else None
+    if ttl is None:
+        ttl = settings.null_ttl if value is None else settings.ttl
+    ttl_ms = milliseconds(_jittered(ctx, ttl) + stale_for)
+    inline = len(envelope) <= settings.inline_value_limit
+    return Write(envelope, value, ttl_ms, inline, tags if tags is not None and tags.tags else None)
 
 
 def _release(ctx: Context) -> Flow:

@@ -31,6 +31,7 @@ from .effects import (
     Lease,
     Release,
     Renew,
+    Seize,
     Subscribe,
     WriteRelease,
 )
@@ -64,6 +65,11 @@ class LeasePolicy(Protocol):
 
     def invalidate(self, keys: EntryKeys) -> Decision[None]: ...
 
+    def seize(self, keys: EntryKeys, token: str, lease_ms: int) -> Decision[bool]:
+        """Invalidate the entry and take its lease for ``token`` (a write-through's first
+        step), or only invalidate it and return False if a load began in between."""
+        ...
+
     def expire(self, keys: EntryKeys) -> Decision[None]: ...
 
     def subscribe(self, keys: EntryKeys) -> Decision[None]: ...
@@ -83,6 +89,8 @@ class LeaseSteps(Protocol):
     def hold(self, hold_ms: int, failing_ms: int) -> Decision[bool]: ...
 
     def subscribe(self) -> Decision[None]: ...
+
+    def seize(self) -> Decision[bool]: ...
 
 
 class OneServerSteps:
@@ -111,6 +119,10 @@ class OneServerSteps:
 
     def subscribe(self) -> Decision[None]:
         yield Subscribe()
+
+    def seize(self) -> Decision[bool]:
+        yield Seize()
+        return True
 
 
 ON_ONE_SERVER = OneServerSteps()
@@ -144,6 +156,9 @@ class OneServer:
 
     def invalidate(self, keys: EntryKeys) -> Decision[None]:
         yield Invalidate()
+
+    def seize(self, keys: EntryKeys, token: str, lease_ms: int) -> Decision[bool]:
+        return ON_ONE_SERVER.seize()
 
     def expire(self, keys: EntryKeys) -> Decision[None]:
         yield Expire()
@@ -181,3 +196,7 @@ class BoundSteps:
 
     def subscribe(self) -> Decision[None]:
         return self._policy.subscribe(self._lease.keys)
+
+    def seize(self) -> Decision[bool]:
+        lease = self._lease
+        return self._policy.seize(lease.keys, lease.token, lease.ms)

@@ -36,6 +36,7 @@ from .effects import (
     ReadValue,
     Release,
     Renew,
+    Seize,
     ServersDrop,
     ServersRelease,
     ServersRenew,
@@ -223,6 +224,25 @@ class RedlockLeases:
     def invalidate(self, keys: EntryKeys) -> Decision[None]:
         yield ServersDrop(keys.on_lock_servers)
         yield Invalidate()
+
+    def seize(self, keys: EntryKeys, token: str, lease_ms: int) -> Decision[bool]:
+        """Drop the majority, take it for ``token``, then invalidate and take the cache
+        key. A load that took the majority in between wins: the entry is invalidated."""
+        on_servers = keys.on_lock_servers
+        yield ServersDrop(on_servers)
+        taken, valid_until = yield from take_majority(self.quorum, on_servers, token, lease_ms, self.clock)
+        if valid_until is None:
+            yield from self.refused(keys, taken, False, b"")  # raises if too few servers answered
+            yield Invalidate()
+            return False
+        try:
+            yield Seize()
+        except GeneratorExit:
+            raise
+        except BaseException:
+            yield ServersRelease(on_servers, token)
+            raise
+        return True
 
     def expire(self, keys: EntryKeys) -> Decision[None]:
         yield ServersDrop(keys.on_lock_servers)

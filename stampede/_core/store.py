@@ -188,6 +188,10 @@ class Store(Protocol):
         """Delete the value and any lease, and wake waiters to re-check. A holder's write
         after it is ``REFUSED``."""
 
+    def seize(self, keys: EntryKeys, token: str, lease_ms: int) -> None:
+        """``invalidate``, and take the lease for ``token``, in one step: a write-through's
+        first step (see ``_core.controls``). The waiters it wakes find the lease taken."""
+
     def subscribe(self, keys: EntryKeys) -> Subscription:
         """A confirmed mailbox on the entry's channel."""
 
@@ -252,6 +256,8 @@ class AsyncStore(Protocol):
     async def holder(self, keys: EntryKeys) -> str | None: ...
 
     async def invalidate(self, keys: EntryKeys) -> None: ...
+
+    async def seize(self, keys: EntryKeys, token: str, lease_ms: int) -> None: ...
 
     async def subscribe(self, keys: EntryKeys) -> AsyncSubscription: ...
 

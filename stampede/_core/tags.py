@@ -60,16 +60,16 @@ A load that runs longer than ``TAGGED_LOAD_LIMIT`` is not written: a generation 
 old may have been forgotten. Bookkeeping is bounded: members by the live entries of a
 tag, generations by the tags invalidated within ``GENERATION_KEEP_MS``.
 
-Tags may also come from a loaded value (a later capability): its tags join the
-entry's in the same ``Tagged`` write, which is why the clock is read before the load
-and not by the tags' templates.
+Tags may also come from a loaded value (``Cached(value, tags=...)``, ``_core.results``):
+its tags join the entry's in the same ``Tagged`` write, which is why the clock is read
+before the load and not by the tags' templates.
 """
 
 from __future__ import annotations
 
 import re
 import string
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -112,9 +112,12 @@ def tag_prefix(namespace: str) -> str:
     return f"{namespace}:tag:"
 
 
+CLOCK_SUFFIX = ":tags:clock"
+
+
 def clock_key(namespace: str) -> str:
     """The namespace's tag clock. Never expires (see the module docstring)."""
-    return f"{namespace}:tags:clock"
+    return namespace + CLOCK_SUFFIX
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +131,15 @@ class TagSet:
     def names(self) -> str:
         """The tags as one text (space between: a rendered tag holds no whitespace)."""
         return " ".join(tag.name for tag in self.tags)
+
+    def joined(self, names: Iterable[str], max_key_length: int) -> TagSet:
+        """These tags and ``names`` (a loaded value's own: ``Cached.tags``), each checked
+        and shortened as ``invalidate_tag`` names a tag, so both name the same keys.
+        ``InvalidKey`` for a name no tag could be."""
+        namespace = self.clock[: -len(CLOCK_SUFFIX)]
+        extra = [TagKeys.of(namespace, tag_name(name, {}, max_key_length)) for name in names]
+        unique = {tag.name: tag for tag in (*self.tags, *extra)}  # in order, once each
+        return TagSet(self.clock, tuple(unique.values()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,9 +179,10 @@ class TagTemplates:
         namespace: str,
         max_key_length: int,
     ) -> None:
-        if isinstance(templates, str) or not isinstance(templates, (list, tuple)) or not templates:
+        if isinstance(templates, str) or not isinstance(templates, (list, tuple)):
             raise ConfigError(
-                f'tags must be a non-empty list of templates, e.g. ["category:{{id}}"], got {templates!r}'
+                f'tags must be a list of templates, e.g. ["category:{{id}}"] ([] when the loader tags its '
+                f"values itself with Cached(value, tags=...)), got {templates!r}"
             )
         self._namespace = namespace
         self._clock = clock_key(namespace)

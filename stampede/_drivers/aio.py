@@ -27,6 +27,7 @@ from typing import Any
 
 from .._core.batch import together
 from .._core.call import DECIDED, Joiner, Outcome, read_found
+from .._core.controls import ano_load, peeked, put, reload
 from .._core.effects import Effect, Lease, milliseconds
 from .._core.flight import Flight, refuse_recursion
 from .._core.flow import (
@@ -478,6 +479,30 @@ class AsyncRunner:
     def loop_store(self) -> AsyncStore:
         """The running event loop's store."""
         return self._state().store
+
+    async def set(
+        self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any
+    ) -> bool:
+        """``SyncRunner.set``, for the tasks of this loop."""
+        ctx = self._context(value_key, spec, args, kwargs)
+        written = bool(await self._drive(put(ctx, result), ctx, ano_load, self._state()))
+        self._events.incr("sets" if written else "sets_overtaken")
+        return written
+
+    async def refresh(self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """``SyncRunner.refresh``, for the tasks of this loop."""
+        self._events.incr("refresh_calls")
+        refuse_recursion(value_key)
+        ctx = self._context(value_key, spec, args, kwargs)
+        return await self._drive(reload(ctx), ctx, functools.partial(spec.func, *args, **kwargs), self._state())
+
+    async def peek(self, value_key: str, spec: LoaderSpec) -> tuple[Any, bool] | None:
+        """``SyncRunner.peek``, for the tasks of this loop."""
+        store = self._state().store
+        if not spec.reads_ttl:
+            return peeked(await store.get(value_key), -1.0, False, spec.codec, spec.settings)
+        raw, ttl_left, failing = await store.get_with_ttl(value_key, True)
+        return peeked(raw, ttl_left, failing, spec.codec, spec.settings)
 
     async def invalidate(self, keys: EntryKeys) -> None:
         await self._state().leases.invalidate(keys)

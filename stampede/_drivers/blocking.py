@@ -13,6 +13,7 @@ from typing import Any
 
 from .._core.batch import together
 from .._core.call import DECIDED, Joiner, Outcome, read_found
+from .._core.controls import no_load, peeked, put, reload
 from .._core.effects import Effect, Lease, milliseconds
 from .._core.flight import Flight, refuse_recursion
 from .._core.flow import (
@@ -381,6 +382,29 @@ class SyncRunner:
         are the entry's position (``_loader_many.PageTags``)."""
         tags = spec.tags.render(args, kwargs or {}) if spec.tags is not None else None
         return new_context(value_key, spec, self._events, self._warn, tags)
+
+    def set(self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> bool:
+        """Write ``result`` over the entry, overtaking any load in flight (``controls.put``)."""
+        ctx = self._context(value_key, spec, args, kwargs)
+        written = bool(self._drive(put(ctx, result), ctx, no_load))
+        self._events.incr("sets" if written else "sets_overtaken")
+        return written
+
+    def refresh(self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Load the entry now, shared with every refresh and miss of it at the same moment
+        (``controls.reload``), and return the value."""
+        self._events.incr("refresh_calls")
+        refuse_recursion(value_key)
+        ctx = self._context(value_key, spec, args, kwargs)
+        return self._drive(reload(ctx), ctx, functools.partial(spec.func, *args, **kwargs))
+
+    def peek(self, value_key: str, spec: LoaderSpec) -> tuple[Any, bool] | None:
+        """What the entry holds that a caller could be served (``controls.peeked``)."""
+        store = self.store
+        if not spec.reads_ttl:
+            return peeked(store.get(value_key), -1.0, False, spec.codec, spec.settings)
+        raw, ttl_left, failing = store.get_with_ttl(value_key, True)
+        return peeked(raw, ttl_left, failing, spec.codec, spec.settings)
 
     def invalidate(self, keys: EntryKeys) -> None:
         self.leases.invalidate(keys)

@@ -35,6 +35,7 @@ from .._core.effects import (
     ReadValue,
     Release,
     Renew,
+    Seize,
     ServersDrop,
     ServersRelease,
     ServersRenew,
@@ -167,6 +168,8 @@ class Performer:
                 return store.leave_queue(lease.keys, lease.token)
             case Invalidate():
                 return store.invalidate(lease.keys)
+            case Seize():
+                return store.seize(lease.keys, lease.token, lease.ms)
             case Expire():
                 return store.expire(lease.keys)
             case Subscribe():
@@ -267,6 +270,8 @@ class AsyncPerformer:
                 return await store.leave_queue(lease.keys, lease.token)
             case Invalidate():
                 return await store.invalidate(lease.keys)
+            case Seize():
+                return await store.seize(lease.keys, lease.token, lease.ms)
             case Expire():
                 return await store.expire(lease.keys)
             case Subscribe():

@@ -180,6 +180,21 @@ def test_an_invalidation_drops_value_and_lease_and_refuses_the_holders_write(sto
     assert store.acquire(keys, "b", LEASE_MS, True).state is LockState.LOCKED  # a waiter takes over at once
 
 
+def test_a_seizure_invalidates_takes_the_lease_and_refuses_the_old_holders_write(
+    store: Any, keys: EntryKeys
+) -> None:
+    store.acquire(keys, "a", LEASE_MS, True)
+    store.seize(keys, "b", LEASE_MS)
+    assert store.holder(keys) == "b"
+    assert store.write_release(keys, "a", b"old", 60_000, True) == Written.REFUSED
+    assert store.acquire(keys, "c", LEASE_MS, True).state is LockState.HELD  # a waiter finds it taken
+    assert store.write_release(keys, "b", ENVELOPE, 60_000, True) == Written.YES
+    assert store.get(keys.value) == ENVELOPE
+    store.seize(keys, "d", LEASE_MS)  # over a value: it goes
+    assert store.get(keys.value) is None
+    assert store.release(keys, "d") is True
+
+
 def test_renewal_extends_only_the_holders_lease(store: Any, keys: EntryKeys) -> None:
     store.acquire(keys, "a", 200, True)
     assert store.renew(keys, "a", LEASE_MS) is True

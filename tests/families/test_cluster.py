@@ -28,6 +28,7 @@ from ..conftest import empty_cluster
 from ..modes import hammer
 from ..promises.test_behaviour import CountingLoader
 from ..promises.test_processes import run_stampede
+from ..scenarios import WaitsBegun
 
 
 def node_client(server: RedisServer) -> redis.Redis:
@@ -223,25 +224,6 @@ def test_named_locks_and_clear_work_on_a_cluster(make_cluster_layer: Callable[..
     assert layer.clear() == 30  # SCAN over every primary
     load(3)
     assert db.calls[3] == 2
-
-
-class WaitsBegun:
-    """An observer counting the waits that began, in every layer it is added to."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.begun = 0
-
-    def count(self, namespace: str, event: str, n: int) -> None:
-        pass
-
-    def began(self, namespace: str, measure: str) -> None:
-        if measure == "wait":
-            with self._lock:
-                self.begun += 1
-
-    def ended(self, namespace: str, measure: str, outcome: str, seconds: float) -> None:
-        pass
 
 
 class OneAtATime:

@@ -25,40 +25,21 @@ from stampede.testing import FaultProxy, RedisServer, free_port
 
 from ..promises.test_behaviour import CountingLoader
 from ..promises.test_msgspec import ORDER, Order
-from ..scenarios import forked_child_passes, parked_in, wait_until
+from ..scenarios import WaitsBegun, forked_child_passes, parked_in, wait_until
 from ..tools.test_cli import ROOT
-
-
-class Joins:
-    """An observer that counts the waits begun: a joiner of a flight begins one."""
-
-    def __init__(self) -> None:
-        self.waits = 0
-        self._lock = threading.Lock()
-
-    def count(self, namespace: str, event: str, n: int) -> None:
-        pass
-
-    def began(self, namespace: str, measure: str) -> None:
-        if measure == "wait":
-            with self._lock:
-                self.waits += 1
-
-    def ended(self, namespace: str, measure: str, outcome: str, seconds: float) -> None:
-        pass
 
 
 def joined_by(layer: Stampede, loader: CountingLoader, calls: list[Callable[[], Any]]) -> list[Any]:
     """Run ``calls`` from threads of their own: the first leads and is held in ``loader``
     until every other call has joined its flight; then all are let go."""
-    joins = Joins()
+    joins = WaitsBegun()
     layer._events.add(joins)
     loader.release.clear()
     with ThreadPoolExecutor(len(calls)) as pool:
         leader = pool.submit(calls[0])
         assert loader.started.wait(10)
         others = [pool.submit(call) for call in calls[1:]]
-        wait_until(lambda: joins.waits >= len(calls) - 1, "every caller joined the leader's flight")
+        wait_until(lambda: joins.begun >= len(calls) - 1, "every caller joined the leader's flight")
         loader.release.set()
         return [leader.result(10), *(other.result(10) for other in others)]
 
@@ -89,10 +70,10 @@ def test_tasks_who_join_one_load_get_objects_of_their_own(make_layer: Callable[.
         return {"key": key, "children": [1, 2]}
 
     async def main() -> list[Any]:
-        joins = Joins()
+        joins = WaitsBegun()
         layer._events.add(joins)
         tasks = [asyncio.create_task(load(1)) for _ in range(6)]
-        while joins.waits < 5:
+        while joins.begun < 5:
             await asyncio.sleep(0.001)
         release.set()
         results = await asyncio.gather(*tasks)

@@ -199,7 +199,7 @@ def test_bad_tags_are_refused_at_decoration(make_layer: Callable[..., Stampede])
         layer.cached_loader("pl:{category_id}:{page}", tags=["category:{shop}"])(product_list)
     with pytest.raises(ConfigError, match="leaves out"):
         layer.cached_loader("pl:{category_id}:{page}", tags=["user:{user}"])(product_list)
-    with pytest.raises(ConfigError, match="non-empty list"):
+    with pytest.raises(ConfigError, match="a list of templates"):
         layer.cached_loader("pl:{category_id}:{page}", tags="category:{category_id}")(product_list)
     with pytest.raises(ConfigError, match="literal text"):
         layer.cached_loader("pl:{category_id}:{page}", tags=["cat egory"])(product_list)

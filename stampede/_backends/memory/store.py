@@ -180,6 +180,13 @@ class MemoryStore(OneByOne):
             self._failing.pop(keys.failing, None)
             self._publish(keys, b"")
 
+    def seize(self, keys: EntryKeys, token: str, lease_ms: int) -> None:
+        with self._lock:
+            self._values.pop(keys.value, None)
+            self._failing.pop(keys.failing, None)
+            self._leases[keys.lock] = (token, self._clock() + lease_ms / 1000)
+            self._publish(keys, b"")
+
     def tag_clock(self, key: str) -> int:
         with self._lock:
             return self._tags.clock(key)
@@ -306,6 +313,9 @@ class AsyncMemoryStore(AsyncOneByOne):
 
     async def invalidate(self, keys: EntryKeys) -> None:
         self._store.invalidate(keys)
+
+    async def seize(self, keys: EntryKeys, token: str, lease_ms: int) -> None:
+        self._store.seize(keys, token, lease_ms)
 
     async def check(self, namespace: str) -> None:
         pass

@@ -227,6 +227,13 @@ class AsyncPostgresStore(AsyncOneByOne):
     async def invalidate(self, keys: EntryKeys) -> None:
         await self._one("invalidate", keys.value, sql.invalidate(keys, keep_stale=False))
 
+    async def seize(self, keys: EntryKeys, token: str, lease_ms: int) -> None:
+        """``PostgresStore.seize``, awaited."""
+        dropped, taken = sql.invalidate(keys, keep_stale=False), sql.acquire(keys, token, lease_ms, False, b"")
+        async with self._connection("invalidate", keys.value) as connection, connection.transaction():
+            await connection.execute(dropped.query, dropped.params)
+            await connection.execute(taken.query, taken.params)
+
     async def take_lock(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int = 0) -> AcquireReply:
         statement = sql.take_lock(keys, token, lease_ms, queue_ms)
         return take_lock_reply(await self._one("take the lock", keys.value, statement))

@@ -319,6 +319,14 @@ class PostgresStore(OneByOne):
     def invalidate(self, keys: EntryKeys) -> None:
         self._one("invalidate", keys.value, sql.invalidate(keys, keep_stale=False))
 
+    def seize(self, keys: EntryKeys, token: str, lease_ms: int) -> None:
+        """``invalidate``, then the lease is taken for ``token``, in one transaction: the
+        waiters it wakes (at the commit) find the lease taken."""
+        dropped, taken = sql.invalidate(keys, keep_stale=False), sql.acquire(keys, token, lease_ms, False, b"")
+        with self.connection("invalidate", keys.value) as connection, connection.transaction():
+            connection.execute(dropped.query, dropped.params)
+            connection.execute(taken.query, taken.params)
+
     def take_lock(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int = 0) -> AcquireReply:
         row = self._one("take the lock", keys.value, sql.take_lock(keys, token, lease_ms, queue_ms))
         return take_lock_reply(row)

@@ -354,6 +354,13 @@ class AsyncRedisStore:
             reply = await self._send(keys.value, self._scripts.invalidate, *call)
         await self._await_near_caches(await self._ask_near_caches(reply, keys, nonce), nonce)
 
+    async def seize(self, keys: EntryKeys, token: str, lease_ms: int) -> None:
+        nonce = new_nonce(self.near)
+        with self._translated("invalidate", keys.value):
+            call = _scripts.seize_call(keys, token, lease_ms, self._near_in_script, nonce)
+            reply = await self._send(keys.value, self._scripts.seize, *call)
+        await self._await_near_caches(await self._ask_near_caches(reply, keys, nonce), nonce)
+
     async def _ask_near_caches(self, reply: Any, keys: EntryKeys, nonce: str) -> Any:
         """``RedisStore._ask_near_caches``, awaited."""
         if self.near is None or self._near_in_script is not None:

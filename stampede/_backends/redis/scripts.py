@@ -317,6 +317,22 @@ local function near_request(result, registry, channel, message)
 end
 """
 
+SEIZE = (
+    NEAR_REQUEST
+    + "local function invalidate(KEYS, ARGV)\n"
+    + INVALIDATE
+    + """
+end
+-- A write-through's first step (set): INVALIDATE, and the lease is ours, in one step, so
+-- no waiter woken by it can take the lease before the write (see _core.controls).
+-- KEYS and ARGV as INVALIDATE's, then ARGV[n-1] our token, ARGV[n] the lease in ms
+-- Returns INVALIDATE's reply
+local reply = invalidate(KEYS, ARGV)
+redis.call('SET', KEYS[2], ARGV[#ARGV - 1], 'PX', ARGV[#ARGV])
+return reply
+"""
+)
+
 INVALIDATE = NEAR_REQUEST + INVALIDATE
 
 
@@ -327,6 +343,11 @@ def invalidate_call(keys: EntryKeys, near: NearChannel | None = None, nonce: str
     return _with_near(
         Call([keys.value, keys.lock, keys.invalidated, keys.failing, keys.tags], [keys.channel]), keys, near, nonce
     )
+
+
+def seize_call(keys: EntryKeys, token: str, lease_ms: int, near: NearChannel | None = None, nonce: str = "") -> Call:
+    call = invalidate_call(keys, near, nonce)
+    return Call(call.keys, [*call.args, token, lease_ms])
 
 
 def _with_near(call: Call, keys: EntryKeys, near: NearChannel | None, nonce: str) -> Call:

@@ -201,6 +201,7 @@ class Scripts:
         self.renew = register(_scripts.RENEW)
         self.release = register(_scripts.RELEASE)
         self.invalidate = register(_scripts.INVALIDATE)
+        self.seize = register(_scripts.SEIZE)
         self.hold = register(_scripts.HOLD_AFTER_FAILURE)
         self.expire = register(_scripts.EXPIRE)
         self.request_near = register(_scripts.REQUEST_NEAR)
@@ -609,6 +610,12 @@ class RedisStore:
         nonce = new_nonce(self.near)
         with self._translated("invalidate", keys.value):
             reply = self._scripts.invalidate(*_scripts.invalidate_call(keys, self._near_in_script, nonce))
+        self._await_near_caches(self._ask_near_caches(reply, keys, nonce), nonce)
+
+    def seize(self, keys: EntryKeys, token: str, lease_ms: int) -> None:
+        nonce = new_nonce(self.near)
+        with self._translated("invalidate", keys.value):
+            reply = self._scripts.seize(*_scripts.seize_call(keys, token, lease_ms, self._near_in_script, nonce))
         self._await_near_caches(self._ask_near_caches(reply, keys, nonce), nonce)
 
     def _ask_near_caches(self, reply: Any, keys: EntryKeys, nonce: str) -> Any:

@@ -1,0 +1,71 @@
+"""What a loader may return besides its value: ``Cached``, a value with its own caching
+rules (sans-IO).
+
+A loader knows things its decorator cannot: this result is empty and should live 10 s,
+this one carries tags of its own, this one is a partial answer that must not be kept.
+It says so by returning ``Cached(value, ttl=..., tags=..., store=...)``. Callers always
+get ``value``.
+
+How each field is kept by the flow (``_core.flow``):
+
+* ``ttl`` replaces the loader's ``ttl`` (or ``null_ttl``, for a None value) for this
+  value only. Jitter applies to it, and the stale windows follow it: they are measured
+  from the end of this ttl, as from any other.
+* ``tags`` join the entry's tags in the same tagged write, admitted by each tag as the
+  loader's own are (``_core.tags``). The tag clock must be read before the load begins,
+  and only a loader declared with ``tags=`` reads it: so value tags need ``tags=`` on the
+  decorator (``tags=[]`` when every tag comes from values).
+* ``store=False`` writes nothing that outlives the flight. The value goes to every caller
+  of the flight: the callers in this process who joined it, and the waiters in other
+  processes, in the wake-up message (a write that lives one millisecond, under the lease,
+  so the stale-set guard still holds: a load an invalidation overtook hands its value to
+  nobody else). A caller who arrives after the flight ended misses and starts one new
+  load, which the callers arriving with it share: nobody queues behind one lease after
+  another (Varnish's hit-for-miss), and nobody is served a value that was not to be kept.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+V = TypeVar("V")
+
+PASS_THROUGH_MS = 1
+"""How long a ``store=False`` value lives in the store: long enough to be written under
+the lease and published to the waiters, too short for a later caller to find."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cached(Generic[V]):
+    """A loader's value with caching rules of its own. Callers get ``value``.
+
+    ``ttl``: seconds this value is fresh (None: the loader's ``ttl``, or ``null_ttl``).
+    ``tags``: tags of this value, joining the loader's (which must be declared with
+    ``tags=``). ``store``: False hands the value to the callers of this load only.
+    """
+
+    value: V
+    ttl: float | None = None
+    tags: Sequence[str] = ()
+    store: bool = True
+
+    def __post_init__(self) -> None:
+        ttl = self.ttl
+        if ttl is not None and (
+            isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not math.isfinite(ttl) or ttl <= 0
+        ):
+            raise ValueError(f"Cached ttl must be a positive number of seconds or None, got {ttl!r}")
+        if isinstance(self.tags, str) or not isinstance(self.tags, (list, tuple, set, frozenset)):
+            raise ValueError(f'Cached tags must be a list of tag names, e.g. ["product:7"], got {self.tags!r}')
+        if not isinstance(self.store, bool):
+            raise ValueError(f"Cached store must be True or False, got {self.store!r}")
+
+
+def unwrapped(result: Any) -> tuple[Any, Cached[Any] | None]:
+    """A loader's return value as ``(value, rules)``: rules None for a plain value."""
+    if type(result) is Cached:
+        return result.value, result
+    return result, None

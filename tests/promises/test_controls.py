@@ -1,0 +1,390 @@
+"""The write and read controls over every backend, blocking and asyncio: ``set``
+(write-through that overtakes a load in flight), ``peek``, ``refresh`` (one load, shared
+with every refresh and miss), and ``Cached`` results (a value's own ttl, tags, and
+``store=False``). Across processes on one Redis server at the end (``_core.controls``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from stampede import Cached, ConfigError, Fetched, SerializationError, Stampede, ValueTooLarge
+from stampede._core.keys import EntryKeys
+
+from ..modes import Blocking, Database, OnALoop
+from ..scenarios import WaitsBegun, wait_until
+
+CONTROLS_WORKER = str(Path(__file__).parent.parent.joinpath("controls_worker.py"))
+
+
+class Versions(Database):
+    """A database of rows: each load returns the row's current version, or what
+    ``answer`` makes of it (a ``Cached``)."""
+
+    def __init__(self, answer: Callable[[Any, dict[str, Any]], Any] = lambda key, row: row) -> None:
+        self.version = 1
+        super().__init__(result=lambda key: answer(key, {"key": key, "version": self.version}))
+
+    def change_and_hold(self) -> None:
+        """The rows change to the next version, and the next load waits for ``release``."""
+        self.started.clear()
+        self.release.clear()
+        self.version += 1
+
+
+def loader(layer: Stampede, mode: Blocking | OnALoop, db: Database, **options: Any) -> Any:
+    return layer.cached_loader("row:{key}", **options)(mode.loader(db))
+
+
+def test_set_writes_through_and_no_call_loads_after_it(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    layer = layer_of_each_backend()
+    db = Versions()
+    row = loader(layer, mode, db)
+    assert mode(row, 1)["version"] == 1
+
+    assert mode(row.set, {"key": 1, "version": 2}, 1) is True
+    assert mode(row, 1) == {"key": 1, "version": 2}
+    assert mode(row.set, {"key": 2, "version": 7}, 2) is True  # an entry never loaded
+    assert mode(row, 2) == {"key": 2, "version": 7}
+    assert mode(row.set, None, 3) is True  # the null sentinel
+    assert mode(row, 3) is None
+    assert db.calls == {1: 1}
+    assert layer.stats()["sets"] == 3
+
+
+def test_set_overtakes_a_load_in_flight_which_is_not_written(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    """aiocache#95's race: an older load finishing after the write-through must not write
+    over it. Its caller gets what it loaded (its call began first). Everyone else,
+    joiners of its flight included, gets the set value."""
+    layer = layer_of_each_backend()
+    db = Versions()
+    db.release.clear()
+    row = loader(layer, mode, db)
+    in_flight = mode.start(row, 1)
+    assert db.started.wait(5)
+    joiner = mode.start(row, 1)
+    db.version = 2  # the database changes; the application writes the cache through
+    assert mode(row.set, {"key": 1, "version": 2}, 1) is True
+    db.release.set()
+
+    assert in_flight.result(10)["version"] == 1
+    assert joiner.result(10)["version"] == 2
+    assert mode(row, 1)["version"] == 2
+    assert db.calls == {1: 1}
+    stats = layer.stats()
+    assert stats["sets"] == 1 and stats["stale_writes_prevented"] == 1
+
+
+def test_set_of_a_value_the_serializer_refuses_writes_nothing(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    layer = layer_of_each_backend()
+    db = Versions()
+    row = loader(layer, mode, db, max_value_bytes=100)
+    mode(row, 1)
+
+    with pytest.raises(SerializationError, match="not serializable"):
+        mode(row.set, {"key": 1, "version": object()}, 1)
+    with pytest.raises(ValueTooLarge):
+        mode(row.set, {"key": 1, "version": "x" * 200}, 1)
+    with pytest.raises(ValueError, match="store=False"):
+        mode(row.set, Cached({"key": 1}, store=False), 1)
+    assert mode(row.peek, 1) == Fetched({"key": 1, "version": 1}, False)  # the old value stands
+    assert mode(row, 1)["version"] == 1
+    assert db.calls == {1: 1}
+
+
+def test_peek_answers_what_a_call_would_get_with_no_load_and_no_lease(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    layer = layer_of_each_backend()
+    db = Versions()
+    row = loader(layer, mode, db)
+    assert mode(row.peek, 1) is None  # nothing cached
+    assert mode(row.peek, 1) is None
+    assert db.calls == {}
+
+    mode(row, 1)
+    assert mode(row.peek, 1) == Fetched({"key": 1, "version": 1}, False)
+    mode(row.set, None, 2)
+    assert mode(row.peek, 2) == Fetched(None, False)  # a cached None is not "nothing cached"
+    assert db.calls == {1: 1}
+    mode(row.invalidate, 1)
+    assert mode(row.peek, 1) is None
+    assert mode(row, 1)["version"] == 1  # no lease left behind by the peeks: this loads at once
+    assert db.calls == {1: 2}
+
+
+def test_peek_reports_a_value_past_its_ttl_as_stale_and_refreshes_nothing(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    layer = layer_of_each_backend()
+    db = Versions()
+    row = loader(layer, mode, db, ttl=0.2, stale_while_revalidate=30)
+    mode(row, 1)
+    wait_until(lambda: mode(row.peek, 1).stale, "the value to pass its ttl")
+    assert mode(row.peek, 1) == Fetched({"key": 1, "version": 1}, True)
+    assert db.calls == {1: 1}
+
+
+def test_refresh_loads_now_while_readers_get_the_current_value(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    layer = layer_of_each_backend()
+    db = Versions()
+    row = loader(layer, mode, db)
+    mode(row, 1)
+    db.change_and_hold()
+    refreshing = mode.start(row.refresh, 1)
+    assert db.started.wait(5)
+    assert mode(row, 1)["version"] == 1  # at once: the current value is still served
+    db.release.set()
+
+    assert refreshing.result(10)["version"] == 2
+    assert mode(row, 1)["version"] == 2
+    assert db.calls == {1: 2}
+    assert layer.stats()["refresh_calls"] == 1
+
+
+def test_refreshes_and_misses_at_one_moment_share_one_load(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    """A refresh is a miss that will not take the current value: every refresh arriving
+    while one loads, and every miss, gets that load's value."""
+    waits = WaitsBegun()
+    layer = layer_of_each_backend(observers=[waits])
+    db = Versions()
+    row = loader(layer, mode, db)
+    mode(row, 1)
+    db.change_and_hold()
+    refreshes = [mode.start(row.refresh, 1) for _ in range(6)]
+    miss = mode.start(row, 2)  # another entry: its own load
+    assert db.started.wait(5)
+    wait_until(lambda: waits.begun >= 5, "the other refreshes to wait for the one loading")
+    db.release.set()
+
+    assert {outcome.result(10)["version"] for outcome in refreshes} == {2}
+    assert miss.result(10)["version"] == 2
+    assert db.calls == {1: 2, 2: 1}
+
+
+def test_a_cached_ttl_is_the_values_own(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    layer = layer_of_each_backend()
+    db = Versions(answer=lambda key, row: Cached(row, ttl=0.3) if key == 1 else row)
+    row = loader(layer, mode, db, ttl=60)
+    assert mode(row, 1) == {"key": 1, "version": 1}  # callers get the value, not the Cached
+    assert mode(row, 2) == {"key": 2, "version": 1}
+    started = time.monotonic()
+    wait_until(lambda: mode(row.peek, 1) is None, "the 0.3 s value to expire", timeout=10)
+    assert time.monotonic() - started < 10
+    assert mode(row.peek, 2) is not None  # the loader's ttl, 60 s
+    assert mode(row, 1)["version"] == 1
+    assert db.calls == {1: 2, 2: 1}
+    with pytest.raises(ValueError, match="positive"):
+        Cached(1, ttl=0)
+
+
+def test_a_value_not_to_be_stored_goes_to_its_flight_and_is_not_kept(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    """``Cached(store=False)``: every caller of the flight gets the value, one load. The
+    next caller loads again, as one new flight: nobody queues behind lease after lease."""
+    waits = WaitsBegun()
+    layer = layer_of_each_backend(observers=[waits])
+    db = Versions(answer=lambda key, row: Cached(row, store=False))
+    db.release.clear()
+    row = loader(layer, mode, db)
+    calls = [mode.start(row, 1) for _ in range(5)]
+    assert db.started.wait(5)
+    wait_until(lambda: waits.begun >= 4, "the other callers to join the load")
+    db.release.set()
+
+    assert [call.result(10) for call in calls] == [{"key": 1, "version": 1}] * 5
+    assert db.calls == {1: 1}
+    wait_until(lambda: mode(row.peek, 1) is None, "nothing to be kept")
+    db.version = 2
+    assert mode(row, 1)["version"] == 2
+    assert db.calls == {1: 2}
+    assert layer.stats()["uncached_results"] == 2
+
+
+def test_value_tags_join_the_entrys_and_are_invalidated_with_them(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    layer = layer_of_each_backend()
+    db = Versions(answer=lambda key, row: Cached(row, tags=[f"supplier:{key % 2}"]))
+    row = loader(layer, mode, db, tags=["row:{key}"])
+    other = layer.cached_loader("other:{key}", tags=[])(
+        mode.loader(Versions(answer=lambda key, row: Cached(row, tags=["supplier:1"])))
+    )
+    for key in (1, 2, 3):
+        mode(row, key)
+    mode(other, 1)
+
+    assert layer.invalidate_tag("supplier:1") == 3  # rows 1 and 3, and the other loader's entry
+    assert layer.invalidate_tag("row:2") == 1  # the declared tag is kept beside the value's
+    for key in (1, 2, 3):
+        mode(row, key)
+    assert db.calls == {1: 2, 2: 2, 3: 2}
+
+
+def test_value_tags_on_a_loader_declared_without_tags_are_refused_and_hold_nothing(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    layer = layer_of_each_backend()
+    db = Versions(answer=lambda key, row: Cached(row, tags=["supplier:1"]))
+    row = loader(layer, mode, db)
+    for _ in range(2):  # the second loads at once: no lease was left held
+        with pytest.raises(ConfigError, match="tags="):
+            mode(row, 1)
+    assert mode(row.peek, 1) is None
+    assert db.calls == {1: 2}
+
+
+def test_a_tagged_set_is_invalidated_with_its_tags(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    layer = layer_of_each_backend()
+    db = Versions()
+    row = loader(layer, mode, db, tags=["row:{key}"])
+    assert mode(row.set, Cached({"key": 1, "version": 5}, tags=["supplier:9"]), 1) is True
+    assert mode(row, 1)["version"] == 5
+    assert layer.invalidate_tag("supplier:9") == 1
+    assert mode(row, 1)["version"] == 1
+    assert mode(row.set, {"key": 1, "version": 6}, 1) is True
+    assert layer.invalidate_tag("row:1") == 1
+    assert mode(row, 1)["version"] == 1
+    assert db.calls == {1: 2}
+
+
+# --- across processes, on one Redis server ----------------------------------------------
+
+
+class Worker:
+    """A ``controls_worker.py`` process, talking over its stdin and stdout."""
+
+    def __init__(self, url: str, *options: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, CONTROLS_WORKER, "--url", url, *options],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.line() == "ready"
+
+    def line(self) -> str:
+        assert self.process.stdout is not None
+        return self.process.stdout.readline().strip()
+
+    def send(self, line: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+
+    def outcome(self) -> dict[str, Any]:
+        out, _ = self.process.communicate(timeout=30)
+        return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(5)
+
+
+def subscribers(client: redis.Redis, key: str) -> int:
+    return int(client.pubsub_numsub(EntryKeys.for_value(key).channel)[0][1])
+
+
+def test_set_overtakes_a_load_in_another_process_and_its_waiters_get_the_set_value(
+    make_layer: Callable[..., Stampede], redis_url: str, redis_client: redis.Redis
+) -> None:
+    redis_client.set("version", 1)
+    loading, waiting = Worker(redis_url, "--then"), Worker(redis_url)
+    try:
+        loading.send("go")
+        assert loading.line() == "loading"
+        waiting.send("go")
+        wait_until(lambda: subscribers(redis_client, "controls:{product:1}") >= 1, "the waiter to subscribe")
+        redis_client.set("version", 2)
+        layer = make_layer(namespace="controls")
+
+        @layer.cached_loader("product:{product_id}")
+        def product(product_id: int) -> Any:
+            raise AssertionError("the set value is in the cache")
+
+        assert product.set({"product": 1, "version": 2}, 1) is True
+        assert waiting.outcome()["first"]["version"] == 2  # woken with the set value
+        loading.send("release")
+        seen = loading.outcome()
+    finally:
+        loading.stop()
+        waiting.stop()
+    assert seen["first"]["version"] == 1  # its own caller: its call began before the set
+    assert seen["then"]["version"] == 2  # not written over the set value
+    assert seen["stats"]["stale_writes_prevented"] == 1
+    assert product(1) == {"product": 1, "version": 2}
+    assert int(redis_client.get("loads")) == 1
+
+
+def test_refresh_from_eight_processes_at_once_loads_once(
+    make_layer: Callable[..., Stampede], redis_url: str, redis_client: redis.Redis
+) -> None:
+    redis_client.set("version", 1)
+    layer = make_layer(namespace="controls")
+
+    @layer.cached_loader("product:{product_id}")
+    def product(product_id: int) -> Any:
+        return {"product": product_id, "version": 1}
+
+    product(1)
+    redis_client.set("version", 2)
+    workers = [Worker(redis_url, "--call", "refresh") for _ in range(8)]
+    try:
+        for worker in workers:
+            worker.send("go")
+        wait_until(lambda: redis_client.get("loads") is not None, "one worker to load", timeout=10)
+        wait_until(lambda: subscribers(redis_client, "controls:{product:1}") >= 7, "7 to wait", timeout=10)
+        assert product(1)["version"] == 1  # meanwhile readers get the current value
+        for worker in workers:
+            worker.send("release")  # only the one loading reads it
+        seen = [worker.outcome() for worker in workers]
+    finally:
+        for worker in workers:
+            worker.stop()
+    assert [outcome["first"]["version"] for outcome in seen] == [2] * 8
+    assert int(redis_client.get("loads")) == 1
+    assert product(1)["version"] == 2
+
+
+def test_a_value_not_to_be_stored_reaches_waiters_in_other_processes(
+    make_layer: Callable[..., Stampede], redis_url: str, redis_client: redis.Redis
+) -> None:
+    redis_client.set("version", 1)
+    loading, waiting = Worker(redis_url, "--pass-through"), Worker(redis_url, "--pass-through")
+    try:
+        loading.send("go")
+        assert loading.line() == "loading"
+        waiting.send("go")
+        wait_until(lambda: subscribers(redis_client, "controls:{product:1}") >= 1, "the waiter to subscribe")
+        loading.send("release")
+        seen = [loading.outcome(), waiting.outcome()]
+    finally:
+        loading.stop()
+        waiting.stop()
+    assert [outcome["first"] for outcome in seen] == [{"product": 1, "version": 1}] * 2
+    assert int(redis_client.get("loads")) == 1
+    wait_until(lambda: redis_client.exists("controls:{product:1}") == 0, "nothing to be kept")
