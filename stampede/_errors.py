@@ -38,6 +38,12 @@ class WaitTimeout(StampedeError, TimeoutError):
     """A caller waited ``wait_timeout`` for another caller's load and policy is "raise"."""
 
 
+class LoadTimeout(StampedeError, TimeoutError):
+    """The load a caller waited for (its own or another's) ran past ``load_timeout``. A
+    blocking load, or an async one with ``cancel_on_timeout=False``, goes on, keeps its
+    lease and writes its value when it ends: nobody starts a second load meanwhile."""
+
+
 class RecursiveLoad(StampedeError, RuntimeError):
     """A loader called itself for the same key (directly, or through other loaders, in the
     same thread or task): it would wait for its own load. Raised at once."""

@@ -243,6 +243,9 @@ class Stampede:
         stale_retry_interval: float | None = None,
         near_cache: NearMode | None = None,
         near_ttl: float | None = None,
+        load_timeout: float | None = None,
+        load_soft_timeout: float | None = None,
+        cancel_on_timeout: bool | None = None,
         serializer: Serializer | None = None,
         tags: Sequence[str] | None = None,
     ) -> LoaderDecorator: ...
@@ -265,6 +268,9 @@ class Stampede:
         stale_retry_interval: float | None = None,
         near_cache: NearMode | None = None,
         near_ttl: float | None = None,
+        load_timeout: float | None = None,
+        load_soft_timeout: float | None = None,
+        cancel_on_timeout: bool | None = None,
         serializer: Serializer | None = None,
         tags: Sequence[str] | None = None,
     ) -> Any:
@@ -292,6 +298,9 @@ class Stampede:
             stale_retry_interval=stale_retry_interval,
             near_cache=near_cache,
             near_ttl=near_ttl,
+            load_timeout=load_timeout,
+            load_soft_timeout=load_soft_timeout,
+            cancel_on_timeout=cancel_on_timeout,
         )
         self._check_near(settings)
         codec = self._codec if serializer is None else Codec(serializer)
@@ -320,6 +329,9 @@ class Stampede:
         stale_retry_interval: float | None = None,
         near_cache: NearMode | None = None,
         near_ttl: float | None = None,
+        load_timeout: float | None = None,
+        load_soft_timeout: float | None = None,
+        cancel_on_timeout: bool | None = None,
         serializer: Serializer | None = None,
         tags: Sequence[str] | None = None,
     ) -> ManyLoaderDecorator:
@@ -346,9 +358,17 @@ class Stampede:
             stale_retry_interval=stale_retry_interval,
             near_cache=near_cache,
             near_ttl=near_ttl,
+            load_timeout=load_timeout,
+            load_soft_timeout=load_soft_timeout,
+            cancel_on_timeout=cancel_on_timeout,
             max_batch=max_batch,
         )
         self._check_near(settings)
+        if settings.load_timeout or settings.load_soft_timeout:
+            raise ConfigError(
+                "cached_loader_many does not bound its loads by load_timeout or load_soft_timeout yet: "
+                "give load_timeout=0, load_soft_timeout=0 (the layer's apply to cached_loader)"
+            )
         codec = self._codec if serializer is None else Codec(serializer)
         if not isinstance(template, str):
             raise ConfigError(

@@ -69,6 +69,15 @@ class Settings:
     decodes each hit into an object of the caller's own; "shared" hands every caller one object."""
     near_ttl: float = 30.0
     """A near-cache copy lives at most this long (and never past its value's freshness) before Redis is read."""
+    load_timeout: float = 0.0
+    """The longest any caller waits for one load (its own, or another's it joined): then it gets LoadTimeout, or
+    its stale value under stale_if_error (0: off). The load goes on and writes when it ends; an async loader is
+    cancelled instead, unless cancel_on_timeout is False (see docs/usage.md)."""
+    load_soft_timeout: float = 0.0
+    """With a stale value in hand (stale_if_error), a caller serves it once a load has run this long, and the
+    load goes on to write when it ends (0: off). Shorter than load_timeout."""
+    cancel_on_timeout: bool = True
+    """An async loader that runs past load_timeout is cancelled (a blocking loader cannot be)."""
     max_batch: int = 500
     """A many-key call asks the loader for at most this many ids at once, and the store for as many entries in
     one round trip; a larger request is split (under SQL's IN-list limits: Oracle's 1000, SQLite's old 999)."""
@@ -96,10 +105,16 @@ class Settings:
             raise ConfigError(f"lock_ttl must be at least 0.05 s, got {self.lock_ttl!r}")
         if not _is_number(self.jitter) or not 0 <= self.jitter <= 0.5:
             raise ConfigError(f"jitter must be a number from 0 to 0.5, got {self.jitter!r}")
-        for name in ("stale_while_revalidate", "stale_if_error"):
+        for name in ("stale_while_revalidate", "stale_if_error", "load_timeout", "load_soft_timeout"):
             check_seconds(name, getattr(self, name), zero_allowed=True)
         check_seconds("stale_retry_interval", self.stale_retry_interval)
         check_seconds("near_ttl", self.near_ttl)
+        if self.load_soft_timeout and self.load_timeout and self.load_soft_timeout >= self.load_timeout:
+            raise ConfigError(
+                f"load_soft_timeout ({self.load_soft_timeout}) must be shorter than load_timeout ({self.load_timeout})"
+            )
+        if not isinstance(self.cancel_on_timeout, bool):
+            raise ConfigError(f"cancel_on_timeout must be True or False, got {self.cancel_on_timeout!r}")
         if self.near_cache not in (True, False, "shared") or not isinstance(self.near_cache, (bool, str)):
             raise ConfigError(f'near_cache must be True, False or "shared", got {self.near_cache!r}')
         if not _is_number(self.early_refresh) or not 0 <= self.early_refresh <= 100:

@@ -21,7 +21,7 @@ ending in ``unreachable``: an effect without a performer branch fails ``mypy --s
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
@@ -155,9 +155,31 @@ class AwaitNotice:
 @dataclass(frozen=True, slots=True)
 class Load:
     """Call the loader. Reply: its return value. ``leased``: the performer keeps the
-    lease renewed while it runs."""
+    lease renewed while it runs. ``timeout`` (seconds, 0: none): past it the caller stops
+    waiting. The load goes on (``LoadDetached`` is thrown in, its lease still renewed)
+    if ``detach``, else it is cancelled and ``LoadTimeout`` thrown in."""
 
     leased: bool
+    timeout: float = 0.0
+    detach: bool = True
+
+
+class LoadDetached(Exception):
+    """Thrown into a decision at ``Load``: the load ran past its timeout and goes on.
+    ``pending`` is the performer's handle on it, for ``Finish``."""
+
+    def __init__(self, pending: Any) -> None:
+        super().__init__("the load ran past its timeout and goes on")
+        self.pending = pending
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """When the detached load ``pending`` ends, perform ``then(value, error)`` on this
+    lease, in the background (the lease is renewed until then). Reply: None."""
+
+    pending: Any
+    then: Callable[[Any, BaseException | None], Decision[None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +250,7 @@ Effect = (
     | Subscribe
     | AwaitNotice
     | Load
+    | Finish
     | Pause
     | ServersTake
     | ServersRenew

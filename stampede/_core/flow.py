@@ -38,7 +38,9 @@ A timeline of a takeover::
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import functools
 import logging
 import math
 import random
@@ -47,7 +49,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .._errors import BackendUnavailable, ConfigError, InvalidKey, SerializationError, ValueTooLarge, WaitTimeout
+from .._errors import (
+    BackendUnavailable,
+    ConfigError,
+    InvalidKey,
+    LoadTimeout,
+    SerializationError,
+    ValueTooLarge,
+    WaitTimeout,
+)
 from .codec import NOT_A_VALUE, Codec, Kind
 from .config import Settings
 from .effects import (
@@ -56,7 +66,9 @@ from .effects import (
     AwaitNotice,
     Decision,
     Effect,
+    Finish,
     Load,
+    LoadDetached,
     ReadTagClock,
     milliseconds,
 )
@@ -96,7 +108,7 @@ def produces_value(effect: Effect) -> bool:
     return not isinstance(effect, NOT_THE_VALUE)
 
 
-NOT_THE_VALUE = (AwaitNotice, ReadTagClock, *SERVERS)  # the steps that never produce the value
+NOT_THE_VALUE = (AwaitNotice, ReadTagClock, Finish, *SERVERS)  # the steps that never produce the value
 
 
 # --- the context of one miss ---------------------------------------------------------
@@ -272,6 +284,7 @@ def _fill(ctx: Context, miss: Miss | Stale, wait: Wait) -> Flow:
     check_value = miss is not Miss.CORRUPT
     taken_over = stale.identity if stale is not None else b""  # the lease is taken over this value only
     subscribed = False
+    load_deadline = math.inf  # set when the wait begins, with a load timeout
     silent_wait = False  # the last wait ended with no message: a dead holder is possible
     while True:
         try:
@@ -310,9 +323,11 @@ def _fill(ctx: Context, miss: Miss | Stale, wait: Wait) -> Flow:
                     extra=log_extra(key, "takeover"),
                 )
             hold = settings.stale_retry_interval if fallback is not None else 0.0
-            value = yield from _load_and_write(ctx, hold)
+            value = yield from _load_and_write(ctx, hold, fallback=fallback, deadline=load_deadline)
             if value is LOAD_FAILED:
-                assert fallback is not None
+                if fallback is None:  # a load cancelled at load_timeout: its hold keeps the lease
+                    assert ctx.load_error is not None
+                    raise ctx.load_error
                 return _serve_stale(ctx, fallback, "the load failed")
             return value
 
@@ -324,6 +339,9 @@ def _fill(ctx: Context, miss: Miss | Stale, wait: Wait) -> Flow:
         if not subscribed:
             ctx.events.incr("lock_waits")
             wait.begin()
+            bound = _load_bound(settings, fallback)
+            if bound:  # nobody waits longer than that for one load (see _core.effects.Load)
+                load_deadline = ctx.clock() + bound
             log.debug("%s: lock held elsewhere (%.3f s left); subscribing", key, reply.lease_left)
             try:
                 yield from ctx.leases.subscribe()
@@ -332,7 +350,10 @@ def _fill(ctx: Context, miss: Miss | Stale, wait: Wait) -> Flow:
                 return (yield from _backend_failed(ctx, error))
             subscribed = True
             continue  # re-check now that no wake-up can be missed
-        remaining = deadline - ctx.clock()
+        if ctx.clock() >= load_deadline:
+            wait.end("timeout")
+            return _load_timed_out(ctx, fallback, "the load it waited for ran past")
+        remaining = min(deadline, load_deadline) - ctx.clock()
         if remaining <= 0:
             wait.end("timeout")
             if fallback is not None:
@@ -364,9 +385,14 @@ def _load_uncached(ctx: Context) -> Flow:
     started = ctx.clock()
     ctx.events.began("load")
     try:
-        value = yield Load(leased=False)
-    except BaseException:
+        value = yield _load(False, ctx.settings.load_timeout, detach=not ctx.settings.cancel_on_timeout)
+    except LoadDetached:  # nothing will be written: its value goes to nobody
         ctx.events.ended("load", "error", ctx.clock() - started)
+        return _load_timed_out(ctx, None, "the load ran past")
+    except BaseException as error:
+        ctx.events.ended("load", "error", ctx.clock() - started)
+        if isinstance(error, LoadTimeout):
+            ctx.events.incr("load_timeouts")
         raise
     value, _ = unwrapped(value)  # written nowhere: a Cached's rules have nothing to rule
     ctx.events.ended("load", "none" if value is None else "value", ctx.clock() - started)
@@ -427,6 +453,9 @@ def refresh(ctx: Context, stale: bytes, life_left: float = -1.0) -> Decision[Non
     hold = ctx.settings.stale_retry_interval if ctx.settings.stale_window else 0.0
     try:
         result = yield from _load_and_write(ctx, hold, hold_until=gone_at)
+    except LoadTimeout as error:  # it goes on (or was cancelled): nobody waits for a refresh
+        log.info("%s: the background refresh %s", key, error)
+        return
     except Exception as error:
         if error is not ctx.load_error:
             raise  # not the loader's: a serializer's error, say (the refresher warns)
@@ -466,11 +495,24 @@ def _serve_stale(ctx: Context, stale: Stale, why: str) -> Any:
     return stale.value
 
 
-def _load_and_write(ctx: Context, hold: float = 0.0, hold_until: float = math.inf) -> Flow:
+def _load_and_write(
+    ctx: Context,
+    hold: float = 0.0,
+    hold_until: float = math.inf,
+    fallback: Stale | None = None,
+    deadline: float = math.inf,
+) -> Flow:
     """Load under the lease and write the value. If the loader raises an Exception, the
     lease becomes a hold of ``hold`` seconds, ending by ``hold_until`` (``ctx.clock``),
     and ``LOAD_FAILED`` is returned. With no time left for a hold, the lease is released
-    and the error raised. Either way the error is kept in ``Context.load_error``."""
+    and the error raised. Either way the error is kept in ``Context.load_error``.
+
+    A load that runs past its timeout (``load_soft_timeout`` with a ``fallback`` in hand,
+    else ``load_timeout``) goes on under its lease and is written when it ends, while its
+    caller gets the fallback or ``LoadTimeout`` (``_detached``). An async one cancelled at
+    ``load_timeout`` leaves a hold of ``load_timeout``, so the waiters it wakes do not load
+    again before they give up too. ``deadline`` (``ctx.clock``): a caller who waited for
+    another load before this one gives up on both by then."""
     key, settings = ctx.keys.value, ctx.settings
     since = 0
     if ctx.tags is not None:
@@ -488,13 +530,22 @@ def _load_and_write(ctx: Context, hold: float = 0.0, hold_until: float = math.in
     ctx.events.incr("loads")
     ctx.events.began("load")
     log.debug("%s: lock taken; loading", key)
+    timeout = _load_bound(settings, fallback)
+    if timeout and deadline < math.inf:
+        timeout = max(0.001, min(timeout, deadline - ctx.clock()))
+    soft = fallback is not None and bool(settings.load_soft_timeout)  # a soft timeout cancels nothing
     try:
-        value = yield Load(leased=True)
+        value = yield _load(True, timeout, detach=soft or not settings.cancel_on_timeout)
+    except LoadDetached as late:
+        return (yield from _detached(ctx, late, fallback, since, loaded_at, started))
     except GeneratorExit:
         ctx.events.ended("load", "error", ctx.clock() - started)
         raise  # closed by its driver: nothing may be yielded now. The lease runs out
     except BaseException as error:
         ctx.events.ended("load", "error", ctx.clock() - started)
+        if isinstance(error, LoadTimeout):  # cancelled at load_timeout (async)
+            ctx.events.incr("load_timeouts")
+            hold = max(hold, settings.load_timeout)
         if isinstance(error, Exception):
             ctx.events.incr("loader_errors")
             ctx.load_error = error
@@ -509,6 +560,13 @@ def _load_and_write(ctx: Context, hold: float = 0.0, hold_until: float = math.in
         log.debug("%s: the loader raised %s; releasing the lock", key, type(error).__name__)
         yield from _release(ctx)
         raise
+    return (yield from _write_loaded(ctx, value, since, loaded_at, started))
+
+
+def _write_loaded(ctx: Context, value: Any, since: int, loaded_at: float, started: float) -> Flow:
+    """The rest of ``_load_and_write`` once the loader returned ``value``: write it under
+    the lease (or refuse to), and return it as readers will get it."""
+    key = ctx.keys.value
     value, rules = unwrapped(value)
     ctx.events.ended("load", "none" if value is None else "value", ctx.clock() - started)
     try:
@@ -622,6 +680,59 @@ def prepare(ctx: Context, value: Any, rules: Cached[Any] | None, loaded_at: floa
     ttl_ms = milliseconds(_jittered(ctx, ttl) + stale_for)
     inline = len(envelope) <= settings.inline_value_limit
     return Write(envelope, value, ttl_ms, inline, tags if tags is not None and tags.tags else None)
+
+
+def _load(leased: bool, timeout: float, detach: bool) -> Load:
+    """The ``Load`` step: bounded by ``timeout`` if there is one."""
+    return Load(leased, timeout, detach) if timeout else Load(leased)
+
+
+def _load_bound(settings: Settings, fallback: Stale | None) -> float:
+    """How long a caller waits for one load (0: as long as it takes): the soft timeout
+    with a stale value to serve instead, else the hard one."""
+    if fallback is not None and settings.load_soft_timeout:
+        return settings.load_soft_timeout
+    return settings.load_timeout
+
+
+def _load_timed_out(ctx: Context, fallback: Stale | None, why: str) -> Any:
+    """The answer of a caller whose load ran past its bound: the stale value it holds
+    (counted as a soft timeout if that bound was the soft one), else ``LoadTimeout``."""
+    settings, key = ctx.settings, ctx.keys.value
+    soft = fallback is not None and bool(settings.load_soft_timeout)
+    ctx.events.incr("soft_timeouts" if soft else "load_timeouts")
+    bound = _load_bound(settings, fallback)
+    if fallback is not None:
+        return _serve_stale(ctx, fallback, f"{why} {'load_soft_timeout' if soft else 'load_timeout'}={bound} s")
+    raise LoadTimeout(
+        f"{why} load_timeout={bound} s for {key!r}; it goes on, and writes its value when it ends", key=key
+    )
+
+
+def _detached(
+    ctx: Context, late: LoadDetached, fallback: Stale | None, since: int, loaded_at: float, started: float
+) -> Flow:
+    """The leader's load ran past its bound and goes on: it is finished in the background
+    (``_finish_detached``, on a context of its own), and the leader answers its caller now."""
+    yield Finish(late.pending, functools.partial(_finish_detached, dataclasses.replace(ctx), since, loaded_at, started))
+    ctx.unwritten = True  # nothing this flow wrote: joiners of a value start over
+    return _load_timed_out(ctx, fallback, "the load ran past")
+
+
+def _finish_detached(
+    ctx: Context, since: int, loaded_at: float, started: float, value: Any, error: BaseException | None
+) -> Decision[None]:
+    """A detached load ended: write its value under its lease, as if its caller had
+    waited (``_write_loaded``), or release the lease after an error, which nobody is
+    left to be told but the log."""
+    if error is None:
+        yield from _write_loaded(ctx, value, since, loaded_at, started)
+        return
+    ctx.events.ended("load", "error", ctx.clock() - started)
+    if isinstance(error, Exception):
+        ctx.events.incr("loader_errors")
+    log.info("%s: a load that ran past its timeout raised %r; releasing the lock", ctx.keys.value, error)
+    yield from _release(ctx)
 
 
 def _release(ctx: Context) -> Flow:

@@ -61,6 +61,8 @@ DESCRIPTIONS: dict[str, str] = {  # what each counter counts (the help text of e
     "sets_overtaken": "set() wrote nothing: a load begun after it, or a tag invalidation, came first",
     "refresh_calls": "refresh() was called: one load now, shared with every refresh and miss at the same moment",
     "uncached_results": "A loader returned Cached(store=False): its callers got the value, nothing was kept",
+    "load_timeouts": "A caller gave up on a load past load_timeout (LoadTimeout, or its stale value)",
+    "soft_timeouts": "A caller served its stale value once a load ran past load_soft_timeout",
     "tag_invalidations": "invalidate_tag() or expire_tag() completed",
     "tag_entries_dropped": "An entry was invalidated (or expired) by a tag invalidation",
     "breaker_opened": "The circuit breaker opened: commands to a server fail at once for breaker_cooldown",

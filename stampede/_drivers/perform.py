@@ -25,11 +25,13 @@ from .._core.effects import (
     AwaitNotice,
     Effect,
     Expire,
+    Finish,
     Hold,
     Invalidate,
     Lease,
     LeaveQueue,
     Load,
+    LoadDetached,
     Pause,
     ReadTagClock,
     ReadValue,
@@ -59,6 +61,7 @@ from .._core.store import (
     Subscription,
     WatchingServers,
 )
+from .timeouts import abounded, afinish, bounded, finish
 from .watchdog import Watchdog, keep_renewed
 
 T = TypeVar("T")
@@ -178,12 +181,23 @@ class Performer:
             case AwaitNotice(timeout=timeout):
                 assert self._subscription is not None, "AwaitNotice before Subscribe"
                 return self._subscription.wait(timeout)
-            case Load(leased=leased):
+            case Load(leased=leased, timeout=timeout):
                 with loading(lease.keys.value):
                     if not leased:
-                        return self._loader()
-                    with self._watchdog.guard(self._renewal, lease.keys, lease.token, lease.ms):
-                        return self._loader()
+                        return bounded(self._loader, timeout) if timeout else self._loader()
+                    watched = self._watchdog.watch(self._renewal, lease.keys, lease.token, lease.ms)
+                    detached = False
+                    try:
+                        return bounded(self._loader, timeout) if timeout else self._loader()
+                    except LoadDetached as late:
+                        late.pending.stop, detached = watched.stop, True  # renewed until it is finished
+                        raise
+                    finally:
+                        if not detached:
+                            watched.stop()
+            case Finish(pending=pending, then=then):
+                later = Performer(lease, store=store, servers=self._servers, renewal=self._renewal)
+                return finish(pending, then, lambda decision: run(decision, later))
             case Pause(seconds=seconds):
                 return time.sleep(seconds)
             case ServersTake(keys=keys, token=token, lease_ms=lease_ms):
@@ -280,15 +294,23 @@ class AsyncPerformer:
             case AwaitNotice(timeout=timeout):
                 assert self._subscription is not None, "AwaitNotice before Subscribe"
                 return await self._subscription.wait(timeout)
-            case Load(leased=leased):
+            case Load(leased=leased, timeout=timeout, detach=detach):
                 with loading(lease.keys.value):
                     if not leased:
-                        return await self._loader()
+                        return await (abounded(self._loader, timeout, detach) if timeout else self._loader())
                     renewal = asyncio.ensure_future(keep_renewed(self._renewal, lease.keys, lease.token, lease.ms))
+                    detached = False
                     try:
-                        return await self._loader()
+                        return await (abounded(self._loader, timeout, detach) if timeout else self._loader())
+                    except LoadDetached as late:
+                        late.pending.stop, detached = renewal.cancel, True  # renewed until it is finished
+                        raise
                     finally:
-                        renewal.cancel()
+                        if not detached:
+                            renewal.cancel()
+            case Finish(pending=pending, then=then):
+                later = AsyncPerformer(lease, store=store, servers=self._servers, renewal=self._renewal)
+                return afinish(pending, then, lambda decision: arun(decision, later))
             case Pause(seconds=seconds):
                 return await asyncio.sleep(seconds)
             case ServersTake(keys=keys, token=token, lease_ms=lease_ms):

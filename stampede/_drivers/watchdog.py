@@ -40,6 +40,10 @@ class WatchedLease:
     lost: bool = False
     active: bool = True  # false once its load is over: dropped when it comes due
 
+    def stop(self) -> None:
+        """No more renewals: the load is over."""
+        self.active = False
+
 
 class Watchdog:
     """Renews registered leases every lease/3 from one daemon thread."""

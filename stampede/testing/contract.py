@@ -180,9 +180,7 @@ def test_an_invalidation_drops_value_and_lease_and_refuses_the_holders_write(sto
     assert store.acquire(keys, "b", LEASE_MS, True).state is LockState.LOCKED  # a waiter takes over at once
 
 
-def test_a_seizure_invalidates_takes_the_lease_and_refuses_the_old_holders_write(
-    store: Any, keys: EntryKeys
-) -> None:
+def test_a_seizure_invalidates_takes_the_lease_and_refuses_the_old_holders_write(store: Any, keys: EntryKeys) -> None:
     store.acquire(keys, "a", LEASE_MS, True)
     store.seize(keys, "b", LEASE_MS)
     assert store.holder(keys) == "b"

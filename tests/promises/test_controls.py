@@ -295,6 +295,10 @@ class Worker:
         self.process.stdin.write(line + "\n")
         self.process.stdin.flush()
 
+    def outcome_line(self) -> dict[str, Any]:
+        """The next line it prints, a JSON object, while it goes on."""
+        return json.loads(self.line())  # type: ignore[no-any-return]
+
     def outcome(self) -> dict[str, Any]:
         out, _ = self.process.communicate(timeout=30)
         return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
@@ -303,6 +307,9 @@ class Worker:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait(5)
+        for pipe in (self.process.stdin, self.process.stdout):
+            if pipe is not None:
+                pipe.close()
 
 
 def subscribers(client: redis.Redis, key: str) -> int:

@@ -1,0 +1,128 @@
+"""Loads a caller stops waiting for (``load_timeout``, ``load_soft_timeout``): how the
+performers run a loader under a timeout, and finish a load that outlived its caller.
+
+A blocking loader cannot be stopped, so under a timeout it runs in a thread of its own
+while its caller waits on a future (with the caller's context variables, so that what
+the loader reads of them is what it would read in the caller's thread). At the timeout
+the caller goes on (the flow answers it) and the load keeps its lease, renewed by the
+watchdog, until it ends: then the flow's ``Finish`` step writes its value, or releases
+the lease after an error. An async loader is a task: at the timeout it is cancelled, or
+left to finish the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import threading
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from typing import Any
+
+from .._core.effects import Decision, LoadDetached
+from .._errors import LoadTimeout
+
+log = logging.getLogger("stampede.cache")
+
+
+@dataclass(eq=False)
+class Pending:
+    """A load its caller stopped waiting for: the future or task it runs as, and what
+    keeps its lease renewed until it is finished (``stop``)."""
+
+    load: Future[Any] | asyncio.Future[Any]
+    stop: Callable[[], None] = lambda: None
+
+
+def bounded(loader: Callable[[], Any], timeout: float) -> Any:
+    """``loader()``, from a thread of its own, waited for ``timeout`` seconds at most; then
+    ``LoadDetached`` (the load goes on)."""
+    future: Future[Any] = Future()
+    context = contextvars.copy_context()
+
+    def work() -> None:
+        try:
+            future.set_result(context.run(loader))
+        except BaseException as error:  # handed to whoever takes the outcome
+            future.set_exception(error)
+
+    threading.Thread(target=work, name="stampede-load", daemon=True).start()
+    try:
+        return future.result(timeout)
+    except FutureTimeout:
+        raise LoadDetached(Pending(future)) from None
+
+
+async def abounded(loader: Callable[[], Awaitable[Any]], timeout: float, detach: bool) -> Any:
+    """``await loader()``, for ``timeout`` seconds at most; then ``LoadDetached`` if
+    ``detach`` (the task goes on), else the task is cancelled and ``LoadTimeout`` raised.
+    A caller cancelled meanwhile cancels the load, as awaiting it directly would."""
+    task = asyncio.ensure_future(loader())
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+    except BaseException:
+        task.cancel()
+        raise
+    if done:
+        return task.result()
+    if detach:
+        raise LoadDetached(Pending(task))
+    task.cancel()
+    task.add_done_callback(_outcome_taken)
+    raise LoadTimeout("the load ran past load_timeout and was cancelled (cancel_on_timeout)")
+
+
+def finish(pending: Pending, then: Callable[[Any, BaseException | None], Decision[None]], run: Any) -> None:
+    """When the blocking load ``pending`` ends, perform ``then`` with its outcome (in the
+    load's thread, by ``run``: the decision's performer), then stop renewing its lease."""
+    load = pending.load
+    assert isinstance(load, Future)
+
+    def done(ended: Future[Any]) -> None:
+        error = ended.exception()
+        try:
+            run(then(None if error is not None else ended.result(), error))
+        except BaseException as failure:  # nobody is waiting to be told: say it
+            log.warning("stampede: finishing a load that ran past its timeout failed (%r)", failure)
+        finally:
+            pending.stop()
+
+    load.add_done_callback(done)
+
+
+_finishing: set[asyncio.Task[None]] = set()  # finishing tasks, kept from the garbage collector
+
+
+def afinish(
+    pending: Pending,
+    then: Callable[[Any, BaseException | None], Decision[None]],
+    arun: Callable[[Decision[None]], Awaitable[None]],
+) -> None:
+    """``finish`` for a task: when it ends, a new task performs ``then``."""
+    load = pending.load
+    assert isinstance(load, asyncio.Future)
+
+    async def finishing(decision: Decision[None]) -> None:
+        try:
+            await arun(decision)
+        except BaseException as failure:
+            log.warning("stampede: finishing a load that ran past its timeout failed (%r)", failure)
+        finally:
+            pending.stop()
+
+    def done(ended: asyncio.Future[Any]) -> None:
+        error: BaseException | None = asyncio.CancelledError() if ended.cancelled() else ended.exception()
+        task = asyncio.ensure_future(finishing(then(None if error is not None else ended.result(), error)))
+        _finishing.add(task)
+        task.add_done_callback(_finishing.discard)
+
+    load.add_done_callback(done)
+
+
+def _outcome_taken(task: asyncio.Future[Any]) -> None:
+    """A cancelled load's outcome, taken so that asyncio does not report it unretrieved."""
+    if not task.cancelled():
+        task.exception()
