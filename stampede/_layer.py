@@ -21,7 +21,7 @@ from ._backend import (
     given_by_url,
 )
 from ._core.codec import Codec, Serializer, TypedSerializer
-from ._core.config import NearMode, Policy, Settings, check_count, check_namespace, check_seconds, renamed
+from ._core.config import Compression, NearMode, Policy, Settings, check_count, check_namespace, check_seconds, renamed
 from ._core.flow import LoaderSpec
 from ._core.keys import EntryKeys, KeyBuilder, lock_keys
 from ._core.near import NEAR_LEASE
@@ -126,7 +126,12 @@ class Stampede:
         self._default_names: dict[str, Callable[..., Any]] = {}  # loaders without a template
         self._names_lock = threading.Lock()
         self.namespace = check_namespace(namespace)
-        self._codec = Codec(serializer)
+        self._codec = Codec(
+            serializer,
+            compress_above=self.settings.compress_above,
+            compression=self.settings.compression,
+            max_value_bytes=self.settings.max_value_bytes,
+        )
         self._watchdog = Watchdog()
         self._reentrant_holds = ReentrantHolds()
         self._warn = warn = RateLimitedLog(logging.getLogger("stampede.cache"), namespace=self.namespace)
@@ -246,6 +251,8 @@ class Stampede:
         load_timeout: float | None = None,
         load_soft_timeout: float | None = None,
         cancel_on_timeout: bool | None = None,
+        compress_above: int | None = None,
+        compression: Compression | None = None,
         serializer: Serializer | None = None,
         tags: Sequence[str] | None = None,
     ) -> LoaderDecorator: ...
@@ -271,6 +278,8 @@ class Stampede:
         load_timeout: float | None = None,
         load_soft_timeout: float | None = None,
         cancel_on_timeout: bool | None = None,
+        compress_above: int | None = None,
+        compression: Compression | None = None,
         serializer: Serializer | None = None,
         tags: Sequence[str] | None = None,
     ) -> Any:
@@ -301,9 +310,11 @@ class Stampede:
             load_timeout=load_timeout,
             load_soft_timeout=load_soft_timeout,
             cancel_on_timeout=cancel_on_timeout,
+            compress_above=compress_above,
+            compression=compression,
         )
         self._check_near(settings)
-        codec = self._codec if serializer is None else Codec(serializer)
+        codec = self._codec_for(serializer, settings)
         if template is not None and not isinstance(template, str):
             if not callable(template):
                 raise ConfigError(f"a key template must be a str, got {template!r}")
@@ -332,6 +343,8 @@ class Stampede:
         load_timeout: float | None = None,
         load_soft_timeout: float | None = None,
         cancel_on_timeout: bool | None = None,
+        compress_above: int | None = None,
+        compression: Compression | None = None,
         serializer: Serializer | None = None,
         tags: Sequence[str] | None = None,
     ) -> ManyLoaderDecorator:
@@ -361,6 +374,8 @@ class Stampede:
             load_timeout=load_timeout,
             load_soft_timeout=load_soft_timeout,
             cancel_on_timeout=cancel_on_timeout,
+            compress_above=compress_above,
+            compression=compression,
             max_batch=max_batch,
         )
         self._check_near(settings)
@@ -369,13 +384,22 @@ class Stampede:
                 "cached_loader_many does not bound its loads by load_timeout or load_soft_timeout yet: "
                 "give load_timeout=0, load_soft_timeout=0 (the layer's apply to cached_loader)"
             )
-        codec = self._codec if serializer is None else Codec(serializer)
+        codec = self._codec_for(serializer, settings)
         if not isinstance(template, str):
             raise ConfigError(
                 f'cached_loader_many takes a key template naming one id\'s entry, e.g. "product:{{product_id}}", '
                 f"got {template!r}"
             )
         return ManyLoaderDecorator(self, template, batch, settings, codec, tags)
+
+    def _codec_for(self, serializer: Serializer | None, settings: Settings) -> Codec:
+        """The layer's codec, or one of ``serializer``, under a loader's ``settings``."""
+        codec = self._codec if serializer is None else self._codec.with_serializer(serializer)
+        return codec.like(
+            compress_above=settings.compress_above,
+            compression=settings.compression,
+            max_value_bytes=settings.max_value_bytes,
+        )
 
     def _check_near(self, settings: Settings) -> None:
         """Refuse ``near_cache`` where it cannot keep its promise (see docs/near-cache.md).
@@ -688,7 +712,7 @@ class LoaderDecorator:
         keys = KeyBuilder(func, self._template, layer.namespace, self._settings.max_key_length)
         codec = self._codec
         if isinstance(codec.serializer, TypedSerializer):
-            codec = Codec(_typed_for(codec.serializer, func))
+            codec = codec.with_serializer(_typed_for(codec.serializer, func))
         tags = None
         if self._tags is not None:
             tags = TagTemplates(func, self._tags, set(keys.fields), layer.namespace, self._settings.max_key_length)
@@ -747,7 +771,7 @@ class ManyLoaderDecorator:
             keys.tag(self._tags, layer.namespace, self._settings.max_key_length)
         codec = self._codec
         if isinstance(codec.serializer, TypedSerializer):
-            codec = Codec(codec.serializer.for_type(_value_type(func)))
+            codec = codec.with_serializer(codec.serializer.for_type(_value_type(func)))
         spec = LoaderSpec(func, self._settings, codec)
         if _is_async(func):
             if layer._async_runner is None:

@@ -4,7 +4,8 @@ Layout, a fixed header then the serializer's payload::
 
     0   2  magic b"\\xa7S"
     2   1  envelope version: 1, or 2 for a value kept past its ttl
-    3   1  kind: 1 value, 2 null sentinel
+    3   1  kind: 1 value, 2 null sentinel, 3 or 4 a value whose payload is compressed
+           (zlib, zstd: see _core.compression)
     4   8  loaded_at: when the load started, seconds since the epoch (big-endian double)
     12  4  load_duration: seconds the loader took (big-endian float)
     16  8  version 2 only: stale_for, the seconds the value is kept past its ttl (double)
@@ -33,6 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 import orjson
 
 from .._errors import SerializationError
+from .compression import BY_KIND, compressor
 
 _HEADER = struct.Struct(">2sBBdf")
 _STALE_FOR = struct.Struct(">d")  # after the header, in version 2
@@ -133,21 +135,68 @@ def stale_window_of(raw: bytes) -> float:
 
 
 class Codec:
-    """Encodes loaded values into envelopes and classifies what a key holds."""
+    """Encodes loaded values into envelopes and classifies what a key holds.
+    ``compress_above``: payloads longer than this many bytes are compressed with
+    ``compression`` (0: never). ``max_value_bytes``: a compressed payload that would
+    expand past it reads as corrupt."""
 
-    def __init__(self, serializer: Serializer | None = None) -> None:
+    def __init__(
+        self,
+        serializer: Serializer | None = None,
+        *,
+        compress_above: int = 0,
+        compression: str = "zlib",
+        max_value_bytes: int = 4 * 1024 * 1024,
+    ) -> None:
         self.serializer: Serializer = serializer if serializer is not None else JsonSerializer()
+        self.compress_above = compress_above
+        self._compressor = compressor(compression)
+        self.max_value_bytes = max_value_bytes
+
+    def like(self, *, compress_above: int, compression: str, max_value_bytes: int) -> Codec:
+        """This codec, or one of the same serializer with these settings if they differ."""
+        if (compress_above, compression, max_value_bytes) == (
+            self.compress_above,
+            self._compressor.name,
+            self.max_value_bytes,
+        ):
+            return self
+        return Codec(
+            self.serializer, compress_above=compress_above, compression=compression, max_value_bytes=max_value_bytes
+        )
+
+    def with_serializer(self, serializer: Serializer) -> Codec:
+        """A codec of ``serializer`` with this one's settings."""
+        return Codec(
+            serializer,
+            compress_above=self.compress_above,
+            compression=self._compressor.name,
+            max_value_bytes=self.max_value_bytes,
+        )
 
     def encode(self, value: Any, loaded_at: float, load_duration: float, *, key: str, stale_for: float = 0.0) -> bytes:
         """The envelope for ``value``. None becomes the null sentinel. ``stale_for``: the
         seconds the store will keep it past its ttl (version 2 if any)."""
+        return self.encode_counted(value, loaded_at, load_duration, key=key, stale_for=stale_for)[0]
+
+    def encode_counted(
+        self, value: Any, loaded_at: float, load_duration: float, *, key: str, stale_for: float = 0.0
+    ) -> tuple[bytes, int]:
+        """``encode``, and the bytes compression saved (0: not compressed)."""
+        kind = _NULL if value is None else _VALUE
+        payload = b"" if value is None else self._payload(value, key)
+        saved = 0
+        if self.compress_above and len(payload) > self.compress_above:
+            compressed = self._compressor.compress(payload)
+            if len(compressed) < len(payload):
+                kind, saved, payload = self._compressor.kind, len(payload) - len(compressed), compressed
         if stale_for > 0:
-            header = _HEADER.pack(_MAGIC, _VERSION_2, _NULL if value is None else _VALUE, loaded_at, load_duration)
-            header += _STALE_FOR.pack(stale_for)
+            header = _HEADER.pack(_MAGIC, _VERSION_2, kind, loaded_at, load_duration) + _STALE_FOR.pack(stale_for)
         else:
-            header = _HEADER.pack(_MAGIC, _VERSION, _NULL if value is None else _VALUE, loaded_at, load_duration)
-        if value is None:
-            return header
+            header = _HEADER.pack(_MAGIC, _VERSION, kind, loaded_at, load_duration)
+        return header + payload, saved
+
+    def _payload(self, value: Any, key: str) -> bytes:
         try:
             payload = self.serializer.dumps(value)
         except Exception as error:
@@ -161,7 +210,7 @@ class Codec:
                 f"serializer.dumps returned {type(payload).__qualname__}, not bytes, for {key!r}",
                 key=key,
             )
-        return header + payload
+        return payload
 
     def read_back(self, envelope: bytes, *, key: str) -> Any:
         """The value as every later reader will get it from ``envelope`` (which ``encode``
@@ -170,7 +219,7 @@ class Codec:
         if envelope[3] == _NULL:
             return None
         try:
-            return self.serializer.loads(envelope[_header_size(envelope) :])
+            return self.serializer.loads(self._plain_payload(envelope))
         except Exception as error:
             raise SerializationError(
                 f"the value loaded for {key!r} does not read back through the serializer "
@@ -187,7 +236,7 @@ class Codec:
         elif prefix == _VALUE_PREFIX_2:
             size = _HEADER_2_SIZE
         else:
-            return NOT_A_VALUE
+            return self._decode_compressed(raw)
         if len(raw) > size:
             try:
                 return self.serializer.loads(raw[size:])
@@ -210,6 +259,8 @@ class Codec:
                         value = loads(raw[size:])
                     except Exception:
                         value = NOT_A_VALUE
+                elif not size:
+                    value = self._decode_compressed(raw)
             if value is NOT_A_VALUE:
                 missed += 1
             values.append(value)
@@ -229,13 +280,50 @@ class Codec:
         stale_for = stale_window_of(raw)
         if kind == _NULL and len(raw) == size:
             return Decoded(Kind.NULL, None, loaded_at, duration, stale_for)
-        if kind != _VALUE:
+        if kind != _VALUE and kind not in BY_KIND:
             return Decoded(Kind.CORRUPT, problem=f"unknown envelope kind {kind}")
         try:
-            value = self.serializer.loads(raw[size:])
+            payload = self._plain_payload(raw)
+        except ValueError as error:
+            return Decoded(Kind.CORRUPT, problem=f"a compressed payload that does not read ({error})")
+        try:
+            value = self.serializer.loads(payload)
         except Exception as error:
             return Decoded(Kind.CORRUPT, problem=f"payload does not deserialize ({error})")
         return Decoded(Kind.VALUE, value, loaded_at, duration, stale_for)
+
+    def _plain_payload(self, raw: bytes) -> bytes:
+        """The payload of the envelope ``raw``, expanded if compressed (``ValueError`` if
+        that fails, or would pass ``max_value_bytes``)."""
+        payload = raw[_header_size(raw) :]
+        compressed = BY_KIND.get(raw[3])
+        return payload if compressed is None else compressed.decompress(payload, self.max_value_bytes)
+
+    def _decode_compressed(self, raw: bytes) -> Any:
+        """``decode_hit`` of an envelope that is not a plain value: the value of a
+        compressed one, else ``NOT_A_VALUE``."""
+        if len(raw) <= _HEADER.size or raw[:2] != _MAGIC or raw[2] not in (_VERSION, _VERSION_2):
+            return NOT_A_VALUE
+        if raw[3] not in BY_KIND:
+            return NOT_A_VALUE
+        try:
+            return self.serializer.loads(self._plain_payload(raw))
+        except Exception:
+            return NOT_A_VALUE
+
+    def expanded(self, raw: bytes) -> bytes:
+        """``raw`` with its payload expanded, as an uncompressed envelope would be (the
+        near cache keeps copies so, decoding each hit without expanding it again). The
+        envelope itself if it is not compressed, or does not expand."""
+        if len(raw) <= _HEADER.size or raw[3] not in BY_KIND:
+            return raw
+        try:
+            payload = self._plain_payload(raw)
+        except ValueError:
+            return raw
+        header = bytearray(raw[: _header_size(raw)])
+        header[3] = _VALUE
+        return bytes(header) + payload
 
 
 def _header_size(raw: bytes) -> int:

@@ -10,9 +10,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .._errors import ConfigError
+from .compression import compressor
 
 Policy = Literal["load", "raise"]
 NearMode = bool | Literal["shared"]
+Compression = Literal["zlib", "zstd"]
 
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.\-]+(:[A-Za-z0-9_.\-]+)*")
 
@@ -78,6 +80,11 @@ class Settings:
     load goes on to write when it ends (0: off). Shorter than load_timeout."""
     cancel_on_timeout: bool = True
     """An async loader that runs past load_timeout is cancelled (a blocking loader cannot be)."""
+    compress_above: int = 0
+    """Payloads longer than this many bytes are compressed (0: never); a reader that cannot expand one treats it as
+    a miss. Decompression stops at max_value_bytes."""
+    compression: Compression = "zlib"
+    """"zlib" (the standard library) or "zstd" (the zstd extra): how payloads past compress_above are compressed."""
     max_batch: int = 500
     """A many-key call asks the loader for at most this many ids at once, and the store for as many entries in
     one round trip; a larger request is split (under SQL's IN-list limits: Oracle's 1000, SQLite's old 999)."""
@@ -113,6 +120,7 @@ class Settings:
             raise ConfigError(
                 f"load_soft_timeout ({self.load_soft_timeout}) must be shorter than load_timeout ({self.load_timeout})"
             )
+        compressor(self.compression)  # a ConfigError naming what to install, if it cannot be used
         if not isinstance(self.cancel_on_timeout, bool):
             raise ConfigError(f"cancel_on_timeout must be True or False, got {self.cancel_on_timeout!r}")
         if self.near_cache not in (True, False, "shared") or not isinstance(self.near_cache, (bool, str)):
@@ -123,7 +131,7 @@ class Settings:
             if getattr(self, name) not in ("load", "raise"):
                 raise ConfigError(f'{name} must be "load" or "raise", got {getattr(self, name)!r}')
         for name, low in (("max_key_length", 64), ("inline_value_limit", 0), ("max_value_bytes", 64),
-                          ("breaker_threshold", 0), ("max_batch", 1)):  # fmt: skip
+                          ("breaker_threshold", 0), ("max_batch", 1), ("compress_above", 0)):  # fmt: skip
             check_count(name, getattr(self, name), low)
 
     def replace(self, *, stacklevel: int = 2, **changes: Any) -> Settings:

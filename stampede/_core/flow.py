@@ -654,13 +654,15 @@ def prepare(ctx: Context, value: Any, rules: Cached[Any] | None, loaded_at: floa
     key, settings = ctx.keys.value, ctx.settings
     keep = rules is None or rules.store
     stale_for = settings.stale_window if keep else 0.0
-    envelope = ctx.codec.encode(value, loaded_at, duration, key=key, stale_for=stale_for)
-    if len(envelope) > settings.max_value_bytes:
+    envelope, saved = ctx.codec.encode_counted(value, loaded_at, duration, key=key, stale_for=stale_for)
+    if len(envelope) + saved > settings.max_value_bytes:  # the size readers expand it to
         raise ValueTooLarge(
-            f"the value loaded for {key!r} encodes to {len(envelope)} bytes, more than "
+            f"the value loaded for {key!r} encodes to {len(envelope) + saved} bytes, more than "
             f"max_value_bytes={settings.max_value_bytes}; nothing was written",
             key=key,
         )
+    if saved:
+        ctx.events.incr("compressed_bytes_saved", saved)
     value = ctx.codec.read_back(envelope, key=key)
     ctx.raw = envelope
     tags = ctx.tags

@@ -63,6 +63,7 @@ DESCRIPTIONS: dict[str, str] = {  # what each counter counts (the help text of e
     "uncached_results": "A loader returned Cached(store=False): its callers got the value, nothing was kept",
     "load_timeouts": "A caller gave up on a load past load_timeout (LoadTimeout, or its stale value)",
     "soft_timeouts": "A caller served its stale value once a load ran past load_soft_timeout",
+    "compressed_bytes_saved": "Bytes that compression (compress_above) saved on values written",
     "tag_invalidations": "invalidate_tag() or expire_tag() completed",
     "tag_entries_dropped": "An entry was invalidated (or expired) by a tag invalidation",
     "breaker_opened": "The circuit breaker opened: commands to a server fail at once for breaker_cooldown",

@@ -216,6 +216,7 @@ def _copy_of(raw: bytes, ttl_left: float, started: float, spec: LoaderSpec) -> _
     With ``early_refresh`` the copy ends earlier, while XFetch is still unlikely to have
     refreshed it (``EARLY_MARGIN`` times the last load's duration times beta before its
     ttl): the reads of Redis after it are the hits that may refresh it early."""
+    raw = spec.codec.expanded(raw)  # kept expanded: a hit decodes it without decompressing
     decoded = spec.codec.decode(raw)
     if decoded.kind is Kind.CORRUPT:
         return None
