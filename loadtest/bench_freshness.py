@@ -8,7 +8,8 @@
 ``--delay``. The same storm runs, in the same run and on the same server, against:
 
 * stampede with today's defaults (every caller after an expiry waits for the one load);
-* stampede with ``stale_while_revalidate`` and ``early_refresh``;
+* stampede with ``stale_while_revalidate`` and ``early_refresh``, then with
+  ``stale_if_error`` as well (its hits may need to know whether the loader is failing);
 * dogpile.cache (if installed): a region on its Redis backend with
   ``distributed_lock=True`` and Redis keeping values past dogpile's expiry, so that it
   serves the old value while one caller regenerates;
@@ -19,7 +20,8 @@ For each: latency percentiles of the calls after the first ttl (the warm-up), lo
 key per expiry (``SAME_EXPIRY`` says when two loads are for the same one), the shortest
 gap between two loads of a key, errors seen by callers; for the outage, the loader's attempts while the
 database was down and the time from its recovery to the new value. Last, what the
-freshness settings cost a warm hit (``hit_cost``).
+freshness settings cost a warm hit (``hit_cost``), and the server commands per call
+(``INFO commandstats``: in the storm, and per warm hit).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from stampede.testing import server_url
 CONFIGS = {
     "stampede, defaults": {},
     "stampede, swr + early": {"stale_while_revalidate": 2.0, "early_refresh": 1.0},
+    "stampede, + stale_if_error": {"stale_while_revalidate": 2.0, "early_refresh": 1.0, "stale_if_error": 30.0},
     "dogpile.cache": None,
     "stampede, + stale_if_error, outage": {"stale_while_revalidate": 2.0, "early_refresh": 1.0,
                                            "stale_if_error": 30.0, "stale_retry_interval": 1.0},
@@ -149,8 +152,17 @@ def _dogpile(url: str, ttl: float, database: Any) -> tuple[Any, Any]:
     return load, lambda: None
 
 
+def server_commands(client: redis.Redis) -> int:
+    """Commands the server has run since its statistics were last reset (INFO
+    commandstats: every command, those a script runs included)."""
+    stats: dict[str, Any] = client.info("commandstats")  # type: ignore[assignment]
+    return sum(int(entry["calls"]) for name, entry in stats.items() if name.startswith("cmdstat_"))
+
+
 def storm(url: str, config: str, options: argparse.Namespace) -> dict[str, Any]:
-    redis.Redis.from_url(url).flushall()
+    server = redis.Redis.from_url(url)
+    server.flushall()
+    server.config_resetstat()
     spec = {"url": url, "config": config, "ttl": options.ttl, "delay": options.delay, "keys": options.keys,
             "threads": options.threads, "pause": options.pause, "seconds": options.seconds}  # fmt: skip
     processes = []
@@ -180,7 +192,9 @@ def storm(url: str, config: str, options: argparse.Namespace) -> dict[str, Any]:
             if process.poll() is None:
                 process.kill()
                 process.wait(5)
-    return figures(spec, outputs, options)
+    result = figures(spec, outputs, options)
+    result["cmds/call"] = server_commands(server) / max(1, sum(len(output["calls"]) for output in outputs))
+    return result
 
 
 def figures(spec: dict[str, Any], outputs: list[dict[str, Any]], options: argparse.Namespace) -> dict[str, Any]:
@@ -224,6 +238,7 @@ def hit_cost(url: str, options: argparse.Namespace) -> dict[str, float]:
     with Stampede.from_url(url, namespace="hitcost", ttl=3600) as layer:
         plain = layer.cached_loader("plain:{key}")(lambda key: value)
         fresh = layer.cached_loader("fresh:{key}", stale_while_revalidate=60, early_refresh=1.0)(lambda key: value)
+        failing = layer.cached_loader("failing:{key}", stale_while_revalidate=60, stale_if_error=600)(lambda key: value)
         plain(1), fresh(1)  # warm
 
         def rate(load: Any) -> float:
@@ -232,6 +247,14 @@ def hit_cost(url: str, options: argparse.Namespace) -> dict[str, float]:
                 load(1)
             return options.hit_calls / (time.perf_counter() - started)
 
+        server = redis.Redis.from_url(url)
+        per_hit = {}
+        for name, load in (("plain", plain), ("fresh", fresh), ("fresh + stale_if_error", failing)):
+            load(1)  # warm
+            server.config_resetstat()
+            for _ in range(1000):
+                load(1)
+            per_hit[name] = (server_commands(server) - 1) / 1000  # the INFO itself is one
         ratios, plain_rates, fresh_rates = [], [], []
         for round_number in range(options.hit_rounds):
             first, second = (plain, fresh) if round_number % 2 else (fresh, plain)
@@ -239,9 +262,10 @@ def hit_cost(url: str, options: argparse.Namespace) -> dict[str, float]:
             plain_rates.append(rates[id(plain)])
             fresh_rates.append(rates[id(fresh)])
             ratios.append(rates[id(fresh)] / rates[id(plain)])
-        assert layer.stats()["loads"] == 2
+        assert layer.stats()["loads"] == 3
     return {"plain": statistics.median(plain_rates), "fresh": statistics.median(fresh_rates),
-            "ratio": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}  # fmt: skip
+            "ratio": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
+            "commands per hit": per_hit}  # fmt: skip
 
 
 def _by_key(queries: list[Query]) -> dict[str, list[Query]]:
@@ -313,12 +337,14 @@ def main() -> None:
         for config in CONFIGS:
             rows[config] = storm(url, config, options)
         cost = hit_cost(url, options)
-    header = ("", "calls", "p50 ms", "p99 ms", "max ms", "errors", "loads", "max/expiry", "2+ expiries", "min gap ms")
-    print("{:<36} {:>7} {:>7} {:>7} {:>8} {:>7} {:>6} {:>11} {:>12} {:>11}".format(*header))
+    header = ("", "calls", "p50 ms", "p99 ms", "max ms", "errors", "loads", "max/expiry", "2+ expiries", "min gap ms",
+              "cmds/call")  # fmt: skip
+    print("{:<36} {:>7} {:>7} {:>7} {:>8} {:>7} {:>6} {:>11} {:>12} {:>11} {:>9}".format(*header))
     for config, row in rows.items():
         cells = (row["calls"], row["p50"], row["p99"], row["max"], row["errors"], row["loads"],
-                 row["max per window"], row["windows with 2+"], row["min gap ms"])  # fmt: skip
-        print("{:<36} {:>7} {:>7.2f} {:>7.2f} {:>8.1f} {:>7} {:>6} {:>11} {:>12} {:>11.1f}".format(config, *cells))
+                 row["max per window"], row["windows with 2+"], row["min gap ms"], row["cmds/call"])  # fmt: skip
+        print("{:<36} {:>7} {:>7.2f} {:>7.2f} {:>8.1f} {:>7} {:>6} {:>11} {:>12} {:>11.1f} {:>9.2f}".format(
+            config, *cells))  # fmt: skip
     for config, row in rows.items():
         for load in row["same-expiry loads"]:
             print(f"  {config}: key {load['key']} loaded again {load['gap ms']} ms after a load of "
@@ -335,6 +361,8 @@ def main() -> None:
     print(f"Warm hit, one thread, {options.hit_rounds} interleaved rounds of {options.hit_calls} calls: plain loader "
           f"{cost['plain']:.0f} calls/s, with freshness settings {cost['fresh']:.0f} calls/s, ratio "
           f"{cost['ratio']:.3f} (median; min {cost['min']:.3f}, max {cost['max']:.3f})")  # fmt: skip
+    print("Server commands per warm hit (INFO commandstats, 1000 hits): "
+          + ", ".join(f"{name} {count:.2f}" for name, count in cost["commands per hit"].items()))  # fmt: skip
     print(json.dumps({"figures": rows, "hit cost": cost}))
 
 

@@ -108,7 +108,10 @@ class Store(Protocol):
     def get_with_ttl(self, key: str, failing: bool = False) -> tuple[bytes | None, float, bool]:
         """The raw bytes at ``key`` (or None), the seconds the store keeps them, by its own
         clock (-1: no expiry), and, if ``failing`` asks, whether the entry is marked failing
-        (``hold``, else False), read in one round trip."""
+        (``hold``, else False), read in one round trip. The mark matters for a value past
+        its ttl only (``_core.freshness``): a store may leave it unread, False, for a value
+        still within it (Redis does: a fresh hit is GET and PTTL, an EXISTS after for a
+        stale one)."""
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         """``get`` of each of ``keys`` (at least one), in one round trip per server where

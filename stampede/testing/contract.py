@@ -343,7 +343,7 @@ def test_a_hold_marks_the_entry_failing_until_a_write_an_invalidation_or_an_expi
         assert store.hold(keys, token, 10, 60_000)
 
     store.acquire(keys, "a", LEASE_MS, True)
-    store.write_release(keys, "a", STALE_ENVELOPE, 60_000, False)
+    store.write_release(keys, "a", STALE_ENVELOPE, 20_000, False)
     fail_once("b")
     assert failing()  # longer than the hold: until a load succeeds
     assert store.get_with_ttl(keys.value)[2] is False  # not asked: not read
@@ -354,15 +354,15 @@ def test_a_hold_marks_the_entry_failing_until_a_write_an_invalidation_or_an_expi
     while store.acquire(keys, "e", LEASE_MS, False).state is not LockState.LOCKED:
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    assert store.write_release(keys, "e", STALE_ENVELOPE, 60_000, False) == Written.YES
+    assert store.write_release(keys, "e", STALE_ENVELOPE, 20_000, False) == Written.YES
     assert not failing()
     for drop in (store.invalidate, store.expire):
         store.acquire(keys, "f", LEASE_MS, True)
-        store.write_release(keys, "f", STALE_ENVELOPE, 60_000, False)
+        store.write_release(keys, "f", STALE_ENVELOPE, 20_000, False)
         fail_once("g")
         drop(keys)
         store.acquire(keys, "h", LEASE_MS, True)
-        store.write_release(keys, "h", STALE_ENVELOPE, 60_000, False)
+        store.write_release(keys, "h", STALE_ENVELOPE, 20_000, False)
         assert not failing()
 
 

@@ -525,12 +525,17 @@ def test_a_writer_whose_clock_is_minutes_off_changes_nothing(
 
 
 def test_a_get_and_a_pttl_sent_together_read_a_key_deleted_between_them_as_absent() -> None:
-    from stampede._backends.redis.store import with_ttl
+    from stampede._backends.redis.replies import asks_failing, marked, with_ttl
+    from stampede._core.codec import Codec
 
-    assert with_ttl(b"value", -2, 1) == (None, 0.0, False)  # an invalidation ran between the two
+    assert with_ttl(b"value", -2) == (None, 0.0, False)  # an invalidation ran between the two
     assert with_ttl(None, 1500) == (None, 0.0, False)
     assert with_ttl(b"value", -1) == (b"value", -1.0, False)  # no expiry: fresh
-    assert with_ttl(b"value", 1500, 1) == (b"value", 1.5, True)
+    assert marked(with_ttl(b"value", 1500), 1) == (b"value", 1.5, True)
+    stale = Codec().encode(1, 1.0, 0.0, key="k", stale_for=30.0)
+    assert asks_failing(with_ttl(stale, 20_000), True)  # past its ttl: the marker is read
+    assert not asks_failing(with_ttl(stale, 40_000), True)  # fresh: two commands, not three
+    assert not asks_failing(with_ttl(stale, 20_000), False)
 
 
 def test_the_refresh_workers_are_bounded_reused_and_leave_when_idle(caplog: pytest.LogCaptureFixture) -> None:

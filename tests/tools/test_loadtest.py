@@ -148,9 +148,13 @@ def test_the_freshness_benchmark_short_form_serves_hot_keys_without_a_wait_or_an
     """``loadtest/bench_freshness.py --quick``: the expiry storm and the outage, as CI can
     afford them. The figures are the script's; this checks the properties that hold
     at any size: one load per window with freshness on, no error to a caller in the
-    outage, and the loader tried about once per key per second while down."""
-    rows = short_form("bench_freshness.py", timeout=240)["figures"]
+    outage, the loader tried about once per key per second while down, and the server
+    commands a warm hit costs."""
+    figures = short_form("bench_freshness.py", timeout=240)
+    rows = figures["figures"]
     fresh, outage = rows["stampede, swr + early"], rows["stampede, + stale_if_error, outage"]
+    per_hit = {name: round(count, 2) for name, count in figures["hit cost"]["commands per hit"].items()}
+    assert per_hit == {"plain": 1.0, "fresh": 2.0, "fresh + stale_if_error": 2.0}  # GET, and PTTL
     assert fresh["max per window"] == 1 and fresh["errors"] == 0
     assert fresh["p99"] < 40  # no call waited for a 50 ms load
     assert outage["errors"] == 0 and outage["max per window"] == 1

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from ..._core.keys import EntryKeys, check_key, entry_value_keys
+from ..._core.keys import EntryKeys, check_key, entry_value_keys, failing_key
 from ..._core.near import NearChannel
 from ..._core.store import AcquireCall, AcquireReply, AsyncSubscription, LockState, WriteCall, Written
 from ..._core.tags import Tagged, TagKeys
@@ -29,7 +29,7 @@ from . import batches, tagging
 from . import scripts as _scripts
 from .anotify import AsyncSubscriber
 from .ashards import AsyncShardedSubscriber
-from .replies import acquire_reply, queue_read_with_ttl, with_ttl
+from .replies import acquire_reply, asks_failing, marked, queue_read_with_ttl, with_ttl
 from .store import (
     FAILURES,
     NOT_HEARD,
@@ -113,14 +113,16 @@ class AsyncRedisStore:
         breaker = self.breaker if self._node_breakers is None else self._breaker(key)
         breaker.check(key)
         try:
-            pipeline = queue_read_with_ttl(self.client.pipeline(transaction=False), key, failing)
-            raw, pttl, *marked = await self._send(key, pipeline.execute)
+            pipeline = queue_read_with_ttl(self.client.pipeline(transaction=False), key)
+            read = with_ttl(*await self._send(key, pipeline.execute))
+            if asks_failing(read, failing):
+                read = marked(read, await self._send(key, self.client.exists, failing_key(key)))
         except FAILURES as error:
             raise failure(breaker, "read", key, error) from error
         except self._torn_down as error:
             raise failure(breaker, "read", key, torn_down_error(error)) from error
         breaker.succeeded()
-        return with_ttl(raw, pttl, *marked)
+        return read
 
     async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         """``RedisStore.get_many``, awaited."""
@@ -134,9 +136,14 @@ class AsyncRedisStore:
     ) -> list[tuple[bytes | None, float, bool]]:
         with self._translated("read", keys[0]):
             pipeline = self.client.pipeline(transaction=False)
-            batches.queue_reads_with_ttl(pipeline, keys, failing)
-            replies = await self._send(keys[0], pipeline.execute)
-        return batches.reads_with_ttl(replies, failing)
+            batches.queue_reads_with_ttl(pipeline, keys)
+            reads = batches.reads_with_ttl(await self._send(keys[0], pipeline.execute))
+            stale = batches.asking_failing(reads, failing)
+            if stale:
+                pipeline = self.client.pipeline(transaction=False)
+                batches.queue_failing(pipeline, [keys[index] for index in stale])
+                batches.mark_failing(reads, stale, await self._send(keys[0], pipeline.execute))
+        return reads
 
     async def acquire_many(self, calls: Sequence[AcquireCall]) -> list[AcquireReply | BackendUnavailable]:
         replies = await self._run_scripts(

@@ -17,10 +17,11 @@ from typing import Any, NamedTuple
 from redis.crc import key_slot
 from redis.exceptions import NoScriptError
 
+from ..._core.keys import failing_key
 from ..._core.store import AcquireCall, WriteCall, Written
 from ..._errors import BackendUnavailable
 from . import scripts as _scripts
-from .replies import acquire_reply, queue_read_with_ttl, with_ttl
+from .replies import acquire_reply, asks_failing, marked, queue_read_with_ttl, with_ttl
 
 GROUP_LIMIT = 500
 """The most entries one script call takes (``max_batch``'s default): a larger group is split."""
@@ -128,15 +129,30 @@ def write_replies(replies: list[Any], calls: Sequence[WriteCall], error_of: Any)
     ]
 
 
-def queue_reads_with_ttl(pipeline: Any, keys: Sequence[str], failing: bool) -> None:
+def queue_reads_with_ttl(pipeline: Any, keys: Sequence[str]) -> None:
     for key in keys:
-        queue_read_with_ttl(pipeline, key, failing)
+        queue_read_with_ttl(pipeline, key)
 
 
-def reads_with_ttl(replies: list[Any], failing: bool) -> list[tuple[bytes | None, float, bool]]:
+def reads_with_ttl(replies: list[Any]) -> list[tuple[bytes | None, float, bool]]:
     """``queue_reads_with_ttl``'s replies, a ``with_ttl`` per key."""
-    width = 3 if failing else 2
-    return [with_ttl(*replies[start : start + width]) for start in range(0, len(replies), width)]
+    return [with_ttl(*replies[start : start + 2]) for start in range(0, len(replies), 2)]
+
+
+def asking_failing(reads: list[tuple[bytes | None, float, bool]], failing: bool) -> list[int]:
+    """The positions of the ``reads`` whose failing marker must be read (``asks_failing``)."""
+    return [index for index, read in enumerate(reads) if asks_failing(read, failing)]
+
+
+def queue_failing(pipeline: Any, keys: Sequence[str]) -> None:
+    for key in keys:
+        pipeline.exists(failing_key(key))
+
+
+def mark_failing(reads: list[tuple[bytes | None, float, bool]], stale: list[int], replies: list[Any]) -> None:
+    """Put the EXISTS replies of ``queue_failing`` in ``reads``, at the ``stale`` positions."""
+    for index, exists in zip(stale, replies, strict=True):
+        reads[index] = marked(reads[index], exists)
 
 
 def error_reply(what: str, key: str, error: Exception) -> BackendUnavailable:

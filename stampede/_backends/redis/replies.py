@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..._core.keys import failing_key
+from ..._core.codec import stale_window_of
 from ..._core.store import AcquireReply, LockState
 
 
@@ -20,24 +20,35 @@ def acquire_reply(reply: Any) -> AcquireReply:
     return AcquireReply(LockState.HELD, lease_left=max(int(reply[1]), 0) / 1000, failed=failed)
 
 
-def queue_read_with_ttl(pipeline: Any, key: str, failing: bool) -> Any:
+def queue_read_with_ttl(pipeline: Any, key: str) -> Any:
     """Queue the commands of ``Store.get_with_ttl`` on a pipeline, blocking or asyncio:
-    GET and PTTL of ``key``, and EXISTS of its failing marker if ``failing`` asks. The
-    pipeline's replies go to ``with_ttl``."""
+    GET and PTTL of ``key``. The pipeline's replies go to ``with_ttl``."""
     pipeline.get(key)
     pipeline.pttl(key)
-    if failing:
-        pipeline.exists(failing_key(key))
     return pipeline
 
 
-def with_ttl(raw: Any, pttl: Any, failing: Any = 0) -> tuple[bytes | None, float, bool]:
-    """A GET and a PTTL of one key (and an EXISTS of its failing marker), sent together:
-    the value, its seconds left (-1: no expiry), and whether it is marked failing. They
-    are not one atomic step: a key deleted between them (PTTL -2) is read as absent. A key
-    rewritten between them pairs the old value with the new TTL, which serves a value
-    replaced a moment ago as fresh, as a GET sent a moment earlier would have."""
+def with_ttl(raw: Any, pttl: Any) -> tuple[bytes | None, float, bool]:
+    """A GET and a PTTL of one key, sent together: the value, its seconds left (-1: no
+    expiry), and False (not known to be failing: see ``asks_failing``). They are not one
+    atomic step: a key deleted between them (PTTL -2) is read as absent. A key rewritten
+    between them pairs the old value with the new TTL, which serves a value replaced a
+    moment ago as fresh, as a GET sent a moment earlier would have."""
     pttl = int(pttl)
     if raw is None or pttl == -2:
         return None, 0.0, False
-    return raw, -1.0 if pttl < 0 else pttl / 1000, bool(failing)
+    return raw, -1.0 if pttl < 0 else pttl / 1000, False
+
+
+def asks_failing(read: tuple[bytes | None, float, bool], failing: bool) -> bool:
+    """Whether the failing marker of a value ``read`` must be read too: if ``failing``
+    asks, and only for a value past its ttl (its seconds left are within the stale window
+    its envelope gives). A fresh hit never needs it, so it costs two commands, not three:
+    the EXISTS is sent after, for a stale value only (see ``_core.freshness``)."""
+    raw, ttl_left = read[0], read[1]
+    return failing and raw is not None and 0 <= ttl_left <= stale_window_of(raw)
+
+
+def marked(read: tuple[bytes | None, float, bool], exists: Any) -> tuple[bytes | None, float, bool]:
+    """``read``, with what the EXISTS of its failing marker replied."""
+    return read[0], read[1], bool(exists)

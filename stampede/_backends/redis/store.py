@@ -21,7 +21,7 @@ import redis.asyncio.cluster
 import redis.cluster
 from redis.exceptions import NoScriptError, RedisError
 
-from ..._core.keys import EntryKeys, check_key, entry_value_keys
+from ..._core.keys import EntryKeys, check_key, entry_value_keys, failing_key
 from ..._core.near import AckWait, NearChannel, members_in, registry_problem
 from ..._core.store import AcquireCall, AcquireReply, LockState, Subscription, WriteCall, Written
 from ..._core.tags import Tagged, TagKeys
@@ -30,7 +30,7 @@ from ..breaker import CircuitBreaker, NodeBreakers
 from . import batches, tagging
 from . import scripts as _scripts
 from .notify import Subscriber
-from .replies import acquire_reply, queue_read_with_ttl, with_ttl
+from .replies import acquire_reply, asks_failing, marked, queue_read_with_ttl, with_ttl
 from .shards import ShardedSubscriber
 
 log = logging.getLogger("stampede.backend")
@@ -368,14 +368,15 @@ class RedisStore:
         breaker = self.breaker if self._node_breakers is None else self._breaker(key)
         breaker.check(key)
         try:
-            pipeline = queue_read_with_ttl(self.client.pipeline(transaction=False), key, failing)
-            raw, pttl, *marked = pipeline.execute()
+            read = with_ttl(*queue_read_with_ttl(self.client.pipeline(transaction=False), key).execute())
+            if asks_failing(read, failing):
+                read = marked(read, self.client.exists(failing_key(key)))
         except FAILURES as error:
             raise failure(breaker, "read", key, error) from error
         except Exception as error:
             raise self._cut_short("read", key, error, breaker) from error
         breaker.succeeded()
-        return with_ttl(raw, pttl, *marked)
+        return read
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         """The raw bytes at each of ``keys``: one MGET, or on a cluster one per slot (all
@@ -398,9 +399,14 @@ class RedisStore:
     def get_many_with_ttl(self, keys: Sequence[str], failing: bool = False) -> list[tuple[bytes | None, float, bool]]:
         with self._translated("read", keys[0]):
             pipeline = self.client.pipeline(transaction=False)
-            batches.queue_reads_with_ttl(pipeline, keys, failing)
-            replies = pipeline.execute()
-        return batches.reads_with_ttl(replies, failing)
+            batches.queue_reads_with_ttl(pipeline, keys)
+            reads = batches.reads_with_ttl(pipeline.execute())
+            stale = batches.asking_failing(reads, failing)
+            if stale:
+                pipeline = self.client.pipeline(transaction=False)
+                batches.queue_failing(pipeline, [keys[index] for index in stale])
+                batches.mark_failing(reads, stale, pipeline.execute())
+        return reads
 
     def acquire_many(self, calls: Sequence[AcquireCall]) -> list[AcquireReply | BackendUnavailable]:
         replies = self._run_scripts(
