@@ -208,6 +208,21 @@ def test_the_tags_benchmark_short_form() -> None:
 
 @pytest.mark.timeout(120)
 @pytest.mark.timing
+def test_the_values_benchmark_short_form() -> None:
+    """``loadtest/bench_values.py --quick``: compression of a category map and a 1 MB
+    value, and set and peek beside a raw SET and GET. What holds on any machine: each
+    compression stores the map in under half its bytes and the 1 MB value in under a
+    tenth (it repeats words), and every variant ran."""
+    figures = short_form("bench_values.py", timeout=110)
+    for kind, row in figures["compression"]["200-entry map"].items():
+        assert row["size ratio"] < (1.01 if kind == "none" else 0.5), kind
+    for kind, row in figures["compression"]["1 MB value"].items():
+        assert row["size ratio"] < (1.01 if kind == "none" else 0.1), kind
+    assert all(row["calls/s"] > 0 for row in figures["controls"].values())
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.timing
 def test_the_metrics_benchmark_short_form() -> None:
     """``loadtest/bench_metrics.py --quick``: warm hits with counters only, Prometheus and
     OpenTelemetry, beside raw GET + loads. The figures are the script's (three rounds are
