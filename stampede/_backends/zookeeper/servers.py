@@ -77,7 +77,12 @@ class ZooKeeperLockServers:
     def take(self, keys: EntryKeys, token: str, lease_ms: int) -> Round:
         path = entry_path(keys)
         try:
-            for _ in range(3):  # the parent may be removed by a releaser between two steps
+            # A releaser may remove the parent between makepath's step and the create, as
+            # often as takers and releasers race: that is contention, not a failure of the
+            # ensemble, so try again until the request timeout (three tries were outrun
+            # by a burst of takers beside an invalidation's drop).
+            deadline = time.monotonic() + self.timeout
+            while True:
                 try:
                     created = self.client.create_async(
                         f"{path}/lease-", token.encode(), ephemeral=True, sequence=True, makepath=True
@@ -85,9 +90,8 @@ class ZooKeeperLockServers:
                     node = created.get(timeout=self.timeout)
                     break
                 except (NoNodeError, NodeExistsError):
-                    continue
-            else:
-                return Round(0, 1)
+                    if time.monotonic() >= deadline:
+                        return Round(0, 1)
             if self._lowest(path) == node:
                 with self._lock:
                     self._nodes[(path, token)] = node
