@@ -7,6 +7,9 @@
    the warm hit's calls/s (one thread, read from the server: no near cache) with zlib
    and with zstd (if the ``zstd`` extra is installed) against no compression, in
    interleaved rounds (the median of the per-round ratios).
+3. ``refresh()`` answered ``NOT_MODIFIED`` against written again: refreshes/s, and the
+   near copies a reader elsewhere loses to it (a new expiry is a write that CLIENT
+   TRACKING reports: the copy goes, and the reader's next call reads the server once).
 2. ``loader.set`` and ``loader.peek`` calls/s against a raw redis-py SET and GET of the
    same bytes (and a GET that decodes them with orjson, as a peek does), interleaved
    the same way.
@@ -26,7 +29,7 @@ from typing import Any
 import orjson
 import redis
 
-from stampede import Stampede
+from stampede import NOT_MODIFIED, Stampede, previous
 from stampede._core.compression import ZSTD
 from stampede.testing import server_url
 
@@ -119,6 +122,65 @@ def controls(url: str, options: argparse.Namespace) -> dict[str, Any]:
     return figures
 
 
+def not_modified(url: str, options: argparse.Namespace) -> dict[str, Any]:
+    """``refresh()`` whose loader answers NOT_MODIFIED (the expiry is set again) against one
+    that returns the value (written again), for the category map and the 1 MB value; and
+    what either costs a reader elsewhere that keeps a near copy: the tracking message of the
+    write (PEXPIRE is one) drops the copy, so its next call reads the server once."""
+    results: dict[str, Any] = {}
+    for label, value, count in (("200-entry map", CATEGORY_MAP, options.calls // 10), ("1 MB value", ONE_MB,
+                                                                                     options.big)):  # fmt: skip
+        with (
+            Stampede.from_url(url, namespace="refresh") as writer,
+            Stampede.from_url(url, namespace="refresh", near_cache=True) as reader,
+        ):
+            answers = {
+                "rewrite": lambda value=value: value,
+                "not modified": lambda value=value: NOT_MODIFIED if previous() else value,
+            }
+            rows: dict[str, Any] = {}
+            for name, answer in answers.items():
+                key = f"{label}:{name}"
+                loader = writer.cached_loader("value:{name}", ttl=3600)(lambda name, answer=answer: answer())
+                near = reader.cached_loader("value:{name}", ttl=3600)(lambda name, value=value: value)
+                loader(key)
+                rows[name] = {"refresh calls/s": rate(lambda loader=loader, key=key: loader.refresh(key), count)}
+                dropped, refills = 0, 0
+                for _ in range(20):
+                    wait_until_near_hit(near, key, reader)
+                    before = reader.stats()
+                    loader.refresh(key)
+                    wait_until_dropped(reader, before["near_invalidations"])
+                    near(key)
+                    after = reader.stats()
+                    dropped += after["near_invalidations"] - before["near_invalidations"]
+                    refills += after["hits"] - before["hits"]
+                rows[name]["near copies dropped per refresh"] = dropped / 20
+                rows[name]["reader reads per refresh"] = refills / 20
+            rows["not modified"]["ratio"] = rows["not modified"]["refresh calls/s"] / rows["rewrite"]["refresh calls/s"]
+            results[label] = rows
+    return results
+
+
+def wait_until_near_hit(near: Any, key: str, layer: Stampede) -> None:
+    """Call ``near`` until the reader serves ``key`` from its near copy."""
+    deadline = time.monotonic() + 5
+    while True:
+        hits = layer.stats()["near_hits"]
+        near(key)
+        if layer.stats()["near_hits"] > hits:
+            return
+        assert time.monotonic() < deadline, "no near hit"
+        time.sleep(0.001)
+
+
+def wait_until_dropped(layer: Stampede, dropped: int, timeout: float = 0.2) -> None:
+    """Until the reader's near cache dropped a copy since ``dropped`` (or ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while layer.stats()["near_invalidations"] == dropped and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", help="a Redis to use (default: start one on 127.0.0.1)")
@@ -134,6 +196,7 @@ def main() -> None:
     with server_url(options.url) as url:
         squeezed = compression(url, options)
         controlled = controls(url, options)
+        kept = not_modified(url, options)
     print("Compression (one thread, warm hits read from the server; ratios to no compression, median of rounds):")
     for label, figures in squeezed.items():
         for kind, row in figures.items():
@@ -142,7 +205,13 @@ def main() -> None:
     print("set and peek (one thread; set against a raw SET of the same envelope, peek against a raw GET):")
     for name, row in controlled.items():
         print(f"  {name:<16} {row['calls/s']:>8.0f} calls/s ({row['ratio']:.3f}x)")
-    print(json.dumps({"compression": squeezed, "controls": controlled}))
+    print("refresh() answered NOT_MODIFIED (its expiry set again) against written again, and a near-cached reader:")
+    for label, rows in kept.items():
+        for name, row in rows.items():
+            print(f"  {label:<14} {name:<13} {row['refresh calls/s']:>7.0f} refreshes/s, near copies dropped per "
+                  f"refresh {row['near copies dropped per refresh']:.2f}, reader's server reads per refresh "
+                  f"{row['reader reads per refresh']:.2f}")  # fmt: skip
+    print(json.dumps({"compression": squeezed, "controls": controlled, "not modified": kept}))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from ._core.codec import JsonSerializer, Serializer, TypedSerializer
 from ._core.config import Settings
 from ._core.msgspec_serializer import MsgspecSerializer
 from ._core.observer import COUNTERS, OUTCOMES, Observer
-from ._core.results import Cached
+from ._core.results import NOT_MODIFIED, Cached, Previous, previous
 from ._errors import (
     BackendUnavailable,
     ConfigError,
@@ -48,6 +48,9 @@ __all__ = [  # grouped, not sorted
     "RedlockLock",
     # values
     "Cached",
+    "NOT_MODIFIED",
+    "Previous",
+    "previous",
     "Serializer",
     "JsonSerializer",
     "TypedSerializer",

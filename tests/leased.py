@@ -46,6 +46,9 @@ class LeasedStore:
         decision = self._leases.policy.write_release(keys, token, envelope, ttl_ms, inline, tagged)
         return self._run(decision, Lease(keys, token))
 
+    def touch(self, keys: EntryKeys, token: str, identity: bytes, ttl_ms: int) -> Written:
+        return self._run(self._leases.policy.touch(keys, token, identity, ttl_ms), Lease(keys, token))
+
     def release(self, keys: EntryKeys, token: str) -> bool:
         return self._run(self._leases.policy.release(keys, token), Lease(keys, token))
 
@@ -89,6 +92,9 @@ class AsyncLeasedStore:
     ) -> Written:
         decision = self._leases.policy.write_release(keys, token, envelope, ttl_ms, inline, tagged)
         return await self._run(decision, Lease(keys, token))
+
+    async def touch(self, keys: EntryKeys, token: str, identity: bytes, ttl_ms: int) -> Written:
+        return await self._run(self._leases.policy.touch(keys, token, identity, ttl_ms), Lease(keys, token))
 
     async def release(self, keys: EntryKeys, token: str) -> bool:
         return await self._run(self._leases.policy.release(keys, token), Lease(keys, token))

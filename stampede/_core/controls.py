@@ -82,7 +82,7 @@ def reload(ctx: Context) -> Flow:
     elif ctx.codec.decode(raw).kind is Kind.CORRUPT:
         found = Miss.CORRUPT
     else:
-        found = Stale(None, identity(raw), on_error=False)  # taken over, never returned
+        found = Stale(None, identity(raw), on_error=False, raw=raw)  # taken over, never returned
     return (yield from fill(ctx, found))
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
 from .keys import EntryKeys
+from .results import Previous
 from .tags import Tagged
 
 T = TypeVar("T")
@@ -88,6 +89,16 @@ class WriteRelease:
     ttl_ms: int
     inline: bool  # the envelope travels in the wake-up message
     tagged: Tagged | None = None  # a tagged entry's: admitted by each tag first (see _core.tags)
+
+
+@dataclass(frozen=True, slots=True)
+class Touch:
+    """The loader kept the value (``NOT_MODIFIED``): if the lease is still ours, set the
+    value's life to ``ttl_ms`` if it is still the one of ``identity``, release the lease
+    and wake the waiters. Reply: a ``Written`` (``YES``: kept)."""
+
+    identity: bytes
+    ttl_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +173,7 @@ class Load:
     leased: bool
     timeout: float = 0.0
     detach: bool = True
+    previous: Previous | None = None  # the value this load refreshes (``_core.results.previous``)
 
 
 class LoadDetached(Exception):
@@ -240,6 +252,7 @@ Effect = (
     | ReadValue
     | Renew
     | WriteRelease
+    | Touch
     | ReadTagClock
     | Release
     | Hold
@@ -267,7 +280,7 @@ SERVERS = (ServersTake, ServersRenew, ServersRelease, ServersDrop, ServersWatch)
 
 # The effects a performer shields from a second cancellation: cleanup and the write,
 # which must not be cut short once started.
-MUST_FINISH = (WriteRelease, Release, Hold, LeaveQueue, ServersRelease)
+MUST_FINISH = (WriteRelease, Touch, Release, Hold, LeaveQueue, ServersRelease)
 
 
 def unreachable(effect: NoReturn) -> NoReturn:

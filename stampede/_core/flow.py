@@ -58,7 +58,7 @@ from .._errors import (
     ValueTooLarge,
     WaitTimeout,
 )
-from .codec import NOT_A_VALUE, Codec, Kind
+from .codec import NOT_A_VALUE, Codec, Kind, identity
 from .config import Settings
 from .effects import (
     LEASE_MARGIN,
@@ -76,7 +76,7 @@ from .freshness import Served, Stale, classify
 from .keys import EntryKeys
 from .leases import ON_ONE_SERVER, LeaseSteps
 from .observer import Reporter, Wait, log_extra
-from .results import PASS_THROUGH_MS, Cached, unwrapped
+from .results import NOT_MODIFIED, PASS_THROUGH_MS, Cached, Previous, unwrapped
 from .store import AcquireReply, LockState, Written
 from .tags import TAGGED_LOAD_LIMIT, Tagged, Tagging, TagSet
 
@@ -145,6 +145,7 @@ class Context:
     # lease (``_core.leases``). The cache server alone unless the driver binds another.
     leases: LeaseSteps = ON_ONE_SERVER
     tags: TagSet | None = None  # the entry's tags (``_core.tags``), None if its loader has none
+    previous: bytes | None = None  # the envelope a load refreshes, which its loader may keep (NOT_MODIFIED)
 
 
 @dataclass(frozen=True)
@@ -283,6 +284,8 @@ def _fill(ctx: Context, miss: Miss | Stale, wait: Wait) -> Flow:
     fallback = stale if stale is not None and stale.on_error else None
     check_value = miss is not Miss.CORRUPT
     taken_over = stale.identity if stale is not None else b""  # the lease is taken over this value only
+    if stale is not None and stale.raw is not None:
+        ctx.previous = stale.raw
     subscribed = False
     load_deadline = math.inf  # set when the wait begins, with a load timeout
     silent_wait = False  # the last wait ended with no message: a dead holder is possible
@@ -421,7 +424,7 @@ def after_wait_timeout(ctx: Context) -> Flow:
     return (yield from _load_uncached(ctx))
 
 
-def refresh(ctx: Context, stale: bytes, life_left: float = -1.0) -> Decision[None]:
+def refresh(ctx: Context, stale: bytes, life_left: float = -1.0, previous: bytes | None = None) -> Decision[None]:
     """A background refresh of a value whose identity is ``stale``: take the lease over it,
     unless another process holds the lease or has already written another value, then
     load and write as a miss does. ``life_left``: the seconds the store keeps the value
@@ -433,6 +436,7 @@ def refresh(ctx: Context, stale: bytes, life_left: float = -1.0) -> Decision[Non
     while it holds: the next caller would wait for nobody. So the lease is released, as
     after a failed load, and the next caller loads at once."""
     key = ctx.keys.value
+    ctx.previous = previous
     gone_at = math.inf if life_left < 0 else ctx.clock() + life_left
     try:
         reply: AcquireReply = yield from ctx.leases.acquire(True, stale)
@@ -535,7 +539,7 @@ def _load_and_write(
         timeout = max(0.001, min(timeout, deadline - ctx.clock()))
     soft = fallback is not None and bool(settings.load_soft_timeout)  # a soft timeout cancels nothing
     try:
-        value = yield _load(True, timeout, detach=soft or not settings.cancel_on_timeout)
+        value = yield _load(True, timeout, soft or not settings.cancel_on_timeout, _previous(ctx))
     except LoadDetached as late:
         return (yield from _detached(ctx, late, fallback, since, loaded_at, started))
     except GeneratorExit:
@@ -567,6 +571,8 @@ def _write_loaded(ctx: Context, value: Any, since: int, loaded_at: float, starte
     """The rest of ``_load_and_write`` once the loader returned ``value``: write it under
     the lease (or refuse to), and return it as readers will get it."""
     key = ctx.keys.value
+    if value is NOT_MODIFIED:
+        return (yield from _keep_previous(ctx, since, started))
     value, rules = unwrapped(value)
     ctx.events.ended("load", "none" if value is None else "value", ctx.clock() - started)
     try:
@@ -634,6 +640,43 @@ def _write_loaded(ctx: Context, value: Any, since: int, loaded_at: float, starte
     return value
 
 
+def _keep_previous(ctx: Context, since: int, started: float) -> Flow:
+    """The loader answered ``NOT_MODIFIED``: the value it refreshes stays, fresh again. Its
+    expiry is set again (``Touch``), its bytes are not written. An entry with tags is
+    written again instead, as its load's value: its tags admit it anew."""
+    key, raw = ctx.keys.value, ctx.previous
+    if raw is None:
+        ctx.events.ended("load", "error", ctx.clock() - started)
+        yield from _release(ctx)
+        raise ValueError(f"the loader of {key!r} returned NOT_MODIFIED, but its load refreshed no value")
+    decoded = ctx.codec.decode(raw)
+    ctx.events.incr("not_modified")
+    if ctx.tags is not None:
+        return (yield from _write_loaded(ctx, decoded.value, since, decoded.loaded_at, started))
+    ctx.events.ended("load", "none" if decoded.value is None else "value", ctx.clock() - started)
+    settings = ctx.settings
+    ttl = settings.null_ttl if decoded.kind is Kind.NULL else settings.ttl
+    ttl_ms = milliseconds(_jittered(ctx, ttl) + decoded.stale_for)
+    ctx.raw = raw
+    try:
+        kept = yield from ctx.leases.touch(identity(raw), ttl_ms)
+    except BackendUnavailable as error:
+        _count_backend_error(ctx, error)
+        ctx.unwritten = True
+        if not error.timed_out:
+            yield from _release(ctx)
+        return decoded.value
+    except GeneratorExit:
+        raise
+    except BaseException:
+        yield from _release(ctx)
+        raise
+    if kept != Written.YES:
+        ctx.unwritten = True  # invalidated meanwhile, or the value is another: not for the joiners
+        log.info("%s: the value kept as not modified was gone or replaced; nothing kept", key)
+    return decoded.value
+
+
 @dataclass(frozen=True, slots=True)
 class Write:
     """A value made ready to write (``prepare``)."""
@@ -684,9 +727,20 @@ def prepare(ctx: Context, value: Any, rules: Cached[Any] | None, loaded_at: floa
     return Write(envelope, value, ttl_ms, inline, tags if tags is not None and tags.tags else None)
 
 
-def _load(leased: bool, timeout: float, detach: bool) -> Load:
+def _load(leased: bool, timeout: float, detach: bool, previous: Previous | None = None) -> Load:
     """The ``Load`` step: bounded by ``timeout`` if there is one."""
-    return Load(leased, timeout, detach) if timeout else Load(leased)
+    if not timeout:
+        return Load(leased, previous=previous) if previous is not None else Load(leased)
+    return Load(leased, timeout, detach, previous)
+
+
+def _previous(ctx: Context) -> Previous | None:
+    """What a load of ``ctx`` refreshes, for its loader (``_core.results.previous``)."""
+    raw = ctx.previous
+    if raw is None:
+        return None
+    decoded = ctx.codec.decode(raw)
+    return None if decoded.kind is Kind.CORRUPT else Previous(raw, ctx.codec, decoded.loaded_at)
 
 
 def _load_bound(settings: Settings, fallback: Stale | None) -> float:

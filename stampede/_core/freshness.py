@@ -55,6 +55,7 @@ class Served:
     early: bool = False
     on_error: bool = False  # stale, past stale_while_revalidate: served because the loader fails
     life_left: float = field(default=-1.0, compare=False)  # with a refresh: the seconds the store keeps it (-1: no TTL)
+    raw: bytes | None = field(default=None, compare=False)  # with a refresh: the envelope, which its load may keep
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +67,7 @@ class Stale:
     value: Any
     identity: bytes
     on_error: bool
+    raw: bytes | None = field(default=None, compare=False)  # the envelope, which the load may keep
 
 
 def classify(
@@ -88,12 +90,12 @@ def classify(
     if fresh_left > 0:
         beta = settings.early_refresh
         if beta and decoded.load_duration * beta * -math.log(1.0 - random()) >= fresh_left:
-            return Served(decoded.value, refresh=identity(raw), early=True, life_left=ttl_left)
+            return Served(decoded.value, refresh=identity(raw), early=True, life_left=ttl_left, raw=raw)
         return Served(decoded.value)
     past_ttl = -fresh_left
     if past_ttl < settings.stale_while_revalidate:
-        return Served(decoded.value, stale=True, refresh=identity(raw), life_left=ttl_left)
+        return Served(decoded.value, stale=True, refresh=identity(raw), life_left=ttl_left, raw=raw)
     on_error = past_ttl < settings.stale_if_error
     if on_error and failing:
-        return Served(decoded.value, stale=True, refresh=identity(raw), on_error=True, life_left=ttl_left)
-    return Stale(decoded.value, identity(raw), on_error=on_error)
+        return Served(decoded.value, stale=True, refresh=identity(raw), on_error=True, life_left=ttl_left, raw=raw)
+    return Stale(decoded.value, identity(raw), on_error=on_error, raw=raw)

@@ -33,6 +33,7 @@ from .effects import (
     Renew,
     Seize,
     Subscribe,
+    Touch,
     WriteRelease,
 )
 from .keys import EntryKeys
@@ -59,6 +60,8 @@ class LeasePolicy(Protocol):
         self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None = None
     ) -> Decision[Written]: ...
 
+    def touch(self, keys: EntryKeys, token: str, identity: bytes, ttl_ms: int) -> Decision[Written]: ...
+
     def release(self, keys: EntryKeys, token: str) -> Decision[bool]: ...
 
     def hold(self, keys: EntryKeys, token: str, hold_ms: int, failing_ms: int) -> Decision[bool]: ...
@@ -84,6 +87,8 @@ class LeaseSteps(Protocol):
         self, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None = None
     ) -> Decision[Written]: ...
 
+    def touch(self, identity: bytes, ttl_ms: int) -> Decision[Written]: ...
+
     def release(self) -> Decision[bool]: ...
 
     def hold(self, hold_ms: int, failing_ms: int) -> Decision[bool]: ...
@@ -108,6 +113,10 @@ class OneServerSteps:
     ) -> Decision[Written]:
         written: Written = yield WriteRelease(envelope, ttl_ms, inline, tagged)
         return written
+
+    def touch(self, identity: bytes, ttl_ms: int) -> Decision[Written]:
+        kept: Written = yield Touch(identity, ttl_ms)
+        return kept
 
     def release(self) -> Decision[bool]:
         released: bool = yield Release()
@@ -148,6 +157,9 @@ class OneServer:
     ) -> Decision[Written]:
         return ON_ONE_SERVER.write_release(envelope, ttl_ms, inline, tagged)
 
+    def touch(self, keys: EntryKeys, token: str, identity: bytes, ttl_ms: int) -> Decision[Written]:
+        return ON_ONE_SERVER.touch(identity, ttl_ms)
+
     def release(self, keys: EntryKeys, token: str) -> Decision[bool]:
         return ON_ONE_SERVER.release()
 
@@ -187,6 +199,9 @@ class BoundSteps:
         self, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None = None
     ) -> Decision[Written]:
         return self._policy.write_release(self._lease.keys, self._lease.token, envelope, ttl_ms, inline, tagged)
+
+    def touch(self, identity: bytes, ttl_ms: int) -> Decision[Written]:
+        return self._policy.touch(self._lease.keys, self._lease.token, identity, ttl_ms)
 
     def release(self) -> Decision[bool]:
         return self._policy.release(self._lease.keys, self._lease.token)

@@ -42,6 +42,7 @@ from .effects import (
     ServersRenew,
     ServersTake,
     Subscribe,
+    Touch,
     WriteRelease,
 )
 from .keys import EntryKeys
@@ -208,6 +209,10 @@ class RedlockLeases:
     ) -> Decision[Written]:
         written: Written = yield from releasing_after(one(WriteRelease(envelope, ttl_ms, inline, tagged)), keys, token)
         return written
+
+    def touch(self, keys: EntryKeys, token: str, identity: bytes, ttl_ms: int) -> Decision[Written]:
+        kept: Written = yield from releasing_after(one(Touch(identity, ttl_ms)), keys, token)
+        return kept
 
     def release(self, keys: EntryKeys, token: str) -> Decision[bool]:
         yield ServersRelease(keys.on_lock_servers, token)

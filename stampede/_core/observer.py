@@ -60,6 +60,7 @@ DESCRIPTIONS: dict[str, str] = {  # what each counter counts (the help text of e
     "sets": "set() wrote a value over the entry, overtaking any load in flight",
     "sets_overtaken": "set() wrote nothing: a load begun after it, or a tag invalidation, came first",
     "refresh_calls": "refresh() was called: one load now, shared with every refresh and miss at the same moment",
+    "not_modified": "A refreshing loader returned NOT_MODIFIED: the value was kept, fresh again, not rewritten",
     "uncached_results": "A loader returned Cached(store=False): its callers got the value, nothing was kept",
     "load_timeouts": "A caller gave up on a load past load_timeout (LoadTimeout, or its stale value)",
     "soft_timeouts": "A caller served its stale value once a load ran past load_soft_timeout",

@@ -22,14 +22,26 @@ How each field is kept by the flow (``_core.flow``):
   nobody else). A caller who arrives after the flight ended misses and starts one new
   load, which the callers arriving with it share: nobody queues behind one lease after
   another (Varnish's hit-for-miss), and nobody is served a value that was not to be kept.
+
+A load that refreshes a value (a background refresh, ``refresh()``, a miss with a stale
+value in hand) can see that value (``previous()``: the value and when its load began)
+and answer ``NOT_MODIFIED``: the value is kept and its freshness starts again, without
+writing it (only its expiry is set again). An entry with tags is written again instead:
+its tags must admit it anew (``_core.tags``).
 """
 
 from __future__ import annotations
 
+import contextvars
+import enum
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from .codec import Codec
 
 V = TypeVar("V")
 
@@ -69,3 +81,55 @@ def unwrapped(result: Any) -> tuple[Any, Cached[Any] | None]:
     if type(result) is Cached:
         return result.value, result
     return result, None
+
+
+class _NotModified(enum.Enum):
+    NOT_MODIFIED = "not modified"
+
+
+NOT_MODIFIED = _NotModified.NOT_MODIFIED
+"""What a loader returns to keep the value it refreshes (``previous()``): it is not written
+again, its freshness starts again."""
+
+
+class Previous:
+    """The value a load refreshes: ``value`` (decoded when first asked for) and
+    ``loaded_at``, when its own load began (seconds since the epoch, by the loading
+    machine's clock): compare it with the rows' last change, as If-Modified-Since does."""
+
+    __slots__ = ("_codec", "_decoded", "loaded_at", "raw")
+
+    def __init__(self, raw: bytes, codec: Codec, loaded_at: float) -> None:
+        self.raw = raw
+        self.loaded_at = loaded_at
+        self._codec = codec
+        self._decoded: Any = _UNREAD
+
+    @property
+    def value(self) -> Any:
+        if self._decoded is _UNREAD:
+            self._decoded = self._codec.decode(self.raw).value
+        return self._decoded
+
+    def __repr__(self) -> str:
+        return f"Previous(loaded_at={self.loaded_at!r})"
+
+
+_UNREAD = object()
+_refreshing: contextvars.ContextVar[Previous | None] = contextvars.ContextVar("stampede_previous", default=None)
+
+
+def previous() -> Previous | None:
+    """Inside a loader: the value its load refreshes, or None (a cold miss, or called
+    elsewhere). Return ``NOT_MODIFIED`` to keep it."""
+    return _refreshing.get()
+
+
+@contextmanager
+def refreshing(previous: Previous | None) -> Iterator[None]:
+    """While a load runs: ``previous()`` answers ``previous``."""
+    token = _refreshing.set(previous)
+    try:
+        yield
+    finally:
+        _refreshing.reset(token)

@@ -42,6 +42,7 @@ from .effects import (
     ServersRenew,
     ServersWatch,
     Subscribe,
+    Touch,
     WriteRelease,
 )
 from .keys import EntryKeys
@@ -84,19 +85,22 @@ class SessionLeases(RedlockLeases):
     def write_release(
         self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None = None
     ) -> Decision[Written]:
-        written: Written = yield from releasing_after(
-            self._write_while_alive(keys, token, envelope, ttl_ms, inline, tagged), keys, token
-        )
+        step = WriteRelease(envelope, ttl_ms, inline, tagged)
+        written: Written = yield from releasing_after(self._while_alive(keys, token, step), keys, token)
         return written
 
-    def _write_while_alive(
-        self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None
-    ) -> Decision[Written]:
+    def touch(self, keys: EntryKeys, token: str, identity: bytes, ttl_ms: int) -> Decision[Written]:
+        step = Touch(identity, ttl_ms)
+        kept: Written = yield from releasing_after(self._while_alive(keys, token, step), keys, token)
+        return kept
+
+    def _while_alive(self, keys: EntryKeys, token: str, step: WriteRelease | Touch) -> Decision[Written]:
+        """``step`` (a write, or a touch) if our session still holds the lease."""
         alive: Round = yield ServersRenew(keys.on_lock_servers, token, 0)
         if not alive.agreed:  # our session ended mid-load: write nothing
             yield Release()
             return Written.REFUSED
-        written: Written = yield WriteRelease(envelope, ttl_ms, inline, tagged)
+        written: Written = yield step
         return written
 
     def release(self, keys: EntryKeys, token: str) -> Decision[bool]:

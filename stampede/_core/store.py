@@ -159,6 +159,12 @@ class Store(Protocol):
         ``tagged``: each tag admits the entry first, or the write is ``REFUSED``, the
         lease released and the waiters woken (see ``_core.tags``)."""
 
+    def touch(self, keys: EntryKeys, token: str, identity: bytes, ttl_ms: int) -> Written:
+        """If ``token`` still holds the lease: release it, wake the waiters, and if the
+        value is still the one of ``identity`` (its first bytes), make it live ``ttl_ms``
+        from now and drop the failing mark (``YES``), else keep nothing (``REFUSED``).
+        Without the lease, as ``write_release``. A loader answered ``NOT_MODIFIED``."""
+
     def tag_clock(self, key: str) -> int:
         """The tag clock at ``key`` (see ``_core.tags``): read before a tagged load."""
 
@@ -243,6 +249,8 @@ class AsyncStore(Protocol):
     async def write_release(
         self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None = None
     ) -> Written: ...
+
+    async def touch(self, keys: EntryKeys, token: str, identity: bytes, ttl_ms: int) -> Written: ...
 
     async def tag_clock(self, key: str) -> int: ...
 

@@ -450,7 +450,7 @@ class AsyncRunner:
             return
         ctx = self._context(value_key, spec, args, kwargs)
         loader = functools.partial(spec.func, *args, **kwargs)
-        work = self._refreshing(state, value_key, refresh(ctx, found.refresh, found.life_left), ctx, loader)
+        work = self._refreshing(state, value_key, refresh(ctx, found.refresh, found.life_left, found.raw), ctx, loader)
         # In a context of its own: not the caller's call (see _drivers.refresh).
         task = contextvars.Context().run(asyncio.get_running_loop().create_task, work)
         state.refreshes[value_key] = task

@@ -370,7 +370,7 @@ class SyncRunner:
         assert found.refresh is not None
         ctx = self._context(value_key, spec, args, kwargs)
         loader = functools.partial(spec.func, *args, **kwargs)
-        work = functools.partial(self._drive, refresh(ctx, found.refresh, found.life_left), ctx, loader)
+        work = functools.partial(self._drive, refresh(ctx, found.refresh, found.life_left, found.raw), ctx, loader)
         if self.refresher.start(value_key, work) and found.early:
             self._events.incr("early_refreshes")
 

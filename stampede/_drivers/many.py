@@ -56,10 +56,10 @@ def near_many(near: NearCache | None, keys: Sequence[str], spec: LoaderSpec, val
     return wanted
 
 
-def refreshed(served: Served) -> tuple[bytes, float]:
-    """A served value's refresh: the stale value's identity and its life left."""
+def refreshed(served: Served) -> tuple[bytes, float, bytes | None]:
+    """A served value's refresh: the stale value's identity, its life left, its envelope."""
     assert served.refresh is not None
-    return served.refresh, served.life_left
+    return served.refresh, served.life_left, served.raw
 
 
 def batch_name(keys: Sequence[str], indexes: dict[int, Any]) -> str:

@@ -45,10 +45,12 @@ from .._core.effects import (
     ServersWatch,
     Subscribe,
     TakeLock,
+    Touch,
     WriteRelease,
     unreachable,
 )
 from .._core.flight import loading
+from .._core.results import refreshing
 from .._core.store import (
     AsyncLockServers,
     AsyncRenewable,
@@ -161,6 +163,8 @@ class Performer:
                 return store.renew(lease.keys, lease.token, lease_ms)
             case WriteRelease(envelope=envelope, ttl_ms=ttl_ms, inline=inline, tagged=tagged):
                 return store.write_release(lease.keys, lease.token, envelope, ttl_ms, inline, tagged)
+            case Touch(identity=identity, ttl_ms=ttl_ms):
+                return store.touch(lease.keys, lease.token, identity, ttl_ms)
             case ReadTagClock(key=key):
                 return store.tag_clock(key)
             case Release():
@@ -181,8 +185,8 @@ class Performer:
             case AwaitNotice(timeout=timeout):
                 assert self._subscription is not None, "AwaitNotice before Subscribe"
                 return self._subscription.wait(timeout)
-            case Load(leased=leased, timeout=timeout):
-                with loading(lease.keys.value):
+            case Load(leased=leased, timeout=timeout, previous=previous):
+                with loading(lease.keys.value), refreshing(previous):
                     if not leased:
                         return bounded(self._loader, timeout) if timeout else self._loader()
                     watched = self._watchdog.watch(self._renewal, lease.keys, lease.token, lease.ms)
@@ -274,6 +278,8 @@ class AsyncPerformer:
                 return await store.renew(lease.keys, lease.token, lease_ms)
             case WriteRelease(envelope=envelope, ttl_ms=ttl_ms, inline=inline, tagged=tagged):
                 return await store.write_release(lease.keys, lease.token, envelope, ttl_ms, inline, tagged)
+            case Touch(identity=identity, ttl_ms=ttl_ms):
+                return await store.touch(lease.keys, lease.token, identity, ttl_ms)
             case ReadTagClock(key=key):
                 return await store.tag_clock(key)
             case Release():
@@ -294,8 +300,8 @@ class AsyncPerformer:
             case AwaitNotice(timeout=timeout):
                 assert self._subscription is not None, "AwaitNotice before Subscribe"
                 return await self._subscription.wait(timeout)
-            case Load(leased=leased, timeout=timeout, detach=detach):
-                with loading(lease.keys.value):
+            case Load(leased=leased, timeout=timeout, detach=detach, previous=previous):
+                with loading(lease.keys.value), refreshing(previous):
                     if not leased:
                         return await (abounded(self._loader, timeout, detach) if timeout else self._loader())
                     renewal = asyncio.ensure_future(keep_renewed(self._renewal, lease.keys, lease.token, lease.ms))

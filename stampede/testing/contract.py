@@ -331,6 +331,22 @@ def test_expire_keeps_the_value_for_its_stale_window_and_drops_the_lease(store: 
     assert store.get(plain.value) is None
 
 
+def test_a_touch_keeps_the_value_it_names_fresh_again_and_releases_the_lease(store: Any, keys: EntryKeys) -> None:
+    identity = STALE_ENVELOPE[:16]
+    store.acquire(keys, "a", LEASE_MS, True)
+    store.write_release(keys, "a", STALE_ENVELOPE, 20_000, False)  # past its ttl: 20 s left of a 30 s window
+    assert store.acquire(keys, "b", LEASE_MS, True, identity).state is LockState.LOCKED
+    assert store.touch(keys, "b", identity, 60_000) == Written.YES
+    raw, left, _ = store.get_with_ttl(keys.value)
+    assert raw == STALE_ENVELOPE and 55 < left <= 60  # the same bytes, living anew
+    assert store.holder(keys) is None
+    assert store.touch(keys, "b", identity, 60_000) != Written.YES  # the lease is gone: nothing done
+    store.acquire(keys, "c", LEASE_MS, False)
+    assert store.touch(keys, "c", ENVELOPE[:16], 60_000) == Written.REFUSED  # the value is another
+    assert store.holder(keys) is None  # released all the same
+    assert store.get_with_ttl(keys.value)[1] <= 60
+
+
 def test_a_hold_marks_the_entry_failing_until_a_write_an_invalidation_or_an_expire(store: Any, keys: EntryKeys) -> None:
     def failing() -> bool:
         return bool(store.get_with_ttl(keys.value, True)[2])

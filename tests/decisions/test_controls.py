@@ -48,7 +48,9 @@ def test_a_refresh_takes_the_lease_over_the_value_it_read() -> None:
     step = Stepper(reload(ctx))
     assert step.effect == ReadValue()
     assert step.reply(current) == Acquire(check_value=True, stale=identity(current))
-    assert step.reply(LOCKED) == Load(leased=True)
+    load = step.reply(LOCKED)
+    assert isinstance(load, Load) and load.leased and load.previous is not None
+    assert load.previous.raw == current and load.previous.value == {"a": 1}  # for its loader to keep
 
 
 def test_peek_reports_fresh_stale_and_nothing() -> None:

@@ -16,7 +16,16 @@ from typing import Any
 import pytest
 import redis
 
-from stampede import Cached, ConfigError, Fetched, SerializationError, Stampede, ValueTooLarge
+from stampede import (
+    NOT_MODIFIED,
+    Cached,
+    ConfigError,
+    Fetched,
+    SerializationError,
+    Stampede,
+    ValueTooLarge,
+    previous,
+)
 from stampede._core.keys import EntryKeys
 
 from ..modes import Blocking, Database, OnALoop
@@ -269,6 +278,84 @@ def test_a_tagged_set_is_invalidated_with_its_tags(
     assert layer.invalidate_tag("row:1") == 1
     assert mode(row, 1)["version"] == 1
     assert db.calls == {1: 2}
+
+
+def unchanged_unless_newer(db: Versions) -> Callable[[Any, dict[str, Any]], Any]:
+    """An answer that keeps the value a load refreshes while the database's version is the
+    one it holds: a conditional refresh."""
+
+    def answer(key: Any, row: dict[str, Any]) -> Any:
+        old = previous()
+        if old is not None and old.value["version"] == db.version:
+            return NOT_MODIFIED
+        return row
+
+    return answer
+
+
+def test_a_background_refresh_that_answers_not_modified_keeps_the_value_fresh_again(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    layer = layer_of_each_backend()
+    db = Versions()
+    db.result = lambda key: unchanged_unless_newer(db)(key, {"key": key, "version": db.version})
+    row = loader(layer, mode, db, ttl=0.3, stale_while_revalidate=30)
+    assert mode(row, 1) == {"key": 1, "version": 1}
+    wait_until(lambda: mode(row.peek, 1).stale, "the value to pass its ttl")
+    assert mode(row, 1) == {"key": 1, "version": 1}  # stale: served, refreshed in the background
+    wait_until(lambda: not mode(row.peek, 1).stale, "the refresh to keep it, fresh again")
+    assert mode(row.peek, 1) == Fetched({"key": 1, "version": 1}, False)
+    assert db.calls == {1: 2}
+    assert layer.stats()["not_modified"] == 1
+
+
+def test_refresh_hands_the_loader_the_value_and_a_not_modified_answer_returns_it(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    layer = layer_of_each_backend()
+    db = Versions()
+    seen: list[Any] = []
+
+    def answer(key: Any, row: dict[str, Any]) -> Any:
+        old = previous()
+        seen.append(None if old is None else (old.value, old.loaded_at > 0))
+        return unchanged_unless_newer(db)(key, row)
+
+    db.result = lambda key: answer(key, {"key": key, "version": db.version})
+    row = loader(layer, mode, db)
+    mode(row, 1)
+    assert mode(row.refresh, 1) == {"key": 1, "version": 1}  # kept
+    db.version = 2
+    assert mode(row.refresh, 1) == {"key": 1, "version": 2}  # changed: written
+    assert mode(row, 1) == {"key": 1, "version": 2}
+    assert seen == [None, ({"key": 1, "version": 1}, True), ({"key": 1, "version": 1}, True)]
+    assert layer.stats()["not_modified"] == 1
+
+
+def test_not_modified_from_a_load_that_refreshes_nothing_is_an_error_and_holds_nothing(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    layer = layer_of_each_backend()
+    db = Versions(answer=lambda key, row: NOT_MODIFIED)
+    row = loader(layer, mode, db)
+    for _ in range(2):  # the second loads at once: no lease was left held
+        with pytest.raises(ValueError, match="NOT_MODIFIED"):
+            mode(row, 1)
+    assert db.calls == {1: 2}
+
+
+def test_a_tagged_value_kept_as_not_modified_is_written_again_under_its_tags(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    layer = layer_of_each_backend()
+    db = Versions()
+    db.result = lambda key: unchanged_unless_newer(db)(key, {"key": key, "version": db.version})
+    row = loader(layer, mode, db, tags=["row:{key}"])
+    mode(row, 1)
+    assert mode(row.refresh, 1) == {"key": 1, "version": 1}
+    assert layer.invalidate_tag("row:1") == 1  # still a member of its tag
+    assert mode(row, 1) == {"key": 1, "version": 1}
+    assert db.calls == {1: 3}
 
 
 # --- across processes, on one Redis server ----------------------------------------------

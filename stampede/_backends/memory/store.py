@@ -109,6 +109,20 @@ class MemoryStore(OneByOne):
             self._publish(keys, envelope if inline else b"")
             return Written.YES
 
+    def touch(self, keys: EntryKeys, token: str, identity: bytes, ttl_ms: int) -> Written:
+        now = self._clock()
+        with self._lock:
+            if not self._holds(keys, token, now):
+                return Written.REFUSED
+            del self._leases[keys.lock]
+            self._publish(keys, b"")
+            item = self._values.get(keys.value)
+            if item is None or not item[0].startswith(identity):
+                return Written.REFUSED
+            self._values[keys.value] = (item[0], now + ttl_ms / 1000)
+            self._failing.pop(keys.failing, None)
+            return Written.YES
+
     def release(self, keys: EntryKeys, token: str) -> bool:
         with self._lock:
             if not self._holds(keys, token, self._clock()):
@@ -289,6 +303,9 @@ class AsyncMemoryStore(AsyncOneByOne):
         self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None = None
     ) -> Written:
         return self._store.write_release(keys, token, envelope, ttl_ms, inline, tagged)
+
+    async def touch(self, keys: EntryKeys, token: str, identity: bytes, ttl_ms: int) -> Written:
+        return self._store.touch(keys, token, identity, ttl_ms)
 
     async def tag_clock(self, key: str) -> int:
         return self._store.tag_clock(key)

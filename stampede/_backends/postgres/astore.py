@@ -198,6 +198,19 @@ class AsyncPostgresStore(AsyncOneByOne):
                     log.info("stampede: sweeping expired rows failed (%s)", error)
         return Written(row[0] if row else -1)
 
+    async def touch(self, keys: EntryKeys, token: str, identity: bytes, ttl_ms: int) -> Written:
+        """``PostgresStore.touch``, awaited."""
+        released, kept = sql.release(keys, token), sql.keep(keys, identity, ttl_ms)
+        async with self._connection("keep", keys.value) as connection, connection.transaction():
+            row = await (await connection.execute(released.query, released.params)).fetchone()
+            if not (row and row[0]):
+                return Written.REFUSED
+            if not (await connection.execute(kept.query, kept.params)).rowcount:
+                return Written.REFUSED
+            forget = sql.forget_failing(keys)
+            await connection.execute(forget.query, forget.params)
+        return Written.YES
+
     async def release(self, keys: EntryKeys, token: str) -> bool:
         row = await self._one("release the lease of", keys.value, sql.release(keys, token))
         return bool(row and row[0])

@@ -581,6 +581,20 @@ def invalidate(keys: EntryKeys, keep_stale: bool) -> Statement:
     )
 
 
+def keep(keys: EntryKeys, identity: bytes, ttl_ms: int) -> Statement:
+    """A not-modified refresh's value, still the one of ``identity``, lives ``ttl_ms``
+    from now (after ``release`` in the same transaction: see ``PostgresStore.touch``)."""
+    return Statement(
+        "UPDATE stampede_values SET expires_at = clock_timestamp() + %s * interval '1 millisecond' "
+        "WHERE key = %s AND expires_at > clock_timestamp() AND substring(value from 1 for %s) = %s",
+        (ttl_ms, keys.value, len(identity), identity),
+    )
+
+
+def forget_failing(keys: EntryKeys) -> Statement:
+    return Statement("DELETE FROM stampede_values WHERE key = %s", (keys.failing,))
+
+
 def take_lock(keys: EntryKeys, token: str, lease_ms: int, queue_ms: int) -> Statement:
     return Statement(
         "SELECT state, fence, left_ms FROM stampede_take_lock(%s, %s, %s, %s)",

@@ -291,6 +291,20 @@ class PostgresStore(OneByOne):
                     log.info("stampede: sweeping expired rows failed (%s)", error)
         return Written(row[0] if row else -1)
 
+    def touch(self, keys: EntryKeys, token: str, identity: bytes, ttl_ms: int) -> Written:
+        """Release the lease, then keep the value, in one transaction: the waiters it wakes
+        (at the commit) read the value kept."""
+        released, kept = sql.release(keys, token), sql.keep(keys, identity, ttl_ms)
+        with self.connection("keep", keys.value) as connection, connection.transaction():
+            row = connection.execute(released.query, released.params).fetchone()
+            if not (row and row[0]):
+                return Written.REFUSED
+            if not connection.execute(kept.query, kept.params).rowcount:
+                return Written.REFUSED
+            forget = sql.forget_failing(keys)
+            connection.execute(forget.query, forget.params)
+        return Written.YES
+
     def release(self, keys: EntryKeys, token: str) -> bool:
         row = self._one("release the lease of", keys.value, sql.release(keys, token))
         return bool(row and row[0])

@@ -283,6 +283,11 @@ class AsyncRedisStore:
             written = await self._send(keys.value, self._scripts.write_tagged, *call)
         return Written(int(written))
 
+    async def touch(self, keys: EntryKeys, token: str, identity: bytes, ttl_ms: int) -> Written:
+        with self._translated("keep", keys.value):
+            call = _scripts.touch_call(keys, token, identity, ttl_ms)
+            return Written(int(await self._send(keys.value, self._scripts.touch, *call)))
+
     async def tag_clock(self, key: str) -> int:
         with self._translated("read the tag clock", key):
             return int(await self._send(key, self._scripts.read_tag_clock, [key], []))

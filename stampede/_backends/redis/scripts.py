@@ -106,6 +106,31 @@ return 1
 """
 
 
+TOUCH = """
+-- A refresh whose loader answered "not modified": if our lease still holds, release it and
+-- wake the waiters (they read the value), and if the value is still the one the loader
+-- kept (its first bytes are ARGV[2]), it lives ARGV[3] ms from now and the loader works
+-- again (the failing marker goes). Its bytes are neither read whole nor written.
+-- KEYS as WRITE_AND_RELEASE's; ARGV[1] token, ARGV[2] identity, ARGV[3] ttl in ms, ARGV[4] channel
+-- Returns 1: kept; 0: the lease was lost to an invalidation or taken over, or the value
+-- is gone or another (nothing kept); -1: as WRITE_AND_RELEASE's
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then
+  if redis.call('GET', KEYS[3]) then return 0 end
+  return -1
+end
+redis.call('DEL', KEYS[2])
+redis.call('PUBLISH', ARGV[4], '')
+if redis.call('GETRANGE', KEYS[1], 0, #ARGV[2] - 1) ~= ARGV[2] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('DEL', KEYS[4])
+return 1
+"""
+
+
+def touch_call(keys: EntryKeys, token: str, identity: bytes, ttl_ms: int) -> Call:
+    return Call([keys.value, keys.lock, keys.invalidated, keys.failing], [token, identity, ttl_ms, keys.channel])
+
+
 def for_each(script: str, keys_each: int, args_each: int) -> str:
     """``script`` run once for each of several entries, in one call: a many-key command's
     one script per slot group. The script's text becomes a function whose parameters

@@ -196,6 +196,7 @@ class Scripts:
 
         self.acquire = register(_scripts.ACQUIRE)
         self.write_release = register(_scripts.WRITE_AND_RELEASE)
+        self.touch = register(_scripts.TOUCH)
         self.acquires = batches.Pair(self.acquire, register(_scripts.ACQUIRE_EACH))  # many entries' (batches)
         self.writes = batches.Pair(self.write_release, register(_scripts.WRITE_AND_RELEASE_EACH))
         self.renew = register(_scripts.RENEW)
@@ -548,6 +549,10 @@ class RedisStore:
             call = _scripts.write_tagged_call(keys, token, envelope, ttl_ms, inline, tagged, not cluster)
             written = self._scripts.write_tagged(*call)
         return Written(int(written))
+
+    def touch(self, keys: EntryKeys, token: str, identity: bytes, ttl_ms: int) -> Written:
+        with self._translated("keep", keys.value):
+            return Written(int(self._scripts.touch(*_scripts.touch_call(keys, token, identity, ttl_ms))))
 
     def tag_clock(self, key: str) -> int:
         with self._translated("read the tag clock", key):
