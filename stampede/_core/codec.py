@@ -125,6 +125,14 @@ def identity(raw: bytes) -> bytes:
     return raw[:IDENTITY_BYTES]
 
 
+def loaded_at_of(raw: bytes) -> float | None:
+    """When the load of the envelope ``raw`` began (its header's ``loaded_at``), without
+    decoding its payload; None for bytes that are not an envelope of a known version."""
+    if len(raw) < _HEADER.size or raw[:2] != _MAGIC or raw[2] not in (_VERSION, _VERSION_2):
+        return None
+    return float(_HEADER.unpack_from(raw)[3])
+
+
 def stale_window_of(raw: bytes) -> float:
     """The ``stale_for`` written in an envelope (0 for version 1, or for bytes that are
     not an envelope)."""

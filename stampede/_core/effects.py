@@ -110,6 +110,12 @@ class ReadTagClock:
 
 
 @dataclass(frozen=True, slots=True)
+class ReadEntryTags:
+    """Read the tags the entry's value was written with (a value kept as not modified is
+    written again under all of them). Reply: list[str] or None."""
+
+
+@dataclass(frozen=True, slots=True)
 class Release:
     """Release the lease (by token) without writing, and wake the waiters. Reply: bool."""
 
@@ -254,6 +260,7 @@ Effect = (
     | WriteRelease
     | Touch
     | ReadTagClock
+    | ReadEntryTags
     | Release
     | Hold
     | LeaveQueue

@@ -58,7 +58,7 @@ from .._errors import (
     ValueTooLarge,
     WaitTimeout,
 )
-from .codec import NOT_A_VALUE, Codec, Kind, identity
+from .codec import NOT_A_VALUE, Codec, Kind, identity, loaded_at_of
 from .config import Settings
 from .effects import (
     LEASE_MARGIN,
@@ -69,6 +69,7 @@ from .effects import (
     Finish,
     Load,
     LoadDetached,
+    ReadEntryTags,
     ReadTagClock,
     milliseconds,
 )
@@ -108,7 +109,7 @@ def produces_value(effect: Effect) -> bool:
     return not isinstance(effect, NOT_THE_VALUE)
 
 
-NOT_THE_VALUE = (AwaitNotice, ReadTagClock, Finish, *SERVERS)  # the steps that never produce the value
+NOT_THE_VALUE = (AwaitNotice, ReadTagClock, ReadEntryTags, Finish, *SERVERS)  # the steps that never produce the value
 
 
 # --- the context of one miss ---------------------------------------------------------
@@ -391,7 +392,7 @@ def _load_uncached(ctx: Context) -> Flow:
         value = yield _load(False, ctx.settings.load_timeout, detach=not ctx.settings.cancel_on_timeout)
     except LoadDetached:  # nothing will be written: its value goes to nobody
         ctx.events.ended("load", "error", ctx.clock() - started)
-        return _load_timed_out(ctx, None, "the load ran past")
+        return _load_timed_out(ctx, None, "the load ran past", "it goes on, its value to nobody (no lease)")
     except BaseException as error:
         ctx.events.ended("load", "error", ctx.clock() - started)
         if isinstance(error, LoadTimeout):
@@ -651,8 +652,17 @@ def _keep_previous(ctx: Context, since: int, started: float) -> Flow:
         raise ValueError(f"the loader of {key!r} returned NOT_MODIFIED, but its load refreshed no value")
     decoded = ctx.codec.decode(raw)
     ctx.events.incr("not_modified")
-    if ctx.tags is not None:
-        return (yield from _write_loaded(ctx, decoded.value, since, decoded.loaded_at, started))
+    if ctx.tags is not None:  # written again under every tag it had, its own included
+        try:
+            names = yield ReadEntryTags()
+        except GeneratorExit:
+            raise
+        except BaseException:
+            ctx.events.ended("load", "error", ctx.clock() - started)
+            yield from _release(ctx)
+            raise
+        again = Cached(decoded.value, tags=names or ())
+        return (yield from _write_loaded(ctx, again, since, decoded.loaded_at, started))
     ctx.events.ended("load", "none" if decoded.value is None else "value", ctx.clock() - started)
     settings = ctx.settings
     ttl = settings.null_ttl if decoded.kind is Kind.NULL else settings.ttl
@@ -737,10 +747,8 @@ def _load(leased: bool, timeout: float, detach: bool, previous: Previous | None 
 def _previous(ctx: Context) -> Previous | None:
     """What a load of ``ctx`` refreshes, for its loader (``_core.results.previous``)."""
     raw = ctx.previous
-    if raw is None:
-        return None
-    decoded = ctx.codec.decode(raw)
-    return None if decoded.kind is Kind.CORRUPT else Previous(raw, ctx.codec, decoded.loaded_at)
+    loaded_at = None if raw is None else loaded_at_of(raw)
+    return None if raw is None or loaded_at is None else Previous(raw, ctx.codec, loaded_at)
 
 
 def _load_bound(settings: Settings, fallback: Stale | None) -> float:
@@ -751,7 +759,9 @@ def _load_bound(settings: Settings, fallback: Stale | None) -> float:
     return settings.load_timeout
 
 
-def _load_timed_out(ctx: Context, fallback: Stale | None, why: str) -> Any:
+def _load_timed_out(
+    ctx: Context, fallback: Stale | None, why: str, after: str = "it goes on, and writes its value when it ends"
+) -> Any:
     """The answer of a caller whose load ran past its bound: the stale value it holds
     (counted as a soft timeout if that bound was the soft one), else ``LoadTimeout``."""
     settings, key = ctx.settings, ctx.keys.value
@@ -760,9 +770,7 @@ def _load_timed_out(ctx: Context, fallback: Stale | None, why: str) -> Any:
     bound = _load_bound(settings, fallback)
     if fallback is not None:
         return _serve_stale(ctx, fallback, f"{why} {'load_soft_timeout' if soft else 'load_timeout'}={bound} s")
-    raise LoadTimeout(
-        f"{why} load_timeout={bound} s for {key!r}; it goes on, and writes its value when it ends", key=key
-    )
+    raise LoadTimeout(f"{why} load_timeout={bound} s for {key!r}; {after}", key=key)
 
 
 def _detached(

@@ -33,6 +33,7 @@ from .._core.effects import (
     Load,
     LoadDetached,
     Pause,
+    ReadEntryTags,
     ReadTagClock,
     ReadValue,
     Release,
@@ -167,6 +168,8 @@ class Performer:
                 return store.touch(lease.keys, lease.token, identity, ttl_ms)
             case ReadTagClock(key=key):
                 return store.tag_clock(key)
+            case ReadEntryTags():
+                return store.entry_tags(lease.keys)
             case Release():
                 return store.release(lease.keys, lease.token)
             case Hold(hold_ms=hold_ms, failing_ms=failing_ms):
@@ -282,6 +285,8 @@ class AsyncPerformer:
                 return await store.touch(lease.keys, lease.token, identity, ttl_ms)
             case ReadTagClock(key=key):
                 return await store.tag_clock(key)
+            case ReadEntryTags():
+                return await store.entry_tags(lease.keys)
             case Release():
                 return await store.release(lease.keys, lease.token)
             case Hold(hold_ms=hold_ms, failing_ms=failing_ms):

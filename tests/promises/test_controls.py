@@ -349,13 +349,21 @@ def test_a_tagged_value_kept_as_not_modified_is_written_again_under_its_tags(
 ) -> None:
     layer = layer_of_each_backend()
     db = Versions()
-    db.result = lambda key: unchanged_unless_newer(db)(key, {"key": key, "version": db.version})
+
+    def answer(key: Any) -> Any:
+        kept = unchanged_unless_newer(db)(key, {"key": key, "version": db.version})
+        return kept if kept is NOT_MODIFIED else Cached(kept, tags=[f"supplier:{key}"])
+
+    db.result = answer
     row = loader(layer, mode, db, tags=["row:{key}"])
     mode(row, 1)
-    assert mode(row.refresh, 1) == {"key": 1, "version": 1}
-    assert layer.invalidate_tag("row:1") == 1  # still a member of its tag
+    assert mode(row.refresh, 1) == {"key": 1, "version": 1}  # kept: written again under both tags
+    assert layer.invalidate_tag("row:1") == 1  # the declared tag
     assert mode(row, 1) == {"key": 1, "version": 1}
-    assert db.calls == {1: 3}
+    assert mode(row.refresh, 1) == {"key": 1, "version": 1}
+    assert layer.invalidate_tag("supplier:1") == 1  # and the value's own
+    assert mode(row.peek, 1) is None
+    assert db.calls == {1: 4}
 
 
 # --- across processes, on one Redis server ----------------------------------------------
