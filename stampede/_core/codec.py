@@ -189,11 +189,12 @@ class Codec:
 
     def encode_counted(
         self, value: Any, loaded_at: float, load_duration: float, *, key: str, stale_for: float = 0.0
-    ) -> tuple[bytes, int]:
-        """``encode``, and the bytes compression saved (0: not compressed)."""
+    ) -> tuple[bytes, int, bytes]:
+        """``encode``, the bytes compression saved (0: not compressed), and the payload as
+        it was before compression (for ``read_back``, which need not expand it again)."""
         kind = _NULL if value is None else _VALUE
         payload = b"" if value is None else self._payload(value, key)
-        saved = 0
+        saved, plain = 0, payload
         if self.compress_above and len(payload) > self.compress_above:
             compressed = self._compressor.compress(payload)
             if len(compressed) < len(payload):
@@ -202,7 +203,7 @@ class Codec:
             header = _HEADER.pack(_MAGIC, _VERSION_2, kind, loaded_at, load_duration) + _STALE_FOR.pack(stale_for)
         else:
             header = _HEADER.pack(_MAGIC, _VERSION, kind, loaded_at, load_duration)
-        return header + payload, saved
+        return header + payload, saved, plain
 
     def _payload(self, value: Any, key: str) -> bytes:
         try:
@@ -220,14 +221,15 @@ class Codec:
             )
         return payload
 
-    def read_back(self, envelope: bytes, *, key: str) -> Any:
+    def read_back(self, envelope: bytes, *, key: str, plain: bytes | None = None) -> Any:
         """The value as every later reader will get it from ``envelope`` (which ``encode``
         made): the loader's own object goes to nobody, so the caller who loaded gets what
-        the callers who hit get (a tuple comes back a list, a datetime a str, under JSON)."""
+        the callers who hit get (a tuple comes back a list, a datetime a str, under JSON).
+        ``plain``: its payload before compression, if the encoder kept it."""
         if envelope[3] == _NULL:
             return None
         try:
-            return self.serializer.loads(self._plain_payload(envelope))
+            return self.serializer.loads(self._plain_payload(envelope) if plain is None else plain)
         except Exception as error:
             raise SerializationError(
                 f"the value loaded for {key!r} does not read back through the serializer "

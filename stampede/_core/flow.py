@@ -400,8 +400,8 @@ def _load_uncached(ctx: Context) -> Flow:
         raise
     value, _ = unwrapped(value)  # written nowhere: a Cached's rules have nothing to rule
     ctx.events.ended("load", "none" if value is None else "value", ctx.clock() - started)
-    envelope = ctx.codec.encode(value, ctx.wall_clock(), 0.0, key=ctx.keys.value)
-    value = ctx.codec.read_back(envelope, key=ctx.keys.value)
+    envelope, _, plain = ctx.codec.encode_counted(value, ctx.wall_clock(), 0.0, key=ctx.keys.value)
+    value = ctx.codec.read_back(envelope, key=ctx.keys.value, plain=plain)
     ctx.raw = envelope
     return value
 
@@ -707,7 +707,7 @@ def prepare(ctx: Context, value: Any, rules: Cached[Any] | None, loaded_at: floa
     key, settings = ctx.keys.value, ctx.settings
     keep = rules is None or rules.store
     stale_for = settings.stale_window if keep else 0.0
-    envelope, saved = ctx.codec.encode_counted(value, loaded_at, duration, key=key, stale_for=stale_for)
+    envelope, saved, plain = ctx.codec.encode_counted(value, loaded_at, duration, key=key, stale_for=stale_for)
     if len(envelope) + saved > settings.max_value_bytes:  # the size readers expand it to
         raise ValueTooLarge(
             f"the value loaded for {key!r} encodes to {len(envelope) + saved} bytes, more than "
@@ -716,7 +716,7 @@ def prepare(ctx: Context, value: Any, rules: Cached[Any] | None, loaded_at: floa
         )
     if saved:
         ctx.events.incr("compressed_bytes_saved", saved)
-    value = ctx.codec.read_back(envelope, key=key)
+    value = ctx.codec.read_back(envelope, key=key, plain=plain)  # not expanded again
     ctx.raw = envelope
     tags = ctx.tags
     if rules is not None and rules.tags:
