@@ -57,6 +57,7 @@ def put(ctx: Context, result: Any) -> Decision[bool]:
         # The old value, near copies and any holder's lease go, and the lease is ours.
         if not (yield from ctx.leases.seize()):
             log.debug("%s: set overtaken by a load that began after it", ctx.keys.value)
+            ctx.events.incr("sets_overtaken")
             return False
         written = yield from ctx.leases.write_release(write.envelope, write.ttl_ms, write.inline, tagged)
     except GeneratorExit:
@@ -67,12 +68,15 @@ def put(ctx: Context, result: Any) -> Decision[bool]:
         except BackendUnavailable:
             pass  # the lease runs out by itself
         raise
-    return bool(written == Written.YES)
+    done = written == Written.YES
+    ctx.events.incr("sets" if done else "sets_overtaken")
+    return done
 
 
 def reload(ctx: Context) -> Flow:
     """``refresh``: one load now, shared with every refresh and miss of the entry at the
     same moment, and its value. Readers get the current value until it is written."""
+    ctx.events.incr("refresh_calls")
     try:
         raw = yield ReadValue()
     except BackendUnavailable as error:

@@ -485,13 +485,10 @@ class AsyncRunner:
     ) -> bool:
         """``SyncRunner.set``, for the tasks of this loop."""
         ctx = self._context(value_key, spec, args, kwargs)
-        written = bool(await self._drive(put(ctx, result), ctx, ano_load, self._state()))
-        self._events.incr("sets" if written else "sets_overtaken")
-        return written
+        return bool(await self._drive(put(ctx, result), ctx, ano_load, self._state()))
 
     async def refresh(self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """``SyncRunner.refresh``, for the tasks of this loop."""
-        self._events.incr("refresh_calls")
         refuse_recursion(value_key)
         ctx = self._context(value_key, spec, args, kwargs)
         return await self._drive(reload(ctx), ctx, functools.partial(spec.func, *args, **kwargs), self._state())

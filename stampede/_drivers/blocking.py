@@ -386,14 +386,11 @@ class SyncRunner:
     def set(self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> bool:
         """Write ``result`` over the entry, overtaking any load in flight (``controls.put``)."""
         ctx = self._context(value_key, spec, args, kwargs)
-        written = bool(self._drive(put(ctx, result), ctx, no_load))
-        self._events.incr("sets" if written else "sets_overtaken")
-        return written
+        return bool(self._drive(put(ctx, result), ctx, no_load))
 
     def refresh(self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Load the entry now, shared with every refresh and miss of it at the same moment
         (``controls.reload``), and return the value."""
-        self._events.incr("refresh_calls")
         refuse_recursion(value_key)
         ctx = self._context(value_key, spec, args, kwargs)
         return self._drive(reload(ctx), ctx, functools.partial(spec.func, *args, **kwargs))
