@@ -572,9 +572,9 @@ def _write_loaded(ctx: Context, value: Any, since: int, loaded_at: float, starte
     """The rest of ``_load_and_write`` once the loader returned ``value``: write it under
     the lease (or refuse to), and return it as readers will get it."""
     key = ctx.keys.value
-    if value is NOT_MODIFIED:
-        return (yield from _keep_previous(ctx, since, started))
     value, rules = unwrapped(value)
+    if value is NOT_MODIFIED:
+        return (yield from _keep_previous(ctx, since, started, rules))
     ctx.events.ended("load", "none" if value is None else "value", ctx.clock() - started)
     try:
         write = prepare(ctx, value, rules, loaded_at, ctx.clock() - started)
@@ -641,10 +641,11 @@ def _write_loaded(ctx: Context, value: Any, since: int, loaded_at: float, starte
     return value
 
 
-def _keep_previous(ctx: Context, since: int, started: float) -> Flow:
+def _keep_previous(ctx: Context, since: int, started: float, rules: Cached[Any] | None) -> Flow:
     """The loader answered ``NOT_MODIFIED``: the value it refreshes stays, fresh again. Its
-    expiry is set again (``Touch``), its bytes are not written. An entry with tags is
-    written again instead, as its load's value: its tags admit it anew."""
+    expiry is set again (``Touch``: ``Cached(NOT_MODIFIED, ttl=...)`` gives it a ttl of its
+    own), its bytes are not written. An entry with tags is written again instead, as its
+    load's value: its tags admit it anew."""
     key, raw = ctx.keys.value, ctx.previous
     if raw is None:
         ctx.events.ended("load", "error", ctx.clock() - started)
@@ -661,11 +662,13 @@ def _keep_previous(ctx: Context, since: int, started: float) -> Flow:
             ctx.events.ended("load", "error", ctx.clock() - started)
             yield from _release(ctx)
             raise
-        again = Cached(decoded.value, tags=names or ())
+        again = Cached(decoded.value, ttl=None if rules is None else rules.ttl, tags=names or ())
         return (yield from _write_loaded(ctx, again, since, decoded.loaded_at, started))
     ctx.events.ended("load", "none" if decoded.value is None else "value", ctx.clock() - started)
     settings = ctx.settings
     ttl = settings.null_ttl if decoded.kind is Kind.NULL else settings.ttl
+    if rules is not None and rules.ttl is not None:
+        ttl = rules.ttl
     ttl_ms = milliseconds(_jittered(ctx, ttl) + decoded.stale_for)
     ctx.raw = raw
     try:

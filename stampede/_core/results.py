@@ -26,8 +26,9 @@ How each field is kept by the flow (``_core.flow``):
 A load that refreshes a value (a background refresh, ``refresh()``, a miss with a stale
 value in hand) can see that value (``previous()``: the value and when its load began)
 and answer ``NOT_MODIFIED``: the value is kept and its freshness starts again, without
-writing it (only its expiry is set again). An entry with tags is written again instead:
-its tags must admit it anew (``_core.tags``).
+writing it (only its expiry is set again; ``Cached(NOT_MODIFIED, ttl=60)`` sets a ttl of
+its own). An entry with tags is written again instead: its tags must admit it anew
+(``_core.tags``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,203 @@
+"""``stampede.django.StampedeCache``: Django's own cache backend tests over it, and
+``get_or_set`` collapsing a cold key's callers in several processes into one call."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stampede import ConfigError
+
+django = pytest.importorskip("django", reason="Django is not installed (the dev extra installs it)")
+
+from django.core.cache.backends.base import DEFAULT_TIMEOUT  # noqa: E402
+
+from stampede.django.cache import StampedeCache  # noqa: E402
+
+HERE = Path(__file__).parent
+DJANGO_WORKER = str(HERE.parent / "django_worker.py")
+SDIST_CACHE = Path(os.environ.get("STAMPEDE_DJANGO_SDIST", Path.home() / ".cache" / "stampede-tests" / "django"))
+SUITE_MEMBERS = ("tests/cache/", "tests/runtests.py", "tests/test_sqlite.py", "tests/urls.py")
+SKIPPED_AS_FOR_REDIS = {"test_cull", "test_cull_delete_when_store_empty", "test_zero_cull"}
+
+
+def _sdist() -> Path:
+    """The source distribution of the installed Django (its tests are not in the wheel),
+    downloaded once per machine."""
+    version = django.__version__
+    SDIST_CACHE.mkdir(parents=True, exist_ok=True)
+    found = sorted(SDIST_CACHE.glob(f"[dD]jango-{version}.tar.gz"))
+    if not found:
+        download = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:"]
+        result = subprocess.run(
+            [*download, f"django=={version}", "-d", str(SDIST_CACHE)], capture_output=True, text=True, timeout=300
+        )
+        found = sorted(SDIST_CACHE.glob(f"[dD]jango-{version}.tar.gz"))
+        if result.returncode != 0 or not found:
+            pytest.skip(f"the source distribution of Django {version} could not be downloaded: {result.stderr[-300:]}")
+    return found[0]
+
+
+@pytest.fixture(scope="session")
+def django_tests(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Django's test directory (the parts the cache tests need), with this project's
+    adaptor (``django_cache_suite.py``) in its ``cache`` package."""
+    root = tmp_path_factory.mktemp("django-sdist")
+    with tarfile.open(_sdist()) as archive:
+        top = archive.getnames()[0].split("/")[0]
+        members = [m for m in archive.getmembers() if m.name.startswith(tuple(f"{top}/{p}" for p in SUITE_MEMBERS))]
+        archive.extractall(root, members=members, filter="data")
+    tests = root / top / "tests"
+    shutil.copy(HERE / "django_cache_suite.py", tests / "cache" / "test_stampede.py")
+    return tests
+
+
+def _run_django_suite(tests: Path, location: str) -> None:
+    env = {**os.environ, "STAMPEDE_DJANGO_LOCATION": location, "PYTHONWARNINGS": "ignore::ResourceWarning"}
+    result = subprocess.run(
+        [sys.executable, "runtests.py", "cache.test_stampede", "--settings=test_sqlite", "--parallel=1", "-v", "2"],
+        cwd=tests,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    report = result.stdout + result.stderr
+    assert result.returncode == 0, report[-6000:]
+    ran = re.search(r"Ran (\d+) tests?", report)
+    assert ran is not None and int(ran.group(1)) >= 50, report[-3000:]
+    skipped = set(re.findall(r"^(test_\w+) \(.*\) \.\.\. skipped", report, re.MULTILINE))
+    assert skipped <= SKIPPED_AS_FOR_REDIS, f"skipped beyond the cull tests Django skips for Redis: {skipped}"
+
+
+def test_django_cache_suite_passes_over_redis(django_tests: Path, redis_url: str) -> None:
+    _run_django_suite(django_tests, redis_url)
+
+
+def test_django_cache_suite_passes_in_memory(django_tests: Path) -> None:
+    _run_django_suite(django_tests, "memory")
+
+
+def test_django_cache_suite_passes_over_postgres(django_tests: Path, postgres_url: str) -> None:
+    _run_django_suite(django_tests, postgres_url)
+
+
+class DjangoWorker:
+    """A ``django_worker.py`` process, talking over its stdin and stdout."""
+
+    def __init__(self, location: str, namespace: str, *options: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, DJANGO_WORKER, "--location", location, "--namespace", namespace, *options],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.process.stdout is not None
+        assert self.process.stdout.readline().strip() == "ready"
+
+    def go(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write("go\n")
+        self.process.stdin.flush()
+
+    def outcome(self) -> dict[str, Any]:
+        out, _ = self.process.communicate(timeout=45)
+        assert self.process.returncode == 0
+        return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture
+def django_workers() -> Iterator[Callable[..., DjangoWorker]]:
+    started: list[DjangoWorker] = []
+
+    def start(*args: str) -> DjangoWorker:
+        worker = DjangoWorker(*args)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+@pytest.mark.parametrize("kind", ["threads", "asyncio"])
+def test_get_or_set_calls_the_default_once_for_64_callers_in_4_processes(
+    redis_url: str, redis_client: Any, django_workers: Callable[..., DjangoWorker], kind: str
+) -> None:
+    namespace = f"dj-{uuid.uuid4().hex[:8]}"
+    options = ["--callers", "16", "--hold", "0.3"] + (["--asyncio"] if kind == "asyncio" else [])
+    workers = [django_workers(redis_url, namespace, *options) for _ in range(4)]
+    for worker in workers:
+        worker.go()
+    outcomes = [worker.outcome() for worker in workers]
+    got = [value for outcome in outcomes for value in outcome["got"]]
+    assert len(got) == 64
+    assert int(redis_client.get(f"{namespace}:page:calls")) == 1
+    assert got == [{"rendered_by_call": 1}] * 64
+    assert sum(outcome["stats"]["loads"] for outcome in outcomes) == 1
+
+
+def test_options_django_decides_are_refused() -> None:
+    for option in ("ttl", "jitter", "stale_while_revalidate"):
+        backend = StampedeCache("memory", {"OPTIONS": {option: 1, "namespace": f"refused-{option}"}})
+        with pytest.raises(ConfigError, match=option):
+            backend.get("key")
+
+
+def test_one_location_only() -> None:
+    with pytest.raises(ConfigError, match="one LOCATION"):
+        StampedeCache(["redis://127.0.0.1:1/0", "redis://127.0.0.1:2/0"], {})
+
+
+def test_a_set_overtakes_a_get_or_set_in_flight() -> None:
+    """The stale-set guard, through Django's API: a value set while a ``get_or_set`` loads
+    is not replaced by that load's result, and the load's caller gets the value set."""
+    import threading
+
+    backend = StampedeCache("memory", {"OPTIONS": {"namespace": "overtaken"}})
+    loading, release = threading.Event(), threading.Event()
+    got: list[Any] = []
+
+    def slow_default() -> str:
+        loading.set()
+        assert release.wait(10)
+        return "read before the write"
+
+    caller = threading.Thread(target=lambda: got.append(backend.get_or_set("row", slow_default, timeout=60)))
+    caller.start()
+    assert loading.wait(10)
+    backend.set("row", "written", timeout=60)
+    release.set()
+    caller.join(10)
+    assert backend.get("row") == "written"
+    assert got == ["read before the write"]  # its own caller gets what it read; nobody else does
+
+
+def test_timeouts_as_django_reads_them() -> None:
+    backend = StampedeCache("memory", {"TIMEOUT": None, "OPTIONS": {"namespace": "forever"}})
+    backend.set("kept", 1)
+    assert backend.get("kept") == 1
+    backend.set("gone", 1, timeout=0)
+    assert backend.get("gone", "missing") == "missing"
+    assert backend.add("gone", 2, timeout=-1) is True
+    assert backend.get("gone", "missing") == "missing"
+    assert backend.get_or_set("never", lambda: 3, timeout=0) == 3
+    assert backend.has_key("never") is False
+    assert backend.get_or_set("default", lambda: 4, timeout=DEFAULT_TIMEOUT) == 4
+    assert backend.get("default") == 4
