@@ -119,7 +119,7 @@ class DjangoWorker:
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.kill()
-            self.process.wait()
+            self.process.communicate(timeout=10)  # and closes its pipes
 
 
 @pytest.fixture

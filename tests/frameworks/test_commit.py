@@ -1,0 +1,201 @@
+"""Invalidation after the commit (``stampede.django.commit``, ``stampede.sqlalchemy``),
+against a real PostgreSQL, with the writer and the reader in two processes.
+
+The race: a writer updates a row; before it commits, a reader misses and loads the row
+as it was (the update is not visible yet); the writer commits; the reader's load writes.
+Invalidated inside the transaction, the entry is empty when the reader loads, and the old
+row is cached after the commit returned: the test sees it (the helper is what it tests).
+Invalidated after the commit, the reader's write is refused (the stale-set guard), and
+the next read loads the committed row.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from stampede import BackendUnavailable, ConfigError, InvalidKey, Stampede
+from stampede.sqlalchemy import invalidate_after_commit, invalidate_on_change
+
+COMMIT_WORKER = str(Path(__file__).parent.parent / "commit_worker.py")
+FRAMEWORKS = ["django", "sqlalchemy"]
+
+
+class Worker:
+    def __init__(self, *args: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, COMMIT_WORKER, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        assert self.line() == "ready"
+
+    def line(self) -> str:
+        assert self.process.stdout is not None
+        return self.process.stdout.readline().strip()
+
+    def send(self, line: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+
+    def ask(self, line: str) -> str:
+        self.send(line)
+        return self.line()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.communicate(timeout=10)  # and closes its pipes
+
+
+@pytest.fixture
+def race(redis_url: str, redis_client: object, postgres_url: str) -> Iterator[Callable[..., tuple[Worker, Worker]]]:
+    import psycopg
+
+    with psycopg.connect(postgres_url, autocommit=True) as connection:
+        connection.execute("DROP TABLE IF EXISTS race_rows")
+        connection.execute("CREATE TABLE race_rows (id int PRIMARY KEY, value text NOT NULL)")
+        connection.execute("INSERT INTO race_rows VALUES (1, 'v1')")
+    for key in redis_client.scan_iter("commit-race:*"):  # type: ignore[attr-defined]
+        redis_client.delete(key)  # type: ignore[attr-defined]
+    started: list[Worker] = []
+
+    def start(framework: str, invalidate: str) -> tuple[Worker, Worker]:
+        common = ["--redis", redis_url, "--postgres", postgres_url]
+        reader = Worker("reader", *common)
+        writer = Worker("writer", *common, "--framework", framework, "--invalidate", invalidate)
+        started.extend([reader, writer])
+        return reader, writer
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+def read(reader: Worker) -> str:
+    """What ``row(1)`` returns to the reader now, releasing a load if it starts one."""
+    line = reader.ask("get")
+    if line.startswith("loading"):
+        line = reader.ask("release")
+    return line.removeprefix("got ")
+
+
+def race_a_load_against_the_commit(reader: Worker, writer: Worker) -> None:
+    assert writer.ask("begin") == "updated"
+    assert reader.ask("get") == "loading v1"  # a miss: the update is not committed yet
+    assert writer.ask("commit") == "committed"
+    assert reader.ask("release") == "got v1"  # its own caller began before the commit
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_after_the_commit_no_reader_gets_the_old_row(
+    race: Callable[..., tuple[Worker, Worker]], framework: str
+) -> None:
+    reader, writer = race(framework, "after-commit")
+    race_a_load_against_the_commit(reader, writer)
+    assert read(reader) == "v2"
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_inside_the_transaction_a_reader_caches_the_old_row(
+    race: Callable[..., tuple[Worker, Worker]], framework: str
+) -> None:
+    """The control: what the helper prevents does happen without it."""
+    reader, writer = race(framework, "in-transaction")
+    race_a_load_against_the_commit(reader, writer)
+    assert read(reader) == "v1"  # stale: served after the commit returned
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_rollback_leaves_the_cache_alone(race: Callable[..., tuple[Worker, Worker]], framework: str) -> None:
+    reader, writer = race(framework, "after-commit")
+    assert read(reader) == "v1"  # cached
+    assert writer.ask("begin") == "updated"
+    assert writer.ask("rollback") == "rolled back"
+    assert reader.ask("get") == "got v1"  # a hit: nothing was invalidated, nothing loads
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Item(Base):
+    __tablename__ = "items"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str]
+
+
+def test_sqlalchemy_mapper_events_invalidate_after_the_commit_only() -> None:
+    """``invalidate_on_change``: a flushed update invalidates once the session commits,
+    not at the flush, and not at all if it rolls back."""
+    engine = create_engine("sqlite://")
+    Base.metadata.create_all(engine)
+    loads: list[int] = []
+    with Stampede(namespace="mapper-events") as layer:
+
+        @layer.cached_loader("item:{item_id}")
+        def item(item_id: int) -> str | None:
+            loads.append(item_id)
+            with Session(engine) as reading:
+                found = reading.get(Item, item_id)
+                return None if found is None else found.name
+
+        stop = invalidate_on_change(Item, item)
+        try:
+            with Session(engine) as session:
+                session.add(Item(id=1, name="first"))
+                session.commit()
+                assert item(1) == "first" and loads == [1]
+                session.get(Item, 1).name = "second"  # type: ignore[union-attr]
+                session.flush()
+                assert item(1) == "first" and loads == [1]  # flushed, not committed: still cached
+                session.commit()
+                assert item(1) == "second" and loads == [1, 1]
+                session.get(Item, 1).name = "third"  # type: ignore[union-attr]
+                session.flush()
+                session.rollback()
+                assert item(1) == "second" and loads == [1, 1]
+        finally:
+            stop()
+
+
+def test_helpers_refuse_an_async_loader_and_a_bad_key_before_the_commit() -> None:
+    with Stampede(namespace="refusals") as layer:
+
+        @layer.cached_loader("a:{x}")
+        async def async_loader(x: float) -> int:
+            return 1
+
+        @layer.cached_loader("b:{x}")
+        def loader(x: float) -> int:
+            return 1
+
+        with Session(create_engine("sqlite://")) as session:
+            session.execute(text("SELECT 1"))
+            with pytest.raises(ConfigError, match="blocking loader"):
+                invalidate_after_commit(session, async_loader, 1)
+            with pytest.raises(InvalidKey):
+                invalidate_after_commit(session, loader, float("nan"))
+
+
+def test_a_failed_invalidation_raises_into_the_commit() -> None:
+    """The rows are committed; a cache left holding the old value must not go unnoticed."""
+    layer = Stampede.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.2, namespace="down")
+    try:
+
+        @layer.cached_loader("row:{x}")
+        def loader(x: int) -> int:
+            return 1
+
+        with Session(create_engine("sqlite://")) as session:
+            session.execute(text("SELECT 1"))
+            invalidate_after_commit(session, loader, 1)
+            with pytest.raises(BackendUnavailable):
+                session.commit()
+    finally:
+        layer.close()
