@@ -42,6 +42,12 @@ def test_the_web_app_serves_a_burst_with_one_database_query() -> None:
     assert "(after invalidate): 1 distinct body, database queries so far: 2" in out
 
 
+@pytest.mark.parametrize("server", [[], ["--wsgi"]])
+def test_the_http_pages_example_calls_the_view_once_for_a_burst_across_workers(server: list[str]) -> None:
+    out = run("examples/http_pages.py", *server)
+    assert "view calls: 1, statuses: [200], distinct bodies: 1" in out
+
+
 def test_the_category_map_example_shows_one_query_per_burst_and_the_null_sentinel(redis_url: str) -> None:
     for backend in ([], ["--redis", redis_url]):
         out = run("examples/category_map.py", "--threads", "30", *backend)

@@ -1,0 +1,183 @@
+"""``ResponseCache``: the entries of an HTTP response cache in a stampede layer.
+
+Each response is the entry ``http:<variant key>`` of a loader whose load calls the
+application (``_drivers``: ``asgi`` and ``wsgi``), so concurrent requests for one page,
+in every worker process, make one call of the view, and the rest get its response. The
+loader's arguments are the key and the request to replay, so a background refresh
+(``stale-while-revalidate``) calls the view again with the request that found the page
+stale.
+
+A response's stale windows come from its own ``Cache-Control``, while a loader's are
+settings: so there is one loader per pair of windows (whole seconds, at most
+``MAX_WINDOW_PAIRS``; beyond, none), all over the same entries, and a request picks
+the one its URL's ``Shape`` names. The shape (and the headers the URL varies on) is an
+entry of its own, ``http-shape:<url>``, written by a load whose response changed it and
+kept in this process for ``SHAPE_MEMORY`` seconds: a stale shape costs a request a
+second lookup, never a wrong response (``policy.matches``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from cachetools import TTLCache
+
+from .._core.results import Cached
+from .._layer import Stampede
+from .._loader import AsyncCachedLoader, CachedLoader
+from .policy import DEFAULT_STATUS_TTLS, Rules, Shape, Stored, StoredSerializer
+
+MAX_WINDOW_PAIRS = 32
+SHAPE_MEMORY = 1.0
+SHAPES_KEPT = 10_000
+
+
+class Unshared(Exception):
+    """A load's response that is not kept, and so goes to the request that made it
+    only (``handover``: what its driver needs to send it). A concurrent request that
+    joined the load calls the application itself."""
+
+    def __init__(self, producer: object, handover: Any) -> None:
+        super().__init__("a response that is not shared")
+        self.producer = producer
+        self.handover = handover
+
+
+def _load(key: str, producer: Any) -> Any:
+    return producer.load()
+
+
+async def _aload(key: str, producer: Any) -> Any:
+    return await producer.load()
+
+
+def _no_shape(base: str) -> Any:
+    return None  # never loaded: shapes are only peeked and set
+
+
+async def _ano_shape(base: str) -> Any:
+    return None
+
+
+class ResponseCache:
+    """The response entries of one layer, shared by the ASGI and WSGI middlewares.
+
+    ``status_ttls``: seconds to keep a response of that status that says nothing of its
+    freshness (404 and 410: 10 s; give ``{}`` for none). ``share_authorized``: also
+    answer requests carrying ``Authorization`` or a ``Cookie`` from the cache (only if
+    every response to them is the same for everyone). ``max_ttl``, ``max_stale``: bounds
+    on what responses ask for. ``max_body_bytes``: a larger body is streamed through
+    and not kept (the layer's ``max_value_bytes`` by default)."""
+
+    def __init__(
+        self,
+        layer: Stampede,
+        *,
+        status_ttls: Mapping[int, float] = DEFAULT_STATUS_TTLS,
+        share_authorized: bool = False,
+        max_ttl: float = 86400.0,
+        max_stale: float = 86400.0,
+        max_body_bytes: int | None = None,
+    ) -> None:
+        self.layer = layer
+        self.rules = Rules(dict(status_ttls), share_authorized, max_ttl, max_stale)
+        self.max_body_bytes = layer.settings.max_value_bytes - 4096 if max_body_bytes is None else max_body_bytes
+        self._lock = threading.Lock()
+        self._blocking: dict[tuple[float, float], CachedLoader[..., Any]] = {}
+        self._async: dict[tuple[float, float], AsyncCachedLoader[..., Any]] = {}
+        self._serializer = StoredSerializer()
+        self._shapes_seen: TTLCache[str, Shape] = TTLCache(SHAPES_KEPT, SHAPE_MEMORY)
+        self._shape = layer.cached_loader("http-shape:{base}", ttl=max_ttl)(_no_shape) if layer._runner else None
+        self._ashape = (
+            layer.cached_loader("http-shape:{base}", ttl=max_ttl)(_ano_shape) if layer._async_runner else None
+        )
+
+    @classmethod
+    def from_url(cls, url: str, *, namespace: str = "http", **options: Any) -> ResponseCache:
+        """A cache over a new layer for ``url`` (``Stampede.from_url``): ``options`` are
+        this class's arguments and the layer's settings."""
+        own = {name: options.pop(name) for name in ("status_ttls", "share_authorized", "max_ttl", "max_stale",
+                                                     "max_body_bytes") if name in options}  # fmt: skip
+        return cls(Stampede.from_url(url, namespace=namespace, **options), **own)
+
+    def _windows(self, shape: Shape) -> tuple[float, float]:
+        pair = (float(int(shape.stale_while_revalidate)), float(int(shape.stale_if_error)))
+        known = len(self._blocking) + len(self._async)
+        return pair if pair in self._blocking or pair in self._async or known < MAX_WINDOW_PAIRS else (0.0, 0.0)
+
+    def _decorate(self, pair: tuple[float, float], func: Callable[..., Any]) -> Any:
+        swr, sie = pair
+        decorate = self.layer.cached_loader(
+            "http:{key}", serializer=self._serializer, stale_while_revalidate=swr, stale_if_error=sie
+        )
+        return decorate(func)
+
+    def loader(self, shape: Shape) -> CachedLoader[..., Any]:
+        """The blocking loader whose stale windows are ``shape``'s."""
+        pair = self._windows(shape)
+        with self._lock:
+            if pair not in self._blocking:
+                self._blocking[pair] = self._decorate(pair, _load)
+            return self._blocking[pair]
+
+    def aloader(self, shape: Shape) -> AsyncCachedLoader[..., Any]:
+        """The async loader whose stale windows are ``shape``'s."""
+        pair = self._windows(shape)
+        with self._lock:
+            if pair not in self._async:
+                self._async[pair] = self._decorate(pair, _aload)
+            return self._async[pair]
+
+    def _seen(self, base: str) -> Shape | None:
+        with self._lock:  # cachetools caches are not thread-safe
+            return self._shapes_seen.get(base)
+
+    def _saw(self, base: str, shape: Shape) -> Shape:
+        with self._lock:
+            self._shapes_seen[base] = shape
+        return shape
+
+    def shape(self, base: str) -> Shape:
+        """The shape of ``base``'s responses, as last seen (``Shape()`` if none)."""
+        found = self._seen(base)
+        if found is None:
+            assert self._shape is not None
+            fetched = self._shape.peek(base)
+            found = self._saw(base, Shape.from_json(fetched.value) if fetched else Shape())
+        return found
+
+    async def ashape(self, base: str) -> Shape:
+        """``shape``, with this event loop's client."""
+        found = self._seen(base)
+        if found is None:
+            assert self._ashape is not None
+            fetched = await self._ashape.peek(base)
+            found = self._saw(base, Shape.from_json(fetched.value) if fetched else Shape())
+        return found
+
+    def learn(self, base: str, shape: Shape, rewrite: tuple[str, Stored] | None = None) -> None:
+        """Record ``shape`` as ``base``'s, after a load whose response had it, and write
+        that response again with the shape's stale windows (``flow.Learn``)."""
+        assert self._shape is not None
+        self._shape.set(shape.to_json(), base)
+        self._saw(base, shape)
+        if rewrite is not None:
+            key, stored = rewrite
+            self.loader(shape).set(Cached(stored, ttl=stored.ttl), key, None)
+
+    async def alearn(self, base: str, shape: Shape, rewrite: tuple[str, Stored] | None = None) -> None:
+        """``learn``, with this event loop's client."""
+        assert self._ashape is not None
+        await self._ashape.set(shape.to_json(), base)
+        self._saw(base, shape)
+        if rewrite is not None:
+            key, stored = rewrite
+            await self.aloader(shape).set(Cached(stored, ttl=stored.ttl), key, None)
+
+    def close(self) -> None:
+        self.layer.close()
+
+    async def aclose(self) -> None:
+        await self.layer.aclose()
