@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from stampede.testing import PostgresServer
 
 ROOT = Path(__file__).resolve().parents[2]
