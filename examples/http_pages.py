@@ -132,16 +132,21 @@ def serve(url: str, port: int, wsgi: bool, workers: int = 4) -> subprocess.Popen
     return subprocess.Popen([sys.executable, *command], env=env)
 
 
-def wait_until_up(base: str, process: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+def wait_until_up(
+    base: str, process: subprocess.Popen[bytes], timeout: float = 30.0, path: str = "/calls", expect: int = 200
+) -> None:
+    """Wait until ``path`` answers ``expect`` (a server with several workers answers as
+    soon as one is up)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"the server exited with {process.returncode}")
         try:
-            httpx.get(f"{base}/calls", timeout=1)
-            return
+            if httpx.get(f"{base}{path}", timeout=5).status_code == expect:
+                return
         except httpx.TransportError:
-            time.sleep(0.1)
+            pass
+        time.sleep(0.1)
     raise RuntimeError(f"the server did not answer within {timeout} s")
 
 

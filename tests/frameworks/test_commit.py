@@ -11,6 +11,7 @@ the next read loads the committed row.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -199,3 +200,22 @@ def test_a_failed_invalidation_raises_into_the_commit() -> None:
                 session.commit()
     finally:
         layer.close()
+
+
+def test_django_model_signals_invalidate_after_the_commit_only(tmp_path: Path) -> None:
+    """``stampede.django.commit.invalidate_on_change``: a save invalidates once its
+    transaction commits, not before; a rolled-back save invalidates nothing; a delete
+    invalidates."""
+    pytest.importorskip("django", reason="Django is not installed (the dev extra installs it)")
+    worker = str(Path(__file__).parent.parent / "django_signals_worker.py")
+    done = subprocess.run([sys.executable, worker, str(tmp_path / "db.sqlite3")], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {
+        "created": ["first", 1],
+        "saved, not committed": ["first", 1],  # still the committed row's value
+        "committed": ["second", 2],
+        "rolled back": ["second", 2],  # nothing invalidated, nothing loaded
+        "deleted": [None, 3],
+    }

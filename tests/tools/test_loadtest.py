@@ -292,3 +292,15 @@ def test_the_instruction_count_short_form_counts_both_hits() -> None:
     figures = short_form("count_instructions.py", timeout=280)
     bare, cached = figures["instructions"]["bare"], figures["instructions"]["stampede"]
     assert bare > 0 and 0 < figures["own"] == cached - bare < bare
+
+
+@pytest.mark.timeout(120)
+def test_the_http_benchmark_collapses_the_cold_burst_in_its_short_form() -> None:
+    figures = short_form("bench_http.py", 110)
+    pages = figures["pages"]
+    assert pages["stampede"]["cold burst"]["view calls"] == 1
+    assert pages["uncached"]["cold burst"]["view calls"] > 1
+    assert all(row["cold burst"]["statuses"] == [200] for row in pages.values())
+    django = figures["django get_or_set"]
+    if django:  # django-redis installed (the dev extra installs it)
+        assert django["stampede"]["report calls"] == 1
