@@ -105,10 +105,11 @@ def _layer_for(location: str, options: dict[str, Any]) -> _Shared:
         found = _shared.get(identity)
         if found is not None:
             return found
-        for name in sorted(MANAGED & options.keys()):
-            raise ConfigError(f"OPTIONS may not set {name}: Django's TIMEOUT (and each call's timeout) decides it")
-        for name in sorted(REFUSED & options.keys()):
-            raise ConfigError(f"OPTIONS may not set {name}: a refresh in the background has no default to call")
+        managed, refused = sorted(MANAGED & options.keys()), sorted(REFUSED & options.keys())
+        if managed:
+            raise ConfigError(f"OPTIONS may not set {', '.join(managed)}: Django's TIMEOUT decides the lifetimes")
+        if refused:
+            raise ConfigError(f"OPTIONS may not set {', '.join(refused)}: a background refresh has no default to call")
         settings = {"namespace": "django", **options, "jitter": 0.0, "serializer": PickleSerializer()}
         layer = Stampede(**settings) if location == MEMORY else Stampede.from_url(location, **settings)
         entry = layer.cached_loader("django:{key}")(_produce)
