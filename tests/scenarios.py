@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+import subprocess
 import sys
 import threading
 import time
@@ -143,3 +145,45 @@ def forked_child_passes(check: Callable[[], bool], held: Any) -> bool:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(exited[0]) == 0
+
+
+class LineWorker:
+    """A worker script in a process of its own, talking a line at a time over its stdin
+    and stdout: it prints "ready" once set up, then answers what it is sent."""
+
+    def __init__(self, script: str, *args: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, script, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        assert self.line() == "ready"
+
+    def line(self) -> str:
+        assert self.process.stdout is not None
+        return self.process.stdout.readline().strip()
+
+    def send(self, line: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+
+    def ask(self, line: str) -> str:
+        """Send ``line`` and return the line it answers."""
+        self.send(line)
+        return self.line()
+
+    def outcome_line(self) -> dict[str, Any]:
+        """The next line it prints, a JSON object, while it goes on."""
+        return json.loads(self.line())  # type: ignore[no-any-return]
+
+    def outcome(self, timeout: float = 45.0) -> dict[str, Any]:
+        """The JSON object of the last line it prints before it ends (which it must do
+        cleanly)."""
+        out, _ = self.process.communicate(timeout=timeout)
+        assert self.process.returncode == 0, f"the worker exited with {self.process.returncode}"
+        return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+    def stop(self) -> None:
+        """End it if it still runs (by its PID), and close its pipes."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.communicate(timeout=10)

@@ -24,34 +24,15 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from stampede import BackendUnavailable, ConfigError, InvalidKey, Stampede
 from stampede.sqlalchemy import invalidate_after_commit, invalidate_on_change
 
+from ..scenarios import LineWorker
+
 COMMIT_WORKER = str(Path(__file__).parent.parent / "commit_worker.py")
 FRAMEWORKS = ["django", "sqlalchemy"]
 
 
-class Worker:
+class Worker(LineWorker):
     def __init__(self, *args: str) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, COMMIT_WORKER, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
-        assert self.line() == "ready"
-
-    def line(self) -> str:
-        assert self.process.stdout is not None
-        return self.process.stdout.readline().strip()
-
-    def send(self, line: str) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.write(line + "\n")
-        self.process.stdin.flush()
-
-    def ask(self, line: str) -> str:
-        self.send(line)
-        return self.line()
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.communicate(timeout=10)  # and closes its pipes
+        super().__init__(COMMIT_WORKER, *args)
 
 
 @pytest.fixture

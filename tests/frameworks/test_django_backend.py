@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -24,6 +23,8 @@ django = pytest.importorskip("django", reason="Django is not installed (the dev 
 from django.core.cache.backends.base import DEFAULT_TIMEOUT  # noqa: E402
 
 from stampede.django.cache import StampedeCache  # noqa: E402
+
+from ..scenarios import LineWorker  # noqa: E402
 
 HERE = Path(__file__).parent
 DJANGO_WORKER = str(HERE.parent / "django_worker.py")
@@ -93,33 +94,14 @@ def test_django_cache_suite_passes_over_postgres(django_tests: Path, postgres_ur
     _run_django_suite(django_tests, postgres_url)
 
 
-class DjangoWorker:
-    """A ``django_worker.py`` process, talking over its stdin and stdout."""
+class DjangoWorker(LineWorker):
+    """A ``django_worker.py`` process: "go" starts its callers."""
 
     def __init__(self, location: str, namespace: str, *options: str) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, DJANGO_WORKER, "--location", location, "--namespace", namespace, *options],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.process.stdout is not None
-        assert self.process.stdout.readline().strip() == "ready"
+        super().__init__(DJANGO_WORKER, "--location", location, "--namespace", namespace, *options)
 
     def go(self) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.write("go\n")
-        self.process.stdin.flush()
-
-    def outcome(self) -> dict[str, Any]:
-        out, _ = self.process.communicate(timeout=45)
-        assert self.process.returncode == 0
-        return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.communicate(timeout=10)  # and closes its pipes
+        self.send("go")
 
 
 @pytest.fixture

@@ -6,8 +6,6 @@ with every refresh and miss), and ``Cached`` results (a value's own ttl, tags, a
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +27,7 @@ from stampede import (
 from stampede._core.keys import EntryKeys
 
 from ..modes import Blocking, Database, OnALoop
-from ..scenarios import WaitsBegun, wait_until
+from ..scenarios import LineWorker, WaitsBegun, wait_until
 
 CONTROLS_WORKER = str(Path(__file__).parent.parent.joinpath("controls_worker.py"))
 
@@ -369,42 +367,15 @@ def test_a_tagged_value_kept_as_not_modified_is_written_again_under_its_tags(
 # --- across processes, on one Redis server ----------------------------------------------
 
 
-class Worker:
+class Worker(LineWorker):
     """A ``controls_worker.py`` process, talking over its stdin and stdout."""
 
     def __init__(self, url: str, *options: str) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, CONTROLS_WORKER, "--url", url, *options],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.line() == "ready"
+        super().__init__(CONTROLS_WORKER, "--url", url, *options)
 
-    def line(self) -> str:
-        assert self.process.stdout is not None
-        return self.process.stdout.readline().strip()
-
-    def send(self, line: str) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.write(line + "\n")
-        self.process.stdin.flush()
-
-    def outcome_line(self) -> dict[str, Any]:
-        """The next line it prints, a JSON object, while it goes on."""
-        return json.loads(self.line())  # type: ignore[no-any-return]
-
-    def outcome(self) -> dict[str, Any]:
-        out, _ = self.process.communicate(timeout=30)
+    def outcome(self, timeout: float = 30.0) -> dict[str, Any]:
+        out, _ = self.process.communicate(timeout=timeout)
         return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(5)
-        for pipe in (self.process.stdin, self.process.stdout):
-            if pipe is not None:
-                pipe.close()
 
 
 def subscribers(client: redis.Redis, key: str) -> int:
