@@ -9,8 +9,8 @@ before the commit and writes after it is then overtaken by the invalidation (the
 stale-set guard), and the next caller loads the committed row.
 
 The actions are blocking calls: a commit hook runs in the committing thread, with no
-event loop of the layer's. An async loader's entry is invalidated through its layer
-(``invalidate_matching`` with every field given: one key, no scan).
+event loop of the layer's. An async loader is refused when the action is queued: a
+blocking loader of the same template names the same entry.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def _blocking(loader: Any, what: str) -> Any:
     if isinstance(loader, (AsyncCachedLoader, AsyncBoundLoader)):
         raise ConfigError(
             f"{what} runs in the committing thread, which has no event loop of the layer's: "
-            "give a blocking loader of the same template (or schedule layer.invalidate_matching)"
+            "give a blocking loader of the same template (it names the same entries)"
         )
     if not callable(getattr(loader, "invalidate", None)):
         raise ConfigError(f"{what} takes a cached loader, got {loader!r}")

@@ -32,7 +32,8 @@ import inspect
 import json
 import pickle
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,9 +129,26 @@ def _ttl(timeout: float | None) -> float | None:
     return min(float(timeout), MAX_SECONDS)
 
 
-def _pickle_error(error: SerializationError) -> BaseException:
-    """The serializer's own error (``pickle.PicklingError``), which Django's callers catch."""
-    return error.__cause__ if isinstance(error.__cause__, Exception) else error
+@contextmanager
+def _django_errors() -> Iterator[None]:
+    """A value pickle refuses raises pickle's own error, which Django's callers catch."""
+    try:
+        yield
+    except SerializationError as error:
+        if isinstance(error.__cause__, Exception):
+            raise error.__cause__ from None
+        raise
+
+
+@contextmanager
+def _leading(producer: Callable[[], Any]) -> Iterator[None]:
+    """While a call of the entry's loader runs: a load it leads runs ``producer``."""
+    token = _producing.set(producer)
+    try:
+        with _django_errors():
+            yield
+    finally:
+        _producing.reset(token)
 
 
 class StampedeCache(BaseCache):  # type: ignore[misc]  # Django ships no types
@@ -196,13 +214,8 @@ class StampedeCache(BaseCache):  # type: ignore[misc]  # Django ships no types
         if ttl is None:  # kept by nobody: nothing to share
             found = entry.peek(made_key)
             return found.value if found is not None else (default() if callable(default) else default)
-        token = _producing.set(_Producer(default, ttl))
-        try:
+        with _leading(_Producer(default, ttl)):
             return entry(made_key)
-        except SerializationError as error:
-            raise _pickle_error(error) from error
-        finally:
-            _producing.reset(token)
 
     async def aget_or_set(
         self, key: Any, default: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None
@@ -216,13 +229,8 @@ class StampedeCache(BaseCache):  # type: ignore[misc]  # Django ships no types
                 return found.value
             value = default() if callable(default) else default
             return (await value) if inspect.isawaitable(value) else value
-        token = _producing.set(_Producer(default, ttl))
-        try:
+        with _leading(_Producer(default, ttl)):
             return await entry(made_key)
-        except SerializationError as error:
-            raise _pickle_error(error) from error
-        finally:
-            _producing.reset(token)
 
     def add(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:
         made_key = self.make_and_validate_key(key, version=version)
@@ -231,13 +239,8 @@ class StampedeCache(BaseCache):  # type: ignore[misc]  # Django ships no types
         if ttl is None:
             return entry.peek(made_key) is None
         producer = _Producer(value, ttl, call=False)
-        token = _producing.set(producer)
-        try:
+        with _leading(producer):
             entry(made_key)
-        except SerializationError as error:
-            raise _pickle_error(error) from error
-        finally:
-            _producing.reset(token)
         return producer.produced
 
     async def aadd(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:
@@ -247,13 +250,8 @@ class StampedeCache(BaseCache):  # type: ignore[misc]  # Django ships no types
         if ttl is None:
             return await entry.peek(made_key) is None
         producer = _Producer(value, ttl, call=False)
-        token = _producing.set(producer)
-        try:
+        with _leading(producer):
             await entry(made_key)
-        except SerializationError as error:
-            raise _pickle_error(error) from error
-        finally:
-            _producing.reset(token)
         return producer.produced
 
     # Writes
@@ -265,10 +263,8 @@ class StampedeCache(BaseCache):  # type: ignore[misc]  # Django ships no types
         if ttl is None:
             entry.invalidate(made_key)
             return
-        try:
+        with _django_errors():
             entry.set(Cached(value, ttl=ttl), made_key)
-        except SerializationError as error:
-            raise _pickle_error(error) from error
 
     async def aset(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> None:
         made_key = self.make_and_validate_key(key, version=version)
@@ -277,10 +273,8 @@ class StampedeCache(BaseCache):  # type: ignore[misc]  # Django ships no types
         if ttl is None:
             await entry.invalidate(made_key)
             return
-        try:
+        with _django_errors():
             await entry.set(Cached(value, ttl=ttl), made_key)
-        except SerializationError as error:
-            raise _pickle_error(error) from error
 
     def touch(self, key: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:
         made_key = self.make_and_validate_key(key, version=version)
@@ -291,13 +285,11 @@ class StampedeCache(BaseCache):  # type: ignore[misc]  # Django ships no types
         if ttl is None:
             entry.invalidate(made_key)
             return True
-        token = _producing.set(_Keeper(ttl))
         try:
-            entry.refresh(made_key)
+            with _leading(_Keeper(ttl)):
+                entry.refresh(made_key)
         except _Gone:
             return False
-        finally:
-            _producing.reset(token)
         return True
 
     async def atouch(self, key: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:
@@ -309,13 +301,11 @@ class StampedeCache(BaseCache):  # type: ignore[misc]  # Django ships no types
         if ttl is None:
             await entry.invalidate(made_key)
             return True
-        token = _producing.set(_Keeper(ttl))
         try:
-            await entry.refresh(made_key)
+            with _leading(_Keeper(ttl)):
+                await entry.refresh(made_key)
         except _Gone:
             return False
-        finally:
-            _producing.reset(token)
         return True
 
     def delete(self, key: Any, version: int | None = None) -> bool:

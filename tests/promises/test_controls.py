@@ -330,6 +330,22 @@ def test_refresh_hands_the_loader_the_value_and_a_not_modified_answer_returns_it
     assert layer.stats()["not_modified"] == 1
 
 
+def test_not_modified_with_a_ttl_of_its_own_keeps_the_value_for_that_long(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    """``Cached(NOT_MODIFIED, ttl=...)``: the kept value's new expiry is the one given,
+    not the loader's (60 s here): it is gone within it, with no load in between."""
+    layer = layer_of_each_backend()
+    db = Versions(answer=lambda key, row: Cached(NOT_MODIFIED, ttl=0.3) if previous() else row)
+    row = loader(layer, mode, db, ttl=60)
+    mode(row, 1)
+    assert mode(row.refresh, 1) == {"key": 1, "version": 1}  # kept, not rewritten
+    assert mode(row.peek, 1) == Fetched({"key": 1, "version": 1}, False)
+    wait_until(lambda: mode(row.peek, 1) is None, "the kept value to end at its own ttl")
+    assert db.calls == {1: 2}
+    assert layer.stats()["not_modified"] == 1
+
+
 def test_not_modified_from_a_load_that_refreshes_nothing_is_an_error_and_holds_nothing(
     layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
 ) -> None:
