@@ -83,7 +83,8 @@ class ResponseCache:
     ) -> None:
         self.layer = layer
         self.rules = Rules(dict(status_ttls), share_authorized, max_ttl, max_stale)
-        self.max_body_bytes = layer.settings.max_value_bytes - 4096 if max_body_bytes is None else max_body_bytes
+        default_bytes = max(0, layer.settings.max_value_bytes - 4096)  # room for the status and headers
+        self.max_body_bytes = default_bytes if max_body_bytes is None else max_body_bytes
         self._lock = threading.Lock()
         self._blocking: dict[tuple[float, float], CachedLoader[..., Any]] = {}
         self._async: dict[tuple[float, float], AsyncCachedLoader[..., Any]] = {}
