@@ -58,9 +58,7 @@ class _Stream:
                 yield from self.read
                 yield from self.rest
         finally:
-            close = getattr(self.result, "close", None)
-            if close is not None:
-                close()
+            _close(self.result)
 
 
 class _Load:
@@ -115,6 +113,7 @@ class _Load:
 
 
 def _close(result: Iterable[bytes]) -> None:
+    """End an application's response iterable, as PEP 3333 asks of whoever read it."""
     close = getattr(result, "close", None)
     if close is not None:
         close()
