@@ -362,21 +362,24 @@ def test_waiters_are_still_woken_when_their_slot_moves_to_another_primary(own_cl
         channel = EntryKeys.for_value(load_a.key(1)).channel
         slot = key_slot(channel.encode())
         with ThreadPoolExecutor(5) as pool:
-            holder = pool.submit(load_a, 1)
-            assert db.started.wait(10)
-            waiters = [pool.submit(load_b, 1) for _ in range(4)]
-            until(lambda: shard_subscribers(own_cluster, channel) == 1)
-            old_owner = own_cluster.owner(channel)
-            target = next(node for node in own_cluster.primaries if node is not old_owner)
-            own_cluster.move_slot(slot, target)
-            assert own_cluster.slot_owner(slot) is target
-            # The old owner dropped the subscription; the waiters' subscriber follows the slot.
-            until(lambda: shard_subscribers(own_cluster, channel) == 1, timeout=5)
-            released = time.monotonic()
-            db.release.set()
-            assert holder.result(10) == {"id": 1}
-            assert [waiter.result(10) for waiter in waiters] == [{"id": 1}] * 4
-            woken_within = time.monotonic() - released
+            try:
+                holder = pool.submit(load_a, 1)
+                assert db.started.wait(10)
+                waiters = [pool.submit(load_b, 1) for _ in range(4)]
+                until(lambda: shard_subscribers(own_cluster, channel) == 1)
+                old_owner = own_cluster.owner(channel)
+                target = next(node for node in own_cluster.primaries if node is not old_owner)
+                own_cluster.move_slot(slot, target)
+                assert own_cluster.slot_owner(slot) is target
+                # The old owner dropped the subscription; the waiters' subscriber follows the slot.
+                until(lambda: shard_subscribers(own_cluster, channel) == 1, timeout=5)
+                released = time.monotonic()
+                db.release.set()
+                assert holder.result(10) == {"id": 1}
+                assert [waiter.result(10) for waiter in waiters] == [{"id": 1}] * 4
+                woken_within = time.monotonic() - released
+            finally:
+                db.release.set()  # a failed assertion fails the test now, not at the 60 s timeout
         assert woken_within < 2.0  # by message, not by the 10 s re-check
         assert db.calls == {1: 1}
         assert not node_client(target).exists(load_a.key(1) + ":lock")
