@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from ._core.keys import KeyBuilder
 from ._core.results import Cached
+from ._drivers.observe import Events
 from ._drivers.refresh import reporting
+from ._drivers.trace import FEED, CallTrace, call_trace, tracer
 
 if TYPE_CHECKING:
     from ._core.flow import LoaderSpec
@@ -132,6 +134,12 @@ class _Loader(Generic[P, R]):
         """The Redis key of the value these arguments load (for inspection and tooling)."""
         return self._keys.value_key(args, kwargs)
 
+    def _trace(self, traces: Any, events: Events, value_key: str, name: str = "stampede.get") -> CallTrace:
+        """The trace of one call (``_drivers.trace``), fed by the layer's reports."""
+        events.feed(FEED)
+        key = value_key if self._spec.settings.trace_keys else None
+        return call_trace(traces, name, events.namespace, self._keys.template, key)
+
     @overload
     def __get__(self: Self_, instance: None, owner: type | None = None) -> Self_: ...
 
@@ -169,7 +177,11 @@ class CachedLoader(_Loader[P, R]):
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         value_key = self._keys.value_key(args, kwargs)
-        return self._runner.call(value_key, self._spec, args, kwargs)  # type: ignore[no-any-return]
+        traces = tracer()
+        if traces is None:
+            return self._runner.call(value_key, self._spec, args, kwargs)  # type: ignore[no-any-return]
+        with self._trace(traces, self._runner.events, value_key):
+            return self._runner.call(value_key, self._spec, args, kwargs)  # type: ignore[no-any-return]
 
     def fetch(self, *args: P.args, **kwargs: P.kwargs) -> Fetched[R]:
         """Call the loader as ``loader(...)`` does, and also tell whether the value is stale."""
@@ -261,7 +273,11 @@ class AsyncCachedLoader(_Loader[P, R]):
 
     async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         value_key = self._keys.value_key(args, kwargs)
-        return await self._runner.call(value_key, self._spec, args, kwargs)  # type: ignore[no-any-return]
+        traces = tracer()
+        if traces is None:
+            return await self._runner.call(value_key, self._spec, args, kwargs)  # type: ignore[no-any-return]
+        with self._trace(traces, self._runner.events, value_key):
+            return await self._runner.call(value_key, self._spec, args, kwargs)  # type: ignore[no-any-return]
 
     async def fetch(self, *args: P.args, **kwargs: P.kwargs) -> Fetched[R]:
         """``CachedLoader.fetch``, awaited."""

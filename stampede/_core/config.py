@@ -88,6 +88,9 @@ class Settings:
     max_batch: int = 500
     """A many-key call asks the loader for at most this many ids at once, and the store for as many entries in
     one round trip; a larger request is split (under SQL's IN-list limits: Oracle's 1000, SQLite's old 999)."""
+    trace_keys: bool = False
+    """Spans of calls (OpenTelemetry, once the application configures a tracer provider) carry the entry's key as
+    stampede.key. Off by default: keys may hold user data, and an attribute of unbounded values (docs/operating.md)."""
 
     @property
     def stale_window(self) -> float:
@@ -121,6 +124,8 @@ class Settings:
                 f"load_soft_timeout ({self.load_soft_timeout}) must be shorter than load_timeout ({self.load_timeout})"
             )
         compressor(self.compression)  # a ConfigError naming what to install, if it cannot be used
+        if not isinstance(self.trace_keys, bool):
+            raise ConfigError(f"trace_keys must be True or False, got {self.trace_keys!r}")
         if not isinstance(self.cancel_on_timeout, bool):
             raise ConfigError(f"cancel_on_timeout must be True or False, got {self.cancel_on_timeout!r}")
         if self.near_cache not in (True, False, "shared") or not isinstance(self.near_cache, (bool, str)):

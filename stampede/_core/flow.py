@@ -147,6 +147,7 @@ class Context:
     leases: LeaseSteps = ON_ONE_SERVER
     tags: TagSet | None = None  # the entry's tags (``_core.tags``), None if its loader has none
     previous: bytes | None = None  # the envelope a load refreshes, which its loader may keep (NOT_MODIFIED)
+    holder: str = ""  # the token of the last lease found held by another, if its store tells (traces read it)
 
 
 @dataclass(frozen=True)
@@ -340,6 +341,8 @@ def _fill(ctx: Context, miss: Miss | Stale, wait: Wait) -> Flow:
             return _serve_stale(ctx, fallback, "a failed load's hold is on the lease")
         # Another holder is loading. What it writes is fresh, so read it on re-checks.
         check_value = True
+        if reply.holder:
+            ctx.holder = reply.holder
         if not subscribed:
             ctx.events.incr("lock_waits")
             wait.begin()

@@ -266,6 +266,7 @@ class KeyBuilder:
             fields: list[tuple[str, str | None]] = [(self.default_name, None)] + [(":", name) for name in keyed]
         else:
             fields = _parse_template(template, set(self._names))
+        self.template = template if template is not None else str(self.default_name)  # what traces name entries by
         # The entry as a format string with one {} per field (literals never hold braces),
         # and the index of the parameter each {} takes.
         self._format = "".join(literal + ("" if name is None else "{}") for literal, name in fields)

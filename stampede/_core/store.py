@@ -50,6 +50,9 @@ class AcquireReply:
     lease_left: float = 0.0  # seconds, for HELD
     fence: int = 0  # a named lock's fencing token, for LOCKED by ``take_lock``
     failed: bool = False  # HELD by a failed load's hold (``Store.hold``), not by a load
+    # HELD: the holder's token where the store returns it and it carries the holder's
+    # trace (``_drivers.trace``), else "". Read by traces only, never by a decision.
+    holder: str = ""
 
 
 class Written(enum.IntEnum):

@@ -19,7 +19,6 @@ import asyncio
 import contextvars
 import functools
 import random
-import secrets
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -55,6 +54,7 @@ from .observe import Events, RateLimitedLog
 from .perform import AsyncPerformer, arun
 from .refresh import report_stale, warn_refresh_raised
 from .singleflight import AsyncFlightTable
+from .trace import abackground, lease_token
 
 
 @dataclass
@@ -100,6 +100,7 @@ class AsyncRunner:
         self._make_servers = make_servers  # one loop's lock servers, if the policy has them
         self.near: NearCache | None = None  # the layer's, if it has one
         self._events = events
+        self.events = events  # what its calls' traces hear (``_drivers.trace``)
         self._warn = warn
         self._refresh_limit = refreshes
         self._lock = threading.Lock()  # loops may run in several threads
@@ -394,7 +395,7 @@ class AsyncRunner:
             finally:
                 state.refreshes.pop(name, None)
 
-        task = contextvars.Context().run(asyncio.get_running_loop().create_task, work())
+        task = contextvars.Context().run(asyncio.get_running_loop().create_task, abackground(work()))
         state.refreshes[name] = task
         early = sum(1 for found in served.values() if found.early)
         if early:
@@ -452,7 +453,7 @@ class AsyncRunner:
         loader = functools.partial(spec.func, *args, **kwargs)
         work = self._refreshing(state, value_key, refresh(ctx, found.refresh, found.life_left, found.raw), ctx, loader)
         # In a context of its own: not the caller's call (see _drivers.refresh).
-        task = contextvars.Context().run(asyncio.get_running_loop().create_task, work)
+        task = contextvars.Context().run(asyncio.get_running_loop().create_task, abackground(work))
         state.refreshes[value_key] = task
         if found.early:
             self._events.incr("early_refreshes")
@@ -566,7 +567,7 @@ class AsyncRunner:
         """Perform the flow (``perform.arun``) on a lease of a new token, held where the
         layer's policy holds leases. The leader's ``flight`` counts the steps that may
         produce the value (see Flight)."""
-        lease = Lease(ctx.keys, secrets.token_hex(16), milliseconds(ctx.settings.lock_ttl))
+        lease = Lease(ctx.keys, lease_token(ctx), milliseconds(ctx.settings.lock_ttl))
         leases = state.leases
         ctx.leases = leases.policy.bind(lease)
         performer = AsyncPerformer(lease, store=leases.store, servers=leases.servers, loader=loader, renewal=leases)

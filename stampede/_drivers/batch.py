@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from .._core.flow import Context
 from .._core.store import AsyncRenewable, AsyncStore, Renewable, Store
 from .observe import Events
 from .perform import AsyncPerformer, Performer
+from .trace import lease_token
 from .watchdog import Watchdog, keep_renewed
 
 log = logging.getLogger("stampede.cache")
@@ -49,7 +49,7 @@ class Entry:
 
 def new_entry(position: int, ctx: Context, policy: Any, flight: Flight | None) -> Entry:
     """An entry with a lease of a new token, held where ``policy`` holds leases."""
-    lease = Lease(ctx.keys, secrets.token_hex(16), milliseconds(ctx.settings.lock_ttl))
+    lease = Lease(ctx.keys, lease_token(ctx), milliseconds(ctx.settings.lock_ttl))
     ctx.leases = policy.bind(lease)
     return Entry(position, ctx, lease, flight)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import random
-import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -40,6 +39,7 @@ from .observe import Events, RateLimitedLog
 from .perform import Performer, run
 from .refresh import Refresher, report_stale
 from .singleflight import FlightTable
+from .trace import lease_token
 from .watchdog import Watchdog
 
 
@@ -62,6 +62,7 @@ class SyncRunner:
         self.flights = FlightTable()
         self.refresher = Refresher(refreshes, events, warn)
         self._events = events
+        self.events = events  # what its calls' traces hear (``_drivers.trace``)
         self._warn = warn
         self._watchdog = watchdog
 
@@ -417,7 +418,7 @@ class SyncRunner:
         """Perform the flow (``perform.run``) on a lease of a new token, held where the
         layer's policy holds leases. The leader's ``flight`` counts the steps that may
         produce the value (see Flight)."""
-        lease = Lease(ctx.keys, secrets.token_hex(16), milliseconds(ctx.settings.lock_ttl))
+        lease = Lease(ctx.keys, lease_token(ctx), milliseconds(ctx.settings.lock_ttl))
         leases = self.leases
         ctx.leases = leases.policy.bind(lease)
         performer = Performer(

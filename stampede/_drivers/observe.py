@@ -58,6 +58,14 @@ class Events:
         with self._adding:
             self._observers = (*self._observers, observer)
 
+    def feed(self, observer: Observer) -> None:
+        """Add ``observer`` unless it is added: how traces hear a layer (``_drivers.trace``),
+        once its first traced call begins."""
+        if observer not in self._observers:
+            with self._adding:
+                if observer not in self._observers:
+                    self._observers = (*self._observers, observer)
+
     def incr(self, name: str, n: int = 1) -> None:
         counts = self.counts
         with counts.lock:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from .._fork import reset_after_fork
 from .observe import Events, RateLimitedLog
+from .trace import background
 
 
 class Refresher:
@@ -64,6 +65,7 @@ class Refresher:
                 self._events.incr("refreshes_skipped")
                 return False
             self._keys.add(key)
+            work = background(work)  # under a trace of its own, if this call is traced
             self._queue.append((key, work))
             if self._idle >= len(self._queue) or len(self._workers) >= self._limit:
                 self._work_ready.notify()  # an idle worker, or the next to finish, takes it

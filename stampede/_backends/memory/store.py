@@ -78,7 +78,10 @@ class MemoryStore(OneByOne):
                 return AcquireReply(LockState.VALUE, item[0])
             holder = self._live_lease(keys, now)
             if holder is not None:
-                return AcquireReply(LockState.HELD, lease_left=holder[1] - now, failed=holder[0] == FAILED_HOLD)
+                traced = holder[0] if "." in holder[0] else ""  # a token that carries a trace
+                return AcquireReply(
+                    LockState.HELD, lease_left=holder[1] - now, failed=holder[0] == FAILED_HOLD, holder=traced
+                )
             self._leases[keys.lock] = (token, now + lease_ms / 1000)
             return AcquireReply(LockState.LOCKED)
 

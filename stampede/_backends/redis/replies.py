@@ -17,7 +17,10 @@ def acquire_reply(reply: Any) -> AcquireReply:
     if state == 2:
         return AcquireReply(LockState.LOCKED, fence=int(reply[1]) if len(reply) > 1 else 0)
     failed = len(reply) > 2 and int(reply[2]) == 1
-    return AcquireReply(LockState.HELD, lease_left=max(int(reply[1]), 0) / 1000, failed=failed)
+    holder = reply[3] if len(reply) > 3 else b""
+    if isinstance(holder, bytes):
+        holder = holder.decode("ascii", "replace")
+    return AcquireReply(LockState.HELD, lease_left=max(int(reply[1]), 0) / 1000, failed=failed, holder=holder)
 
 
 def queue_read_with_ttl(pipeline: Any, key: str) -> Any:

@@ -41,16 +41,19 @@ ACQUIRE = """
 --         over the value if it is still that one; return it only if it is another
 -- Returns {1, value}: the value exists (and is not the caller's stale one)
 --         {2}: the lock is now held with our token
---         {3, pttl, failed}: another holder has the lock for pttl more ms (-1: no expiry
---                 set); failed is 1 if that is a failed load's hold (HOLD_AFTER_FAILURE)
+--         {3, pttl, failed, holder}: another holder has the lock for pttl more ms (-1: no
+--                 expiry set); failed is 1 if that is a failed load's hold (HOLD_AFTER_FAILURE);
+--                 holder is its token if the token carries a trace (has a '.'), else ''
 if ARGV[3] == '1' then
   local value = redis.call('GET', KEYS[1])
   if value and (ARGV[4] == '' or string.sub(value, 1, #ARGV[4]) ~= ARGV[4]) then return {1, value} end
 end
 if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {2} end
+local holder = redis.call('GET', KEYS[2]) or ''
 local failed = 0
-if redis.call('GET', KEYS[2]) == '!failed' then failed = 1 end
-return {3, redis.call('PTTL', KEYS[2]), failed}
+if holder == '!failed' then failed = 1 end
+if not string.find(holder, '.', 1, true) then holder = '' end
+return {3, redis.call('PTTL', KEYS[2]), failed, holder}
 """
 
 

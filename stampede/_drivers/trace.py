@@ -1,0 +1,413 @@
+"""OpenTelemetry traces of cached calls: a span per call, its load and its wait, and a link
+from a waiter to the load it waited for, in whichever process that load ran.
+
+stampede takes its tracer from OpenTelemetry's global tracer provider (the API only; the
+application brings the SDK), as libraries are asked to. Nothing here is a setting: once
+the application sets a provider, calls are traced. Until then, or with opentelemetry-api
+missing, or with the API's no-op provider, ``tracer()`` returns None and a call costs one
+function call more than it would with no tracing at all (``loadtest/bench_hit_path.py
+--tracing``).
+
+The spans (``docs/operating.md`` shows them in a trace)::
+
+    stampede.get       a call: stampede.outcome (OUTCOMES), stampede.namespace,
+                       stampede.template, and stampede.key only with trace_keys=True
+      stampede.wait    the caller waited: for a caller in this process (stampede.wait.kind
+                       "joined") or for a lease held elsewhere ("lease"), linked then to
+                       the holder's stampede.load span, in whichever process it runs
+      stampede.load    the loader's call; the loader's own spans are its children
+    stampede.refresh   a background refresh: a trace of its own (root), linked to the call
+                       that started it, which links to it in turn where the API can
+
+How a waiter in another process finds the load it waits for: a traced leader's lease
+token ends in ``.`` and its load span's trace and span ids (``lease_token``); a store
+that tells a waiter who holds a lease (``AcquireReply.holder``: Redis, Valkey and the
+in-memory backend) hands that token on, and the waiter's wait span links to it. The
+load span is started when the lease is asked for, so that its ids can travel with the
+request: a caller that waits instead of loading drops it unended (never exported).
+
+How a call learns what happened in it: the layer's reports (``_core.observer``) reach
+the call's ``CallTrace`` through ``FEED``, an observer added to a layer's reports when its
+first traced call begins, which hands each report to the call traced in the current
+context (a context variable: a thread's, or an asyncio task's). A report made outside
+any traced call is dropped. So the flow, the drivers and the performers know nothing of
+tracing beyond the token.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import importlib.metadata
+import os
+import secrets
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol, TypeVar
+
+from .._core.observer import Measure
+
+try:
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace as otel_trace
+except ImportError:  # the application traces nothing: nor does stampede
+    otel_trace = None  # type: ignore[assignment]
+
+__all__ = ["FEED", "OUTCOMES", "CallTrace", "abackground", "background", "call_trace", "lease_token", "tracer"]
+
+T = TypeVar("T")
+
+
+class HoldsHolder(Protocol):
+    """The flow's context (``_core.flow.Context``), as far as traces read it."""
+
+    holder: str  # the token of the last lease the flow found held by another (``AcquireReply.holder``)
+
+
+OUTCOMES = (
+    "near_hit",  # served from the near cache, no I/O
+    "hit",  # read from the cache (a value or the null sentinel)
+    "stale",  # served a value past its ttl: stale-while-revalidate, stale-if-error
+    "refreshing",  # served from the cache, and started a background refresh
+    "joined",  # took the value of another caller's read or load in this process
+    "waited",  # waited for a load under a lease held by another process
+    "loaded",  # called the loader
+    "failed",  # raised (the loader's error, the store's, a timeout)
+)
+"""What a call's span says happened (``stampede.outcome``)."""
+
+TOKEN_MARK = "."  # between a lease token's random part and the trace it carries: never hex
+
+
+# --- whether anything is traced ---------------------------------------------------------
+
+
+class _Adopted:
+    """The global provider last seen, and stampede's tracer of it (None: traces nothing)."""
+
+    provider: object = None
+    tracer: Any = None
+
+
+_adopted = _Adopted()
+
+
+def tracer() -> Any:
+    """stampede's tracer of the global tracer provider, or None while there is none (or it
+    is the API's no-op provider). Read on every call, so it reads one module attribute:
+    OpenTelemetry sets its global provider once and never unsets it."""
+    if otel_trace is None:
+        return None
+    provider = _provider()
+    if provider is None:
+        return None
+    if provider is not _adopted.provider:
+        _adopt(provider)
+    return _adopted.tracer
+
+
+def _current_provider() -> object:
+    """The global provider set, or None. ``get_tracer_provider()`` would cost a lookup of
+    the environment on every call while none is set (0.6 us), so the API's own global is
+    read, as its ``ProxyTracer`` reads it; with an API that lacks it, the public call."""
+    return otel_trace._TRACER_PROVIDER
+
+
+def _public_provider() -> object:
+    provider = otel_trace.get_tracer_provider()
+    return None if isinstance(provider, otel_trace.ProxyTracerProvider) else provider
+
+
+_provider: Callable[[], object] = _public_provider
+if otel_trace is not None:
+    if hasattr(otel_trace, "_TRACER_PROVIDER"):
+        _provider = _current_provider
+    if os.environ.get("OTEL_PYTHON_TRACER_PROVIDER"):
+        otel_trace.get_tracer_provider()  # the provider the environment names, set as the API would
+
+
+def _adopt(provider: object) -> None:
+    if isinstance(provider, otel_trace.NoOpTracerProvider):
+        found = None
+    else:
+        found = provider.get_tracer("stampede", _version())  # type: ignore[attr-defined]
+    _adopted.tracer, _adopted.provider = found, provider
+
+
+def _version() -> str | None:
+    """The installed package's version: the tracer's instrumentation scope names it."""
+    try:
+        return importlib.metadata.version("stampede-guard")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree
+        return None
+
+
+# --- one call ---------------------------------------------------------------------------
+
+_current: contextvars.ContextVar[CallTrace | None] = contextvars.ContextVar("stampede_call_trace", default=None)
+
+
+class CallTrace:
+    """One traced call (or background refresh): its span, made current while it runs,
+    and what the layer reported meanwhile. A context manager; the same for a blocking
+    call and an awaited one (a context variable is a task's own)."""
+
+    __slots__ = (
+        "_attributes",
+        "_context_token",
+        "_counts",
+        "_load",
+        "_load_token",
+        "_loads_open",
+        "_name",
+        "_pending_load",
+        "_trace_token",
+        "_wait_kind",
+        "_wait_started",
+        "flow",
+        "links",
+        "refreshing",
+        "root",
+        "span",
+        "tracer",
+    )
+
+    def __init__(
+        self,
+        tracer: Any,
+        name: str,
+        attributes: dict[str, Any],
+        links: list[Any] | None = None,
+        root: bool = False,
+    ) -> None:
+        self.tracer = tracer
+        self._name = name
+        self._attributes = attributes
+        self.links = links or []
+        self.root = root  # a trace of its own (a background refresh), not the caller's
+        self._counts: dict[str, int] = {}
+        self._load: Any = None
+        self._pending_load: Any = None  # begun with the lease request (``lease_token``)
+        self._loads_open = 0  # a many-key call reports a load per entry: one span for them
+        self._wait_started = 0
+        self._wait_kind = "joined"
+        self.flow: HoldsHolder | None = None  # the context of the call's flow (``lease_token``)
+        self.refreshing = False
+        self.span: Any = None
+
+    def start(self) -> None:
+        """Begin the span (now, unless ``__enter__`` does it)."""
+        parent = otel_context.Context() if self.root else None
+        self.span = self.tracer.start_span(self._name, context=parent, attributes=self._attributes, links=self.links)
+
+    def __enter__(self) -> CallTrace:
+        if self.span is None:
+            self.start()
+        self._context_token = otel_context.attach(otel_trace.set_span_in_context(self.span))
+        self._trace_token = _current.set(self)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: object) -> None:
+        _current.reset(self._trace_token)
+        otel_context.detach(self._context_token)
+        span = self.span
+        span.set_attribute("stampede.outcome", self.outcome(error))
+        if error is not None:
+            span.set_status(otel_trace.Status(otel_trace.StatusCode.ERROR, type(error).__name__))
+            if isinstance(error, Exception):
+                span.record_exception(error)
+        span.end()
+
+    def outcome(self, error: BaseException | None) -> str:
+        """What happened in the call (``OUTCOMES``), from what the layer reported in it."""
+        counts = self._counts
+        if error is not None:
+            return "failed"
+        if "stale_on_error" in counts or "soft_timeouts" in counts:
+            return "stale"
+        if "loads" in counts:
+            return "loaded"
+        if "lock_waits" in counts:
+            return "waited"
+        if "collapsed" in counts:
+            return "joined"
+        if self.refreshing:
+            return "refreshing"
+        if "stale_hits" in counts:
+            return "stale"
+        if "near_hits" in counts:
+            return "near_hit"
+        return "hit"
+
+    # What the layer reports during the call (through ``FEED``).
+
+    def count(self, event: str, n: int) -> None:
+        self._counts[event] = self._counts.get(event, 0) + n
+        if event == "lock_waits":
+            self._wait_kind = "lease"
+
+    def began(self, measure: Measure) -> None:
+        if measure == "wait":
+            self._wait_started = time.time_ns()
+            return
+        self._loads_open += 1
+        if self._loads_open > 1:
+            return
+        load, self._pending_load = self._pending_load, None
+        if load is None:
+            load = self.tracer.start_span("stampede.load", context=self._here(), attributes=self._attributes)
+        self._load = load
+        self._load_token = otel_context.attach(otel_trace.set_span_in_context(load))
+
+    def ended(self, measure: Measure, outcome: str, seconds: float) -> None:
+        if measure == "wait":
+            self._waited(outcome)
+            return
+        self._loads_open -= 1
+        if self._loads_open or self._load is None:
+            return
+        load, self._load = self._load, None
+        otel_context.detach(self._load_token)
+        load.set_attribute("stampede.load.outcome", outcome)
+        if outcome == "error":
+            load.set_status(otel_trace.Status(otel_trace.StatusCode.ERROR))
+        load.end()
+
+    def _waited(self, outcome: str) -> None:
+        """A wait ended: its span, made now with the time it began, so that it can carry
+        the link to the holder learnt meanwhile."""
+        started = self._wait_started or time.time_ns()
+        links = []
+        flow = self.flow
+        holder = held_by(flow.holder) if flow is not None and self._wait_kind == "lease" else None
+        if holder is not None:
+            links.append(otel_trace.Link(holder, {"stampede.link": "holder_load"}))
+        attributes = {**self._attributes, "stampede.wait.kind": self._wait_kind, "stampede.wait.outcome": outcome}
+        span = self.tracer.start_span(
+            "stampede.wait", context=self._here(), attributes=attributes, links=links, start_time=started
+        )
+        span.end()
+        self._wait_started = 0
+
+    def _here(self) -> Any:
+        return otel_trace.set_span_in_context(self.span)
+
+    # The lease's token, and the load span it names.
+
+    def lease_suffix(self) -> str:
+        """``.`` and the ids of a load span begun now (sampled in), which the lease will
+        name; "" for a call whose span records nothing (sampled out)."""
+        if not self.span.is_recording():
+            return ""
+        load = self.tracer.start_span("stampede.load", context=self._here(), attributes=self._attributes)
+        self._pending_load = load
+        span_context = load.get_span_context()
+        return f"{TOKEN_MARK}{span_context.trace_id:032x}{span_context.span_id:016x}{int(span_context.trace_flags):02x}"
+
+
+def lease_token(ctx: HoldsHolder) -> str:
+    """A new lease's token: random, and if a traced call asks for the lease, the ids of its
+    load span after ``TOKEN_MARK`` (``CallTrace.lease_suffix``), which waiters link to.
+    The call's trace keeps ``ctx``, the flow's context, to learn whose lease it waited on."""
+    token = secrets.token_hex(16)
+    trace = _current.get()
+    if trace is None:
+        return token
+    trace.flow = ctx
+    return token + trace.lease_suffix()
+
+
+def held_by(token: str) -> Any:
+    """The span a lease ``token`` names (``lease_token``), as a remote SpanContext, or None."""
+    _, mark, ids = token.partition(TOKEN_MARK)
+    if not mark or len(ids) != 50:
+        return None
+    try:
+        trace_id, span_id, flags = int(ids[:32], 16), int(ids[32:48], 16), int(ids[48:], 16)
+    except ValueError:
+        return None
+    span_context = otel_trace.SpanContext(trace_id, span_id, is_remote=True, trace_flags=otel_trace.TraceFlags(flags))
+    return span_context if span_context.is_valid else None
+
+
+# --- what feeds the call: the layer's reports -------------------------------------------
+
+
+class _Feed:
+    """The observer that hands a layer's reports to the call traced in this context."""
+
+    def count(self, namespace: str, event: str, n: int) -> None:
+        trace = _current.get()
+        if trace is not None:
+            trace.count(event, n)
+
+    def began(self, namespace: str, measure: Measure) -> None:
+        trace = _current.get()
+        if trace is not None:
+            trace.began(measure)
+
+    def ended(self, namespace: str, measure: Measure, outcome: str, seconds: float) -> None:
+        trace = _current.get()
+        if trace is not None:
+            trace.ended(measure, outcome, seconds)
+
+    def __repr__(self) -> str:
+        return "<stampede traces>"
+
+
+FEED = _Feed()
+
+
+def call_trace(tracer: Any, name: str, namespace: str, template: str, key: str | None) -> CallTrace:
+    """A call's trace, to enter around it."""
+    attributes = {"stampede.namespace": namespace, "stampede.template": template}
+    if key is not None:
+        attributes["stampede.key"] = key
+    return CallTrace(tracer, name, attributes)
+
+
+# --- background refreshes ---------------------------------------------------------------
+
+
+def _refresh_trace() -> CallTrace | None:
+    """The trace of a refresh the current call starts, begun now: a root span linked to the
+    call, which links to it in turn (where the API has ``Span.add_link``: 1.23 and later).
+    None if the current call is not traced."""
+    trace = _current.get()
+    if trace is None:
+        return None
+    trace.refreshing = True
+    caller = trace.span.get_span_context()
+    links = [otel_trace.Link(caller, {"stampede.link": "triggered_by"})] if caller.is_valid else []
+    refresh = CallTrace(trace.tracer, "stampede.refresh", dict(trace._attributes), links, root=True)
+    refresh.start()
+    add_link = getattr(trace.span, "add_link", None)
+    if add_link is not None and refresh.span.get_span_context().is_valid:
+        add_link(refresh.span.get_span_context(), {"stampede.link": "refresh"})
+    return refresh
+
+
+def background(work: Callable[[], None]) -> Callable[[], None]:
+    """``work`` (a blocking refresh, about to be handed to a worker) to run under a trace
+    of its own if the current call is traced; else ``work`` itself."""
+    refresh = _refresh_trace()
+    if refresh is None:
+        return work
+
+    def traced() -> None:
+        with refresh:
+            work()
+
+    return traced
+
+
+def abackground(work: Coroutine[Any, Any, T]) -> Coroutine[Any, Any, T]:
+    """``background`` for a refresh awaited in a task of its own."""
+    refresh = _refresh_trace()
+    if refresh is None:
+        return work
+
+    async def traced() -> T:
+        with refresh:
+            return await work
+
+    return traced()

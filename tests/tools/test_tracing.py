@@ -1,0 +1,289 @@
+"""Traces (``_drivers.trace``): a span per call with its outcome, the load and the wait
+as its children, a background refresh in a trace of its own, and a waiter in another
+process linked to the load it waited for. Spans are read back with the OpenTelemetry SDK's
+in-memory exporter, from real servers."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+pytest.importorskip("opentelemetry.sdk")
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+from stampede import Stampede
+from stampede._core.keys import EntryKeys
+from stampede._drivers import trace as tracing
+
+from ..scenarios import LineWorker, WaitsBegun, wait_until
+
+HERE = Path(__file__).parent
+
+
+def app() -> trace.Tracer:
+    """The application's tracer, of the provider set now (a module's ProxyTracer would keep
+    the first provider it saw, and each test sets its own)."""
+    return trace.get_tracer_provider().get_tracer("tests")
+
+
+def set_global_provider(provider: Any) -> None:
+    """Set OpenTelemetry's global tracer provider, which the API lets a process set once:
+    the suite sets one per test and takes it back after, as OpenTelemetry's own tests do."""
+    trace._TRACER_PROVIDER_SET_ONCE._done = False  # type: ignore[attr-defined]
+    trace._TRACER_PROVIDER = None  # type: ignore[attr-defined]
+    if provider is not None:
+        trace.set_tracer_provider(provider)
+
+
+@pytest.fixture
+def exporter() -> Iterator[InMemorySpanExporter]:
+    """The global provider is the SDK's, exporting to memory, for this test only."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    set_global_provider(provider)
+    try:
+        yield exporter
+    finally:
+        set_global_provider(None)
+        provider.shutdown()
+
+
+def named(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
+    return [span for span in exporter.get_finished_spans() if span.name == name]
+
+
+def outcomes(exporter: InMemorySpanExporter) -> list[str]:
+    return [str(span.attributes["stampede.outcome"]) for span in named(exporter, "stampede.get")]  # type: ignore[index]
+
+
+def test_nothing_is_traced_without_a_provider_nor_with_the_no_op_one(make_layer: Callable[..., Stampede]) -> None:
+    set_global_provider(None)
+    assert tracing.tracer() is None
+    set_global_provider(trace.NoOpTracerProvider())
+    try:
+        assert tracing.tracer() is None
+        load = make_layer().cached_loader("item:{n}")(lambda n: {"n": n})
+        assert load(1) == {"n": 1}
+    finally:
+        set_global_provider(None)
+
+
+def test_a_load_is_a_child_of_its_call_and_the_loaders_spans_of_the_load(
+    exporter: InMemorySpanExporter, make_layer: Callable[..., Stampede]
+) -> None:
+    layer = make_layer()
+
+    @layer.cached_loader("item:{n}")
+    def load(n: int) -> dict[str, int]:
+        with app().start_as_current_span("db.query"):
+            return {"n": n}
+
+    with app().start_as_current_span("request") as request:
+        assert load(1) == {"n": 1}
+    assert load(1) == {"n": 1}
+    assert outcomes(exporter) == ["loaded", "hit"]
+    call, hit = named(exporter, "stampede.get")
+    (loaded,) = named(exporter, "stampede.load")
+    (query,) = named(exporter, "db.query")
+    assert call.parent is not None and call.parent.span_id == request.get_span_context().span_id
+    assert loaded.parent is not None and loaded.parent.span_id == call.context.span_id  # type: ignore[union-attr]
+    assert query.parent is not None and query.parent.span_id == loaded.context.span_id  # type: ignore[union-attr]
+    assert loaded.attributes is not None and loaded.attributes["stampede.load.outcome"] == "value"
+    for span in (call, hit, loaded):
+        assert span.attributes is not None
+        assert span.attributes["stampede.namespace"] == layer.namespace
+        assert span.attributes["stampede.template"] == "item:{n}"
+        assert "stampede.key" not in span.attributes  # never, unless asked
+    assert hit.parent is None  # no request around it: a root of its own
+
+
+def test_the_key_is_an_attribute_only_when_asked(
+    exporter: InMemorySpanExporter, make_layer: Callable[..., Stampede]
+) -> None:
+    load = make_layer(trace_keys=True).cached_loader("item:{n}")(lambda n: n)
+    load(7)
+    (call,) = named(exporter, "stampede.get")
+    assert call.attributes is not None and call.attributes["stampede.key"] == load.key(7)
+
+
+def test_joiners_wait_as_children_of_their_calls(
+    exporter: InMemorySpanExporter, make_layer: Callable[..., Stampede]
+) -> None:
+    layer = make_layer()
+    waits = WaitsBegun()
+    layer.observe(waits)
+    started, release = threading.Event(), threading.Event()
+
+    @layer.cached_loader("item:{n}")
+    def load(n: int) -> int:
+        started.set()
+        assert release.wait(10)
+        return n
+
+    callers = [threading.Thread(target=load, args=(1,))]
+    callers[0].start()
+    assert started.wait(10)
+    callers += [threading.Thread(target=load, args=(1,)) for _ in range(3)]
+    for caller in callers[1:]:
+        caller.start()
+    wait_until(lambda: waits.begun == 3, "three joiners waiting", timeout=10)
+    release.set()
+    for caller in callers:
+        caller.join(10)
+    assert sorted(outcomes(exporter)) == ["joined"] * 3 + ["loaded"]
+    calls = {span.context.span_id: span for span in named(exporter, "stampede.get")}  # type: ignore[union-attr]
+    waits = named(exporter, "stampede.wait")
+    assert len(waits) == 3
+    for wait in waits:
+        assert wait.attributes is not None
+        assert wait.attributes["stampede.wait.kind"] == "joined"
+        assert wait.attributes["stampede.wait.outcome"] == "value"
+        assert wait.parent is not None
+        assert calls[wait.parent.span_id].attributes["stampede.outcome"] == "joined"  # type: ignore[index]
+
+
+def test_near_hits_stale_values_and_a_refresh_in_a_trace_of_its_own(
+    exporter: InMemorySpanExporter, make_layer: Callable[..., Stampede]
+) -> None:
+    layer = make_layer()
+    refreshed = threading.Event()
+    generation = iter(range(100))
+
+    @layer.cached_loader("item:{n}", ttl=0.2, stale_while_revalidate=30)
+    def load(n: int) -> int:
+        value = next(generation)
+        if value:
+            refreshed.set()
+        return value
+
+    assert load(1) == 0
+    time.sleep(0.25)  # past ttl, within stale_while_revalidate
+    with app().start_as_current_span("request"):
+        assert load(1) == 0  # stale at once; one refresh starts
+    assert refreshed.wait(10)
+    wait_until(lambda: named(exporter, "stampede.refresh"), "the refresh's span", timeout=10)
+    assert outcomes(exporter) == ["loaded", "refreshing"]
+    stale_call = named(exporter, "stampede.get")[1]
+    (refresh,) = named(exporter, "stampede.refresh")
+    assert refresh.parent is None  # a root: its own trace
+    assert refresh.context.trace_id != stale_call.context.trace_id  # type: ignore[union-attr]
+    assert [link.context.span_id for link in refresh.links] == [stale_call.context.span_id]  # type: ignore[union-attr]
+    assert [link.context.span_id for link in stale_call.links] == [refresh.context.span_id]  # type: ignore[union-attr]
+    assert refresh.attributes is not None and refresh.attributes["stampede.outcome"] == "loaded"
+    refresh_loads = [
+        span for span in named(exporter, "stampede.load") if span.context.trace_id == refresh.context.trace_id
+    ]  # type: ignore[union-attr]
+    assert len(refresh_loads) == 1
+
+
+def test_a_near_hit_and_a_failure_say_so(exporter: InMemorySpanExporter, make_layer: Callable[..., Stampede]) -> None:
+    layer = make_layer(near_cache=True)
+    load = layer.cached_loader("item:{n}")(lambda n: n)
+    load(1)
+    # Copies are kept once the near cache's lease is up (docs/near-cache.md): a few reads.
+    wait_until(lambda: load(1) == 1 and layer.stats()["near_hits"] == 1, "a near hit", timeout=10)
+
+    @layer.cached_loader("broken:{n}")
+    def broken(n: int) -> int:
+        raise ValueError("the database is down")
+
+    with pytest.raises(ValueError):
+        broken(1)
+    assert outcomes(exporter)[0] == "loaded" and outcomes(exporter)[-2:] == ["near_hit", "failed"]
+    failed = named(exporter, "stampede.get")[-1]
+    assert failed.status.status_code is trace.StatusCode.ERROR
+    assert [event.name for event in failed.events] == ["exception"]
+    (failed_load,) = [
+        span for span in named(exporter, "stampede.load") if span.parent.span_id == failed.context.span_id
+    ]  # type: ignore[union-attr]
+    assert failed_load.attributes is not None and failed_load.attributes["stampede.load.outcome"] == "error"
+
+
+def test_a_sampled_out_call_puts_nothing_in_its_lease(
+    make_layer: Callable[..., Stampede], redis_client: redis.Redis
+) -> None:
+    provider = TracerProvider(sampler=ALWAYS_OFF)
+    set_global_provider(provider)
+    try:
+        layer = make_layer()
+        tokens = []
+
+        @layer.cached_loader("item:{n}")
+        def load(n: int) -> int:
+            tokens.append(redis_client.get(EntryKeys.for_value(load.key(n)).lock))
+            return n
+
+        assert load(1) == 1
+    finally:
+        set_global_provider(None)
+    assert len(tokens) == 1 and tokens[0] is not None and b"." not in tokens[0]
+
+
+def expect(worker: LineWorker, start: str) -> str:
+    """The next line of ``worker`` that begins with ``start`` (others are its other callers')."""
+    for _ in range(10):
+        line = worker.line()
+        if line.startswith(start):
+            return line
+    raise AssertionError(f"no line beginning {start!r}")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["threads", "asyncio"])
+def test_a_waiter_in_another_process_links_to_the_leaders_load_span(redis_url: str, mode: str) -> None:
+    namespace, release = f"trace-{uuid.uuid4().hex[:8]}", f"release-{uuid.uuid4().hex}"
+    command = [str(HERE.parent / "trace_worker.py"), "--url", redis_url, "--namespace", namespace, "--release", release]
+    command += ["--asyncio"] if mode == "asyncio" else []
+    control = redis.Redis.from_url(redis_url, socket_timeout=5)
+    leader = waiter = None
+    try:
+        leader = LineWorker(*command)
+        waiter = LineWorker(*command)
+        leader.send("call")
+        expect(leader, "loading")  # its loader runs, under its lease
+        waiter.send("call")
+        expect(waiter, "started")
+        deadline = time.monotonic() + 20
+        while waiter.ask("waiting") != "1":
+            assert time.monotonic() < deadline, "the waiter never waited on the lease"
+            time.sleep(0.01)
+        control.rpush(release, "go")
+        assert expect(leader, "done") == expect(waiter, "done") == 'done {"day": "monday"}'
+        leader_spans = json.loads(leader.ask("spans"))
+        waiter_spans = json.loads(waiter.ask("spans"))
+    finally:
+        for worker in (leader, waiter):
+            if worker is not None:
+                worker.stop()
+        control.close()
+    by_name = lambda spans, name: [span for span in spans if span["name"] == name]  # noqa: E731
+    (leader_call,) = by_name(leader_spans, "stampede.get")
+    (load,) = by_name(leader_spans, "stampede.load")
+    (query,) = by_name(leader_spans, "db.query")
+    assert leader_call["attributes"]["stampede.outcome"] == "loaded"
+    assert load["parent"] == leader_call["span_id"] and query["parent"] == load["span_id"]
+    (waiter_call,) = by_name(waiter_spans, "stampede.get")
+    (wait,) = by_name(waiter_spans, "stampede.wait")
+    assert waiter_call["attributes"]["stampede.outcome"] == "waited"
+    assert wait["parent"] == waiter_call["span_id"]
+    assert wait["attributes"]["stampede.wait.kind"] == "lease"
+    assert wait["attributes"]["stampede.wait.outcome"] == "value"
+    assert wait["trace_id"] != load["trace_id"]  # two requests, two traces: a link between them
+    assert wait["links"] == [
+        {"trace_id": load["trace_id"], "span_id": load["span_id"], "attributes": {"stampede.link": "holder_load"}}
+    ]
+    assert by_name(waiter_spans, "stampede.load") == []  # the waiter loaded nothing
