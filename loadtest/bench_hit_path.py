@@ -22,6 +22,17 @@ machine. The whole hit and the bare GET + orjson.loads are timed in interleaved 
 (alternating which goes first); their ratio is the figure ``bench_core.py`` prints too.
 The parts reach into the layer's internals: this is a profile, not an API. The last
 line printed is the figures as JSON.
+
+    python loadtest/bench_hit_path.py --tracing          # what OpenTelemetry tracing costs a hit
+    python loadtest/bench_hit_path.py --tracing --quick
+
+``--tracing`` times a warm hit (and a near hit) under each way an application may leave
+tracing: ``off`` (no tracer provider set), ``noop`` (the API's NoOpTracerProvider),
+``sampled-out`` (the SDK, sampling nothing) and ``recording`` (the SDK sampling every
+call, its spans handed to a processor that drops them, so no exporter is timed). A
+process can set its global provider once, so each mode runs in a process of its own,
+the modes in turn, in rounds (the first mode of each round rotates); the figures are
+the medians, and each mode's cost as a ratio to ``off`` from the same rounds.
 """
 
 from __future__ import annotations
@@ -147,6 +158,75 @@ def hit_parts(url: str, options: argparse.Namespace) -> None:
     print(json.dumps(figures))
 
 
+TRACING_MODES = ("off", "noop", "sampled-out", "recording")
+
+
+def set_tracing(mode: str) -> None:
+    """Leave the global tracer provider as an application in ``mode`` would."""
+    if mode == "off":
+        return
+    from opentelemetry import trace
+
+    if mode == "noop":
+        trace.set_tracer_provider(trace.NoOpTracerProvider())
+        return
+    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
+
+    provider = TracerProvider(sampler=ALWAYS_OFF if mode == "sampled-out" else ALWAYS_ON)
+    provider.add_span_processor(SpanProcessor())  # the base class: takes every span, keeps none
+    trace.set_tracer_provider(provider)
+
+
+def traced_hits(url: str, options: argparse.Namespace) -> None:
+    """One mode's figures (a child process of ``tracing_side_by_side``): us per warm hit and
+    per near hit, the median of ``repeats`` loops of ``calls``, as one JSON line."""
+    set_tracing(options.trace_mode)
+    figures = {}
+    for near in (False, True):
+        with Stampede.from_url(url, namespace=f"bench-trace-{options.trace_mode}") as layer:
+
+            @layer.cached_loader("item:{item_id}", ttl=3600, near_cache=near)
+            def load(item_id: int) -> dict[str, Any]:
+                return VALUE
+
+            deadline = time.monotonic() + 10
+            while load(42) and near and layer.stats()["near_hits"] < 100 and time.monotonic() < deadline:
+                pass  # the near cache's lease up, copies served
+            figures["near_us" if near else "hit_us"] = per_call_us(lambda: load(42), options.calls, options.repeats)
+    print(json.dumps(figures), flush=True)
+
+
+def tracing_side_by_side(url: str, options: argparse.Namespace) -> None:
+    import subprocess
+    import sys
+
+    runs: dict[str, list[dict[str, float]]] = {mode: [] for mode in TRACING_MODES}
+    for round_number in range(options.rounds):
+        start = round_number % len(TRACING_MODES)
+        for mode in TRACING_MODES[start:] + TRACING_MODES[:start]:
+            command = [sys.executable, __file__, "--redis", url, "--trace-mode", mode]
+            command += ["--calls", str(options.calls), "--repeats", str(options.repeats)]
+            out = subprocess.run(command, capture_output=True, text=True, check=True, timeout=300).stdout
+            runs[mode].append(json.loads(out.strip().splitlines()[-1]))
+    print(f"\nA warm hit under each tracing mode, us per call (median of {options.rounds} rounds, each a process)")
+    print(f"   {'mode':<12} {'hit':>8} {'ratio':>7} {'near hit':>9} {'ratio':>7}")
+    figures: dict[str, dict[str, float]] = {}
+    for mode in TRACING_MODES:
+        row: dict[str, float] = {}
+        for part in ("hit_us", "near_us"):
+            row[part] = statistics.median(run[part] for run in runs[mode])
+            ratios = [run[part] / off[part] for run, off in zip(runs[mode], runs["off"], strict=True)]
+            row[part.replace("_us", "_ratio")] = statistics.median(ratios)
+        figures[mode] = {name: round(value, 3) for name, value in row.items()}
+        hit, near = (
+            f"{row['hit_us']:>8.2f} {row['hit_ratio']:>6.3f}x",
+            f"{row['near_us']:>9.2f} {row['near_ratio']:>6.3f}x",
+        )
+        print(f"   {mode:<12} {hit} {near}")
+    print(json.dumps(figures))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--redis", help="a Redis URL; default: start a throwaway server")
@@ -154,11 +234,20 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--quick", action="store_true", help="fewer calls and rounds (CI)")
+    parser.add_argument("--tracing", action="store_true", help="a hit under each tracing mode, side by side")
+    parser.add_argument("--trace-mode", choices=TRACING_MODES, help=argparse.SUPPRESS)  # one mode's process
     options = parser.parse_args()
     if options.quick:
         options.calls, options.repeats, options.rounds = 500, 3, 3
+        if options.tracing:
+            options.rounds = 2
     with server_url(options.redis) as url:
-        hit_parts(url, options)
+        if options.trace_mode:
+            traced_hits(url, options)
+        elif options.tracing:
+            tracing_side_by_side(url, options)
+        else:
+            hit_parts(url, options)
 
 
 if __name__ == "__main__":

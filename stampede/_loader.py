@@ -12,7 +12,7 @@ from ._core.keys import KeyBuilder
 from ._core.results import Cached
 from ._drivers.observe import Events
 from ._drivers.refresh import reporting
-from ._drivers.trace import FEED, CallTrace, call_trace, tracer
+from ._drivers.trace import FEED, CallTrace, call_trace, entry_attributes, tracer
 
 if TYPE_CHECKING:
     from ._core.flow import LoaderSpec
@@ -129,6 +129,7 @@ class _Loader(Generic[P, R]):
         self._keys = keys
         self._forget = forget
         self.settings = spec.settings
+        self._trace_attributes: dict[str, Any] | None = None  # its spans', once a call is traced
 
     def key(self, *args: P.args, **kwargs: P.kwargs) -> str:
         """The Redis key of the value these arguments load (for inspection and tooling)."""
@@ -137,8 +138,10 @@ class _Loader(Generic[P, R]):
     def _trace(self, traces: Any, events: Events, value_key: str, name: str = "stampede.get") -> CallTrace:
         """The trace of one call (``_drivers.trace``), fed by the layer's reports."""
         events.feed(FEED)
+        if self._trace_attributes is None:
+            self._trace_attributes = entry_attributes(events.namespace, self._keys.template)
         key = value_key if self._spec.settings.trace_keys else None
-        return call_trace(traces, name, events.namespace, self._keys.template, key)
+        return call_trace(traces, name, self._trace_attributes, key)
 
     @overload
     def __get__(self: Self_, instance: None, owner: type | None = None) -> Self_: ...

@@ -52,7 +52,17 @@ try:
 except ImportError:  # the application traces nothing: nor does stampede
     otel_trace = None  # type: ignore[assignment]
 
-__all__ = ["FEED", "OUTCOMES", "CallTrace", "abackground", "background", "call_trace", "lease_token", "tracer"]
+__all__ = [
+    "FEED",
+    "OUTCOMES",
+    "CallTrace",
+    "abackground",
+    "background",
+    "call_trace",
+    "entry_attributes",
+    "lease_token",
+    "tracer",
+]
 
 T = TypeVar("T")
 
@@ -202,13 +212,18 @@ class CallTrace:
     def __enter__(self) -> CallTrace:
         if self.span is None:
             self.start()
+        # Current even when sampled out: the loader's own spans follow its decision.
         self._context_token = otel_context.attach(otel_trace.set_span_in_context(self.span))
-        self._trace_token = _current.set(self)
+        # A span that records nothing needs no report: such a call costs the SDK's
+        # sampling and the context, no more.
+        self._trace_token = _current.set(self) if self.span.is_recording() else None
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: object) -> None:
-        _current.reset(self._trace_token)
         otel_context.detach(self._context_token)
+        if self._trace_token is None:
+            return
+        _current.reset(self._trace_token)
         span = self.span
         span.set_attribute("stampede.outcome", self.outcome(error))
         if error is not None:
@@ -357,12 +372,15 @@ class _Feed:
 FEED = _Feed()
 
 
-def call_trace(tracer: Any, name: str, namespace: str, template: str, key: str | None) -> CallTrace:
-    """A call's trace, to enter around it."""
-    attributes = {"stampede.namespace": namespace, "stampede.template": template}
-    if key is not None:
-        attributes["stampede.key"] = key
-    return CallTrace(tracer, name, attributes)
+def entry_attributes(namespace: str, template: str) -> dict[str, Any]:
+    """The attributes of every span of a loader's calls (made once per loader)."""
+    return {"stampede.namespace": namespace, "stampede.template": template}
+
+
+def call_trace(tracer: Any, name: str, attributes: dict[str, Any], key: str | None) -> CallTrace:
+    """A call's trace, to enter around it: ``attributes`` are the loader's
+    (``entry_attributes``), and ``key`` is added if given (``trace_keys``)."""
+    return CallTrace(tracer, name, attributes if key is None else {**attributes, "stampede.key": key})
 
 
 # --- background refreshes ---------------------------------------------------------------

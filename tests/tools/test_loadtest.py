@@ -275,6 +275,19 @@ def test_the_hit_path_benchmark_short_form_times_every_part() -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.timing
+def test_the_tracing_benchmark_short_form_times_a_hit_under_every_mode() -> None:
+    """``loadtest/bench_hit_path.py --tracing --quick``: a hit and a near hit under each
+    way tracing may be left, each in a process of its own. What holds on any machine: every
+    mode measured, and recording spans costs a near hit more than tracing off does."""
+    figures = short_form("bench_hit_path.py", 110, "--tracing")
+    assert set(figures) == {"off", "noop", "sampled-out", "recording"}
+    assert all(row["hit_us"] > 0 and row["near_us"] > 0 for row in figures.values())
+    assert figures["off"]["hit_ratio"] == figures["off"]["near_ratio"] == 1.0
+    assert figures["recording"]["near_ratio"] > 1.0
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("path", ["hit", "cold"])
 def test_the_profile_workloads_run_and_share_their_time_out_by_package(path: str) -> None:
     """``loadtest/profile_paths.py <path> --quick``: the workload runs under cProfile and
