@@ -12,7 +12,7 @@ from ._core.keys import KeyBuilder
 from ._core.results import Cached
 from ._drivers.observe import Events
 from ._drivers.refresh import reporting
-from ._drivers.trace import FEED, CallTrace, call_trace, entry_attributes, tracer
+from ._drivers.trace import FEED, GLOBALS, CallTrace, call_trace, entry_attributes, tracer
 
 if TYPE_CHECKING:
     from ._core.flow import LoaderSpec
@@ -180,7 +180,8 @@ class CachedLoader(_Loader[P, R]):
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         value_key = self._keys.value_key(args, kwargs)
-        traces = tracer()
+        # Nothing traced (no provider): one attribute read, no call (``_drivers.trace``).
+        traces = None if GLOBALS._TRACER_PROVIDER is None else tracer()
         if traces is None:
             return self._runner.call(value_key, self._spec, args, kwargs)  # type: ignore[no-any-return]
         with self._trace(traces, self._runner.events, value_key):
@@ -276,7 +277,8 @@ class AsyncCachedLoader(_Loader[P, R]):
 
     async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         value_key = self._keys.value_key(args, kwargs)
-        traces = tracer()
+        # Nothing traced (no provider): one attribute read, no call (``_drivers.trace``).
+        traces = None if GLOBALS._TRACER_PROVIDER is None else tracer()
         if traces is None:
             return await self._runner.call(value_key, self._spec, args, kwargs)  # type: ignore[no-any-return]
         with self._trace(traces, self._runner.events, value_key):

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from ._core.keys import EntryKeys, KeyBuilder
 from ._core.many import values_of
 from ._core.tags import TagSet, TagTemplates
+from ._drivers.observe import Events
+from ._drivers.trace import FEED, GLOBALS, CallTrace, entry_attributes, tracer
 from ._errors import ConfigError
 from ._loader import AsyncBoundLoader, BoundLoader
 
@@ -95,6 +97,7 @@ class ManyKeys:
         self._position = self.names.index(self.batch)
         self._shape = EntryShape(inspect.Signature(shape))
         self._keys = KeyBuilder(self._shape, template, namespace, max_key_length)
+        self.template = template  # what traces name the entries by
         self.tags: TagTemplates | None = None  # the entries' tags, if the loader has any (``tag``)
         self.loader_name = f"{getattr(func, '__module__', '?')}.{name}"
 
@@ -198,6 +201,18 @@ class _ManyLoader(Generic[K, V]):
         self._forget = forget
         self._static = static
         self.settings = spec.settings
+        self._trace_attributes: dict[str, Any] | None = None  # its spans', once a call is traced
+
+    def _trace(self, traces: Any, events: Events, keys: list[str]) -> CallTrace:
+        """The trace of one call (``_drivers.trace``): how many entries it asked for, and
+        their keys with ``trace_keys``."""
+        events.feed(FEED)
+        if self._trace_attributes is None:
+            self._trace_attributes = entry_attributes(events.namespace, self._keys.template)
+        attributes = {**self._trace_attributes, "stampede.entries": len(keys)}
+        if self.settings.trace_keys:
+            attributes["stampede.keys"] = keys
+        return CallTrace(traces, "stampede.get_many", attributes)
 
     def key(self, *args: Any, **kwargs: Any) -> str:
         """The key of one id's entry: the loader's arguments with one id in place of the
@@ -251,6 +266,13 @@ class CachedManyLoader(_ManyLoader[K, V]):
 
     def __call__(self, *args: Any, **kwargs: Any) -> dict[K, V]:
         call, ids, keys = self._asked(args, kwargs)
+        traces = None if GLOBALS._TRACER_PROVIDER is None else tracer()  # ``CachedLoader.__call__``
+        if traces is None:
+            return self._call(call, ids, keys)
+        with self._trace(traces, self._runner.events, keys):
+            return self._call(call, ids, keys)
+
+    def _call(self, call: dict[str, Any], ids: list[Any], keys: list[str]) -> dict[K, V]:
         size = self.settings.max_batch
         if len(ids) <= size:
             values = self._runner.call_many(keys, self._spec_of(call, ids), self._loading(call, ids))
@@ -310,6 +332,13 @@ class AsyncCachedManyLoader(_ManyLoader[K, V]):
 
     async def __call__(self, *args: Any, **kwargs: Any) -> dict[K, V]:
         call, ids, keys = self._asked(args, kwargs)
+        traces = None if GLOBALS._TRACER_PROVIDER is None else tracer()  # ``CachedLoader.__call__``
+        if traces is None:
+            return await self._call(call, ids, keys)
+        with self._trace(traces, self._runner.events, keys):
+            return await self._call(call, ids, keys)
+
+    async def _call(self, call: dict[str, Any], ids: list[Any], keys: list[str]) -> dict[K, V]:
         size = self.settings.max_batch
         if len(ids) <= size:
             values = await self._runner.call_many(keys, self._spec_of(call, ids), self._loading(call, ids))

@@ -3,15 +3,17 @@ from a waiter to the load it waited for, in whichever process that load ran.
 
 stampede takes its tracer from OpenTelemetry's global tracer provider (the API only; the
 application brings the SDK), as libraries are asked to. Nothing here is a setting: once
-the application sets a provider, calls are traced. Until then, or with opentelemetry-api
-missing, or with the API's no-op provider, ``tracer()`` returns None and a call costs one
-function call more than it would with no tracing at all (``loadtest/bench_hit_path.py
---tracing``).
+the application sets a provider, calls are traced. Until then, or without
+opentelemetry-api, a call reads one attribute (``GLOBALS``) and goes on as if tracing did
+not exist; with the API's no-op provider, ``tracer()`` returns None (a function call more).
+``loadtest/bench_hit_path.py --tracing`` measures each.
 
 The spans (``docs/operating.md`` shows them in a trace)::
 
     stampede.get       a call: stampede.outcome (OUTCOMES), stampede.namespace,
                        stampede.template, and stampede.key only with trace_keys=True
+                       (stampede.get_many for a many-key call: how many entries it asked,
+                       found and loaded; one load span and one wait span for them all)
       stampede.wait    the caller waited: for a caller in this process (stampede.wait.kind
                        "joined") or for a lease held elsewhere ("lease"), linked then to
                        the holder's stampede.load span, in whichever process it runs
@@ -24,7 +26,10 @@ token ends in ``.`` and its load span's trace and span ids (``lease_token``); a 
 that tells a waiter who holds a lease (``AcquireReply.holder``: Redis, Valkey and the
 in-memory backend) hands that token on, and the waiter's wait span links to it. The
 load span is started when the lease is asked for, so that its ids can travel with the
-request: a caller that waits instead of loading drops it unended (never exported).
+request: a caller that waits instead of loading drops it unended (never exported), and
+one that takes over after waiting loads under it (its span begins at its first request).
+A caller that joins another's flight in its own process has no link: nothing tells it
+which trace leads, and the leader runs beside it.
 
 How a call learns what happened in it: the layer's reports (``_core.observer``) reach
 the call's ``CallTrace`` through ``FEED``, an observer added to a layer's reports when its
@@ -54,6 +59,7 @@ except ImportError:  # the application traces nothing: nor does stampede
 
 __all__ = [
     "FEED",
+    "GLOBALS",
     "OUTCOMES",
     "CallTrace",
     "abackground",
@@ -101,38 +107,43 @@ class _Adopted:
 _adopted = _Adopted()
 
 
+class _Untraced:
+    """``GLOBALS`` without opentelemetry-api: no provider, ever."""
+
+    _TRACER_PROVIDER: object = None
+
+
+class _Public:
+    """``GLOBALS`` for an API that has not the module global it reads: the public call."""
+
+    @property
+    def _TRACER_PROVIDER(self) -> object:
+        provider = otel_trace.get_tracer_provider()
+        return None if isinstance(provider, otel_trace.ProxyTracerProvider) else provider
+
+
+GLOBALS: Any = _Untraced()
+"""Where the global tracer provider is, as ``GLOBALS._TRACER_PROVIDER`` (None until the
+application sets one): OpenTelemetry's own module global, which its ``ProxyTracer`` reads
+too. A call checks it inline, with no function call, before anything else of tracing:
+``get_tracer_provider()`` would cost a lookup of the environment on every call while no
+provider is set (0.6 us, a third of a near hit)."""
+if otel_trace is not None:
+    GLOBALS = otel_trace if hasattr(otel_trace, "_TRACER_PROVIDER") else _Public()
+    if os.environ.get("OTEL_PYTHON_TRACER_PROVIDER"):
+        otel_trace.get_tracer_provider()  # the provider the environment names, set as the API would
+
+
 def tracer() -> Any:
     """stampede's tracer of the global tracer provider, or None while there is none (or it
-    is the API's no-op provider). Read on every call, so it reads one module attribute:
-    OpenTelemetry sets its global provider once and never unsets it."""
-    if otel_trace is None:
-        return None
-    provider = _provider()
+    is the API's no-op provider). OpenTelemetry sets its global provider once and never
+    unsets it; a test may, so the tracer is made again when the provider changes."""
+    provider = GLOBALS._TRACER_PROVIDER
     if provider is None:
         return None
     if provider is not _adopted.provider:
         _adopt(provider)
     return _adopted.tracer
-
-
-def _current_provider() -> object:
-    """The global provider set, or None. ``get_tracer_provider()`` would cost a lookup of
-    the environment on every call while none is set (0.6 us), so the API's own global is
-    read, as its ``ProxyTracer`` reads it; with an API that lacks it, the public call."""
-    return otel_trace._TRACER_PROVIDER
-
-
-def _public_provider() -> object:
-    provider = otel_trace.get_tracer_provider()
-    return None if isinstance(provider, otel_trace.ProxyTracerProvider) else provider
-
-
-_provider: Callable[[], object] = _public_provider
-if otel_trace is not None:
-    if hasattr(otel_trace, "_TRACER_PROVIDER"):
-        _provider = _current_provider
-    if os.environ.get("OTEL_PYTHON_TRACER_PROVIDER"):
-        otel_trace.get_tracer_provider()  # the provider the environment names, set as the API would
 
 
 def _adopt(provider: object) -> None:
@@ -173,6 +184,7 @@ class CallTrace:
         "_trace_token",
         "_wait_kind",
         "_wait_started",
+        "_waits_open",
         "flow",
         "links",
         "refreshing",
@@ -197,7 +209,8 @@ class CallTrace:
         self._counts: dict[str, int] = {}
         self._load: Any = None
         self._pending_load: Any = None  # begun with the lease request (``lease_token``)
-        self._loads_open = 0  # a many-key call reports a load per entry: one span for them
+        self._loads_open = 0  # a many-key call reports a load per entry: one span for them,
+        self._waits_open = 0  # and a wait per entry: one span for those at once
         self._wait_started = 0
         self._wait_kind = "joined"
         self.flow: HoldsHolder | None = None  # the context of the call's flow (``lease_token``)
@@ -226,6 +239,11 @@ class CallTrace:
         _current.reset(self._trace_token)
         span = self.span
         span.set_attribute("stampede.outcome", self.outcome(error))
+        if self._name == "stampede.get_many":
+            counts = self._counts
+            found = sum(counts.get(name, 0) for name in ("hits", "null_hits", "stale_hits", "near_hits"))
+            span.set_attribute("stampede.entries.loaded", counts.get("loads", 0))
+            span.set_attribute("stampede.entries.found", found)
         if error is not None:
             span.set_status(otel_trace.Status(otel_trace.StatusCode.ERROR, type(error).__name__))
             if isinstance(error, Exception):
@@ -262,7 +280,9 @@ class CallTrace:
 
     def began(self, measure: Measure) -> None:
         if measure == "wait":
-            self._wait_started = time.time_ns()
+            self._waits_open += 1
+            if self._waits_open == 1:
+                self._wait_started = time.time_ns()
             return
         self._loads_open += 1
         if self._loads_open > 1:
@@ -275,7 +295,10 @@ class CallTrace:
 
     def ended(self, measure: Measure, outcome: str, seconds: float) -> None:
         if measure == "wait":
-            self._waited(outcome)
+            self._waits_open -= 1
+            if self._waits_open <= 0:
+                self._waits_open = 0
+                self._waited(outcome)
             return
         self._loads_open -= 1
         if self._loads_open or self._load is None:
@@ -301,7 +324,7 @@ class CallTrace:
             "stampede.wait", context=self._here(), attributes=attributes, links=links, start_time=started
         )
         span.end()
-        self._wait_started = 0
+        self._wait_started, self._wait_kind = 0, "joined"
 
     def _here(self) -> Any:
         return otel_trace.set_span_in_context(self.span)
@@ -309,13 +332,16 @@ class CallTrace:
     # The lease's token, and the load span it names.
 
     def lease_suffix(self) -> str:
-        """``.`` and the ids of a load span begun now (sampled in), which the lease will
-        name; "" for a call whose span records nothing (sampled out)."""
+        """``.`` and the ids of the load span the call's leases name (sampled in), begun
+        now unless an earlier lease of the call began it (a many-key call's leases share
+        one); "" for a call whose span records nothing (sampled out)."""
         if not self.span.is_recording():
             return ""
-        load = self.tracer.start_span("stampede.load", context=self._here(), attributes=self._attributes)
-        self._pending_load = load
-        span_context = load.get_span_context()
+        if self._pending_load is None:
+            self._pending_load = self.tracer.start_span(
+                "stampede.load", context=self._here(), attributes=self._attributes
+            )
+        span_context = self._pending_load.get_span_context()
         return f"{TOKEN_MARK}{span_context.trace_id:032x}{span_context.span_id:016x}{int(span_context.trace_flags):02x}"
 
 

@@ -287,3 +287,32 @@ def test_a_waiter_in_another_process_links_to_the_leaders_load_span(redis_url: s
         {"trace_id": load["trace_id"], "span_id": load["span_id"], "attributes": {"stampede.link": "holder_load"}}
     ]
     assert by_name(waiter_spans, "stampede.load") == []  # the waiter loaded nothing
+
+
+def test_a_many_key_call_is_one_span_with_one_load_for_its_misses(
+    exporter: InMemorySpanExporter, make_layer: Callable[..., Stampede]
+) -> None:
+    layer = make_layer()
+    asked: list[list[int]] = []
+
+    @layer.cached_loader_many("product:{product_id}")
+    def products(product_ids: list[int]) -> dict[int, dict[str, int]]:
+        asked.append(list(product_ids))
+        with app().start_as_current_span("db.query"):
+            return {product_id: {"id": product_id} for product_id in product_ids}
+
+    products([1])
+    exporter.clear()
+    assert products([1, 2, 3]) == {n: {"id": n} for n in (1, 2, 3)}
+    assert asked == [[1], [2, 3]]
+    (call,) = named(exporter, "stampede.get_many")
+    (load,) = named(exporter, "stampede.load")
+    (query,) = named(exporter, "db.query")
+    assert call.attributes is not None
+    assert call.attributes["stampede.outcome"] == "loaded"
+    assert call.attributes["stampede.entries"] == 3
+    assert call.attributes["stampede.entries.loaded"] == 2
+    assert call.attributes["stampede.entries.found"] == 1
+    assert call.attributes["stampede.template"] == "product:{product_id}"
+    assert load.parent is not None and load.parent.span_id == call.context.span_id  # type: ignore[union-attr]
+    assert query.parent is not None and query.parent.span_id == load.context.span_id  # type: ignore[union-attr]
