@@ -5,7 +5,8 @@ in-memory exporter, one layer, and one cold key called on a line's command. It p
 * ``call``: calls the key in a thread (or a task of its own loop, with ``--asyncio``) and
   answers "started". A load it leads prints "loading" and blocks until the parent pushes
   to ``--release``; the call's end prints "done <value>".
-* ``waiting``: answers how many callers wait on a lease held elsewhere (``lock_waits``).
+* ``waiting``: answers how many callers wait on a lease held elsewhere (``lock_waits``),
+  and how many waits began in all (those and the callers who joined one in this process).
 * ``spans``: answers the spans finished so far, as one JSON list.
 """
 
@@ -32,6 +33,24 @@ provider.add_span_processor(SimpleSpanProcessor(exporter))
 trace.set_tracer_provider(provider)
 app = trace.get_tracer("trace_worker")
 printing = threading.Lock()
+
+
+class WaitsBegun:
+    """An observer counting the waits begun."""
+
+    def __init__(self) -> None:
+        self.begun = 0
+
+    def count(self, namespace: str, event: str, n: int) -> None:
+        pass
+
+    def began(self, namespace: str, measure: str) -> None:
+        if measure == "wait":
+            with printing:
+                self.begun += 1
+
+    def ended(self, namespace: str, measure: str, outcome: str, seconds: float) -> None:
+        pass
 
 
 def say(line: str) -> None:
@@ -69,7 +88,8 @@ def main() -> None:
     parser.add_argument("--asyncio", action="store_true")
     options = parser.parse_args()
     control = redis.Redis.from_url(options.url, socket_timeout=30)
-    layer = Stampede.from_url(options.url, namespace=options.namespace)
+    waits = WaitsBegun()
+    layer = Stampede.from_url(options.url, namespace=options.namespace, observers=[waits])
 
     def release() -> None:
         say("loading")
@@ -109,7 +129,7 @@ def main() -> None:
             call()
             say("started")
         elif command == "waiting":
-            say(str(layer.stats()["lock_waits"]))
+            say(f"{layer.stats()['lock_waits']} {waits.begun}")
         elif command == "spans":
             say(json.dumps(spans()))
         elif command == "quit":

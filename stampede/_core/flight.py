@@ -64,6 +64,7 @@ class Flight:
     stale = False  # the value is stale (served while refreshed, or instead of an error). Set before done
     codec: Any = None  # the leader's Codec. Set when it leads
     raw: bytes | None = None  # the envelope the value was read from or written as. Set before done
+    trace: Any = None  # the leader's call trace, if traced, for its joiners' links (``_drivers.trace``)
 
     def count(self, effect: Effect) -> None:
         """The leader is about to perform ``effect``: count it if it may produce the value."""

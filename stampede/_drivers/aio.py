@@ -54,7 +54,7 @@ from .observe import Events, RateLimitedLog
 from .perform import AsyncPerformer, arun
 from .refresh import report_stale, warn_refresh_raised
 from .singleflight import AsyncFlightTable
-from .trace import abackground, lease_token
+from .trace import abackground, joining, lease_token
 
 
 @dataclass
@@ -135,6 +135,7 @@ class AsyncRunner:
             except BaseException:
                 joiner.interrupted()  # this caller was cancelled
                 raise
+            joining(flight)  # its trace links to the leader's load
             value = joiner.outcome(flight, joined)
             if value is Outcome.START_OVER:
                 continue
@@ -567,7 +568,7 @@ class AsyncRunner:
         """Perform the flow (``perform.arun``) on a lease of a new token, held where the
         layer's policy holds leases. The leader's ``flight`` counts the steps that may
         produce the value (see Flight)."""
-        lease = Lease(ctx.keys, lease_token(ctx), milliseconds(ctx.settings.lock_ttl))
+        lease = Lease(ctx.keys, lease_token(ctx, flight), milliseconds(ctx.settings.lock_ttl))
         leases = state.leases
         ctx.leases = leases.policy.bind(lease)
         performer = AsyncPerformer(lease, store=leases.store, servers=leases.servers, loader=loader, renewal=leases)

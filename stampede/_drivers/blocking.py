@@ -39,7 +39,7 @@ from .observe import Events, RateLimitedLog
 from .perform import Performer, run
 from .refresh import Refresher, report_stale
 from .singleflight import FlightTable
-from .trace import lease_token
+from .trace import joining, lease_token
 from .watchdog import Watchdog
 
 
@@ -93,6 +93,7 @@ class SyncRunner:
             except BaseException:
                 joiner.interrupted()  # a KeyboardInterrupt, a killed greenlet
                 raise
+            joining(flight)  # its trace links to the leader's load
             value = joiner.outcome(flight, joined)
             if value is Outcome.START_OVER:
                 continue
@@ -418,7 +419,7 @@ class SyncRunner:
         """Perform the flow (``perform.run``) on a lease of a new token, held where the
         layer's policy holds leases. The leader's ``flight`` counts the steps that may
         produce the value (see Flight)."""
-        lease = Lease(ctx.keys, lease_token(ctx), milliseconds(ctx.settings.lock_ttl))
+        lease = Lease(ctx.keys, lease_token(ctx, flight), milliseconds(ctx.settings.lock_ttl))
         leases = self.leases
         ctx.leases = leases.policy.bind(lease)
         performer = Performer(

@@ -28,8 +28,8 @@ in-memory backend) hands that token on, and the waiter's wait span links to it. 
 load span is started when the lease is asked for, so that its ids can travel with the
 request: a caller that waits instead of loading drops it unended (never exported), and
 one that takes over after waiting loads under it (its span begins at its first request).
-A caller that joins another's flight in its own process has no link: nothing tells it
-which trace leads, and the leader runs beside it.
+A caller that joins another's flight in its own process links to the load its leader
+ran, or waited for in another process: the flight keeps its leader's trace.
 
 How a call learns what happened in it: the layer's reports (``_core.observer``) reach
 the call's ``CallTrace`` through ``FEED``, an observer added to a layer's reports when its
@@ -66,6 +66,7 @@ __all__ = [
     "background",
     "call_trace",
     "entry_attributes",
+    "joining",
     "lease_token",
     "tracer",
 ]
@@ -177,6 +178,7 @@ class CallTrace:
         "_context_token",
         "_counts",
         "_load",
+        "_load_context",
         "_load_token",
         "_loads_open",
         "_name",
@@ -186,6 +188,7 @@ class CallTrace:
         "_wait_started",
         "_waits_open",
         "flow",
+        "joined",
         "links",
         "refreshing",
         "root",
@@ -214,6 +217,8 @@ class CallTrace:
         self._wait_started = 0
         self._wait_kind = "joined"
         self.flow: HoldsHolder | None = None  # the context of the call's flow (``lease_token``)
+        self.joined: CallTrace | None = None  # the leader of the flight it waits for (``joining``)
+        self._load_context: Any = None  # its load span's, once begun
         self.refreshing = False
         self.span: Any = None
 
@@ -291,6 +296,7 @@ class CallTrace:
         if load is None:
             load = self.tracer.start_span("stampede.load", context=self._here(), attributes=self._attributes)
         self._load = load
+        self._load_context = load.get_span_context()
         self._load_token = otel_context.attach(otel_trace.set_span_in_context(load))
 
     def ended(self, measure: Measure, outcome: str, seconds: float) -> None:
@@ -312,13 +318,19 @@ class CallTrace:
 
     def _waited(self, outcome: str) -> None:
         """A wait ended: its span, made now with the time it began, so that it can carry
-        the link to the holder learnt meanwhile."""
+        the link to the load it waited for, learnt meanwhile: a lease's holder's, or the
+        load the leader it joined in this process ran (or waited for in turn)."""
         started = self._wait_started or time.time_ns()
         links = []
-        flow = self.flow
-        holder = held_by(flow.holder) if flow is not None and self._wait_kind == "lease" else None
-        if holder is not None:
-            links.append(otel_trace.Link(holder, {"stampede.link": "holder_load"}))
+        if self._wait_kind == "lease":
+            holder = self.holder_load()
+            if holder is not None:
+                links.append(otel_trace.Link(holder, {"stampede.link": "holder_load"}))
+        elif self.joined is not None:
+            load = self.joined.load_context()
+            if load is not None:
+                links.append(otel_trace.Link(load, {"stampede.link": "leader_load"}))
+            self.joined = None
         attributes = {**self._attributes, "stampede.wait.kind": self._wait_kind, "stampede.wait.outcome": outcome}
         span = self.tracer.start_span(
             "stampede.wait", context=self._here(), attributes=attributes, links=links, start_time=started
@@ -328,6 +340,19 @@ class CallTrace:
 
     def _here(self) -> Any:
         return otel_trace.set_span_in_context(self.span)
+
+    def holder_load(self) -> Any:
+        """The load span of the holder of the last lease this call's flow found held, as
+        its token names it, or None."""
+        flow = self.flow
+        return None if flow is None else held_by(flow.holder)
+
+    def load_context(self) -> Any:
+        """The span of the load this call ran, or else of the load it waited for in
+        another process: what a caller who joined it waited for. None if neither."""
+        if self._load_context is not None:
+            return self._load_context
+        return self.holder_load()
 
     # The lease's token, and the load span it names.
 
@@ -345,16 +370,28 @@ class CallTrace:
         return f"{TOKEN_MARK}{span_context.trace_id:032x}{span_context.span_id:016x}{int(span_context.trace_flags):02x}"
 
 
-def lease_token(ctx: HoldsHolder) -> str:
+def lease_token(ctx: HoldsHolder, flight: Any = None) -> str:
     """A new lease's token: random, and if a traced call asks for the lease, the ids of its
     load span after ``TOKEN_MARK`` (``CallTrace.lease_suffix``), which waiters link to.
-    The call's trace keeps ``ctx``, the flow's context, to learn whose lease it waited on."""
+    The call's trace keeps ``ctx``, the flow's context, to learn whose lease it waited on,
+    and the ``flight`` it leads (``_core.flight.Flight``), if any, keeps the trace for the
+    callers who join it (``joining``)."""
     token = secrets.token_hex(16)
     trace = _current.get()
     if trace is None:
         return token
     trace.flow = ctx
+    if flight is not None:
+        flight.trace = trace
     return token + trace.lease_suffix()
+
+
+def joining(flight: Any) -> None:
+    """The current call's wait for ``flight`` (another caller's, in this process) is about
+    to end: its wait span links to the load that leader ran or waited for, if traced."""
+    trace = _current.get()
+    if trace is not None:
+        trace.joined = flight.trace
 
 
 def held_by(token: str) -> Any:
