@@ -5,7 +5,10 @@ in-memory exporter, from real servers."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -335,3 +338,60 @@ def test_a_many_key_call_is_one_span_with_one_load_for_its_misses(
     assert call.attributes["stampede.template"] == "product:{product_id}"
     assert load.parent is not None and load.parent.span_id == call.context.span_id  # type: ignore[union-attr]
     assert query.parent is not None and query.parent.span_id == load.context.span_id  # type: ignore[union-attr]
+
+
+def test_without_opentelemetry_installed_nothing_is_traced_and_calls_work() -> None:
+    """opentelemetry-api is not a dependency: with it missing (an import hook refuses it,
+    in a process of its own), stampede imports and serves as always."""
+    script = """
+import sys
+
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "opentelemetry":
+            raise ImportError("not installed")
+
+sys.meta_path.insert(0, Refuse())
+from stampede import Stampede
+from stampede._drivers import trace
+
+assert trace.otel_trace is None and trace.tracer() is None
+layer = Stampede(namespace="untraced")
+load = layer.cached_loader("item:{n}")(lambda n: {"n": n})
+many = layer.cached_loader_many("many:{n}")(lambda ns: {n: n for n in ns})
+assert load(1) == load(1) == {"n": 1} and many([1, 2]) == {1: 1, 2: 2}
+assert layer.stats()["loads"] == 3
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+
+
+def test_an_async_refresh_is_a_trace_of_its_own_too(
+    exporter: InMemorySpanExporter, make_layer: Callable[..., Stampede]
+) -> None:
+    layer = make_layer()
+    generation = iter(range(100))
+
+    @layer.cached_loader("item:{n}", ttl=0.2, stale_while_revalidate=30)
+    async def load(n: int) -> int:
+        return next(generation)
+
+    async def scenario() -> None:
+        assert await load(1) == 0
+        await asyncio.sleep(0.25)  # past ttl, within stale_while_revalidate
+        assert await load(1) == 0  # stale at once; one refresh starts in a task
+        for _ in range(1000):
+            if named(exporter, "stampede.refresh"):
+                break
+            await asyncio.sleep(0.01)
+        await layer.aclose()
+
+    asyncio.run(scenario())
+    assert outcomes(exporter) == ["loaded", "refreshing"]
+    stale_call = named(exporter, "stampede.get")[1]
+    (refresh,) = named(exporter, "stampede.refresh")
+    assert refresh.parent is None
+    assert [link.context.span_id for link in refresh.links] == [stale_call.context.span_id]  # type: ignore[union-attr]
+    assert refresh.attributes is not None and refresh.attributes["stampede.outcome"] == "loaded"
