@@ -4,7 +4,7 @@ in-memory exporter, one layer, and one cold key called on a line's command. It p
 
 * ``call``: calls the key in a thread (or a task of its own loop, with ``--asyncio``) and
   answers "started". A load it leads prints "loading" and blocks until the parent pushes
-  to ``--release``; the call's end prints "done <value>".
+  to ``--release`` (on ``--control``, a Redis); the call's end prints "done <value>".
 * ``waiting``: answers how many callers wait on a lease held elsewhere (``lock_waits``),
   and how many waits began in all (those and the callers who joined one in this process).
 * ``spans``: answers the spans finished so far, as one JSON list.
@@ -85,9 +85,10 @@ def main() -> None:
     parser.add_argument("--url", required=True)
     parser.add_argument("--namespace", required=True)
     parser.add_argument("--release", required=True)
+    parser.add_argument("--control", help="the Redis the parent releases the load through (default: --url)")
     parser.add_argument("--asyncio", action="store_true")
     options = parser.parse_args()
-    control = redis.Redis.from_url(options.url, socket_timeout=30)
+    control = redis.Redis.from_url(options.control or options.url, socket_timeout=30)
     waits = WaitsBegun()
     layer = Stampede.from_url(options.url, namespace=options.namespace, observers=[waits])
 

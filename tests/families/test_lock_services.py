@@ -626,3 +626,44 @@ def test_a_near_cache_is_refused_over_postgresql(postgres_url: str) -> None:
             layer.cached_loader("item:{key}", near_cache=True)
     finally:
         layer.close()
+
+
+def test_a_version_3_schema_is_brought_to_version_4_and_still_answers_version_3_stores() -> None:
+    """Version 4 adds ``holder`` to ``stampede_acquire``'s reply (traces read it), which a
+    function cannot change in place: a store that finds version 3 drops and creates the
+    function. A version 3 store reads the reply's columns by name, and finds its own
+    marker, so it goes on working beside it."""
+    import psycopg
+
+    needs_postgres()
+    with PostgresServer() as server:
+        first = Stampede.from_url(server.url, namespace="schema")
+        first.cached_loader("item:{key}")(lambda key: key)(1)  # the schema, now version 4
+        first.close()
+        with psycopg.connect(server.url, autocommit=True) as admin:  # back to what version 3 had
+            admin.execute("DROP FUNCTION stampede_schema_v4()")
+            admin.execute("DROP FUNCTION stampede_acquire(text, text, text, bigint, boolean, bytea)")
+            admin.execute(
+                "CREATE FUNCTION stampede_acquire(p_value text, p_lock text, p_token text, p_lease_ms bigint, "
+                "p_check boolean, p_stale bytea, OUT state int, OUT raw bytea, OUT left_ms bigint, OUT failed boolean) "
+                "LANGUAGE plpgsql AS $$ BEGIN state := 0; END $$"
+            )
+        layer = Stampede.from_url(server.url, namespace="schema")
+        loads: list[int] = []
+
+        @layer.cached_loader("item:{key}")
+        def load(key: int) -> int:
+            loads.append(key)
+            return key
+
+        try:
+            assert load(2) == load(2) == 2 and loads == [2]  # version 4 created again, and used
+            with psycopg.connect(server.url, autocommit=True) as admin:
+                v3_reads = (
+                    "SELECT state, raw, left_ms, failed FROM stampede_acquire('v', 'l', 't', 1000, true, ''::bytea)"
+                )
+                assert admin.execute(v3_reads).fetchone() == (2, None, 0, False)
+                markers = "SELECT count(*) FROM pg_proc WHERE proname IN ('stampede_schema_v3', 'stampede_schema_v4')"
+                assert admin.execute(markers).fetchone() == (2,)
+        finally:
+            layer.close()

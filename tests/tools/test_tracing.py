@@ -251,11 +251,14 @@ def expect(worker: LineWorker, start: str) -> str:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("mode", ["threads", "asyncio"])
-def test_a_waiter_in_another_process_links_to_the_leaders_load_span(redis_url: str, mode: str) -> None:
+@pytest.mark.parametrize(("store", "mode"), [("redis", "threads"), ("redis", "asyncio"), ("postgres", "threads")])
+def test_a_waiter_in_another_process_links_to_the_leaders_load_span(
+    redis_url: str, request: pytest.FixtureRequest, store: str, mode: str
+) -> None:
     namespace, release = f"trace-{uuid.uuid4().hex[:8]}", f"release-{uuid.uuid4().hex}"
-    command = [str(HERE.parent / "trace_worker.py"), "--url", redis_url, "--namespace", namespace, "--release", release]
-    command += ["--asyncio"] if mode == "asyncio" else []
+    url = redis_url if store == "redis" else request.getfixturevalue("postgres_url")
+    command = [str(HERE.parent / "trace_worker.py"), "--url", url, "--namespace", namespace, "--release", release]
+    command += ["--control", redis_url] + (["--asyncio"] if mode == "asyncio" else [])
     control = redis.Redis.from_url(redis_url, socket_timeout=5)
     leader = waiter = None
     try:

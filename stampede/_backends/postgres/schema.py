@@ -55,13 +55,15 @@ SCHEMA_LOCK = "SELECT pg_advisory_xact_lock(1400136045)"
 """Taken by a store that creates the schema, in the creating transaction: one creator at a
 time (concurrent CREATE OR REPLACE of one function fails)."""
 
-SCHEMA_VERSION = "stampede_schema_v3"
+SCHEMA_VERSION = "stampede_schema_v4"
 """A function the schema's last statement creates, named after its version (a new version
 of the schema gets a new name). A store that finds it creates nothing: DDL under traffic
 takes table locks that can deadlock with the functions' row writes, so it runs only where
-the schema is missing or older."""
+the schema is missing or older. Version 4 adds ``holder`` to ``stampede_acquire``'s reply
+and is otherwise version 3, whose stores read the reply by column name: it marks itself
+version 3 as well, so that a version 3 store finds its schema there and creates nothing."""
 
-SCHEMA_READY = "SELECT count(*) FROM pg_proc WHERE proname = 'stampede_schema_v3'"
+SCHEMA_READY = "SELECT count(*) FROM pg_proc WHERE proname = 'stampede_schema_v4'"
 
 SCHEMA = r"""
 
@@ -157,17 +159,20 @@ $$;
 
 -- Double-check the value and take the lease, in one step (the Redis ACQUIRE script).
 -- state 1: the value (not the caller's stale one) is there; 2: the lease is ours;
--- 3: another holder has it for left_ms more (failed: a failed load's hold).
+-- 3: another holder has it for left_ms more (failed: a failed load's hold; holder: its
+-- token if the token carries a trace, has a '.', else '').
+-- Version 3's function replied without holder: a reply's columns cannot change in place.
+DROP FUNCTION IF EXISTS stampede_acquire(text, text, text, bigint, boolean, bytea);
 CREATE OR REPLACE FUNCTION stampede_acquire(
     p_value text, p_lock text, p_token text, p_lease_ms bigint, p_check boolean, p_stale bytea,
-    OUT state int, OUT raw bytea, OUT left_ms bigint, OUT failed boolean)
+    OUT state int, OUT raw bytea, OUT left_ms bigint, OUT failed boolean, OUT holder text)
 LANGUAGE plpgsql AS $$
 DECLARE
     now_ timestamptz := clock_timestamp();
-    holder text;
+    current_token text;
     deadline timestamptz;
 BEGIN
-    left_ms := 0; failed := false;
+    left_ms := 0; failed := false; holder := '';
     IF p_check THEN
         raw := stampede_fresh_value(p_value, p_stale, now_);
         IF raw IS NOT NULL THEN state := 1; RETURN; END IF;
@@ -185,10 +190,11 @@ BEGIN
         END IF;
         state := 2; RETURN;
     END IF;
-    SELECT l.token, l.expires_at INTO holder, deadline FROM stampede_leases l WHERE l.key = p_lock;
+    SELECT l.token, l.expires_at INTO current_token, deadline FROM stampede_leases l WHERE l.key = p_lock;
     state := 3;
     left_ms := stampede_ms_left(deadline, now_);
-    failed := holder = '!failed';
+    failed := current_token = '!failed';
+    IF strpos(current_token, '.') > 0 THEN holder := current_token; END IF;
 END $$;
 
 -- Write, release and wake, if our lease still holds (the Redis WRITE_AND_RELEASE script).
@@ -438,6 +444,7 @@ BEGIN
 END $$;
 
 CREATE OR REPLACE FUNCTION stampede_schema_v3() RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT 1';
+CREATE OR REPLACE FUNCTION stampede_schema_v4() RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT 1';
 """
 
 
@@ -502,7 +509,7 @@ def get_with_ttl(key: str, failing_key: str) -> Statement:
 
 def acquire(keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes) -> Statement:
     return Statement(
-        "SELECT state, raw, left_ms, failed FROM stampede_acquire(%s, %s, %s, %s, %s, %s)",
+        "SELECT state, raw, left_ms, failed, holder FROM stampede_acquire(%s, %s, %s, %s, %s, %s)",
         (keys.value, keys.lock, token, lease_ms, check_value, stale),
     )
 

@@ -382,12 +382,12 @@ def acquire_reply(row: tuple[Any, ...] | None) -> AcquireReply:
     """``stampede_acquire``'s row as the store contract's reply."""
     if row is None:
         raise BackendUnavailable("postgresql returned no row to take a lease")
-    state, raw, left_ms, failed = row
+    state, raw, left_ms, failed, holder = row
     if state == 1:
         return AcquireReply(LockState.VALUE, bytes(raw))
     if state == 2:
         return AcquireReply(LockState.LOCKED)
-    return AcquireReply(LockState.HELD, lease_left=left_ms / 1000, failed=bool(failed))
+    return AcquireReply(LockState.HELD, lease_left=left_ms / 1000, failed=bool(failed), holder=holder or "")
 
 
 def take_lock_reply(row: tuple[Any, ...] | None) -> AcquireReply:
