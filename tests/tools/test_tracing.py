@@ -398,3 +398,42 @@ def test_an_async_refresh_is_a_trace_of_its_own_too(
     assert refresh.parent is None
     assert [link.context.span_id for link in refresh.links] == [stale_call.context.span_id]  # type: ignore[union-attr]
     assert refresh.attributes is not None and refresh.attributes["stampede.outcome"] == "loaded"
+
+
+@pytest.mark.timeout(60)
+def test_over_every_backend_a_wait_on_another_layers_lease_links_to_its_load(
+    exporter: InMemorySpanExporter, layer_of_each_backend: Callable[..., Stampede], request: pytest.FixtureRequest
+) -> None:
+    """Two layers over one store stand for two processes: the second waits on the first's
+    lease. Its wait links to the first's load wherever the store says whose a held lease
+    is; Redlock's and ZooKeeper's lock servers refuse a lease without saying so."""
+    backend = request.node.callspec.params["layer_of_each_backend"]
+    if backend == "embedded":
+        pytest.skip("two embedded layers share no store")
+    leader_layer, waiter_layer = layer_of_each_backend(), layer_of_each_backend()
+    started, release = threading.Event(), threading.Event()
+    waits = WaitsBegun()
+    waiter_layer.observe(waits)
+
+    def slow(n: int) -> int:
+        started.set()
+        assert release.wait(20)
+        return n
+
+    leader = leader_layer.cached_loader("item:{n}", lock_ttl=30)(slow)
+    waiter = waiter_layer.cached_loader("item:{n}", lock_ttl=30)(slow)
+    first = threading.Thread(target=leader, args=(1,))
+    first.start()
+    assert started.wait(20)
+    second = threading.Thread(target=waiter, args=(1,))
+    second.start()
+    wait_until(lambda: waits.begun == 1, "the second layer waiting on the lease", timeout=20)
+    release.set()
+    first.join(20)
+    second.join(20)
+    (load,) = named(exporter, "stampede.load")
+    (wait,) = named(exporter, "stampede.wait")
+    assert wait.attributes is not None and wait.attributes["stampede.wait.kind"] == "lease"
+    links = [(link.context.trace_id, link.context.span_id) for link in wait.links]
+    expected = [(load.context.trace_id, load.context.span_id)]  # type: ignore[union-attr]
+    assert links == ([] if backend in ("redlock", "zookeeper") else expected), backend
