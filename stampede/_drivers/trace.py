@@ -23,11 +23,12 @@ The spans (``docs/operating.md`` shows them in a trace)::
 
 How a waiter in another process finds the load it waits for: a traced leader's lease
 token ends in ``.`` and its load span's trace and span ids (``lease_token``); a store
-that tells a waiter who holds a lease (``AcquireReply.holder``: Redis, Valkey, PostgreSQL
-and the in-memory backend; not Redlock or ZooKeeper leases) hands that token on, and the waiter's wait span links to it. The
-load span is started when the lease is asked for, so that its ids can travel with the
-request: a caller that waits instead of loading drops it unended (never exported), and
-one that takes over after waiting loads under it (its span begins at its first request).
+that tells a waiter who holds a lease (``AcquireReply.holder``: Redis, Valkey,
+PostgreSQL and the in-memory backend; not Redlock's or ZooKeeper's lock servers) hands
+that token on, and the waiter's wait span links to it. The load span is started when
+the lease is asked for, so that its ids can travel with the request: a caller that
+waits instead of loading drops it unended (never exported), and one that takes over
+after waiting loads under it (its span begins at its first request).
 A caller that joins another's flight in its own process links to the load its leader
 ran, or waited for in another process: the flight keeps its leader's trace.
 
