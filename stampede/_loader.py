@@ -12,7 +12,7 @@ from ._core.keys import KeyBuilder
 from ._core.results import Cached
 from ._drivers.observe import Events
 from ._drivers.refresh import reporting
-from ._drivers.trace import FEED, GLOBALS, CallTrace, call_trace, entry_attributes, tracer
+from ._drivers.trace import GLOBALS, CallTrace, call_trace, entry_attributes, tracer
 
 if TYPE_CHECKING:
     from ._core.flow import LoaderSpec
@@ -135,13 +135,12 @@ class _Loader(Generic[P, R]):
         """The Redis key of the value these arguments load (for inspection and tooling)."""
         return self._keys.value_key(args, kwargs)
 
-    def _trace(self, traces: Any, events: Events, value_key: str, name: str = "stampede.get") -> CallTrace:
+    def _trace(self, traces: Any, events: Events, value_key: str) -> CallTrace:
         """The trace of one call (``_drivers.trace``), fed by the layer's reports."""
-        events.feed(FEED)
         if self._trace_attributes is None:
             self._trace_attributes = entry_attributes(events.namespace, self._keys.template)
-        key = value_key if self._spec.settings.trace_keys else None
-        return call_trace(traces, name, self._trace_attributes, key)
+        own = {"stampede.key": value_key} if self._spec.settings.trace_keys else None
+        return call_trace(traces, events, "stampede.get", self._trace_attributes, own)
 
     @overload
     def __get__(self: Self_, instance: None, owner: type | None = None) -> Self_: ...

@@ -27,7 +27,7 @@ from ._core.keys import EntryKeys, KeyBuilder
 from ._core.many import values_of
 from ._core.tags import TagSet, TagTemplates
 from ._drivers.observe import Events
-from ._drivers.trace import FEED, GLOBALS, CallTrace, entry_attributes, tracer
+from ._drivers.trace import GLOBALS, CallTrace, call_trace, entry_attributes, tracer
 from ._errors import ConfigError
 from ._loader import AsyncBoundLoader, BoundLoader
 
@@ -206,13 +206,12 @@ class _ManyLoader(Generic[K, V]):
     def _trace(self, traces: Any, events: Events, keys: list[str]) -> CallTrace:
         """The trace of one call (``_drivers.trace``): how many entries it asked for, and
         their keys with ``trace_keys``."""
-        events.feed(FEED)
         if self._trace_attributes is None:
             self._trace_attributes = entry_attributes(events.namespace, self._keys.template)
-        attributes = {**self._trace_attributes, "stampede.entries": len(keys)}
+        own: dict[str, Any] = {"stampede.entries": len(keys)}
         if self.settings.trace_keys:
-            attributes["stampede.keys"] = keys
-        return CallTrace(traces, "stampede.get_many", attributes)
+            own["stampede.keys"] = keys
+        return call_trace(traces, events, "stampede.get_many", self._trace_attributes, own)
 
     def key(self, *args: Any, **kwargs: Any) -> str:
         """The key of one id's entry: the loader's arguments with one id in place of the

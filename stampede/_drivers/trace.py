@@ -51,6 +51,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
 from .._core.observer import Measure
+from .observe import Events
 
 try:
     from opentelemetry import context as otel_context
@@ -441,10 +442,14 @@ def entry_attributes(namespace: str, template: str) -> dict[str, Any]:
     return {"stampede.namespace": namespace, "stampede.template": template}
 
 
-def call_trace(tracer: Any, name: str, attributes: dict[str, Any], key: str | None) -> CallTrace:
-    """A call's trace, to enter around it: ``attributes`` are the loader's
-    (``entry_attributes``), and ``key`` is added if given (``trace_keys``)."""
-    return CallTrace(tracer, name, attributes if key is None else {**attributes, "stampede.key": key})
+def call_trace(
+    tracer: Any, events: Events, name: str, attributes: dict[str, Any], own: dict[str, Any] | None = None
+) -> CallTrace:
+    """A call's trace, to enter around it, fed by its layer's reports (``events``):
+    ``attributes`` are the loader's (``entry_attributes``), ``own`` the call's (its key,
+    with ``trace_keys``)."""
+    events.feed(FEED)
+    return CallTrace(tracer, name, {**attributes, **own} if own else attributes)
 
 
 # --- background refreshes ---------------------------------------------------------------
