@@ -24,6 +24,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from scenarios import WaitsBegun  # tests/, this script's folder
 
 from stampede import Stampede
 
@@ -33,24 +34,6 @@ provider.add_span_processor(SimpleSpanProcessor(exporter))
 trace.set_tracer_provider(provider)
 app = trace.get_tracer("trace_worker")
 printing = threading.Lock()
-
-
-class WaitsBegun:
-    """An observer counting the waits begun."""
-
-    def __init__(self) -> None:
-        self.begun = 0
-
-    def count(self, namespace: str, event: str, n: int) -> None:
-        pass
-
-    def began(self, namespace: str, measure: str) -> None:
-        if measure == "wait":
-            with printing:
-                self.begun += 1
-
-    def ended(self, namespace: str, measure: str, outcome: str, seconds: float) -> None:
-        pass
 
 
 def say(line: str) -> None:
