@@ -41,6 +41,7 @@ def main() -> None:
     parser.add_argument("--announce", action="store_true")
     parser.add_argument("--tag", default="")
     parser.add_argument("--redlock", action="append", default=[], help="a lock server (repeat): Redlock leases")
+    parser.add_argument("--redlock-timeout", type=float, default=0.05, help="the lock servers' socket timeout (s)")
     parser.add_argument("--ttl", type=float, default=300.0)
     parser.add_argument("--stale-while-revalidate", type=float, default=0.0)
     parser.add_argument("--cluster", action="store_true", help="--url is a node of a Redis Cluster")
@@ -50,7 +51,7 @@ def main() -> None:
     versioned = options.stale_while_revalidate > 0
 
     counter = redis.Redis.from_url(options.count_url or options.url, socket_timeout=5)
-    redlock = Redlock(options.redlock) if options.redlock else None
+    redlock = Redlock(options.redlock, socket_timeout=options.redlock_timeout) if options.redlock else None
     zookeeper = None
     if options.zookeeper:
         from kazoo.client import KazooClient

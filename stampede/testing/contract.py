@@ -298,13 +298,15 @@ def test_a_failed_loads_hold_keeps_everyone_out_and_says_so(store: Any, keys: En
     store.acquire(keys, "a", LEASE_MS, True)
     subscription = store.subscribe(keys)
     try:
-        assert store.hold(keys, "b", 300, 60_000) is False  # not b's lease
-        assert store.hold(keys, "a", 300, 60_000) is True
+        # A hold of a second: the four round trips to the next acquire fit in it even on
+        # a loaded machine (300 ms once did not, on ZooKeeper).
+        assert store.hold(keys, "b", 1000, 60_000) is False  # not b's lease
+        assert store.hold(keys, "a", 1000, 60_000) is True
         assert subscription.wait(5) == b""  # the waiters are woken
     finally:
         subscription.close()
     held = store.acquire(keys, "c", LEASE_MS, True)
-    assert held.state is LockState.HELD and held.failed and held.lease_left <= 0.3
+    assert held.state is LockState.HELD and held.failed and held.lease_left <= 1.0
     assert store.write_release(keys, "a", ENVELOPE, 60_000, False) != Written.YES  # nobody's lease now
     deadline = time.monotonic() + 5
     while store.acquire(keys, "c", LEASE_MS, True).state is not LockState.LOCKED:

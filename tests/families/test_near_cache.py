@@ -88,14 +88,25 @@ def test_near_hits_send_nothing_to_redis(make_layer: Callable[..., Stampede], re
     tracked(layer)
     assert load(1) == {"key": 1, "version": 1}  # loaded and written
     copied(layer, load, 1)
+    # Every near hit sends nothing; a call that is not one sends one GET. That is when the
+    # 100 ms lease lapsed (a loaded machine can hold a renewal up past it): a round of 500
+    # calls is then tried again, until one is all near hits.
     with CommandMonitor(redis_url) as monitor:
-        for _ in range(500):
-            assert load(1) == {"key": 1, "version": 1}
-        sent = monitor.checkpoint()
-    reads = [command for command in sent if load.key(1) in command]
-    assert reads == []
+        for _ in range(5):
+            hits_before = layer.stats()["near_hits"]
+            for _ in range(500):
+                assert load(1) == {"key": 1, "version": 1}
+            sent = monitor.checkpoint()
+            near_hits = layer.stats()["near_hits"] - hits_before
+            reads = [command for command in sent if load.key(1) in command]
+            assert reads == [("GET", load.key(1))] * (500 - near_hits)
+            if near_hits == 500:
+                break
+            copied(layer, load, 1)
+            monitor.checkpoint()  # not the reads that made the copy
+    assert near_hits == 500, "no round of 500 calls was all near hits"
     stats = layer.stats()
-    assert stats["near_hits"] >= 500 and stats["loads"] == 1 and stats["near_fills"] >= 1
+    assert stats["loads"] == 1 and stats["near_fills"] >= 1
 
 
 def test_the_near_cache_is_off_by_default(make_layer: Callable[..., Stampede]) -> None:
@@ -241,7 +252,10 @@ def test_evicted_values_drop_copies(own_server: RedisServer) -> None:
         copied(layer, load, 1)
         key = load.key(1)
         pipeline = client.pipeline(transaction=False)
-        for batch in range(200):
+        # Random eviction, so when the entry goes is chance: about 2,300 fillers fit, and in
+        # 40 trials it went after 23 to 88 batches (200 was once too few). The bound only
+        # stops a server that never evicts.
+        for batch in range(2000):
             for index in range(100):
                 pipeline.set(f"filler:{batch}:{index}", b"x" * 1024)
             pipeline.execute()
