@@ -298,8 +298,8 @@ def test_a_failed_loads_hold_keeps_everyone_out_and_says_so(store: Any, keys: En
     store.acquire(keys, "a", LEASE_MS, True)
     subscription = store.subscribe(keys)
     try:
-        # A hold of a second: the four round trips to the next acquire fit in it even on
-        # a loaded machine (300 ms once did not, on ZooKeeper).
+        # A hold of a second: the wake-up, closing the subscription and the next acquire
+        # fit in it even on a loaded machine (300 ms once did not, on ZooKeeper).
         assert store.hold(keys, "b", 1000, 60_000) is False  # not b's lease
         assert store.hold(keys, "a", 1000, 60_000) is True
         assert subscription.wait(5) == b""  # the waiters are woken
