@@ -3,10 +3,24 @@
 The blocking subscriber (a reader thread) and the asyncio one (a reader task per event
 loop) differ only in how they send and read. The rules live here, once:
 
-* The first mailbox on a channel makes the subscriber send SUBSCRIBE. Mailboxes that
-  join before the server confirms it wait for the same confirmation. Later ones are
-  confirmed at once. The last one to leave makes it send UNSUBSCRIBE.
-* A message goes to every mailbox on its channel.
+* Every mailbox that joins a channel makes the subscriber send SUBSCRIBE, even when the
+  channel is subscribed already, and is confirmed by the reply to its own SUBSCRIBE
+  (replies come in the order the commands were sent). The last one to leave makes it
+  send UNSUBSCRIBE.
+* A message goes to every *confirmed* mailbox on its channel. So a mailbox gets only
+  messages published after the server ran its SUBSCRIBE, which was sent after its waiter
+  began: never one still unread from before, however slow the reader. A waiter may take
+  such a message's value as its own (``_core.flow``): it was written under a lease taken
+  after every invalidation that had returned when the waiter began::
+
+      t=0  process A writes v1 and publishes it; B's reader has not read it yet
+      t=1  process C invalidates the entry: done. D takes the lease to load v2
+      t=2  a caller in B finds D's lease, joins the channel (B subscribed it already)
+      t=3  B's reader reads v1's message
+
+  The caller at t=2 must not be handed v1. Its mailbox is confirmed by the reply to the
+  SUBSCRIBE it sent at t=2, which comes after v1's message: v1 goes to the mailboxes
+  confirmed before, and the caller waits for D's write.
 * A lost connection wakes every mailbox with ``b""`` (a spurious wake-up is always safe:
   a waiter re-checks the entry) and fails every unconfirmed subscription. After a
   reconnect the subscriber subscribes again to every channel still awaited.
@@ -38,36 +52,37 @@ class Mailbox(Protocol):
 
 class Channels:
     def __init__(self) -> None:
-        self._members: dict[str, set[Mailbox]] = {}
-        self._unconfirmed: dict[str, list[Mailbox]] = {}
+        self._members: dict[str, set[Mailbox]] = {}  # every mailbox on a channel
+        self._confirmed: dict[str, set[Mailbox]] = {}  # those that get its messages
+        # Per channel, one group of mailboxes for each SUBSCRIBE sent and not yet
+        # confirmed, oldest first: the next confirmation is the first group's. A group is
+        # kept when its mailboxes leave, so that later replies still meet their own.
+        self._unconfirmed: dict[str, list[list[Mailbox]]] = {}
 
     def add(self, mailbox: Mailbox) -> bool:
-        """Register ``mailbox``. True if the caller must send SUBSCRIBE for its channel."""
-        members = self._members.setdefault(mailbox.channel, set())
-        members.add(mailbox)
-        if len(members) == 1:
-            self._unconfirmed[mailbox.channel] = [mailbox]
-            return True
-        waiting = self._unconfirmed.get(mailbox.channel)
-        if waiting is not None:
-            waiting.append(mailbox)
-        else:
-            mailbox.confirm(True)
-        return False
+        """Register ``mailbox``. Always True: the caller sends SUBSCRIBE for its channel,
+        whose confirmation confirms this mailbox (see the module's rules)."""
+        self._members.setdefault(mailbox.channel, set()).add(mailbox)
+        self._unconfirmed.setdefault(mailbox.channel, []).append([mailbox])
+        return True
 
     def remove(self, mailbox: Mailbox) -> bool:
         """Unregister ``mailbox``. True if the caller must send UNSUBSCRIBE for its channel."""
-        members = self._members.get(mailbox.channel)
+        channel = mailbox.channel
+        members = self._members.get(channel)
         if members is None or mailbox not in members:
             return False
         members.discard(mailbox)
-        waiting = self._unconfirmed.get(mailbox.channel)
-        if waiting is not None and mailbox in waiting:
-            waiting.remove(mailbox)
+        confirmed = self._confirmed.get(channel)
+        if confirmed is not None:
+            confirmed.discard(mailbox)
+        for group in self._unconfirmed.get(channel, ()):
+            if mailbox in group:
+                group.remove(mailbox)
         if members:
             return False
-        del self._members[mailbox.channel]
-        self._unconfirmed.pop(mailbox.channel, None)
+        del self._members[channel]
+        self._confirmed.pop(channel, None)
         return True
 
     def on_reply(self, reply: Any) -> str | None:
@@ -80,11 +95,18 @@ class Channels:
         kind, channel_raw, data = reply
         channel = channel_raw.decode() if isinstance(channel_raw, bytes) else str(channel_raw)
         if kind in (b"message", b"smessage"):
-            for mailbox in self._members.get(channel, ()):
+            for mailbox in self._confirmed.get(channel, ()):
                 mailbox.deliver(data)
         elif kind in (b"subscribe", b"ssubscribe"):
-            for mailbox in self._unconfirmed.pop(channel, ()):
-                mailbox.confirm(True)
+            groups = self._unconfirmed.get(channel)
+            if groups:
+                group = groups.pop(0)
+                if not groups:
+                    del self._unconfirmed[channel]
+                if group:
+                    self._confirmed.setdefault(channel, set()).update(group)
+                for mailbox in group:
+                    mailbox.confirm(True)
         elif kind == b"sunsubscribe" and channel in self._members and channel not in self._unconfirmed:
             return channel
         return None
@@ -94,9 +116,10 @@ class Channels:
         the slot): fail the subscriptions still waiting for a confirmation. The subscriber
         routes them again."""
         unconfirmed, self._unconfirmed = self._unconfirmed, {}
-        for waiting in unconfirmed.values():
-            for mailbox in waiting:
-                mailbox.confirm(False)
+        for groups in unconfirmed.values():
+            for group in groups:
+                for mailbox in group:
+                    mailbox.confirm(False)
 
     def take(self, channels: list[str] | None = None) -> list[Mailbox]:
         """Unregister and return the mailboxes of ``channels`` (None: all), without an
@@ -105,6 +128,7 @@ class Channels:
         taken: list[Mailbox] = []
         for channel in names:
             taken.extend(self._members.pop(channel, ()))
+            self._confirmed.pop(channel, None)
             self._unconfirmed.pop(channel, None)
         return taken
 
@@ -116,14 +140,16 @@ class Channels:
                 mailbox.deliver(b"")
 
     def resubscribe(self) -> list[str]:
-        """The channels to subscribe to again on a new connection. Mailboxes that join
-        them now wait for the server's confirmation, like those of a new channel."""
+        """The channels to subscribe to again on a new connection, one SUBSCRIBE each. The
+        mailboxes confirmed before stay confirmed: the new connection carries only
+        messages published after it subscribed."""
         for channel in self._members:
-            self._unconfirmed.setdefault(channel, [])
+            self._unconfirmed.setdefault(channel, []).append([])
         return list(self._members)
 
     def clear(self) -> None:
         self._members.clear()
+        self._confirmed.clear()
         self._unconfirmed.clear()
 
     def __bool__(self) -> bool:

@@ -28,16 +28,45 @@ class Box:
         self.confirmed.append(ok)
 
 
-def test_the_first_mailbox_subscribes_and_joiners_share_its_confirmation() -> None:
+def test_every_mailbox_subscribes_and_is_confirmed_by_its_own_subscribe() -> None:
     channels = Channels()
     first, second = Box("a"), Box("a")
     assert channels.add(first) is True  # send SUBSCRIBE
-    assert channels.add(second) is False  # already being subscribed
+    assert channels.add(second) is True  # again: its own confirmation fences it
     assert first.confirmed == second.confirmed == []
     channels.on_reply([b"subscribe", b"a", 1])
-    assert first.confirmed == second.confirmed == [True]
-    late = Box("a")
-    assert channels.add(late) is False and late.confirmed == [True]  # confirmed at once
+    assert first.confirmed == [True] and second.confirmed == []
+    channels.on_reply([b"subscribe", b"a", 1])
+    assert second.confirmed == [True]
+
+
+def test_a_message_read_before_a_mailbox_is_confirmed_is_not_its_own() -> None:
+    """The message was published before the server ran the mailbox's SUBSCRIBE: before
+    its waiter began, perhaps before an invalidation that removed its value."""
+    channels = Channels()
+    early, late = Box("a"), Box("a")
+    channels.add(early)
+    channels.on_reply([b"subscribe", b"a", 1])
+    channels.add(late)
+    channels.on_reply([b"message", b"a", b"old"])
+    channels.on_reply([b"subscribe", b"a", 1])
+    channels.on_reply([b"message", b"a", b"new"])
+    assert early.messages == [b"old", b"new"]
+    assert late.messages == [b"new"]
+
+
+def test_a_confirmation_meant_for_a_mailbox_that_left_confirms_no_later_one() -> None:
+    channels = Channels()
+    gone, late = Box("a"), Box("a")
+    channels.add(gone)
+    assert channels.remove(gone) is True  # send UNSUBSCRIBE
+    channels.add(late)
+    channels.on_reply([b"subscribe", b"a", 1])  # the reply to gone's SUBSCRIBE
+    channels.on_reply([b"message", b"a", b"old"])
+    assert late.confirmed == [] and late.messages == []
+    channels.on_reply([b"unsubscribe", b"a", 0])
+    channels.on_reply([b"subscribe", b"a", 1])
+    assert late.confirmed == [True]
 
 
 def test_messages_reach_their_channel_only_and_the_last_to_leave_unsubscribes() -> None:
@@ -45,6 +74,8 @@ def test_messages_reach_their_channel_only_and_the_last_to_leave_unsubscribes() 
     a1, a2, b = Box("a"), Box("a"), Box("b")
     for box in (a1, a2, b):
         channels.add(box)
+    for channel in (b"a", b"a", b"b"):
+        channels.on_reply([b"subscribe", channel, 1])
     channels.on_reply([b"message", b"a", b"value"])
     assert a1.messages == a2.messages == [b"value"] and b.messages == []
     assert channels.remove(a1) is False
@@ -72,7 +103,8 @@ def test_mailboxes_joining_during_a_resubscribe_wait_for_its_confirmation() -> N
     assert channels.resubscribe() == ["a"]
     joiner = Box("a")
     channels.add(joiner)
-    assert joiner.confirmed == []  # not before the new connection's SUBSCRIBE is confirmed
+    channels.on_reply([b"subscribe", b"a", 1])  # the new connection's SUBSCRIBE
+    assert joiner.confirmed == []  # not before its own SUBSCRIBE is confirmed
     channels.on_reply([b"subscribe", b"a", 1])
     assert joiner.confirmed == [True]
 

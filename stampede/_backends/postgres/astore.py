@@ -259,11 +259,19 @@ class AsyncPostgresStore(AsyncOneByOne):
         return None if row is None else str(row[0])
 
     async def subscribe(self, keys: EntryKeys) -> AsyncSubscription:
+        """``PostgresStore.subscribe``, awaited."""
         subscription = LoopMailbox(keys.channel, asyncio.get_running_loop(), self.listener.detach)
-        if not self.listener.join(subscription) and not await asyncio.to_thread(self.listener.wait_connected):
-            self.listener.detach(subscription)
-            raise BackendUnavailable(f"cannot listen for wake-ups on {keys.channel!r}: the database does not answer")
-        subscription.confirm(True)
+        fence = self.listener.join(subscription)
+        try:
+            if fence is not None:
+                await self._one("subscribe to", keys.value, sql.fence(fence))
+            if not await subscription.wait_confirmed(self.listener.timeout):
+                raise BackendUnavailable(
+                    f"cannot listen for wake-ups on {keys.channel!r}: the database does not answer"
+                )
+        except BaseException:
+            subscription.close()
+            raise
         return subscription
 
     async def check(self, namespace: str) -> None:

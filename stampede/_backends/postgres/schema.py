@@ -554,6 +554,15 @@ TAGGED = (  # how many live entries carry a tag, for the command line
 )
 
 
+FENCE = "f"
+"""A payload ``f<fence>`` confirms the mailbox that waits for it (``PostgresListener``).
+Every listener hears it; those of other processes, and of older versions, find nobody."""
+
+
+def fence(name: str) -> Statement:
+    return Statement("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, FENCE + name))
+
+
 def wake_up(payload: str) -> tuple[str, bytes]:
     """A NOTIFY payload as (the entry's channel, the message for its waiters). The
     channel is ``*`` when every waiter is to re-check."""

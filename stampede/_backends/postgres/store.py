@@ -17,8 +17,10 @@ under an advisory lock. A database that lost it (dropped, recreated) gets it aga
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -92,51 +94,60 @@ class Sweeper:
 
 class PostgresListener:
     """One connection that LISTENs for every store of the process on one database, and
-    the mailboxes waiting on each entry's channel. Started by the first waiter."""
+    the mailboxes waiting on each entry's channel. Started by the first waiter.
+
+    A mailbox gets only the wake-ups committed after its waiter began. NOTIFYs reach the
+    listener in the order their transactions committed, and some may still be unread when
+    a waiter joins: one of them may carry a value an invalidation has removed since (see
+    ``_backends.channels``). So a mailbox that joins a listening connection is confirmed
+    by a fence: its store NOTIFYs ``f<fence>`` after the join, and the mailbox is given
+    wake-ups from the moment the listener reads that fence. A mailbox that joins while
+    nothing listens is confirmed when LISTEN is in place: the connection hears nothing
+    older."""
 
     def __init__(self, conninfo: str, settings: dict[str, Any], timeout: float) -> None:
         self._conninfo = conninfo
         self._settings = {key: value for key, value in settings.items() if key != "options"}
         self._settings["autocommit"] = True
-        self._timeout = timeout
+        self.timeout = timeout
         self._lock = threading.Lock()
-        self._waiting = Waiting()
-        self._connected = threading.Event()
+        self._fence_prefix = f"{secrets.token_hex(6)}."
+        self._fences = itertools.count()
+        self._reset()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         reset_after_fork(self)
+
+    def _reset(self) -> None:
+        self._waiting = Waiting()  # confirmed mailboxes: they get their channel's wake-ups
+        self._unconfirmed: dict[str, Mailbox] = {}  # by fence ("": joined while nothing listened: a key each)
+        self._listening = False  # LISTEN is in place. Written under _lock
+        self._thread: threading.Thread | None = None
 
     def after_fork_in_child(self) -> None:
         self._lock = threading.Lock()
-        self._waiting = Waiting()
-        self._connected = threading.Event()
-        self._thread = None  # the parent's thread and connection are not in the child
+        self._reset()  # the parent's thread and connection are not in the child
 
-    def attach(self, mailbox: Mailbox) -> None:
-        """Deliver the channel's wake-ups to ``mailbox`` once LISTEN is in place."""
-        if not self.join(mailbox) and not self.wait_connected():
-            self.detach(mailbox)
-            raise BackendUnavailable(f"cannot listen for wake-ups on {mailbox.channel!r}: the database does not answer")
-        mailbox.confirm(True)
-
-    def join(self, mailbox: Mailbox) -> bool:
-        """Register ``mailbox`` (starting the listener at the first). True if LISTEN is in
-        place already, else the caller waits (``wait_connected``) before relying on it."""
+    def join(self, mailbox: Mailbox) -> str | None:
+        """Register ``mailbox``, unconfirmed (starting the listener at the first). The
+        fence its store must NOTIFY (``sql.fence``) for the listener to confirm it, or
+        None: nothing listens yet, and LISTEN will confirm it. The caller then waits for
+        the mailbox's confirmation."""
         with self._lock:
             if self._stop.is_set():
                 raise BackendUnavailable("the layer is closed")
-            self._waiting.add(mailbox)
+            fence = f"{self._fence_prefix}{next(self._fences)}"
+            self._unconfirmed[fence] = mailbox
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="stampede-pg-listener", daemon=True)
                 self._thread.start()
-        return self._connected.is_set()
-
-    def wait_connected(self) -> bool:
-        return self._connected.wait(self._timeout)
+            return fence if self._listening else None
 
     def detach(self, mailbox: Mailbox) -> None:
         with self._lock:
             self._waiting.remove(mailbox)
+            for fence, unconfirmed in list(self._unconfirmed.items()):
+                if unconfirmed is mailbox:
+                    del self._unconfirmed[fence]
 
     def close(self) -> None:
         self._stop.set()
@@ -161,7 +172,7 @@ class PostgresListener:
                 if reconnect:
                     self._wake_all()  # whatever was sent while no connection listened is lost
                 reconnect = True
-                self._connected.set()
+                self._listening_now()
                 while not self._stop.is_set():
                     for notice in connection.notifies(timeout=0.2):
                         self._deliver(notice.payload)
@@ -169,11 +180,32 @@ class PostgresListener:
                 if not self._stop.is_set():
                     wakeups_log.warning("stampede: lost the connection that listens for wake-ups (%s)", error)
             finally:
-                self._connected.clear()
+                with self._lock:
+                    self._listening = False
                 connection.close()
                 self._wake_all()
 
+    def _listening_now(self) -> None:
+        """LISTEN is in place on a new connection: every mailbox waiting for a fence is
+        confirmed, the fence's NOTIFY perhaps lost with the old connection. This one
+        carries only what committed after it listened."""
+        with self._lock:
+            self._listening = True
+            unconfirmed, self._unconfirmed = list(self._unconfirmed.values()), {}
+            for mailbox in unconfirmed:
+                self._waiting.add(mailbox)
+        for mailbox in unconfirmed:
+            mailbox.confirm(True)
+
     def _deliver(self, payload: str) -> None:
+        if payload.startswith(sql.FENCE):
+            with self._lock:
+                mailbox = self._unconfirmed.pop(payload[len(sql.FENCE) :], None)
+                if mailbox is not None:
+                    self._waiting.add(mailbox)
+            if mailbox is not None:
+                mailbox.confirm(True)
+            return
         channel, message = sql.wake_up(payload)
         if channel == "*":  # a channel too long for a wake-up of its own
             self._wake_all()
@@ -353,8 +385,19 @@ class PostgresStore(OneByOne):
         return None if row is None else str(row[0])
 
     def subscribe(self, keys: EntryKeys) -> Subscription:
+        """A mailbox on the entry's channel, confirmed by its fence (``PostgresListener``)."""
         subscription = ThreadMailbox(keys.channel, self.listener.detach)
-        self.listener.attach(subscription)
+        fence = self.listener.join(subscription)
+        try:
+            if fence is not None:
+                self._one("subscribe to", keys.value, sql.fence(fence))
+            if not subscription.wait_confirmed(self.listener.timeout):
+                raise BackendUnavailable(
+                    f"cannot listen for wake-ups on {keys.channel!r}: the database does not answer"
+                )
+        except BaseException:
+            subscription.close()
+            raise
         return subscription
 
     def check(self, namespace: str) -> None:
