@@ -68,3 +68,15 @@ def run_all(actions: list[Action]) -> None:
             failure = failure or error
     if failure is not None:
         raise failure
+
+
+def run_logged(actions: list[Action]) -> None:
+    """Run every action; log each failure at ERROR (logger ``stampede.commit``) and raise
+    none. For hosts that stop running a transaction's hooks at the first that raises
+    (Django's ``on_commit``): one cache that cannot be reached must not cost the other
+    invalidations, nor the application's own hooks."""
+    for action in actions:
+        try:
+            action()
+        except Exception as error:
+            log.error("a cache action after the commit failed, the cache may keep the old value: %r", error)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import inspect
 import logging
 import os
@@ -21,7 +22,18 @@ from ._backend import (
     given_by_url,
 )
 from ._core.codec import Codec, Serializer, TypedSerializer
-from ._core.config import Compression, NearMode, Policy, Settings, check_count, check_namespace, check_seconds, renamed
+from ._core.config import (
+    SETTING_NAMES,
+    Compression,
+    NearMode,
+    Policy,
+    Settings,
+    check_count,
+    check_namespace,
+    check_seconds,
+    refuse_unknown,
+    renamed,
+)
 from ._core.flow import LoaderSpec
 from ._core.keys import EntryKeys, KeyBuilder, lock_keys
 from ._core.near import NEAR_LEASE
@@ -61,6 +73,30 @@ AsyncClient = Union[
     "redis.asyncio.cluster.RedisCluster",
     Callable[[], "redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster"],
 ]
+
+
+M = TypeVar("M", bound=Callable[..., Any])
+
+
+def _layer_method(method: M) -> M:
+    """A layer's decorator maker that refuses, with a ``ConfigError`` that says what to do,
+    a call on the class instead of on a layer, and a setting's name it does not know
+    (naming the closest one), where Python would say only ``TypeError``."""
+    parameters = set(inspect.signature(method).parameters) - {"self", "template"}
+    name = method.__name__
+
+    @functools.wraps(method)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        if not args or not isinstance(args[0], Stampede):
+            raise ConfigError(
+                f"{name} is a method of a layer: make one (layer = Stampede.from_url(...), or Stampede() "
+                f"for one process) and decorate with @layer.{name}(...), or use stampede.{name}(...), "
+                "whose layer is the default one"
+            )
+        refuse_unknown(kwargs, parameters)
+        return method(*args, **kwargs)
+
+    return checked  # type: ignore[return-value]
 
 
 class Stampede:
@@ -113,10 +149,8 @@ class Stampede:
         zookeeper: KazooClient | str | None = None,
         **settings: Any,
     ) -> None:
-        try:
-            self.settings = Settings(**renamed(settings, stacklevel=2))
-        except TypeError as error:
-            raise ConfigError(f"unknown setting: {error}") from None
+        refuse_unknown(settings, SETTING_NAMES)
+        self.settings = Settings(**renamed(settings, stacklevel=2))
         check_count("max_entries", max_entries)
         check_count("background_refreshes", background_refreshes)
         check_count("near_cache_entries", near_cache_entries)
@@ -257,6 +291,7 @@ class Stampede:
         tags: Sequence[str] | None = None,
     ) -> LoaderDecorator: ...
 
+    @_layer_method
     def cached_loader(
         self,
         template: str | Callable[..., Any] | None = None,
@@ -299,7 +334,7 @@ class Stampede:
             on_wait_timeout=on_wait_timeout,
             on_backend_error=on_backend_error,
             on_redis_error=on_redis_error,
-            stacklevel=3,
+            stacklevel=4,
             max_value_bytes=max_value_bytes,
             stale_while_revalidate=stale_while_revalidate,
             stale_if_error=stale_if_error,
@@ -321,6 +356,7 @@ class Stampede:
             return LoaderDecorator(self, None, settings, codec)(template)  # bare @cached_loader
         return LoaderDecorator(self, template, settings, codec, tags)
 
+    @_layer_method
     def cached_loader_many(
         self,
         template: str,
@@ -333,6 +369,7 @@ class Stampede:
         wait_timeout: float | None = None,
         on_wait_timeout: Policy | None = None,
         on_backend_error: Policy | None = None,
+        on_redis_error: Policy | None = None,  # deprecated: on_backend_error
         max_value_bytes: int | None = None,
         stale_while_revalidate: float | None = None,
         stale_if_error: float | None = None,
@@ -363,7 +400,8 @@ class Stampede:
             wait_timeout=wait_timeout,
             on_wait_timeout=on_wait_timeout,
             on_backend_error=on_backend_error,
-            stacklevel=3,
+            on_redis_error=on_redis_error,
+            stacklevel=4,
             max_value_bytes=max_value_bytes,
             stale_while_revalidate=stale_while_revalidate,
             stale_if_error=stale_if_error,
@@ -709,6 +747,7 @@ class LoaderDecorator:
             func = func.__func__  # type: ignore[attr-defined]  # called as it is, from the class or an instance: nothing is bound
         if not callable(func):
             raise ConfigError(f"cached_loader decorates a function, got {func!r}")
+        refuse_generator("cached_loader", func)
         keys = KeyBuilder(func, self._template, layer.namespace, self._settings.max_key_length)
         codec = self._codec
         if isinstance(codec.serializer, TypedSerializer):
@@ -766,6 +805,7 @@ class ManyLoaderDecorator:
             func = func.__func__  # type: ignore[attr-defined]
         if not callable(func):
             raise ConfigError(f"cached_loader_many decorates a function, got {func!r}")
+        refuse_generator("cached_loader_many", func)
         keys = ManyKeys(func, self._template, self._batch, layer.namespace, self._settings.max_key_length)
         if self._tags is not None:
             keys.tag(self._tags, layer.namespace, self._settings.max_key_length)
@@ -780,6 +820,18 @@ class ManyLoaderDecorator:
         if layer._runner is None:
             raise ConfigError(f"{func.__qualname__} is not async, and this layer has only an asyncio client")
         return CachedManyLoader(spec, layer._runner, keys, layer._forget, static)
+
+
+def refuse_generator(decorator: str, func: Callable[..., Any]) -> None:
+    """A generator function returns before its values are made: there is no one value
+    to cache, and an async generator would pass for a blocking loader."""
+    if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+        kind = "an async generator" if inspect.isasyncgenfunction(func) else "a generator"
+        raise ConfigError(
+            f"{decorator} cannot decorate {func.__qualname__}, {kind} function: its values are made while "
+            "the caller iterates, after the call returned, so there is no one value to cache. Return a list "
+            "(from a def or an async def) instead"
+        )
 
 
 def _typed_for(serializer: TypedSerializer, func: Callable[..., Any]) -> Serializer:

@@ -167,8 +167,10 @@ class ManyKeys:
         return self.tags.render(tuple(values), {})
 
     def with_ids(self, call: dict[str, Any], ids: list[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """The loader's arguments with ``ids`` as its batched one."""
-        arguments = {**call, self.batch: ids}
+        """The loader's arguments with a copy of ``ids`` as its batched one: the loader may
+        sort it, pop from it or append to it, and its values are still mapped back by the
+        ids asked (``_core.many.values_of``), never by a list it can change."""
+        arguments = {**call, self.batch: list(ids)}
         bound = inspect.BoundArguments(self.signature, arguments)
         return bound.args, bound.kwargs
 

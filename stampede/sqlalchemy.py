@@ -1,14 +1,18 @@
 """Invalidations and write-throughs that wait for the transaction's commit (SQLAlchemy).
 
 Each helper queues its action on the ``Session``: it runs after the session's outermost
-transaction commits (``after_commit``; at once if the session has no transaction), and
-is dropped if it rolls back (``after_rollback``). A failure to reach the cache raises
-into the code that called ``commit()``: the rows are committed, and a cache that kept
-the old value must not go unnoticed. See ``stampede._commit`` for why after, not before.
+transaction commits (at once if the session has no transaction), and is dropped if that
+transaction ends any other way (a rollback, or ``close()`` without a commit). A failure
+to reach the cache raises into the code that called ``commit()``: the rows are
+committed, and a cache that kept the old value must not go unnoticed. See
+``stampede._commit`` for why after, not before.
 
-Actions queued inside a savepoint (``begin_nested``) that rolls back still run at the
-outer commit: an extra invalidation costs one load, but a ``set_after_commit`` of a
-rolled-back value would be wrong, so queue write-throughs outside savepoints.
+Savepoints (``begin_nested``): SQLAlchemy sends ``after_commit`` when a savepoint is
+released too, long before the rows are committed, so an action is owned by the
+innermost savepoint open when it was queued. Releasing that savepoint hands its actions
+to the enclosing one (or to the transaction); rolling it back drops them, and only
+them: the change they were queued for never happened. The outermost commit runs what is
+left, in the order it was queued.
 
 ``invalidate_on_change(Model, loader)`` opts one mapped class in: every flushed insert,
 update and delete of an instance queues the invalidation of ``loader(*key(instance))``
@@ -40,18 +44,55 @@ def _listen() -> None:
         if _listening:
             return
         event.listen(Session, "after_commit", _committed)
-        event.listen(Session, "after_rollback", _rolled_back)
+        event.listen(Session, "after_transaction_end", _ended)
         _listening = True
 
 
+Queued = list[tuple[Any, Action]]  # (the savepoint that owns it, or None: the transaction; the action)
+
+
 def _committed(session: Session) -> None:
-    actions = session.info.pop(_PENDING, None)
-    if actions:
-        run_all(actions)
+    """A savepoint was released (its actions pass to the enclosing one), or the outermost
+    transaction committed: run every action left."""
+    queued: Queued | None = session.info.get(_PENDING)
+    if not queued:
+        return
+    released = session.get_nested_transaction()
+    if released is not None:
+        enclosing = _enclosing_savepoint(released)
+        session.info[_PENDING] = [(enclosing if owner is released else owner, action) for owner, action in queued]
+        return
+    del session.info[_PENDING]
+    run_all([action for _, action in queued])
 
 
-def _rolled_back(session: Session) -> None:
-    session.info.pop(_PENDING, None)
+def _ended(session: Session, transaction: Any) -> None:
+    """A transaction ended. What it still owns was not committed: drop it (a rolled-back
+    savepoint's own actions; everything, for the outermost transaction)."""
+    queued: Queued | None = session.info.get(_PENDING)
+    if not queued:
+        return
+    if transaction.parent is None:
+        del session.info[_PENDING]
+    elif transaction.nested:
+        session.info[_PENDING] = [(owner, action) for owner, action in queued if not _within(owner, transaction)]
+
+
+def _enclosing_savepoint(savepoint: Any) -> Any:
+    """The nearest savepoint around ``savepoint``, or None (the transaction itself)."""
+    parent = savepoint.parent
+    while parent is not None and not parent.nested:
+        parent = parent.parent
+    return parent
+
+
+def _within(owner: Any, transaction: Any) -> bool:
+    """Whether the savepoint ``owner`` is ``transaction`` or one inside it."""
+    while owner is not None:
+        if owner is transaction:
+            return True
+        owner = owner.parent
+    return False
 
 
 def _queue(session: Session, action: Action) -> None:
@@ -59,7 +100,7 @@ def _queue(session: Session, action: Action) -> None:
         run_all([action])
         return
     _listen()
-    session.info.setdefault(_PENDING, []).append(action)
+    session.info.setdefault(_PENDING, []).append((session.get_nested_transaction(), action))
 
 
 def invalidate_after_commit(session: Session, loader: Any, *args: Any, **kwargs: Any) -> None:

@@ -67,6 +67,34 @@ def main() -> None:
     note("rolled back")
     Item.objects.filter(pk=1).delete()  # QuerySet.delete() sends post_delete per row
     note("deleted")
+
+    from stampede import ConfigError
+    from stampede.django.commit import invalidate_on_commit
+
+    try:
+        invalidate_on_change(Item, item)
+        seen["connected twice"] = "accepted"
+    except ConfigError:
+        seen["connected twice"] = "refused"
+
+    # A cache that cannot be reached fails its invalidation after the commit: the hooks
+    # after it (another invalidation, the application's own) still run, and the commit
+    # raises nothing.
+    down = Stampede.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.2, namespace="down")
+    unreachable = down.cached_loader("row:{pk}")(lambda pk: pk)
+    Item.objects.create(pk=2, name="kept")
+    assert item(2) == "kept"
+    hooks: list[str] = []
+    try:
+        with transaction.atomic():
+            Item.objects.filter(pk=2).update(name="changed")
+            invalidate_on_commit(unreachable, 2)
+            transaction.on_commit(lambda: hooks.append("the application's hook"))
+            invalidate_on_commit(item, 2)
+        seen["after a failed invalidation"] = [item(2), hooks]
+    except Exception as error:
+        seen["after a failed invalidation"] = f"the commit raised {error!r}"
+    down.close()
     print(json.dumps(seen), flush=True)
     layer.close()
 

@@ -35,6 +35,7 @@ import orjson
 
 from .._errors import SerializationError
 from .compression import BY_KIND, compressor
+from .results import Cached, _NotModified
 
 _HEADER = struct.Struct(">2sBBdf")
 _STALE_FOR = struct.Struct(">d")  # after the header, in version 2
@@ -206,6 +207,18 @@ class Codec:
         return header + payload, saved, plain
 
     def _payload(self, value: Any, key: str) -> bytes:
+        if isinstance(value, (Cached, _NotModified)):
+            raise SerializationError(
+                f"cannot cache {value!r} for {key!r}: "
+                + (
+                    "NOT_MODIFIED answers a refresh (the loader keeps the value it refreshes); it is no value to "
+                    "cache or set"
+                    if isinstance(value, _NotModified)
+                    else "a Cached holds a value, not another Cached: return Cached(value, ...) once"
+                )
+                + "; nothing was written",
+                key=key,
+            )
         try:
             payload = self.serializer.dumps(value)
         except Exception as error:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import re
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -123,6 +125,12 @@ class Settings:
             raise ConfigError(
                 f"load_soft_timeout ({self.load_soft_timeout}) must be shorter than load_timeout ({self.load_timeout})"
             )
+        if self.load_timeout > self.wait_timeout:
+            raise ConfigError(
+                f"load_timeout ({self.load_timeout}) is longer than wait_timeout ({self.wait_timeout}): a caller "
+                "waiting for another's load would give up and load again while that load still runs; give "
+                "wait_timeout at least load_timeout"
+            )
         compressor(self.compression)  # a ConfigError naming what to install, if it cannot be used
         if not isinstance(self.trace_keys, bool):
             raise ConfigError(f"trace_keys must be True or False, got {self.trace_keys!r}")
@@ -142,10 +150,25 @@ class Settings:
     def replace(self, *, stacklevel: int = 2, **changes: Any) -> Settings:
         """A copy with ``changes`` applied (None values ignored), validated like a new one."""
         changes = renamed({name: value for name, value in changes.items() if value is not None}, stacklevel)
-        unknown = set(changes) - {field.name for field in dataclasses.fields(self)}
-        if unknown:
-            raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+        refuse_unknown(changes, SETTING_NAMES)
         return dataclasses.replace(self, **changes) if changes else self
+
+
+SETTING_NAMES = frozenset(field.name for field in dataclasses.fields(Settings))
+
+
+def refuse_unknown(given: Iterable[str], known: Iterable[str]) -> None:
+    """Raise ``ConfigError`` for the names in ``given`` that are not ``known`` settings,
+    naming the closest known one of each (a typo must not pass as a default)."""
+    known = sorted(set(known) | set(RENAMED))
+    unknown = sorted(set(given) - set(known))
+    if not unknown:
+        return
+    hints = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, known, n=1)
+        hints.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
+    raise ConfigError(f"unknown setting(s): {', '.join(hints)}")
 
 
 RENAMED = {"on_redis_error": "on_backend_error"}

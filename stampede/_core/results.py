@@ -75,6 +75,8 @@ class Cached(Generic[V]):
             raise ValueError(f'Cached tags must be a list of tag names, e.g. ["product:7"], got {self.tags!r}')
         if not isinstance(self.store, bool):
             raise ValueError(f"Cached store must be True or False, got {self.store!r}")
+        if type(self.value) is Cached:
+            raise ValueError("a Cached holds a value, not another Cached: return Cached(value, ...) once")
 
 
 def unwrapped(result: Any) -> tuple[Any, Cached[Any] | None]:

@@ -41,7 +41,7 @@ from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
 
 from .._core.config import MAX_SECONDS
 from .._core.results import NOT_MODIFIED, Cached, previous
-from .._errors import ConfigError, SerializationError
+from .._errors import ConfigError, SerializationError, ValueTooLarge
 from .._layer import Stampede
 from .._loader import AsyncCachedLoader, CachedLoader
 
@@ -214,8 +214,12 @@ class StampedeCache(BaseCache):  # type: ignore[misc]  # Django ships no types
         if ttl is None:  # kept by nobody: nothing to share
             found = entry.peek(made_key)
             return found.value if found is not None else (default() if callable(default) else default)
-        with _leading(_Producer(default, ttl)):
-            return entry(made_key)
+        producer = _Producer(default, ttl)
+        with _leading(producer):
+            try:
+                return entry(made_key)
+            except ValueTooLarge:
+                return producer.uncached()
 
     async def aget_or_set(
         self, key: Any, default: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None
@@ -229,8 +233,13 @@ class StampedeCache(BaseCache):  # type: ignore[misc]  # Django ships no types
                 return found.value
             value = default() if callable(default) else default
             return (await value) if inspect.isawaitable(value) else value
-        with _leading(_Producer(default, ttl)):
-            return await entry(made_key)
+        producer = _Producer(default, ttl)
+        with _leading(producer):
+            try:
+                return await entry(made_key)
+            except ValueTooLarge:
+                value = producer.uncached()
+                return (await value) if inspect.isawaitable(value) else value
 
     def add(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:
         made_key = self.make_and_validate_key(key, version=version)
@@ -240,7 +249,10 @@ class StampedeCache(BaseCache):  # type: ignore[misc]  # Django ships no types
             return entry.peek(made_key) is None
         producer = _Producer(value, ttl, call=False)
         with _leading(producer):
-            entry(made_key)
+            try:
+                entry(made_key)
+            except ValueTooLarge:
+                return False  # kept by nobody, as Django's memcached backends answer
         return producer.produced
 
     async def aadd(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:
@@ -251,7 +263,10 @@ class StampedeCache(BaseCache):  # type: ignore[misc]  # Django ships no types
             return await entry.peek(made_key) is None
         producer = _Producer(value, ttl, call=False)
         with _leading(producer):
-            await entry(made_key)
+            try:
+                await entry(made_key)
+            except ValueTooLarge:
+                return False
         return producer.produced
 
     # Writes
@@ -264,7 +279,10 @@ class StampedeCache(BaseCache):  # type: ignore[misc]  # Django ships no types
             entry.invalidate(made_key)
             return
         with _django_errors():
-            entry.set(Cached(value, ttl=ttl), made_key)
+            try:
+                entry.set(Cached(value, ttl=ttl), made_key)
+            except ValueTooLarge:  # as Django's memcached backends do: the old value goes, nothing fails
+                entry.invalidate(made_key)
 
     async def aset(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> None:
         made_key = self.make_and_validate_key(key, version=version)
@@ -274,7 +292,10 @@ class StampedeCache(BaseCache):  # type: ignore[misc]  # Django ships no types
             await entry.invalidate(made_key)
             return
         with _django_errors():
-            await entry.set(Cached(value, ttl=ttl), made_key)
+            try:
+                await entry.set(Cached(value, ttl=ttl), made_key)
+            except ValueTooLarge:
+                await entry.invalidate(made_key)
 
     def touch(self, key: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:
         made_key = self.make_and_validate_key(key, version=version)
@@ -347,24 +368,35 @@ class _Producer:
     callable and ``call``) for ``ttl`` seconds. ``produced`` tells the caller whether its
     own value was the one loaded."""
 
-    __slots__ = ("call", "default", "produced", "ttl")
+    __slots__ = ("call", "default", "produced", "ttl", "value")
 
     def __init__(self, default: Any, ttl: float, call: bool = True) -> None:
         self.default = default
         self.ttl = ttl
         self.call = call
         self.produced = False
+        self.value: Any = None
 
     def __call__(self) -> Any:
         value = self.default() if self.call and callable(self.default) else self.default
         self.produced = True
+        self.value = value
         if inspect.isawaitable(value):
-            return _awaited(value, self.ttl)
+            return self._settled(value)
         return Cached(value, ttl=self.ttl)
 
+    async def _settled(self, value: Any) -> Cached[Any]:
+        self.value = await value
+        return Cached(self.value, ttl=self.ttl)
 
-async def _awaited(value: Any, ttl: float) -> Cached[Any]:
-    return Cached(await value, ttl=ttl)
+
+    def uncached(self) -> Any:
+        """The value for a caller whose value was too large to keep (over
+        ``max_value_bytes``): its own, if it loaded one, else the default's, uncached, as
+        Django's memcached backends serve a page they cannot keep."""
+        if self.produced:
+            return self.value
+        return self.default() if self.call and callable(self.default) else self.default
 
 
 class _Keeper:

@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from stampede import BackendUnavailable, ConfigError, InvalidKey, Stampede
-from stampede.sqlalchemy import invalidate_after_commit, invalidate_on_change
+from stampede.sqlalchemy import invalidate_after_commit, invalidate_on_change, set_after_commit
 
 from ..scenarios import LineWorker
 
@@ -199,4 +200,63 @@ def test_django_model_signals_invalidate_after_the_commit_only(tmp_path: Path) -
         "committed": ["second", 2],
         "rolled back": ["second", 2],  # nothing invalidated, nothing loaded
         "deleted": [None, 3],
+        "connected twice": "refused",
+        # One failed invalidation costs neither the next one nor the application's hook.
+        "after a failed invalidation": ["changed", ["the application's hook"]],
     }
+
+
+def _cached_rows(layer: Stampede) -> Any:
+    @layer.cached_loader("row:{x}")
+    def row(x: int) -> str:
+        return f"row {x}"
+
+    for x in (1, 2):
+        row(x)
+    return row
+
+
+def test_sqlalchemy_a_released_savepoint_runs_nothing_before_the_outer_commit() -> None:
+    """SQLAlchemy sends after_commit when a savepoint is released: the rows are not
+    committed then, and a reader that reloads now would cache the old row."""
+    with Stampede(namespace="savepoint-released") as layer:
+        row = _cached_rows(layer)
+        with Session(create_engine("sqlite://")) as session:
+            session.execute(text("SELECT 1"))
+            savepoint = session.begin_nested()
+            invalidate_after_commit(session, row, 1)
+            savepoint.commit()
+            assert row.peek(1) is not None, "invalidated when the savepoint was released"
+            session.commit()
+            assert row.peek(1) is None
+
+
+def test_sqlalchemy_a_rolled_back_savepoint_drops_its_own_actions_only() -> None:
+    with Stampede(namespace="savepoint-rolled-back") as layer:
+        row = _cached_rows(layer)
+        with Session(create_engine("sqlite://")) as session:
+            session.execute(text("SELECT 1"))
+            invalidate_after_commit(session, row, 1)
+            savepoint = session.begin_nested()
+            invalidate_after_commit(session, row, 2)
+            inner = session.begin_nested()
+            set_after_commit(session, row, "rolled back", 2)
+            inner.commit()  # its actions pass to the savepoint around it
+            savepoint.rollback()
+            session.commit()
+            assert row.peek(1) is None  # the outer transaction's action ran
+            found = row.peek(2)
+            assert found is not None and found.value == "row 2"  # the savepoint's did not
+
+
+def test_sqlalchemy_a_session_closed_without_commit_forgets_its_actions() -> None:
+    with Stampede(namespace="session-closed") as layer:
+        row = _cached_rows(layer)
+        with Session(create_engine("sqlite://")) as session:
+            session.execute(text("SELECT 1"))
+            set_after_commit(session, row, "never committed", 1)
+            session.close()
+            session.execute(text("SELECT 1"))
+            session.commit()
+            found = row.peek(1)
+            assert found is not None and found.value == "row 1"

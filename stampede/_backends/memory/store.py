@@ -41,7 +41,7 @@ class MemoryStore(OneByOne):
         self._failing: TLRUCache[str, float] = TLRUCache(
             maxsize=max_entries, ttu=lambda _key, expires_at, _now: expires_at, timer=clock
         )
-        self._fences: dict[str, int] = {}  # a named lock's fence key -> the last token drawn
+        self._last_fence = 0  # the last fencing token drawn, for every named lock (one int, however many names)
         self._queues: dict[str, dict[str, float]] = {}  # a fair lock's key -> {token: waiter expiry}, in order
         self._waiting = Waiting()
         self._tags = Tags()
@@ -187,7 +187,7 @@ class MemoryStore(OneByOne):
                     return AcquireReply(LockState.HELD, lease_left=-0.002)
                 del queue[token]
             self._leases[keys.lock] = (token, now + lease_ms / 1000)
-            fence = self._fences[keys.value] = max(self._fences.get(keys.value, 0) + 1, time.time_ns() // 1000)
+            fence = self._last_fence = max(self._last_fence + 1, time.time_ns() // 1000)
             return AcquireReply(LockState.LOCKED, fence=fence)
 
     def invalidate(self, keys: EntryKeys) -> None:

@@ -214,19 +214,27 @@ local function next_clock(counter)
   end
   return value
 end
+-- A named lock's fence: the counter outlives its last draw by a minute and twice the
+-- lease, then goes (a lock taken once must not leave a key for ever). Its next draw is
+-- then the server's clock, which has passed every fence drawn before by far.
+local function next_fence(counter, lease_ms)
+  local fence = next_clock(counter)
+  redis.call('PEXPIRE', counter, 60000 + 2 * tonumber(lease_ms))
+  return fence
+end
 """
 
 TAKE_LOCK = (
     NEXT_CLOCK
     + """
 -- Take a named lock and draw its fencing token, in one step.
--- KEYS[1] fence counter key (never expires), KEYS[2] lock key
+-- KEYS[1] fence counter key (see next_fence), KEYS[2] lock key
 -- ARGV[1] token, ARGV[2] lease in ms
 -- Returns {2, fence}: the lock is now held with our token; fence is greater than every
 --                     one drawn before for this lock (see NEXT_CLOCK)
 --         {3, pttl}: another holder has the lock for pttl more ms
 if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {2, next_clock(KEYS[1])}
+  return {2, next_fence(KEYS[1], ARGV[2])}
 end
 return {3, redis.call('PTTL', KEYS[2])}
 """
@@ -270,7 +278,7 @@ if redis.call('ZRANGE', KEYS[3], 0, 0)[1] == ARGV[1] then
   if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
     redis.call('ZREM', KEYS[3], ARGV[1])
     redis.call('HDEL', KEYS[4], ARGV[1])
-    return {2, next_clock(KEYS[1])}
+    return {2, next_fence(KEYS[1], ARGV[2])}
   end
 end
 return {3, redis.call('PTTL', KEYS[2])}

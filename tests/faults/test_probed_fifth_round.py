@@ -1,0 +1,209 @@
+"""Defects found by the fifth round of probing (issue 44), each over real servers where a
+server decides it, each failing without its fix: many-key loaders that change the list
+they are given, values no cache may keep, settings that cannot work together, what a
+newcomer meets at decoration, and the Django backend's limits."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+
+from stampede import NOT_MODIFIED, Cached, ConfigError, SerializationError, Stampede
+
+from ..promises.test_behaviour import lock_is_held
+
+pytestmark = pytest.mark.timeout(60)
+
+
+# --- 5 and 15: a many-key loader that changes the list it is given --------------------
+
+
+def test_a_loader_that_sorts_its_ids_in_place_caches_each_value_under_its_own_id(
+    layer_of_each_backend: Callable[..., Stampede],
+) -> None:
+    layer = layer_of_each_backend()
+
+    @layer.cached_loader_many("square:{n}")
+    def squares(ns: list[int]) -> dict[int, int]:
+        ns.sort()
+        return {n: n * n for n in ns}
+
+    assert squares([3, 1, 2]) == {3: 9, 1: 1, 2: 4}
+    assert squares([1, 2, 3]) == {1: 1, 2: 4, 3: 9}  # hits, each under its own id
+    assert layer.stats()["loads"] == 3 and layer.stats()["hits"] == 3
+
+    @layer.cached_loader("square:{n}")
+    def square(n: int) -> int:
+        raise AssertionError("every id is cached")
+
+    assert [square(n) for n in (1, 2, 3)] == [1, 4, 9]
+
+
+@pytest.mark.parametrize("change", ["pop", "append"])
+def test_a_loader_that_pops_or_appends_is_a_clear_error_and_leaves_no_lease(
+    layer_of_each_backend: Callable[..., Stampede], change: str
+) -> None:
+    layer = layer_of_each_backend()
+
+    @layer.cached_loader_many("changed:{n}")
+    def changed(ns: list[int]) -> list[int]:
+        if change == "pop":
+            ns.pop()
+        else:
+            ns.append(99)
+        return [n * 10 for n in ns]
+
+    with pytest.raises(TypeError, match=r"many-key loader .*changed.* returned \d values for 3 ids"):
+        changed([1, 2, 3])
+    assert not any(lock_is_held(layer, changed.key(n)) for n in (1, 2, 3))
+
+
+def test_a_loader_that_appends_and_returns_a_mapping_gets_what_it_was_asked(
+    make_layer: Callable[..., Stampede],
+) -> None:
+    layer = make_layer()
+
+    @layer.cached_loader_many("grown:{n}")
+    def grown(ns: list[int]) -> dict[int, int]:
+        ns.append(99)
+        return {n: n for n in ns}
+
+    assert grown([1, 2]) == {1: 1, 2: 2}
+    assert layer._runner.store.get(grown.key(99)) is None  # type: ignore[union-attr]  # extra ids are not written
+
+
+# --- 7: values that are no value --------------------------------------------------------
+
+
+def test_set_refuses_not_modified_and_a_nested_cached(make_layer: Callable[..., Stampede]) -> None:
+    layer = make_layer()
+
+    @layer.cached_loader("plain:{n}")
+    def plain(n: int) -> Any:
+        return n
+
+    with pytest.raises(SerializationError, match="NOT_MODIFIED answers a refresh"):
+        plain.set(NOT_MODIFIED, 1)
+    with pytest.raises(ValueError, match="not another Cached"):
+        plain.set(Cached(Cached(5)), 1)  # type: ignore[arg-type]
+    assert plain.peek(1) is None
+
+
+def test_a_loader_returning_a_nested_cached_raises_and_leaves_no_lease(make_layer: Callable[..., Stampede]) -> None:
+    layer = make_layer()
+
+    @layer.cached_loader("nested:{n}")
+    def nested(n: int) -> Any:
+        return Cached(Cached(n))
+
+    with pytest.raises(ValueError, match="not another Cached"):
+        nested(1)
+    assert not lock_is_held(layer, nested.key(1)) and nested.peek(1) is None
+
+
+def test_a_loader_returning_not_modified_with_nothing_to_keep_writes_nothing(
+    make_layer: Callable[..., Stampede],
+) -> None:
+    layer = make_layer()
+
+    @layer.cached_loader("kept:{n}")
+    def kept(n: int) -> Any:
+        return NOT_MODIFIED
+
+    with pytest.raises(ValueError, match="refreshed no value"):
+        kept(1)
+    assert kept.peek(1) is None and not lock_is_held(layer, kept.key(1))
+
+
+# --- 16 and 26: refused at decoration, with a reason ---------------------------------
+
+
+def test_a_load_timeout_longer_than_the_wait_is_refused() -> None:
+    layer = Stampede()
+    with pytest.raises(ConfigError, match=r"load_timeout \(40\) is longer than wait_timeout \(30"):
+        layer.cached_loader("slow:{n}", load_timeout=40)
+    with pytest.raises(ConfigError, match="load_timeout"):
+        Stampede(load_timeout=5, wait_timeout=2)
+    layer.cached_loader("slow:{n}", load_timeout=40, wait_timeout=40)  # allowed together
+
+
+def test_generator_functions_are_refused_at_decoration() -> None:
+    layer = Stampede()
+
+    def rows(n: int) -> Any:
+        yield n
+
+    async def arows(n: int) -> Any:
+        yield n
+
+    for func, kind in ((rows, "a generator"), (arows, "an async generator")):
+        with pytest.raises(ConfigError, match=f"{kind} function.*Return a list"):
+            layer.cached_loader("g:{n}")(func)
+        with pytest.raises(ConfigError, match=f"{kind} function"):
+            layer.cached_loader_many("g:{n}")(func)
+
+
+def test_a_decorator_called_on_the_class_says_to_make_a_layer() -> None:
+    with pytest.raises(ConfigError, match=r"make one .*@layer\.cached_loader"):
+        Stampede.cached_loader("k:{n}")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"@layer\.cached_loader_many"):
+        Stampede.cached_loader_many("k:{n}")  # type: ignore[arg-type]
+
+
+def test_a_misspelt_setting_names_the_closest_one() -> None:
+    layer = Stampede()
+    with pytest.raises(ConfigError, match=r"'ttll' \(did you mean 'ttl'\?\)"):
+        layer.cached_loader("k:{n}", ttll=5)  # type: ignore[call-overload]
+    with pytest.raises(ConfigError, match=r"'wait_timout' \(did you mean 'wait_timeout'\?\)"):
+        layer.cached_loader_many("k:{n}", wait_timout=5)  # type: ignore[call-arg]
+    with pytest.raises(ConfigError, match=r"'stale_while_revalidte' \(did you mean 'stale_while_revalidate'\?\)"):
+        Stampede(stale_while_revalidte=5)
+    with pytest.deprecated_call():  # the old name is still taken by both decorators
+        layer.cached_loader_many("old:{n}", on_redis_error="raise")
+
+
+# --- 20 and 21: the Django backend ----------------------------------------------------
+
+
+django = pytest.importorskip("django", reason="Django is not installed (the dev extra installs it)")
+
+
+def _django_cache(location: str, namespace: str, **options: Any) -> Any:
+    from stampede.django.cache import StampedeCache
+
+    return StampedeCache(location, {"OPTIONS": {"namespace": namespace, **options}})
+
+
+def test_django_a_value_too_large_to_keep_fails_nothing_and_keeps_nothing(redis_url: str) -> None:
+    """Django's own backends never fail a request for a value they cannot keep (memcached
+    drops the key): ``cache_page`` on a page over ``max_value_bytes`` serves it."""
+    cache = _django_cache(redis_url, "too-large", max_value_bytes=4096)
+    big = "x" * 10_000
+    cache.set("page", "small")
+    cache.set("page", big)  # nothing raised; the old value goes
+    assert cache.get("page") is None
+    assert cache.get_or_set("built", lambda: big) == big
+    assert cache.get("built") is None
+    assert cache.add("added", big) is False
+
+    async def main() -> list[Any]:
+        await cache.aset("apage", big)
+        made = await cache.aget_or_set("abuilt", lambda: big)
+        return [await cache.aget("apage"), made, await cache.aget("abuilt")]
+
+    assert asyncio.run(main()) == [None, big, None]
+
+
+def test_django_incr_leaves_no_key_without_an_expiry(redis_url: str, redis_client: redis.Redis) -> None:
+    """Rate limiters increment a new key per client per window: each lock's fence counter
+    must go when its key does."""
+    cache = _django_cache(redis_url, "counting")
+    for client in range(5):
+        cache.set(f"hits:{client}", 0, timeout=60)
+        assert cache.incr(f"hits:{client}") == 1
+    forever = [key for key in redis_client.scan_iter("counting*") if redis_client.pttl(key) == -1]
+    assert forever == []
