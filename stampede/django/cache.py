@@ -389,7 +389,6 @@ class _Producer:
         self.value = await value
         return Cached(self.value, ttl=self.ttl)
 
-
     def uncached(self) -> Any:
         """The value for a caller whose value was too large to keep (over
         ``max_value_bytes``): its own, if it loaded one, else the default's, uncached, as

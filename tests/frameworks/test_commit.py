@@ -15,8 +15,8 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
