@@ -6,6 +6,7 @@ newcomer meets at decoration, and the Django backend's limits."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -207,3 +208,75 @@ def test_django_incr_leaves_no_key_without_an_expiry(redis_url: str, redis_clien
         assert cache.incr(f"hits:{client}") == 1
     forever = [key for key in redis_client.scan_iter("counting*") if redis_client.pttl(key) == -1]
     assert forever == []
+
+
+# --- 4: a tag invalidation racing another invalidation of one of its entries ---------
+
+
+def test_invalidate_tag_drops_near_copies_of_members_another_invalidation_deleted_first(
+    make_layer: Callable[..., Stampede], redis_client: redis.Redis
+) -> None:
+    """Another invalidation (here a plain DEL, whose tracking message is still unread in
+    the process that holds a near copy) deleted the entry before ``invalidate_tag`` ran:
+    the tag invalidation finds nothing to drop, but must still ask the near caches, or the
+    copy is served to calls begun after it returned."""
+    from ..families.test_near_cache import copied, tracked
+
+    database = {"version": 1}
+    holder, invalidator = make_layer(near_cache=True, near_lease=2.0), make_layer(near_cache=True)
+
+    def read_row(key: int) -> dict[str, int]:
+        return {"key": key, "version": database["version"]}
+
+    load = holder.cached_loader("row:{key}", tags=["rows"])(read_row)
+    tracked(holder)
+    copied(holder, load, 1)
+    tracker: Any = holder._backend.tracker
+    gate = threading.Event()
+    handle = tracker._handle
+
+    def slow_reader(*args: Any) -> Any:
+        gate.wait(20)
+        return handle(*args)
+
+    tracker._handle = slow_reader
+    try:
+        redis_client.delete(load.key(1))  # type: ignore[attr-defined]
+        database["version"] = 2
+        invalidator.invalidate_tag("rows")
+        assert load(1) == {"key": 1, "version": 2}, "a near copy outlived the tag invalidation"
+    finally:
+        gate.set()
+
+
+# --- 19: the asyncio subscriber's sender outlives a connection torn down under it ------
+
+
+def test_the_asyncio_subscribers_sender_survives_a_connection_torn_down_mid_send(
+    make_layer: Callable[..., Stampede],
+) -> None:
+    """redis-py raises AttributeError from a send on a connection another task has
+    disconnected. The sender must take it as a lost connection, not die with it."""
+    from stampede import BackendUnavailable
+    from stampede._core.keys import EntryKeys
+
+    layer = make_layer(socket_timeout=1.0)
+
+    async def main() -> None:
+        store: Any = layer._async_runner.loop_store()  # type: ignore[union-attr]
+        first = await store.subscribe(EntryKeys.for_value("test:torn:1"))
+        subscriber = store._subscriber
+
+        async def torn_down(*args: Any, **kwargs: Any) -> None:
+            raise AttributeError("'NoneType' object has no attribute 'write'")
+
+        subscriber._connection.send_command = torn_down
+        with pytest.raises(BackendUnavailable):
+            await store.subscribe(EntryKeys.for_value("test:torn:2"))
+        sender = subscriber._sender
+        assert sender is not None and sender.done()
+        assert sender.exception() is None, "the sender task died with the connection"
+        first.close()
+        await layer.aclose()
+
+    asyncio.run(main())

@@ -29,7 +29,7 @@ from ..._errors import BackendUnavailable
 from ..channels import Channels
 from ..mailbox import LoopMailbox
 from .notify import FOLLOW_INTERVAL, connect_pubsub
-from .store import FAILURES
+from .store import FAILURES, TORN_DOWN
 
 log = logging.getLogger("stampede.wakeups")
 
@@ -130,8 +130,10 @@ class AsyncSubscriber:
             command = self._outbox.popleft()
             try:
                 await connection.send_command(*command, check_health=False)
-            except FAILURES as error:
-                log.info("stampede: subscriber connection lost (%s)", error)
+            except (*FAILURES, *TORN_DOWN) as error:
+                # TORN_DOWN: the reader dropped the connection while this send was on
+                # its way (redis-py then finds its writer gone). Either way it is lost.
+                log.info("stampede: subscriber connection lost (%s: %s)", type(error).__name__, error)
                 await self._drop(connection)
 
     async def _ensure_connected(self) -> None:

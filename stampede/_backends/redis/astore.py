@@ -301,18 +301,23 @@ class AsyncRedisStore:
         pair = self._scripts.expires if soft else self._scripts.invalidates
         what = "expire" if soft else "invalidate"
         done: list[str] = []
+        members_keys: list[str] = []  # every member's near copies go, dropped here or not (see below)
         for chunk in tagging.chunks(members):
             value_keys = tagging.value_keys(chunk)
+            members_keys += value_keys
             replies = await self._run_scripts(pair, tagging.entry_calls(value_keys), what, value_keys[0])
             done += tagging.dropped(replies, value_keys, what)
             if not soft:
                 with self._translated("forget the members of", tag.members):
                     call = _scripts.forget_members_call(tag, chunk)
                     await self._send(tag.members, self._scripts.forget_members, *call)
-        if done and self.near is not None:
+        # A member another invalidation deleted first is not "dropped" here, but a near
+        # cache may still hold its copy: that invalidation may not have asked the near
+        # caches yet. So every member is asked for, as ``invalidate`` asks for its key.
+        if members_keys and self.near is not None:
             nonce = new_nonce(self.near)
             with self._translated("ask near caches to drop", self.near.members):
-                call = _scripts.request_near_call(self.near, nonce, *done)
+                call = _scripts.request_near_call(self.near, nonce, *members_keys)
                 reply = await self._send(self.near.members, self._scripts.request_near, *call)
             await self._await_near_caches(reply, nonce)
         return done
