@@ -98,7 +98,7 @@ def invalidate_tag(session: Session, options: argparse.Namespace, fields: dict[s
     if not options.yes:
         return {"tag": name, "matched": tagged, "invalidated": 0, "dry_run": True}
     started = time.monotonic()
-    count = layer.invalidate_tag(name)
+    count = layer.invalidate_tag(options.pattern, **fields)  # not the shortened name: it renders again
     return {"tag": name, "matched": count, "invalidated": count, "seconds": time.monotonic() - started}
 
 

@@ -166,6 +166,16 @@ class AwaitNotice:
     timeout: float
 
 
+@dataclass(frozen=True, slots=True)
+class SettleNotice:
+    """Once every message published on the channel before this step has come in (the
+    performer subscribes again and waits for that confirmation: ``_backends.channels``),
+    the latest message the subscription holds, without waiting. Reply as ``AwaitNotice``'s
+    (None: nothing came). A waiter that found the lease free on a re-check takes a value
+    its holder handed only to its waiters (``Cached(store=False)``) this way, rather than
+    loading again because the message was still on its way."""
+
+
 # --- work and time -----------------------------------------------------------------------
 
 
@@ -269,6 +279,7 @@ Effect = (
     | Expire
     | Subscribe
     | AwaitNotice
+    | SettleNotice
     | Load
     | Finish
     | Pause

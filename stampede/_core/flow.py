@@ -71,6 +71,7 @@ from .effects import (
     LoadDetached,
     ReadEntryTags,
     ReadTagClock,
+    SettleNotice,
     milliseconds,
 )
 from .freshness import Served, Stale, classify
@@ -109,7 +110,14 @@ def produces_value(effect: Effect) -> bool:
     return not isinstance(effect, NOT_THE_VALUE)
 
 
-NOT_THE_VALUE = (AwaitNotice, ReadTagClock, ReadEntryTags, Finish, *SERVERS)  # the steps that never produce the value
+NOT_THE_VALUE = (
+    AwaitNotice,
+    SettleNotice,
+    ReadTagClock,
+    ReadEntryTags,
+    Finish,
+    *SERVERS,
+)  # the steps that never produce the value
 
 
 # --- the context of one miss ---------------------------------------------------------
@@ -309,6 +317,21 @@ def _fill(ctx: Context, miss: Miss | Stale, wait: Wait) -> Flow:
         if reply.state is LockState.VALUE:
             assert reply.raw is not None
             decoded = ctx.codec.decode(reply.raw)
+            if decoded.kind is not Kind.CORRUPT and 0 <= reply.ttl_left <= decoded.stale_for:
+                # Past its ttl (an expire() since the first read): never fresh again. The
+                # lease is taken over it as after a stale first read, and within
+                # stale_if_error it is what a failed load serves.
+                log.debug("%s: the value found on re-check is past its ttl; refreshing it", key)
+                stale = Stale(
+                    decoded.value,
+                    identity(reply.raw),
+                    on_error=decoded.stale_for - reply.ttl_left < settings.stale_if_error,
+                    raw=reply.raw,
+                )
+                taken_over, ctx.previous = stale.identity, reply.raw
+                if fallback is None and stale.on_error:
+                    fallback = stale
+                continue
             if decoded.kind is not Kind.CORRUPT:
                 log.debug("%s: value found on re-check", key)
                 wait.end("value")
@@ -319,6 +342,11 @@ def _fill(ctx: Context, miss: Miss | Stale, wait: Wait) -> Flow:
             continue
 
         if reply.state is LockState.LOCKED:
+            if subscribed:
+                value = yield from _settle(ctx)
+                if value is not NOT_A_VALUE:
+                    wait.end("value")
+                    return value
             wait.end("takeover")
             if silent_wait:
                 ctx.events.incr("takeovers")
@@ -383,6 +411,32 @@ def _fill(ctx: Context, miss: Miss | Stale, wait: Wait) -> Flow:
                 ctx.via_notice, ctx.raw = True, notice
                 return decoded.value
         log.debug("%s: %s; re-checking", key, "no message" if notice is None else "state changed")
+
+
+def _settle(ctx: Context) -> Flow:
+    """A waiter took the lease on a re-check: its holder had gone. A holder that handed
+    its value to its waiters only (``Cached(store=False)``) left nothing to re-check, and
+    its message may still be on its way: take the value from it (it was written after
+    this caller subscribed) and give the lease back, rather than load again.
+    ``NOT_A_VALUE``: nothing came, the lease is kept, and the caller loads."""
+    try:
+        notice = yield SettleNotice()
+    except BackendUnavailable:
+        return NOT_A_VALUE
+    except GeneratorExit:
+        raise
+    except BaseException:
+        yield from _release(ctx)  # interrupted while the lease is ours
+        raise
+    if not notice:
+        return NOT_A_VALUE
+    decoded = ctx.codec.decode(notice)
+    if decoded.kind is Kind.CORRUPT:
+        return NOT_A_VALUE
+    log.debug("%s: the lease was free; its last holder's value came in its message", ctx.keys.value)
+    yield from _release(ctx)
+    ctx.via_notice, ctx.raw = True, notice
+    return decoded.value
 
 
 def _load_uncached(ctx: Context) -> Flow:
@@ -709,7 +763,8 @@ def prepare(ctx: Context, value: Any, rules: Cached[Any] | None, loaded_at: floa
     (``Cached``), or the error that writes nothing: ``SerializationError`` (the
     serializer refuses it, or it exceeds ``max_value_bytes``), ``ConfigError`` (value
     tags on a loader declared without ``tags=``), ``InvalidKey`` (a tag no tag could be).
-    A ``store=False`` value is written to live ``PASS_THROUGH_MS`` (``_core.results``)."""
+    A ``store=False`` value is written for ``PASS_THROUGH_MS`` (0: kept by nobody, only
+    handed to the load's waiters, ``_core.results``), its tags checked as a kept value's are."""
     key, settings = ctx.keys.value, ctx.settings
     keep = rules is None or rules.store
     stale_for = settings.stale_window if keep else 0.0
@@ -734,7 +789,9 @@ def prepare(ctx: Context, value: Any, rules: Cached[Any] | None, loaded_at: floa
             )
         tags = tags.joined(rules.tags, settings.max_key_length)
     if not keep:
-        return Write(envelope, value, PASS_THROUGH_MS, True, None)
+        # Kept by nobody, but checked as a kept value is: a tag invalidated during the
+        # load refuses it, so its waiters get no value the invalidation replaced.
+        return Write(envelope, value, PASS_THROUGH_MS, True, tags if tags is not None and tags.tags else None)
     ttl = rules.ttl if rules is not None and rules.ttl is not None else None
     if ttl is None:
         ttl = settings.null_ttl if value is None else settings.ttl

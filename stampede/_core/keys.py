@@ -38,6 +38,7 @@ import json
 import math
 import re
 import string
+import sys
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -232,6 +233,12 @@ def _type_name(value: Any) -> str:
     return f"{kind.__module__}.{kind.__qualname__}"
 
 
+def _max_int_digits() -> int:
+    """The most decimal digits Python prints of an int (0: no limit)."""
+    limit = getattr(sys, "get_int_max_str_digits", None)
+    return int(limit()) if limit is not None else 0
+
+
 def _int_key(value: int) -> str:
     """An int argument's key text: decimal, as its str would be. ``~0x..`` when too long."""
     try:
@@ -333,7 +340,9 @@ class KeyBuilder:
                 keys.append(self.value_key(tuple(values), {}))
             return keys
         prefix, before, after, limit, text = self._prefix, self._before, self._after, self._max_length, self._text
-        bound = 10 ** max(0, limit - len(before) - len(after) - 1)  # ints within it need no shortening
+        digits = max(0, limit - len(before) - len(after) - 1)  # ints within it need no shortening,
+        printable = _max_int_digits()  # nor another form (``_int_key``): one canonical form for both paths
+        bound = 10 ** (min(digits, printable - 1) if printable else digits)
         if ids and all(type(id_) is int for id_ in ids) and -bound < min(ids) and max(ids) < bound:  # one join each
             head, tail = prefix + before, after + "}"
             return [f"{head}{id_}{tail}" for id_ in ids]

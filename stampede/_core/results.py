@@ -17,11 +17,13 @@ How each field is kept by the flow (``_core.flow``):
   decorator (``tags=[]`` when every tag comes from values).
 * ``store=False`` writes nothing that outlives the flight. The value goes to every caller
   of the flight: the callers in this process who joined it, and the waiters in other
-  processes, in the wake-up message (a write that lives one millisecond, under the lease,
-  so the stale-set guard still holds: a load an invalidation overtook hands its value to
-  nobody else). A caller who arrives after the flight ended misses and starts one new
-  load, which the callers arriving with it share: nobody queues behind one lease after
-  another (Varnish's hit-for-miss), and nobody is served a value that was not to be kept.
+  processes, in the wake-up message. Its write keeps nothing (the old value goes too) but
+  is made under the lease and admitted by the entry's tags like any other, so the
+  stale-set guard still holds: a load an invalidation overtook, or a tag invalidated
+  during it, hands its value to nobody else. A caller who arrives after the flight ended
+  misses and starts one new load, which the callers arriving with it share: nobody
+  queues behind one lease after another (Varnish's hit-for-miss), and nobody is served a
+  value that was not to be kept.
 
 A load that refreshes a value (a background refresh, ``refresh()``, a miss with a stale
 value in hand) can see that value (``previous()``: the value and when its load began)
@@ -46,9 +48,9 @@ if TYPE_CHECKING:
 
 V = TypeVar("V")
 
-PASS_THROUGH_MS = 1
-"""How long a ``store=False`` value lives in the store: long enough to be written under
-the lease and published to the waiters, too short for a later caller to find."""
+PASS_THROUGH_MS = 0
+"""The ``ttl_ms`` of a ``store=False`` value's write: 0, kept by nobody (the store deletes
+the entry's value, releases the lease and hands the value to its waiters only)."""
 
 
 @dataclass(frozen=True, slots=True)

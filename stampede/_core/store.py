@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from .._errors import BackendUnavailable
@@ -53,6 +53,9 @@ class AcquireReply:
     # HELD: the holder's token where the store returns it and it carries the holder's
     # trace (``_drivers.trace``), else "". Read by traces only, never by a decision.
     holder: str = ""
+    # VALUE: the seconds the store keeps the value (-1: no expiry, or the store does not
+    # tell). A value found past its ttl (an ``expire`` since) is no fresh value (_core.flow).
+    ttl_left: float = field(default=-1.0, compare=False)
 
 
 class Written(enum.IntEnum):

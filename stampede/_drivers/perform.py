@@ -44,6 +44,7 @@ from .._core.effects import (
     ServersRenew,
     ServersTake,
     ServersWatch,
+    SettleNotice,
     Subscribe,
     TakeLock,
     Touch,
@@ -188,6 +189,10 @@ class Performer:
             case AwaitNotice(timeout=timeout):
                 assert self._subscription is not None, "AwaitNotice before Subscribe"
                 return self._subscription.wait(timeout)
+            case SettleNotice():
+                assert self._subscription is not None, "SettleNotice before Subscribe"
+                store.subscribe(lease.keys).close()  # confirmed after every message published before it
+                return self._subscription.wait(0.0)
             case Load(leased=leased, timeout=timeout, previous=previous):
                 with loading(lease.keys.value), refreshing(previous):
                     if not leased:
@@ -305,6 +310,10 @@ class AsyncPerformer:
             case AwaitNotice(timeout=timeout):
                 assert self._subscription is not None, "AwaitNotice before Subscribe"
                 return await self._subscription.wait(timeout)
+            case SettleNotice():
+                assert self._subscription is not None, "SettleNotice before Subscribe"
+                (await store.subscribe(lease.keys)).close()  # confirmed after every message published before it
+                return await self._subscription.wait(0.0)
             case Load(leased=leased, timeout=timeout, detach=detach, previous=previous):
                 with loading(lease.keys.value), refreshing(previous):
                     if not leased:

@@ -21,6 +21,7 @@ from stampede._core.effects import (
     ServersRelease,
     ServersTake,
     ServersWatch,
+    SettleNotice,
     Subscribe,
     WriteRelease,
 )
@@ -151,8 +152,25 @@ def test_silence_then_a_free_lock_is_a_takeover() -> None:
     step.reply(None)
     step.reply(HELD)
     assert step.reply(None) == Acquire(check_value=True)  # no message: the holder may be dead
-    assert step.reply(LOCKED) == Load(leased=True)
+    assert step.reply(LOCKED) == SettleNotice()  # whatever its holder's message said has come in
+    assert step.reply(None) == Load(leased=True)
     assert ctx.events.counts.snapshot()["takeovers"] == 1
+
+
+def test_a_free_lock_after_a_message_still_on_its_way_takes_its_value_and_gives_the_lease_back() -> None:
+    """The holder handed its value to its waiters only (store=False): nothing to re-check,
+    and its message came in after the re-check found the lock free."""
+    ctx, _ = make_ctx()
+    step = Stepper(fill(ctx))
+    step.reply(HELD)
+    step.reply(None)
+    step.reply(HELD)
+    step.reply(b"")  # a message that says only that the state changed
+    assert step.reply(LOCKED) == SettleNotice()
+    envelope, _, _ = ctx.codec.encode_counted("theirs", 0.0, 0.0, key="k")
+    assert step.reply(envelope) == Release()
+    step.reply(True)
+    assert step.done and step.result == "theirs" and ctx.via_notice
 
 
 def test_a_release_notice_then_a_free_lock_is_not_a_takeover() -> None:
@@ -162,7 +180,8 @@ def test_a_release_notice_then_a_free_lock_is_not_a_takeover() -> None:
     step.reply(None)
     step.reply(HELD)
     step.reply(b"")  # the holder released (its loader raised)
-    assert step.reply(LOCKED) == Load(leased=True)
+    assert step.reply(LOCKED) == SettleNotice()
+    assert step.reply(b"") == Load(leased=True)
     assert ctx.events.counts.snapshot()["takeovers"] == 0
 
 
@@ -440,6 +459,7 @@ def test_a_takeover_ends_the_wait_before_the_load_begins() -> None:
     clock.now += 4
     step.reply(None)  # no message: the lease ran out
     step.reply(LOCKED)
+    step.reply(None)  # settled: nothing came
     step.reply("mine")
     step.reply(True)
     assert [report[:3] for report in recorder.reports] == [

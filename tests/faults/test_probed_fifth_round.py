@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ import redis
 from stampede import NOT_MODIFIED, Cached, ConfigError, SerializationError, Stampede
 
 from ..promises.test_behaviour import lock_is_held
+from ..scenarios import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -280,3 +282,142 @@ def test_the_asyncio_subscribers_sender_survives_a_connection_torn_down_mid_send
         await layer.aclose()
 
     asyncio.run(main())
+
+
+# --- 3 and 6: a store=False value -----------------------------------------------------
+
+
+def _unkept_loader(
+    layer: Stampede, database: dict[str, int], release: threading.Event, started: threading.Event | None = None
+) -> Any:
+    @layer.cached_loader("unkept:{key}", tags=["unkept"])
+    def load(key: int) -> Any:
+        version = database["version"]  # read when the load begins, as a query would
+        if started is not None:
+            started.set()
+        assert release.wait(20), "the test never released the loader"
+        return Cached({"key": key, "version": version}, store=False)
+
+    return load
+
+
+def test_a_store_false_value_in_flight_under_a_tag_invalidation_reaches_no_later_caller(
+    layer_of_each_backend: Callable[..., Stampede],
+) -> None:
+    """A load of an entry that is no live member of its tag is in flight; the tag is
+    invalidated; a caller that begins after that waits on the lease. The load's value was
+    read before the invalidation: the caller must not be handed it."""
+    from ..scenarios import WaitsBegun
+
+    first = layer_of_each_backend()
+    # The embedded store is one process's: there the late caller joins the leader's flight.
+    second = first if first._backend.in_process else layer_of_each_backend()
+    database = {"version": 1}
+    release, started = threading.Event(), threading.Event()
+    load_first = _unkept_loader(first, database, release, started)
+    unblocked = threading.Event()
+    unblocked.set()
+    load_second = load_first if second is first else _unkept_loader(second, database, unblocked)
+    waits = WaitsBegun()
+    second._events.add(waits)
+    with ThreadPoolExecutor(2) as pool:
+        leader = pool.submit(load_first, 1)
+        assert started.wait(20), "the first load never began"
+        database["version"] = 2
+        second.invalidate_tag("unkept")
+        late = pool.submit(load_second, 1)
+        wait_until(lambda: waits.begun >= 1, "the late caller waiting on the lease")
+        release.set()
+        assert leader.result(20) == {"key": 1, "version": 1}  # began before the invalidation
+        late_value = late.result(20)
+    assert late_value == {"key": 1, "version": 2}, "a caller begun after the tag invalidation got the old value"
+
+
+def test_a_store_false_value_is_found_by_no_call_after_its_load(
+    layer_of_each_backend: Callable[..., Stampede],
+) -> None:
+    layer = layer_of_each_backend()
+    loads = [0]
+
+    @layer.cached_loader("passing:{key}")
+    def passing(key: int) -> Any:
+        loads[0] += 1
+        return Cached(key * 10, store=False)
+
+    for round_ in range(20):
+        assert passing(1) == 10
+        assert layer._runner.store.get(passing.key(1)) is None  # type: ignore[union-attr]
+        assert loads[0] == round_ + 1
+
+
+# --- 2: a value found on a re-check after expire() is stale --------------------------
+
+
+def test_a_value_expired_before_a_waiters_re_check_is_not_fresh(make_layer: Callable[..., Stampede]) -> None:
+    """A caller waits for another process's load; the load writes (its message tells the
+    waiter only to re-check), then ``expire()`` returns, then the waiter re-checks and
+    finds the value, now past its ttl. ``fetch()`` must not call it fresh: the waiter
+    refreshes it (or serves it as stale)."""
+    from stampede._core.keys import EntryKeys
+
+    from ..scenarios import WaitsBegun
+    from .test_probed_wakeups import gate_reader
+
+    database = {"version": 1}
+    options = {"ttl": 60, "stale_if_error": 60, "inline_value_limit": 0}
+    loading, waiting = make_layer(**options), make_layer(**options)
+    release, started = threading.Event(), threading.Event()
+
+    def read_row(key: int) -> dict[str, int]:
+        version = database["version"]
+        started.set()
+        assert release.wait(20), "the test never released the loader"
+        return {"key": key, "version": version}
+
+    load_a = loading.cached_loader("aging:{key}")(read_row)
+    load_b = waiting.cached_loader("aging:{key}")(read_row)
+    keys = EntryKeys.for_value(load_a.key(1))  # type: ignore[attr-defined]
+    store_b: Any = waiting._runner.store
+    earlier = store_b.subscribe(EntryKeys.for_value("test:aging:other"))  # B's subscriber connects
+    subscriber = store_b._subscriber
+    gate = threading.Event()
+    gate_reader(subscriber._connection, gate)
+    waits = WaitsBegun()
+    waiting._events.add(waits)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            holder = pool.submit(load_a, 1)
+            assert started.wait(20)
+            started.clear()
+            waiter = pool.submit(load_b.fetch, 1)  # type: ignore[attr-defined]
+            wait_until(lambda: waits.begun >= 1 and keys.channel in subscriber._channels._unconfirmed, "the wait")
+            release.set()
+            assert holder.result(20) == {"key": 1, "version": 1}  # written
+            database["version"] = 2
+            load_a.expire(1)  # type: ignore[attr-defined]
+            gate.set()
+            fetched = waiter.result(20)
+        assert (fetched.value, fetched.stale) in (({"key": 1, "version": 2}, False), ({"key": 1, "version": 1}, True))
+    finally:
+        gate.set()
+        earlier.close()
+
+
+# --- 24: an int id too long for Python to print in decimal --------------------------
+
+
+def test_a_huge_int_id_has_one_key_on_the_single_and_the_many_key_path() -> None:
+    layer = Stampede(max_key_length=20_000)
+    huge = 7**6000  # 5071 digits: past what str() of an int prints by default
+
+    @layer.cached_loader("big:{n}")
+    def single(n: int) -> int:
+        return n % 1000
+
+    @layer.cached_loader_many("big:{n}")
+    def many(ns: list[int]) -> dict[int, int]:
+        return {n: n % 1000 for n in ns}
+
+    assert many([huge, 1]) == {huge: huge % 1000, 1: 1}
+    assert single.key(huge) == many.key(huge)  # type: ignore[attr-defined]
+    assert single(huge) == huge % 1000 and layer.stats()["loads"] == 2  # the many-key load's entry: a hit

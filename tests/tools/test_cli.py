@@ -376,3 +376,23 @@ def test_inspect_locks_and_invalidate_on_a_postgresql_store(
 def test_an_embedded_store_is_refused_with_a_clear_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--url", "memory://", "locks"]) == 2
     assert "one process's memory" in capsys.readouterr().err
+
+
+def test_invalidate_a_tag_longer_than_max_key_length(
+    layer: Stampede, redis_url: str, namespace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A tag past ``max_key_length`` is kept shortened (with a digest): the command line
+    renders it from the name given, as the layer does, not from its own shortened name."""
+    name = "n" * (layer.settings.max_key_length + 50)
+
+    @layer.cached_loader("long-tagged:{name}", tags=["long:{name}"])
+    def long_tagged(name: str) -> int:
+        return len(name)
+
+    long_tagged(name)
+    base = ["--url", redis_url, "--namespace", namespace, "--json"]
+    status, out, _ = cli(capsys, *base, "invalidate", "--tag", f"long:{name}")
+    assert status == 0 and out["matched"] == 1
+    status, out, err = cli(capsys, *base, "invalidate", "--tag", f"long:{name}", "--yes")
+    assert status == 0 and out["invalidated"] == 1, err
+    assert long_tagged.peek(name) is None

@@ -75,7 +75,7 @@ class MemoryStore(OneByOne):
         with self._lock:
             item = self._values.get(keys.value) if check_value else None
             if item is not None and not (stale and item[0].startswith(stale)):
-                return AcquireReply(LockState.VALUE, item[0])
+                return AcquireReply(LockState.VALUE, item[0], ttl_left=item[1] - now)
             holder = self._live_lease(keys, now)
             if holder is not None:
                 traced = holder[0] if "." in holder[0] else ""  # a token that carries a trace
@@ -105,8 +105,13 @@ class MemoryStore(OneByOne):
                     del self._leases[keys.lock]
                     self._publish(keys, b"")
                     return Written.REFUSED
-                self._entry_tags[keys.value] = (tagged.tags.names.split(" "), now + ttl_ms / 1000)
-            self._values[keys.value] = (envelope, now + ttl_ms / 1000)
+                if ttl_ms:
+                    self._entry_tags[keys.value] = (tagged.tags.names.split(" "), now + ttl_ms / 1000)
+            if ttl_ms:
+                self._values[keys.value] = (envelope, now + ttl_ms / 1000)
+            else:  # kept by nobody (a store=False value): only its waiters get it
+                self._values.pop(keys.value, None)
+                self._entry_tags.pop(keys.value, None)
             del self._leases[keys.lock]
             self._failing.pop(keys.failing, None)
             self._publish(keys, envelope if inline else b"")

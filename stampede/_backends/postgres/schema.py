@@ -55,15 +55,17 @@ SCHEMA_LOCK = "SELECT pg_advisory_xact_lock(1400136045)"
 """Taken by a store that creates the schema, in the creating transaction: one creator at a
 time (concurrent CREATE OR REPLACE of one function fails)."""
 
-SCHEMA_VERSION = "stampede_schema_v4"
+SCHEMA_VERSION = "stampede_schema_v5"
 """A function the schema's last statement creates, named after its version (a new version
 of the schema gets a new name). A store that finds it creates nothing: DDL under traffic
 takes table locks that can deadlock with the functions' row writes, so it runs only where
 the schema is missing or older. Version 4 adds ``holder`` to ``stampede_acquire``'s reply
 and is otherwise version 3, whose stores read the reply by column name: it marks itself
-version 3 as well, so that a version 3 store finds its schema there and creates nothing."""
+version 3 as well, so that a version 3 store finds its schema there and creates nothing.
+Version 5 fills ``left_ms`` of a value ``stampede_acquire`` returns (the value's own ms
+left, which older stores do not read): it marks itself versions 3 and 4 as well."""
 
-SCHEMA_READY = "SELECT count(*) FROM pg_proc WHERE proname = 'stampede_schema_v4'"
+SCHEMA_READY = "SELECT count(*) FROM pg_proc WHERE proname = 'stampede_schema_v5'"
 
 SCHEMA = r"""
 
@@ -158,7 +160,8 @@ RETURNS bytea LANGUAGE sql VOLATILE AS $$
 $$;
 
 -- Double-check the value and take the lease, in one step (the Redis ACQUIRE script).
--- state 1: the value (not the caller's stale one) is there; 2: the lease is ours;
+-- state 1: the value (not the caller's stale one) is there, for left_ms more (version 5;
+-- 0 before); 2: the lease is ours;
 -- 3: another holder has it for left_ms more (failed: a failed load's hold; holder: its
 -- token if the token carries a trace, has a '.', else '').
 -- Version 3's function replied without holder: a reply's columns cannot change in place.
@@ -174,15 +177,21 @@ DECLARE
 BEGIN
     left_ms := 0; failed := false; holder := '';
     IF p_check THEN
-        raw := stampede_fresh_value(p_value, p_stale, now_);
+        SELECT v.value, stampede_ms_left(v.expires_at, now_) INTO raw, left_ms FROM stampede_values v
+        WHERE v.key = p_value AND v.expires_at > now_
+          AND (length(p_stale) = 0 OR substring(v.value FROM 1 FOR length(p_stale)) <> p_stale);
         IF raw IS NOT NULL THEN state := 1; RETURN; END IF;
+        left_ms := 0;
     END IF;
     IF stampede_take_lease(p_lock, p_token, p_lease_ms, now_) THEN
         IF p_check THEN
             -- Each statement here reads what was committed when it began: a holder may have
             -- written (and released) between the first read and the insert. Read again,
             -- now that the lease is ours: a value there is returned, the lease given back.
-            raw := stampede_fresh_value(p_value, p_stale, now_);
+            SELECT v.value, stampede_ms_left(v.expires_at, now_) INTO raw, left_ms FROM stampede_values v
+            WHERE v.key = p_value AND v.expires_at > now_
+              AND (length(p_stale) = 0 OR substring(v.value FROM 1 FOR length(p_stale)) <> p_stale);
+            IF raw IS NULL THEN left_ms := 0; END IF;
             IF raw IS NOT NULL THEN
                 DELETE FROM stampede_leases WHERE key = p_lock AND token = p_token;
                 state := 1; RETURN;
@@ -445,6 +454,7 @@ END $$;
 
 CREATE OR REPLACE FUNCTION stampede_schema_v3() RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT 1';
 CREATE OR REPLACE FUNCTION stampede_schema_v4() RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT 1';
+CREATE OR REPLACE FUNCTION stampede_schema_v5() RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT 1';
 """
 
 

@@ -426,8 +426,8 @@ def acquire_reply(row: tuple[Any, ...] | None) -> AcquireReply:
     if row is None:
         raise BackendUnavailable("postgresql returned no row to take a lease")
     state, raw, left_ms, failed, holder = row
-    if state == 1:
-        return AcquireReply(LockState.VALUE, bytes(raw))
+    if state == 1:  # left_ms: the value's (schema version 5; 0 from an older one: not told)
+        return AcquireReply(LockState.VALUE, bytes(raw), ttl_left=left_ms / 1000 if left_ms > 0 else -1.0)
     if state == 2:
         return AcquireReply(LockState.LOCKED)
     return AcquireReply(LockState.HELD, lease_left=left_ms / 1000, failed=bool(failed), holder=holder or "")

@@ -13,7 +13,8 @@ def acquire_reply(reply: Any) -> AcquireReply:
     """The ACQUIRE script's reply as the flow's ``AcquireReply``."""
     state = reply[0]
     if state == 1:
-        return AcquireReply(LockState.VALUE, reply[1])
+        pttl = int(reply[2]) if len(reply) > 2 else -1
+        return AcquireReply(LockState.VALUE, reply[1], ttl_left=pttl / 1000 if pttl >= 0 else -1.0)
     if state == 2:
         return AcquireReply(LockState.LOCKED, fence=int(reply[1]) if len(reply) > 1 else 0)
     failed = len(reply) > 2 and int(reply[2]) == 1

@@ -39,14 +39,17 @@ ACQUIRE = """
 -- ARGV[3] '1' to return an existing value rather than lock; '0' to lock over it (it was corrupt)
 -- ARGV[4] '' or the identity (first bytes) of a stale value the caller read: with '1', lock
 --         over the value if it is still that one; return it only if it is another
--- Returns {1, value}: the value exists (and is not the caller's stale one)
+-- Returns {1, value, pttl}: the value exists (and is not the caller's stale one), and the
+--                 ms it has left (-1: no expiry)
 --         {2}: the lock is now held with our token
 --         {3, pttl, failed, holder}: another holder has the lock for pttl more ms (-1: no
 --                 expiry set); failed is 1 if that is a failed load's hold (HOLD_AFTER_FAILURE);
 --                 holder is its token if the token carries a trace (has a '.'), else ''
 if ARGV[3] == '1' then
   local value = redis.call('GET', KEYS[1])
-  if value and (ARGV[4] == '' or string.sub(value, 1, #ARGV[4]) ~= ARGV[4]) then return {1, value} end
+  if value and (ARGV[4] == '' or string.sub(value, 1, #ARGV[4]) ~= ARGV[4]) then
+    return {1, value, redis.call('PTTL', KEYS[1])}
+  end
 end
 if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {2} end
 local holder = redis.call('GET', KEYS[2]) or ''
@@ -90,6 +93,8 @@ WRITE_AND_RELEASE = """
 -- KEYS[4] failing marker (see HOLD_AFTER_FAILURE)
 -- ARGV[1] token, ARGV[2] envelope, ARGV[3] ttl in ms, ARGV[4] channel,
 -- ARGV[5] '1' to publish the envelope itself, '0' to publish '' (waiters read the key)
+-- A ttl of 0 keeps nothing (a store=False value): the old value goes, the envelope is
+-- only published
 -- Returns 1: written
 --         0: the lease was lost to an invalidation, or taken over; nothing written
 --        -1: the lease is not ours and no invalidation dropped it lately (it expired, or
@@ -98,7 +103,11 @@ if redis.call('GET', KEYS[2]) ~= ARGV[1] then
   if redis.call('GET', KEYS[3]) then return 0 end
   return -1
 end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+if ARGV[3] == '0' then
+  redis.call('DEL', KEYS[1])
+else
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+end
 redis.call('DEL', KEYS[2], KEYS[4])
 if ARGV[5] == '1' then
   redis.call('PUBLISH', ARGV[4], ARGV[2])
@@ -546,8 +555,12 @@ if not admitted(tags, ARGV[6]) then
   redis.call('PUBLISH', ARGV[4], '')
   return 0
 end
-admit(tags, KEYS[1], tonumber(ARGV[7]))
-redis.call('SET', KEYS[5], ARGV[8], 'PX', ARGV[3])
+if ARGV[3] == '0' then  -- kept by nobody: checked by the tags, not their member
+  redis.call('DEL', KEYS[5])
+else
+  admit(tags, KEYS[1], tonumber(ARGV[7]))
+  redis.call('SET', KEYS[5], ARGV[8], 'PX', ARGV[3])
+end
 return write_and_release(KEYS, ARGV)
 """
 )
