@@ -50,6 +50,7 @@ from ._errors import ConfigError
 from ._loader import AsyncCachedLoader, CachedLoader, P
 from ._loader_many import AsyncCachedManyLoader, CachedManyLoader, ManyKeys
 from ._lock import Lock, ReentrantHolds
+from ._redact import redacted
 from ._redlock import Redlock
 
 if typing.TYPE_CHECKING:
@@ -871,14 +872,37 @@ _default_lock = threading.Lock()
 
 
 def default_layer() -> Stampede:
-    """The module's layer: over STAMPEDE_REDIS_URL if it is set, else embedded. Connections
-    are opened on first use, so building it at import time is cheap."""
+    """The module's layer: over the URL in STAMPEDE_URL (the name the command line and
+    the examples read too; STAMPEDE_REDIS_URL, its older name, is still read), else
+    embedded, which protects one process only: the layer it made is logged (INFO).
+    Connections are opened on first use, so building it at import time is cheap."""
     global _default_layer
     with _default_lock:
         if _default_layer is None:
-            url = os.environ.get("STAMPEDE_REDIS_URL")
-            _default_layer = Stampede.from_url(url) if url else Stampede()
+            name, url = default_url()
+            if url:
+                _default_layer = Stampede.from_url(url)
+                log.info("stampede: the default layer is over %s (from $%s)", redacted(url), name)
+            else:
+                _default_layer = Stampede()
+                log.info(
+                    "stampede: the default layer is embedded: it protects this process only "
+                    "(set STAMPEDE_URL for protection across processes)"
+                )
         return _default_layer
+
+
+URL_VARIABLES = ("STAMPEDE_URL", "STAMPEDE_REDIS_URL")
+"""Where the default layer and the command line find the store's URL, first set first."""
+
+
+def default_url() -> tuple[str, str | None]:
+    """The first of ``URL_VARIABLES`` that is set, and its URL (None: none is set)."""
+    for name in URL_VARIABLES:
+        url = os.environ.get(name)
+        if url:
+            return name, url
+    return URL_VARIABLES[0], None
 
 
 @overload

@@ -140,7 +140,7 @@ class _Loader(Generic[P, R]):
         if self._trace_attributes is None:
             self._trace_attributes = entry_attributes(events.namespace, self._keys.template)
         own = {"stampede.key": value_key} if self._spec.settings.trace_keys else None
-        return call_trace(traces, events, "stampede.get", self._trace_attributes, own)
+        return call_trace(traces, events, "stampede.get", self._trace_attributes, own, own is not None)
 
     @overload
     def __get__(self: Self_, instance: None, owner: type | None = None) -> Self_: ...

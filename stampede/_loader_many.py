@@ -213,7 +213,7 @@ class _ManyLoader(Generic[K, V]):
         own: dict[str, Any] = {"stampede.entries": len(keys)}
         if self.settings.trace_keys:
             own["stampede.keys"] = keys
-        return call_trace(traces, events, "stampede.get_many", self._trace_attributes, own)
+        return call_trace(traces, events, "stampede.get_many", self._trace_attributes, own, self.settings.trace_keys)
 
     def key(self, *args: Any, **kwargs: Any) -> str:
         """The key of one id's entry: the loader's arguments with one id in place of the

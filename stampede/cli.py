@@ -21,8 +21,9 @@ type, ``ids:=[1,2]``) and match anything where none is given. See ``_core.patter
 Entries are found with SCAN on Redis (never KEYS) and by an index on PostgreSQL: the
 command line asks the layer's backend what it holds (``_core.backend.Inspector``).
 ``--url`` takes what ``Stampede.from_url`` takes (add ``--cluster`` for a Redis
-Cluster). Its default is $STAMPEDE_URL, else redis://127.0.0.1:6379/0. PostgreSQL
-cannot count the processes waiting on an entry: the command says so.
+Cluster). Its default is $STAMPEDE_URL (or $STAMPEDE_REDIS_URL, its older name: the
+default layer reads the same two), else redis://127.0.0.1:6379/0. PostgreSQL cannot count
+the processes waiting on an entry: the command says so.
 
 Output is for people unless ``--json`` (one JSON document on stdout). Errors print one
 line on stderr and exit non-zero: 1 when the server cannot be reached or fails, 2 for a
@@ -34,6 +35,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import logging
 import os
 import sys
 import time
@@ -50,6 +52,7 @@ from ._core.keys import EntryKeys
 from ._core.patterns import entry_pattern
 from ._core.tags import TagKeys, tag_name
 from ._errors import BackendUnavailable, ConfigError, InvalidKey
+from ._layer import default_url
 from ._redact import redacted, scrubbed
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
@@ -169,12 +172,28 @@ def _sample(line: str) -> tuple[str, dict[str, str], float]:
 # --- a connection to the server, and what it reads -------------------------------------
 
 
+def _reach_postgres(url: str) -> None:
+    """Connect once, before a pool is made: a pool retries a database it cannot reach
+    until its timeout, logging each try, and then names only the timeout. One line that
+    names the cause is the command line's promise."""
+    import psycopg
+
+    logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)  # its retries: the one line below says it
+    try:
+        psycopg.connect(url, connect_timeout=max(2, int(TIMEOUT))).close()
+    except psycopg.Error as error:
+        cause = " ".join(str(error).split())
+        raise Failed(f"{redacted(url)}: cannot connect to PostgreSQL: {cause}", 1) from None
+
+
 class Session:
     """A layer over the store the URL names (for invalidations, as the app's own would do
     them), and what its backend lets the command line read."""
 
     def __init__(self, url: str, namespace: str, cluster: bool) -> None:
         self.url, self.namespace = url, namespace
+        if url.startswith(("postgres://", "postgresql://")):
+            _reach_postgres(url)
         try:
             self.layer = Stampede.from_url(
                 url, namespace=namespace, cluster=cluster, socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT,
@@ -380,7 +399,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog="A PATTERN is a glob over entries (category-map:*) or a template (category-map:{shop}) "
         "with FIELD=VALUE (a str) or FIELD:=JSON values.",
     )
-    parser.add_argument("--url", default=os.environ.get("STAMPEDE_URL", DEFAULT_URL), help="the Redis URL")
+    parser.add_argument("--url", default=default_url()[1] or DEFAULT_URL, help="the store's URL")
     parser.add_argument("--cluster", action="store_true", help="the URL is a node of a Redis Cluster")
     parser.add_argument("--namespace", default=os.environ.get("STAMPEDE_NAMESPACE", "stampede"))
     parser.add_argument("--json", action="store_true", help="print one JSON document")

@@ -55,6 +55,7 @@ class CircuitBreaker:
         self._failures = 0  # connection failures in a row. >= threshold while open
         self._open_until = 0.0  # no command before this time (clock)
         self._probe_until = 0.0  # a probe is out until this time. After it, another may go
+        self._cause = ""  # the last failure, as its error said: what an open circuit names
         reset_after_fork(self)
 
     def after_fork_in_child(self) -> None:
@@ -72,9 +73,10 @@ class CircuitBreaker:
                 self._probe_until = now + self.cooldown  # this caller probes
                 log.info("stampede: circuit half-open; probing the server")
                 return
+        cause = f" (the last: {self._cause})" if self._cause else ""
         raise BackendUnavailable(
-            f"circuit open: redis failed {self._failures} times in a row; not asking it about {key!r} "
-            f"for up to {self.cooldown} s",
+            f"circuit open: the server failed {self._failures} times in a row{cause}; not asking it about "
+            f"{key!r} for up to {self.cooldown} s",
             key=key,
         )
 
@@ -94,16 +96,22 @@ class CircuitBreaker:
                 if self._on_change is not None:
                     self._on_change(False)
 
-    def failed(self) -> None:
+    def failed(self, cause: str = "") -> None:
+        """A command did not reach the server; ``cause`` says why (named while open)."""
         with self._lock:
             self._failures += 1
+            if cause:
+                self._cause = cause
             opened = self._failures == self.threshold > 0
             if self.threshold and self._failures >= self.threshold:
                 self._open_until = self._clock() + self.cooldown
                 self._probe_until = 0.0
         if opened:
             log.warning(
-                "stampede: redis failed %d times in a row; circuit open for %s s", self.threshold, self.cooldown
+                "stampede: the server failed %d times in a row (the last: %s); circuit open for %s s",
+                self.threshold,
+                self._cause or "unknown",
+                self.cooldown,
             )
             if self._on_change is not None:
                 self._on_change(True)

@@ -179,6 +179,7 @@ class CallTrace:
         "_attributes",
         "_context_token",
         "_counts",
+        "_keys_shown",
         "_load",
         "_load_context",
         "_load_token",
@@ -205,10 +206,12 @@ class CallTrace:
         attributes: dict[str, Any],
         links: list[Any] | None = None,
         root: bool = False,
+        keys_shown: bool = True,
     ) -> None:
         self.tracer = tracer
         self._name = name
         self._attributes = attributes
+        self._keys_shown = keys_shown  # trace_keys: else no text of the call's may reach the span
         self.links = links or []
         self.root = root  # a trace of its own (a background refresh), not the caller's
         self._counts: dict[str, int] = {}
@@ -254,7 +257,11 @@ class CallTrace:
         if error is not None:
             span.set_status(otel_trace.Status(otel_trace.StatusCode.ERROR, type(error).__name__))
             if isinstance(error, Exception):
-                span.record_exception(error)
+                if self._keys_shown:
+                    span.record_exception(error)
+                else:  # its message and traceback name the key: only its type goes
+                    hidden = f"{type(error).__qualname__} (its text is not traced: trace_keys=False)"
+                    span.record_exception(error, {"exception.message": hidden, "exception.stacktrace": hidden})
         span.end()
 
     def outcome(self, error: BaseException | None) -> str:
@@ -443,13 +450,19 @@ def entry_attributes(namespace: str, template: str) -> dict[str, Any]:
 
 
 def call_trace(
-    tracer: Any, events: Events, name: str, attributes: dict[str, Any], own: dict[str, Any] | None = None
+    tracer: Any,
+    events: Events,
+    name: str,
+    attributes: dict[str, Any],
+    own: dict[str, Any] | None = None,
+    keys_shown: bool = True,
 ) -> CallTrace:
     """A call's trace, to enter around it, fed by its layer's reports (``events``):
     ``attributes`` are the loader's (``entry_attributes``), ``own`` the call's (its key,
-    with ``trace_keys``)."""
+    with ``trace_keys``). ``keys_shown``: ``trace_keys``; without it an exception is
+    recorded by its type only (its text names the key)."""
     events.feed(FEED)
-    return CallTrace(tracer, name, {**attributes, **own} if own else attributes)
+    return CallTrace(tracer, name, {**attributes, **own} if own else attributes, keys_shown=keys_shown)
 
 
 # --- background refreshes ---------------------------------------------------------------
@@ -465,7 +478,9 @@ def _refresh_trace() -> CallTrace | None:
     trace.refreshing = True
     caller = trace.span.get_span_context()
     links = [otel_trace.Link(caller, {"stampede.link": "triggered_by"})] if caller.is_valid else []
-    refresh = CallTrace(trace.tracer, "stampede.refresh", dict(trace._attributes), links, root=True)
+    refresh = CallTrace(
+        trace.tracer, "stampede.refresh", dict(trace._attributes), links, root=True, keys_shown=trace._keys_shown
+    )
     refresh.start()
     add_link = getattr(trace.span, "add_link", None)
     if add_link is not None and refresh.span.get_span_context().is_valid:

@@ -421,3 +421,23 @@ def test_a_huge_int_id_has_one_key_on_the_single_and_the_many_key_path() -> None
     assert many([huge, 1]) == {huge: huge % 1000, 1: 1}
     assert single.key(huge) == many.key(huge)  # type: ignore[attr-defined]
     assert single(huge) == huge % 1000 and layer.stats()["loads"] == 2  # the many-key load's entry: a hit
+
+
+# --- 26: an open circuit still names its cause ------------------------------------------
+
+
+def test_check_names_the_cause_once_the_circuit_is_open() -> None:
+    from stampede import BackendUnavailable
+    from stampede.testing import free_port
+
+    layer = Stampede.from_url(
+        f"redis://127.0.0.1:{free_port()}/0", socket_connect_timeout=0.2, breaker_threshold=2, namespace="down"
+    )
+    try:
+        load = layer.cached_loader("row:{n}")(lambda n: n)
+        for n in range(3):
+            assert load(n) == n  # served without the cache; the circuit opens
+        with pytest.raises(BackendUnavailable, match=r"circuit open.*ConnectionError.*refused"):
+            layer.check()
+    finally:
+        layer.close()

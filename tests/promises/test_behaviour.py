@@ -281,18 +281,21 @@ def test_the_module_decorator_uses_the_default_layer(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(_layer, "_default_layer", None)
     monkeypatch.delenv("STAMPEDE_REDIS_URL", raising=False)
+    monkeypatch.delenv("STAMPEDE_URL", raising=False)
     db = CountingLoader()
     load = stampede.cached_loader("item:{key}")(db)
     assert load(1) == load(1) == {"id": 1}
     assert db.calls == {1: 1}
     assert type(stampede.default_layer()._runner.store).__name__ == "MemoryStore"
 
-    monkeypatch.setattr(_layer, "_default_layer", None)
-    monkeypatch.setenv("STAMPEDE_REDIS_URL", redis_url)
-    try:
-        assert type(stampede.default_layer()._runner.store).__name__ == "RedisStore"
-    finally:
-        stampede.default_layer().close()
+    for name in ("STAMPEDE_URL", "STAMPEDE_REDIS_URL"):  # the examples' and the command line's name, and the old one
+        monkeypatch.setattr(_layer, "_default_layer", None)
+        monkeypatch.setenv(name, redis_url)
+        try:
+            assert type(stampede.default_layer()._runner.store).__name__ == "RedisStore"
+        finally:
+            stampede.default_layer().close()
+            monkeypatch.delenv(name)
 
 
 def test_hostile_arguments_make_distinct_working_keys(layer_of_each_backend: Callable[..., Stampede]) -> None:

@@ -396,3 +396,13 @@ def test_invalidate_a_tag_longer_than_max_key_length(
     status, out, err = cli(capsys, *base, "invalidate", "--tag", f"long:{name}", "--yes")
     assert status == 0 and out["invalidated"] == 1, err
     assert long_tagged.peek(name) is None
+
+
+def test_an_unreachable_postgres_is_one_line_naming_the_cause(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("psycopg", reason="psycopg is not installed (the dev extra installs it)")
+    started = time.monotonic()
+    status, _, err = cli(capsys, "--url", f"postgresql://app:secret@127.0.0.1:{free_port()}/db", "inspect", "x*")
+    assert status == 1
+    assert len(err.strip().splitlines()) == 1, err  # no pool's retries on the way
+    assert "Connection refused" in err and "secret" not in err
+    assert time.monotonic() - started < 4.5  # not the pool's 5 s wait for a connection

@@ -123,6 +123,28 @@ def test_the_key_is_an_attribute_only_when_asked(
     assert call.attributes is not None and call.attributes["stampede.key"] == load.key(7)
 
 
+def test_without_trace_keys_a_failed_calls_exception_does_not_name_the_key(
+    exporter: InMemorySpanExporter, make_layer: Callable[..., Stampede]
+) -> None:
+    """Stampede's errors name the key, and so does a loader's that formats its argument:
+    the exception event keeps its type only, unless ``trace_keys`` asks for the key."""
+    for keys_traced in (False, True):
+        layer = make_layer(trace_keys=keys_traced)
+
+        @layer.cached_loader(f"secret-{keys_traced}:{{email}}")
+        def account(email: str) -> Any:
+            raise LookupError(f"no account for {email}")
+
+        with pytest.raises(LookupError):
+            account("someone@example.com")
+        (call,) = named(exporter, "stampede.get")
+        exporter.clear()
+        (event,) = [event for event in call.events if event.name == "exception"]
+        assert event.attributes is not None and event.attributes["exception.type"] == "LookupError"
+        shown = json.dumps(dict(event.attributes)) + json.dumps(dict(call.attributes or {}))
+        assert ("someone@example.com" in shown) is keys_traced, shown
+
+
 def test_joiners_wait_as_children_of_their_calls(
     exporter: InMemorySpanExporter, make_layer: Callable[..., Stampede]
 ) -> None:

@@ -55,7 +55,7 @@ def failure(breaker: CircuitBreaker, what: str, key: str, error: BaseException) 
     """Tell the breaker about a failed statement (an error from a server that answered
     means the server is there), and translate the error."""
     unreachable = isinstance(error, (psycopg.OperationalError, OSError))
-    breaker.failed() if unreachable else breaker.succeeded()
+    breaker.failed(f"{type(error).__name__}: {error}") if unreachable else breaker.succeeded()
     timed_out = isinstance(error, (psycopg.errors.QueryCanceled, PoolTimeout, TimeoutError))
     return BackendUnavailable(f"postgresql failed to {what} {key!r}: {error}", key=key, timed_out=timed_out)
 

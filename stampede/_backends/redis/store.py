@@ -72,7 +72,7 @@ def torn_down_error(error: Exception) -> redis.ConnectionError:
 def failure(breaker: CircuitBreaker, what: str, key: str, error: BaseException) -> BackendUnavailable:
     """Tell the breaker about a failed command (an error reply means the server is
     there), and translate the error."""
-    breaker.failed() if isinstance(error, UNREACHABLE) else breaker.succeeded()
+    breaker.failed(f"{type(error).__name__}: {error}") if isinstance(error, UNREACHABLE) else breaker.succeeded()
     timed_out = isinstance(error, (redis.TimeoutError, TimeoutError, asyncio.TimeoutError))
     return BackendUnavailable(f"redis failed to {what} {key!r}: {error}", key=key, timed_out=timed_out)
 
