@@ -83,6 +83,11 @@ class Joiner:
         self._joined_at = None if self.early else flight.sent
         return max(0.0, self.deadline - self._clock())
 
+    @property
+    def joined_first(self) -> float:
+        """When the caller first joined a flight (monotonic): after its call began."""
+        return self.deadline - self.spec.settings.wait_timeout
+
     def interrupted(self) -> None:
         """The wait itself was interrupted (a cancelled task, a KeyboardInterrupt)."""
         self.wait.end("error")

@@ -31,6 +31,12 @@ A load without the lease (the cache unreachable) has no such guard, so those who
 during it wait for the next one, which they share: still one load in flight per key.
 A value that came in another process's message was written some time after the leader
 subscribed, so it goes to those who arrived before the subscription (``via_notice``).
+
+A load without the lease (a caller's wait for another process's load ran past
+``wait_timeout``, or the store failed) is made once per key per process at a time: the
+callers that need one meanwhile share it (``fallback_key``), as long as each began before
+it did (``Flight.opened_at``). A leader and its joiners time out at about the same time,
+whichever first, so their process loads once, not once per caller.
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ class Flight:
     codec: Any = None  # the leader's Codec. Set when it leads
     raw: bytes | None = None  # the envelope the value was read from or written as. Set before done
     trace: Any = None  # the leader's call trace, if traced, for its joiners' links (``_drivers.trace``)
+    opened_at = 0.0  # a load without the lease (``fallback_key``): when it began (monotonic)
 
     def count(self, effect: Effect) -> None:
         """The leader is about to perform ``effect``: count it if it may produce the value."""
@@ -113,6 +120,26 @@ class Flight:
             return NOT_A_VALUE
         decoded = spec.codec.decode(raw)
         return NOT_A_VALUE if decoded.kind is Kind.CORRUPT else decoded.value
+
+
+FALLBACK = "\x00unleased"
+
+
+def fallback_key(key: str) -> str:
+    """The flight-table key of the load without the lease that a process's callers of
+    ``key`` share (no cache key holds a NUL)."""
+    return key + FALLBACK
+
+
+def shares_fallback(flight: Flight, began: float) -> bool:
+    """Whether a caller that began at ``began`` (monotonic) may take the outcome of the
+    load without the lease ``flight`` made: only if it began before that load did (a load
+    read the database when it began, perhaps before an invalidation that returned before
+    a later caller began), and its caller was not interrupted (a BaseException that is not
+    an Exception goes to nobody else)."""
+    if flight.error is not None and not isinstance(flight.error, Exception):
+        return False
+    return began < flight.opened_at
 
 
 # The keys whose loader runs in this context: the thread, or the task and the tasks it

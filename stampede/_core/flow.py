@@ -156,6 +156,9 @@ class Context:
     tags: TagSet | None = None  # the entry's tags (``_core.tags``), None if its loader has none
     previous: bytes | None = None  # the envelope a load refreshes, which its loader may keep (NOT_MODIFIED)
     holder: str = ""  # the token of the last lease found held by another, if its store tells (traces read it)
+    # When the call began, or later (monotonic): a load without the lease another caller
+    # of this process began after it is this call's to share (``_core.flight.shares_fallback``).
+    began: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -187,7 +190,18 @@ def new_context(
 ) -> Context:
     """The context of one miss, on the real clocks."""
     keys = EntryKeys.for_value(value_key)
-    return Context(keys, spec.settings, spec.codec, events, warn, time.monotonic, time.time, random.uniform, tags=tags)
+    return Context(
+        keys,
+        spec.settings,
+        spec.codec,
+        events,
+        warn,
+        time.monotonic,
+        time.time,
+        random.uniform,
+        tags=tags,
+        began=time.monotonic(),
+    )
 
 
 # --- the flow --------------------------------------------------------------------------
@@ -375,8 +389,10 @@ def _fill(ctx: Context, miss: Miss | Stale, wait: Wait) -> Flow:
             ctx.events.incr("lock_waits")
             wait.begin()
             bound = _load_bound(settings, fallback)
-            if bound:  # nobody waits longer than that for one load (see _core.effects.Load)
-                load_deadline = ctx.clock() + bound
+            if bound:  # nobody waits longer than that for one load (see _core.effects.Load),
+                # from when the call began: a caller that started over (its leader's stale
+                # value was read before it arrived) does not wait the bound a second time.
+                load_deadline = min(ctx.clock(), ctx.began or math.inf) + bound
             log.debug("%s: lock held elsewhere (%.3f s left); subscribing", key, reply.lease_left)
             try:
                 yield from ctx.leases.subscribe()

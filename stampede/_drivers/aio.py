@@ -18,8 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import math
 import random
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +30,7 @@ from .._core.batch import together
 from .._core.call import DECIDED, Joiner, Outcome, read_found
 from .._core.controls import ano_load, peeked, put, reload
 from .._core.effects import Effect, Lease, milliseconds
-from .._core.flight import Flight, refuse_recursion
+from .._core.flight import Flight, fallback_key, refuse_recursion, shares_fallback
 from .._core.flow import (
     Context,
     Flow,
@@ -141,6 +143,7 @@ class AsyncRunner:
                 continue
             if value is Outcome.TIMED_OUT:
                 ctx = self._context(value_key, spec, args, kwargs)
+                ctx.began = joiner.joined_first  # it shares a load without the lease begun after that
                 loader = functools.partial(spec.func, *args, **kwargs)
                 return await self._drive(after_wait_timeout(ctx), ctx, loader, state)
             if flight.stale:
@@ -149,7 +152,7 @@ class AsyncRunner:
         if joiner is not None:
             joiner.leads()
         try:
-            value = await self._lead(value_key, spec, args, kwargs, state, flight)
+            value = await self._lead(value_key, spec, args, kwargs, state, flight, joiner)
         except BaseException as error:
             flights.finish(value_key, flight, error=error)
             raise
@@ -166,7 +169,9 @@ class AsyncRunner:
         kwargs: dict[str, Any],
         state: LoopState,
         flight: Flight,
+        joiner: Joiner | None = None,
     ) -> Any:
+        """``SyncRunner._lead``, awaited."""
         flight.sent, flight.codec = 1, spec.codec
         store = state.store
         near = self.near if spec.near else None
@@ -190,6 +195,8 @@ class AsyncRunner:
                 return found.value
         refuse_recursion(value_key)
         ctx = self._context(value_key, spec, args, kwargs)
+        if joiner is not None:
+            ctx.began = joiner.joined_first  # a load it waits for is bounded from there (load_soft_timeout)
         loader = functools.partial(spec.func, *args, **kwargs)
         return await self._drive(fill(ctx, found), ctx, loader, state, flight)
 
@@ -279,6 +286,7 @@ class AsyncRunner:
         value = joiner.outcome(flight, joined)
         if value is Outcome.TIMED_OUT:
             ctx = self._context(value_key, spec)
+            ctx.began = joiner.joined_first
             return await self._drive(after_wait_timeout(ctx), ctx, spec.func, state)
         if value is Outcome.START_OVER:
             return await self.call(value_key, spec, (), {})  # its wait is bounded anew by wait_timeout
@@ -557,6 +565,30 @@ class AsyncRunner:
                     del self._loops[loop]
             await state.aclose()
 
+    async def _unleased(
+        self, state: LoopState, value_key: str, began: float, load: Callable[[], Awaitable[Any]]
+    ) -> Any:
+        """``SyncRunner._unleased``, awaited: shared by the tasks of this event loop."""
+        key = fallback_key(value_key)
+        flights = state.flights
+        flight, leads = flights.join(key)
+        if not leads:
+            await flights.wait(flight, math.inf)
+            if not shares_fallback(flight, began):
+                return await load()
+            self._events.incr("collapsed")
+            if flight.error is not None:
+                raise flight.error
+            return flight.value
+        flight.opened_at = time.monotonic()
+        try:
+            value = await load()
+        except BaseException as error:
+            flights.finish(key, flight, error=error)
+            raise
+        flights.finish(key, flight, value=value)
+        return value
+
     async def _drive(
         self,
         flow: Flow,
@@ -571,7 +603,14 @@ class AsyncRunner:
         lease = Lease(ctx.keys, lease_token(ctx, flight), milliseconds(ctx.settings.lock_ttl))
         leases = state.leases
         ctx.leases = leases.policy.bind(lease)
-        performer = AsyncPerformer(lease, store=leases.store, servers=leases.servers, loader=loader, renewal=leases)
+        performer = AsyncPerformer(
+            lease,
+            store=leases.store,
+            servers=leases.servers,
+            loader=loader,
+            renewal=leases,
+            unleased=functools.partial(self._unleased, state, ctx.keys.value, ctx.began),
+        )
         with performer:
             if flight is None:
                 return await arun(flow, performer)

@@ -14,7 +14,7 @@ from .._core.batch import together
 from .._core.call import DECIDED, Joiner, Outcome, read_found
 from .._core.controls import no_load, peeked, put, reload
 from .._core.effects import Effect, Lease, milliseconds
-from .._core.flight import Flight, refuse_recursion
+from .._core.flight import Flight, fallback_key, refuse_recursion, shares_fallback
 from .._core.flow import (
     Context,
     Flow,
@@ -99,6 +99,7 @@ class SyncRunner:
                 continue
             if value is Outcome.TIMED_OUT:
                 ctx = self._context(value_key, spec, args, kwargs)
+                ctx.began = joiner.joined_first  # it shares a load without the lease begun after that
                 loader = functools.partial(spec.func, *args, **kwargs)
                 return self._drive(after_wait_timeout(ctx), ctx, loader)
             if flight.stale:
@@ -107,7 +108,7 @@ class SyncRunner:
         if joiner is not None:
             joiner.leads()
         try:
-            value = self._lead(value_key, spec, args, kwargs, flight)
+            value = self._lead(value_key, spec, args, kwargs, flight, joiner)
         except BaseException as error:
             flights.finish(value_key, flight, error=error)
             raise
@@ -117,8 +118,16 @@ class SyncRunner:
         return value
 
     def _lead(
-        self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any], flight: Flight
+        self,
+        value_key: str,
+        spec: LoaderSpec,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        flight: Flight,
+        joiner: Joiner | None = None,
     ) -> Any:
+        """Lead ``flight``: read, and on a miss fill (``flow.fill``). ``joiner``: the
+        caller's waits before it led (it started over), from whose first its bounds run."""
         flight.sent, flight.codec = 1, spec.codec
         store = self.store
         near = self.near if spec.near else None
@@ -142,6 +151,8 @@ class SyncRunner:
                 return found.value
         refuse_recursion(value_key)
         ctx = self._context(value_key, spec, args, kwargs)
+        if joiner is not None:
+            ctx.began = joiner.joined_first  # a load it waits for is bounded from there (load_soft_timeout)
         loader = functools.partial(spec.func, *args, **kwargs)
         return self._drive(fill(ctx, found), ctx, loader, flight)
 
@@ -227,6 +238,7 @@ class SyncRunner:
         value = joiner.outcome(flight, joined)
         if value is Outcome.TIMED_OUT:
             ctx = self._context(value_key, spec)
+            ctx.began = joiner.joined_first
             return self._drive(after_wait_timeout(ctx), ctx, spec.func)
         if value is Outcome.START_OVER:
             return self.call(value_key, spec, (), {})  # its wait is bounded anew by wait_timeout
@@ -415,6 +427,31 @@ class SyncRunner:
         """Detach the key's flight: later callers read afresh (after an invalidation)."""
         self.flights.forget(key)
 
+    def _unleased(self, value_key: str, began: float, load: Callable[[], Any]) -> Any:
+        """A load of ``value_key`` without the lease, for a call that began at ``began``:
+        one at a time per key in this process, shared by the callers that need one
+        meanwhile and began before it did (``_core.flight.shares_fallback``). Each caller
+        encodes and reads back the loader's value for itself (``flow._load_uncached``)."""
+        key = fallback_key(value_key)
+        flights = self.flights
+        flight, done = flights.join(key)
+        if done is not None:
+            done.wait()
+            if not shares_fallback(flight, began):
+                return load()
+            self._events.incr("collapsed")
+            if flight.error is not None:
+                raise flight.error
+            return flight.value
+        flight.opened_at = time.monotonic()
+        try:
+            value = load()
+        except BaseException as error:
+            flights.finish(key, flight, error=error)
+            raise
+        flights.finish(key, flight, value=value)
+        return value
+
     def _drive(self, flow: Flow, ctx: Context, loader: Callable[[], Any], flight: Flight | None = None) -> Any:
         """Perform the flow (``perform.run``) on a lease of a new token, held where the
         layer's policy holds leases. The leader's ``flight`` counts the steps that may
@@ -423,7 +460,13 @@ class SyncRunner:
         leases = self.leases
         ctx.leases = leases.policy.bind(lease)
         performer = Performer(
-            lease, store=leases.store, servers=leases.servers, loader=loader, watchdog=self._watchdog, renewal=leases
+            lease,
+            store=leases.store,
+            servers=leases.servers,
+            loader=loader,
+            watchdog=self._watchdog,
+            renewal=leases,
+            unleased=functools.partial(self._unleased, ctx.keys.value, ctx.began),
         )
         with performer:
             if flight is None:

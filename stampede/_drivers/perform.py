@@ -15,6 +15,7 @@ finish once started (the write, releases), so a second cancellation does not cut
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any, TypeVar, cast
@@ -119,7 +120,9 @@ class Performer:
     """Performs effects with blocking calls, for one decision at a time: lease commands
     on ``store`` for ``lease``, lock-server commands on ``servers``, ``Load`` by calling
     ``loader`` (its lease renewed by ``watchdog`` through ``renewal``, the store unless
-    the lease policy renews elsewhere too). Closes its subscription on exit."""
+    the lease policy renews elsewhere too). A load without the lease goes through
+    ``unleased`` (given the call to make), where the driver shares it among its process's
+    callers (``_core.flight.fallback_key``). Closes its subscription on exit."""
 
     def __init__(
         self,
@@ -130,7 +133,9 @@ class Performer:
         loader: Callable[[], Any] | None = None,
         watchdog: Watchdog | None = None,
         renewal: Renewable | None = None,
+        unleased: Callable[[Callable[[], Any]], Any] | None = None,
     ) -> None:
+        self._unleased = unleased
         self._lease: Lease = lease if lease is not None else _Absent("lease")  # type: ignore[assignment]
         self._store: Store = store if store is not None else _Absent("store")
         self._servers: LockServers = servers if servers is not None else _Absent("lock servers")
@@ -196,7 +201,8 @@ class Performer:
             case Load(leased=leased, timeout=timeout, previous=previous):
                 with loading(lease.keys.value), refreshing(previous):
                     if not leased:
-                        return bounded(self._loader, timeout) if timeout else self._loader()
+                        loader = functools.partial(bounded, self._loader, timeout) if timeout else self._loader
+                        return loader() if self._unleased is None else self._unleased(loader)
                     watched = self._watchdog.watch(self._renewal, lease.keys, lease.token, lease.ms)
                     detached = False
                     try:
@@ -247,7 +253,9 @@ class AsyncPerformer:
         servers: AsyncLockServers | None = None,
         loader: Callable[[], Awaitable[Any]] | None = None,
         renewal: AsyncRenewable | None = None,
+        unleased: Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]] | None = None,
     ) -> None:
+        self._unleased = unleased
         self._lease: Lease = lease if lease is not None else _Absent("lease")  # type: ignore[assignment]
         self._store: AsyncStore = store if store is not None else _Absent("store")
         self._servers: AsyncLockServers = servers if servers is not None else _Absent("lock servers")
@@ -317,7 +325,10 @@ class AsyncPerformer:
             case Load(leased=leased, timeout=timeout, detach=detach, previous=previous):
                 with loading(lease.keys.value), refreshing(previous):
                     if not leased:
-                        return await (abounded(self._loader, timeout, detach) if timeout else self._loader())
+                        aloader = (
+                            functools.partial(abounded, self._loader, timeout, detach) if timeout else self._loader
+                        )
+                        return await (aloader() if self._unleased is None else self._unleased(aloader))
                     renewal = asyncio.ensure_future(keep_renewed(self._renewal, lease.keys, lease.token, lease.ms))
                     detached = False
                     try:

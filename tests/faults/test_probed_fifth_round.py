@@ -6,7 +6,9 @@ newcomer meets at decoration, and the Django backend's limits."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -441,3 +443,208 @@ def test_check_names_the_cause_once_the_circuit_is_open() -> None:
             layer.check()
     finally:
         layer.close()
+
+
+# --- 17: a load slower than wait_timeout: one fallback load per process ---------------
+
+
+class WaitEnds:
+    """An observer counting the waits that ended by timing out."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.timed_out = 0
+
+    def count(self, namespace: str, event: str, n: int) -> None:
+        pass
+
+    def began(self, namespace: str, measure: str) -> None:
+        pass
+
+    def ended(self, namespace: str, measure: str, outcome: str, seconds: float) -> None:
+        if measure == "wait" and outcome == "timeout":
+            with self._lock:
+                self.timed_out += 1
+
+
+@pytest.mark.parametrize("kind", ["blocking", "asyncio"])
+def test_callers_past_wait_timeout_share_one_load_per_process(make_layer: Callable[..., Stampede], kind: str) -> None:
+    """Another process holds the lease and loads slowly. Ten callers here wait past
+    wait_timeout: each goes on without the cache, but the process loads once."""
+    holder, waiting = make_layer(), make_layer(wait_timeout=0.3)
+    held, release_held, release_here = threading.Event(), threading.Event(), threading.Event()
+    calls: list[str] = []
+
+    @holder.cached_loader("slow:{n}")
+    def slow_there(n: int) -> str:
+        held.set()
+        assert release_held.wait(30)
+        return "held"
+
+    ends = WaitEnds()
+    waiting.observe(ends)
+    callers = 10
+    with ThreadPoolExecutor(callers + 1) as pool:
+        there = pool.submit(slow_there, 1)
+        assert held.wait(10)
+        if kind == "blocking":
+
+            @waiting.cached_loader("slow:{n}")
+            def slow_here(n: int) -> str:
+                calls.append("here")
+                assert release_here.wait(30)
+                return "here"
+
+            results = [pool.submit(slow_here, 1) for _ in range(callers)]
+            wait_until(lambda: ends.timed_out >= callers, "every caller timing out", 10)
+            release_here.set()
+            values = [result.result(20) for result in results]
+        else:
+
+            @waiting.cached_loader("slow:{n}")
+            async def aslow_here(n: int) -> str:
+                calls.append("here")
+                while not release_here.is_set():
+                    await asyncio.sleep(0.005)
+                return "here"
+
+            async def burst() -> list[str]:
+                tasks = [asyncio.ensure_future(aslow_here(1)) for _ in range(callers)]
+                while ends.timed_out < callers:
+                    await asyncio.sleep(0.005)
+                release_here.set()
+                values = await asyncio.gather(*tasks)
+                await waiting.aclose()
+                return values
+
+            values = asyncio.run(burst())
+        release_held.set()
+        assert there.result(20) == "held"
+    assert values == ["here"] * callers
+    assert calls == ["here"], f"{len(calls)} loads without the cache in one process"
+
+
+# --- 18: load_soft_timeout holds for every caller, in every process --------------------
+
+
+@pytest.mark.timing
+def test_every_caller_in_every_process_serves_its_stale_value_at_the_soft_timeout(
+    make_layer: Callable[..., Stampede],
+) -> None:
+    """One process loads slowly; four callers in each of two processes hold a stale value.
+    Each serves it by ``load_soft_timeout`` after its call began, not that bound again
+    after starting over (its leader's stale value was read before it joined)."""
+    soft = 0.3
+    options = {"ttl": 60, "stale_if_error": 60, "load_soft_timeout": soft}
+    layers = [make_layer(**options), make_layer(**options)]
+    release = threading.Event()
+    loaders = []
+    for layer in layers:
+
+        @layer.cached_loader("soft:{n}")
+        def row(n: int) -> str:
+            if release.is_set():
+                return "first"
+            assert release.wait(30)
+            return "late"
+
+        loaders.append(row)
+    release.set()
+    assert loaders[0](1) == "first"
+    release.clear()
+    loaders[0].expire(1)  # type: ignore[attr-defined]
+    per_process = 4
+    barrier = threading.Barrier(2 * per_process)
+
+    def call(load: Any) -> tuple[Any, bool, float]:
+        barrier.wait(10)
+        started = time.monotonic()
+        fetched = load.fetch(1)
+        return fetched.value, fetched.stale, time.monotonic() - started
+
+    try:
+        with ThreadPoolExecutor(2 * per_process) as pool:
+            results = [pool.submit(call, load) for load in loaders for _ in range(per_process)]
+            outcomes = [result.result(20) for result in results]
+    finally:
+        release.set()
+    assert {(value, stale) for value, stale, _ in outcomes} == {("first", True)}
+    slowest = max(seconds for _, _, seconds in outcomes)
+    assert slowest < soft + 0.2, f"the slowest caller served its stale value after {slowest:.3f} s"
+
+
+# --- 14: a cancellation redis-py drops is honoured ------------------------------------
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="Task.cancelling() tells a dropped cancellation from 3.11 on")
+@pytest.mark.parametrize("many", [False, True], ids=["single-key", "many-key"])
+@pytest.mark.parametrize("at", [0, 1, 2], ids=["first read", "lease", "write"])
+def test_a_cancellation_dropped_inside_a_command_still_ends_the_call(
+    make_layer: Callable[..., Stampede], many: bool, at: int
+) -> None:
+    """redis-py's asyncio client sometimes drops a cancellation that lands as a reply
+    comes in, and returns the reply. Here each command of a miss (its first read, its
+    lease, its write) drops one so: the call must still end cancelled, load nothing after
+    it, and leave no lease behind."""
+    layer = make_layer()
+    calls: list[Any] = []
+    if many:
+
+        @layer.cached_loader_many("dropped-many:{n}")
+        async def load(ns: list[int]) -> dict[int, int]:
+            calls.append(ns)
+            return {n: n for n in ns}
+
+        def call() -> Any:
+            return load([at])
+
+    else:
+
+        @layer.cached_loader("dropped:{n}")
+        async def load(n: int) -> int:
+            calls.append(n)
+            return n
+
+        def call() -> Any:
+            return load(at)
+
+    async def main() -> None:
+        store: Any = layer._async_runner.loop_store()  # type: ignore[union-attr]
+        sent = store._sent
+        armed = [True]
+        parked = asyncio.Event()
+
+        def chosen(command: Any, args: tuple[Any, ...]) -> bool:
+            """The command to drop a cancellation in: the first read, the lease script,
+            or the write script (a pipeline's, for a page)."""
+            stack = getattr(getattr(command, "__self__", None), "command_stack", None) or []
+            words = [str(word) for entry in stack for word in entry[0]]
+            words += [str(word) for arg in args for word in (arg if isinstance(arg, list) else [arg])]
+            script = type(command).__name__ == "AsyncScript" or bool({"EVALSHA", "EVAL"} & set(words))
+            writes = any(word.endswith(":failing") for word in words)
+            return (at == 0) or (at == 1 and script and not writes) or (at == 2 and script and writes)
+
+        async def dropping(key: str, command: Any, *args: Any, **kwargs: Any) -> Any:
+            drops = armed[0] and chosen(command, args)  # before it runs: a pipeline forgets its commands
+            result = await sent(key, command, *args, **kwargs)
+            if drops:
+                armed[0] = False
+                parked.set()
+                try:
+                    await asyncio.sleep(1)  # the reply is in; the cancellation lands here (a shielded write ends)
+                except asyncio.CancelledError:
+                    pass  # and is dropped, as redis-py sometimes does
+            return result
+
+        store._sent = dropping
+        task = asyncio.ensure_future(call())
+        await asyncio.wait_for(parked.wait(), 10)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)
+        store._sent = sent
+        await layer.aclose()
+
+    asyncio.run(main())
+    assert calls == ([] if at < 2 else [[at]] if many else [at])  # nothing loaded after the cancellation
+    assert not lock_is_held(layer, load.key(at))  # type: ignore[attr-defined]

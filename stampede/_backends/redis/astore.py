@@ -56,6 +56,13 @@ T = TypeVar("T")
 log = logging.getLogger("stampede.backend")
 
 
+def cancel_requests(task: asyncio.Task[Any] | None) -> int:
+    """How many cancellations of ``task`` are pending (``Task.cancelling``: Python 3.11
+    and later; 0 where the loop cannot tell)."""
+    cancelling = getattr(task, "cancelling", None)
+    return int(cancelling()) if cancelling is not None else 0
+
+
 class AsyncRedisStore:
     """An ``AsyncStore`` on one Redis server (or Sentinel's master, or a Redis Cluster),
     for the tasks of one event loop."""
@@ -438,7 +445,19 @@ class AsyncRedisStore:
                 self._initialized = True
 
     async def _send(self, key: str, command: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
-        """Run one command, within a connection slot when the layer bounds them."""
+        """Run one command, within a connection slot when the layer bounds them, and raise
+        ``CancelledError`` if the task was cancelled while it ran: redis-py's asyncio
+        client sometimes drops a cancellation that lands as a reply comes in, and the call
+        would go on (an ``asyncio.timeout`` then never fires). The flow releases what the
+        call holds, as after any interruption."""
+        task = asyncio.current_task()
+        cancelling = cancel_requests(task)
+        result = await self._sent(key, command, *args, **kwargs)
+        if cancel_requests(task) > cancelling:
+            raise asyncio.CancelledError()
+        return result
+
+    async def _sent(self, key: str, command: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         if not self._initialized:
             await self._initialize()
         slots = self._slots
