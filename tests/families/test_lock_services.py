@@ -172,7 +172,7 @@ def test_a_plain_acquire_fails_at_once_where_the_fixed_one_waits_and_is_woken_by
         thread.start()
         listener = layer._runner.store.listener  # type: ignore[union-attr]
         wait_until(  # the waiter is asleep on LISTEN (no polling: recheck_interval is 5 s)
-            lambda: listener._connected.is_set() and listener._waiting.everyone(), "the waiter on LISTEN"
+            lambda: listener._listening and listener._waiting.everyone(), "the waiter on LISTEN"
         )
         released_at = time.monotonic()
         holder.release()
