@@ -571,15 +571,17 @@ class AsyncRunner:
         """``SyncRunner._unleased``, awaited: shared by the tasks of this event loop."""
         key = fallback_key(value_key)
         flights = state.flights
-        flight, leads = flights.join(key)
-        if not leads:
+        while True:
+            flight, leads = flights.join(key)
+            if leads:
+                break
             await flights.wait(flight, math.inf)
-            if not shares_fallback(flight, began):
-                return await load()
-            self._events.incr("collapsed")
-            if flight.error is not None:
-                raise flight.error
-            return flight.value
+            if shares_fallback(flight, began):
+                self._events.incr("collapsed")
+                if flight.error is not None:
+                    raise flight.error
+                return flight.value
+            # It began after that load did: the next one is its own, led or shared.
         flight.opened_at = time.monotonic()
         try:
             value = await load()

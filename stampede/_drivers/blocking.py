@@ -434,15 +434,17 @@ class SyncRunner:
         encodes and reads back the loader's value for itself (``flow._load_uncached``)."""
         key = fallback_key(value_key)
         flights = self.flights
-        flight, done = flights.join(key)
-        if done is not None:
+        while True:
+            flight, done = flights.join(key)
+            if done is None:
+                break
             done.wait()
-            if not shares_fallback(flight, began):
-                return load()
-            self._events.incr("collapsed")
-            if flight.error is not None:
-                raise flight.error
-            return flight.value
+            if shares_fallback(flight, began):
+                self._events.incr("collapsed")
+                if flight.error is not None:
+                    raise flight.error
+                return flight.value
+            # It began after that load did: the next one is its own, led or shared.
         flight.opened_at = time.monotonic()
         try:
             value = load()
