@@ -121,6 +121,10 @@ def _close(sock: socket.socket) -> None:
     sock.close()
 
 
+MARKER_WAIT = 20.0
+"""The longest ``CommandMonitor.checkpoint`` waits for its marker to come back."""
+
+
 class CommandMonitor:
     """Records every command clients send to the server while it is open."""
 
@@ -152,7 +156,9 @@ class CommandMonitor:
         marker = f"checkpoint-{uuid.uuid4()}"
         self._client.echo(marker)
         with self._seen:
-            assert self._seen.wait_for(lambda: ("ECHO", marker) in self._commands, 5), "marker not seen"
+            # Seen at once on a quiet machine; MARKER_WAIT covers a busy one, where the
+            # MONITOR stream of a node under a stampede is read seconds behind.
+            assert self._seen.wait_for(lambda: ("ECHO", marker) in self._commands, MARKER_WAIT), "marker not seen"
             index = self._commands.index(("ECHO", marker))
             before, self._commands = self._commands[:index], self._commands[index + 1 :]
         return before
