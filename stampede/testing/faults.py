@@ -135,6 +135,8 @@ class CommandMonitor:
         self._commands: list[tuple[str, ...]] = []
         self._seen = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
+        self._closing = False
+        self.reconnects = 0  # MONITOR connections the server closed (commands sent meanwhile are not seen)
 
     def __enter__(self) -> CommandMonitor:
         self._monitor = self._client.monitor()  # type: ignore[no-untyped-call]
@@ -145,6 +147,7 @@ class CommandMonitor:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        self._closing = True
         self._monitor.connection.disconnect()
         assert self._thread is not None
         self._thread.join(5)
@@ -169,17 +172,27 @@ class CommandMonitor:
             return list(self._commands)
 
     def _read(self) -> None:
-        try:
-            for event in self._monitor.listen():
-                if event.get("client_type") == "lua":
-                    continue
-                words = tuple(str(event["command"]).split())
-                command = (words[0].upper(), *words[1:]) if words else ("",)
-                with self._seen:
-                    self._commands.append(command)
-                    self._seen.notify_all()
-        except (redis.RedisError, OSError, ValueError, AttributeError):
-            return
+        while not self._closing:
+            try:
+                for event in self._monitor.listen():
+                    if event.get("client_type") == "lua":
+                        continue
+                    words = tuple(str(event["command"]).split())
+                    command = (words[0].upper(), *words[1:]) if words else ("",)
+                    with self._seen:
+                        self._commands.append(command)
+                        self._seen.notify_all()
+            except (redis.RedisError, OSError, ValueError, AttributeError):
+                if self._closing:
+                    return
+            # The server closed the MONITOR connection (a busy server's reader falls
+            # behind): monitor again, so that later checkpoints still see their markers.
+            try:
+                self._monitor = self._client.monitor()  # type: ignore[no-untyped-call]
+                self._monitor.__enter__()
+                self.reconnects += 1
+            except (redis.RedisError, OSError):
+                return
 
 
 HANDSHAKE = ("CLIENT", "HELLO", "AUTH", "SELECT")
