@@ -43,7 +43,7 @@ class OneByOne:
                 replies.append(error)
         return replies
 
-    def subscribe_many(self, keys: Sequence[EntryKeys]) -> list[Subscription]:
+    def subscribe_many(self, keys: Sequence[EntryKeys]) -> Sequence[Subscription | BackendUnavailable]:
         subscriptions: list[Subscription] = []
         try:
             for entry in keys:
@@ -84,7 +84,7 @@ class AsyncOneByOne:
                 replies.append(error)
         return replies
 
-    async def subscribe_many(self, keys: Sequence[EntryKeys]) -> list[AsyncSubscription]:
+    async def subscribe_many(self, keys: Sequence[EntryKeys]) -> Sequence[AsyncSubscription | BackendUnavailable]:
         subscriptions: list[AsyncSubscription] = []
         try:
             for entry in keys:

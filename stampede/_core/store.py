@@ -210,9 +210,11 @@ class Store(Protocol):
     def subscribe(self, keys: EntryKeys) -> Subscription:
         """A confirmed mailbox on the entry's channel."""
 
-    def subscribe_many(self, keys: Sequence[EntryKeys]) -> list[Subscription]:
+    def subscribe_many(self, keys: Sequence[EntryKeys]) -> Sequence[Subscription | BackendUnavailable]:
         """``subscribe`` of each entry, confirmed together where the store can (one round
-        trip). On a failure none is left subscribed."""
+        trip). A store over several servers (a cluster) answers a failed server's entries
+        with its ``BackendUnavailable`` and subscribes the others; a failure of the whole
+        raises. None is left subscribed for an entry that failed."""
 
     def check(self, namespace: str) -> None:
         """Raise ``BackendUnavailable`` naming the cause unless the store answers and takes
@@ -278,7 +280,7 @@ class AsyncStore(Protocol):
 
     async def subscribe(self, keys: EntryKeys) -> AsyncSubscription: ...
 
-    async def subscribe_many(self, keys: Sequence[EntryKeys]) -> list[AsyncSubscription]: ...
+    async def subscribe_many(self, keys: Sequence[EntryKeys]) -> Sequence[AsyncSubscription | BackendUnavailable]: ...
 
     async def check(self, namespace: str) -> None: ...
 

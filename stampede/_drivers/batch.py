@@ -59,6 +59,15 @@ def replies(answers: Sequence[Any]) -> list[Any]:
     return [Failed(answer) if isinstance(answer, BaseException) else answer for answer in answers]
 
 
+def subscribed(entries: Sequence[Entry], subscriptions: Sequence[Any]) -> list[Any]:
+    """Each entry's subscription handed to its performer: the replies of a ``Subscribe``
+    step, with a subscription its server failed (one cluster primary) as ``Failed``."""
+    for entry, subscription in zip(entries, subscriptions, strict=True):
+        if not isinstance(subscription, BaseException):
+            entry.performer.subscribed(subscription)
+    return [Failed(answer) if isinstance(answer, BaseException) else None for answer in subscriptions]
+
+
 def acquire_calls(entries: Sequence[Entry], steps: Sequence[One]) -> list[Any]:
     calls = []
     for entry, step in zip(entries, steps, strict=True):
@@ -129,9 +138,7 @@ class BatchPerformer:
             return replies(self._store.write_release_many(write_calls(entries, step.steps)))
         if isinstance(first, Subscribe):
             subscriptions = self._store.subscribe_many([entry.lease.keys for entry in entries])
-            for entry, subscription in zip(entries, subscriptions, strict=True):
-                entry.performer.subscribed(subscription)
-            return [None] * len(entries)
+            return subscribed(entries, subscriptions)
         if isinstance(first, ReadTagClock):
             clocks = {key: self._store.tag_clock(key) for key in clock_keys(step.steps)}
             return [clocks[one.effect.key] for one in step.steps]  # type: ignore[union-attr]
@@ -178,9 +185,7 @@ class AsyncBatchPerformer:
             return replies(await to_the_end(self._store.write_release_many(write_calls(entries, step.steps))))
         if isinstance(first, Subscribe):
             subscriptions = await self._store.subscribe_many([entry.lease.keys for entry in entries])
-            for entry, subscription in zip(entries, subscriptions, strict=True):
-                entry.performer.subscribed(subscription)
-            return [None] * len(entries)
+            return subscribed(entries, subscriptions)
         if isinstance(first, ReadTagClock):
             clocks = {key: await self._store.tag_clock(key) for key in clock_keys(step.steps)}
             return [clocks[one.effect.key] for one in step.steps]  # type: ignore[union-attr]

@@ -86,7 +86,10 @@ class OnLoop:
         if name == "subscribe":
             return lambda keys: OnLoopSubscription(self._call("subscribe", keys), self._loop)
         if name == "subscribe_many":
-            return lambda keys: [OnLoopSubscription(each, self._loop) for each in self._call(name, keys)]
+            return lambda keys: [
+                each if isinstance(each, BaseException) else OnLoopSubscription(each, self._loop)
+                for each in self._call(name, keys)
+            ]
         return lambda *args: self._call(name, *args)
 
 

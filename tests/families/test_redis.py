@@ -153,6 +153,24 @@ def test_a_holder_whose_lease_was_lost_does_not_overwrite_the_new_value(
     assert old_layer.stats()["stale_writes_prevented"] == 1
 
 
+def test_a_lease_asked_for_twice_with_one_token_is_granted_twice(redis_client: redis.Redis) -> None:
+    """A pipeline sent again after it failed on another server (see
+    ``RedisStore._over_nodes``) asks again for leases it may already hold: granted, and
+    renewed, where a second holder is refused."""
+    from stampede._backends.redis import scripts
+    from stampede._core.keys import EntryKeys
+
+    keys = EntryKeys.for_value("t:{twice}")
+    acquire = redis_client.register_script(scripts.ACQUIRE)
+    call = scripts.acquire_call(keys, "token-1", 5000, True)
+    assert acquire(call.keys, call.args) == [2]
+    redis_client.pexpire(keys.lock, 100)
+    assert acquire(call.keys, call.args) == [2]
+    assert redis_client.pttl(keys.lock) > 4000  # the lease asked for again, from now
+    other = scripts.acquire_call(keys, "token-2", 5000, True)
+    assert acquire(other.keys, other.args)[0] == 3
+
+
 def test_an_invalidation_in_another_process_reaches_callers_who_join_the_load_after_it(
     make_layer: Callable[..., Stampede], redis_client: redis.Redis
 ) -> None:

@@ -7,6 +7,8 @@ tests that fail the master over start a set of their own.
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -240,3 +242,89 @@ def test_a_near_cache_follows_the_master_and_drops_its_copies_on_a_switch(own_se
     finally:
         holder.close()
         writer.close()
+
+
+def frozen_and_replaced(sentinels: SentinelServers, pool: Any, warm: Callable[[], Any]) -> float:
+    """``warm()`` fills the pool with connections to the master; then the master is frozen
+    (SIGSTOP) and the sentinels promote its replica. Returns once the pool knows the new
+    master (the layer's watch of ``+switch-master`` told it), or 5 s after the switch."""
+    warm()
+    old = sentinels.current_master()
+    old.pause()  # the test resumes it
+    new = sentinels.wait_master_moved(old)
+    deadline = time.monotonic() + 5.0  # (without the watch, the pool learns of it only from a failure)
+    while tuple(pool.master_address or ()) != ("127.0.0.1", new.port) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return time.monotonic()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("made", ["url", "master_for"])
+def test_no_call_after_a_frozen_master_is_replaced_waits_on_it(own_sentinels: SentinelServers, made: str) -> None:
+    """Pooled connections to a frozen master are dropped at the switch: without that each
+    waits out its socket timeout (3 s here), fails open and loads without the cache."""
+    settings: dict[str, Any] = dict(namespace="test", breaker_threshold=0, on_backend_error="raise")
+    timeouts = {"socket_timeout": 3.0, "socket_connect_timeout": 1.0}
+    manager = redis.sentinel.Sentinel(own_sentinels.addresses, sentinel_kwargs=timeouts, **timeouts)
+    if made == "url":
+        layer = Stampede.from_url(own_sentinels.url, socket_timeout=3.0, **settings)
+        pool = layer._runner.store.client.connection_pool  # type: ignore[union-attr]
+    else:
+        client = manager.master_for(own_sentinels.service)
+        layer, pool = Stampede(client, **settings), client.connection_pool
+    old = own_sentinels.current_master()
+    try:
+        db = CountingLoader()
+        load = layer.cached_loader("item:{key}")(db)
+        switched = frozen_and_replaced(own_sentinels, pool, lambda: hammer(load, list(range(8))))
+        durations = hammer(lambda key: timed(load, key), list(range(100, 108)))
+        assert [value for value, _ in durations] == [{"id": key} for key in range(100, 108)]
+        assert max(seconds for _, seconds in durations) < 1.0, durations  # none waited on the old master
+        assert db.calls == {**dict.fromkeys(range(8), 1), **dict.fromkeys(range(100, 108), 1)}
+        assert [load(key) for key in range(100, 108)] == [{"id": key} for key in range(100, 108)]  # cached
+        assert time.monotonic() - switched < 3.0
+    finally:
+        old.resume()
+        layer.close()
+        for one in manager.sentinels:
+            one.close()
+    assert not [thread for thread in threading.enumerate() if thread.name == "stampede-sentinel-switches"]
+
+
+@pytest.mark.timeout(90)
+def test_no_async_call_after_a_frozen_master_is_replaced_waits_on_it(own_sentinels: SentinelServers) -> None:
+    layer = Stampede.from_url(own_sentinels.url, socket_timeout=3.0, namespace="test", on_backend_error="raise")
+    db = CountingLoader()
+    old = own_sentinels.current_master()
+
+    @layer.cached_loader("item:{key}")
+    async def load(key: int) -> Any:
+        return db(key)
+
+    async def main() -> list[tuple[Any, float]]:
+        await asyncio.gather(*(load(key) for key in range(8)))  # connections to the old master
+        store: Any = layer._async_runner.loop_store()  # type: ignore[union-attr]
+        await asyncio.to_thread(frozen_and_replaced, own_sentinels, store.client.connection_pool, lambda: None)
+        try:
+            return await asyncio.gather(*(atimed(load, key) for key in range(100, 108)))
+        finally:
+            await layer.aclose()
+
+    try:
+        durations = asyncio.run(main())
+        assert [value for value, _ in durations] == [{"id": key} for key in range(100, 108)]
+        assert max(seconds for _, seconds in durations) < 1.0, durations
+        assert db.calls == {**dict.fromkeys(range(8), 1), **dict.fromkeys(range(100, 108), 1)}
+    finally:
+        old.resume()
+        layer.close()
+
+
+def timed(call: Callable[[Any], Any], key: Any) -> tuple[Any, float]:
+    started = time.monotonic()
+    return call(key), time.monotonic() - started
+
+
+async def atimed(call: Callable[[Any], Any], key: Any) -> tuple[Any, float]:
+    started = time.monotonic()
+    return await call(key), time.monotonic() - started

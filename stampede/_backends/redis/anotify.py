@@ -241,14 +241,18 @@ async def confirm_all(mailboxes: list[LoopMailbox], timeout: float) -> list[Loop
 
 async def subscribe_each(
     subscribe: Callable[[str], Awaitable[LoopMailbox]], channels: Sequence[str]
-) -> list[LoopMailbox]:
+) -> list[LoopMailbox | BackendUnavailable]:
     """``notify.subscribe_each``, awaited."""
-    mailboxes: list[LoopMailbox] = []
+    mailboxes: list[LoopMailbox | BackendUnavailable] = []
     try:
         for channel in channels:
-            mailboxes.append(await subscribe(channel))
+            try:
+                mailboxes.append(await subscribe(channel))
+            except BackendUnavailable as error:
+                mailboxes.append(error)
     except BaseException:
         for mailbox in mailboxes:
-            mailbox.close()
+            if isinstance(mailbox, LoopMailbox):
+                mailbox.close()
         raise
     return mailboxes

@@ -42,7 +42,7 @@ class AsyncShardedSubscriber:
                 await self._refresh()
         raise AssertionError("unreachable")
 
-    async def subscribe_many(self, channels: Sequence[str]) -> list[LoopMailbox]:
+    async def subscribe_many(self, channels: Sequence[str]) -> Sequence[LoopMailbox | BackendUnavailable]:
         """``ShardedSubscriber.subscribe_many``, awaited."""
         loop = asyncio.get_running_loop()
         mailboxes: list[LoopMailbox] = []

@@ -50,6 +50,7 @@ from .store import (
     warn_near,
     without_blmpop,
 )
+from .switches import NO_SWITCHES, Switches
 
 T = TypeVar("T")
 
@@ -78,6 +79,7 @@ class AsyncRedisStore:
         eviction: EvictionCheck | None = None,
         node_breakers: NodeBreakers | None = None,
         near: NearChannel | None = None,
+        switches: Switches = NO_SWITCHES,
     ) -> None:
         check_client(client)
         self.client = client
@@ -96,6 +98,11 @@ class AsyncRedisStore:
         # task: redis.asyncio's cluster client, initialized lazily by many tasks at once,
         # can hand one of them a connection another is disconnecting.
         self._initialized = not is_cluster(client)
+        # Through Sentinel: the switches of master the layer's watch saw, and those this
+        # store's pool followed (it asks the sentinels at its next command after one).
+        self._switches = switches
+        self._followed = self._switches.generation
+        self._following = asyncio.Lock()
         self._refreshes: set[asyncio.Task[None]] = set()
         self._initializing = asyncio.Lock()
         self._subscriber: AsyncSubscriber | AsyncShardedSubscriber = (
@@ -460,6 +467,8 @@ class AsyncRedisStore:
     async def _sent(self, key: str, command: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         if not self._initialized:
             await self._initialize()
+        if self._switches.generation != self._followed:
+            await self._follow_master()
         slots = self._slots
         if slots is None:
             return await command(*args, **kwargs)
@@ -477,10 +486,24 @@ class AsyncRedisStore:
         finally:
             slots.release()
 
+    async def _follow_master(self) -> None:
+        """After a switch of master: ask the sentinels, which drops the pool's idle
+        connections to the old one (see ``switches``). Every task that meets the switch
+        waits for that, so that none sends on a connection about to be dropped."""
+        async with self._following:
+            generation = self._switches.generation
+            if generation == self._followed:
+                return  # another task followed it
+            try:
+                await refresh_route(self.client)
+            except Exception as error:  # the sentinels cannot say now: the pool asks on its next connect
+                log.info("stampede: cannot ask the sentinels for the new master (%s)", error)
+            self._followed = generation
+
     async def subscribe(self, keys: EntryKeys) -> AsyncSubscription:
         return await self._subscriber.subscribe(keys.channel)
 
-    async def subscribe_many(self, keys: Sequence[EntryKeys]) -> list[AsyncSubscription]:
+    async def subscribe_many(self, keys: Sequence[EntryKeys]) -> Sequence[AsyncSubscription | BackendUnavailable]:
         return list(await self._subscriber.subscribe_many([entry.channel for entry in keys]))
 
     async def aclose(self) -> None:

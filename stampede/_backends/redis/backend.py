@@ -19,6 +19,7 @@ from ..breaker import CircuitBreaker, NodeBreakers
 from .astore import AsyncRedisStore
 from .inspect import RedisInspector
 from .store import EvictionCheck, RedisStore, is_cluster
+from .switches import NO_SWITCHES, Switches, SwitchWatch, sentinel_settings
 from .tracking import Tracker
 
 log = logging.getLogger("stampede")
@@ -37,6 +38,9 @@ def redis_backend(client: Any, async_client: Any, options: BackendOptions) -> Ba
     # this layer keeps one or not (see docs/near-cache.md).
     near_channel = NearChannel(options.namespace)
     backend = Backend(name="redis", store=None, make_async_store=None)
+    switches = master_switches(client, async_client)
+    if switches is not None:
+        backend.close_first.append(switches.close)
     if client is not None:
         timeout = socket_timeout(client)
         backend.store = RedisStore(client, timeout, breaker, eviction, node_breakers, near=near_channel)
@@ -51,8 +55,27 @@ def redis_backend(client: Any, async_client: Any, options: BackendOptions) -> Ba
             "near_cache needs a blocking client for its invalidation stream: pass one too, or use Stampede.from_url"
         )
     if async_client is not None:
-        backend.make_async_store = async_store_maker(async_client, breaker, eviction, node_breakers, near_channel)
+        backend.make_async_store = async_store_maker(
+            async_client, breaker, eviction, node_breakers, near_channel, switches or NO_SWITCHES
+        )
     return backend
+
+
+def master_switches(client: Any, async_client: Any) -> SwitchWatch | None:
+    """Where the layer reaches its master through Sentinel, a watch of the sentinels'
+    switches (see ``switches``), started. Its sentinels are those of the blocking client,
+    else of the asyncio one; a function making asyncio clients alone names none."""
+    pool = getattr(client if client is not None else async_client, "connection_pool", None)
+    found = sentinel_settings(pool)
+    if found is None:
+        return None
+    service, sentinels = found
+    switched = pool.get_master_address if client is not None else _nothing  # type: ignore[union-attr]
+    return SwitchWatch(service, sentinels, switched).start()
+
+
+def _nothing() -> None:
+    pass
 
 
 def _check_client_timeouts(client: Any) -> None:
@@ -80,6 +103,7 @@ def async_store_maker(
     eviction: EvictionCheck,
     node_breakers: NodeBreakers,
     near: NearChannel,
+    switches: Switches = NO_SWITCHES,
 ) -> Callable[[], AsyncStore]:
     """A maker of one event loop's store: over the given client, or over a new one from
     the given function. The store owns (closes) a client it had made, and when that
@@ -111,9 +135,12 @@ def async_store_maker(
                 eviction=eviction,
                 node_breakers=node_breakers,
                 near=near,
+                switches=switches,
             )
 
         return make
     client = async_client
     timeout = socket_timeout(client)
-    return lambda: AsyncRedisStore(client, timeout, breaker, eviction=eviction, node_breakers=node_breakers, near=near)
+    return lambda: AsyncRedisStore(
+        client, timeout, breaker, eviction=eviction, node_breakers=node_breakers, near=near, switches=switches
+    )

@@ -57,18 +57,38 @@ def slot_groups(calls: Sequence[_scripts.Call], cluster: bool, alone: bool = Fal
 
 
 def queue_groups(
-    pipeline: Any, pair: Pair, calls: Sequence[_scripts.Call], groups: Sequence[list[int]], by_text: bool = False
+    pipeline: Any,
+    pair: Pair,
+    calls: Sequence[_scripts.Call],
+    groups: Sequence[list[int]],
+    by_text: bool = False,
+    route: Any = None,
 ) -> None:
     """One script call per group: ``pair.one`` for a group of one, else ``pair.each``. By
     EVALSHA (or, ``by_text``, EVAL: after NOSCRIPT), through ``execute_command``: a cluster
     pipeline refuses its ``evalsha`` method, but routes the command by its keys as any
-    other."""
+    other. ``route(key)``: the node to send it to (None: let the pipeline find it). The
+    blocking cluster pipeline finds a script's node by asking the default node COMMAND
+    GETKEYS, one round trip per script call, and fails every pipeline while that node is
+    down; a command sent to its node is not asked about."""
     for group in groups:
         script, call = (pair.one, calls[group[0]]) if len(group) == 1 else (
             pair.each, _scripts.each_call([calls[index] for index in group]))  # fmt: skip
         sha, text = script_text(script)
+        node = None if route is None else route(str(call.keys[0]))
+        options = {} if node is None else {"target_nodes": node}
         pipeline.execute_command("EVAL" if by_text else "EVALSHA", text if by_text else sha, len(call.keys),
-                                 *call.keys, *call.args)  # fmt: skip
+                                 *call.keys, *call.args, **options)  # fmt: skip
+
+
+def by_node(calls: Sequence[_scripts.Call], groups: Sequence[list[int]], node_of: Any) -> list[list[int]]:
+    """The groups (by index) whose scripts go to one server, server by server, as
+    ``node_of(key)`` names it (None: not known yet, kept apart as a server of its own)."""
+    parts: dict[object, list[int]] = {}
+    for index, group in enumerate(groups):
+        node = node_of(str(calls[group[0]].keys[0]))
+        parts.setdefault(index if node is None else node, []).append(index)
+    return list(parts.values())
 
 
 def spread(groups: Sequence[list[int]], replies: Sequence[Any], count: int) -> list[Any]:

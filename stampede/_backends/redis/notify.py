@@ -265,16 +265,24 @@ def confirm_all(mailboxes: list[ThreadMailbox], timeout: float) -> list[ThreadMa
     return mailboxes
 
 
-def subscribe_each(subscribe: Callable[[str], ThreadMailbox], channels: Sequence[str]) -> list[ThreadMailbox]:
-    """``subscribe`` of each of ``channels``, one after the other. On a failure none is
-    left subscribed."""
-    mailboxes: list[ThreadMailbox] = []
+def subscribe_each(
+    subscribe: Callable[[str], ThreadMailbox], channels: Sequence[str]
+) -> list[ThreadMailbox | BackendUnavailable]:
+    """``subscribe`` of each of ``channels``, one after the other: a channel whose server
+    failed gets that ``BackendUnavailable``, the others their mailbox (on a cluster one
+    primary's failure costs its own channels only). On any other failure none is left
+    subscribed."""
+    mailboxes: list[ThreadMailbox | BackendUnavailable] = []
     try:
         for channel in channels:
-            mailboxes.append(subscribe(channel))
+            try:
+                mailboxes.append(subscribe(channel))
+            except BackendUnavailable as error:
+                mailboxes.append(error)
     except BaseException:
         for mailbox in mailboxes:
-            mailbox.close()
+            if isinstance(mailbox, ThreadMailbox):
+                mailbox.close()
         raise
     return mailboxes
 

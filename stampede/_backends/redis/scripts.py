@@ -41,7 +41,7 @@ ACQUIRE = """
 --         over the value if it is still that one; return it only if it is another
 -- Returns {1, value, pttl}: the value exists (and is not the caller's stale one), and the
 --                 ms it has left (-1: no expiry)
---         {2}: the lock is now held with our token
+--         {2}: the lock is now held with our token (also when it already was)
 --         {3, pttl, failed, holder}: another holder has the lock for pttl more ms (-1: no
 --                 expiry set); failed is 1 if that is a failed load's hold (HOLD_AFTER_FAILURE);
 --                 holder is its token if the token carries a trace (has a '.'), else ''
@@ -53,6 +53,12 @@ if ARGV[3] == '1' then
 end
 if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {2} end
 local holder = redis.call('GET', KEYS[2]) or ''
+if holder == ARGV[1] then
+  -- asked again with our own token: a command sent twice (a pipeline sent again after it
+  -- failed on another server) is granted again rather than waited on
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  return {2}
+end
 local failed = 0
 if holder == '!failed' then failed = 1 end
 if not string.find(holder, '.', 1, true) then holder = '' end

@@ -61,10 +61,11 @@ class ShardedSubscriber:
                 self._refresh()
         raise AssertionError("unreachable")
 
-    def subscribe_many(self, channels: Sequence[str]) -> list[ThreadMailbox]:
+    def subscribe_many(self, channels: Sequence[str]) -> Sequence[ThreadMailbox | BackendUnavailable]:
         """``subscribe`` of each of ``channels``, every SSUBSCRIBE sent (to the primary of
         each slot) before a confirmation is awaited. If a node fails or refuses one, each
-        is asked again as ``subscribe`` asks, one at a time."""
+        is asked again as ``subscribe`` asks, one at a time, and a channel whose node still
+        fails gets that ``BackendUnavailable``: the others are subscribed."""
         mailboxes: list[ThreadMailbox] = []
         try:
             for channel in channels:

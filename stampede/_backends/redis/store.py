@@ -467,17 +467,72 @@ class RedisStore:
         """Run a script for each call, one script call per slot group, in one pipeline
         (see ``batches``): each call's reply, an error reply in place as an exception."""
         groups = batches.slot_groups(calls, is_cluster(self.client), alone)
+        nodes = self._nodes_of(calls, groups)
+        if len(nodes) > 1:
+            return batches.spread(groups, self._over_nodes(pair, calls, groups, nodes, what), len(calls))
         with self._translated(what, key):
-            pipeline = self.client.pipeline(transaction=False)
-            batches.queue_groups(pipeline, pair, calls, groups)
-            replies: list[Any] = pipeline.execute(raise_on_error=False)
-            unknown = batches.unknown_scripts(replies)
-            if unknown:
-                pipeline = self.client.pipeline(transaction=False)
-                batches.queue_groups(pipeline, pair, calls, [groups[index] for index in unknown], by_text=True)
-                for index, reply in zip(unknown, pipeline.execute(raise_on_error=False), strict=True):
-                    replies[index] = reply
+            replies = self._pipelined(pair, calls, groups)
         return batches.spread(groups, replies, len(calls))
+
+    def _nodes_of(self, calls: list[_scripts.Call], groups: list[list[int]]) -> list[list[int]]:
+        """The groups by the cluster primary they go to (one part where there is one server)."""
+        if len(groups) < 2 or self._node_breakers is None or not is_cluster(self.client):
+            return [list(range(len(groups)))]
+        return batches.by_node(calls, groups, lambda key: node_of(self.client, key))
+
+    def _over_nodes(
+        self, pair: batches.Pair, calls: list[_scripts.Call], groups: list[list[int]], nodes: list[list[int]], what: str
+    ) -> list[Any]:
+        """A cluster batch over several primaries: one pipeline for all, and if that fails
+        as a whole, one per primary, so that a primary that failed (or whose circuit is
+        open) fails its own entries only and the others' go through. redis-py fails a
+        cluster pipeline whole, before sending anything, when it cannot connect to one of
+        its primaries; sending again is safe for what was sent (see ``ACQUIRE``: a lease
+        asked for twice with one token is granted twice)."""
+        firsts = [str(calls[groups[part[0]][0]].keys[0]) for part in nodes]
+        breakers = [self._breaker(first) for first in firsts]
+        if not any(breaker.open for breaker in breakers):
+            try:
+                replies = self._pipelined(pair, calls, groups)
+            except (*FAILURES, *self._torn_down) as error:
+                if self.closed:
+                    closed = f"the layer was closed while a command to {what} {firsts[0]!r} ran"
+                    raise BackendUnavailable(closed, key=firsts[0]) from error
+            else:
+                for breaker in breakers:
+                    breaker.succeeded()
+                return replies
+        replies = [None] * len(groups)
+        for part, first in zip(nodes, firsts, strict=True):
+            try:
+                with self._translated(what, first):
+                    batches.put(replies, part, self._pipelined(pair, calls, [groups[index] for index in part]))
+            except BackendUnavailable as error:
+                batches.put(replies, part, [error] * len(part))
+        return replies
+
+    def _route(self, key: str) -> Any:
+        """The cluster node a script on ``key`` goes to, as the client knows it (None: not
+        known yet; the pipeline finds it)."""
+        try:
+            return self.client.get_node_from_key(key)  # type: ignore[attr-defined]
+        except Exception:  # slots not learned yet, or not covered
+            return None
+
+    def _pipelined(self, pair: batches.Pair, calls: list[_scripts.Call], groups: list[list[int]]) -> list[Any]:
+        """One script call per group in one pipeline, and by EVAL again where the server
+        did not know the script: each group's reply."""
+        route = self._route if is_cluster(self.client) else None
+        pipeline = self.client.pipeline(transaction=False)
+        batches.queue_groups(pipeline, pair, calls, groups, route=route)
+        replies: list[Any] = pipeline.execute(raise_on_error=False)
+        unknown = batches.unknown_scripts(replies)
+        if unknown:
+            pipeline = self.client.pipeline(transaction=False)
+            batches.queue_groups(pipeline, pair, calls, [groups[index] for index in unknown], True, route)
+            for index, reply in zip(unknown, pipeline.execute(raise_on_error=False), strict=True):
+                replies[index] = reply
+        return replies
 
     def acquire(
         self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
@@ -663,7 +718,7 @@ class RedisStore:
     def subscribe(self, keys: EntryKeys) -> Subscription:
         return self._subscriber.subscribe(keys.channel)
 
-    def subscribe_many(self, keys: Sequence[EntryKeys]) -> list[Subscription]:
+    def subscribe_many(self, keys: Sequence[EntryKeys]) -> Sequence[Subscription | BackendUnavailable]:
         return list(self._subscriber.subscribe_many([entry.channel for entry in keys]))
 
     def close(self) -> None:
