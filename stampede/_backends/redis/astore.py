@@ -11,6 +11,7 @@ timer for every connection it hands out.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -34,6 +35,7 @@ from .store import (
     FAILURES,
     NOT_HEARD,
     TORN_DOWN,
+    UNREAD,
     EvictionCheck,
     Scripts,
     ack_route,
@@ -44,6 +46,7 @@ from .store import (
     is_cluster,
     near_wait,
     new_nonce,
+    node_of,
     refresh_route,
     torn_down_error,
     translated,
@@ -140,23 +143,58 @@ class AsyncRedisStore:
 
     async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         """``RedisStore.get_many``, awaited."""
+        if is_cluster(self.client):
+            return await self._read_cluster(keys, self._mget_nonatomic, None)
         with self._translated("read", keys[0]):
-            if is_cluster(self.client):
-                return list(await self._send(keys[0], self.client.mget_nonatomic, keys))
             return list(await self._send(keys[0], self.client.mget, keys))
+
+    async def _mget_nonatomic(self, keys: Sequence[str]) -> list[bytes | None]:
+        return list(await self._send(keys[0], self.client.mget_nonatomic, keys))
 
     async def get_many_with_ttl(
         self, keys: Sequence[str], failing: bool = False
     ) -> list[tuple[bytes | None, float, bool]]:
+        if is_cluster(self.client):
+            return await self._read_cluster(keys, functools.partial(self._reads_with_ttl, failing=failing), UNREAD)
         with self._translated("read", keys[0]):
+            return await self._reads_with_ttl(keys, failing)
+
+    async def _reads_with_ttl(self, keys: Sequence[str], failing: bool) -> list[tuple[bytes | None, float, bool]]:
+        """``RedisStore._reads_with_ttl``, awaited."""
+        pipeline = self.client.pipeline(transaction=False)
+        batches.queue_reads_with_ttl(pipeline, keys)
+        reads = batches.reads_with_ttl(await self._send(keys[0], pipeline.execute))
+        stale = batches.asking_failing(reads, failing)
+        if stale:
             pipeline = self.client.pipeline(transaction=False)
-            batches.queue_reads_with_ttl(pipeline, keys)
-            reads = batches.reads_with_ttl(await self._send(keys[0], pipeline.execute))
-            stale = batches.asking_failing(reads, failing)
-            if stale:
-                pipeline = self.client.pipeline(transaction=False)
-                batches.queue_failing(pipeline, [keys[index] for index in stale])
-                batches.mark_failing(reads, stale, await self._send(keys[0], pipeline.execute))
+            batches.queue_failing(pipeline, [keys[index] for index in stale])
+            batches.mark_failing(reads, stale, await self._send(keys[0], pipeline.execute))
+        return reads
+
+    async def _read_cluster(
+        self, keys: Sequence[str], read: Callable[[Sequence[str]], Awaitable[list[T]]], unread: T
+    ) -> list[T]:
+        """``RedisStore._read_cluster``, awaited."""
+        try:
+            with self._translated("read", keys[0]):
+                return await read(keys)
+        except BackendUnavailable as error:
+            parts = batches.keys_by_node(keys, lambda key: node_of(self.client, key))
+            if len(parts) < 2:
+                raise
+            failed: BackendUnavailable = error
+        reads: list[T] = [unread] * len(keys)
+        answered = False
+        for part in parts:
+            part_keys = [keys[index] for index in part]
+            try:
+                with self._translated("read", part_keys[0]):
+                    batches.put(reads, part, await read(part_keys))
+                answered = True
+            except BackendUnavailable as error:
+                failed = error
+        if not answered:
+            raise failed
         return reads
 
     async def acquire_many(self, calls: Sequence[AcquireCall]) -> list[AcquireReply | BackendUnavailable]:

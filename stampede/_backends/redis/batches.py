@@ -91,6 +91,15 @@ def by_node(calls: Sequence[_scripts.Call], groups: Sequence[list[int]], node_of
     return list(parts.values())
 
 
+def keys_by_node(keys: Sequence[str], node_of: Any) -> list[list[int]]:
+    """The keys (by index) that live on one server, server by server (see ``by_node``)."""
+    parts: dict[object, list[int]] = {}
+    for index, key in enumerate(keys):
+        node = node_of(key)
+        parts.setdefault(("unknown", index) if node is None else node, []).append(index)
+    return list(parts.values())
+
+
 def spread(groups: Sequence[list[int]], replies: Sequence[Any], count: int) -> list[Any]:
     """Each call's reply, from its group's: a group's error reply is each of its calls'."""
     spread_out: list[Any] = [None] * count

@@ -7,14 +7,15 @@ READONLY) leaves this module as ``BackendUnavailable``, which the flow turns int
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import math
 import secrets
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 import redis.asyncio.cluster
@@ -38,6 +39,8 @@ log = logging.getLogger("stampede.backend")
 # What a failing command raises, blocking or asyncio (on Python 3.10 asyncio's timeout
 # is not an OSError). Of those, what says the server could not be reached.
 FAILURES = (RedisError, OSError, asyncio.TimeoutError)
+UNREAD = (None, 0.0, False)  # a read with TTL of a key whose server failed: a miss (see _read_cluster)
+T = TypeVar("T")
 UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, OSError, asyncio.TimeoutError)
 
 
@@ -383,13 +386,12 @@ class RedisStore:
         """The raw bytes at each of ``keys``: one MGET, or on a cluster one per slot (all
         sent at once). A warm page's one command: a plain try, as ``get``'s."""
         key = keys[0]
+        if is_cluster(self.client):
+            return self._read_cluster(keys, self.client.mget_nonatomic, None)  # type: ignore[attr-defined]
         breaker = self.breaker if self._node_breakers is None else self._breaker(key)
         breaker.check(key)
         try:
-            if self._node_breakers is not None and is_cluster(self.client):
-                raws: list[bytes | None] = self.client.mget_nonatomic(keys)  # type: ignore[attr-defined]
-            else:
-                raws = self.client.mget(keys)  # type: ignore[assignment]
+            raws: list[bytes | None] = self.client.mget(keys)  # type: ignore[assignment]
         except FAILURES as error:
             raise failure(breaker, "read", key, error) from error
         except Exception as error:
@@ -398,15 +400,51 @@ class RedisStore:
         return raws
 
     def get_many_with_ttl(self, keys: Sequence[str], failing: bool = False) -> list[tuple[bytes | None, float, bool]]:
+        if is_cluster(self.client):
+            return self._read_cluster(keys, functools.partial(self._reads_with_ttl, failing=failing), UNREAD)
         with self._translated("read", keys[0]):
+            return self._reads_with_ttl(keys, failing)
+
+    def _reads_with_ttl(self, keys: Sequence[str], failing: bool) -> list[tuple[bytes | None, float, bool]]:
+        """Each key's value, its TTL and (if ``failing``, for a stale one) its failing
+        marker: one round trip, and one more for the markers."""
+        pipeline = self.client.pipeline(transaction=False)
+        batches.queue_reads_with_ttl(pipeline, keys)
+        reads = batches.reads_with_ttl(pipeline.execute())
+        stale = batches.asking_failing(reads, failing)
+        if stale:
             pipeline = self.client.pipeline(transaction=False)
-            batches.queue_reads_with_ttl(pipeline, keys)
-            reads = batches.reads_with_ttl(pipeline.execute())
-            stale = batches.asking_failing(reads, failing)
-            if stale:
-                pipeline = self.client.pipeline(transaction=False)
-                batches.queue_failing(pipeline, [keys[index] for index in stale])
-                batches.mark_failing(reads, stale, pipeline.execute())
+            batches.queue_failing(pipeline, [keys[index] for index in stale])
+            batches.mark_failing(reads, stale, pipeline.execute())
+        return reads
+
+    def _read_cluster(self, keys: Sequence[str], read: Callable[[Sequence[str]], list[T]], unread: T) -> list[T]:
+        """``read(keys)`` on a cluster. If it fails, the keys are read again primary by
+        primary: a key whose primary failed (or whose circuit is open) reads as
+        ``unread``, a miss, so that the page's other entries are served. Its lease, asked
+        for next, fails on its own and that entry falls to the policy (the lease script
+        reads the value again, so a miss read this way never hides a value). When every
+        primary failed the read fails as a whole."""
+        try:
+            with self._translated("read", keys[0]):
+                return read(keys)
+        except BackendUnavailable as error:
+            parts = batches.keys_by_node(keys, lambda key: node_of(self.client, key))
+            if self.closed or len(parts) < 2:
+                raise
+            failed: BackendUnavailable = error
+        reads: list[T] = [unread] * len(keys)
+        answered = False
+        for part in parts:
+            part_keys = [keys[index] for index in part]
+            try:
+                with self._translated("read", part_keys[0]):
+                    batches.put(reads, part, read(part_keys))
+                answered = True
+            except BackendUnavailable as error:
+                failed = error
+        if not answered:
+            raise failed
         return reads
 
     def acquire_many(self, calls: Sequence[AcquireCall]) -> list[AcquireReply | BackendUnavailable]:
