@@ -81,18 +81,9 @@ def queue_groups(
                                  *call.keys, *call.args, **options)  # fmt: skip
 
 
-def by_node(calls: Sequence[_scripts.Call], groups: Sequence[list[int]], node_of: Any) -> list[list[int]]:
-    """The groups (by index) whose scripts go to one server, server by server, as
-    ``node_of(key)`` names it (None: not known yet, kept apart as a server of its own)."""
-    parts: dict[object, list[int]] = {}
-    for index, group in enumerate(groups):
-        node = node_of(str(calls[group[0]].keys[0]))
-        parts.setdefault(index if node is None else node, []).append(index)
-    return list(parts.values())
-
-
 def keys_by_node(keys: Sequence[str], node_of: Any) -> list[list[int]]:
-    """The keys (by index) that live on one server, server by server (see ``by_node``)."""
+    """The keys (by index) that live on one server, server by server, as ``node_of(key)``
+    names it (None: not known yet, kept apart as a server of its own)."""
     parts: dict[object, list[int]] = {}
     for index, key in enumerate(keys):
         node = node_of(key)

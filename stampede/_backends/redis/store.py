@@ -516,7 +516,8 @@ class RedisStore:
         """The groups by the cluster primary they go to (one part where there is one server)."""
         if len(groups) < 2 or self._node_breakers is None or not is_cluster(self.client):
             return [list(range(len(groups)))]
-        return batches.by_node(calls, groups, lambda key: node_of(self.client, key))
+        firsts = [str(calls[group[0]].keys[0]) for group in groups]
+        return batches.keys_by_node(firsts, lambda key: node_of(self.client, key))
 
     def _over_nodes(
         self, pair: batches.Pair, calls: list[_scripts.Call], groups: list[list[int]], nodes: list[list[int]], what: str

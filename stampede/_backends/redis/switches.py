@@ -83,15 +83,16 @@ def switch_names(message: Any, service: str) -> bool:
 class SwitchWatch:
     """Listens to the sentinels for a new master of ``service``; calls ``switched()`` (in
     its thread) for each, and once after each reconnection (not the first connection: the
-    pools ask the sentinels when they connect). Never raises: a sentinel
-    that fails is left for the next, every ``RETRY_INTERVAL`` while none answers."""
+    pools ask the sentinels when they connect). Never raises: a sentinel that fails is
+    left for the next, after ``RETRY_INTERVAL``, doubled up to ``MAX_RETRY_INTERVAL``
+    while none answers."""
 
     def __init__(self, service: str, sentinels: Sequence[dict[str, Any]], switched: Callable[[], None]) -> None:
         self.service = service
         self._sentinels = list(sentinels)
         self._switched = switched
         self.generation = 0  # switches seen (and reconnections), for the asyncio stores
-        self.listening = threading.Event()  # set while subscribed (for tests)
+        self.listening = threading.Event()  # set while subscribed at a sentinel
         self._closed = threading.Event()
         self._pubsub: Any = None
         self._listened = False  # whether a sentinel ever confirmed the subscription
