@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import signal
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -199,6 +200,9 @@ def main() -> None:
         if options.check:
             sys.exit(0 if asyncio.run(check(app, options.requests)) else 1)
         print(f"serving on http://127.0.0.1:{options.port}/categories/shop-1 (Ctrl-C to stop)", flush=True)
+        # uvicorn raises a SIGTERM it caught again once it has shut down, and Python's own
+        # handler would end the process there, before the throwaway server is stopped.
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
         uvicorn.run(app, host="127.0.0.1", port=options.port, log_level="warning", access_log=False)
 
 

@@ -9,6 +9,7 @@ import asyncio
 import json
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -87,7 +88,7 @@ def web_app() -> Iterator[str]:
     1 s, so traffic over a few seconds both hits and loads."""
     port = free_port()
     command = [sys.executable, "examples/web_app.py", "--port", str(port), "--ttl", "1"]
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
         wait_until_up(base, process, path="/stats")  # type: ignore[arg-type]
@@ -95,10 +96,15 @@ def web_app() -> Iterator[str]:
     finally:
         process.terminate()
         try:
-            process.communicate(timeout=10)
+            out, _ = process.communicate(timeout=10)
         except subprocess.TimeoutExpired:
             process.kill()
-            process.communicate(timeout=10)
+            out, _ = process.communicate(timeout=10)
+    # Its throwaway server ended with it (uvicorn raises SIGTERM again after shutting down).
+    cache = re.search(r"cache: redis://127\.0\.0\.1:(\d+)", out)
+    assert cache is not None, out
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", int(cache.group(1))), timeout=2).close()
 
 
 async def traffic(base: str) -> None:
