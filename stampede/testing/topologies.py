@@ -107,22 +107,34 @@ class ClusterServers:
     def _met(self, node: RedisServer, everyone: int) -> bool:
         return self._known(node) == everyone
 
-    def _start_node(self) -> RedisServer:
+    def _start_node(self, attempts: int = 3) -> RedisServer:
+        """A node on two free ports (its clients' and its cluster bus). A port found free
+        can be taken before the node binds it (another process's connection, another
+        test's server): the node then exits at once, and is started again on new ports."""
         assert self._dir is not None
-        bus = free_port()
-        node = RedisServer(
-            args=[
-                "--cluster-enabled", "yes",
-                "--cluster-config-file", str(Path(self._dir) / f"nodes-{bus}.conf"),
-                "--cluster-port", str(bus),
-                "--cluster-node-timeout", str(self._node_timeout_ms),
-                "--cluster-replica-validity-factor", "0",
-                "--dir", self._dir,  # a replica's sync writes an RDB file there, not in the working folder
-                "--repl-diskless-sync-delay", "0",
-            ]
-        ).start()  # fmt: skip
-        self._bus[node.port] = bus
-        return node
+        for attempt in range(1, attempts + 1):
+            bus = free_port()
+            node = RedisServer(
+                args=[
+                    "--cluster-enabled", "yes",
+                    "--cluster-config-file", str(Path(self._dir) / f"nodes-{bus}.conf"),
+                    "--cluster-port", str(bus),
+                    "--cluster-node-timeout", str(self._node_timeout_ms),
+                    "--cluster-replica-validity-factor", "0",
+                    "--dir", self._dir,  # a replica's sync writes an RDB file there, not in the working folder
+                    "--repl-diskless-sync-delay", "0",
+                ]
+            )  # fmt: skip
+            try:
+                node.start()
+            except RuntimeError:
+                node.stop()  # (it exited: this closes its pipe)
+                if attempt == attempts:
+                    raise
+                continue
+            self._bus[node.port] = bus
+            return node
+        raise AssertionError("unreachable")
 
     def _known(self, node: RedisServer) -> int:
         nodes = _command(node, "CLUSTER", "NODES")

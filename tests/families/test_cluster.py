@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import gc
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +23,7 @@ import redis.asyncio.cluster
 import redis.cluster
 from redis.crc import key_slot
 
+import stampede.testing.topologies as topologies
 from stampede import BackendUnavailable, ConfigError, Stampede
 from stampede._core.keys import EntryKeys
 from stampede.testing import ClusterServers, RedisServer
@@ -803,3 +805,20 @@ def test_an_async_page_in_flight_when_a_primary_dies_reloads_only_that_primarys_
     finally:
         run.close()
         gc.collect()
+
+
+def test_a_node_whose_port_was_taken_meanwhile_starts_on_other_ports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A port found free can be taken before the node binds it (by another test's server,
+    or a connection): the node exits at once, and the cluster starts it again elsewhere."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    ports = iter([taken.getsockname()[1]])  # the first port asked for is in use
+    real = topologies.free_port
+    monkeypatch.setattr(topologies, "free_port", lambda: next(ports, None) or real())
+    try:
+        with ClusterServers(1) as cluster:
+            assert node_client(cluster.primaries[0]).ping()
+            assert cluster.primaries[0].port != taken.getsockname()[1]
+    finally:
+        taken.close()
