@@ -45,14 +45,16 @@ def test_a_holder_paused_past_its_lease_neither_overwrites_nor_releases_anothers
     lease = ["--lock-ttl", "0.6"]
     try:
         paused = workers.start(redis_url, "--threads", "1", "--delay", "2", "--announce", "--tag", "A", *lease)
+        # The taker is ready before the holder pauses: started after, its start-up could
+        # outlast the 0.6 s lease, and it would find the lock free, not take it over.
+        taker = workers.start(redis_url, "--threads", "2", "--delay", "0.05", "--tag", "B", *lease)
         workers.expect(paused, "ready")
+        workers.expect(taker, "ready")
         workers.go([paused])
         workers.expect(paused, "loading")
         os.kill(paused.pid, signal.SIGSTOP)
         stopped_at = time.monotonic()
 
-        taker = workers.start(redis_url, "--threads", "2", "--delay", "0.05", "--tag", "B", *lease)
-        workers.expect(taker, "ready")
         workers.go([taker])
         took_over = workers.result(taker)
         taken_over_in = time.monotonic() - stopped_at
