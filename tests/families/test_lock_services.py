@@ -671,3 +671,48 @@ def test_a_version_3_schema_is_brought_to_version_4_and_still_answers_version_3_
                 assert admin.execute(markers).fetchone() == (3,)
         finally:
             layer.close()
+
+
+def test_a_late_release_after_an_invalidation_leaves_the_next_holders_node(zookeeper_server: ZooKeeperServer) -> None:
+    """An invalidation deletes every lease node and then the entry's empty parent, so the
+    next taker recreates the parent and ZooKeeper numbers its node from 0 again: the very
+    path the invalidated holder had. That holder's late release must not delete it (it
+    did: the next holder's write was refused, as if it had been invalidated too)."""
+    from kazoo.client import KazooClient
+
+    from stampede._backends.zookeeper.servers import ZooKeeperLockServers, ZooKeeperQueue
+    from stampede._core.keys import EntryKeys
+
+    client = KazooClient(hosts=zookeeper_server.hosts, timeout=2)
+    client.start(timeout=10)
+    try:
+        servers = ZooKeeperLockServers(client)
+        keys = EntryKeys("zk-reuse:{row:1}", "zk-reuse:{row:1}:lock", "zk-reuse:{row:1}:notify")
+        assert servers.take(keys, "a" * 32, 30_000).agreed
+        assert servers.drop(keys).agreed  # an invalidation
+        assert servers.take(keys, "b" * 32, 30_000).agreed
+        servers.release(keys, "a" * 32)  # the invalidated holder, late
+        assert servers.renew(keys, "b" * 32, 30_000).agreed  # the new holder's node stands
+        assert servers.holders(keys) == [b"b" * 32]
+        servers.release(keys, "b" * 32)
+
+        queue = ZooKeeperQueue(servers)
+        lock = EntryKeys("zk-reuse:{job}:fence", "zk-reuse:{job}:lock", "zk-reuse:{job}:notify")
+        queue.enqueue(lock, "c" * 32)
+        for child in client.get_children(entry_path_of(lock)):  # its node goes (a session ended)
+            client.delete(f"{entry_path_of(lock)}/{child}")
+        client.delete(entry_path_of(lock))
+        queue.enqueue(lock, "d" * 32)  # first in a new line: the same node name as c's
+        assert not queue.holds(lock, "c" * 32)  # c's node is gone, whatever d's is called
+        queue.leave(lock, "c" * 32)
+        assert queue.holds(lock, "d" * 32)  # and c leaving did not take d's place
+        queue.leave(lock, "d" * 32)
+    finally:
+        client.stop()
+        client.close()
+
+
+def entry_path_of(keys: Any) -> str:
+    from stampede._backends.zookeeper.servers import entry_path
+
+    return entry_path(keys)

@@ -2,12 +2,17 @@
 (a "majority" of one: the ensemble replicates itself), and the wake-up of waiters when a
 holder's node goes.
 
-A lease is an ephemeral sequential node ``/stampede/<entry's lock key>/lease-<seq>``
-holding the token. The lowest node holds it (ZooKeeper's lock recipe). Taking it creates
-a node and, unless it is the lowest, deletes it again at once: a load's waiters do not
-queue in ZooKeeper, they wait for the value on the cache server. A node lives as long as
-its holder's session: a holder that dies (or is cut off for longer than the session
-timeout) loses it without anyone's help, and the waiters watching it are woken.
+A lease is an ephemeral sequential node ``/stampede/<entry's lock key>/lease-<token>-<seq>``
+holding the token. The token is in the name because a path alone names no holder: an
+invalidation deletes the entry's nodes and then their empty parent, and the next taker's
+node, numbered from 0 again under a new parent, has the path the invalidated holder's had.
+A late release or renewal by path would then act on the next holder's node.
+
+The lowest node holds the lease (ZooKeeper's lock recipe). Taking it creates a node and,
+unless it is the lowest, deletes it again at once: a load's waiters do not queue in
+ZooKeeper, they wait for the value on the cache server. A node lives as long as its
+holder's session: a holder that dies (or is cut off for longer than the session timeout)
+loses it without anyone's help, and the waiters watching it are woken.
 
 A failure to reach the ensemble (connection loss, an expired session, a timeout) is
 counted in the ``Round``, not raised, as a lock server's is: ``_core.majority`` turns it
@@ -44,6 +49,12 @@ def entry_path(keys: EntryKeys) -> str:
 
 def _sequence(node: str) -> int:
     return int(node.rsplit("-", 1)[1])
+
+
+def node_prefix(path: str, kind: str, token: str) -> str:
+    """The name, before ZooKeeper's sequence number, of ``token``'s node under ``path``:
+    unique to its holder, so that no other node can ever have its path (see the module)."""
+    return f"{path}/{kind}-{quote(token, safe='')}-"
 
 
 class ZooKeeperLockServers:
@@ -85,7 +96,7 @@ class ZooKeeperLockServers:
             while True:
                 try:
                     created = self.client.create_async(
-                        f"{path}/lease-", token.encode(), ephemeral=True, sequence=True, makepath=True
+                        node_prefix(path, "lease", token), token.encode(), ephemeral=True, sequence=True, makepath=True
                     )
                     node = created.get(timeout=self.timeout)
                     break
@@ -243,7 +254,12 @@ class ZooKeeperQueue:
                 place = self._places.get((path, token))
             if place is None:
                 created = self.client.create_async(
-                    f"{path}/lock-", token.encode(), ephemeral=True, sequence=True, makepath=True, include_data=True
+                    node_prefix(path, "lock", token),
+                    token.encode(),
+                    ephemeral=True,
+                    sequence=True,
+                    makepath=True,
+                    include_data=True,
                 )
                 node, stat = created.get(timeout=self.timeout)
                 place = (node, stat.czxid)
