@@ -78,7 +78,7 @@ from .freshness import Served, Stale, classify
 from .keys import EntryKeys
 from .leases import ON_ONE_SERVER, LeaseSteps
 from .observer import Reporter, Wait, log_extra
-from .results import NOT_MODIFIED, PASS_THROUGH_MS, Cached, Previous, unwrapped
+from .results import NOT_MODIFIED, PASS_THROUGH_MS, Cached, Previous, Unkept, unwrapped
 from .store import AcquireReply, LockState, Written
 from .tags import TAGGED_LOAD_LIMIT, Tagged, Tagging, TagSet
 
@@ -534,6 +534,9 @@ def refresh(ctx: Context, stale: bytes, life_left: float = -1.0, previous: bytes
     except LoadTimeout as error:  # it goes on (or was cancelled): nobody waits for a refresh
         log.info("%s: the background refresh %s", key, error)
         return
+    except Unkept:
+        log.debug("%s: the background refresh's answer is not to be kept; the old value stays", key)
+        return
     except Exception as error:
         if error is not ctx.load_error:
             raise  # not the loader's: a serializer's error, say (the refresher warns)
@@ -619,6 +622,12 @@ def _load_and_write(
     except GeneratorExit:
         ctx.events.ended("load", "error", ctx.clock() - started)
         raise  # closed by its driver: nothing may be yielded now. The lease runs out
+    except Unkept:
+        # An answer for its caller alone, not a failure: no hold, no stale in its place.
+        ctx.events.ended("load", "value", ctx.clock() - started)
+        ctx.events.incr("uncached_results")
+        yield from _release(ctx)
+        raise
     except BaseException as error:
         ctx.events.ended("load", "error", ctx.clock() - started)
         if isinstance(error, LoadTimeout):  # cancelled at load_timeout (async)

@@ -88,6 +88,19 @@ def unwrapped(result: Any) -> tuple[Any, Cached[Any] | None]:
     return result, None
 
 
+class Unkept(Exception):
+    """Raised by a loader whose answer is its own caller's alone, and no failure: an HTTP
+    response that may not be shared (``no-store``, ``private``, a ``Set-Cookie``, a
+    stream), handed over as it is read. It cannot be a ``Cached(store=False)`` value,
+    which goes to the waiters of other processes in the wake-up message.
+
+    The flow treats it as an answer, not an error: the lease is released at once (the
+    next caller loads for itself, Varnish's hit-for-miss), no loader error is counted,
+    nothing is held, and no stale value is served in its place (``stale_if_error`` masks
+    failures only, RFC 5861 section 4). It is raised to the caller, and to the callers
+    of this process who joined the load, who each decide whether it is theirs."""
+
+
 class _NotModified(enum.Enum):
     NOT_MODIFIED = "not modified"
 

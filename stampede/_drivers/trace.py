@@ -51,6 +51,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
 from .._core.observer import Measure
+from .._core.results import Unkept
 from .observe import Events
 
 try:
@@ -254,7 +255,7 @@ class CallTrace:
             found = sum(counts.get(name, 0) for name in ("hits", "null_hits", "stale_hits", "near_hits"))
             span.set_attribute("stampede.entries.loaded", counts.get("loads", 0))
             span.set_attribute("stampede.entries.found", found)
-        if error is not None:
+        if error is not None and not isinstance(error, Unkept):
             span.set_status(otel_trace.Status(otel_trace.StatusCode.ERROR, type(error).__name__))
             if isinstance(error, Exception):
                 if self._keys_shown:
@@ -267,7 +268,7 @@ class CallTrace:
     def outcome(self, error: BaseException | None) -> str:
         """What happened in the call (``OUTCOMES``), from what the layer reported in it."""
         counts = self._counts
-        if error is not None:
+        if error is not None and not isinstance(error, Unkept):
             return "failed"
         if "stale_on_error" in counts or "soft_timeouts" in counts:
             return "stale"

@@ -14,6 +14,12 @@ the one its URL's ``Shape`` names. The shape (and the headers the URL varies on)
 entry of its own, ``http-shape:<url>``, written by a load whose response changed it and
 kept in this process for ``SHAPE_MEMORY`` seconds: a stale shape costs a request a
 second lookup, never a wrong response (``policy.matches``).
+
+Every response entry is tagged: with its URL's tag (``policy.url_tag``), so that an
+unsafe method's response drops every variant of its URL, and with the names of its
+``Surrogate-Key`` (or ``xkey``) header, so that ``layer.invalidate_tag("product:7")``
+drops every page that showed product 7, with the tag promise: no load begun before it
+writes.
 """
 
 from __future__ import annotations
@@ -24,25 +30,52 @@ from typing import Any
 
 from cachetools import TTLCache
 
-from .._core.results import Cached
+from .._core.results import Cached, Unkept
 from .._layer import Stampede
 from .._loader import AsyncCachedLoader, CachedLoader
-from .policy import DEFAULT_STATUS_TTLS, Rules, Shape, Stored, StoredSerializer
+from .policy import (
+    DEFAULT_KEY_HEADERS,
+    DEFAULT_STATUS_TTLS,
+    DEFAULT_TAG_HEADERS,
+    Rules,
+    Shape,
+    Stored,
+    StoredSerializer,
+    url_tag,
+)
 
 MAX_WINDOW_PAIRS = 32
 SHAPE_MEMORY = 1.0
 SHAPES_KEPT = 10_000
 
 
-class Unshared(Exception):
+class Unshared(Unkept):
     """A load's response that is not kept, and so goes to the request that made it
     only (``handover``: what its driver needs to send it). A concurrent request that
-    joined the load calls the application itself."""
+    joined the load calls the application itself. No error: no stale page is served in
+    its place, and no loader error is counted (``Unkept``)."""
 
     def __init__(self, producer: object, handover: Any) -> None:
         super().__init__("a response that is not shared")
         self.producer = producer
         self.handover = handover
+
+
+class UpstreamError(Exception):
+    """The application's answer to a load is an error (a 5xx) that a stale page may mask:
+    the layer serves the stale page in its place (``stale_if_error``). If it has none, the
+    request whose load it was is sent the error itself (``handover``), as a joiner calls
+    the application itself."""
+
+    def __init__(self, status: int, producer: object, handover: Any) -> None:
+        super().__init__(f"the application answered {status}")
+        self.producer = producer
+        self.handover = handover
+
+
+def masks_errors(prior: Stored | None, now: float) -> bool:
+    """Whether the response a load refreshes may be served in place of its error."""
+    return prior is not None and now <= prior.errors_masked_until()
 
 
 def _load(key: str, producer: Any) -> Any:
@@ -61,6 +94,11 @@ async def _ano_shape(base: str) -> Any:
     return None
 
 
+def page_tags(base: str, stored: Stored) -> list[str]:
+    """The tags of a page: its URL's, and those its response named."""
+    return [url_tag(base), *stored.tags]
+
+
 class ResponseCache:
     """The response entries of one layer, shared by the ASGI and WSGI middlewares.
 
@@ -69,7 +107,13 @@ class ResponseCache:
     answer requests carrying ``Authorization`` or a ``Cookie`` from the cache (only if
     every response to them is the same for everyone). ``max_ttl``, ``max_stale``: bounds
     on what responses ask for. ``max_body_bytes``: a larger body is streamed through
-    and not kept (the layer's ``max_value_bytes`` by default)."""
+    and not kept (the layer's ``max_value_bytes`` by default). ``key_headers``: request
+    headers in every key (those an application may build a page from with no ``Vary``:
+    ``X-Forwarded-Host`` and its kin by default; add any other your application trusts).
+    ``tag_headers``: response headers whose names tag the page (and are not sent on).
+    ``heuristic_fraction``: keep a response that says nothing of its freshness but has a
+    ``Last-Modified`` for this fraction of its age (RFC 9111 section 4.2.2; 0, the
+    default: not at all)."""
 
     def __init__(
         self,
@@ -80,9 +124,14 @@ class ResponseCache:
         max_ttl: float = 86400.0,
         max_stale: float = 86400.0,
         max_body_bytes: int | None = None,
+        key_headers: tuple[str, ...] = DEFAULT_KEY_HEADERS,
+        tag_headers: tuple[str, ...] = DEFAULT_TAG_HEADERS,
+        heuristic_fraction: float = 0.0,
     ) -> None:
         self.layer = layer
-        self.rules = Rules(dict(status_ttls), share_authorized, max_ttl, max_stale)
+        self.rules = Rules(dict(status_ttls), share_authorized, max_ttl, max_stale,
+                           tuple(name.lower() for name in key_headers), tuple(name.lower() for name in tag_headers),
+                           heuristic_fraction)  # fmt: skip
         default_bytes = max(0, layer.settings.max_value_bytes - 4096)  # room for the status and headers
         self.max_body_bytes = default_bytes if max_body_bytes is None else max_body_bytes
         self._lock = threading.Lock()
@@ -100,7 +149,8 @@ class ResponseCache:
         """A cache over a new layer for ``url`` (``Stampede.from_url``): ``options`` are
         this class's arguments and the layer's settings."""
         own = {name: options.pop(name) for name in ("status_ttls", "share_authorized", "max_ttl", "max_stale",
-                                                     "max_body_bytes") if name in options}  # fmt: skip
+                                                     "max_body_bytes", "key_headers", "tag_headers",
+                                                     "heuristic_fraction") if name in options}  # fmt: skip
         return cls(Stampede.from_url(url, namespace=namespace, **options), **own)
 
     def _windows(self, shape: Shape) -> tuple[float, float]:
@@ -111,7 +161,7 @@ class ResponseCache:
     def _decorate(self, pair: tuple[float, float], func: Callable[..., Any]) -> Any:
         swr, sie = pair
         decorate = self.layer.cached_loader(
-            "http:{key}", serializer=self._serializer, stale_while_revalidate=swr, stale_if_error=sie
+            "http:{key}", serializer=self._serializer, stale_while_revalidate=swr, stale_if_error=sie, tags=[]
         )
         return decorate(func)
 
@@ -166,7 +216,7 @@ class ResponseCache:
         self._saw(base, shape)
         if rewrite is not None:
             key, stored = rewrite
-            self.loader(shape).set(Cached(stored, ttl=stored.ttl), key, None)
+            self.loader(shape).set(Cached(stored, ttl=stored.ttl, tags=page_tags(base, stored)), key, None)
 
     async def alearn(self, base: str, shape: Shape, rewrite: tuple[str, Stored] | None = None) -> None:
         """``learn``, with this event loop's client."""
@@ -175,7 +225,18 @@ class ResponseCache:
         self._saw(base, shape)
         if rewrite is not None:
             key, stored = rewrite
-            await self.aloader(shape).set(Cached(stored, ttl=stored.ttl), key, None)
+            await self.aloader(shape).set(Cached(stored, ttl=stored.ttl, tags=page_tags(base, stored)), key, None)
+
+    def invalidate_urls(self, bases: list[str]) -> None:
+        """Drop every variant of each URL whose entry is in ``bases`` (an unsafe method's
+        response), as ``invalidate_tag`` does: no load begun before writes."""
+        for base in bases:
+            self.layer.invalidate_tag(url_tag(base))
+
+    async def ainvalidate_urls(self, bases: list[str]) -> None:
+        """``invalidate_urls``, with this event loop's client."""
+        for base in bases:
+            await self.layer.ainvalidate_tag(url_tag(base))
 
     def close(self) -> None:
         self.layer.close()

@@ -7,7 +7,19 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
-from .policy import Answer, Request, Rules, Shape, Stored, answer, base_key, cacheable, matches, variant_key
+from .policy import (
+    SAFE_METHODS,
+    Answer,
+    Request,
+    Rules,
+    Shape,
+    Stored,
+    answer,
+    base_key,
+    cacheable,
+    matches,
+    variant_key,
+)
 
 
 @dataclass(frozen=True)
@@ -41,16 +53,22 @@ class Learn:
 class Loaded:
     """What a ``LoadResponse`` got: the stored response, or (``stored`` None) one that is
     not shared, whose ``handover`` is this request's own if ``mine``. ``mine``: this
-    request's call of the application made it."""
+    request's call of the application made it. ``stale``: the stored response is past
+    its freshness (served under a stale window)."""
 
     stored: Stored | None
     mine: bool
     handover: Any = None
+    stale: bool = False
 
 
 @dataclass(frozen=True)
 class Pass:
-    """Outcome: call the application for this request, outside the cache."""
+    """Outcome: call the application for this request, outside the cache. ``invalidating``:
+    an unsafe method, whose successful response invalidates the URLs it names
+    (``policy.invalidated``), before it is sent."""
+
+    invalidating: bool = False
 
 
 @dataclass(frozen=True)
@@ -77,8 +95,8 @@ def respond(request: Request, rules: Rules) -> Generator[Step, Any, Outcome]:
     varies on than the request's is never sent: the request tries the variant its
     values name (once the shape is known), or passes."""
     if not cacheable(request, rules):
-        return Pass()
-    base = base_key(request)
+        return Pass(invalidating=request.method not in SAFE_METHODS)
+    base = base_key(request, rules)
     shape: Shape = yield ReadShape(base)
     for _ in range(2):
         key = variant_key(base, shape, request)
@@ -87,9 +105,11 @@ def respond(request: Request, rules: Rules) -> Generator[Step, Any, Outcome]:
         if stored is None:
             return Handover(loaded.handover) if loaded.mine else Pass()
         if loaded.mine and stored.shape != shape:
-            yield Learn(base, stored.shape, (key, stored) if stored.vary == shape.vary else None)
+            # Written again where the next request with these values will look: under its
+            # variant's key with the new shape's windows.
+            yield Learn(base, stored.shape, (variant_key(base, stored.shape, request), stored))
         if matches(stored, request):
-            return Serve(answer(stored, request), "MISS" if loaded.mine else "HIT")
+            return Serve(answer(stored, request), "STALE" if loaded.stale else "MISS" if loaded.mine else "HIT")
         if stored.vary == shape.vary:
             break
         shape = stored.shape

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import io
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from http import HTTPStatus
 from typing import Any
+from urllib.parse import quote
 
-from .._core.results import Cached
-from .cache import ResponseCache, Unshared
+from .._core.results import Cached, previous
+from .cache import ResponseCache, Unshared, UpstreamError, masks_errors, page_tags
 from .flow import Handover, Learn, Loaded, LoadResponse, Pass, ReadShape, Serve, respond
-from .policy import Request, keep, stored
+from .policy import Request, Stored, answer, invalidated, keep, revalidated, stored, validators
 
 Environ = dict[str, Any]
 StartResponse = Callable[..., Callable[[bytes], object]]
@@ -30,15 +32,33 @@ def request_of(environ: Environ) -> Request:
         if environ.get(name):
             headers.append((name.replace("_", "-").lower(), str(environ[name])))
     host = environ.get("HTTP_HOST") or f"{environ.get('SERVER_NAME', '')}:{environ.get('SERVER_PORT', '')}"
-    path = environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")
-    return Request(environ["REQUEST_METHOD"], host, path, environ.get("QUERY_STRING", ""), headers)
+    raw = environ.get("RAW_URI") or environ.get("REQUEST_URI")  # gunicorn's; uWSGI's and mod_wsgi's
+    if raw and raw.startswith("/"):  # as the client sent it: a %3F is not a ?
+        target = raw.partition("?")[0]
+    else:  # PEP 3333's PATH_INFO is decoded: encoded again, a %3F and a ? stay apart
+        path = environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")
+        target = quote(path.encode("latin-1", "replace"), SAFE_IN_PATH)
+    scheme = environ.get("wsgi.url_scheme", "http")
+    return Request(environ["REQUEST_METHOD"], scheme, host, target, environ.get("QUERY_STRING", ""), headers)
+
+
+SAFE_IN_PATH = "/:@!$&'()*+,;=-._~"
+_CLASS_PHRASES = {1: "Informational", 2: "Success", 3: "Redirection", 4: "Client Error", 5: "Server Error"}
 
 
 def _status_line(status: int) -> str:
+    """A status line with a reason phrase, as PEP 3333 asks: the code's own, else its class's."""
     try:
         return f"{status} {HTTPStatus(status).phrase}"
     except ValueError:
-        return str(status)
+        return f"{status} {_CLASS_PHRASES.get(status // 100, 'Unknown')}"
+
+
+def _prior() -> Stored | None:
+    """The stored response this load refreshes, if any (``previous()``)."""
+    found = previous()
+    value = found.value if found is not None else None
+    return value if isinstance(value, Stored) else None
 
 
 class _Stream:
@@ -61,11 +81,35 @@ class _Stream:
             _close(self.result)
 
 
+class _Answered:
+    """A handover of a stored response updated by a 304 that may not be kept."""
+
+    def __init__(self, page: Stored, request: Request) -> None:
+        self.page, self.request = page, request
+
+    def send_to(self, start_response: StartResponse, head: bool) -> Iterable[bytes]:
+        reply = answer(self.page, self.request)
+        start_response(_status_line(reply.status), [*((name.title(), value) for name, value in reply.headers),
+                                                    ("X-Cache", "PASS")])  # fmt: skip
+        return [reply.body]
+
+
+class _Raise:
+    """A handover that raises the application's error in the request it belongs to (the
+    server answers 500): a page whose response allowed no ``stale-if-error`` may not mask it."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def send_to(self, start_response: StartResponse, head: bool) -> Iterable[bytes]:
+        raise self.error
+
+
 class _Load:
     """The producer a request hands the loader: what its load does, if it leads it."""
 
-    def __init__(self, app: App, environ: Environ, request: Request, cache: ResponseCache) -> None:
-        self.app, self.request, self.cache = app, request, cache
+    def __init__(self, app: App, environ: Environ, request: Request, cache: ResponseCache, base: str) -> None:
+        self.app, self.request, self.cache, self.base = app, request, cache, base
         self.environ = {name: value for name, value in environ.items() if name not in CONDITIONAL}
         self.environ.update({"REQUEST_METHOD": "GET", "CONTENT_LENGTH": "", "wsgi.input": io.BytesIO(b"")})
         self.owner = threading.get_ident()
@@ -80,33 +124,65 @@ class _Load:
             started[:] = [status, headers]
             return written.append
 
-        result = self.app(dict(self.environ), start_response)
-        rest = iter(result)
-        read: list[bytes] = []
+        prior = _prior()
+        conditions = validators(prior) if prior is not None else []
+        environ = dict(self.environ)
+        for name, value in conditions:  # revalidate what is stored, rather than fetch it whole
+            environ["HTTP_" + name.upper().replace("-", "_")] = value
+        asked = time.time()
+        mine = threading.get_ident() == self.owner
+        result: Iterable[bytes] = ()
         try:
+            result = self.app(environ, start_response)
+            rest = iter(result)
+            read: list[bytes] = []
             first = next(rest, None)  # a generator may call start_response only now
+        except Exception as error:
+            _close(result)
+            if prior is None or masks_errors(prior, time.time()):
+                raise  # the layer serves the stale page, if it has one
+            raise Unshared(self if mine else None, _Raise(error)) from error
+        try:
             if first is not None:
                 read.append(first)
             if not started:
-                raise RuntimeError(f"the application sent no response to GET {self.request.path}")
+                raise RuntimeError(f"the application sent no response to GET {self.request.target}")
             read[:0] = written
             status_line, raw_headers = started
             status = int(status_line.split(" ", 1)[0])
             headers = [(name.lower(), value) for name, value in raw_headers]
-            kept = keep(status, headers, self.cache.rules)
+            answered = time.time()
+            if status == 304 and prior is not None and conditions:
+                _close(result)
+                kept_prior, revalidation = revalidated(prior, headers, self.cache.rules, asked, answered)
+                if revalidation is None:  # not to be kept now (a Set-Cookie, no-store): this request's alone
+                    raise Unshared(self if mine else None, _Answered(kept_prior, self.request) if mine else None)
+                return Cached(kept_prior, ttl=revalidation.ttl, tags=page_tags(self.base, kept_prior))
+            if status >= 500 and masks_errors(prior, answered):
+                # Read whole (the layer may serve the stale page and never send it on).
+                read.extend(rest)
+                _close(result)
+                handover = _Stream(status_line, raw_headers, read, iter(()), ()) if mine else None
+                raise UpstreamError(status, self if mine else None, handover)
+            kept = keep(status, headers, self.cache.rules, asked, answered)
+            if any(name == "content-type" and value.startswith("text/event-stream") for name, value in headers):
+                kept = None  # a stream that may never end goes to its client as it comes
             if kept is not None:
                 size = sum(map(len, read))
                 while size <= self.cache.max_body_bytes:
                     chunk = next(rest, None)
                     if chunk is None:
                         body = b"".join(read)
-                        return Cached(stored(status, headers, body, self.request, kept), ttl=kept.ttl)
+                        page = stored(status, headers, body, self.request, kept, self.cache.rules, answered)
+                        return Cached(page, ttl=kept.ttl, tags=page_tags(self.base, page))
                     read.append(chunk)
                     size += len(chunk)
+        except UpstreamError:
+            raise
         except BaseException:
             _close(result)
             raise
-        if threading.get_ident() != self.owner:  # a refresh in the background: nobody to hand it to
+        if not mine:  # a refresh in the background: nobody to hand it to
             _close(result)
             raise Unshared(None, None)
         raise Unshared(self, _Stream(status_line, raw_headers, read, rest, result))
@@ -131,16 +207,19 @@ class WSGICacheMiddleware:
         request = request_of(environ)
         flow = respond(request, self.cache.rules)
         reply: Any = None
+        base = ""
         try:
             while True:
                 step = flow.send(reply)
                 if isinstance(step, ReadShape):
+                    base = step.base
                     reply = self.cache.shape(step.base)
                 elif isinstance(step, LoadResponse):
-                    producer = _Load(self.app, environ, request, self.cache)
+                    producer = _Load(self.app, environ, request, self.cache, base)
                     try:
-                        reply = Loaded(self.cache.loader(step.shape)(step.key, producer), producer.produced)
-                    except Unshared as unshared:
+                        fetched = self.cache.loader(step.shape).fetch(step.key, producer)
+                        reply = Loaded(fetched.value, producer.produced, stale=fetched.stale)
+                    except (Unshared, UpstreamError) as unshared:
                         reply = Loaded(None, unshared.producer is producer, unshared.handover)
                 elif isinstance(step, Learn):
                     self.cache.learn(step.base, step.shape, step.rewrite)
@@ -148,7 +227,9 @@ class WSGICacheMiddleware:
         except StopIteration as stop:
             outcome = stop.value
         if isinstance(outcome, Pass):
-            return self.app(environ, start_response)
+            return self.app(
+                environ, self._invalidating(request, start_response) if outcome.invalidating else start_response
+            )
         if isinstance(outcome, Handover):
             return outcome.handover.send_to(start_response, request.method == "HEAD")  # type: ignore[no-any-return]
         assert isinstance(outcome, Serve)
@@ -156,3 +237,17 @@ class WSGICacheMiddleware:
         headers = [(name.title(), value) for name, value in answer.headers]
         start_response(_status_line(answer.status), [*headers, ("X-Cache", outcome.status)])
         return [answer.body]
+
+    def _invalidating(self, request: Request, start_response: StartResponse) -> StartResponse:
+        """``start_response``, which first invalidates what a successful unsafe request changed."""
+
+        def invalidating_start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            named = [(name.lower(), value) for name, value in headers]
+            bases = invalidated(request, int(status.split(" ", 1)[0]), named, self.cache.rules)
+            if bases:
+                self.cache.invalidate_urls(bases)
+            return (
+                start_response(status, headers, exc_info) if exc_info is not None else start_response(status, headers)
+            )
+
+        return invalidating_start_response
