@@ -418,11 +418,11 @@ def updated(previous: Stored, headers: Headers, kept: Keep, response_time: float
     """``previous`` as a 304 to its revalidation leaves it (RFC 9111 section 4.3.4): the
     304's headers replace the stored ones of the same name (but those that describe the
     stored body), and its freshness starts again; the body stays."""
+    if not any(name == "date" for name, _ in headers):  # a 304 without one is dated when it came
+        headers = [*headers, ("date", format_http_date(response_time))]
     fresh = {name for name, _ in headers if name not in NOT_STORED_HEADERS and name not in NOT_UPDATED_BY_304}
     merged = [(name, value) for name, value in previous.headers if name not in fresh]
     merged += [(name, value) for name, value in headers if name in fresh]
-    if not any(name == "date" for name, _ in merged):
-        merged.append(("date", format_http_date(response_time)))
     return Stored(previous.status, tuple(merged), previous.body, previous.vary, previous.varied, response_time,
                   previous.etag, kept.ttl, kept.stale_while_revalidate, kept.stale_if_error, kept.initial_age,
                   previous.synthetic_etag, previous.tags, previous.revalidation)  # fmt: skip

@@ -1,0 +1,35 @@
+"""The HTTP Working Group's cache tests (cache-tests.fyi) against ``stampede.http`` as a
+reverse proxy, under both middlewares (``loadtest/cache_tests``): more tests pass than for
+any reverse proxy whose results the suite publishes, and no required test fails that
+Varnish, httpd or Traffic Server passes, but the deviations ``run.DEVIATIONS`` names.
+
+It needs Node.js and npm (the suite is installed with npm once, into
+``$STAMPEDE_CACHE_TESTS_DIR``); without them it skips, saying so. It runs with the
+timing tests: the suite's tests wait out freshness lifetimes of a few seconds."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+HARNESS = Path(__file__).parent.parent.parent / "loadtest" / "cache_tests" / "run.py"
+_spec = importlib.util.spec_from_file_location("cache_tests_run", HARNESS)
+assert _spec is not None and _spec.loader is not None
+run = importlib.util.module_from_spec(_spec)
+sys.modules["cache_tests_run"] = run
+_spec.loader.exec_module(run)
+
+
+@pytest.mark.timing
+@pytest.mark.timeout(600)
+def test_the_http_working_groups_cache_tests() -> None:
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.skip("Node.js and npm are not installed: the HTTP cache's conformance is not checked")
+    ours = {f"stampede-{middleware}": run.run_suite(middleware) for middleware in ("asgi", "wsgi")}
+    summary = run.classify(ours)  # type: ignore[arg-type]
+    problems = [problem for name in ours for problem in run.shortfalls(summary, name)]
+    assert not problems, "\n" + run.table(summary, list(ours)) + "\n" + "\n".join(problems)
