@@ -155,3 +155,55 @@ def test_the_flow_passes_what_it_cannot_share() -> None:
     assert outcome == Pass()
     _, outcome = drive(respond(request(), RULES), [Shape(), Loaded(None, False)])
     assert outcome == Pass()  # another request's unshared response: call the app itself
+
+
+def test_http_dates_in_their_three_forms_and_nothing_else() -> None:
+    from stampede.http.freshness import format_http_date, http_date
+
+    moment = 784111777.0  # Sun, 06 Nov 1994 08:49:37 GMT (RFC 9110's example)
+    assert http_date("Sun, 06 Nov 1994 08:49:37 GMT") == moment
+    assert http_date("Sunday, 06-Nov-94 08:49:37 GMT", now=moment) == moment
+    assert http_date("Sun Nov  6 08:49:37 1994") == moment
+    assert format_http_date(moment) == "Sun, 06 Nov 1994 08:49:37 GMT"
+    for wrong in ("0", "-1", "sun, 06 Nov 1994 08:49:37 GMT", "Sun, 06 Nov 1994 08:49:37 UTC",
+                  "Sun, 06 Nov 1994 8:49:37 GMT", "Sun, 06 Nov 94 08:49:37 GMT", "Sun, 32 Nov 1994 08:49:37 GMT"):  # fmt: skip
+        assert http_date(wrong) is None, wrong
+
+
+@pytest.mark.parametrize(
+    ("lines", "age"),
+    [([], 0.0), (["7"], 7.0), (["0,7200"], 0.0), (["7200,0"], 7200.0), (["abc"], None), (["-1"], None),
+     (["1.5"], None), (["7;x=1"], None), (["0", "0"], None)],
+)  # fmt: skip
+def test_an_age_that_cannot_be_read_is_none(lines: list[str], age: float | None) -> None:
+    from stampede.http.freshness import age_of
+
+    assert age_of([("age", line) for line in lines]) == age
+
+
+def test_freshness_counts_the_age_a_response_came_with() -> None:
+    now = 1_000_000.0
+    assert keep(200, [("cache-control", "max-age=60"), ("age", "50")], RULES, now, now) == Keep(10.0, initial_age=50.0)
+    assert keep(200, [("cache-control", "max-age=60"), ("age", "60")], RULES, now, now) is None
+    assert keep(200, [("cache-control", "max-age=60"), ("age", "x")], RULES, now, now) is None
+    dated = [("expires", "Sun, 06 Nov 1994 08:50:37 GMT"), ("date", "Sun, 06 Nov 1994 08:49:37 GMT")]
+    assert keep(200, dated, RULES, now, now) == Keep(60.0)  # Expires less Date, whatever the clock
+    assert keep(404, [("expires", "0")], RULES, now, now) is None  # explicitly stale: no status ttl
+
+
+def test_if_none_match_reads_entity_tags_with_commas() -> None:
+    from stampede.http.policy import entity_tags
+
+    assert entity_tags('"a,b", W/"c"') == ['"a,b"', 'W/"c"']
+    assert entity_tags('"a", nonsense') is None
+
+
+def test_an_unsafe_method_invalidates_its_target_and_same_origin_locations() -> None:
+    from stampede.http.policy import invalidated
+
+    post = request("POST")
+    headers = [("location", "https://example.com/new?x=1"), ("content-location", "https://other.example/p")]
+    bases = invalidated(post, 201, headers, RULES)
+    assert bases == [base_key(request(), RULES), base_key(request(path="/new", query="x=1"), RULES)]
+    assert invalidated(post, 500, headers, RULES) == []
+    assert invalidated(request(), 200, headers, RULES) == []

@@ -483,3 +483,31 @@ def test_wsgi_status_lines_have_a_reason_phrase(redis_url: str, redis_client: re
         assert lines[-1] == "299 Success"
     finally:
         cache.close()
+
+
+def test_a_vary_learnt_in_one_worker_costs_another_no_extra_call(redis_url: str, redis_client: redis.Redis) -> None:
+    """Two workers (each its own ``ResponseCache``, with its own memory of page shapes):
+    en in one, fr in the other, then en and fr again, make one call per language."""
+    served = Site()
+    served.views["/l"] = lambda asked: (200, [MAX_AGE_60, ("vary", "accept-language")],
+                                        asked.headers.get("accept-language", "").encode())  # fmt: skip
+    workers = [ResponseCache(Stampede.from_url(redis_url, namespace="workers")) for _ in range(2)]
+    try:
+        for cache in workers:  # both know the page has no Vary yet
+            assert cache.shape(json_base("/l")).vary == ()
+        middlewares = [WSGICacheMiddleware(served.wsgi, cache) for cache in workers]
+        clients = [httpx.Client(transport=httpx.WSGITransport(middleware), base_url="http://site.test")
+                   for middleware in middlewares]  # fmt: skip
+        got = [clients[i % 2].get("/l", headers={"accept-language": lang}).text
+               for i, lang in enumerate(["en", "fr", "en", "fr"])]  # fmt: skip
+        assert got == ["en", "fr", "en", "fr"]
+        assert served.calls["/l"] == 2
+    finally:
+        for cache in workers:
+            cache.close()
+
+
+def json_base(target: str) -> str:
+    from stampede.http.policy import Request, Rules, base_key
+
+    return base_key(Request("GET", "http", "site.test", target, "", [("host", "site.test")]), Rules())
