@@ -165,8 +165,15 @@ def test_http_dates_in_their_three_forms_and_nothing_else() -> None:
     assert http_date("Sunday, 06-Nov-94 08:49:37 GMT", now=moment) == moment
     assert http_date("Sun Nov  6 08:49:37 1994") == moment
     assert format_http_date(moment) == "Sun, 06 Nov 1994 08:49:37 GMT"
-    wrongs = ("0", "-1", "sun, 06 Nov 1994 08:49:37 GMT", "Sun, 06 Nov 1994 08:49:37 UTC",
-              "Sun, 06 Nov 1994 8:49:37 GMT", "Sun, 06 Nov 94 08:49:37 GMT", "Sun, 32 Nov 1994 08:49:37 GMT")  # fmt: skip
+    wrongs = [
+        "0",
+        "-1",
+        "sun, 06 Nov 1994 08:49:37 GMT",
+        "Sun, 06 Nov 1994 08:49:37 UTC",
+        "Sun, 06 Nov 1994 8:49:37 GMT",
+        "Sun, 06 Nov 94 08:49:37 GMT",
+        "Sun, 32 Nov 1994 08:49:37 GMT",
+    ]
     for wrong in wrongs:
         assert http_date(wrong) is None, wrong
 
