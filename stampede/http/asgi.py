@@ -98,6 +98,8 @@ class _Stream:
             return
         for message in self.read:
             await send(message)
+        if self.read and not self.read[-1].get("more_body", False):
+            return  # read whole already (an error read for the layer to weigh)
         while (more := await self.call.next()) is not None:
             await send(more)
 

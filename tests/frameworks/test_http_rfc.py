@@ -511,3 +511,21 @@ def json_base(target: str) -> str:
     from stampede.http.policy import Request, Rules, base_key
 
     return base_key(Request("GET", "http", "site.test", target, "", [("host", "site.test")]), Rules())
+
+
+def test_an_error_is_sent_when_the_page_allows_no_stale(site: tuple[Site, Client]) -> None:
+    """A page kept past its freshness only to be revalidated (it has an ETag, and no
+    ``stale-if-error``): the view's 503 is sent, not the stale page."""
+    served, client = site
+    kept = [("cache-control", "max-age=1"), ("etag", '"e"')]
+    answers = iter([(200, kept, b"old"), (503, [], b"down"), (200, kept, b"new")])
+
+    def view(asked: Asked) -> tuple[int, list[tuple[str, str]], bytes]:
+        return next(answers)
+
+    served.views["/p"] = view
+    assert client.get("/p").text == "old"
+    time.sleep(1.2)
+    down = client.get("/p")
+    assert down.status_code == 503 and down.text == "down"
+    assert client.get("/p").text == "new"
