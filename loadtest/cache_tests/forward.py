@@ -42,9 +42,7 @@ def _named(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
 
 
 def _cache() -> ResponseCache:
-    # The suite's tests need what a reverse proxy gives them: no status ttl of its own
-    # (negative caching would keep a 404 the tests expect to go), every request shared.
-    return ResponseCache.from_url(REDIS, namespace="cache-tests", status_ttls={})
+    return ResponseCache.from_url(REDIS, namespace="cache-tests")  # the default settings
 
 
 class _Forward:

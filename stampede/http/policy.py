@@ -72,6 +72,11 @@ UNDERSTOOD_STATUSES = frozenset({200, 201, 202, 203, 204, 205, 206, 300, 301, 30
                                  402, 403, 404, 405, 406, 407, 408, 409, 410, 411, 412, 413, 414, 415, 416, 417, 421,
                                  422, 426, 500, 501, 502, 503, 504, 505})  # fmt: skip
 """The status codes of RFC 9110: ``must-understand`` lets a response be kept only with one."""
+STALE_ON_ARRIVAL = 0.001
+"""The ttl of a response already stale when it came but with validators: it is kept (for
+``revalidation_window``) only so that the next request revalidates it rather than fetch
+it whole. HTTP dates count whole seconds: a response whose ``Expires`` is its ``Date``
+plus one second may arrive a second old."""
 HEURISTIC_STATUSES = frozenset({200, 203, 204, 206, 300, 301, 308, 404, 405, 410, 414, 501})
 NOT_STORED_HEADERS = frozenset(
     {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te", "trailer",
@@ -348,8 +353,9 @@ def keep(
     if age is None:
         return None
     left = lifetime - age
-    if left <= 0:
-        return None
+    if left <= 0:  # stale on arrival: kept only to be revalidated, if it can be
+        validated = any(name in ("etag", "last-modified") for name, _ in headers)
+        return Keep(STALE_ON_ARRIVAL, initial_age=age) if validated and rules.revalidation_window > 0 else None
     swr = (delta_seconds(cc.get("stale-while-revalidate")) or 0.0) if "stale-while-revalidate" in cc else 0.0
     sie = (delta_seconds(cc.get("stale-if-error")) or 0.0) if "stale-if-error" in cc else 0.0
     if NO_STALE_DIRECTIVES & cc.keys():

@@ -194,6 +194,8 @@ def test_freshness_counts_the_age_a_response_came_with() -> None:
     assert keep(200, [("cache-control", "max-age=60"), ("age", "50")], RULES, now, now) == Keep(10.0, initial_age=50.0)
     assert keep(200, [("cache-control", "max-age=60"), ("age", "60")], RULES, now, now) is None
     assert keep(200, [("cache-control", "max-age=60"), ("age", "x")], RULES, now, now) is None
+    stale_with_a_validator = [("cache-control", "max-age=60"), ("age", "60"), ("etag", '"v"')]
+    assert keep(200, stale_with_a_validator, RULES, now, now) == Keep(0.001, initial_age=60.0)  # to revalidate
     dated = [("expires", "Sun, 06 Nov 1994 08:50:37 GMT"), ("date", "Sun, 06 Nov 1994 08:49:37 GMT")]
     assert keep(200, dated, RULES, now, now) == Keep(60.0)  # Expires less Date, whatever the clock
     assert keep(404, [("expires", "0")], RULES, now, now) is None  # explicitly stale: no status ttl
