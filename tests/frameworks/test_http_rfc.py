@@ -248,6 +248,7 @@ def test_stale_if_error_masks_errors_only(site: tuple[Site, Client]) -> None:
     time.sleep(1.2)
     fresh = client.get("/p")  # a valid answer that is not shared: it is the answer
     assert fresh.text == "new" and fresh.headers["x-cache"] == "PASS"
+    assert client.cache.layer.stats()["loader_errors"] == 0  # and no error
     time.sleep(0.1)
     masked = client.get("/p")  # an error: the stale page is served in its place
     assert masked.text == "old" and masked.headers["x-cache"] == "STALE"

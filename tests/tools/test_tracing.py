@@ -243,6 +243,30 @@ def test_a_near_hit_and_a_failure_say_so(exporter: InMemorySpanExporter, make_la
     assert failed_load.attributes is not None and failed_load.attributes["stampede.load.outcome"] == "error"
 
 
+def test_an_answer_for_its_caller_alone_is_no_error(
+    exporter: InMemorySpanExporter, make_layer: Callable[..., Stampede]
+) -> None:
+    """A loader raising ``Unkept`` (the HTTP cache's response that may not be shared): its
+    call's span and its load's do not end in ERROR, and no loader error is counted."""
+    from stampede._core.results import Unkept
+
+    layer = make_layer()
+
+    @layer.cached_loader("page:{n}", stale_if_error=60)
+    def page(n: int) -> int:
+        raise Unkept("a response for its own request")
+
+    with pytest.raises(Unkept):
+        page(1)
+    call = named(exporter, "stampede.get")[-1]
+    assert call.status.status_code is not trace.StatusCode.ERROR and outcomes(exporter)[-1] == "loaded"
+    (load,) = named(exporter, "stampede.load")
+    assert load.status.status_code is not trace.StatusCode.ERROR
+    assert load.attributes is not None and load.attributes["stampede.load.outcome"] == "value"
+    stats = layer.stats()
+    assert stats["loader_errors"] == 0 and stats["uncached_results"] == 1
+
+
 def test_a_sampled_out_call_puts_nothing_in_its_lease(
     make_layer: Callable[..., Stampede], redis_client: redis.Redis
 ) -> None:
