@@ -163,9 +163,9 @@ class _Load:
             try:
                 start = await call.next()
             except Exception as error:
-                if prior is None or masks_errors(prior, time.time()):
-                    raise  # the layer serves the stale page, if it has one
-                raise Unshared(self if asyncio.current_task() is self.owner else None, _Raise(error)) from error
+                if prior is None or masks_errors(prior, time.time()) or asyncio.current_task() is not self.owner:
+                    raise  # the layer serves the stale page if it may, a refresh reports it
+                raise Unshared(self, _Raise(error)) from error
             if start is None or start.get("type") != "http.response.start":
                 raise RuntimeError(f"the application sent no response to GET {self.request.target}")
             status = int(start["status"])

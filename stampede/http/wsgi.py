@@ -139,9 +139,9 @@ class _Load:
             first = next(rest, None)  # a generator may call start_response only now
         except Exception as error:
             _close(result)
-            if prior is None or masks_errors(prior, time.time()):
-                raise  # the layer serves the stale page, if it has one
-            raise Unshared(self if mine else None, _Raise(error)) from error
+            if prior is None or masks_errors(prior, time.time()) or not mine:
+                raise  # the layer serves the stale page if it may, a refresh reports it
+            raise Unshared(self, _Raise(error)) from error
         try:
             if first is not None:
                 read.append(first)

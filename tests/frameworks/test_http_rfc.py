@@ -530,3 +530,27 @@ def test_an_error_is_sent_when_the_page_allows_no_stale(site: tuple[Site, Client
     down = client.get("/p")
     assert down.status_code == 503 and down.text == "down"
     assert client.get("/p").text == "new"
+
+
+def test_a_background_refresh_that_fails_is_reported(site: tuple[Site, Client]) -> None:
+    """A page served stale while it is refreshed (``stale-while-revalidate``, no
+    ``stale-if-error``) whose view then raises: the refresh counts as failed, and the
+    stale page is still served within its window."""
+    from ..scenarios import wait_until
+
+    served, client = site
+    calls = Counter[str]()
+
+    def view(asked: Asked) -> tuple[int, list[tuple[str, str]], bytes]:
+        calls["p"] += 1
+        if calls["p"] > 1:
+            raise ConnectionError("the database is down")
+        return 200, [("cache-control", "max-age=1, stale-while-revalidate=60")], b"old"
+
+    served.views["/p"] = view
+    assert client.get("/p").text == "old"
+    time.sleep(1.2)
+    assert client.get("/p").text == "old"  # stale, while its refresh runs
+    layer = client.cache.layer
+    wait_until(lambda: layer.stats()["refresh_errors"] >= 1, "the failed refresh to be counted")
+    assert client.get("/p").text == "old"
