@@ -9,8 +9,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import quote
 
-from .._core.results import Cached, previous
-from .cache import ResponseCache, Unshared, UpstreamError, masks_errors, page_tags
+from .._core.results import Cached
+from .cache import ResponseCache, Unshared, UpstreamError, masks_errors, page_tags, refreshed_page
 from .flow import Handover, Learn, Loaded, LoadResponse, Pass, ReadShape, Serve, respond
 from .policy import Request, Stored, answer, invalidated, keep, revalidated, stored, validators
 
@@ -104,13 +104,6 @@ class _Stream:
             await send(more)
 
 
-def _prior() -> Stored | None:
-    """The stored response this load refreshes, if any (``previous()``)."""
-    found = previous()
-    value = found.value if found is not None else None
-    return value if isinstance(value, Stored) else None
-
-
 class _Answered:
     """A handover of a stored response updated by a 304 that may not be kept."""
 
@@ -151,7 +144,7 @@ class _Load:
 
     async def load(self) -> Cached[Any]:
         self.produced = True
-        prior = _prior()
+        prior = refreshed_page()
         conditions = validators(prior) if prior is not None else []
         scope = self.scope
         if conditions:  # revalidate what is stored, rather than fetch it whole

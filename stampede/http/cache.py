@@ -30,7 +30,7 @@ from typing import Any
 
 from cachetools import TTLCache
 
-from .._core.results import Cached, Unkept
+from .._core.results import Cached, Unkept, previous
 from .._layer import Stampede
 from .._loader import AsyncCachedLoader, CachedLoader
 from .policy import (
@@ -71,6 +71,13 @@ class UpstreamError(Exception):
         super().__init__(f"the application answered {status}")
         self.producer = producer
         self.handover = handover
+
+
+def refreshed_page() -> Stored | None:
+    """Inside a load: the stored response it refreshes, if any (``previous()``)."""
+    found = previous()
+    value = found.value if found is not None else None
+    return value if isinstance(value, Stored) else None
 
 
 def masks_errors(prior: Stored | None, now: float) -> bool:

@@ -11,8 +11,8 @@ from http import HTTPStatus
 from typing import Any
 from urllib.parse import quote
 
-from .._core.results import Cached, previous
-from .cache import ResponseCache, Unshared, UpstreamError, masks_errors, page_tags
+from .._core.results import Cached
+from .cache import ResponseCache, Unshared, UpstreamError, masks_errors, page_tags, refreshed_page
 from .flow import Handover, Learn, Loaded, LoadResponse, Pass, ReadShape, Serve, respond
 from .policy import Request, Stored, answer, invalidated, keep, revalidated, stored, validators
 
@@ -52,13 +52,6 @@ def _status_line(status: int) -> str:
         return f"{status} {HTTPStatus(status).phrase}"
     except ValueError:
         return f"{status} {_CLASS_PHRASES.get(status // 100, 'Unknown')}"
-
-
-def _prior() -> Stored | None:
-    """The stored response this load refreshes, if any (``previous()``)."""
-    found = previous()
-    value = found.value if found is not None else None
-    return value if isinstance(value, Stored) else None
 
 
 class _Stream:
@@ -124,7 +117,7 @@ class _Load:
             started[:] = [status, headers]
             return written.append
 
-        prior = _prior()
+        prior = refreshed_page()
         conditions = validators(prior) if prior is not None else []
         environ = dict(self.environ)
         for name, value in conditions:  # revalidate what is stored, rather than fetch it whole
