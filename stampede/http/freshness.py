@@ -15,6 +15,7 @@ section 4.2), with no I/O: ``Cache-Control`` directives, HTTP-dates, ``Age``.
 from __future__ import annotations
 
 import calendar
+import email.utils
 import re
 import time
 from collections.abc import Sequence
@@ -62,9 +63,7 @@ def _full_year(year: int, now: float | None) -> int:
 
 def format_http_date(seconds: float) -> str:
     """``seconds`` as an IMF-fixdate, the form a cache sends."""
-    parts = time.gmtime(seconds)
-    return (f"{_DAYS[parts.tm_wday]}, {parts.tm_mday:02d} {_MONTHS[parts.tm_mon - 1]} {parts.tm_year:04d} "
-            f"{parts.tm_hour:02d}:{parts.tm_min:02d}:{parts.tm_sec:02d} GMT")  # fmt: skip
+    return email.utils.formatdate(seconds, usegmt=True)
 
 
 def field_values(headers: Headers, name: str) -> list[str]:

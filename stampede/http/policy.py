@@ -356,8 +356,8 @@ def keep(
     if left <= 0:  # stale on arrival: kept only to be revalidated, if it can be
         validated = any(name in ("etag", "last-modified") for name, _ in headers)
         return Keep(STALE_ON_ARRIVAL, initial_age=age) if validated and rules.revalidation_window > 0 else None
-    swr = (delta_seconds(cc.get("stale-while-revalidate")) or 0.0) if "stale-while-revalidate" in cc else 0.0
-    sie = (delta_seconds(cc.get("stale-if-error")) or 0.0) if "stale-if-error" in cc else 0.0
+    swr = delta_seconds(cc.get("stale-while-revalidate")) or 0.0
+    sie = delta_seconds(cc.get("stale-if-error")) or 0.0
     if NO_STALE_DIRECTIVES & cc.keys():
         swr = sie = 0.0
     return Keep(min(left, rules.max_ttl), min(swr, rules.max_stale), min(sie, rules.max_stale), age)
@@ -385,15 +385,17 @@ def stored(
     response_time: float | None = None,
 ) -> Stored:
     """The response as kept: hop-by-hop headers, those its ``Connection`` names and its
-    tag headers dropped, a ``Date`` added if it had none (RFC 9110 section 6.6.1), an
-    ``ETag`` added if it had none (a hash of the body: the same bytes, the same tag, in
-    every process)."""
+    tag headers dropped, its body's own ``Content-Length``, a ``Date`` added if it had
+    none (RFC 9110 section 6.6.1), an ``ETag`` added if it had none (a hash of the body:
+    the same bytes, the same tag, in every process)."""
     rules = Rules() if rules is None else rules
     response_time = time.time() if response_time is None else response_time
     vary = vary_names(headers) or ()
     named = {part.strip().lower() for value in field_values(headers, "connection") for part in value.split(",")}
-    dropped = NOT_STORED_HEADERS | named | set(rules.tag_headers)
+    dropped = NOT_STORED_HEADERS | named | set(rules.tag_headers) | {"content-length"}  # the body's, below
     kept_headers = [(name, value) for name, value in headers if name not in dropped]
+    if status != 204:  # sent with it, for GET and HEAD alike
+        kept_headers.append(("content-length", str(len(body))))
     if not any(name == "date" for name, _ in kept_headers):
         kept_headers.append(("date", format_http_date(response_time)))
     etag = next((value for name, value in headers if name == "etag"), None)
@@ -515,10 +517,7 @@ def answer(stored: Stored, request: Request, now: float | None = None) -> Answer
     if not_modified(stored, request):
         kept = [(name, value) for name, value in stored.headers if name in NOT_MODIFIED_KEEPS]
         return Answer(304, [*kept, age], b"")
-    headers = [(name, value) for name, value in stored.headers if name != "content-length"]
-    if stored.status != 204 and stored.status >= 200:  # the body's length, for GET and HEAD alike
-        headers.append(("content-length", str(len(stored.body))))
-    return Answer(stored.status, [*headers, age], b"" if request.method == "HEAD" else stored.body)
+    return Answer(stored.status, [*stored.headers, age], b"" if request.method == "HEAD" else stored.body)
 
 
 class StoredSerializer:
