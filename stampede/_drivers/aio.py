@@ -53,10 +53,12 @@ from .leases import AsyncLeases
 from .many import aone_of, batch_name, finish_entry, first_failure, near_many, refreshed
 from .near import MISSING, NearCache
 from .observe import Events, RateLimitedLog
-from .perform import AsyncPerformer, arun
+from .perform import AsyncPerformer, arun, finish_started
 from .refresh import report_stale, warn_refresh_raised
 from .singleflight import AsyncFlightTable
 from .trace import abackground, joining, lease_token
+
+FINISH_TIMEOUT = 5.0  # the longest a loop's close waits for writes and releases under way
 
 
 @dataclass
@@ -78,6 +80,7 @@ class LoopState:
             for task in refreshes:
                 task.cancel()  # the refresh releases its lease as any cancelled load does
             await asyncio.gather(*refreshes, return_exceptions=True)
+            await finish_started(FINISH_TIMEOUT)  # their writes and releases, shielded, end first
             try:
                 await self.store.aclose()
             finally:

@@ -9,7 +9,8 @@ hold a lease: it sees every interruption and cleans up itself.
 ``Performer`` and ``AsyncPerformer`` map each effect onto a store, the lock servers, the
 loader or the clock. The ``match`` ends in ``unreachable``, so a new effect without a
 branch here fails the type check. The asyncio performer shields the effects that must
-finish once started (the write, releases), so a second cancellation does not cut them.
+finish once started (the write, releases), so a second cancellation does not cut them;
+``finish_started`` lets a loop's close wait for those that outlived their caller.
 """
 
 from __future__ import annotations
@@ -233,6 +234,21 @@ class Performer:
                 unreachable(effect)
 
 
+_finishing: set[asyncio.Task[Any]] = set()  # shielded effects under way, of every loop
+
+
+async def finish_started(timeout: float) -> None:
+    """Wait, at most ``timeout`` seconds, for this loop's shielded effects still under way.
+
+    A cancelled caller leaves its write or release running (``AsyncPerformer``); a loop's
+    close must let them end before it closes their store, or they are cut mid-command and
+    destroyed pending with the loop, their lease left to lapse."""
+    loop = asyncio.get_running_loop()
+    started = [task for task in list(_finishing) if task.get_loop() is loop and not task.done()]
+    if started:
+        await asyncio.wait(started, timeout=timeout)
+
+
 def _waker(subscription: Subscription | AsyncSubscription | None) -> Callable[[], None] | None:
     """What wakes ``subscription`` as a message with no value would (its waiter re-checks).
     None for a subscription that cannot be woken by hand: it waits for its message."""
@@ -278,7 +294,10 @@ class AsyncPerformer:
 
     async def __call__(self, effect: Effect) -> Any:
         if isinstance(effect, MUST_FINISH):
-            return await asyncio.shield(self._perform(effect))
+            task = asyncio.ensure_future(self._perform(effect))
+            _finishing.add(task)
+            task.add_done_callback(_finishing.discard)
+            return await asyncio.shield(task)
         return await self._perform(effect)
 
     async def _perform(self, effect: Effect) -> Any:

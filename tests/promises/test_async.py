@@ -79,6 +79,40 @@ def test_a_cancelled_leader_hands_over_and_releases_the_lock(
     assert redis_client.keys("test:*:lock") == []
 
 
+def test_closing_waits_for_a_cancelled_callers_write_under_way(
+    make_layer: Callable[..., Stampede], redis_client: redis.Redis
+) -> None:
+    """A caller cancelled during its write leaves the write running (it is shielded):
+    ``aclose()`` lets it end before closing the connections, so the value is written, the
+    lease released and no task of the loop is left pending (destroyed with the loop, it
+    was cut mid-command and its lease left to lapse)."""
+    layer = make_layer(lock_ttl=30, near_cache=False, socket_timeout=5)
+
+    async def main() -> None:
+        db = AsyncDatabase(blocked=True)
+        load = layer.cached_loader("item:{key}")(db)
+        caller = asyncio.ensure_future(load(1))
+        await asyncio.wait_for(db.started.wait(), 5)
+        redis_client.client_pause(10_000, all=False)  # writes wait: the load's write stays under way
+        try:
+            db.release.set()
+            await until(lambda: redis_client.info("clients")["blocked_clients"] == 1, "the write under way")
+            caller.cancel()  # it releases its lease, after the write, before it ends
+            closing = asyncio.ensure_future(layer.aclose())
+            await asyncio.sleep(0.2)  # time to cut the write short, were the close not to wait
+            assert not closing.done()
+        finally:
+            redis_client.client_unpause()
+        await asyncio.wait_for(closing, 5)
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        assert asyncio.all_tasks() == {asyncio.current_task()}
+
+    asyncio.run(main())
+    assert redis_client.keys("test:*:lock") == []
+    assert len(redis_client.keys("test:*item:1*")) == 1  # the value, written
+
+
 def test_a_cancelled_waiter_cancels_only_itself(layer_of_each_backend: Callable[..., Stampede]) -> None:
     layer = layer_of_each_backend()
 
