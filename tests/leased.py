@@ -15,7 +15,8 @@ from stampede._core.effects import Decision, Lease
 from stampede._core.keys import EntryKeys
 from stampede._core.store import AcquireReply, Written
 from stampede._core.tags import Tagged
-from stampede._drivers.leases import AsyncLeases, Leases
+from stampede._drivers.aleases import AsyncLeases
+from stampede._drivers.leases import Leases
 from stampede._drivers.perform import AsyncPerformer, Performer, arun, run
 
 T = TypeVar("T")

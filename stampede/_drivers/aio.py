@@ -48,8 +48,8 @@ from .._core.many import Found, failed_reads, read_many, take_hits
 from .._core.store import AsyncLockServers, AsyncStore
 from .._errors import BackendUnavailable
 from .._fork import reset_after_fork
+from .aleases import AsyncLeases
 from .batch import AsyncBatchPerformer, Entry, new_entry, performers_for
-from .leases import AsyncLeases
 from .many import aone_of, batch_name, finish_entry, first_failure, near_many, refreshed
 from .near import MISSING, NearCache
 from .observe import Events, RateLimitedLog

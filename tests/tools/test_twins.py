@@ -11,7 +11,10 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import re
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +27,8 @@ from stampede._backends.redis.store import RedisStore
 from stampede._backends.zookeeper.locks import AsyncZooKeeperLockStore, ZooKeeperLockStore
 from stampede._core.store import AsyncLockServers, AsyncStore, LockServers, Store
 from stampede._drivers.perform import AsyncPerformer, Performer
+
+UNASYNC = Path(__file__).resolve().parents[2] / ".ci" / "unasync.py"
 
 # Names that differ between the two worlds only by being blocking or asyncio.
 _ASYNC_WORDS = re.compile(r"\bAsync")
@@ -64,13 +69,13 @@ from stampede._backends.redis.notify import Subscriber  # noqa: E402
 from stampede._backends.redis.shards import ShardedSubscriber  # noqa: E402
 from stampede._drivers.aio import AsyncRunner  # noqa: E402
 from stampede._drivers.blocking import SyncRunner  # noqa: E402
-from stampede._drivers.leases import AsyncLeases, Leases  # noqa: E402
 from stampede._drivers.singleflight import AsyncFlightTable, FlightTable  # noqa: E402
 
 from ..leased import AsyncLeasedStore, LeasedStore  # noqa: E402
 from ..twin_bodies import current, recorded, recorded_on, this_python  # noqa: E402
 
-# The pairs written line for line alike. Not here: the contracts (protocols, bodies
+# The hand-written pairs, written line for line alike (the generated ones are checked
+# by test_the_blocking_modules_are_what_their_asyncio_sources_make). Not here: the contracts (protocols, bodies
 # empty), and the embedded store's asyncio view, which calls the blocking one.
 BODY_PAIRS = [
     *(pair for pair in STORE_PAIRS if pair[0] not in (Store, LockServers, MemoryStore)),
@@ -79,11 +84,22 @@ BODY_PAIRS = [
     (Subscriber, AsyncSubscriber),
     (ShardedSubscriber, AsyncShardedSubscriber),
     (SyncRunner, AsyncRunner),
-    (Leases, AsyncLeases),
     (LeasedStore, AsyncLeasedStore),
     (FlightTable, AsyncFlightTable),
     (CachedLoader, AsyncCachedLoader),
 ]
+
+
+def test_the_blocking_modules_are_what_their_asyncio_sources_make() -> None:
+    """Each generated blocking module is the converter's output for its asyncio source
+    (``.ci/unasync.py``), and every substitution of the converter is used: a fix made in
+    a generated module, or in a source without regenerating, fails here."""
+    if not UNASYNC.exists() or importlib.util.find_spec("ruff") is None:
+        pytest.skip("no sources or no ruff beside these tests (a wheel's run): .ci/run checks them first")
+    done = subprocess.run(
+        [sys.executable, str(UNASYNC), "--check"], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_twin_bodies_differ_only_as_recorded() -> None:

@@ -1,0 +1,177 @@
+"""Write the blocking twin of each asyncio module: ``a<name>.py`` is the source,
+``<name>.py`` is generated beside it, so that the two are one text and a fix is made once.
+
+    python .ci/unasync.py            write every blocking module
+    python .ci/unasync.py --check    fail if one differs from what its source makes,
+                                     or if a substitution below is used by no source
+
+The conversion is textual, as httpcore's ``scripts/unasync.py`` and psycopg's
+``tools/async_to_sync.py`` do:
+
+- ``async def``/``async with``/``async for`` lose ``async``; ``await`` is dropped;
+- every name in ``SUBSTITUTIONS`` becomes its blocking twin (``AsyncStore`` -> ``Store``,
+  ``arun`` -> ``run``, ``asyncio.sleep`` -> ``time.sleep``), and ``a<name>`` modules of
+  ``GENERATED`` their blocking modules;
+- where the two truly differ, the source says both, the asyncio way first::
+
+      if True:  # ASYNC
+          return await asyncio.shield(task)
+      else:
+          return effect_result
+
+  The blocking module keeps only the ``else`` branch (none: nothing). ``if True`` costs
+  the asyncio module nothing: the compiler drops it. A line ending in ``# ASYNC`` is
+  left out of the blocking module.
+
+The result is formatted by ``ruff format``, and opens with a "generated" header.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# (asyncio source, blocking module), from the repository's root.
+GENERATED = [
+    ("stampede/_drivers/aleases.py", "stampede/_drivers/leases.py"),
+]
+
+# Names that are the same thing in the two worlds, asyncio first. Whole words only.
+SUBSTITUTIONS = {
+    "AsyncLockServers": "LockServers",
+    "AsyncStore": "Store",
+    "AsyncPerformer": "Performer",
+    "AsyncLeases": "Leases",
+    "arun": "run",
+}
+
+HEADER = (
+    "# Generated from {source} by .ci/unasync.py: do not edit.\n"
+    "# Edit the asyncio source, then run `python .ci/unasync.py`.\n"
+)
+
+_ASYNC_BLOCK = re.compile(r"^(?P<indent>[ ]*)if True:  # ASYNC$")
+_KEYWORDS = [
+    (re.compile(r"\basync (def|with|for)\b"), r"\1"),
+    (re.compile(r"\bawait "), ""),
+]
+
+
+def _module_names() -> dict[str, str]:
+    """``a<name>`` -> ``<name>`` for every generated module (its imports)."""
+    return {Path(source).stem: Path(blocking).stem for source, blocking in GENERATED}
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" "))
+
+
+def _block(lines: list[str], start: int, indent: int) -> int:
+    """The index after the block whose lines, from ``start``, are indented past ``indent``
+    (blank lines included)."""
+    end = start
+    while end < len(lines) and (not lines[end].strip() or _indent(lines[end]) > indent):
+        end += 1
+    while end > start and not lines[end - 1].strip():  # trailing blank lines belong after it
+        end -= 1
+    return end
+
+
+def keep_blocking_branches(text: str) -> str:
+    """Each ``if True:  # ASYNC`` block replaced by its ``else`` branch, dedented; every
+    line ending in ``# ASYNC`` dropped."""
+    lines = text.split("\n")
+    out: list[str] = []
+    index = 0
+    while index < len(lines):
+        line = lines[index]
+        found = _ASYNC_BLOCK.match(line)
+        if found is None:
+            if not line.rstrip().endswith("# ASYNC"):
+                out.append(line)
+            index += 1
+            continue
+        indent = len(found["indent"])
+        index = _block(lines, index + 1, indent)
+        if index < len(lines) and lines[index] == " " * indent + "else:":
+            end = _block(lines, index + 1, indent)
+            out.extend(branch[4:] if branch.strip() else branch for branch in lines[index + 1 : end])
+            index = end
+    return "\n".join(out)
+
+
+def _word(name: str) -> re.Pattern[str]:
+    return re.compile(rf"\b{re.escape(name)}\b")
+
+
+def substitutions() -> list[tuple[re.Pattern[str], str]]:
+    table = {**SUBSTITUTIONS, **_module_names()}
+    return [(_word(name), blocking) for name, blocking in table.items()]
+
+
+def convert(text: str, used: set[str] | None = None) -> str:
+    """The blocking module ``text``, an asyncio module, makes (unformatted). The
+    substitutions that changed something are added to ``used``."""
+    text = keep_blocking_branches(text)
+    for pattern, replacement in _KEYWORDS:
+        text = pattern.sub(replacement, text)
+    for pattern, replacement in substitutions():
+        text, count = pattern.subn(replacement, text)
+        if count and used is not None:
+            used.add(pattern.pattern)
+    return text
+
+
+def formatted(text: str, path: str) -> str:
+    """``text`` with its imports sorted and formatted as ``ruff`` does (the project's
+    style, pyproject.toml): renamed imports may sort elsewhere, shorter lines join."""
+    for command in (["check", "--select", "I", "--fix", "--quiet"], ["format"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "ruff", *command, "--stdin-filename", path, "-"],
+            input=text,
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise SystemExit(f"ruff {command[0]} failed on the blocking text of {path}:\n{done.stderr}")
+        text = done.stdout
+    return text
+
+
+def generate(used: set[str] | None = None) -> dict[str, str]:
+    """Blocking module path -> the text its source makes."""
+    made = {}
+    for source, blocking in GENERATED:
+        text = convert((ROOT / source).read_text(), used)
+        made[blocking] = HEADER.format(source=Path(source).name) + formatted(text, blocking)
+    return made
+
+
+def main(argv: list[str]) -> int:
+    used: set[str] = set()
+    made = generate(used)
+    if argv == ["--check"]:
+        stale = [path for path, text in made.items() if (ROOT / path).read_text() != text]
+        unused = [name for name in SUBSTITUTIONS if _word(name).pattern not in used]
+        for path in stale:
+            print(f"{path} differs from what its asyncio source makes: run python .ci/unasync.py")
+        for name in unused:
+            print(f"a substitution no source uses: {name} (remove it from .ci/unasync.py)")
+        return 1 if stale or unused else 0
+    if argv:
+        print(__doc__)
+        return 2
+    for path, text in made.items():
+        (ROOT / path).write_text(text)
+    print(f"wrote {len(made)} blocking modules")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
