@@ -9,9 +9,9 @@ The conversion is textual, as httpcore's ``scripts/unasync.py`` and psycopg's
 ``tools/async_to_sync.py`` do:
 
 - ``async def``/``async with``/``async for`` lose ``async``; ``await`` is dropped;
-- every name in ``SUBSTITUTIONS`` becomes its blocking twin (``AsyncStore`` -> ``Store``,
-  ``arun`` -> ``run``, ``asyncio.sleep`` -> ``time.sleep``), and ``a<name>`` modules of
-  ``GENERATED`` their blocking modules;
+- ``Async<Name>`` becomes ``<Name>`` (``AsyncStore`` -> ``Store``), every name in
+  ``SUBSTITUTIONS`` its blocking twin (``arun`` -> ``run``, ``asyncio.sleep`` ->
+  ``time.sleep``), and the ``a<name>`` modules of ``GENERATED`` their blocking modules;
 - where the two truly differ, the source says both, the asyncio way first::
 
       if True:  # ASYNC
@@ -21,9 +21,12 @@ The conversion is textual, as httpcore's ``scripts/unasync.py`` and psycopg's
 
   The blocking module keeps only the ``else`` branch (none: nothing). ``if True`` costs
   the asyncio module nothing: the compiler drops it. A line ending in ``# ASYNC`` is
-  left out of the blocking module.
+  left out of the blocking module, and a comment ``# SYNC: <line>`` is put in as
+  ``<line>`` (an import only the blocking module needs).
 
-The result is formatted by ``ruff format``, and opens with a "generated" header.
+Imports the blocking module no longer uses are removed and the rest sorted (``ruff
+check --select I,F401 --fix``), the text formatted by ``ruff format``; it opens with a
+"generated" header.
 """
 
 from __future__ import annotations
@@ -38,15 +41,16 @@ ROOT = Path(__file__).resolve().parent.parent
 # (asyncio source, blocking module), from the repository's root.
 GENERATED = [
     ("stampede/_drivers/aleases.py", "stampede/_drivers/leases.py"),
+    ("stampede/_drivers/aperform.py", "stampede/_drivers/perform.py"),
 ]
 
 # Names that are the same thing in the two worlds, asyncio first. Whole words only.
 SUBSTITUTIONS = {
-    "AsyncLockServers": "LockServers",
-    "AsyncStore": "Store",
-    "AsyncPerformer": "Performer",
-    "AsyncLeases": "Leases",
     "arun": "run",
+    "abounded": "bounded",
+    "afinish": "finish",
+    "asyncio.sleep": "time.sleep",
+    "Awaitable[Any]": "Any",
 }
 
 HEADER = (
@@ -55,9 +59,11 @@ HEADER = (
 )
 
 _ASYNC_BLOCK = re.compile(r"^(?P<indent>[ ]*)if True:  # ASYNC$")
+_SYNC_LINE = re.compile(r"^(?P<indent>[ ]*)# SYNC: (?P<line>.*)$")
 _KEYWORDS = [
     (re.compile(r"\basync (def|with|for)\b"), r"\1"),
     (re.compile(r"\bawait "), ""),
+    (re.compile(r"\bAsync(?=[A-Z])"), ""),
 ]
 
 
@@ -83,7 +89,7 @@ def _block(lines: list[str], start: int, indent: int) -> int:
 
 def keep_blocking_branches(text: str) -> str:
     """Each ``if True:  # ASYNC`` block replaced by its ``else`` branch, dedented; every
-    line ending in ``# ASYNC`` dropped."""
+    line ending in ``# ASYNC`` dropped, every ``# SYNC:`` line put in."""
     lines = text.split("\n")
     out: list[str] = []
     index = 0
@@ -91,7 +97,10 @@ def keep_blocking_branches(text: str) -> str:
         line = lines[index]
         found = _ASYNC_BLOCK.match(line)
         if found is None:
-            if not line.rstrip().endswith("# ASYNC"):
+            sync_line = _SYNC_LINE.match(line)
+            if sync_line is not None:
+                out.append(sync_line["indent"] + sync_line["line"])
+            elif not line.rstrip().endswith("# ASYNC"):
                 out.append(line)
             index += 1
             continue
@@ -105,12 +114,12 @@ def keep_blocking_branches(text: str) -> str:
 
 
 def _word(name: str) -> re.Pattern[str]:
-    return re.compile(rf"\b{re.escape(name)}\b")
+    return re.compile(rf"(?<![\w.]){re.escape(name)}(?!\w)")
 
 
 def substitutions() -> list[tuple[re.Pattern[str], str]]:
-    table = {**SUBSTITUTIONS, **_module_names()}
-    return [(_word(name), blocking) for name, blocking in table.items()]
+    modules = [(re.compile(rf"(?<!\w){name}(?!\w)"), blocking) for name, blocking in _module_names().items()]
+    return [(_word(name), blocking) for name, blocking in SUBSTITUTIONS.items()] + modules
 
 
 def convert(text: str, used: set[str] | None = None) -> str:
@@ -127,9 +136,10 @@ def convert(text: str, used: set[str] | None = None) -> str:
 
 
 def formatted(text: str, path: str) -> str:
-    """``text`` with its imports sorted and formatted as ``ruff`` does (the project's
-    style, pyproject.toml): renamed imports may sort elsewhere, shorter lines join."""
-    for command in (["check", "--select", "I", "--fix", "--quiet"], ["format"]):
+    """``text`` without the imports it no longer uses, sorted and formatted as ``ruff``
+    does (the project's style, pyproject.toml): renamed imports may sort elsewhere,
+    shorter lines join."""
+    for command in (["check", "--select", "I,F401", "--fix", "--quiet", "--exit-zero"], ["format"]):
         done = subprocess.run(
             [sys.executable, "-m", "ruff", *command, "--stdin-filename", path, "-"],
             input=text,

@@ -35,7 +35,8 @@ from ._core.acquiring import Acquiring, acquiring
 from ._core.effects import Lease, milliseconds
 from ._core.keys import EntryKeys
 from ._core.store import AsyncStore, Store
-from ._drivers.perform import AsyncPerformer, Performer, arun, run
+from ._drivers.aperform import AsyncPerformer, arun
+from ._drivers.perform import Performer, run
 from ._drivers.watchdog import Watchdog, WatchedLease, keep_renewed
 from ._errors import ConfigError, LockLost, LockNotOwned, WaitTimeout
 from ._fork import reset_after_fork

@@ -50,7 +50,8 @@ from ._core.effects import Decision, Pause, ServersRelease, milliseconds
 from ._core.keys import EntryKeys, lock_keys
 from ._core.majority import Quorum, renew_majority, take_majority
 from ._core.store import Round
-from ._drivers.perform import AsyncPerformer, Performer, arun, run
+from ._drivers.aperform import AsyncPerformer, arun
+from ._drivers.perform import Performer, run
 from ._drivers.watchdog import Watchdog, WatchedLease, keep_renewed
 from ._errors import ConfigError, LockLost, LockNotOwned, WaitTimeout
 from ._lock import LockContextManager

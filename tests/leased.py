@@ -16,8 +16,9 @@ from stampede._core.keys import EntryKeys
 from stampede._core.store import AcquireReply, Written
 from stampede._core.tags import Tagged
 from stampede._drivers.aleases import AsyncLeases
+from stampede._drivers.aperform import AsyncPerformer, arun
 from stampede._drivers.leases import Leases
-from stampede._drivers.perform import AsyncPerformer, Performer, arun, run
+from stampede._drivers.perform import Performer, run
 
 T = TypeVar("T")
 

@@ -49,13 +49,14 @@ from .._core.store import AsyncLockServers, AsyncStore
 from .._errors import BackendUnavailable
 from .._fork import reset_after_fork
 from .aleases import AsyncLeases
+from .aperform import AsyncPerformer, arun
 from .batch import AsyncBatchPerformer, Entry, new_entry, performers_for
 from .many import aone_of, batch_name, finish_entry, first_failure, near_many, refreshed
 from .near import MISSING, NearCache
 from .observe import Events, RateLimitedLog
-from .perform import AsyncPerformer, arun, finish_started
 from .refresh import report_stale, warn_refresh_raised
 from .singleflight import AsyncFlightTable
+from .timeouts import finish_started
 from .trace import abackground, joining, lease_token
 
 FINISH_TIMEOUT = 5.0  # the longest a loop's close waits for writes and releases under way

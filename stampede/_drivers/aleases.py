@@ -10,7 +10,7 @@ from .._core.effects import Lease
 from .._core.keys import EntryKeys
 from .._core.leases import LeasePolicy
 from .._core.store import AsyncLockServers, AsyncStore
-from .perform import AsyncPerformer, arun
+from .aperform import AsyncPerformer, arun
 
 
 class AsyncLeases:

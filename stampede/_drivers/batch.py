@@ -21,8 +21,9 @@ from .._core.effects import Acquire, Effect, Lease, Load, ReadTagClock, Subscrib
 from .._core.flight import Flight, loading_all
 from .._core.flow import Context
 from .._core.store import AsyncRenewable, AsyncStore, Renewable, Store
+from .aperform import AsyncPerformer
 from .observe import Events
-from .perform import AsyncPerformer, Performer
+from .perform import Performer
 from .trace import lease_token
 from .watchdog import Watchdog, keep_renewed
 

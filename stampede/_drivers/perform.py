@@ -1,28 +1,25 @@
-"""The two performers of every decision: one with blocking calls, one with awaits.
+# Generated from aperform.py by .ci/unasync.py: do not edit.
+# Edit the asyncio source, then run `python .ci/unasync.py`.
+"""The performer of every decision, and the one loop that drives decisions.
 
-``run`` and ``arun`` are the only loops that drive decisions (``_core.effects``). Each sends
-a decision the reply to its last effect, or throws in the exception that effect raised,
-whatever it is (``BackendUnavailable``, the loader's error, a cancellation, a
-KeyboardInterrupt), until the decision returns. A decision is never closed while it may
-hold a lease: it sees every interruption and cleans up itself.
+``run`` sends a decision (``_core.effects``) the reply to its last effect, or throws in
+the exception that effect raised, whatever it is (``BackendUnavailable``, the loader's
+error, a cancellation, a KeyboardInterrupt), until the decision returns. A decision is
+never closed while it may hold a lease: it sees every interruption and cleans up itself.
 
-``Performer`` and ``AsyncPerformer`` map each effect onto a store, the lock servers, the
-loader or the clock. The ``match`` ends in ``unreachable``, so a new effect without a
-branch here fails the type check. The asyncio performer shields the effects that must
-finish once started (the write, releases), so a second cancellation does not cut them;
-``finish_started`` lets a loop's close wait for those that outlived their caller.
+``Performer`` maps each effect onto a store, the lock servers, the loader or the
+clock. The ``match`` ends in ``unreachable``, so a new effect without a branch here fails
+the type check.
 """
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import time
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Callable, Generator
 from typing import Any, TypeVar, cast
 
 from .._core.effects import (
-    MUST_FINISH,
     Acquire,
     AwaitNotice,
     Effect,
@@ -55,28 +52,16 @@ from .._core.effects import (
 )
 from .._core.flight import loading
 from .._core.results import refreshing
-from .._core.store import (
-    AsyncLockServers,
-    AsyncRenewable,
-    AsyncStore,
-    AsyncSubscription,
-    AsyncWatchingServers,
-    LockServers,
-    Renewable,
-    Store,
-    Subscription,
-    WatchingServers,
-)
-from .timeouts import abounded, afinish, bounded, finish
-from .watchdog import Watchdog, keep_renewed
+from .._core.store import LockServers, Renewable, Store, Subscription, WatchingServers
+from .timeouts import bounded, finish
+from .watchdog import Watchdog
 
 T = TypeVar("T")
 E = TypeVar("E")  # what a decision yields: an Effect, or a batch's step
 
 
 def run(decision: Generator[E, Any, T], perform: Callable[[E], Any]) -> T:
-    """Perform ``decision``'s effects (or a batch's steps: ``_core.batch``) with blocking
-    calls. Return its outcome."""
+    """Perform ``decision``'s effects (or a batch's steps: ``_core.batch``). Return its outcome."""
     reply: Any = None
     error: BaseException | None = None
     while True:
@@ -91,22 +76,6 @@ def run(decision: Generator[E, Any, T], perform: Callable[[E], Any]) -> T:
             error = raised
 
 
-async def arun(decision: Generator[E, Any, T], perform: Callable[[E], Awaitable[Any]]) -> T:
-    """Perform ``decision``'s effects with awaits. Return its outcome."""
-    reply: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            effect = decision.send(reply) if error is None else decision.throw(error)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        reply = error = None
-        try:
-            reply = await perform(effect)
-        except BaseException as raised:
-            error = raised
-
-
 class _Absent:
     """What a performer was not given: using it is a bug in the decision's caller."""
 
@@ -117,13 +86,21 @@ class _Absent:
         raise TypeError(f"this performer has no {self._what} (asked for {name!r})")
 
 
+def _waker(subscription: Subscription | None) -> Callable[[], None] | None:
+    """What wakes ``subscription`` as a message with no value would (its waiter re-checks).
+    None for a subscription that cannot be woken by hand: it waits for its message."""
+    assert subscription is not None, "ServersWatch before Subscribe"
+    deliver: Callable[[bytes], None] | None = getattr(subscription, "deliver", None)
+    return None if deliver is None else lambda: deliver(b"")
+
+
 class Performer:
-    """Performs effects with blocking calls, for one decision at a time: lease commands
-    on ``store`` for ``lease``, lock-server commands on ``servers``, ``Load`` by calling
-    ``loader`` (its lease renewed by ``watchdog`` through ``renewal``, the store unless
-    the lease policy renews elsewhere too). A load without the lease goes through
-    ``unleased`` (given the call to make), where the driver shares it among its process's
-    callers (``_core.flight.fallback_key``). Closes its subscription on exit."""
+    """Performs effects for one decision at a time: lease commands on ``store`` for
+    ``lease``, lock-server commands on ``servers``, ``Load`` by calling ``loader`` (its
+    lease renewed by ``watchdog`` through ``renewal``, the store unless the lease policy
+    renews elsewhere too). A load without the lease goes through ``unleased`` (given the
+    call to make), where the driver shares it among its process's callers
+    (``_core.flight.fallback_key``). Closes its subscription on exit."""
 
     def __init__(
         self,
@@ -141,7 +118,7 @@ class Performer:
         self._store: Store = store if store is not None else _Absent("store")
         self._servers: LockServers = servers if servers is not None else _Absent("lock servers")
         self._loader: Callable[[], Any] = loader if loader is not None else _Absent("loader")  # type: ignore[assignment]
-        self._watchdog: Watchdog = watchdog if watchdog is not None else _Absent("watchdog")  # type: ignore[assignment]
+        self._watchdog = watchdog if watchdog is not None else cast(Watchdog, _Absent("watchdog"))
         self._renewal: Renewable = renewal if renewal is not None else self._store
         self._subscription: Subscription | None = None
 
@@ -159,6 +136,9 @@ class Performer:
             self._subscription = None
 
     def __call__(self, effect: Effect) -> Any:
+        return self._perform(effect)
+
+    def _perform(self, effect: Effect) -> Any:
         lease, store = self._lease, self._store
         match effect:
             case Acquire(check_value=check_value, stale=stale):
@@ -197,17 +177,17 @@ class Performer:
                 return self._subscription.wait(timeout)
             case SettleNotice():
                 assert self._subscription is not None, "SettleNotice before Subscribe"
-                store.subscribe(lease.keys).close()  # confirmed after every message published before it
+                (store.subscribe(lease.keys)).close()  # confirmed after every message published before it
                 return self._subscription.wait(0.0)
-            case Load(leased=leased, timeout=timeout, previous=previous):
+            case Load(leased=leased, timeout=timeout, detach=detach, previous=previous):
                 with loading(lease.keys.value), refreshing(previous):
                     if not leased:
-                        loader = functools.partial(bounded, self._loader, timeout) if timeout else self._loader
+                        loader = functools.partial(bounded, self._loader, timeout, detach) if timeout else self._loader
                         return loader() if self._unleased is None else self._unleased(loader)
                     watched = self._watchdog.watch(self._renewal, lease.keys, lease.token, lease.ms)
                     detached = False
                     try:
-                        return bounded(self._loader, timeout) if timeout else self._loader()
+                        return bounded(self._loader, timeout, detach) if timeout else self._loader()
                     except LoadDetached as late:
                         late.pending.stop, detached = watched.stop, True  # renewed until it is finished
                         raise
@@ -230,149 +210,5 @@ class Performer:
             case ServersWatch(keys=keys):
                 wake = _waker(self._subscription)
                 return None if wake is None else cast(WatchingServers, self._servers).watch(keys, wake)
-            case _:
-                unreachable(effect)
-
-
-_finishing: set[asyncio.Task[Any]] = set()  # shielded effects under way, of every loop
-
-
-async def finish_started(timeout: float) -> None:
-    """Wait, at most ``timeout`` seconds, for this loop's shielded effects still under way.
-
-    A cancelled caller leaves its write or release running (``AsyncPerformer``); a loop's
-    close must let them end before it closes their store, or they are cut mid-command and
-    destroyed pending with the loop, their lease left to lapse."""
-    loop = asyncio.get_running_loop()
-    started = [task for task in list(_finishing) if task.get_loop() is loop and not task.done()]
-    if started:
-        await asyncio.wait(started, timeout=timeout)
-
-
-def _waker(subscription: Subscription | AsyncSubscription | None) -> Callable[[], None] | None:
-    """What wakes ``subscription`` as a message with no value would (its waiter re-checks).
-    None for a subscription that cannot be woken by hand: it waits for its message."""
-    assert subscription is not None, "ServersWatch before Subscribe"
-    deliver: Callable[[bytes], None] | None = getattr(subscription, "deliver", None)
-    return None if deliver is None else lambda: deliver(b"")
-
-
-class AsyncPerformer:
-    """``Performer`` for a task: the same effects, awaited. ``loader`` returns an
-    awaitable, and its lease is renewed by a task while it runs."""
-
-    def __init__(
-        self,
-        lease: Lease | None = None,
-        *,
-        store: AsyncStore | None = None,
-        servers: AsyncLockServers | None = None,
-        loader: Callable[[], Awaitable[Any]] | None = None,
-        renewal: AsyncRenewable | None = None,
-        unleased: Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]] | None = None,
-    ) -> None:
-        self._unleased = unleased
-        self._lease: Lease = lease if lease is not None else _Absent("lease")  # type: ignore[assignment]
-        self._store: AsyncStore = store if store is not None else _Absent("store")
-        self._servers: AsyncLockServers = servers if servers is not None else _Absent("lock servers")
-        self._loader: Callable[[], Awaitable[Any]] = loader if loader is not None else _Absent("loader")  # type: ignore[assignment]
-        self._renewal: AsyncRenewable = renewal if renewal is not None else self._store
-        self._subscription: AsyncSubscription | None = None
-
-    def __enter__(self) -> AsyncPerformer:
-        return self
-
-    def subscribed(self, subscription: AsyncSubscription) -> None:
-        """The lease's subscription, made for it with others' (``_drivers.batch``): as if
-        its ``Subscribe`` had run here, and closed on exit as its own would be."""
-        self._subscription = subscription
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self._subscription is not None:
-            self._subscription.close()
-            self._subscription = None
-
-    async def __call__(self, effect: Effect) -> Any:
-        if isinstance(effect, MUST_FINISH):
-            task = asyncio.ensure_future(self._perform(effect))
-            _finishing.add(task)
-            task.add_done_callback(_finishing.discard)
-            return await asyncio.shield(task)
-        return await self._perform(effect)
-
-    async def _perform(self, effect: Effect) -> Any:
-        lease, store = self._lease, self._store
-        match effect:
-            case Acquire(check_value=check_value, stale=stale):
-                return await store.acquire(lease.keys, lease.token, lease.ms, check_value, stale)
-            case TakeLock():
-                return await store.take_lock(lease.keys, lease.token, lease.ms, lease.queue_ms)
-            case ReadValue():
-                return await store.get(lease.keys.value)
-            case Renew(lease_ms=lease_ms):
-                return await store.renew(lease.keys, lease.token, lease_ms)
-            case WriteRelease(envelope=envelope, ttl_ms=ttl_ms, inline=inline, tagged=tagged):
-                return await store.write_release(lease.keys, lease.token, envelope, ttl_ms, inline, tagged)
-            case Touch(identity=identity, ttl_ms=ttl_ms):
-                return await store.touch(lease.keys, lease.token, identity, ttl_ms)
-            case ReadTagClock(key=key):
-                return await store.tag_clock(key)
-            case ReadEntryTags():
-                return await store.entry_tags(lease.keys)
-            case Release():
-                return await store.release(lease.keys, lease.token)
-            case Hold(hold_ms=hold_ms, failing_ms=failing_ms):
-                return await store.hold(lease.keys, lease.token, hold_ms, failing_ms)
-            case LeaveQueue():
-                return await store.leave_queue(lease.keys, lease.token)
-            case Invalidate():
-                return await store.invalidate(lease.keys)
-            case Seize():
-                return await store.seize(lease.keys, lease.token, lease.ms)
-            case Expire():
-                return await store.expire(lease.keys)
-            case Subscribe():
-                self._subscription = await store.subscribe(lease.keys)
-                return None
-            case AwaitNotice(timeout=timeout):
-                assert self._subscription is not None, "AwaitNotice before Subscribe"
-                return await self._subscription.wait(timeout)
-            case SettleNotice():
-                assert self._subscription is not None, "SettleNotice before Subscribe"
-                (await store.subscribe(lease.keys)).close()  # confirmed after every message published before it
-                return await self._subscription.wait(0.0)
-            case Load(leased=leased, timeout=timeout, detach=detach, previous=previous):
-                with loading(lease.keys.value), refreshing(previous):
-                    if not leased:
-                        aloader = (
-                            functools.partial(abounded, self._loader, timeout, detach) if timeout else self._loader
-                        )
-                        return await (aloader() if self._unleased is None else self._unleased(aloader))
-                    renewal = asyncio.ensure_future(keep_renewed(self._renewal, lease.keys, lease.token, lease.ms))
-                    detached = False
-                    try:
-                        return await (abounded(self._loader, timeout, detach) if timeout else self._loader())
-                    except LoadDetached as late:
-                        late.pending.stop, detached = renewal.cancel, True  # renewed until it is finished
-                        raise
-                    finally:
-                        if not detached:
-                            renewal.cancel()
-            case Finish(pending=pending, then=then):
-                later = AsyncPerformer(lease, store=store, servers=self._servers, renewal=self._renewal)
-                return afinish(pending, then, lambda decision: arun(decision, later))
-            case Pause(seconds=seconds):
-                return await asyncio.sleep(seconds)
-            case ServersTake(keys=keys, token=token, lease_ms=lease_ms):
-                return await self._servers.take(keys, token, lease_ms)
-            case ServersRenew(keys=keys, token=token, lease_ms=lease_ms):
-                return await self._servers.renew(keys, token, lease_ms)
-            case ServersRelease(keys=keys, token=token):
-                return await self._servers.release(keys, token)
-            case ServersDrop(keys=keys):
-                return await self._servers.drop(keys)
-            case ServersWatch(keys=keys):
-                wake = _waker(self._subscription)
-                return None if wake is None else await cast(AsyncWatchingServers, self._servers).watch(keys, wake)
             case _:
                 unreachable(effect)

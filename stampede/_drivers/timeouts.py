@@ -8,6 +8,10 @@ the caller goes on (the flow answers it) and the load keeps its lease, renewed b
 watchdog, until it ends: then the flow's ``Finish`` step writes its value, or releases
 the lease after an error. An async loader is a task: at the timeout it is cancelled, or
 left to finish the same way.
+
+The effects that must finish once started (a write, a release) outlive a cancelled task
+too: ``shielded`` runs them as tasks of their own, and ``finish_started`` lets a loop's
+close wait for them before it closes their store.
 """
 
 from __future__ import annotations
@@ -20,12 +24,14 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from .._core.effects import Decision, LoadDetached
 from .._errors import LoadTimeout
 
 log = logging.getLogger("stampede.cache")
+
+T = TypeVar("T")
 
 
 @dataclass(eq=False)
@@ -37,9 +43,10 @@ class Pending:
     stop: Callable[[], None] = lambda: None
 
 
-def bounded(loader: Callable[[], Any], timeout: float) -> Any:
+def bounded(loader: Callable[[], Any], timeout: float, detach: bool) -> Any:
     """``loader()``, from a thread of its own, waited for ``timeout`` seconds at most; then
-    ``LoadDetached`` (the load goes on)."""
+    ``LoadDetached``: the load goes on, ``detach`` or not, for a thread cannot be stopped
+    (``cancel_on_timeout`` is for async loaders)."""
     future: Future[Any] = Future()
     context = contextvars.copy_context()
 
@@ -120,6 +127,29 @@ def afinish(
         task.add_done_callback(_finishing.discard)
 
     load.add_done_callback(done)
+
+
+_shielded: set[asyncio.Task[Any]] = set()  # shielded effects under way, of every loop
+
+
+async def shielded(effect: Awaitable[T]) -> T:
+    """``await effect``, finished even if the awaiting task is cancelled meanwhile."""
+    task = asyncio.ensure_future(effect)
+    _shielded.add(task)
+    task.add_done_callback(_shielded.discard)
+    return await asyncio.shield(task)
+
+
+async def finish_started(timeout: float) -> None:
+    """Wait, at most ``timeout`` seconds, for this loop's ``shielded`` effects under way.
+
+    A cancelled caller leaves its write or release running; a loop's close must let them
+    end before it closes their store, or they are cut mid-command and destroyed pending
+    with the loop, their lease left to lapse."""
+    loop = asyncio.get_running_loop()
+    started = [task for task in list(_shielded) if task.get_loop() is loop and not task.done()]
+    if started:
+        await asyncio.wait(started, timeout=timeout)
 
 
 def _outcome_taken(task: asyncio.Future[Any]) -> None:

@@ -153,6 +153,27 @@ def next_renewal(keys: EntryKeys, lease_ms: int, outcome: bool | BackendUnavaila
     return interval
 
 
+class RenewingTask:
+    """An asyncio holder's lease renewed by a task (``keep_renewed``): ``stop`` cancels it."""
+
+    def __init__(self, task: asyncio.Task[None]) -> None:
+        self._task = task
+
+    def stop(self) -> None:
+        self._task.cancel()
+
+
+class AsyncWatchdog:
+    """``Watchdog`` for asyncio holders: each lease is renewed by a task of the holder's
+    loop, so there is nothing to share, start or close."""
+
+    def watch(self, store: AsyncRenewable, keys: EntryKeys, token: str, lease_ms: int) -> RenewingTask:
+        return RenewingTask(asyncio.ensure_future(keep_renewed(store, keys, token, lease_ms)))
+
+
+LOOP_WATCHDOG = AsyncWatchdog()
+
+
 async def keep_renewed(store: AsyncRenewable, keys: EntryKeys, token: str, lease_ms: int) -> None:
     """Renew the lease every lease/3 until cancelled or lost (the watchdog's rules), for
     an asyncio holder: a task on its loop rather than the thread."""

@@ -37,7 +37,8 @@ from stampede._core.keys import EntryKeys
 from stampede._core.majority import Quorum, RedlockLeases, renew_majority, take_majority
 from stampede._core.sessions import SessionLeases
 from stampede._core.store import AcquireReply, LockState, Round, Written
-from stampede._drivers.perform import Performer, arun, run
+from stampede._drivers.aperform import arun
+from stampede._drivers.perform import Performer, run
 
 KEYS = EntryKeys.for_value("t:{item:1}")
 SERVER_KEYS = KEYS.on_lock_servers

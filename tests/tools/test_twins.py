@@ -26,7 +26,6 @@ from stampede._backends.redis.lock_servers import AsyncRedisLockServers, RedisLo
 from stampede._backends.redis.store import RedisStore
 from stampede._backends.zookeeper.locks import AsyncZooKeeperLockStore, ZooKeeperLockStore
 from stampede._core.store import AsyncLockServers, AsyncStore, LockServers, Store
-from stampede._drivers.perform import AsyncPerformer, Performer
 
 UNASYNC = Path(__file__).resolve().parents[2] / ".ci" / "unasync.py"
 
@@ -80,7 +79,6 @@ from ..twin_bodies import current, recorded, recorded_on, this_python  # noqa: E
 BODY_PAIRS = [
     *(pair for pair in STORE_PAIRS if pair[0] not in (Store, LockServers, MemoryStore)),
     (ZooKeeperLockStore, AsyncZooKeeperLockStore),
-    (Performer, AsyncPerformer),
     (Subscriber, AsyncSubscriber),
     (ShardedSubscriber, AsyncShardedSubscriber),
     (SyncRunner, AsyncRunner),
@@ -163,8 +161,3 @@ def test_public_blocking_and_asyncio_methods_have_the_same_signatures(cls: type,
 def test_the_loaders_invalidate_alike() -> None:
     assert _shape(CachedLoader.invalidate) == _shape(AsyncCachedLoader.invalidate)
     assert _shape(CachedLoader.key) == _shape(AsyncCachedLoader.key)
-
-
-def test_the_performers_take_the_same_effects() -> None:
-    blocking = {p for p in inspect.signature(Performer).parameters} - {"watchdog"}  # threads need one; tasks do not
-    assert blocking == set(inspect.signature(AsyncPerformer).parameters)
