@@ -42,7 +42,7 @@ from ._core.patterns import entry_pattern
 from ._core.store import AsyncStore, Store
 from ._core.tags import TagKeys, TagTemplates, clock_key, tag_name
 from ._drivers.aio import AsyncRunner
-from ._drivers.blocking import SyncRunner
+from ._drivers.blocking import Runner
 from ._drivers.near import NearCache
 from ._drivers.observe import Events, RateLimitedLog
 from ._drivers.watchdog import Watchdog
@@ -185,7 +185,7 @@ class Stampede:
         refreshes = background_refreshes
         policy, servers, make_servers = backend.lease_policy, backend.lock_servers, backend.make_async_lock_servers
         self._runner = (
-            SyncRunner(store, events, warn, self._watchdog, refreshes, policy, servers) if store is not None else None
+            Runner(store, events, warn, self._watchdog, refreshes, policy, servers) if store is not None else None
         )
         self._async_runner = (
             AsyncRunner(make_async_store, events, warn, refreshes, policy, make_servers) if make_async_store else None
@@ -648,7 +648,7 @@ class Stampede:
             self._events.incr("tag_entries_dropped", len(value_keys))
         return len(value_keys)
 
-    def _blocking_runner(self, method: str, twin: str) -> SyncRunner:
+    def _blocking_runner(self, method: str, twin: str) -> Runner:
         if self._runner is None:
             raise ConfigError(f"{method}() needs a blocking client: use {twin}() in the event loop")
         return self._runner

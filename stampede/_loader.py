@@ -17,7 +17,7 @@ from ._drivers.trace import GLOBALS, CallTrace, call_trace, entry_attributes, tr
 if TYPE_CHECKING:
     from ._core.flow import LoaderSpec
     from ._drivers.aio import AsyncRunner
-    from ._drivers.blocking import SyncRunner
+    from ._drivers.blocking import Runner
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -169,7 +169,7 @@ class CachedLoader(_Loader[P, R]):
     def __init__(
         self,
         spec: LoaderSpec,
-        runner: SyncRunner,
+        runner: Runner,
         keys: KeyBuilder,
         forget: Callable[[str], None],
         static: bool = False,

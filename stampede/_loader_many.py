@@ -34,7 +34,7 @@ from ._loader import AsyncBoundLoader, BoundLoader
 if TYPE_CHECKING:
     from ._core.flow import LoaderSpec
     from ._drivers.aio import AsyncRunner
-    from ._drivers.blocking import SyncRunner
+    from ._drivers.blocking import Runner
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -257,7 +257,7 @@ class CachedManyLoader(_ManyLoader[K, V]):
     def __init__(
         self,
         spec: LoaderSpec,
-        runner: SyncRunner,
+        runner: Runner,
         keys: ManyKeys,
         forget: Callable[[str], None],
         static: bool = False,

@@ -120,7 +120,7 @@ class AsyncRunner:
         self._loops = {}
 
     async def call(self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """The value of the entry, as ``SyncRunner.call``, for the tasks of this loop."""
+        """The value of the entry, as ``Runner.call``, for the tasks of this loop."""
         near = self.near
         if spec.near and near is not None:
             value = near.get(value_key, spec.codec, spec.near_shared)
@@ -175,7 +175,7 @@ class AsyncRunner:
         flight: Flight,
         joiner: Joiner | None = None,
     ) -> Any:
-        """``SyncRunner._lead``, awaited."""
+        """``Runner._lead``, awaited."""
         flight.sent, flight.codec = 1, spec.codec
         store = state.store
         near = self.near if spec.near else None
@@ -207,7 +207,7 @@ class AsyncRunner:
     async def call_many(
         self, keys: Sequence[str], spec: LoaderSpec, load: Callable[[list[int]], Awaitable[list[Any]]]
     ) -> list[Any]:
-        """The values of many entries, as ``SyncRunner.call_many``, for the tasks of this loop."""
+        """The values of many entries, as ``Runner.call_many``, for the tasks of this loop."""
         state = self._state()
         if not keys:
             return []
@@ -240,7 +240,7 @@ class AsyncRunner:
         state: LoopState,
         read: tuple[list[bytes | None], list[Any]] | None = None,
     ) -> list[Any]:
-        """``SyncRunner._call_many``, awaited."""
+        """``Runner._call_many``, awaited."""
         absent: set[int] = set()
         if wanted and not spec.reads_ttl and failed is None:
             try:
@@ -280,7 +280,7 @@ class AsyncRunner:
     async def _wait_joined(
         self, value_key: str, joiner: Joiner, flight: Flight, done: asyncio.Future[bool], state: LoopState
     ) -> Any:
-        """``SyncRunner._wait_joined``, awaited."""
+        """``Runner._wait_joined``, awaited."""
         spec = joiner.spec
         try:
             joined = await done
@@ -307,7 +307,7 @@ class AsyncRunner:
         failed: BackendUnavailable | None,
         absent: set[int],
     ) -> None:
-        """``SyncRunner._lead_many``, awaited."""
+        """``Runner._lead_many``, awaited."""
         flights, unfinished = state.flights, dict(led)
         try:
             for flight in led.values():
@@ -360,7 +360,7 @@ class AsyncRunner:
     async def _read_many(
         self, keys: list[str], spec: LoaderSpec, state: LoopState
     ) -> list[tuple[bytes | None, float, bool]]:
-        """``SyncRunner._read_many``, awaited."""
+        """``Runner._read_many``, awaited."""
         near = self.near if spec.near else None
         if near is None:
             if spec.reads_ttl:
@@ -422,7 +422,7 @@ class AsyncRunner:
         state: LoopState,
         ended: Callable[[int, Any], None] = lambda index, outcome: None,
     ) -> list[Any]:
-        """``SyncRunner._drive_many``, awaited."""
+        """``Runner._drive_many``, awaited."""
         leases = state.leases
 
         def performer(entry: Entry) -> AsyncPerformer:
@@ -435,7 +435,7 @@ class AsyncRunner:
     async def _read_for_near(
         self, near: NearCache, store: AsyncStore, value_key: str, spec: LoaderSpec
     ) -> tuple[bytes | None, float, bool]:
-        """``SyncRunner._read_for_near``, awaited."""
+        """``Runner._read_for_near``, awaited."""
         ticket = near.begin(value_key)
         try:
             raw, ttl_left, failing = await store.get_with_ttl(value_key, spec.reads_failing)
@@ -497,18 +497,18 @@ class AsyncRunner:
     async def set(
         self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any
     ) -> bool:
-        """``SyncRunner.set``, for the tasks of this loop."""
+        """``Runner.set``, for the tasks of this loop."""
         ctx = self._context(value_key, spec, args, kwargs)
         return bool(await self._drive(put(ctx, result), ctx, ano_load, self._state()))
 
     async def refresh(self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """``SyncRunner.refresh``, for the tasks of this loop."""
+        """``Runner.refresh``, for the tasks of this loop."""
         refuse_recursion(value_key)
         ctx = self._context(value_key, spec, args, kwargs)
         return await self._drive(reload(ctx), ctx, functools.partial(spec.func, *args, **kwargs), self._state())
 
     async def peek(self, value_key: str, spec: LoaderSpec) -> tuple[Any, bool] | None:
-        """``SyncRunner.peek``, for the tasks of this loop."""
+        """``Runner.peek``, for the tasks of this loop."""
         store = self._state().store
         if not spec.reads_ttl:
             return peeked(await store.get(value_key), -1.0, False, spec.codec, spec.settings)
@@ -572,7 +572,7 @@ class AsyncRunner:
     async def _unleased(
         self, state: LoopState, value_key: str, began: float, load: Callable[[], Awaitable[Any]]
     ) -> Any:
-        """``SyncRunner._unleased``, awaited: shared by the tasks of this event loop."""
+        """``Runner._unleased``, awaited: shared by the tasks of this event loop."""
         key = fallback_key(value_key)
         flights = state.flights
         while True:

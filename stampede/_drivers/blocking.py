@@ -43,7 +43,7 @@ from .trace import joining, lease_token
 from .watchdog import Watchdog
 
 
-class SyncRunner:
+class Runner:
     """Runs calls of blocking loaders against one store."""
 
     def __init__(

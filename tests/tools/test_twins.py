@@ -67,7 +67,7 @@ from stampede._backends.redis.ashards import AsyncShardedSubscriber  # noqa: E40
 from stampede._backends.redis.notify import Subscriber  # noqa: E402
 from stampede._backends.redis.shards import ShardedSubscriber  # noqa: E402
 from stampede._drivers.aio import AsyncRunner  # noqa: E402
-from stampede._drivers.blocking import SyncRunner  # noqa: E402
+from stampede._drivers.blocking import Runner  # noqa: E402
 from stampede._drivers.singleflight import AsyncFlightTable, FlightTable  # noqa: E402
 
 from ..leased import AsyncLeasedStore, LeasedStore  # noqa: E402
@@ -81,7 +81,7 @@ BODY_PAIRS = [
     (ZooKeeperLockStore, AsyncZooKeeperLockStore),
     (Subscriber, AsyncSubscriber),
     (ShardedSubscriber, AsyncShardedSubscriber),
-    (SyncRunner, AsyncRunner),
+    (Runner, AsyncRunner),
     (LeasedStore, AsyncLeasedStore),
     (FlightTable, AsyncFlightTable),
     (CachedLoader, AsyncCachedLoader),
