@@ -9,6 +9,7 @@ The conversion is textual, as httpcore's ``scripts/unasync.py`` and psycopg's
 ``tools/async_to_sync.py`` do:
 
 - ``async def``/``async with``/``async for`` lose ``async``; ``await`` is dropped;
+  ``Awaitable[X]`` is ``X``;
 - ``Async<Name>`` becomes ``<Name>`` (``AsyncStore`` -> ``Store``), every name in
   ``SUBSTITUTIONS`` its blocking twin (``arun`` -> ``run``, ``asyncio.sleep`` ->
   ``time.sleep``), and the ``a<name>`` modules of ``GENERATED`` their blocking modules;
@@ -40,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # (asyncio source, blocking module), from the repository's root.
 GENERATED = [
+    ("stampede/_acached.py", "stampede/_cached.py"),
     ("stampede/_drivers/aleases.py", "stampede/_drivers/leases.py"),
     ("stampede/_drivers/aperform.py", "stampede/_drivers/perform.py"),
 ]
@@ -50,7 +52,7 @@ SUBSTITUTIONS = {
     "abounded": "bounded",
     "afinish": "finish",
     "asyncio.sleep": "time.sleep",
-    "Awaitable[Any]": "Any",
+    "._drivers.aio": "._drivers.blocking",
 }
 
 HEADER = (
@@ -122,10 +124,23 @@ def substitutions() -> list[tuple[re.Pattern[str], str]]:
     return [(_word(name), blocking) for name, blocking in SUBSTITUTIONS.items()] + modules
 
 
+def unwrap_awaitables(text: str) -> str:
+    """Every ``Awaitable[X]`` replaced by ``X`` (brackets inside ``X`` matched)."""
+    while (start := text.find("Awaitable[")) != -1:
+        depth, end = 0, start + len("Awaitable")
+        while True:
+            depth += {"[": 1, "]": -1}.get(text[end], 0)
+            if depth == 0:
+                break
+            end += 1
+        text = text[:start] + text[start + len("Awaitable[") : end] + text[end + 1 :]
+    return text
+
+
 def convert(text: str, used: set[str] | None = None) -> str:
     """The blocking module ``text``, an asyncio module, makes (unformatted). The
     substitutions that changed something are added to ``used``."""
-    text = keep_blocking_branches(text)
+    text = unwrap_awaitables(keep_blocking_branches(text))
     for pattern, replacement in _KEYWORDS:
         text = pattern.sub(replacement, text)
     for pattern, replacement in substitutions():

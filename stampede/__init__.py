@@ -1,5 +1,7 @@
 """stampede: one load per cache miss, across threads, processes and machines."""
 
+from ._acached import AsyncCachedLoader, AsyncCachedManyLoader
+from ._cached import CachedLoader, CachedManyLoader
 from ._core.codec import JsonSerializer, Serializer, TypedSerializer
 from ._core.config import Settings
 from ._core.msgspec_serializer import MsgspecSerializer
@@ -19,8 +21,7 @@ from ._errors import (
     WaitTimeout,
 )
 from ._layer import Stampede, cached_loader, cached_loader_many, default_layer
-from ._loader import AsyncCachedLoader, CachedLoader, Fetched
-from ._loader_many import AsyncCachedManyLoader, CachedManyLoader
+from ._loader import Fetched
 from ._lock import Lock
 from ._redlock import Redlock, RedlockLock
 

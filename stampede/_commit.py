@@ -19,8 +19,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from ._acached import AsyncCachedLoader
 from ._errors import ConfigError
-from ._loader import AsyncBoundLoader, AsyncCachedLoader
+from ._loader import AsyncBoundLoader
 
 log = logging.getLogger("stampede.commit")
 

@@ -13,6 +13,7 @@ import typing
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any, TypeVar, Union, overload
 
+from ._acached import AsyncCachedLoader, AsyncCachedManyLoader
 from ._backend import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_MAX_CONNECTIONS,
@@ -21,6 +22,7 @@ from ._backend import (
     backend_for,
     given_by_url,
 )
+from ._cached import CachedLoader, CachedManyLoader
 from ._core.codec import Codec, Serializer, TypedSerializer
 from ._core.config import (
     SETTING_NAMES,
@@ -47,8 +49,8 @@ from ._drivers.near import NearCache
 from ._drivers.observe import Events, RateLimitedLog
 from ._drivers.watchdog import Watchdog
 from ._errors import ConfigError
-from ._loader import AsyncCachedLoader, CachedLoader, P
-from ._loader_many import AsyncCachedManyLoader, CachedManyLoader, ManyKeys
+from ._loader import P
+from ._loader_many import ManyKeys
 from ._lock import Lock, ReentrantHolds
 from ._redact import redacted
 from ._redlock import Redlock

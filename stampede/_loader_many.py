@@ -1,5 +1,6 @@
-"""``CachedManyLoader`` and ``AsyncCachedManyLoader``: what ``@cached_loader_many`` turns a
-loader of many ids into.
+"""What ``@cached_loader_many`` turns a loader of many ids into: the keys of its entries,
+and what ``CachedManyLoader`` and ``AsyncCachedManyLoader`` (``_cached``, ``_acached``)
+share.
 
 A many-key loader takes a collection of ids (its batched parameter) beside any fixed
 parameters, and returns a mapping of id to value. Each id's entry is the one
@@ -23,18 +24,15 @@ import string
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from ._core.keys import EntryKeys, KeyBuilder
-from ._core.many import values_of
+from ._core.keys import KeyBuilder
 from ._core.tags import TagSet, TagTemplates
 from ._drivers.observe import Events
-from ._drivers.trace import GLOBALS, CallTrace, call_trace, entry_attributes, tracer
+from ._drivers.trace import CallTrace, call_trace, entry_attributes
 from ._errors import ConfigError
-from ._loader import AsyncBoundLoader, BoundLoader
+from ._loader import BoundLoader
 
 if TYPE_CHECKING:
     from ._core.flow import LoaderSpec
-    from ._drivers.aio import AsyncRunner
-    from ._drivers.blocking import Runner
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -243,135 +241,3 @@ class _ManyLoader(Generic[K, V]):
 
     def __repr__(self) -> str:
         return f"<stampede.{type(self).__name__} {self._keys.loader_name}>"
-
-
-class CachedManyLoader(_ManyLoader[K, V]):
-    """A loader of many ids whose calls read every entry in one round trip and load the
-    missing ones in one call, each entry loaded once across every caller and process.
-
-    Call it as the function it wraps: a dict of each id asked to its value, in the order
-    asked (an id the loader left out is None). ``invalidate(...)`` and ``expire(...)``
-    take the same arguments, with a collection of ids or one id.
-    """
-
-    def __init__(
-        self,
-        spec: LoaderSpec,
-        runner: Runner,
-        keys: ManyKeys,
-        forget: Callable[[str], None],
-        static: bool = False,
-    ) -> None:
-        super().__init__(spec, keys, forget, static)
-        self._runner = runner
-
-    def __call__(self, *args: Any, **kwargs: Any) -> dict[K, V]:
-        call, ids, keys = self._asked(args, kwargs)
-        traces = None if GLOBALS._TRACER_PROVIDER is None else tracer()  # ``CachedLoader.__call__``
-        if traces is None:
-            return self._call(call, ids, keys)
-        with self._trace(traces, self._runner.events, keys):
-            return self._call(call, ids, keys)
-
-    def _call(self, call: dict[str, Any], ids: list[Any], keys: list[str]) -> dict[K, V]:
-        size = self.settings.max_batch
-        if len(ids) <= size:
-            values = self._runner.call_many(keys, self._spec_of(call, ids), self._loading(call, ids))
-            return dict(zip(ids, values, strict=True))
-        found: dict[K, V] = {}
-        for part, part_keys in zip(chunks(ids, size), chunks(keys, size), strict=True):
-            values = self._runner.call_many(part_keys, self._spec_of(call, part), self._loading(call, part))
-            found.update(zip(part, values, strict=True))
-        return found
-
-    def _loading(self, call: dict[str, Any], ids: Sequence[Any]) -> Callable[[list[int]], list[Any]]:
-        func, keys = self._spec.func, self._keys
-
-        def load(positions: list[int]) -> list[Any]:
-            asked = [ids[position] for position in positions]
-            args, kwargs = keys.with_ids(call, asked)
-            return values_of(func(*args, **kwargs), asked, keys.loader_name)
-
-        return load
-
-    def invalidate(self, *args: Any, **kwargs: Any) -> None:
-        """Drop the entries of these ids (a collection, or one id), as
-        ``CachedLoader.invalidate`` drops one: once it returns, no caller in any process
-        gets their old values, and no load in flight writes them."""
-        for key in self._invalidated(args, kwargs):
-            try:
-                self._runner.invalidate(EntryKeys.for_value(key))
-            finally:
-                self._forget(key)
-
-    def expire(self, *args: Any, **kwargs: Any) -> None:
-        """``CachedLoader.expire`` of each of these ids' entries."""
-        for key in self._invalidated(args, kwargs):
-            try:
-                self._runner.expire(EntryKeys.for_value(key))
-            finally:
-                self._forget(key)
-
-
-class AsyncCachedManyLoader(_ManyLoader[K, V]):
-    """``CachedManyLoader`` for an ``async def`` loader."""
-
-    _bound = AsyncBoundLoader
-
-    def __init__(
-        self,
-        spec: LoaderSpec,
-        runner: AsyncRunner,
-        keys: ManyKeys,
-        forget: Callable[[str], None],
-        static: bool = False,
-    ) -> None:
-        super().__init__(spec, keys, forget, static)
-        if hasattr(inspect, "markcoroutinefunction"):
-            inspect.markcoroutinefunction(self)
-        self._runner = runner
-
-    async def __call__(self, *args: Any, **kwargs: Any) -> dict[K, V]:
-        call, ids, keys = self._asked(args, kwargs)
-        traces = None if GLOBALS._TRACER_PROVIDER is None else tracer()  # ``CachedLoader.__call__``
-        if traces is None:
-            return await self._call(call, ids, keys)
-        with self._trace(traces, self._runner.events, keys):
-            return await self._call(call, ids, keys)
-
-    async def _call(self, call: dict[str, Any], ids: list[Any], keys: list[str]) -> dict[K, V]:
-        size = self.settings.max_batch
-        if len(ids) <= size:
-            values = await self._runner.call_many(keys, self._spec_of(call, ids), self._loading(call, ids))
-            return dict(zip(ids, values, strict=True))
-        found: dict[K, V] = {}
-        for part, part_keys in zip(chunks(ids, size), chunks(keys, size), strict=True):
-            values = await self._runner.call_many(part_keys, self._spec_of(call, part), self._loading(call, part))
-            found.update(zip(part, values, strict=True))
-        return found
-
-    def _loading(self, call: dict[str, Any], ids: Sequence[Any]) -> Callable[[list[int]], Any]:
-        func, keys = self._spec.func, self._keys
-
-        async def load(positions: list[int]) -> list[Any]:
-            asked = [ids[position] for position in positions]
-            args, kwargs = keys.with_ids(call, asked)
-            return values_of(await func(*args, **kwargs), asked, keys.loader_name)
-
-        return load
-
-    async def invalidate(self, *args: Any, **kwargs: Any) -> None:
-        """``CachedManyLoader.invalidate``, awaited."""
-        for key in self._invalidated(args, kwargs):
-            try:
-                await self._runner.invalidate(EntryKeys.for_value(key))
-            finally:
-                self._forget(key)
-
-    async def expire(self, *args: Any, **kwargs: Any) -> None:
-        """``CachedManyLoader.expire``, awaited."""
-        for key in self._invalidated(args, kwargs):
-            try:
-                await self._runner.expire(EntryKeys.for_value(key))
-            finally:
-                self._forget(key)

@@ -39,11 +39,12 @@ from typing import Any
 
 from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
 
+from .._acached import AsyncCachedLoader
+from .._cached import CachedLoader
 from .._core.config import MAX_SECONDS
 from .._core.results import NOT_MODIFIED, Cached, previous
 from .._errors import ConfigError, SerializationError, ValueTooLarge
 from .._layer import Stampede
-from .._loader import AsyncCachedLoader, CachedLoader
 
 MANAGED = {"ttl", "null_ttl", "jitter"}
 """Settings Django's TIMEOUT decides: refused in OPTIONS."""

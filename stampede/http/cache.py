@@ -30,9 +30,10 @@ from typing import Any
 
 from cachetools import TTLCache
 
+from .._acached import AsyncCachedLoader
+from .._cached import CachedLoader
 from .._core.results import Cached, Unkept, previous
 from .._layer import Stampede
-from .._loader import AsyncCachedLoader, CachedLoader
 from .policy import (
     DEFAULT_KEY_HEADERS,
     DEFAULT_STATUS_TTLS,

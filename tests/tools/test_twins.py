@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from stampede import AsyncCachedLoader, CachedLoader, Lock, RedlockLock, Stampede
+from stampede import Lock, RedlockLock, Stampede
 from stampede._backends.memory.store import AsyncMemoryStore, MemoryStore
 from stampede._backends.redis.astore import AsyncRedisStore
 from stampede._backends.redis.lock_servers import AsyncRedisLockServers, RedisLockServers
@@ -84,7 +84,6 @@ BODY_PAIRS = [
     (Runner, AsyncRunner),
     (LeasedStore, AsyncLeasedStore),
     (FlightTable, AsyncFlightTable),
-    (CachedLoader, AsyncCachedLoader),
 ]
 
 
@@ -156,8 +155,3 @@ def test_public_blocking_and_asyncio_methods_have_the_same_signatures(cls: type,
     for blocking, asyncio_twin in pairs:
         assert inspect.iscoroutinefunction(getattr(cls, asyncio_twin)), asyncio_twin
         assert _shape(getattr(cls, blocking)) == _shape(getattr(cls, asyncio_twin)), (blocking, asyncio_twin)
-
-
-def test_the_loaders_invalidate_alike() -> None:
-    assert _shape(CachedLoader.invalidate) == _shape(AsyncCachedLoader.invalidate)
-    assert _shape(CachedLoader.key) == _shape(AsyncCachedLoader.key)

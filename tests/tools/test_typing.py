@@ -65,7 +65,7 @@ def test_user_code_type_checks_against_the_installed_package(tmp_path: Path) -> 
     assert "Cannot find implementation" not in done.stdout, hint
     assert done.returncode == 0, done.stdout + done.stderr
     assert re.search(
-        r'Revealed type is "stampede\._loader\.CachedLoader\[\[product_id: (builtins\.)?int\]', done.stdout
+        r'Revealed type is "stampede\._cached\.CachedLoader\[\[product_id: (builtins\.)?int\]', done.stdout
     )
 
 

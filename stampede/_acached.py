@@ -1,0 +1,195 @@
+"""The loaders applications call: what ``@cached_loader`` and ``@cached_loader_many``
+turn a function into. What they share with their twins is in ``_loader`` and
+``_loader_many``; the calls themselves are the runner's (``_drivers``)."""
+
+# _cached.py, the blocking twin, is generated from this module by .ci/unasync.py.  # ASYNC
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ._core.keys import EntryKeys, KeyBuilder
+from ._core.many import values_of
+from ._core.results import Cached
+from ._drivers.refresh import reporting
+from ._drivers.trace import GLOBALS, tracer
+from ._loader import AsyncBoundLoader, Fetched, P, R, _Loader
+from ._loader_many import K, ManyKeys, V, _ManyLoader, chunks
+
+if TYPE_CHECKING:
+    from ._core.flow import LoaderSpec
+    from ._drivers.aio import AsyncRunner
+
+
+class AsyncCachedLoader(_Loader[P, R]):
+    """A loader whose calls read the cache first and collapse concurrent misses (threads,
+    tasks, processes) into one load.
+
+    Call it as the function it wraps. ``invalidate(...)`` takes the same arguments and
+    drops that entry. A load already in flight for it is not written afterwards. A
+    cancelled task cancels only its own wait, and a cancelled load hands over to another
+    caller.
+    """
+
+    _bound = AsyncBoundLoader
+
+    def __init__(
+        self,
+        spec: LoaderSpec,
+        runner: AsyncRunner,
+        keys: KeyBuilder,
+        forget: Callable[[str], None],
+        static: bool = False,
+    ) -> None:
+        super().__init__(spec, keys, forget, static)
+        if True:  # ASYNC
+            if hasattr(inspect, "markcoroutinefunction"):  # Python 3.12+: frameworks see an async callable
+                inspect.markcoroutinefunction(self)
+        self._runner = runner
+
+    async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        value_key = self._keys.value_key(args, kwargs)
+        # Nothing traced (no provider): one attribute read, no call (``_drivers.trace``).
+        traces = None if GLOBALS._TRACER_PROVIDER is None else tracer()
+        if traces is None:
+            return await self._runner.call(value_key, self._spec, args, kwargs)  # type: ignore[no-any-return]
+        with self._trace(traces, self._runner.events, value_key):
+            return await self._runner.call(value_key, self._spec, args, kwargs)  # type: ignore[no-any-return]
+
+    async def fetch(self, *args: P.args, **kwargs: P.kwargs) -> Fetched[R]:
+        """Call the loader as ``loader(...)`` does, and also tell whether the value is stale."""
+        with reporting() as report:
+            value = await self(*args, **kwargs)
+        return Fetched(value, report.stale)
+
+    async def invalidate(self, *args: P.args, **kwargs: P.kwargs) -> None:
+        """Drop the entry of these arguments, and keep any load in flight from writing it.
+        Once it returns, no caller in any process gets the old value, stale or not.
+
+        Raises BackendUnavailable if Redis cannot be reached, whatever ``on_backend_error``
+        says: an invalidation must not fail silently.
+        """
+        keys = self._keys.keys(args, kwargs)
+        try:
+            await self._runner.invalidate(keys)
+        finally:
+            self._forget(keys.value)
+
+    async def expire(self, *args: P.args, **kwargs: P.kwargs) -> None:
+        """The soft ``invalidate``: the entry of these arguments is no longer fresh, and a
+        load in flight does not write it. The next caller refreshes it, but the old value
+        may still be served stale (``stale_while_revalidate``, ``stale_if_error``) for the
+        stale window it was written with. Without one, the same as ``invalidate``."""
+        keys = self._keys.keys(args, kwargs)
+        try:
+            await self._runner.expire(keys)
+        finally:
+            self._forget(keys.value)
+
+    async def set(self, value: R | Cached[R], *args: P.args, **kwargs: P.kwargs) -> bool:
+        """Write ``value`` as the entry of these arguments (after a database write), as a
+        load would have written it: a ``Cached`` sets its own ttl and tags. A load of the
+        entry in flight, in any process, is not written afterwards, and its waiters get
+        this value. Returns True, or False if a load that began after this call (and so
+        read the database after it) holds the entry, or a tag invalidation came first.
+
+        A value the serializer refuses raises ``SerializationError`` with nothing
+        written. Raises BackendUnavailable if the store cannot be reached, whatever
+        ``on_backend_error`` says: the old value may be gone, the new one not written.
+        """
+        value_key = self._keys.value_key(args, kwargs)
+        try:
+            return await self._runner.set(value_key, self._spec, args, kwargs, value)
+        finally:
+            self._forget(value_key)
+
+    async def refresh(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Load the entry of these arguments now, and return the new value. Callers
+        meanwhile get the current value. Refreshes and misses of the entry at the same
+        moment, in any process, share this one load."""
+        value_key = self._keys.value_key(args, kwargs)
+        try:
+            return await self._runner.refresh(value_key, self._spec, args, kwargs)  # type: ignore[no-any-return]
+        finally:
+            self._forget(value_key)
+
+    async def peek(self, *args: P.args, **kwargs: P.kwargs) -> Fetched[R] | None:
+        """What a call would be served from the cache now, with no load and no lease:
+        ``Fetched(value, stale)``, or None if nothing is cached (a cached None is
+        ``Fetched(None, False)``). Raises BackendUnavailable if the store cannot answer."""
+        found = await self._runner.peek(self._keys.value_key(args, kwargs), self._spec)
+        return None if found is None else Fetched(*found)
+
+
+class AsyncCachedManyLoader(_ManyLoader[K, V]):
+    """A loader of many ids whose calls read every entry in one round trip and load the
+    missing ones in one call, each entry loaded once across every caller and process.
+
+    Call it as the function it wraps: a dict of each id asked to its value, in the order
+    asked (an id the loader left out is None). ``invalidate(...)`` and ``expire(...)``
+    take the same arguments, with a collection of ids or one id.
+    """
+
+    _bound = AsyncBoundLoader
+
+    def __init__(
+        self,
+        spec: LoaderSpec,
+        runner: AsyncRunner,
+        keys: ManyKeys,
+        forget: Callable[[str], None],
+        static: bool = False,
+    ) -> None:
+        super().__init__(spec, keys, forget, static)
+        if True:  # ASYNC
+            if hasattr(inspect, "markcoroutinefunction"):  # as AsyncCachedLoader's
+                inspect.markcoroutinefunction(self)
+        self._runner = runner
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> dict[K, V]:
+        call, ids, keys = self._asked(args, kwargs)
+        traces = None if GLOBALS._TRACER_PROVIDER is None else tracer()  # as AsyncCachedLoader's
+        if traces is None:
+            return await self._call(call, ids, keys)
+        with self._trace(traces, self._runner.events, keys):
+            return await self._call(call, ids, keys)
+
+    async def _call(self, call: dict[str, Any], ids: list[Any], keys: list[str]) -> dict[K, V]:
+        size = self.settings.max_batch
+        if len(ids) <= size:
+            values = await self._runner.call_many(keys, self._spec_of(call, ids), self._loading(call, ids))
+            return dict(zip(ids, values, strict=True))
+        found: dict[K, V] = {}
+        for part, part_keys in zip(chunks(ids, size), chunks(keys, size), strict=True):
+            values = await self._runner.call_many(part_keys, self._spec_of(call, part), self._loading(call, part))
+            found.update(zip(part, values, strict=True))
+        return found
+
+    def _loading(self, call: dict[str, Any], ids: Sequence[Any]) -> Callable[[list[int]], Awaitable[list[Any]]]:
+        func, keys = self._spec.func, self._keys
+
+        async def load(positions: list[int]) -> list[Any]:
+            asked = [ids[position] for position in positions]
+            args, kwargs = keys.with_ids(call, asked)
+            return values_of(await func(*args, **kwargs), asked, keys.loader_name)
+
+        return load
+
+    async def invalidate(self, *args: Any, **kwargs: Any) -> None:
+        """Drop the entries of these ids (a collection, or one id), as
+        ``CachedLoader.invalidate`` drops one: once it returns, no caller in any process
+        gets their old values, and no load in flight writes them."""
+        for key in self._invalidated(args, kwargs):
+            try:
+                await self._runner.invalidate(EntryKeys.for_value(key))
+            finally:
+                self._forget(key)
+
+    async def expire(self, *args: Any, **kwargs: Any) -> None:
+        """``CachedLoader.expire`` of each of these ids' entries."""
+        for key in self._invalidated(args, kwargs):
+            try:
+                await self._runner.expire(EntryKeys.for_value(key))
+            finally:
+                self._forget(key)
