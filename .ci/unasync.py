@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # (asyncio source, blocking module), from the repository's root.
 GENERATED = [
     ("stampede/_acached.py", "stampede/_cached.py"),
+    ("stampede/_backends/postgres/astore.py", "stampede/_backends/postgres/store.py"),
     ("stampede/_drivers/aleases.py", "stampede/_drivers/leases.py"),
     ("stampede/_drivers/aperform.py", "stampede/_drivers/perform.py"),
 ]
@@ -53,6 +54,8 @@ SUBSTITUTIONS = {
     "afinish": "finish",
     "asyncio.sleep": "time.sleep",
     "._drivers.aio": "._drivers.blocking",
+    "asynccontextmanager": "contextmanager",
+    "aclose": "close",
 }
 
 HEADER = (

@@ -146,7 +146,7 @@ def _postgres(postgres: Any, options: BackendOptions) -> Backend:
 
 
 def _postgres_pool(url: str, socket_timeout: float, connect_timeout: float, max_connections: int) -> Any:
-    """A bounded pool for ``url`` (``_backends.postgres.astore.make_pool``). The
+    """A bounded pool for ``url`` (``_backends.postgres.pools.make_pool``). The
     ``postgres`` extra's psycopg is imported here only."""
     try:
         from ._backends.postgres.backend import make_pool

@@ -117,7 +117,7 @@ class AdvisoryLock:
             raise LockNotOwned(f"advisory lock {self.name!r} is already held by this object", key=self.name)
         if self._loop_pool is None:
             raise ConfigError("aacquire() needs an asyncio store: use acquire()")
-        pool = self._loop_pool()  # this loop's connections (``_backends.postgres.astore.LoopConnections``)
+        pool = self._loop_pool()  # this loop's connections (``_backends.postgres.pools.AsyncConnections``)
         try:
             connection = await pool.getconn(timeout=pool.timeout)
         except psycopg.Error as error:

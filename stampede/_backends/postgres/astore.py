@@ -1,18 +1,23 @@
-"""The PostgreSQL backend for asyncio callers: the same statements as ``postgres`` over
-psycopg 3's ``AsyncConnection``, a few of the event loop's own (``LoopConnections``).
-Wake-ups come from the process's one ``PostgresListener`` (a thread), which hands each
-to the waiter's loop. The blocking store of the layer owns it."""
+"""The PostgreSQL store: entries, leases, queues and wake-ups in the database.
 
+Every statement is one call of a function of ``schema`` (or one plain statement), so
+each store method is one round trip, atomic in the database, as a Lua script is in
+Redis. The blocking store takes connections from a psycopg ``ConnectionPool``, each
+event loop's store from a few of its own (``pools``). Waiters sleep on the
+process's one ``PostgresListener`` (``listener``), which the blocking store owns. The
+schema is created on first use, by any store, under an advisory lock; a database that
+lost it (dropped, recreated) gets it again.
+"""
+
+# store.py, the blocking twin, is generated from this module by .ci/unasync.py.  # ASYNC
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
-from psycopg.pq import TransactionStatus
-from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..._core.keys import EntryKeys, check_key, entry_value_keys, failing_key
 from ..._core.store import AcquireReply, AsyncSubscription, Written
@@ -20,124 +25,52 @@ from ..._core.tags import Tagged, TagKeys
 from ..._errors import BackendUnavailable
 from ..breaker import CircuitBreaker
 from ..each import AsyncOneByOne
-from ..mailbox import LoopMailbox
+from ..mailbox import LoopMailbox, ThreadMailbox
 from . import schema as sql
-from .store import (
-    SCHEMA_LOST,
-    SWEEP_BATCH,
-    PostgresListener,
-    PostgresStore,
-    Sweeper,
-    acquire_reply,
-    connection_settings,
-    failure,
-    log,
-    schema_ready,
-    take_lock_reply,
-)
-
-IDLE = TransactionStatus.IDLE
-
-
-class LoopConnections:
-    """This event loop's connections to the database: at most ``size`` at once, made when
-    needed and kept while idle, every one in autocommit. No background task: psycopg's
-    asyncio pool runs workers that ``asyncio.run`` cancels before the layer's store can
-    close (``_drivers.aio`` closes it while the loop finalizes its async generators), and a
-    worker cancelled mid-connect can keep the loop from ending. A connection that met an
-    error (or a cancellation) mid-statement is closed, not reused."""
-
-    def __init__(self, conninfo: str, settings: dict[str, Any], size: int, timeout: float) -> None:
-        self._conninfo = conninfo
-        self._settings = {**settings, "autocommit": True}
-        self._slots = asyncio.Semaphore(size)
-        self._idle: list[psycopg.AsyncConnection[Any]] = []
-        self.timeout = timeout  # waiting for a slot, and for a new connection, at most
-        self.closed = False
-
-    async def getconn(self, timeout: float | None = None) -> psycopg.AsyncConnection[Any]:
-        """A connection of this loop's own until ``putconn``. ``PoolTimeout`` after ``timeout``."""
-        wait = self.timeout if timeout is None else timeout
-        try:
-            await asyncio.wait_for(self._slots.acquire(), wait)
-        except asyncio.TimeoutError:
-            raise PoolTimeout(f"no free connection to the database within {wait} s") from None
-        try:
-            while self._idle:
-                connection = self._idle.pop()
-                if not connection.closed:
-                    return connection
-            return await asyncio.wait_for(psycopg.AsyncConnection.connect(self._conninfo, **self._settings), wait)
-        except asyncio.TimeoutError:
-            self._slots.release()
-            raise PoolTimeout(f"no connection to the database within {wait} s") from None
-        except BaseException:
-            self._slots.release()
-            raise
-
-    async def putconn(self, connection: psycopg.AsyncConnection[Any], broken: bool = False) -> None:
-        """Give ``connection`` back: kept if it is clean and the pool open, else closed."""
-        try:
-            clean = not broken and not connection.closed and connection.info.transaction_status == IDLE
-            if clean and not self.closed:
-                self._idle.append(connection)
-            else:
-                await connection.close()
-        finally:
-            self._slots.release()
-
-    @asynccontextmanager
-    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        connection = await self.getconn()
-        try:
-            yield connection
-        except BaseException:
-            await self.putconn(connection, broken=True)
-            raise
-        await self.putconn(connection)
-
-    async def close(self) -> None:
-        self.closed = True
-        idle, self._idle = self._idle, []
-        for connection in idle:
-            await connection.close()
+from .listener import PostgresListener
+from .pools import SCHEMA_LOST, SWEEP_BATCH, AsyncConnections, Sweeper, failure, log, schema_ready
 
 
 class AsyncPostgresStore(AsyncOneByOne):
-    """An ``AsyncStore`` in a PostgreSQL database, for the tasks of one event loop."""
+    """A store in a PostgreSQL database, over ``pool``. It closes the pool on close if
+    ``owns_pool``."""
 
     def __init__(
         self,
-        conninfo: str,
-        settings: dict[str, Any],
-        max_connections: int,
+        pool: AsyncConnections,
         breaker: CircuitBreaker,
         listener: PostgresListener,
         timeout: float,
+        *,
+        owns_pool: bool,
     ) -> None:
-        self.pool = LoopConnections(conninfo, settings, max_connections, timeout)
+        self.pool = pool
         self.breaker = breaker
         self.listener = listener
+        self._timeout = timeout  # waiting for a connection of the pool, at most
+        self._owns_pool = owns_pool
         self._schema_ready = False
         self._sweeper = Sweeper()
 
     @asynccontextmanager
-    async def _connection(self, what: str, key: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    async def connection(self, what: str, key: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A connection of the pool, its statements' failures translated (``failure``)."""
         self.breaker.check(key)
         try:
-            async with self.pool.connection() as connection:
+            async with self.pool.connection(timeout=self._timeout) as connection:
                 if not self._schema_ready:
                     await self._create_schema(connection)
                 yield connection
         except SCHEMA_LOST as error:
-            self._schema_ready = False
+            self._schema_ready = False  # the next statement creates it again
             raise failure(self.breaker, what, key, error) from error
         except psycopg.Error as error:
             raise failure(self.breaker, what, key, error) from error
         self.breaker.succeeded()
 
     async def _create_schema(self, connection: psycopg.AsyncConnection[Any]) -> None:
-        """Create the schema unless this version of it is there (see ``SCHEMA_VERSION``)."""
+        """Create the schema unless this version of it is there (see ``SCHEMA_VERSION``).
+        Stores that race here wait for each other on the advisory lock, then find it."""
         if not schema_ready(await (await connection.execute(sql.SCHEMA_READY)).fetchone()):
             async with connection.transaction():
                 await connection.execute(sql.SCHEMA_LOCK)
@@ -146,18 +79,23 @@ class AsyncPostgresStore(AsyncOneByOne):
         self._schema_ready = True
 
     async def _one(self, what: str, key: str, statement: sql.Statement) -> tuple[Any, ...] | None:
-        async with self._connection(what, key) as connection:
+        async with self.connection(what, key) as connection:
             cursor = await connection.execute(statement.query, statement.params)
             row: tuple[Any, ...] | None = await cursor.fetchone()
         return row
+
+    async def _count(self, what: str, key: str, statement: sql.Statement) -> int:
+        async with self.connection(what, key) as connection:
+            cursor = await connection.execute(statement.query, statement.params)
+        return cursor.rowcount
 
     async def get(self, key: str) -> bytes | None:
         row = await self._one("read", key, sql.Statement(sql.GET, (key,)))
         return None if row is None else bytes(row[0])
 
     async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
-        """``PostgresStore.get_many``, awaited."""
-        async with self._connection("read", keys[0]) as connection:
+        """The values of ``keys`` in one statement (``OneByOne`` sends the rest one by one)."""
+        async with self.connection("read", keys[0]) as connection:
             cursor = await connection.execute(sql.GET_MANY, (list(keys),))
             rows = await cursor.fetchall()
         found = {key: bytes(value) for key, value in rows}
@@ -173,13 +111,10 @@ class AsyncPostgresStore(AsyncOneByOne):
         self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
     ) -> AcquireReply:
         statement = sql.acquire(keys, token, lease_ms, check_value, stale)
-        return acquire_reply(await self._one("lock", keys.value, statement))
+        return sql.acquire_reply(await self._one("lock", keys.value, statement))
 
     async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
-        statement = sql.renew(keys, token, lease_ms)
-        async with self._connection("renew the lease of", keys.value) as connection:
-            cursor = await connection.execute(statement.query, statement.params)
-        return cursor.rowcount == 1
+        return await self._count("renew the lease of", keys.value, sql.renew(keys, token, lease_ms)) == 1
 
     async def write_release(
         self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None = None
@@ -189,7 +124,7 @@ class AsyncPostgresStore(AsyncOneByOne):
             if tagged is None
             else sql.write_tagged(keys, token, envelope, ttl_ms, inline, tagged)
         )
-        async with self._connection("write", keys.value) as connection:
+        async with self.connection("write", keys.value) as connection:
             row = await (await connection.execute(statement.query, statement.params)).fetchone()
             if self._sweeper.due():
                 try:
@@ -199,9 +134,10 @@ class AsyncPostgresStore(AsyncOneByOne):
         return Written(row[0] if row else -1)
 
     async def touch(self, keys: EntryKeys, token: str, identity: bytes, ttl_ms: int) -> Written:
-        """``PostgresStore.touch``, awaited."""
+        """Release the lease, then keep the value, in one transaction: the waiters it wakes
+        (at the commit) read the value kept."""
         released, kept = sql.release(keys, token), sql.keep(keys, identity, ttl_ms)
-        async with self._connection("keep", keys.value) as connection, connection.transaction():
+        async with self.connection("keep", keys.value) as connection, connection.transaction():
             row = await (await connection.execute(released.query, released.params)).fetchone()
             if not (row and row[0]):
                 return Written.REFUSED
@@ -223,13 +159,13 @@ class AsyncPostgresStore(AsyncOneByOne):
         await self._one("expire", keys.value, sql.invalidate(keys, keep_stale=True))
 
     async def tag_clock(self, key: str) -> int:
-        """``PostgresStore.tag_clock``, awaited."""
+        """The database's one tag clock (a sequence): ``key`` names the namespace's on Redis."""
         row = await self._one("read the tag clock", key, sql.Statement(sql.TAG_CLOCK, ()))
         return int(row[0]) if row else 0
 
     async def invalidate_tag(self, clock: str, tag: TagKeys, soft: bool) -> list[str]:
         statement = sql.invalidate_tag(tag, keep_stale=soft)
-        async with self._connection("invalidate the tag", tag.members) as connection:
+        async with self.connection("invalidate the tag", tag.members) as connection:
             rows = await (await connection.execute(statement.query, statement.params)).fetchall()
         return [key for (key,) in rows]
 
@@ -241,15 +177,16 @@ class AsyncPostgresStore(AsyncOneByOne):
         await self._one("invalidate", keys.value, sql.invalidate(keys, keep_stale=False))
 
     async def seize(self, keys: EntryKeys, token: str, lease_ms: int) -> None:
-        """``PostgresStore.seize``, awaited."""
+        """``invalidate``, then the lease is taken for ``token``, in one transaction: the
+        waiters it wakes (at the commit) find the lease taken."""
         dropped, taken = sql.invalidate(keys, keep_stale=False), sql.acquire(keys, token, lease_ms, False, b"")
-        async with self._connection("invalidate", keys.value) as connection, connection.transaction():
+        async with self.connection("invalidate", keys.value) as connection, connection.transaction():
             await connection.execute(dropped.query, dropped.params)
             await connection.execute(taken.query, taken.params)
 
     async def take_lock(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int = 0) -> AcquireReply:
         statement = sql.take_lock(keys, token, lease_ms, queue_ms)
-        return take_lock_reply(await self._one("take the lock", keys.value, statement))
+        return sql.take_lock_reply(await self._one("take the lock", keys.value, statement))
 
     async def leave_queue(self, keys: EntryKeys, token: str) -> None:
         await self._one("leave the queue of", keys.value, sql.leave_queue(keys, token))
@@ -259,8 +196,11 @@ class AsyncPostgresStore(AsyncOneByOne):
         return None if row is None else str(row[0])
 
     async def subscribe(self, keys: EntryKeys) -> AsyncSubscription:
-        """``PostgresStore.subscribe``, awaited."""
-        subscription = LoopMailbox(keys.channel, asyncio.get_running_loop(), self.listener.detach)
+        """A mailbox on the entry's channel, confirmed by its fence (``PostgresListener``)."""
+        if True:  # ASYNC
+            subscription = LoopMailbox(keys.channel, asyncio.get_running_loop(), self.listener.detach)
+        else:
+            subscription = ThreadMailbox(keys.channel, self.listener.detach)
         fence = self.listener.join(subscription)
         try:
             if fence is not None:
@@ -275,41 +215,24 @@ class AsyncPostgresStore(AsyncOneByOne):
         return subscription
 
     async def check(self, namespace: str) -> None:
+        """Raise ``BackendUnavailable`` naming the cause unless the database answers and
+        takes writes (a wrong password, a read-only standby, a user without the rights
+        to create the schema all fail here)."""
         key = check_key(namespace)
-        async with self._connection("check the database with", key) as connection:
+        async with self.connection("check the database with", key) as connection:
             await connection.execute(sql.CHECK, (key,))
             await connection.execute(sql.CHECK_DELETE, (key,))
 
     async def scan(self, namespace: str, match: str = "*") -> set[str]:
         statement = sql.scan(namespace, match)
-        async with self._connection("scan", namespace) as connection:
+        async with self.connection("scan", namespace) as connection:
             rows = await (await connection.execute(statement.query, statement.params)).fetchall()
         return entry_value_keys(row[0] for row in rows)
 
     async def aclose(self) -> None:
-        await self.pool.close()
-
-
-def make_pool(url: str, *, socket_timeout: float, connect_timeout: float, max_connections: int) -> ConnectionPool[Any]:
-    """The pool a layer makes for a ``postgresql://`` URL: bounded, autocommit, with a
-    statement timeout (``connection_settings``). A caller beyond it waits one socket
-    timeout for a connection."""
-    settings = connection_settings(socket_timeout, connect_timeout)
-    return ConnectionPool(url, kwargs=settings, min_size=1, max_size=max_connections, open=True, timeout=socket_timeout)
-
-
-def postgres_stores(
-    pool: ConnectionPool[Any], breaker: CircuitBreaker, *, owns_pool: bool
-) -> tuple[PostgresStore, Callable[[], AsyncPostgresStore]]:
-    """A layer's blocking store over ``pool`` and its maker of each event loop's store,
-    whose pool copies this one's conninfo, connection settings, size and timeout."""
-    settings = dict(pool.kwargs) if isinstance(pool.kwargs, dict) else {}
-    conninfo = pool.conninfo if isinstance(pool.conninfo, str) else ""
-    listener = PostgresListener(conninfo, settings, pool.timeout)
-    store = PostgresStore(pool, breaker, listener, pool.timeout, owns_pool=owns_pool)
-    max_connections = pool.max_size
-
-    def make() -> AsyncPostgresStore:
-        return AsyncPostgresStore(conninfo, settings, max_connections, breaker, listener, pool.timeout)
-
-    return store, make
+        if True:  # ASYNC
+            pass  # the listener is the blocking store's, which every loop's store shares
+        else:
+            self.listener.close()
+        if self._owns_pool:
+            await self.pool.close()

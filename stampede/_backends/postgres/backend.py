@@ -10,9 +10,12 @@ from typing import Any
 from ..._core.backend import Backend, BackendOptions
 from ..._errors import ConfigError
 from ..breaker import CircuitBreaker
-from .astore import make_pool, postgres_stores
+from .astore import AsyncPostgresStore
 from .inspect import PostgresInspector
+from .listener import PostgresListener
+from .pools import AsyncConnections, Connections, make_pool
 from .schema import MAX_KEY_LENGTH
+from .store import PostgresStore
 
 NEAR_REFUSAL = "near_cache needs Redis's client-side caching to keep copies exact: the PostgreSQL store has none"
 
@@ -40,6 +43,24 @@ def postgres_backend(pool: Any, options: BackendOptions, *, owns_pool: bool) -> 
         advisory_lock=functools.partial(_advisory_lock, store.pool),
         inspector=PostgresInspector(store),
     )
+
+
+def postgres_stores(
+    pool: Connections, breaker: CircuitBreaker, *, owns_pool: bool
+) -> tuple[PostgresStore, Callable[[], AsyncPostgresStore]]:
+    """A layer's blocking store over ``pool`` and its maker of each event loop's store,
+    whose connections copy this pool's conninfo, connection settings, size and timeout."""
+    settings = dict(pool.kwargs) if isinstance(pool.kwargs, dict) else {}
+    conninfo = pool.conninfo if isinstance(pool.conninfo, str) else ""
+    listener = PostgresListener(conninfo, settings, pool.timeout)
+    store = PostgresStore(pool, breaker, listener, pool.timeout, owns_pool=owns_pool)
+    max_connections = pool.max_size
+
+    def make() -> AsyncPostgresStore:
+        connections = AsyncConnections(conninfo, settings, max_connections, pool.timeout)
+        return AsyncPostgresStore(connections, breaker, listener, pool.timeout, owns_pool=True)
+
+    return store, make
 
 
 def _advisory_lock(

@@ -32,11 +32,13 @@ crash finds its lease gone and its write refused).
 from __future__ import annotations
 
 import base64
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ..._core.codec import stale_window_of
 from ..._core.keys import EntryKeys
+from ..._core.store import AcquireReply, LockState
 from ..._core.tags import GENERATION_KEEP_MS, MEMBER_MARGIN_MS, Tagged, TagKeys
+from ..._errors import BackendUnavailable
 
 NOTIFY_CHANNEL = "stampede"
 """The one channel every store LISTENs on. A payload is ``c<entry's channel>`` (the
@@ -658,3 +660,25 @@ def scan(namespace: str, match: str) -> Statement:
 
 def _like_escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def acquire_reply(row: tuple[Any, ...] | None) -> AcquireReply:
+    """``stampede_acquire``'s row as the store contract's reply."""
+    if row is None:
+        raise BackendUnavailable("postgresql returned no row to take a lease")
+    state, raw, left_ms, failed, holder = row
+    if state == 1:  # left_ms: the value's (schema version 5; 0 from an older one: not told)
+        return AcquireReply(LockState.VALUE, bytes(raw), ttl_left=left_ms / 1000 if left_ms > 0 else -1.0)
+    if state == 2:
+        return AcquireReply(LockState.LOCKED)
+    return AcquireReply(LockState.HELD, lease_left=left_ms / 1000, failed=bool(failed), holder=holder or "")
+
+
+def take_lock_reply(row: tuple[Any, ...] | None) -> AcquireReply:
+    """``stampede_take_lock``'s row as the store contract's reply."""
+    if row is None:
+        raise BackendUnavailable("postgresql returned no row to take a lock")
+    state, fence, left_ms = row
+    if state == 2:
+        return AcquireReply(LockState.LOCKED, fence=int(fence))
+    return AcquireReply(LockState.HELD, lease_left=left_ms / 1000)
