@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 GENERATED = [
     ("stampede/_acached.py", "stampede/_cached.py"),
     ("stampede/_backends/postgres/astore.py", "stampede/_backends/postgres/store.py"),
+    ("stampede/_drivers/abatched.py", "stampede/_drivers/batched.py"),
     ("stampede/_drivers/aleases.py", "stampede/_drivers/leases.py"),
     ("stampede/_drivers/aperform.py", "stampede/_drivers/perform.py"),
 ]

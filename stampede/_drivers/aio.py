@@ -48,9 +48,10 @@ from .._core.many import Found, failed_reads, read_many, take_hits
 from .._core.store import AsyncLockServers, AsyncStore
 from .._errors import BackendUnavailable
 from .._fork import reset_after_fork
+from .abatched import AsyncBatchPerformer
 from .aleases import AsyncLeases
 from .aperform import AsyncPerformer, arun
-from .batch import AsyncBatchPerformer, Entry, new_entry, performers_for
+from .batch import Entry, new_entry, performers_for
 from .many import aone_of, batch_name, finish_entry, first_failure, near_many, refreshed
 from .near import MISSING, NearCache
 from .observe import Events, RateLimitedLog
@@ -58,6 +59,7 @@ from .refresh import report_stale, warn_refresh_raised
 from .singleflight import AsyncFlightTable
 from .timeouts import finish_started
 from .trace import abackground, joining, lease_token
+from .watchdog import LOOP_WATCHDOG
 
 FINISH_TIMEOUT = 5.0  # the longest a loop's close waits for writes and releases under way
 
@@ -428,7 +430,7 @@ class AsyncRunner:
         def performer(entry: Entry) -> AsyncPerformer:
             return AsyncPerformer(entry.lease, store=leases.store, servers=leases.servers, renewal=leases)
 
-        perform = AsyncBatchPerformer(entries, leases.store, load, leases, self._events)
+        perform = AsyncBatchPerformer(entries, leases.store, load, LOOP_WATCHDOG, leases, self._events)
         with performers_for(entries, performer):
             return await arun(together(flows, ended), perform)
 

@@ -1,6 +1,5 @@
-"""The performers of a batch of flows (``_core.batch``), blocking and asyncio: a step of
-one entry goes to that entry's own ``Performer``, the steps of many entries go together
-(one round trip for every lease or every write, one call of the loader for every load).
+"""What the performers of a batch of flows (``_core.batch``, ``abatched``, ``batched``)
+share: a batch's entries, and the store calls and replies of its steps.
 
 Each entry of a batch has its own lease (a token of its own), its own ``Performer`` (its
 subscription, its lock-server commands) and, when a caller leads its key, its flight,
@@ -10,24 +9,18 @@ which counts the steps that may produce its value as a single call's does.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .._core.batch import Each, Failed, One
-from .._core.effects import Acquire, Effect, Lease, Load, ReadTagClock, Subscribe, WriteRelease, milliseconds
-from .._core.flight import Flight, loading_all
+from .._core.batch import Failed, One
+from .._core.effects import Acquire, Effect, Lease, Load, ReadTagClock, WriteRelease, milliseconds
+from .._core.flight import Flight
 from .._core.flow import Context
-from .._core.store import AsyncRenewable, AsyncStore, Renewable, Store
 from .aperform import AsyncPerformer
-from .observe import Events
 from .perform import Performer
 from .trace import lease_token
-from .watchdog import Watchdog, keep_renewed
-
-log = logging.getLogger("stampede.cache")
 
 T = TypeVar("T")
 
@@ -102,106 +95,6 @@ def leased(entries: Sequence[Entry], steps: Sequence[One]) -> list[Lease]:
         for entry, step in zip(entries, steps, strict=True)
         if isinstance(step.effect, Load) and step.effect.leased
     ]
-
-
-class BatchPerformer:
-    """Performs a batch's steps with blocking calls. ``load`` calls the loader with the
-    ids at the given positions and returns their values in that order."""
-
-    def __init__(
-        self,
-        entries: Sequence[Entry],
-        store: Store,
-        load: Callable[[list[int]], list[Any]],
-        watchdog: Watchdog,
-        renewal: Renewable,
-        events: Events,
-    ) -> None:
-        self._entries = entries
-        self._store = store
-        self._load = load
-        self._watchdog = watchdog
-        self._renewal = renewal
-        self._events = events
-
-    def __call__(self, step: One | Each) -> Any:
-        if isinstance(step, One):
-            entry = self._entries[step.index]
-            entry.count(step.effect)
-            return entry.performer(step.effect)
-        entries = [self._entries[one.index] for one in step.steps]
-        for entry, one in zip(entries, step.steps, strict=True):
-            entry.count(one.effect)
-        first = step.steps[0].effect
-        if isinstance(first, Acquire):
-            return replies(self._store.acquire_many(acquire_calls(entries, step.steps)))
-        if isinstance(first, WriteRelease):
-            return replies(self._store.write_release_many(write_calls(entries, step.steps)))
-        if isinstance(first, Subscribe):
-            subscriptions = self._store.subscribe_many([entry.lease.keys for entry in entries])
-            return subscribed(entries, subscriptions)
-        if isinstance(first, ReadTagClock):
-            clocks = {key: self._store.tag_clock(key) for key in clock_keys(step.steps)}
-            return [clocks[one.effect.key] for one in step.steps]  # type: ignore[union-attr]
-        log.debug("loading %d entries in one call: %s, ...", len(entries), entries[0].lease.keys.value)
-        with ExitStack() as stack:
-            stack.enter_context(loading_all(entry.lease.keys.value for entry in entries))
-            for lease in leased(entries, step.steps):
-                stack.enter_context(self._watchdog.guard(self._renewal, lease.keys, lease.token, lease.ms))
-            self._events.incr("batch_loads")
-            return self._load([entry.position for entry in entries])
-
-
-class AsyncBatchPerformer:
-    """``BatchPerformer`` for a task: the same steps, awaited. The writes run to their
-    end even if the task is cancelled meanwhile (``to_the_end``)."""
-
-    def __init__(
-        self,
-        entries: Sequence[Entry],
-        store: AsyncStore,
-        load: Callable[[list[int]], Awaitable[list[Any]]],
-        renewal: AsyncRenewable,
-        events: Events,
-    ) -> None:
-        self._entries = entries
-        self._store = store
-        self._load = load
-        self._renewal = renewal
-        self._events = events
-
-    async def __call__(self, step: One | Each) -> Any:
-        if isinstance(step, One):
-            entry = self._entries[step.index]
-            entry.count(step.effect)
-            performer: AsyncPerformer = entry.performer
-            return await performer(step.effect)
-        entries = [self._entries[one.index] for one in step.steps]
-        for entry, one in zip(entries, step.steps, strict=True):
-            entry.count(one.effect)
-        first = step.steps[0].effect
-        if isinstance(first, Acquire):
-            return replies(await self._store.acquire_many(acquire_calls(entries, step.steps)))
-        if isinstance(first, WriteRelease):
-            return replies(await to_the_end(self._store.write_release_many(write_calls(entries, step.steps))))
-        if isinstance(first, Subscribe):
-            subscriptions = await self._store.subscribe_many([entry.lease.keys for entry in entries])
-            return subscribed(entries, subscriptions)
-        if isinstance(first, ReadTagClock):
-            clocks = {key: await self._store.tag_clock(key) for key in clock_keys(step.steps)}
-            return [clocks[one.effect.key] for one in step.steps]  # type: ignore[union-attr]
-        renewals = [
-            asyncio.ensure_future(keep_renewed(self._renewal, lease.keys, lease.token, lease.ms))
-            for lease in leased(entries, step.steps)
-        ]
-        log.debug("loading %d entries in one call: %s, ...", len(entries), entries[0].lease.keys.value)
-        try:
-            with loading_all(entry.lease.keys.value for entry in entries):
-                self._events.incr("batch_loads")
-                return await self._load([entry.position for entry in entries])
-        finally:
-            for renewal in renewals:
-                renewal.cancel()
 
 
 async def to_the_end(work: Awaitable[T]) -> T:

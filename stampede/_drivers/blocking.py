@@ -31,7 +31,8 @@ from .._core.leases import ONE_SERVER, LeasePolicy
 from .._core.many import Found, failed_reads, read_many, take_hits
 from .._core.store import LockServers, Store
 from .._errors import BackendUnavailable
-from .batch import BatchPerformer, Entry, new_entry, performers_for
+from .batch import Entry, new_entry, performers_for
+from .batched import BatchPerformer
 from .leases import Leases
 from .many import batch_name, finish_entry, first_failure, near_many, one_of, refreshed
 from .near import MISSING, NearCache

@@ -167,7 +167,17 @@ class AsyncWatchdog:
     """``Watchdog`` for asyncio holders: each lease is renewed by a task of the holder's
     loop, so there is nothing to share, start or close."""
 
+    @contextmanager
+    def guard(self, store: AsyncRenewable, keys: EntryKeys, token: str, lease_ms: int) -> Iterator[RenewingTask]:
+        """Keep the lease renewed for the duration of the ``with`` block."""
+        renewing = self.watch(store, keys, token, lease_ms)
+        try:
+            yield renewing
+        finally:
+            renewing.stop()
+
     def watch(self, store: AsyncRenewable, keys: EntryKeys, token: str, lease_ms: int) -> RenewingTask:
+        """Keep the lease renewed until ``stop``."""
         return RenewingTask(asyncio.ensure_future(keep_renewed(store, keys, token, lease_ms)))
 
 
