@@ -9,7 +9,7 @@ The conversion is textual, as httpcore's ``scripts/unasync.py`` and psycopg's
 ``tools/async_to_sync.py`` do:
 
 - ``async def``/``async with``/``async for`` lose ``async``; ``await`` is dropped;
-  ``Awaitable[X]`` is ``X``;
+  ``Awaitable[X]`` is ``X``, and ``asyncio.to_thread(f, args)`` is ``f(args)``;
 - ``Async<Name>`` becomes ``<Name>`` (``AsyncStore`` -> ``Store``), every name in
   ``SUBSTITUTIONS`` its blocking twin (``arun`` -> ``run``, ``asyncio.sleep`` ->
   ``time.sleep``), and the ``a<name>`` modules of ``GENERATED`` their blocking modules;
@@ -43,6 +43,8 @@ ROOT = Path(__file__).resolve().parent.parent
 GENERATED = [
     ("stampede/_acached.py", "stampede/_cached.py"),
     ("stampede/_backends/postgres/astore.py", "stampede/_backends/postgres/store.py"),
+    ("stampede/_backends/redis/alock_servers.py", "stampede/_backends/redis/lock_servers.py"),
+    ("stampede/_backends/zookeeper/alocks.py", "stampede/_backends/zookeeper/locks.py"),
     ("stampede/_drivers/abatched.py", "stampede/_drivers/batched.py"),
     ("stampede/_drivers/aleases.py", "stampede/_drivers/leases.py"),
     ("stampede/_drivers/aperform.py", "stampede/_drivers/perform.py"),
@@ -57,6 +59,7 @@ SUBSTITUTIONS = {
     "._drivers.aio": "._drivers.blocking",
     "asynccontextmanager": "contextmanager",
     "aclose": "close",
+    "redis.asyncio.Redis": "redis.Redis",
 }
 
 HEADER = (
@@ -69,7 +72,7 @@ _SYNC_LINE = re.compile(r"^(?P<indent>[ ]*)# SYNC: (?P<line>.*)$")
 _KEYWORDS = [
     (re.compile(r"\basync (def|with|for)\b"), r"\1"),
     (re.compile(r"\bawait "), ""),
-    (re.compile(r"\bAsync(?=[A-Z])"), ""),
+    (re.compile(r"(?<![A-Za-z0-9])Async(?=[A-Z])"), ""),  # _AsyncX too
 ]
 
 
@@ -131,20 +134,43 @@ def substitutions() -> list[tuple[re.Pattern[str], str]]:
 def unwrap_awaitables(text: str) -> str:
     """Every ``Awaitable[X]`` replaced by ``X`` (brackets inside ``X`` matched)."""
     while (start := text.find("Awaitable[")) != -1:
-        depth, end = 0, start + len("Awaitable")
-        while True:
-            depth += {"[": 1, "]": -1}.get(text[end], 0)
-            if depth == 0:
-                break
-            end += 1
+        end = _closing(text, start + len("Awaitable"))
         text = text[:start] + text[start + len("Awaitable[") : end] + text[end + 1 :]
+    return text
+
+
+def _closing(text: str, opening: int) -> int:
+    """The index of the bracket that closes the one at ``opening``."""
+    depth, index = 0, opening
+    while True:
+        depth += {"[": 1, "(": 1, "]": -1, ")": -1}.get(text[index], 0)
+        if depth == 0:
+            return index
+        index += 1
+
+
+def call_threads_directly(text: str) -> str:
+    """Every ``asyncio.to_thread(f, args)`` replaced by ``f(args)``: what a task hands to a
+    worker thread, a thread calls."""
+    while (start := text.find("asyncio.to_thread(")) != -1:
+        opening = start + len("asyncio.to_thread")
+        closing = _closing(text, opening)
+        inner = text[opening + 1 : closing]
+        depth, comma = 0, len(inner)
+        for index, char in enumerate(inner):
+            depth += {"[": 1, "(": 1, "]": -1, ")": -1}.get(char, 0)
+            if char == "," and depth == 0:
+                comma = index
+                break
+        callee, args = inner[:comma].strip(), inner[comma + 1 :].strip()
+        text = text[:start] + f"{callee}({args})" + text[closing + 1 :]
     return text
 
 
 def convert(text: str, used: set[str] | None = None) -> str:
     """The blocking module ``text``, an asyncio module, makes (unformatted). The
     substitutions that changed something are added to ``used``."""
-    text = unwrap_awaitables(keep_blocking_branches(text))
+    text = call_threads_directly(unwrap_awaitables(keep_blocking_branches(text)))
     for pattern, replacement in _KEYWORDS:
         text = pattern.sub(replacement, text)
     for pattern, replacement in substitutions():

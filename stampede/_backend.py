@@ -16,7 +16,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from ._backends.redis.lock_servers import AsyncRedisLockServers, RedisLockServers
+from ._backends.redis.alock_servers import AsyncRedisLockServers
+from ._backends.redis.lock_servers import RedisLockServers
 from ._core.backend import DEFAULT_CONNECT_TIMEOUT, DEFAULT_SOCKET_TIMEOUT, Backend, BackendOptions
 from ._core.store import Store
 from ._errors import BackendUnavailable, ConfigError
@@ -185,7 +186,9 @@ def _with_zookeeper(backend: Backend, zookeeper: Any) -> None:
         )
     except ImportError as error:
         raise ConfigError(f"zookeeper= needs kazoo: pip install 'stampede-guard[zookeeper]' ({error})") from None
-    from ._backends.zookeeper.locks import AsyncZooKeeperLockStore, Wakers, ZooKeeperLockStore
+    from ._backends.zookeeper.alocks import AsyncZooKeeperLockStore
+    from ._backends.zookeeper.lines import Wakers
+    from ._backends.zookeeper.locks import ZooKeeperLockStore
     from ._core.sessions import SESSION_QUORUM, SessionLeases
 
     try:

@@ -1,3 +1,5 @@
+# Generated from alocks.py by .ci/unasync.py: do not edit.
+# Edit the asyncio source, then run `python .ci/unasync.py`.
 """Named locks of a layer whose leases are ZooKeeper's: ``layer.lock(name)`` is a
 ZooKeeper lock (fair, bound to the holder's session) with the zxid of the holder's node
 as its fencing token, and the cache server's lease key beside it for the lease, the
@@ -15,61 +17,17 @@ Rules:
   node before its own (``Wakers``: the mailboxes of this process on that lock).
 * Renewal holds while our node exists and the cache key is ours.
 
-The blocking and asyncio twins below are thin: the asyncio one runs each ZooKeeper step
-in a worker thread (kazoo's calls block).
+kazoo's calls block: a task runs each ZooKeeper step in a worker thread.
 """
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from ..._core.keys import EntryKeys
-from ..._core.store import AcquireReply, AsyncStore, AsyncSubscription, LockState, Store, Subscription
-
-
-class ZooKeeperQueue(Protocol):
-    """Named locks' line in ZooKeeper (``_backends.zookeeper.servers.ZooKeeperQueue``)."""
-
-    def enqueue(self, keys: EntryKeys, token: str) -> tuple[int, str | None]: ...
-
-    def leave(self, keys: EntryKeys, token: str) -> None: ...
-
-    def holds(self, keys: EntryKeys, token: str) -> bool: ...
-
-    def watch(self, node: str, wake: Callable[[], None]) -> None: ...
-
-
-class Wakers:
-    """The mailboxes of this process waiting on each named lock, woken by a ZooKeeper
-    watch (any thread)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._waiting: dict[str, set[Callable[[bytes], None]]] = {}
-
-    def add(self, channel: str, deliver: Callable[[bytes], None]) -> None:
-        with self._lock:
-            self._waiting.setdefault(channel, set()).add(deliver)
-
-    def remove(self, channel: str, deliver: Callable[[bytes], None]) -> None:
-        with self._lock:
-            waiting = self._waiting.get(channel)
-            if waiting is not None:
-                waiting.discard(deliver)
-                if not waiting:
-                    del self._waiting[channel]
-
-    def waker(self, channel: str) -> Callable[[], None]:
-        def wake() -> None:
-            with self._lock:
-                waiting = list(self._waiting.get(channel, ()))
-            for deliver in waiting:
-                deliver(b"")
-
-        return wake
+from ..._core.store import AcquireReply, LockState, Store, Subscription
+from .lines import Wakers, ZooKeeperQueue
 
 
 class _Watched:
@@ -77,7 +35,7 @@ class _Watched:
 
     def __init__(self, subscription: Subscription, wakers: Wakers, channel: str) -> None:
         self._subscription = subscription
-        self._deliver: Callable[[bytes], None] = getattr(subscription, "deliver")  # noqa: B009  (mailboxes have it)
+        self._deliver: Callable[[bytes], None] = getattr(subscription, "deliver")  # noqa: B009
         self._wakers, self._channel = wakers, channel
         wakers.add(channel, self._deliver)
 
@@ -89,23 +47,8 @@ class _Watched:
         self._subscription.close()
 
 
-class _AsyncWatched:
-    def __init__(self, subscription: AsyncSubscription, wakers: Wakers, channel: str) -> None:
-        self._subscription = subscription
-        self._deliver: Callable[[bytes], None] = getattr(subscription, "deliver")  # noqa: B009
-        self._wakers, self._channel = wakers, channel
-        wakers.add(channel, self._deliver)
-
-    async def wait(self, timeout: float) -> bytes | None:
-        return await self._subscription.wait(timeout)
-
-    def close(self) -> None:
-        self._wakers.remove(self._channel, self._deliver)
-        self._subscription.close()
-
-
 class ZooKeeperLockStore:
-    """The ``Store`` of a ZooKeeper layer's named locks (only the named locks' methods
+    """The store of a ZooKeeper layer's named locks (only the named locks' methods
     differ from the cache server's, see the module)."""
 
     def __init__(self, cache: Store, queue: ZooKeeperQueue, wakers: Wakers) -> None:
@@ -150,50 +93,3 @@ class ZooKeeperLockStore:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.cache, name)  # every other step is the cache server's
-
-
-class AsyncZooKeeperLockStore:
-    """``ZooKeeperLockStore`` for the tasks of one event loop."""
-
-    def __init__(self, cache: AsyncStore, queue: ZooKeeperQueue, wakers: Wakers) -> None:
-        self.cache = cache
-        self.queue = queue
-        self.wakers = wakers
-
-    async def take_lock(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int = 0) -> AcquireReply:
-        fence, before = await asyncio.to_thread(self.queue.enqueue, keys, token)
-        if before is not None:
-            await asyncio.to_thread(self.queue.watch, before, self.wakers.waker(keys.channel))
-            if not queue_ms:
-                await asyncio.to_thread(self.queue.leave, keys, token)
-            return AcquireReply(LockState.HELD, lease_left=-0.002)
-        reply = await self.cache.take_lock(keys, token, lease_ms)
-        if reply.state is LockState.HELD:
-            forgotten = await self.cache.holder(keys)
-            if forgotten is not None and forgotten != token:
-                await self.cache.release(keys, forgotten)
-            reply = await self.cache.take_lock(keys, token, lease_ms)
-        if reply.state is not LockState.LOCKED:
-            return reply
-        return AcquireReply(LockState.LOCKED, fence=fence)
-
-    async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
-        return await asyncio.to_thread(self.queue.holds, keys, token) and await self.cache.renew(keys, token, lease_ms)
-
-    async def release(self, keys: EntryKeys, token: str) -> bool:
-        try:
-            return await self.cache.release(keys, token)
-        finally:
-            await asyncio.to_thread(self.queue.leave, keys, token)
-
-    async def leave_queue(self, keys: EntryKeys, token: str) -> None:
-        await asyncio.to_thread(self.queue.leave, keys, token)
-
-    async def holder(self, keys: EntryKeys) -> str | None:
-        return await self.cache.holder(keys)
-
-    async def subscribe(self, keys: EntryKeys) -> AsyncSubscription:
-        return _AsyncWatched(await self.cache.subscribe(keys), self.wakers, keys.channel)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.cache, name)
