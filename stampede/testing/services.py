@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .servers import free_port
+from .servers import free_port, spawn
 
 
 def find_postgres() -> str | None:
@@ -136,7 +136,7 @@ class PostgresServer:
             "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self._dir}",
             "-c", "fsync=off", "-c", "max_connections=300", "-c", "shared_buffers=32MB",
         ]  # fmt: skip
-        self.process = subprocess.Popen(
+        self.process = spawn(
             command,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -226,7 +226,7 @@ class ZooKeeperServer:
             f"-Dlog4j.configuration=file:{log4j}", "-Dzookeeper.admin.enableServer=false",
             "-cp", self.classpath, "org.apache.zookeeper.server.quorum.QuorumPeerMain", config,
         ]  # fmt: skip
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.process = spawn(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _wait_port(self.port, self.process, timeout, "zookeeper")
         self._wait_serving(timeout)
         return self
