@@ -48,6 +48,7 @@ GENERATED = [
     ("stampede/_drivers/abatched.py", "stampede/_drivers/batched.py"),
     ("stampede/_drivers/aleases.py", "stampede/_drivers/leases.py"),
     ("stampede/_drivers/aperform.py", "stampede/_drivers/perform.py"),
+    ("tests/aleased.py", "tests/leased.py"),
 ]
 
 # Names that are the same thing in the two worlds, asyncio first. Whole words only.

@@ -1,3 +1,5 @@
+# Generated from aleased.py by .ci/unasync.py: do not edit.
+# Edit the asyncio source, then run `python .ci/unasync.py`.
 """A layer's store seen through its lease policy, for the store contract: each leased
 method is the policy's decision (``_core.leases``), performed by the drivers' own loop
 and performer on the store and the lock servers. The rest is the store's.
@@ -15,8 +17,6 @@ from stampede._core.effects import Decision, Lease
 from stampede._core.keys import EntryKeys
 from stampede._core.store import AcquireReply, Written
 from stampede._core.tags import Tagged
-from stampede._drivers.aleases import AsyncLeases
-from stampede._drivers.aperform import AsyncPerformer, arun
 from stampede._drivers.leases import Leases
 from stampede._drivers.perform import Performer, run
 
@@ -24,7 +24,7 @@ T = TypeVar("T")
 
 
 class LeasedStore:
-    """A blocking store whose leased methods are its layer's policy's decisions."""
+    """A store whose leased methods are its layer's policy's decisions."""
 
     def __init__(self, leases: Leases) -> None:
         self._leases = leases
@@ -65,53 +65,6 @@ class LeasedStore:
 
     def expire(self, keys: EntryKeys) -> None:
         self._leases.expire(keys)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._leases.store, name)
-
-
-class AsyncLeasedStore:
-    """``LeasedStore`` for the tasks of one event loop."""
-
-    def __init__(self, leases: AsyncLeases) -> None:
-        self._leases = leases
-        self.session_leases = getattr(leases.policy, "session_leases", False)
-
-    async def _run(self, decision: Decision[T], lease: Lease) -> T:
-        return await arun(decision, AsyncPerformer(lease, store=self._leases.store, servers=self._leases.servers))
-
-    async def acquire(
-        self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
-    ) -> AcquireReply:
-        decision = self._leases.policy.acquire(keys, token, lease_ms, check_value, stale)
-        return await self._run(decision, Lease(keys, token, lease_ms))
-
-    async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
-        return await self._leases.renew(keys, token, lease_ms)
-
-    async def write_release(
-        self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None = None
-    ) -> Written:
-        decision = self._leases.policy.write_release(keys, token, envelope, ttl_ms, inline, tagged)
-        return await self._run(decision, Lease(keys, token))
-
-    async def touch(self, keys: EntryKeys, token: str, identity: bytes, ttl_ms: int) -> Written:
-        return await self._run(self._leases.policy.touch(keys, token, identity, ttl_ms), Lease(keys, token))
-
-    async def release(self, keys: EntryKeys, token: str) -> bool:
-        return await self._run(self._leases.policy.release(keys, token), Lease(keys, token))
-
-    async def hold(self, keys: EntryKeys, token: str, hold_ms: int, failing_ms: int) -> bool:
-        return await self._run(self._leases.policy.hold(keys, token, hold_ms, failing_ms), Lease(keys, token))
-
-    async def invalidate(self, keys: EntryKeys) -> None:
-        await self._leases.invalidate(keys)
-
-    async def seize(self, keys: EntryKeys, token: str, lease_ms: int) -> None:
-        await self._run(self._leases.policy.seize(keys, token, lease_ms), Lease(keys, token, lease_ms))
-
-    async def expire(self, keys: EntryKeys) -> None:
-        await self._leases.expire(keys)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._leases.store, name)

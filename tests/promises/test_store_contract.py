@@ -14,7 +14,8 @@ from stampede import Stampede
 from stampede._core.leases import ONE_SERVER
 from stampede.testing.contract import *  # noqa: F403  (the contract's fixtures and tests)
 
-from ..leased import AsyncLeasedStore, LeasedStore
+from ..aleased import AsyncLeasedStore
+from ..leased import LeasedStore
 
 pytestmark = pytest.mark.timeout(30)
 

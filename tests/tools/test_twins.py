@@ -72,7 +72,6 @@ from stampede._drivers.aio import AsyncRunner  # noqa: E402
 from stampede._drivers.blocking import Runner  # noqa: E402
 from stampede._drivers.singleflight import AsyncFlightTable, FlightTable  # noqa: E402
 
-from ..leased import AsyncLeasedStore, LeasedStore  # noqa: E402
 from ..twin_bodies import current, recorded, recorded_on, this_python  # noqa: E402
 
 # The hand-written pairs, written line for line alike. Not here: the generated ones
@@ -89,7 +88,6 @@ BODY_PAIRS = [
     (Subscriber, AsyncSubscriber),
     (ShardedSubscriber, AsyncShardedSubscriber),
     (Runner, AsyncRunner),
-    (LeasedStore, AsyncLeasedStore),
     (FlightTable, AsyncFlightTable),
 ]
 
