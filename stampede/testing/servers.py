@@ -60,12 +60,12 @@ def spawn(command: Sequence[str], **options: object) -> subprocess.Popen[bytes]:
     return process
 
 
-def stop_process(process: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
-    """SIGCONT (a paused server cannot act on SIGTERM), SIGTERM, then SIGKILL after
+def stop_process(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 5.0) -> None:
+    """SIGCONT (a paused server cannot act on ``sig``), ``sig``, then SIGKILL after
     ``timeout`` seconds; reaped either way."""
     if process.poll() is None:
         process.send_signal(signal.SIGCONT)
-        process.send_signal(signal.SIGTERM)
+        process.send_signal(sig)
         try:
             process.wait(timeout)
         except subprocess.TimeoutExpired:

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .servers import free_port, spawn
+from .servers import free_port, spawn, stop_process
 
 
 def find_postgres() -> str | None:
@@ -75,18 +75,6 @@ def _wait_port(port: int, process: subprocess.Popen[bytes], timeout: float, what
         if time.monotonic() > deadline:
             raise RuntimeError(f"{what} did not listen on port {port} within {timeout} s")
         time.sleep(0.02)
-
-
-def _stop(process: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM) -> None:
-    if process is None or process.poll() is not None:
-        return
-    process.send_signal(signal.SIGCONT)
-    process.send_signal(sig)
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(5)
 
 
 class PostgresServer:
@@ -166,7 +154,8 @@ class PostgresServer:
         crash, UNLOGGED tables come back empty). The cluster stays for ``start()``."""
         process, self.process = self.process, None
         signals = {"fast": signal.SIGINT, "smart": signal.SIGTERM, "immediate": signal.SIGQUIT}
-        _stop(process, signals[mode])
+        if process is not None:
+            stop_process(process, signals[mode], timeout=10)
 
     def close(self) -> None:
         """Stop the server and remove its cluster."""
@@ -250,7 +239,8 @@ class ZooKeeperServer:
     def stop(self) -> None:
         """Stop the process (SIGTERM). Its data stays for ``start()``."""
         process, self.process = self.process, None
-        _stop(process)
+        if process is not None:
+            stop_process(process, timeout=10)
 
     def close(self) -> None:
         self.stop()
