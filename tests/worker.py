@@ -28,6 +28,14 @@ import redis
 from stampede import Redlock, Stampede
 
 
+def say(line: str) -> None:
+    """One line to the test, in one write: ``print`` writes the text and its newline
+    apart, so a refresh thread's line could land between them (two lines run together,
+    then an empty one)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--url", required=True)
@@ -75,7 +83,7 @@ def main() -> None:
     def load(key: int) -> dict[str, Any]:
         calls = counter.incr(f"calls:{key}")
         if options.hang or options.announce:
-            print("loading", flush=True)
+            say("loading")
         if options.hang:
             time.sleep(3600)
         time.sleep(options.delay)
@@ -84,7 +92,7 @@ def main() -> None:
         return {"key": key, "by": options.tag} if options.tag else {"key": key}
 
     layer._runner.store.get("warm-up")  # type: ignore[attr-defined]  # open a connection
-    print("ready", flush=True)
+    say("ready")
     if sys.stdin.readline().strip() != "go":
         return
     latencies: list[float] = []
@@ -113,9 +121,8 @@ def main() -> None:
         thread.start()
     for thread in threads:
         thread.join()
-    print(json.dumps({"calls": len(latencies), "wrong": wrong, "max_latency": max(latencies),
-                      "versions": sorted(versions), "stale": sum(stale), "stats": layer.stats()}),
-          flush=True)  # fmt: skip
+    say(json.dumps({"calls": len(latencies), "wrong": wrong, "max_latency": max(latencies),
+                    "versions": sorted(versions), "stale": sum(stale), "stats": layer.stats()}))  # fmt: skip
     if options.hang and versioned:  # hold the hanging refresh until killed
         time.sleep(3600)
     deadline = time.monotonic() + 10  # close() does not wait for a background refresh
