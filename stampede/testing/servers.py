@@ -48,6 +48,9 @@ def find_server_binary() -> str | None:
 
 _SPAWNED: list[subprocess.Popen[bytes]] = []  # every server process started here, until it ends
 _SPAWNED_LOCK = threading.Lock()
+# A forked child (Locust's --processes, a pre-fork server) did not start them: its exit
+# must not stop its parent's servers (under gevent, its poll() says they still run).
+os.register_at_fork(after_in_child=_SPAWNED.clear)
 
 
 def spawn(command: Sequence[str], **options: object) -> subprocess.Popen[bytes]:

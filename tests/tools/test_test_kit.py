@@ -9,6 +9,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from ..scenarios import wait_until
 
 LEAVES_A_SERVER_RUNNING = textwrap.dedent(
@@ -42,3 +44,32 @@ def test_a_server_left_running_stops_when_the_process_that_started_it_exits() ->
     finally:
         if _running(pid):
             os.kill(pid, 9)  # this test's own leftover, by the PID the child printed
+
+
+FORKS_UNDER_GEVENT = textwrap.dedent(
+    """
+    from gevent import monkey
+
+    monkey.patch_all()
+    import os
+    import redis
+    from stampede.testing import RedisServer
+
+    server = RedisServer().start()
+    child = os.fork()
+    if child == 0:
+        raise SystemExit(0)  # a forked worker ends: its exit hooks run
+    os.waitpid(child, 0)
+    print(redis.Redis.from_url(server.url, socket_timeout=5).ping(), flush=True)
+    server.stop()
+    """
+)
+
+
+def test_a_forked_child_leaves_its_parents_servers_running() -> None:
+    pytest.importorskip("gevent")
+    done = subprocess.run(
+        [sys.executable, "-c", FORKS_UNDER_GEVENT], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["True"]
