@@ -57,7 +57,7 @@ SUBSTITUTIONS = {
     "abounded": "bounded",
     "afinish": "finish",
     "asyncio.sleep": "time.sleep",
-    "._drivers.aio": "._drivers.blocking",
+    "._drivers.arunner": "._drivers.runner",
     "asynccontextmanager": "contextmanager",
     "aclose": "close",
     "redis.asyncio.Redis": "redis.Redis",

@@ -19,7 +19,7 @@ from ._loader_many import K, ManyKeys, V, _ManyLoader, chunks
 
 if TYPE_CHECKING:
     from ._core.flow import LoaderSpec
-    from ._drivers.aio import AsyncRunner
+    from ._drivers.arunner import AsyncRunner
 
 
 class AsyncCachedLoader(_Loader[P, R]):

@@ -19,7 +19,7 @@ from ._loader_many import K, ManyKeys, V, _ManyLoader, chunks
 
 if TYPE_CHECKING:
     from ._core.flow import LoaderSpec
-    from ._drivers.blocking import Runner
+    from ._drivers.runner import Runner
 
 
 class CachedLoader(_Loader[P, R]):

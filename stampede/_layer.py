@@ -43,8 +43,8 @@ from ._core.observer import Observer
 from ._core.patterns import entry_pattern
 from ._core.store import AsyncStore, Store
 from ._core.tags import TagKeys, TagTemplates, clock_key, tag_name
-from ._drivers.aio import AsyncRunner
-from ._drivers.blocking import Runner
+from ._drivers.arunner import AsyncRunner
+from ._drivers.runner import Runner
 from ._drivers.near import NearCache
 from ._drivers.observe import Events, RateLimitedLog
 from ._drivers.watchdog import Watchdog

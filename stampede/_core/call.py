@@ -1,7 +1,7 @@
 """One call's decisions around the flights of its key (sans-IO): how long a joiner may
 wait, what it does with what it waited for, and what the leader's first read means.
 
-The drivers (``_drivers.blocking``, ``_drivers.aio``) keep only the I/O: joining a table,
+The drivers (``_drivers.runner``, ``_drivers.arunner``) keep only the I/O: joining a table,
 waiting on an event or on a future, reading the store, driving a flow, starting a
 refresh. These are plain functions and one small object, not a generator of effects. A
 hit passes through ``read_found`` and nothing else here, so it pays one function call.

@@ -3,7 +3,7 @@ value was stale.
 
 A refresh runs beside the callers, never before them: in a worker thread for blocking
 loaders (``Refresher``), in a task on the caller's event loop for async ones
-(``_drivers.aio``). Both are bounded the same way: one refresh per key at a time in a
+(``_drivers.arunner``). Both are bounded the same way: one refresh per key at a time in a
 process (per loop), and at most ``limit`` at once. A refresh beyond the limit is skipped
 and counted (``refreshes_skipped``), never queued: the next hit on the key asks again.
 Across processes, the lease collapses them into one (``_core.flow.refresh``).

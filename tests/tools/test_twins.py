@@ -68,8 +68,8 @@ from stampede._backends.redis.anotify import AsyncSubscriber  # noqa: E402
 from stampede._backends.redis.ashards import AsyncShardedSubscriber  # noqa: E402
 from stampede._backends.redis.notify import Subscriber  # noqa: E402
 from stampede._backends.redis.shards import ShardedSubscriber  # noqa: E402
-from stampede._drivers.aio import AsyncRunner  # noqa: E402
-from stampede._drivers.blocking import Runner  # noqa: E402
+from stampede._drivers.arunner import AsyncRunner  # noqa: E402
+from stampede._drivers.runner import Runner  # noqa: E402
 from stampede._drivers.singleflight import AsyncFlightTable, FlightTable  # noqa: E402
 
 from ..twin_bodies import current, recorded, recorded_on, this_python  # noqa: E402

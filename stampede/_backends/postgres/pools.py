@@ -90,7 +90,7 @@ class AsyncConnections:
     """This event loop's connections to the database: at most ``size`` at once, made when
     needed and kept while idle, every one in autocommit. No background task: psycopg's
     asyncio pool runs workers that ``asyncio.run`` cancels before the layer's store can
-    close (``_drivers.aio`` closes it while the loop finalizes its async generators), and a
+    close (``_drivers.arunner`` closes it while the loop finalizes its async generators), and a
     worker cancelled mid-connect can keep the loop from ending. A connection that met an
     error (or a cancellation) mid-statement is closed, not reused."""
 

@@ -1,6 +1,6 @@
 """The asyncio driver: the hit path, the singleflight of one event loop, and the effects
 of the flow performed with awaits. The decisions are the flow's and the flight's. This
-module only performs I/O, like the blocking driver in ``_drivers.blocking``.
+module only performs I/O, like the blocking driver in ``_drivers.runner``.
 
 Each event loop gets its own flight table and store (a redis.asyncio client and a
 subscriber connection cannot be shared across loops). The store is closed when its loop
