@@ -48,6 +48,7 @@ GENERATED = [
     ("stampede/_drivers/abatched.py", "stampede/_drivers/batched.py"),
     ("stampede/_drivers/aleases.py", "stampede/_drivers/leases.py"),
     ("stampede/_drivers/aperform.py", "stampede/_drivers/perform.py"),
+    ("stampede/_drivers/arunner.py", "stampede/_drivers/runner.py"),
     ("tests/aleased.py", "tests/leased.py"),
 ]
 
@@ -57,7 +58,8 @@ SUBSTITUTIONS = {
     "abounded": "bounded",
     "afinish": "finish",
     "asyncio.sleep": "time.sleep",
-    "._drivers.arunner": "._drivers.runner",
+    "ano_load": "no_load",
+    "aone_of": "one_of",
     "asynccontextmanager": "contextmanager",
     "aclose": "close",
     "redis.asyncio.Redis": "redis.Redis",

@@ -44,9 +44,9 @@ from ._core.patterns import entry_pattern
 from ._core.store import AsyncStore, Store
 from ._core.tags import TagKeys, TagTemplates, clock_key, tag_name
 from ._drivers.arunner import AsyncRunner
-from ._drivers.runner import Runner
 from ._drivers.near import NearCache
 from ._drivers.observe import Events, RateLimitedLog
+from ._drivers.runner import Runner
 from ._drivers.watchdog import Watchdog
 from ._errors import ConfigError
 from ._loader import P

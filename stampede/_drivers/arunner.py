@@ -1,29 +1,25 @@
-"""The asyncio driver: the hit path, the singleflight of one event loop, and the effects
-of the flow performed with awaits. The decisions are the flow's and the flight's. This
-module only performs I/O, like the blocking driver in ``_drivers.runner``.
+"""The runner: the hit path, the in-process singleflight, and the effects of the flow,
+performed with awaits or with blocking calls (threads, or greenlets under gevent): one
+text, the asyncio source and the blocking module ``.ci/unasync.py`` makes of it. The
+decisions are the flow's and the flight's; this module only performs I/O. Where the
+shared state lives (one for the threads of a process, one per event loop) is
+``_drivers.state``.
 
-Each event loop gets its own flight table and store (a redis.asyncio client and a
-subscriber connection cannot be shared across loops). The store is closed when its loop
-shuts down (or by ``Stampede.aclose()``). A loop closed without finalizing its async
-generators has its state dropped when the next loop arrives.
-
-Cancellation: a cancelled leader's CancelledError goes into the flow like any
-interruption, so the lock is released (by token, shielded from a second cancellation)
-before it propagates, and the tasks that joined its flight start over, one of them
-leading. A cancelled joiner only cancels its own wait.
+Interruptions: a leader stopped by something other than an Exception (a cancelled task,
+a KeyboardInterrupt, a killed greenlet) passes it into the flow like any interruption, so
+the lock is released (by token, shielded from a second cancellation) before it
+propagates; those who joined its flight start over, and one of them leads. An interrupted
+joiner only ends its own wait.
 """
 
+# runner.py, the blocking twin, is generated from this module by .ci/unasync.py.  # ASYNC
 from __future__ import annotations
 
-import asyncio
-import contextvars
 import functools
 import math
 import random
-import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from .._core.batch import together
@@ -43,86 +39,30 @@ from .._core.flow import (
 )
 from .._core.freshness import Served
 from .._core.keys import EntryKeys
-from .._core.leases import ONE_SERVER, LeasePolicy
 from .._core.many import Found, failed_reads, read_many, take_hits
-from .._core.store import AsyncLockServers, AsyncStore
+from .._core.store import AsyncStore
 from .._errors import BackendUnavailable
-from .._fork import reset_after_fork
 from .abatched import AsyncBatchPerformer
-from .aleases import AsyncLeases
 from .aperform import AsyncPerformer, arun
 from .batch import Entry, new_entry, performers_for
 from .many import aone_of, batch_name, finish_entry, first_failure, near_many, refreshed
 from .near import MISSING, NearCache
-from .observe import Events, RateLimitedLog
-from .refresh import report_stale, warn_refresh_raised
-from .singleflight import AsyncFlightTable
-from .timeouts import finish_started
-from .trace import abackground, joining, lease_token
-from .watchdog import LOOP_WATCHDOG
-
-FINISH_TIMEOUT = 5.0  # the longest a loop's close waits for writes and releases under way
+from .refresh import report_stale
+from .singleflight import AsyncWaiter
+from .state import AsyncState, AsyncStates
+from .trace import joining, lease_token
 
 
-@dataclass
-class LoopState:
-    """What one event loop's callers share."""
-
-    store: AsyncStore
-    leases: AsyncLeases  # the layer's lease policy on this loop's store and lock servers
-    flights: AsyncFlightTable = field(default_factory=AsyncFlightTable)
-    closer: Any = None  # the async generator that closes the store when the loop shuts down
-    starter: asyncio.Task[None] | None = None  # the task that starts it (kept: the loop holds tasks weakly)
-    refreshes: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # background refresh per key
-    closed: bool = False
-
-    async def aclose(self) -> None:
-        if not self.closed:
-            self.closed = True
-            refreshes = list(self.refreshes.values())
-            for task in refreshes:
-                task.cancel()  # the refresh releases its lease as any cancelled load does
-            await asyncio.gather(*refreshes, return_exceptions=True)
-            await finish_started(FINISH_TIMEOUT)  # their writes and releases, shielded, end first
-            try:
-                await self.store.aclose()
-            finally:
-                if self.leases.servers is not None:
-                    await self.leases.servers.aclose()
-
-
-class AsyncRunner:
-    """Runs calls of async loaders against a store per event loop."""
-
-    def __init__(
-        self,
-        make_store: Callable[[], AsyncStore],
-        events: Events,
-        warn: RateLimitedLog,
-        refreshes: int = 8,
-        policy: LeasePolicy = ONE_SERVER,
-        make_servers: Callable[[], AsyncLockServers] | None = None,
-    ) -> None:
-        self._make_store = make_store
-        self._policy = policy  # where a load's lease is held (``_core.leases``)
-        self._make_servers = make_servers  # one loop's lock servers, if the policy has them
-        self.near: NearCache | None = None  # the layer's, if it has one
-        self._events = events
-        self.events = events  # what its calls' traces hear (``_drivers.trace``)
-        self._warn = warn
-        self._refresh_limit = refreshes
-        self._lock = threading.Lock()  # loops may run in several threads
-        self._loops: dict[asyncio.AbstractEventLoop, LoopState] = {}
-        reset_after_fork(self)
-
-    def after_fork_in_child(self) -> None:
-        """The parent's loops ran in threads that are not in this process. (Forking from
-        inside a running loop is not supported: its tasks carry on in the child.)"""
-        self._lock = threading.Lock()
-        self._loops = {}
+class AsyncRunner(AsyncStates):
+    """Runs calls of loaders against the state its base keeps (``_drivers.state``)."""
 
     async def call(self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """The value of the entry, as ``Runner.call``, for the tasks of this loop."""
+        """The value of the entry: from the cache, from another caller's read or load, or loaded.
+
+        Of the callers of one key in this process (on this event loop), the first leads
+        and the rest wait for its outcome: concurrent callers share one read, and on a
+        miss one load.
+        """
         near = self.near
         if spec.near and near is not None:
             value = near.get(value_key, spec.codec, spec.near_shared)
@@ -141,7 +81,7 @@ class AsyncRunner:
             try:
                 joined = await flights.wait(flight, timeout)
             except BaseException:
-                joiner.interrupted()  # this caller was cancelled
+                joiner.interrupted()  # a cancelled task, a KeyboardInterrupt, a killed greenlet
                 raise
             joining(flight)  # its trace links to the leader's load
             value = joiner.outcome(flight, joined)
@@ -173,11 +113,12 @@ class AsyncRunner:
         spec: LoaderSpec,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        state: LoopState,
+        state: AsyncState,
         flight: Flight,
         joiner: Joiner | None = None,
     ) -> Any:
-        """``Runner._lead``, awaited."""
+        """Lead ``flight``: read, and on a miss fill (``flow.fill``). ``joiner``: the
+        caller's waits before it led (it started over), from whose first its bounds run."""
         flight.sent, flight.codec = 1, spec.codec
         store = state.store
         near = self.near if spec.near else None
@@ -209,7 +150,9 @@ class AsyncRunner:
     async def call_many(
         self, keys: Sequence[str], spec: LoaderSpec, load: Callable[[list[int]], Awaitable[list[Any]]]
     ) -> list[Any]:
-        """The values of many entries, as ``Runner.call_many``, for the tasks of this loop."""
+        """The values of many entries, in the order of ``keys`` (see ``_core.many``).
+        ``load(positions)`` calls the loader with the ids at those positions of the call
+        and returns their values in that order."""
         state = self._state()
         if not keys:
             return []
@@ -239,10 +182,12 @@ class AsyncRunner:
         values: list[Any],
         wanted: list[int],
         failed: BackendUnavailable | None,
-        state: LoopState,
+        state: AsyncState,
         read: tuple[list[bytes | None], list[Any]] | None = None,
     ) -> list[Any]:
-        """``Runner._call_many``, awaited."""
+        """``call_many`` past the near cache: the entries ``wanted`` read (unless that
+        read ``failed``, or was made already: ``read``, the bytes and what they decode to),
+        the rest in flights."""
         absent: set[int] = set()
         if wanted and not spec.reads_ttl and failed is None:
             try:
@@ -262,11 +207,11 @@ class AsyncRunner:
                 led[index] = flight
             else:
                 joined.append((index, flight))
-        waits = []  # each joined flight's future, made before any await: it may finish during this call's own
+        waits = []  # each joined flight's wait, begun now: it may finish during this call's own loads
         try:
             for index, flight in joined:
                 joiner = Joiner(keys[index], aone_of(spec, load, index), self._events)  # RecursiveLoad, at once
-                waits.append((index, joiner, flight, state.flights.wait(flight, joiner.joins(flight))))
+                waits.append((index, joiner, flight, state.flights.waiter(flight, joiner.joins(flight))))
         except BaseException as error:
             for _, joiner, _, _ in waits:
                 joiner.interrupted()  # its wait, reported begun, ends
@@ -275,17 +220,21 @@ class AsyncRunner:
             raise
         if led:
             await self._lead_many(keys, spec, load, led, values, state, failed, absent)
-        for index, joiner, flight, done in waits:  # in flight here: waited for once this call's own are done
-            values[index] = await self._wait_joined(keys[index], joiner, flight, done, state)
+        for index, joiner, flight, waiter in waits:  # in flight here: waited for once this call's own are done
+            values[index] = await self._wait_joined(keys[index], joiner, flight, waiter, state)
         return values
 
     async def _wait_joined(
-        self, value_key: str, joiner: Joiner, flight: Flight, done: asyncio.Future[bool], state: LoopState
+        self, value_key: str, joiner: Joiner, flight: Flight, waiter: AsyncWaiter, state: AsyncState
     ) -> Any:
-        """``Runner._wait_joined``, awaited."""
+        """Wait for another caller's flight of one entry of a many-key call, as ``call``
+        waits: its value, or if it must start over, a single call of the entry."""
         spec = joiner.spec
         try:
-            joined = await done
+            if True:  # ASYNC
+                joined = await waiter
+            else:
+                joined = waiter.wait()
         except BaseException:
             joiner.interrupted()
             raise
@@ -305,11 +254,14 @@ class AsyncRunner:
         load: Callable[[list[int]], Awaitable[list[Any]]],
         led: dict[int, Flight],
         values: list[Any],
-        state: LoopState,
+        state: AsyncState,
         failed: BackendUnavailable | None,
         absent: set[int],
     ) -> None:
-        """``Runner._lead_many``, awaited."""
+        """Read the entries this call leads in one round trip, and fill their misses
+        together. An entry the call's first read found ``absent`` is not read again (a
+        miss has no value to hand a joiner), nor is any after that read ``failed``.
+        Every flight it leads is finished, whatever happens."""
         flights, unfinished = state.flights, dict(led)
         try:
             for flight in led.values():
@@ -360,9 +312,11 @@ class AsyncRunner:
             raise
 
     async def _read_many(
-        self, keys: list[str], spec: LoaderSpec, state: LoopState
+        self, keys: list[str], spec: LoaderSpec, state: AsyncState
     ) -> list[tuple[bytes | None, float, bool]]:
-        """``Runner._read_many``, awaited."""
+        """Read ``keys`` in one round trip, with their TTLs if a freshness setting or the
+        near cache needs them, and copy each into the near cache under its rules (a read
+        begun before an invalidation of its key copies nothing: ``_read_for_near``)."""
         near = self.near if spec.near else None
         if near is None:
             if spec.reads_ttl:
@@ -381,19 +335,16 @@ class AsyncRunner:
 
     def _refresh_many(
         self,
-        state: LoopState,
+        state: AsyncState,
         keys: Sequence[str],
         spec: LoaderSpec,
         load: Callable[[list[int]], Awaitable[list[Any]]],
         served: dict[int, Served],
     ) -> None:
-        """Start one background refresh of every stale entry ``served`` in a task of this
-        loop: one loader call (``_refresh``'s rules)."""
+        """Start one background refresh of every stale entry ``served``: one loader call
+        (``_refresh``'s rules)."""
         name = batch_name(keys, served)
-        if name in state.refreshes:
-            return
-        if len(state.refreshes) >= self._refresh_limit:
-            self._events.incr("refreshes_skipped")
+        if state.refresher.busy(name):
             return
         entries = [
             new_entry(index, self._context(keys[index], spec, (index,)), state.leases.policy, None) for index in served
@@ -401,19 +352,12 @@ class AsyncRunner:
         flows = [refresh(entry.ctx, *refreshed(served[entry.position])) for entry in entries]
 
         async def work() -> None:
-            try:
-                failure = first_failure(await self._drive_many(flows, entries, load, state))
-                if failure is not None:
-                    raise failure
-            except Exception as error:
-                warn_refresh_raised(self._warn, name, error)
-            finally:
-                state.refreshes.pop(name, None)
+            failure = first_failure(await self._drive_many(flows, entries, load, state))
+            if failure is not None:
+                raise failure
 
-        task = contextvars.Context().run(asyncio.get_running_loop().create_task, abackground(work()))
-        state.refreshes[name] = task
         early = sum(1 for found in served.values() if found.early)
-        if early:
+        if state.refresher.start(name, work) and early:
             self._events.incr("early_refreshes", early)
 
     async def _drive_many(
@@ -421,23 +365,27 @@ class AsyncRunner:
         flows: list[Flow],
         entries: list[Entry],
         load: Callable[[list[int]], Awaitable[list[Any]]],
-        state: LoopState,
+        state: AsyncState,
         ended: Callable[[int, Any], None] = lambda index, outcome: None,
     ) -> list[Any]:
-        """``Runner._drive_many``, awaited."""
-        leases = state.leases
+        """Perform the flows together (``batch.together``): each entry's own steps on a
+        lease of its own, the rest in one round trip or one loader call."""
+        leases, watchdog = state.leases, state.watchdog
 
         def performer(entry: Entry) -> AsyncPerformer:
-            return AsyncPerformer(entry.lease, store=leases.store, servers=leases.servers, renewal=leases)
+            return AsyncPerformer(
+                entry.lease, store=leases.store, servers=leases.servers, watchdog=watchdog, renewal=leases
+            )
 
-        perform = AsyncBatchPerformer(entries, leases.store, load, LOOP_WATCHDOG, leases, self._events)
+        perform = AsyncBatchPerformer(entries, leases.store, load, watchdog, leases, self._events)
         with performers_for(entries, performer):
             return await arun(together(flows, ended), perform)
 
     async def _read_for_near(
         self, near: NearCache, store: AsyncStore, value_key: str, spec: LoaderSpec
     ) -> tuple[bytes | None, float, bool]:
-        """``Runner._read_for_near``, awaited."""
+        """Read the value with its TTL, and copy it into the near cache unless an
+        invalidation of the key came in since the read began (see ``_drivers.near``)."""
         ticket = near.begin(value_key)
         try:
             raw, ttl_left, failing = await store.get_with_ttl(value_key, spec.reads_failing)
@@ -449,39 +397,24 @@ class AsyncRunner:
 
     def _refresh(
         self,
-        state: LoopState,
+        state: AsyncState,
         value_key: str,
         spec: LoaderSpec,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         found: Served,
     ) -> None:
-        """Start a background refresh of the value ``found`` in a task of this loop, as
-        ``_drivers.refresh`` says: one per key, at most ``refreshes`` at once."""
+        """Start a background refresh of the value ``found``, as ``_drivers.refresh``
+        says: one per key, at most ``refreshes`` at once."""
         assert found.refresh is not None
-        if value_key in state.refreshes:
-            return
-        if len(state.refreshes) >= self._refresh_limit:
-            self._events.incr("refreshes_skipped")
+        if state.refresher.busy(value_key):
             return
         ctx = self._context(value_key, spec, args, kwargs)
         loader = functools.partial(spec.func, *args, **kwargs)
-        work = self._refreshing(state, value_key, refresh(ctx, found.refresh, found.life_left, found.raw), ctx, loader)
-        # In a context of its own: not the caller's call (see _drivers.refresh).
-        task = contextvars.Context().run(asyncio.get_running_loop().create_task, abackground(work))
-        state.refreshes[value_key] = task
-        if found.early:
+        flow = refresh(ctx, found.refresh, found.life_left, found.raw)
+        work = functools.partial(self._drive, flow, ctx, loader, state)
+        if state.refresher.start(value_key, work) and found.early:
             self._events.incr("early_refreshes")
-
-    async def _refreshing(
-        self, state: LoopState, value_key: str, flow: Flow, ctx: Context, loader: Callable[[], Awaitable[Any]]
-    ) -> None:
-        try:
-            await self._drive(flow, ctx, loader, state)
-        except Exception as error:
-            warn_refresh_raised(self._warn, value_key, error)
-        finally:
-            state.refreshes.pop(value_key, None)
 
     def _context(
         self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
@@ -492,25 +425,22 @@ class AsyncRunner:
         tags = spec.tags.render(args, kwargs or {}) if spec.tags is not None else None
         return new_context(value_key, spec, self._events, self._warn, tags)
 
-    def loop_store(self) -> AsyncStore:
-        """The running event loop's store."""
-        return self._state().store
-
     async def set(
         self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any
     ) -> bool:
-        """``Runner.set``, for the tasks of this loop."""
+        """Write ``result`` over the entry, overtaking any load in flight (``controls.put``)."""
         ctx = self._context(value_key, spec, args, kwargs)
         return bool(await self._drive(put(ctx, result), ctx, ano_load, self._state()))
 
     async def refresh(self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """``Runner.refresh``, for the tasks of this loop."""
+        """Load the entry now, shared with every refresh and miss of it at the same moment
+        (``controls.reload``), and return the value."""
         refuse_recursion(value_key)
         ctx = self._context(value_key, spec, args, kwargs)
         return await self._drive(reload(ctx), ctx, functools.partial(spec.func, *args, **kwargs), self._state())
 
     async def peek(self, value_key: str, spec: LoaderSpec) -> tuple[Any, bool] | None:
-        """``Runner.peek``, for the tasks of this loop."""
+        """What the entry holds that a caller could be served (``controls.peeked``)."""
         store = self._state().store
         if not spec.reads_ttl:
             return peeked(await store.get(value_key), -1.0, False, spec.codec, spec.settings)
@@ -523,58 +453,14 @@ class AsyncRunner:
     async def expire(self, keys: EntryKeys) -> None:
         await self._state().leases.expire(keys)
 
-    def forget(self, key: str) -> None:
-        """Detach the key's flight in every loop (after an invalidation)."""
-        for state in list(self._loops.values()):
-            state.flights.forget(key)
-
-    async def aclose(self) -> None:
-        """Close this loop's store (its subscriber, and the client if the layer made it)."""
-        with self._lock:
-            state = self._loops.pop(asyncio.get_running_loop(), None)
-        if state is not None:
-            await state.aclose()
-
-    def close(self) -> None:
-        """Forget every loop's state. What is bound to a loop can only be closed in it."""
-        with self._lock:
-            self._loops.clear()
-
-    def _state(self) -> LoopState:
-        loop = asyncio.get_running_loop()
-        state = self._loops.get(loop)
-        if state is None:
-            with self._lock:
-                for closed in [other for other in self._loops if other.is_closed()]:
-                    del self._loops[closed]
-                state = self._loops.get(loop)
-                if state is None:
-                    state = self._loops[loop] = self._new_state()
-                    state.closer = self._closing_with(loop, state)
-                    state.starter = loop.create_task(_start(state.closer))
-        return state
-
-    def _new_state(self) -> LoopState:
-        servers = self._make_servers() if self._make_servers is not None else None  # a ConfigError before the store
-        store = self._make_store()
-        return LoopState(store, AsyncLeases(self._policy, store, servers))
-
-    async def _closing_with(self, loop: asyncio.AbstractEventLoop, state: LoopState) -> AsyncIterator[None]:
-        """Closes the loop's store when the loop shuts down: the loop finalizes the async
-        generators it started (``asyncio.run`` does, via ``shutdown_asyncgens``), while it
-        can still run the close. No task is left pending meanwhile."""
-        try:
-            yield
-        finally:
-            with self._lock:
-                if self._loops.get(loop) is state:
-                    del self._loops[loop]
-            await state.aclose()
-
     async def _unleased(
-        self, state: LoopState, value_key: str, began: float, load: Callable[[], Awaitable[Any]]
+        self, state: AsyncState, value_key: str, began: float, load: Callable[[], Awaitable[Any]]
     ) -> Any:
-        """``Runner._unleased``, awaited: shared by the tasks of this event loop."""
+        """A load of ``value_key`` without the lease, for a call that began at ``began``:
+        one at a time per key in this process (event loop), shared by the callers that
+        need one meanwhile and began before it did (``_core.flight.shares_fallback``).
+        Each caller encodes and reads back the loader's value for itself
+        (``flow._load_uncached``)."""
         key = fallback_key(value_key)
         flights = state.flights
         while True:
@@ -602,10 +488,10 @@ class AsyncRunner:
         flow: Flow,
         ctx: Context,
         loader: Callable[[], Awaitable[Any]],
-        state: LoopState,
+        state: AsyncState,
         flight: Flight | None = None,
     ) -> Any:
-        """Perform the flow (``perform.arun``) on a lease of a new token, held where the
+        """Perform the flow (``aperform.arun``) on a lease of a new token, held where the
         layer's policy holds leases. The leader's ``flight`` counts the steps that may
         produce the value (see Flight)."""
         lease = Lease(ctx.keys, lease_token(ctx, flight), milliseconds(ctx.settings.lock_ttl))
@@ -616,6 +502,7 @@ class AsyncRunner:
             store=leases.store,
             servers=leases.servers,
             loader=loader,
+            watchdog=state.watchdog,
             renewal=leases,
             unleased=functools.partial(self._unleased, state, ctx.keys.value, ctx.began),
         )
@@ -630,7 +517,3 @@ class AsyncRunner:
             value = await arun(flow, perform)
         flight.decided(ctx.unwritten, ctx.via_notice, ctx.served_stale, ctx.raw)
         return value
-
-
-async def _start(generator: AsyncIterator[None]) -> None:
-    await generator.__anext__()

@@ -3,7 +3,7 @@ value was stale.
 
 A refresh runs beside the callers, never before them: in a worker thread for blocking
 loaders (``Refresher``), in a task on the caller's event loop for async ones
-(``_drivers.arunner``). Both are bounded the same way: one refresh per key at a time in a
+(``AsyncRefresher``, one per loop). Both are bounded the same way: one refresh per key at a time in a
 process (per loop), and at most ``limit`` at once. A refresh beyond the limit is skipped
 and counted (``refreshes_skipped``), never queued: the next hit on the key asks again.
 Across processes, the lease collapses them into one (``_core.flow.refresh``).
@@ -15,17 +15,18 @@ reports staleness to the caller (``report_stale``) nor inherits the caller's loa
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .._fork import reset_after_fork
 from .observe import Events, RateLimitedLog
-from .trace import background
+from .trace import abackground, background
 
 
 class Refresher:
@@ -46,7 +47,7 @@ class Refresher:
         self._lock = threading.Lock()
         self._work_ready = threading.Condition(self._lock)
         self._keys: set[str] = set()  # keys whose refresh is queued or running in this process
-        self._queue: deque[tuple[str, Callable[[], None]]] = deque()
+        self._queue: deque[tuple[str, Callable[[], object]]] = deque()
         self._workers: set[threading.Thread] = set()  # started and not exited
         self._idle = 0  # of those, waiting for work
         self._closed = False
@@ -55,7 +56,12 @@ class Refresher:
         """The parent's workers and their refreshes are not in this process."""
         self._reset()
 
-    def start(self, key: str, work: Callable[[], None]) -> bool:
+    def busy(self, key: str) -> bool:
+        """Whether ``key`` is being refreshed here: a caller need not make a refresh that
+        ``start`` would skip. (A read without the lock: ``start`` reads again under it.)"""
+        return key in self._keys
+
+    def start(self, key: str, work: Callable[[], object]) -> bool:
         """Hand ``work`` to a worker and return True, unless ``key`` is already being
         refreshed here or ``limit`` refreshes are under way (skipped, and counted)."""
         with self._lock:
@@ -65,8 +71,8 @@ class Refresher:
                 self._events.incr("refreshes_skipped")
                 return False
             self._keys.add(key)
-            work = background(work)  # under a trace of its own, if this call is traced
-            self._queue.append((key, work))
+            job = background(work)  # under a trace of its own, if this call is traced
+            self._queue.append((key, job))
             if self._idle >= len(self._queue) or len(self._workers) >= self._limit:
                 self._work_ready.notify()  # an idle worker, or the next to finish, takes it
                 return True
@@ -77,8 +83,8 @@ class Refresher:
         except RuntimeError:  # the interpreter cannot start a thread (at its limit, or exiting)
             with self._lock:
                 self._workers.discard(worker)
-                if (key, work) in self._queue:
-                    self._queue.remove((key, work))
+                if (key, job) in self._queue:
+                    self._queue.remove((key, job))
                     self._keys.discard(key)
                     self._events.incr("refreshes_skipped")
                     return False
@@ -126,6 +132,55 @@ class Refresher:
         """Refreshes queued or running in this process."""
         with self._lock:
             return len(self._keys)
+
+
+class AsyncRefresher:
+    """The background refreshes of the async loaders of one event loop: a task each,
+    bounded as ``Refresher``'s are. Cancelled when the loop's state closes (a cancelled
+    refresh releases its lease as any cancelled load does)."""
+
+    def __init__(self, limit: int, events: Events, warn: RateLimitedLog) -> None:
+        self._limit = limit
+        self._events = events
+        self._warn = warn
+        self._tasks: dict[str, asyncio.Task[None]] = {}  # per key (or batch), queued or running
+        self._closed = False
+
+    def busy(self, key: str) -> bool:
+        """Whether ``key`` is being refreshed on this loop."""
+        return key in self._tasks
+
+    def start(self, key: str, work: Callable[[], Awaitable[object]]) -> bool:
+        """Start ``work`` in a task and return True, unless ``key`` is already being
+        refreshed on this loop or ``limit`` refreshes are under way (skipped, and counted)."""
+        if key in self._tasks or self._closed:
+            return False
+        if len(self._tasks) >= self._limit:
+            self._events.incr("refreshes_skipped")
+            return False
+        job = abackground(self._serve(key, work))  # under a trace of its own, if this call is traced
+        self._tasks[key] = contextvars.Context().run(asyncio.get_running_loop().create_task, job)
+        return True
+
+    async def _serve(self, key: str, work: Callable[[], Awaitable[object]]) -> None:
+        try:
+            await work()
+        except Exception as error:
+            warn_refresh_raised(self._warn, key, error)
+        finally:
+            self._tasks.pop(key, None)
+
+    async def aclose(self) -> None:
+        """Start no more refreshes; cancel those under way and wait until they end."""
+        self._closed = True
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def running(self) -> int:
+        """Refreshes running on this loop."""
+        return len(self._tasks)
 
 
 def warn_refresh_raised(warn: RateLimitedLog, key: str, error: Exception) -> None:

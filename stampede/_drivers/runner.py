@@ -1,11 +1,24 @@
-"""The blocking driver: the hit path, the in-process singleflight, and the effects of the
-flow performed with blocking calls (threads, or greenlets under gevent)."""
+# Generated from arunner.py by .ci/unasync.py: do not edit.
+# Edit the asyncio source, then run `python .ci/unasync.py`.
+"""The runner: the hit path, the in-process singleflight, and the effects of the flow,
+performed with awaits or with blocking calls (threads, or greenlets under gevent): one
+text, the asyncio source and the blocking module ``.ci/unasync.py`` makes of it. The
+decisions are the flow's and the flight's; this module only performs I/O. Where the
+shared state lives (one for the threads of a process, one per event loop) is
+``_drivers.state``.
+
+Interruptions: a leader stopped by something other than an Exception (a cancelled task,
+a KeyboardInterrupt, a killed greenlet) passes it into the flow like any interruption, so
+the lock is released (by token, shielded from a second cancellation) before it
+propagates; those who joined its flight start over, and one of them leads. An interrupted
+joiner only ends its own wait.
+"""
 
 from __future__ import annotations
 
 import functools
+import math
 import random
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -27,72 +40,49 @@ from .._core.flow import (
 )
 from .._core.freshness import Served
 from .._core.keys import EntryKeys
-from .._core.leases import ONE_SERVER, LeasePolicy
 from .._core.many import Found, failed_reads, read_many, take_hits
-from .._core.store import LockServers, Store
+from .._core.store import Store
 from .._errors import BackendUnavailable
 from .batch import Entry, new_entry, performers_for
 from .batched import BatchPerformer
-from .leases import Leases
 from .many import batch_name, finish_entry, first_failure, near_many, one_of, refreshed
 from .near import MISSING, NearCache
-from .observe import Events, RateLimitedLog
 from .perform import Performer, run
-from .refresh import Refresher, report_stale
-from .singleflight import FlightTable
+from .refresh import report_stale
+from .singleflight import Waiter
+from .state import State, States
 from .trace import joining, lease_token
-from .watchdog import Watchdog
 
 
-class Runner:
-    """Runs calls of blocking loaders against one store."""
-
-    def __init__(
-        self,
-        store: Store,
-        events: Events,
-        warn: RateLimitedLog,
-        watchdog: Watchdog,
-        refreshes: int = 8,
-        policy: LeasePolicy = ONE_SERVER,
-        servers: LockServers | None = None,
-    ) -> None:
-        self.store = store
-        self.leases = Leases(policy, store, servers)  # where a load's lease is held (``_core.leases``)
-        self.near: NearCache | None = None  # the layer's, if it has one
-        self.flights = FlightTable()
-        self.refresher = Refresher(refreshes, events, warn)
-        self._events = events
-        self.events = events  # what its calls' traces hear (``_drivers.trace``)
-        self._warn = warn
-        self._watchdog = watchdog
+class Runner(States):
+    """Runs calls of loaders against the state its base keeps (``_drivers.state``)."""
 
     def call(self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The value of the entry: from the cache, from another caller's read or load, or loaded.
 
-        Of the callers of one key in this process, the first leads and the rest wait for
-        its outcome: concurrent callers share one read, and on a miss one load. A leader
-        stopped by something other than an Exception (KeyboardInterrupt, a killed greenlet)
-        passes nothing on: those who waited start over, and one of them leads.
+        Of the callers of one key in this process (on this event loop), the first leads
+        and the rest wait for its outcome: concurrent callers share one read, and on a
+        miss one load.
         """
         near = self.near
         if spec.near and near is not None:
             value = near.get(value_key, spec.codec, spec.near_shared)
             if value is not MISSING:
                 return value
-        flights = self.flights
+        state = self._state()
+        flights = state.flights
         joiner: Joiner | None = None  # made when a flight is in progress: hits make none
         while True:
-            flight, done = flights.join(value_key)
-            if done is None:
+            flight, leads = flights.join(value_key)
+            if leads:
                 break
             if joiner is None:
                 joiner = Joiner(value_key, spec, self._events)
             timeout = joiner.joins(flight)
             try:
-                joined = done.wait(timeout)
+                joined = flights.wait(flight, timeout)
             except BaseException:
-                joiner.interrupted()  # a KeyboardInterrupt, a killed greenlet
+                joiner.interrupted()  # a cancelled task, a KeyboardInterrupt, a killed greenlet
                 raise
             joining(flight)  # its trace links to the leader's load
             value = joiner.outcome(flight, joined)
@@ -102,14 +92,14 @@ class Runner:
                 ctx = self._context(value_key, spec, args, kwargs)
                 ctx.began = joiner.joined_first  # it shares a load without the lease begun after that
                 loader = functools.partial(spec.func, *args, **kwargs)
-                return self._drive(after_wait_timeout(ctx), ctx, loader)
+                return self._drive(after_wait_timeout(ctx), ctx, loader, state)
             if flight.stale:
                 report_stale()
             return value
         if joiner is not None:
             joiner.leads()
         try:
-            value = self._lead(value_key, spec, args, kwargs, flight, joiner)
+            value = self._lead(value_key, spec, args, kwargs, state, flight, joiner)
         except BaseException as error:
             flights.finish(value_key, flight, error=error)
             raise
@@ -124,18 +114,19 @@ class Runner:
         spec: LoaderSpec,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
+        state: State,
         flight: Flight,
         joiner: Joiner | None = None,
     ) -> Any:
         """Lead ``flight``: read, and on a miss fill (``flow.fill``). ``joiner``: the
         caller's waits before it led (it started over), from whose first its bounds run."""
         flight.sent, flight.codec = 1, spec.codec
-        store = self.store
+        store = state.store
         near = self.near if spec.near else None
         ttl_left, failing = -1.0, False
         try:
             if near is not None:
-                raw, ttl_left, failing = self._read_for_near(near, value_key, spec)
+                raw, ttl_left, failing = self._read_for_near(near, store, value_key, spec)
             elif spec.reads_ttl:
                 raw, ttl_left, failing = store.get_with_ttl(value_key, spec.reads_failing)
             else:
@@ -148,34 +139,37 @@ class Runner:
                 return found  # a value, as it was read
             if isinstance(found, Served):
                 if found.refresh is not None:
-                    self._refresh(value_key, spec, args, kwargs, found)
+                    self._refresh(state, value_key, spec, args, kwargs, found)
                 return found.value
         refuse_recursion(value_key)
         ctx = self._context(value_key, spec, args, kwargs)
         if joiner is not None:
             ctx.began = joiner.joined_first  # a load it waits for is bounded from there (load_soft_timeout)
         loader = functools.partial(spec.func, *args, **kwargs)
-        return self._drive(fill(ctx, found), ctx, loader, flight)
+        return self._drive(fill(ctx, found), ctx, loader, state, flight)
 
     def call_many(self, keys: Sequence[str], spec: LoaderSpec, load: Callable[[list[int]], list[Any]]) -> list[Any]:
         """The values of many entries, in the order of ``keys`` (see ``_core.many``).
         ``load(positions)`` calls the loader with the ids at those positions of the call
         and returns their values in that order."""
+        state = self._state()
         if not keys:
             return []
         if not spec.near and not spec.reads_ttl:  # a warm page: one MGET, one loop
             try:
-                raws = self.store.get_many(keys)
+                raws = state.store.get_many(keys)
             except BackendUnavailable as error:
-                return self._call_many(keys, spec, load, [MISSING] * len(keys), list(range(len(keys))), error)
+                return self._call_many(keys, spec, load, [MISSING] * len(keys), list(range(len(keys))), error, state)
             hits, missed = spec.codec.decode_hits(raws)
             self._events.incr("batch_reads")
             if not missed:
                 self._events.incr("hits", len(hits))
                 return hits
-            return self._call_many(keys, spec, load, [MISSING] * len(keys), list(range(len(keys))), None, (raws, hits))
+            return self._call_many(
+                keys, spec, load, [MISSING] * len(keys), list(range(len(keys))), None, state, (raws, hits)
+            )
         values = [MISSING] * len(keys)
-        return self._call_many(keys, spec, load, values, near_many(self.near, keys, spec, values), None)
+        return self._call_many(keys, spec, load, values, near_many(self.near, keys, spec, values), None, state)
 
     def _call_many(
         self,
@@ -185,6 +179,7 @@ class Runner:
         values: list[Any],
         wanted: list[int],
         failed: BackendUnavailable | None,
+        state: State,
         read: tuple[list[bytes | None], list[Any]] | None = None,
     ) -> list[Any]:
         """``call_many`` past the near cache: the entries ``wanted`` read (unless that
@@ -194,7 +189,7 @@ class Runner:
         if wanted and not spec.reads_ttl and failed is None:
             try:
                 if read is None:
-                    raws = [found[0] for found in self._read_many([keys[index] for index in wanted], spec)]
+                    raws = [found[0] for found in self._read_many([keys[index] for index in wanted], spec, state)]
                     read = raws, spec.codec.decode_hits(raws)[0]
                     self._events.incr("batch_reads")
             except BackendUnavailable as error:
@@ -202,37 +197,36 @@ class Runner:
             else:
                 wanted = take_hits(*read, wanted, values, self._events, absent)
         led: dict[int, Flight] = {}
-        joined: list[tuple[int, Flight, threading.Event]] = []
+        joined: list[tuple[int, Flight]] = []
         for index in wanted:
-            flight, done = self.flights.join(keys[index])
-            if done is None:
+            flight, leads = state.flights.join(keys[index])
+            if leads:
                 led[index] = flight
             else:
-                joined.append((index, flight, done))
-        waits = []
+                joined.append((index, flight))
+        waits = []  # each joined flight's wait, begun now: it may finish during this call's own loads
         try:
-            for index, flight, done in joined:
+            for index, flight in joined:
                 joiner = Joiner(keys[index], one_of(spec, load, index), self._events)  # RecursiveLoad, at once
-                joiner.joins(flight)  # joined now: what the flight sent before is not this caller's
-                waits.append((index, joiner, flight, done))
+                waits.append((index, joiner, flight, state.flights.waiter(flight, joiner.joins(flight))))
         except BaseException as error:
             for _, joiner, _, _ in waits:
                 joiner.interrupted()  # its wait, reported begun, ends
             for index, flight in led.items():
-                self.flights.finish(keys[index], flight, error=error)
+                state.flights.finish(keys[index], flight, error=error)
             raise
         if led:
-            self._lead_many(keys, spec, load, led, values, failed, absent)
-        for index, joiner, flight, done in waits:  # in flight here: waited for once this call's own are done
-            values[index] = self._wait_joined(keys[index], joiner, flight, done)
+            self._lead_many(keys, spec, load, led, values, state, failed, absent)
+        for index, joiner, flight, waiter in waits:  # in flight here: waited for once this call's own are done
+            values[index] = self._wait_joined(keys[index], joiner, flight, waiter, state)
         return values
 
-    def _wait_joined(self, value_key: str, joiner: Joiner, flight: Flight, done: threading.Event) -> Any:
+    def _wait_joined(self, value_key: str, joiner: Joiner, flight: Flight, waiter: Waiter, state: State) -> Any:
         """Wait for another caller's flight of one entry of a many-key call, as ``call``
         waits: its value, or if it must start over, a single call of the entry."""
         spec = joiner.spec
         try:
-            joined = done.wait(max(0.0, joiner.deadline - time.monotonic()))
+            joined = waiter.wait()
         except BaseException:
             joiner.interrupted()
             raise
@@ -240,7 +234,7 @@ class Runner:
         if value is Outcome.TIMED_OUT:
             ctx = self._context(value_key, spec)
             ctx.began = joiner.joined_first
-            return self._drive(after_wait_timeout(ctx), ctx, spec.func)
+            return self._drive(after_wait_timeout(ctx), ctx, spec.func, state)
         if value is Outcome.START_OVER:
             return self.call(value_key, spec, (), {})  # its wait is bounded anew by wait_timeout
         return value
@@ -252,6 +246,7 @@ class Runner:
         load: Callable[[list[int]], list[Any]],
         led: dict[int, Flight],
         values: list[Any],
+        state: State,
         failed: BackendUnavailable | None,
         absent: set[int],
     ) -> None:
@@ -259,7 +254,7 @@ class Runner:
         together. An entry the call's first read found ``absent`` is not read again (a
         miss has no value to hand a joiner), nor is any after that read ``failed``.
         Every flight it leads is finished, whatever happens."""
-        flights, unfinished = self.flights, dict(led)
+        flights, unfinished = state.flights, dict(led)
         try:
             for flight in led.values():
                 flight.sent, flight.codec = 1, spec.codec
@@ -269,7 +264,7 @@ class Runner:
             try:
                 if failed is not None:
                     raise failed
-                reads = self._read_many(unread_keys, spec) if unread else []
+                reads = self._read_many(unread_keys, spec, state) if unread else []
             except BackendUnavailable as error:
                 self._events.incr("batch_reads")
                 found = failed_reads(unread, self._events, self._warn, error)
@@ -285,14 +280,14 @@ class Runner:
                 values[index] = value
                 flights.finish(keys[index], unfinished.pop(index), value=value)
             if found.refreshes:
-                self._refresh_many(keys, spec, load, found.refreshes)
+                self._refresh_many(state, keys, spec, load, found.refreshes)
             if not found.misses:
                 return
             misses = sorted(found.misses)  # the ids in the order asked
             for index in misses:
                 refuse_recursion(keys[index])
             entries = [
-                new_entry(index, self._context(keys[index], spec, (index,)), self.leases.policy, led[index])
+                new_entry(index, self._context(keys[index], spec, (index,)), state.leases.policy, led[index])
                 for index in misses
             ]
             flows = [fill(entry.ctx, found.misses[entry.position]) for entry in entries]
@@ -300,7 +295,7 @@ class Runner:
             def ended(index: int, outcome: Any) -> None:
                 finish_entry(flights, keys, entries[index], outcome, unfinished, values)
 
-            failure = first_failure(self._drive_many(flows, entries, load, ended))
+            failure = first_failure(self._drive_many(flows, entries, load, state, ended))
             if failure is not None:
                 raise failure
         except BaseException as error:
@@ -308,18 +303,18 @@ class Runner:
                 flights.finish(keys[index], flight, error=error)
             raise
 
-    def _read_many(self, keys: list[str], spec: LoaderSpec) -> list[tuple[bytes | None, float, bool]]:
+    def _read_many(self, keys: list[str], spec: LoaderSpec, state: State) -> list[tuple[bytes | None, float, bool]]:
         """Read ``keys`` in one round trip, with their TTLs if a freshness setting or the
         near cache needs them, and copy each into the near cache under its rules (a read
         begun before an invalidation of its key copies nothing: ``_read_for_near``)."""
         near = self.near if spec.near else None
         if near is None:
             if spec.reads_ttl:
-                return self.store.get_many_with_ttl(keys, spec.reads_failing)
-            return [(raw, -1.0, False) for raw in self.store.get_many(keys)]
+                return state.store.get_many_with_ttl(keys, spec.reads_failing)
+            return [(raw, -1.0, False) for raw in state.store.get_many(keys)]
         tickets = [near.begin(key) for key in keys]
         try:
-            reads = self.store.get_many_with_ttl(keys, spec.reads_failing)
+            reads = state.store.get_many_with_ttl(keys, spec.reads_failing)
         except BaseException:
             for ticket in tickets:
                 near.cancel(ticket)
@@ -329,21 +324,30 @@ class Runner:
         return reads
 
     def _refresh_many(
-        self, keys: Sequence[str], spec: LoaderSpec, load: Callable[[list[int]], list[Any]], served: dict[int, Served]
+        self,
+        state: State,
+        keys: Sequence[str],
+        spec: LoaderSpec,
+        load: Callable[[list[int]], list[Any]],
+        served: dict[int, Served],
     ) -> None:
-        """Start one background refresh of every stale entry ``served``: one loader call."""
+        """Start one background refresh of every stale entry ``served``: one loader call
+        (``_refresh``'s rules)."""
+        name = batch_name(keys, served)
+        if state.refresher.busy(name):
+            return
         entries = [
-            new_entry(index, self._context(keys[index], spec, (index,)), self.leases.policy, None) for index in served
+            new_entry(index, self._context(keys[index], spec, (index,)), state.leases.policy, None) for index in served
         ]
         flows = [refresh(entry.ctx, *refreshed(served[entry.position])) for entry in entries]
 
         def work() -> None:
-            failure = first_failure(self._drive_many(flows, entries, load))
+            failure = first_failure(self._drive_many(flows, entries, load, state))
             if failure is not None:
                 raise failure
 
         early = sum(1 for found in served.values() if found.early)
-        if self.refresher.start(batch_name(keys, served), work) and early:
+        if state.refresher.start(name, work) and early:
             self._events.incr("early_refreshes", early)
 
     def _drive_many(
@@ -351,27 +355,28 @@ class Runner:
         flows: list[Flow],
         entries: list[Entry],
         load: Callable[[list[int]], list[Any]],
+        state: State,
         ended: Callable[[int, Any], None] = lambda index, outcome: None,
     ) -> list[Any]:
         """Perform the flows together (``batch.together``): each entry's own steps on a
         lease of its own, the rest in one round trip or one loader call."""
-        leases = self.leases
+        leases, watchdog = state.leases, state.watchdog
 
         def performer(entry: Entry) -> Performer:
-            return Performer(
-                entry.lease, store=leases.store, servers=leases.servers, watchdog=self._watchdog, renewal=leases
-            )
+            return Performer(entry.lease, store=leases.store, servers=leases.servers, watchdog=watchdog, renewal=leases)
 
-        perform = BatchPerformer(entries, leases.store, load, self._watchdog, leases, self._events)
+        perform = BatchPerformer(entries, leases.store, load, watchdog, leases, self._events)
         with performers_for(entries, performer):
             return run(together(flows, ended), perform)
 
-    def _read_for_near(self, near: NearCache, value_key: str, spec: LoaderSpec) -> tuple[bytes | None, float, bool]:
+    def _read_for_near(
+        self, near: NearCache, store: Store, value_key: str, spec: LoaderSpec
+    ) -> tuple[bytes | None, float, bool]:
         """Read the value with its TTL, and copy it into the near cache unless an
         invalidation of the key came in since the read began (see ``_drivers.near``)."""
         ticket = near.begin(value_key)
         try:
-            raw, ttl_left, failing = self.store.get_with_ttl(value_key, spec.reads_failing)
+            raw, ttl_left, failing = store.get_with_ttl(value_key, spec.reads_failing)
         except BaseException:
             near.cancel(ticket)
             raise
@@ -379,14 +384,24 @@ class Runner:
         return raw, ttl_left, failing
 
     def _refresh(
-        self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any], found: Served
+        self,
+        state: State,
+        value_key: str,
+        spec: LoaderSpec,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        found: Served,
     ) -> None:
-        """Start a background refresh of the value ``found`` (see ``_drivers.refresh``)."""
+        """Start a background refresh of the value ``found``, as ``_drivers.refresh``
+        says: one per key, at most ``refreshes`` at once."""
         assert found.refresh is not None
+        if state.refresher.busy(value_key):
+            return
         ctx = self._context(value_key, spec, args, kwargs)
         loader = functools.partial(spec.func, *args, **kwargs)
-        work = functools.partial(self._drive, refresh(ctx, found.refresh, found.life_left, found.raw), ctx, loader)
-        if self.refresher.start(value_key, work) and found.early:
+        flow = refresh(ctx, found.refresh, found.life_left, found.raw)
+        work = functools.partial(self._drive, flow, ctx, loader, state)
+        if state.refresher.start(value_key, work) and found.early:
             self._events.incr("early_refreshes")
 
     def _context(
@@ -401,45 +416,42 @@ class Runner:
     def set(self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> bool:
         """Write ``result`` over the entry, overtaking any load in flight (``controls.put``)."""
         ctx = self._context(value_key, spec, args, kwargs)
-        return bool(self._drive(put(ctx, result), ctx, no_load))
+        return bool(self._drive(put(ctx, result), ctx, no_load, self._state()))
 
     def refresh(self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Load the entry now, shared with every refresh and miss of it at the same moment
         (``controls.reload``), and return the value."""
         refuse_recursion(value_key)
         ctx = self._context(value_key, spec, args, kwargs)
-        return self._drive(reload(ctx), ctx, functools.partial(spec.func, *args, **kwargs))
+        return self._drive(reload(ctx), ctx, functools.partial(spec.func, *args, **kwargs), self._state())
 
     def peek(self, value_key: str, spec: LoaderSpec) -> tuple[Any, bool] | None:
         """What the entry holds that a caller could be served (``controls.peeked``)."""
-        store = self.store
+        store = self._state().store
         if not spec.reads_ttl:
             return peeked(store.get(value_key), -1.0, False, spec.codec, spec.settings)
         raw, ttl_left, failing = store.get_with_ttl(value_key, True)
         return peeked(raw, ttl_left, failing, spec.codec, spec.settings)
 
     def invalidate(self, keys: EntryKeys) -> None:
-        self.leases.invalidate(keys)
+        self._state().leases.invalidate(keys)
 
     def expire(self, keys: EntryKeys) -> None:
-        self.leases.expire(keys)
+        self._state().leases.expire(keys)
 
-    def forget(self, key: str) -> None:
-        """Detach the key's flight: later callers read afresh (after an invalidation)."""
-        self.flights.forget(key)
-
-    def _unleased(self, value_key: str, began: float, load: Callable[[], Any]) -> Any:
+    def _unleased(self, state: State, value_key: str, began: float, load: Callable[[], Any]) -> Any:
         """A load of ``value_key`` without the lease, for a call that began at ``began``:
-        one at a time per key in this process, shared by the callers that need one
-        meanwhile and began before it did (``_core.flight.shares_fallback``). Each caller
-        encodes and reads back the loader's value for itself (``flow._load_uncached``)."""
+        one at a time per key in this process (event loop), shared by the callers that
+        need one meanwhile and began before it did (``_core.flight.shares_fallback``).
+        Each caller encodes and reads back the loader's value for itself
+        (``flow._load_uncached``)."""
         key = fallback_key(value_key)
-        flights = self.flights
+        flights = state.flights
         while True:
-            flight, done = flights.join(key)
-            if done is None:
+            flight, leads = flights.join(key)
+            if leads:
                 break
-            done.wait()
+            flights.wait(flight, math.inf)
             if shares_fallback(flight, began):
                 self._events.incr("collapsed")
                 if flight.error is not None:
@@ -455,21 +467,28 @@ class Runner:
         flights.finish(key, flight, value=value)
         return value
 
-    def _drive(self, flow: Flow, ctx: Context, loader: Callable[[], Any], flight: Flight | None = None) -> Any:
-        """Perform the flow (``perform.run``) on a lease of a new token, held where the
+    def _drive(
+        self,
+        flow: Flow,
+        ctx: Context,
+        loader: Callable[[], Any],
+        state: State,
+        flight: Flight | None = None,
+    ) -> Any:
+        """Perform the flow (``perform.arun``) on a lease of a new token, held where the
         layer's policy holds leases. The leader's ``flight`` counts the steps that may
         produce the value (see Flight)."""
         lease = Lease(ctx.keys, lease_token(ctx, flight), milliseconds(ctx.settings.lock_ttl))
-        leases = self.leases
+        leases = state.leases
         ctx.leases = leases.policy.bind(lease)
         performer = Performer(
             lease,
             store=leases.store,
             servers=leases.servers,
             loader=loader,
-            watchdog=self._watchdog,
+            watchdog=state.watchdog,
             renewal=leases,
-            unleased=functools.partial(self._unleased, ctx.keys.value, ctx.began),
+            unleased=functools.partial(self._unleased, state, ctx.keys.value, ctx.began),
         )
         with performer:
             if flight is None:

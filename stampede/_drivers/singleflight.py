@@ -18,7 +18,10 @@ cancels nobody else.
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
+import time
+from dataclasses import dataclass
 from typing import Any
 
 from .._core.flight import Flight
@@ -38,18 +41,30 @@ class FlightTable:
         self._lock = threading.Lock()
         self._flights = {}
 
-    def join(self, key: str) -> tuple[Flight, threading.Event | None]:
-        """The open flight for ``key``, and the event to wait on. None if the caller
-        leads (the flight was just opened)."""
+    def join(self, key: str) -> tuple[Flight, bool]:
+        """The open flight for ``key``, and True if the caller leads it (the flight was
+        just opened). A joiner then waits: ``wait``, or ``waiter`` for a wait begun now."""
         with self._lock:
             flight = self._flights.get(key)
             if flight is None:
                 self._flights[key] = flight = Flight()
-                return flight, None
+                return flight, True
             if flight.done is None:
                 flight.done = threading.Event()
-            done: threading.Event = flight.done
-            return flight, done
+            return flight, False
+
+    @staticmethod
+    def wait(flight: Flight, timeout: float) -> bool:
+        """Wait for the leader of a flight joined: True once it finishes, False after
+        ``timeout`` seconds (``math.inf``: no bound)."""
+        done: threading.Event = flight.done
+        return done.wait(timeout if timeout < math.inf else None)
+
+    @staticmethod
+    def waiter(flight: Flight, timeout: float) -> Waiter:
+        """A wait of a flight joined, bounded from now, to be waited for later (a many-key
+        call joins its flights before it leads its own)."""
+        return Waiter(flight.done, time.monotonic() + timeout)
 
     def finish(self, key: str, flight: Flight, value: Any = None, error: BaseException | None = None) -> None:
         """Record the leader's outcome and wake everyone who joined."""
@@ -66,6 +81,21 @@ class FlightTable:
             self._flights.pop(key, None)
 
 
+@dataclass(slots=True)
+class Waiter:
+    """A blocking joiner's wait, begun at ``FlightTable.waiter``."""
+
+    done: threading.Event
+    deadline: float  # monotonic
+
+    def wait(self) -> bool:
+        """True once the leader finishes, False at the deadline."""
+        return self.done.wait(max(0.0, self.deadline - time.monotonic()))
+
+
+AsyncWaiter = asyncio.Future[bool]  # an asyncio joiner's wait: awaited
+
+
 class AsyncFlightTable:
     """The flights of the tasks of one event loop."""
 
@@ -80,10 +110,11 @@ class AsyncFlightTable:
             return flight, True
         return flight, False
 
-    def wait(self, flight: Flight, timeout: float) -> asyncio.Future[bool]:
+    def wait(self, flight: Flight, timeout: float) -> AsyncWaiter:
         """A future of the caller's own: True once the leader finishes, False after
         ``timeout``. One timer per flight serves all its joiners (a thousand joiners
-        must not cost a thousand timers)."""
+        must not cost a thousand timers). Made at once, awaited now or later: ``waiter``
+        is the same."""
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[bool] = loop.create_future()
         deadline = loop.time() + timeout
@@ -96,6 +127,8 @@ class AsyncFlightTable:
                 flight.timer.cancel()
             flight.timer = loop.call_at(deadline, self._expire, flight, loop)
         return waiter
+
+    waiter = wait
 
     def finish(self, key: str, flight: Flight, value: Any = None, error: BaseException | None = None) -> None:
         flight.value, flight.error = value, error

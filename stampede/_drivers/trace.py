@@ -489,16 +489,16 @@ def _refresh_trace() -> CallTrace | None:
     return refresh
 
 
-def background(work: Callable[[], None]) -> Callable[[], None]:
+def background(work: Callable[[], object]) -> Callable[[], object]:
     """``work`` (a blocking refresh, about to be handed to a worker) to run under a trace
     of its own if the current call is traced; else ``work`` itself."""
     refresh = _refresh_trace()
     if refresh is None:
         return work
 
-    def traced() -> None:
+    def traced() -> object:
         with refresh:
-            work()
+            return work()
 
     return traced
 

@@ -68,8 +68,6 @@ from stampede._backends.redis.anotify import AsyncSubscriber  # noqa: E402
 from stampede._backends.redis.ashards import AsyncShardedSubscriber  # noqa: E402
 from stampede._backends.redis.notify import Subscriber  # noqa: E402
 from stampede._backends.redis.shards import ShardedSubscriber  # noqa: E402
-from stampede._drivers.arunner import AsyncRunner  # noqa: E402
-from stampede._drivers.runner import Runner  # noqa: E402
 from stampede._drivers.singleflight import AsyncFlightTable, FlightTable  # noqa: E402
 
 from ..twin_bodies import current, recorded, recorded_on, this_python  # noqa: E402
@@ -88,7 +86,6 @@ BODY_PAIRS = [
     *(pair for pair in STORE_PAIRS if pair[0] not in (Store, LockServers, MemoryStore) and not generated(pair[0])),
     (Subscriber, AsyncSubscriber),
     (ShardedSubscriber, AsyncShardedSubscriber),
-    (Runner, AsyncRunner),
     (FlightTable, AsyncFlightTable),
 ]
 
