@@ -50,7 +50,7 @@ def worker(options: argparse.Namespace) -> None:
         time.sleep(options.delay)
         return {"key": key}
 
-    layer._runner.store.get("warm-up")  # type: ignore[union-attr]  # open a connection
+    layer.store().get("warm-up")  # open a connection
     print("ready", flush=True)
     if sys.stdin.readline().strip() != "go":
         return
@@ -200,7 +200,7 @@ def first_write(layer: Stampede, key: str, fault: float, timeout: float = 60.0) 
     every 10 ms. The layer's threads share the client: when one of their commands fails,
     redis-py disconnects the node's connections, and a probe mid-command on one of them
     meets what the store calls ``TORN_DOWN`` (a ValueError from the pure-Python parser)."""
-    client = layer._runner.store.client  # type: ignore[union-attr]
+    client = layer.store().client  # type: ignore[attr-defined]
     deadline = fault + timeout
     while time.monotonic() < deadline:
         try:

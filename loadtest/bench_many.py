@@ -306,7 +306,7 @@ def half_worker(options: argparse.Namespace) -> None:
         time.sleep(options.delay)
         return {id_: {"id": id_} for id_ in product_ids}
 
-    layer._runner.store.get("warm-up")  # type: ignore[union-attr]
+    layer.store().get("warm-up")
     print("ready", flush=True)
     if sys.stdin.readline().strip() != "go":
         return

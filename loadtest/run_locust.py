@@ -42,7 +42,7 @@ from metrics_plot import MetricsSampler, plot_metrics  # noqa: E402
 from shop import ShopDatabase  # noqa: E402
 from standalone import WebApp  # noqa: E402
 
-from stampede.testing import server_url  # noqa: E402
+from stampede.testing import free_port, server_url  # noqa: E402
 
 
 def forget_previous_runs(url: str) -> None:
@@ -54,6 +54,14 @@ def forget_previous_runs(url: str) -> None:
     client.close()
 
 
+def master_port() -> list[str]:
+    """Locust's options for a master port of this run's own: with ``--processes`` its
+    workers talk to the master over 5557 by default, which another run on the machine
+    may hold (the suite runs the load test and the locustfile at once)."""
+    port = str(free_port())
+    return ["--master-bind-port", port, "--master-port", port]
+
+
 def run(protection: str, url: str, options: argparse.Namespace) -> dict[str, Any]:
     """One Locust run; its figures (from the query log and Locust's CSV) and exit code."""
     out: Path = options.out
@@ -63,7 +71,7 @@ def run(protection: str, url: str, options: argparse.Namespace) -> dict[str, Any
     try:
         app.wait_ready()
         command = [
-            sys.executable, "-m", "locust", "-f", str(HERE / "locustfile.py"), "--headless",
+            sys.executable, "-m", "locust", "-f", str(HERE / "locustfile.py"), "--headless", *master_port(),
             "--processes", str(options.processes), "-u", str(options.users), "-r", str(options.spawn_rate),
             "-t", f"{options.run_time}s", "--stop-timeout", "5", "--host", app.base, "--only-summary",
             "--csv", str(out / protection), "--csv-full-history", "--html", str(out / f"{protection}.html"),

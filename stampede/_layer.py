@@ -25,10 +25,12 @@ from ._backend import (
 from ._cached import CachedLoader, CachedManyLoader
 from ._core.codec import Codec, Serializer, TypedSerializer
 from ._core.config import (
+    LOADER_SETTING_NAMES,
+    MANY_LOADER_SETTING_NAMES,
     SETTING_NAMES,
-    Compression,
-    NearMode,
-    Policy,
+    LayerSettings,
+    LoaderSettings,
+    ManyLoaderSettings,
     Settings,
     check_count,
     check_namespace,
@@ -61,7 +63,9 @@ if typing.TYPE_CHECKING:
     import redis.asyncio.cluster
     from kazoo.client import KazooClient
     from psycopg_pool import ConnectionPool
+    from typing_extensions import Unpack  # typing's, from Python 3.11
 
+    from ._core.backend import Inspector
     from .postgres import AdvisoryLock
 
 log = logging.getLogger("stampede")
@@ -81,11 +85,16 @@ AsyncClient = Union[
 M = TypeVar("M", bound=Callable[..., Any])
 
 
-def _layer_method(method: M) -> M:
-    """A layer's decorator maker that refuses, with a ``ConfigError`` that says what to do,
-    a call on the class instead of on a layer, and a setting's name it does not know
-    (naming the closest one), where Python would say only ``TypeError``."""
-    parameters = set(inspect.signature(method).parameters) - {"self", "template"}
+def _layer_method(settings: frozenset[str]) -> Callable[[M], M]:
+    """A layer's decorator maker, taking ``settings`` as keyword arguments, that refuses,
+    with a ``ConfigError`` that says what to do, a call on the class instead of on a
+    layer, and a setting's name it does not know (naming the closest one), where Python
+    would say only ``TypeError``."""
+    return functools.partial(_checked_layer_method, settings=settings)
+
+
+def _checked_layer_method(method: M, settings: frozenset[str]) -> M:
+    parameters = set(inspect.signature(method).parameters) - {"self", "template", "settings"} | settings
     name = method.__name__
 
     @functools.wraps(method)
@@ -150,7 +159,7 @@ class Stampede:
         observers: Iterable[Observer] = (),
         postgres: ConnectionPool[Any] | str | None = None,
         zookeeper: KazooClient | str | None = None,
-        **settings: Any,
+        **settings: Unpack[LayerSettings],
     ) -> None:
         refuse_unknown(settings, SETTING_NAMES)
         self.settings = Settings(**renamed(settings, stacklevel=2))
@@ -212,7 +221,7 @@ class Stampede:
         check: bool = False,
         cluster: bool = False,
         zookeeper: KazooClient | str | None = None,
-        **settings: Any,
+        **settings: Unpack[LayerSettings],
     ) -> Stampede:
         """A layer over clients for ``url`` with bounded timeouts and no hidden retries,
         so no call spends longer than wait_timeout plus one socket timeout on Redis.
@@ -271,55 +280,19 @@ class Stampede:
         self,
         template: str | None = None,
         *,
-        ttl: float | None = None,
-        null_ttl: float | None = None,
-        lock_ttl: float | None = None,
-        wait_timeout: float | None = None,
-        on_wait_timeout: Policy | None = None,
-        on_backend_error: Policy | None = None,
-        on_redis_error: Policy | None = None,  # deprecated: on_backend_error
-        max_value_bytes: int | None = None,
-        stale_while_revalidate: float | None = None,
-        stale_if_error: float | None = None,
-        early_refresh: float | None = None,
-        stale_retry_interval: float | None = None,
-        near_cache: NearMode | None = None,
-        near_ttl: float | None = None,
-        load_timeout: float | None = None,
-        load_soft_timeout: float | None = None,
-        cancel_on_timeout: bool | None = None,
-        compress_above: int | None = None,
-        compression: Compression | None = None,
         serializer: Serializer | None = None,
         tags: Sequence[str] | None = None,
+        **settings: Unpack[LoaderSettings],
     ) -> LoaderDecorator: ...
 
-    @_layer_method
+    @_layer_method(LOADER_SETTING_NAMES)
     def cached_loader(
         self,
         template: str | Callable[..., Any] | None = None,
         *,
-        ttl: float | None = None,
-        null_ttl: float | None = None,
-        lock_ttl: float | None = None,
-        wait_timeout: float | None = None,
-        on_wait_timeout: Policy | None = None,
-        on_backend_error: Policy | None = None,
-        on_redis_error: Policy | None = None,  # deprecated: on_backend_error
-        max_value_bytes: int | None = None,
-        stale_while_revalidate: float | None = None,
-        stale_if_error: float | None = None,
-        early_refresh: float | None = None,
-        stale_retry_interval: float | None = None,
-        near_cache: NearMode | None = None,
-        near_ttl: float | None = None,
-        load_timeout: float | None = None,
-        load_soft_timeout: float | None = None,
-        cancel_on_timeout: bool | None = None,
-        compress_above: int | None = None,
-        compression: Compression | None = None,
         serializer: Serializer | None = None,
         tags: Sequence[str] | None = None,
+        **settings: Unpack[LoaderSettings],
     ) -> Any:
         """Decorate a loader, plain or ``async def``, or a method (``self`` is not part of
         the key). ``template`` (``"product:{product_id}"``) names the entry from the
@@ -329,64 +302,24 @@ class Stampede:
         layer's for this loader. ``@layer.cached_loader`` without parentheses works too.
         ``tags`` (``["category:{category_id}", "catalog"]``): templates over the key's
         fields naming groups the entries belong to, for ``invalidate_tag``."""
-        settings = self.settings.replace(
-            ttl=ttl,
-            null_ttl=null_ttl,
-            lock_ttl=lock_ttl,
-            wait_timeout=wait_timeout,
-            on_wait_timeout=on_wait_timeout,
-            on_backend_error=on_backend_error,
-            on_redis_error=on_redis_error,
-            stacklevel=4,
-            max_value_bytes=max_value_bytes,
-            stale_while_revalidate=stale_while_revalidate,
-            stale_if_error=stale_if_error,
-            early_refresh=early_refresh,
-            stale_retry_interval=stale_retry_interval,
-            near_cache=near_cache,
-            near_ttl=near_ttl,
-            load_timeout=load_timeout,
-            load_soft_timeout=load_soft_timeout,
-            cancel_on_timeout=cancel_on_timeout,
-            compress_above=compress_above,
-            compression=compression,
-        )
-        self._check_near(settings)
-        codec = self._codec_for(serializer, settings)
+        loader_settings = self.settings.replace(stacklevel=4, **settings)
+        self._check_near(loader_settings)
+        codec = self._codec_for(serializer, loader_settings)
         if template is not None and not isinstance(template, str):
             if not callable(template):
                 raise ConfigError(f"a key template must be a str, got {template!r}")
-            return LoaderDecorator(self, None, settings, codec)(template)  # bare @cached_loader
-        return LoaderDecorator(self, template, settings, codec, tags)
+            return LoaderDecorator(self, None, loader_settings, codec)(template)  # bare @cached_loader
+        return LoaderDecorator(self, template, loader_settings, codec, tags)
 
-    @_layer_method
+    @_layer_method(MANY_LOADER_SETTING_NAMES)
     def cached_loader_many(
         self,
         template: str,
         *,
         batch: str | None = None,
-        max_batch: int | None = None,
-        ttl: float | None = None,
-        null_ttl: float | None = None,
-        lock_ttl: float | None = None,
-        wait_timeout: float | None = None,
-        on_wait_timeout: Policy | None = None,
-        on_backend_error: Policy | None = None,
-        on_redis_error: Policy | None = None,  # deprecated: on_backend_error
-        max_value_bytes: int | None = None,
-        stale_while_revalidate: float | None = None,
-        stale_if_error: float | None = None,
-        early_refresh: float | None = None,
-        stale_retry_interval: float | None = None,
-        near_cache: NearMode | None = None,
-        near_ttl: float | None = None,
-        load_timeout: float | None = None,
-        load_soft_timeout: float | None = None,
-        cancel_on_timeout: bool | None = None,
-        compress_above: int | None = None,
-        compression: Compression | None = None,
         serializer: Serializer | None = None,
         tags: Sequence[str] | None = None,
+        **settings: Unpack[ManyLoaderSettings],
     ) -> ManyLoaderDecorator:
         """Decorate a loader of many ids, plain or ``async def``: it takes a collection of
         ids (its parameter ``batch``, by default the one the template leaves out) and
@@ -396,42 +329,20 @@ class Stampede:
         one call, each loaded once across callers and processes. Requests larger than
         ``max_batch`` are split. ``tags``: templates over the entry template's fields
         (the id's too). Other settings as ``cached_loader``'s."""
-        settings = self.settings.replace(
-            ttl=ttl,
-            null_ttl=null_ttl,
-            lock_ttl=lock_ttl,
-            wait_timeout=wait_timeout,
-            on_wait_timeout=on_wait_timeout,
-            on_backend_error=on_backend_error,
-            on_redis_error=on_redis_error,
-            stacklevel=4,
-            max_value_bytes=max_value_bytes,
-            stale_while_revalidate=stale_while_revalidate,
-            stale_if_error=stale_if_error,
-            early_refresh=early_refresh,
-            stale_retry_interval=stale_retry_interval,
-            near_cache=near_cache,
-            near_ttl=near_ttl,
-            load_timeout=load_timeout,
-            load_soft_timeout=load_soft_timeout,
-            cancel_on_timeout=cancel_on_timeout,
-            compress_above=compress_above,
-            compression=compression,
-            max_batch=max_batch,
-        )
-        self._check_near(settings)
-        if settings.load_timeout or settings.load_soft_timeout:
+        loader_settings = self.settings.replace(stacklevel=4, **settings)
+        self._check_near(loader_settings)
+        if loader_settings.load_timeout or loader_settings.load_soft_timeout:
             raise ConfigError(
                 "cached_loader_many does not bound its loads by load_timeout or load_soft_timeout yet: "
                 "give load_timeout=0, load_soft_timeout=0 (the layer's apply to cached_loader)"
             )
-        codec = self._codec_for(serializer, settings)
+        codec = self._codec_for(serializer, loader_settings)
         if not isinstance(template, str):
             raise ConfigError(
                 f'cached_loader_many takes a key template naming one id\'s entry, e.g. "product:{{product_id}}", '
                 f"got {template!r}"
             )
-        return ManyLoaderDecorator(self, template, batch, settings, codec, tags)
+        return ManyLoaderDecorator(self, template, batch, loader_settings, codec, tags)
 
     def _codec_for(self, serializer: Serializer | None, settings: Settings) -> Codec:
         """The layer's codec, or one of ``serializer``, under a loader's ``settings``."""
@@ -649,6 +560,32 @@ class Stampede:
         if value_keys:
             self._events.incr("tag_entries_dropped", len(value_keys))
         return len(value_keys)
+
+    @property
+    def serves_blocking(self) -> bool:
+        """Whether the layer has a blocking store: its loaders may be plain functions."""
+        return self._runner is not None
+
+    @property
+    def serves_async(self) -> bool:
+        """Whether the layer has a store for event loops: its loaders may be ``async def``."""
+        return self._async_runner is not None
+
+    def store(self) -> Store:
+        """The layer's store for blocking callers: what a backend's contract suite
+        (``stampede.testing.contract``) checks. Reading or writing entries through it
+        bypasses the layer's promises; a ``ConfigError`` without a blocking client."""
+        return self._blocking_store("store", "loop_store")
+
+    def loop_store(self) -> AsyncStore:
+        """``store()`` for the running event loop (each loop has its own)."""
+        return self._loop_store("loop_store", "store")
+
+    @property
+    def inspector(self) -> Inspector | None:
+        """What the command line reads of a shared store (``stampede.cli``); None when the
+        store is not shared (the embedded store lives in one process)."""
+        return self._backend.inspector
 
     def _blocking_runner(self, method: str, twin: str) -> Runner:
         if self._runner is None:
@@ -916,14 +853,34 @@ def cached_loader(template: Callable[P, R], /) -> CachedLoader[P, R]: ...
 
 
 @overload
-def cached_loader(template: str | None = None, **options: Any) -> LoaderDecorator: ...
+def cached_loader(
+    template: str | None = None,
+    *,
+    serializer: Serializer | None = None,
+    tags: Sequence[str] | None = None,
+    **settings: Unpack[LoaderSettings],
+) -> LoaderDecorator: ...
 
 
-def cached_loader(template: str | Callable[..., Any] | None = None, **options: Any) -> Any:
+def cached_loader(
+    template: str | Callable[..., Any] | None = None,
+    *,
+    serializer: Serializer | None = None,
+    tags: Sequence[str] | None = None,
+    **settings: Unpack[LoaderSettings],
+) -> Any:
     """``Stampede.cached_loader`` on the default layer (see ``default_layer``)."""
-    return default_layer().cached_loader(template, **options)
+    given: Any = template  # a template, or the loader itself (``@stampede.cached_loader``)
+    return default_layer().cached_loader(given, serializer=serializer, tags=tags, **settings)
 
 
-def cached_loader_many(template: str, **options: Any) -> ManyLoaderDecorator:
+def cached_loader_many(
+    template: str,
+    *,
+    batch: str | None = None,
+    serializer: Serializer | None = None,
+    tags: Sequence[str] | None = None,
+    **settings: Unpack[ManyLoaderSettings],
+) -> ManyLoaderDecorator:
     """``Stampede.cached_loader_many`` on the default layer (see ``default_layer``)."""
-    return default_layer().cached_loader_many(template, **options)
+    return default_layer().cached_loader_many(template, batch=batch, serializer=serializer, tags=tags, **settings)

@@ -201,7 +201,7 @@ class Session:
             )  # fmt: skip
         except ValueError as error:  # redis-py's word for a URL it cannot read
             raise Failed(f"bad URL {redacted(url)!r}: {error}", 2) from None
-        inspector = self.layer._backend.inspector
+        inspector = self.layer.inspector
         if inspector is None:
             self.layer.close()
             raise Failed(f"{redacted(url)!r} is a store in one process's memory: nothing to read from here", 2)

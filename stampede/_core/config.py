@@ -7,9 +7,9 @@ import difflib
 import math
 import re
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from .._errors import ConfigError
 from .compression import compressor
@@ -157,6 +157,54 @@ class Settings:
 SETTING_NAMES = frozenset(field.name for field in dataclasses.fields(Settings))
 
 
+class LoaderSettings(TypedDict, total=False):
+    """The settings one loader may give for itself (``cached_loader(...)``), as keyword
+    arguments typed for a type checker (PEP 692). What each means, and its default, is
+    ``Settings``'s; ``tests/tools/test_settings.py`` keeps the two alike."""
+
+    ttl: float
+    null_ttl: float
+    lock_ttl: float
+    wait_timeout: float
+    on_wait_timeout: Policy
+    on_backend_error: Policy
+    on_redis_error: Policy  # the old name of on_backend_error: taken, with a DeprecationWarning
+    max_value_bytes: int
+    stale_while_revalidate: float
+    stale_if_error: float
+    early_refresh: float
+    stale_retry_interval: float
+    near_cache: NearMode
+    near_ttl: float
+    load_timeout: float
+    load_soft_timeout: float
+    cancel_on_timeout: bool
+    compress_above: int
+    compression: Compression
+
+
+class ManyLoaderSettings(LoaderSettings, total=False):
+    """The settings a loader of many ids may give for itself (``cached_loader_many(...)``)."""
+
+    max_batch: int
+
+
+class LayerSettings(ManyLoaderSettings, total=False):
+    """Every setting: a layer's defaults (``Stampede(...)``, ``Stampede.from_url(...)``)."""
+
+    jitter: float
+    recheck_interval: float
+    max_key_length: int
+    inline_value_limit: int
+    breaker_threshold: int
+    breaker_cooldown: float
+    trace_keys: bool
+
+
+LOADER_SETTING_NAMES = frozenset(LoaderSettings.__optional_keys__)
+MANY_LOADER_SETTING_NAMES = frozenset(ManyLoaderSettings.__optional_keys__)
+
+
 def refuse_unknown(given: Iterable[str], known: Iterable[str]) -> None:
     """Raise ``ConfigError`` for the names in ``given`` that are not ``known`` settings,
     naming the closest known one of each (a typo must not pass as a default)."""
@@ -175,17 +223,17 @@ RENAMED = {"on_redis_error": "on_backend_error"}
 """Settings under an old name: taken, with a DeprecationWarning naming the new one."""
 
 
-def renamed(settings: dict[str, Any], stacklevel: int) -> dict[str, Any]:
+def renamed(settings: Mapping[str, Any], stacklevel: int) -> dict[str, Any]:
     """``settings`` with old names replaced by new ones, warning once per old name given.
     ``stacklevel`` counts as ``warnings.warn``'s does, from the function calling this one."""
+    named = dict(settings)
     for old, new in RENAMED.items():
-        if old in settings:
-            if new in settings:
+        if old in named:
+            if new in named:
                 raise ConfigError(f"{old} is the old name of {new}: give {new} only")
             warnings.warn(f"{old} is deprecated: use {new}", DeprecationWarning, stacklevel=stacklevel + 1)
-            settings = {**settings, new: settings[old]}
-            del settings[old]
-    return settings
+            named[new] = named.pop(old)
+    return named
 
 
 def check_namespace(namespace: str) -> str:

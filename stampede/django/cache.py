@@ -115,7 +115,7 @@ def _layer_for(location: str, options: dict[str, Any]) -> _Shared:
         settings = {"namespace": "django", **options, "jitter": 0.0, "serializer": PickleSerializer()}
         layer = Stampede(**settings) if location == MEMORY else Stampede.from_url(location, **settings)
         entry = layer.cached_loader("django:{key}")(_produce)
-        aentry = layer.cached_loader("django:{key}")(_aproduce) if layer._async_runner is not None else None
+        aentry = layer.cached_loader("django:{key}")(_aproduce) if layer.serves_async else None
         shared = _shared[identity] = _Shared(layer, entry, aentry)
         return shared
 

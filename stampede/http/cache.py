@@ -147,10 +147,10 @@ class ResponseCache:
         self._async: dict[tuple[float, float], AsyncCachedLoader[..., Any]] = {}
         self._serializer = StoredSerializer()
         self._shapes_seen: TTLCache[str, Shape] = TTLCache(SHAPES_KEPT, SHAPE_MEMORY)
-        self._shape = layer.cached_loader("http-shape:{base}", ttl=max_ttl)(_no_shape) if layer._runner else None
-        self._ashape = (
-            layer.cached_loader("http-shape:{base}", ttl=max_ttl)(_ano_shape) if layer._async_runner else None
+        self._shape = (
+            layer.cached_loader("http-shape:{base}", ttl=max_ttl)(_no_shape) if layer.serves_blocking else None
         )
+        self._ashape = layer.cached_loader("http-shape:{base}", ttl=max_ttl)(_ano_shape) if layer.serves_async else None
 
     @classmethod
     def from_url(cls, url: str, *, namespace: str = "http", **options: Any) -> ResponseCache:

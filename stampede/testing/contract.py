@@ -125,22 +125,19 @@ def store(
 ) -> Iterator[Any]:
     layer = contract_layer(namespace="contract")
     if request.param == "blocking":
-        assert layer._runner is not None
-        yield contract_view(layer, layer._runner.store)
+        yield contract_view(layer, layer.store())
         return
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    runner = layer._async_runner
-    assert runner is not None
 
     async def loop_store() -> Any:
-        return contract_view(layer, runner.loop_store())
+        return contract_view(layer, layer.loop_store())
 
     try:
         yield OnLoop(asyncio.run_coroutine_threadsafe(loop_store(), loop).result(timeout=20), loop)
     finally:
-        asyncio.run_coroutine_threadsafe(runner.aclose(), loop).result(timeout=20)
+        asyncio.run_coroutine_threadsafe(layer.aclose(), loop).result(timeout=20)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=20)
         loop.close()

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "loadtest"))
 
 from expiry_windows import expiry_windows, explain, queries_per_second, summarize  # noqa: E402
+from run_locust import master_port  # noqa: E402
 
 
 def short_form(script: str, timeout: float, *args: str) -> Any:
@@ -104,7 +105,7 @@ def test_the_locustfile_runs_on_its_own_as_a_new_locust_user_starts_it(tmp_path:
     server, a database and the web app itself, and stops them when Locust exits."""
     summary = tmp_path / "summary.json"
     command = [sys.executable, "-m", "locust", "-f", "loadtest/locustfile.py", "--headless", "-u", "30", "-r", "30",
-               "-t", "8s", "--processes", "2", "--summary", str(summary)]  # fmt: skip
+               "-t", "8s", "--processes", "2", *master_port(), "--summary", str(summary)]  # fmt: skip
     environment = {key: value for key, value in os.environ.items() if key not in ("STAMPEDE_REDIS_URL", "LOCUST_HOST")}
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=85, env=environment)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

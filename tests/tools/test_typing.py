@@ -76,3 +76,39 @@ def test_the_suite_runs_with_the_parser_it_was_asked_for() -> None:
         pytest.skip("STAMPEDE_TEST_PARSER is not set (CI sets it to python or hiredis)")
     assert expected in ("python", "hiredis")
     assert redis.utils.HIREDIS_AVAILABLE == (expected == "hiredis")
+
+
+MISTYPED_USER_CODE = """
+from stampede import Stampede, cached_loader_many
+
+layer = Stampede(namespace="typed", ttl="60")
+
+@layer.cached_loader("product:{product_id}", tll=60)
+def product(product_id: int) -> int:
+    return product_id
+
+@cached_loader_many("row:{row_id}", near_cache="always")
+def rows(row_ids: list[int]) -> dict[int, int]:
+    return {}
+
+@layer.cached_loader("page:{page_id}", jitter=0.2)
+def page(page_id: int) -> int:
+    return page_id
+"""
+
+
+def test_a_setting_misspelt_or_of_the_wrong_type_fails_the_type_check(tmp_path: Path) -> None:
+    """Settings are keyword arguments typed once (``stampede._core.config.LoaderSettings``
+    and its kin): mypy names a misspelt one, a value of the wrong type, and a layer-only
+    setting given to one loader, on every entry point."""
+    pytest.importorskip("mypy", reason="mypy comes with the dev extra")
+    (tmp_path / "user.py").write_text(MISTYPED_USER_CODE)
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(tmp_path / "cache"), "user.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": "", "MYPYPATH": ""},
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    errors = {int(line.split(":")[1]) for line in done.stdout.splitlines() if ": error:" in line}
+    assert errors == {4, 6, 10, 14}, done.stdout
+    assert '"ttl"' in done.stdout and '"tll"' in done.stdout and '"jitter"' in done.stdout, done.stdout
