@@ -16,6 +16,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from ._backends.each import AsyncOneByOne as AsyncOneByOne  # stampede.backends shows them
+from ._backends.each import OneByOne as OneByOne
 from ._backends.redis.alock_servers import AsyncRedisLockServers
 from ._backends.redis.lock_servers import RedisLockServers
 from ._core.backend import DEFAULT_CONNECT_TIMEOUT, DEFAULT_SOCKET_TIMEOUT, Backend, BackendOptions
@@ -52,6 +54,47 @@ def family_of(url: str) -> str:
     return family
 
 
+BackendBuilder = Callable[[BackendOptions], Backend]
+"""What ``Stampede(backend=...)`` takes: a maker of the layer's backend, given the
+layer's options (its namespace and settings, the breaker's report)."""
+
+
+def memory_builder() -> BackendBuilder:
+    """The embedded family: one store in this process's memory."""
+    from ._backends.memory.backend import memory_backend
+
+    return memory_backend
+
+
+def redis_builder(client: Any = None, async_client: Any = None) -> BackendBuilder:
+    """The Redis family (one server, Sentinel, Cluster, and Valkey too) over redis-py clients
+    made by the application: ``client`` for blocking loaders, ``async_client`` (a client,
+    or a maker of one per event loop) for async ones."""
+    if client is None and async_client is None:
+        raise ConfigError("a Redis backend needs a client, an async_client, or both")
+    from ._backends.redis.backend import redis_backend
+
+    return functools.partial(redis_backend, client, async_client)
+
+
+def postgres_builder(pool: Any) -> BackendBuilder:
+    """The PostgreSQL family over a psycopg_pool ``ConnectionPool`` (or a URL)."""
+    return functools.partial(_postgres, pool)
+
+
+def built_by(builder: BackendBuilder, options: BackendOptions) -> Backend:
+    """The backend ``builder`` makes for a layer of ``options``, refused with a
+    ``ConfigError`` unless it is one a layer can use."""
+    if not callable(builder):
+        raise ConfigError(f"backend= takes a maker of a Backend (see stampede.backends), got {builder!r}")
+    backend = builder(options)
+    if not isinstance(backend, Backend):
+        raise ConfigError(f"backend= made {backend!r}, not a stampede.backends.Backend")
+    if backend.store is None and backend.make_async_store is None:
+        raise ConfigError(f"the backend {backend.name!r} has no store, blocking or asyncio")
+    return backend
+
+
 def backend_for(
     options: BackendOptions,
     *,
@@ -60,8 +103,14 @@ def backend_for(
     postgres: Any = None,
     redlock: Redlock | None = None,
     zookeeper: Any = None,
+    backend: BackendBuilder | None = None,
 ) -> Backend:
     """The backend the layer's keywords name (``Stampede(...)``)."""
+    if backend is not None:
+        if any(given is not None for given in (client, async_client, postgres, redlock, zookeeper)):
+            raise ConfigError("backend= is the whole backend: pass no client, async_client, postgres, redlock "
+                              "or zookeeper with it")  # fmt: skip
+        return built_by(backend, options)
     if redlock is not None and client is None and async_client is None:
         raise ConfigError("redlock= needs a cache server: pass a redis client, or use Stampede.from_url")
     if zookeeper is not None and (redlock is not None or (client is None and async_client is None)):
@@ -76,12 +125,12 @@ def backend_for(
         return memory_backend(options)
     from ._backends.redis.backend import redis_backend
 
-    backend = redis_backend(client, async_client, options)
+    built = redis_backend(client, async_client, options)
     if redlock is not None:
-        _with_redlock(backend, redlock)
+        _with_redlock(built, redlock)
     if zookeeper is not None:
-        _with_zookeeper(backend, zookeeper)
-    return backend
+        _with_zookeeper(built, zookeeper)
+    return built
 
 
 def given_by_url(

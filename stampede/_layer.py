@@ -18,6 +18,7 @@ from ._backend import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_SOCKET_TIMEOUT,
+    BackendBuilder,
     BackendOptions,
     backend_for,
     given_by_url,
@@ -136,6 +137,10 @@ class Stampede:
     a holder's lease ends with its session, and ``layer.lock()`` is ZooKeeper's fair lock.
     See docs/lock-services.md.
 
+    ``backend=`` takes a maker of the whole backend instead (``stampede.backends``): one
+    of the families stampede ships (``backends.redis(client)``), or one of your own, which
+    the shipped contract suite checks (``stampede.testing.contract``).
+
     ``near_cache=True`` (a setting, also per loader) serves fresh values from copies in
     this process with no I/O, kept exact across processes by a tracking connection and a
     lease of ``near_lease`` seconds (see ``_core.near`` and docs/near-cache.md). It needs
@@ -159,6 +164,7 @@ class Stampede:
         observers: Iterable[Observer] = (),
         postgres: ConnectionPool[Any] | str | None = None,
         zookeeper: KazooClient | str | None = None,
+        backend: BackendBuilder | None = None,
         **settings: Unpack[LayerSettings],
     ) -> None:
         refuse_unknown(settings, SETTING_NAMES)
@@ -185,16 +191,22 @@ class Stampede:
         for observer in observers:
             events.add(observer)
         options = BackendOptions(self.namespace, self.settings, max_entries, events.breaker_changed)
-        self._backend = backend = backend_for(
-            options, client=client, async_client=async_client, postgres=postgres, redlock=redlock, zookeeper=zookeeper
+        self._backend = built = backend_for(
+            options,
+            client=client,
+            async_client=async_client,
+            postgres=postgres,
+            redlock=redlock,
+            zookeeper=zookeeper,
+            backend=backend,
         )
         self._near: NearCache | None = None
-        if backend.make_tracker is not None:
-            self._near = NearCache(near_cache_entries, near_cache_bytes, events, backend.start_tracking)
-            backend.track(self._near, near_lease)
-        store, make_async_store = backend.store, backend.make_async_store
+        if built.make_tracker is not None:
+            self._near = NearCache(near_cache_entries, near_cache_bytes, events, built.start_tracking)
+            built.track(self._near, near_lease)
+        store, make_async_store = built.store, built.make_async_store
         refreshes = background_refreshes
-        policy, servers, make_servers = backend.lease_policy, backend.lock_servers, backend.make_async_lock_servers
+        policy, servers, make_servers = built.lease_policy, built.lock_servers, built.make_async_lock_servers
         self._runner = (
             Runner(store, events, warn, self._watchdog, refreshes, policy, servers) if store is not None else None
         )
@@ -574,7 +586,7 @@ class Stampede:
     def store(self) -> Store:
         """The layer's store for blocking callers: what a backend's contract suite
         (``stampede.testing.contract``) checks. Reading or writing entries through it
-        bypasses the layer's promises; a ``ConfigError`` without a blocking client."""
+        bypasses the layer's promises. A ``ConfigError`` without a blocking client."""
         return self._blocking_store("store", "loop_store")
 
     def loop_store(self) -> AsyncStore:
@@ -583,7 +595,7 @@ class Stampede:
 
     @property
     def inspector(self) -> Inspector | None:
-        """What the command line reads of a shared store (``stampede.cli``); None when the
+        """What the command line reads of a shared store (``stampede.cli``), or None when the
         store is not shared (the embedded store lives in one process)."""
         return self._backend.inspector
 

@@ -160,7 +160,7 @@ SETTING_NAMES = frozenset(field.name for field in dataclasses.fields(Settings))
 class LoaderSettings(TypedDict, total=False):
     """The settings one loader may give for itself (``cached_loader(...)``), as keyword
     arguments typed for a type checker (PEP 692). What each means, and its default, is
-    ``Settings``'s; ``tests/tools/test_settings.py`` keeps the two alike."""
+    ``Settings``'s. ``tests/tools/test_settings.py`` keeps the two alike."""
 
     ttl: float
     null_ttl: float

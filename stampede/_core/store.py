@@ -9,6 +9,11 @@ Every backend passes the same contract suite (``tests/promises/test_store_contra
 Lock servers (Redlock's majority) have a contract of their own: each command goes to
 every server and is answered with a ``Round``, a server's failure counted, not raised.
 
+The contract is split into the roles it has, so that a capability touches one:
+``EntryStore`` (one entry, its lease, its waiters), ``ManyKeyStore`` (many entries at
+once, which ``OneByOne`` builds from the first), ``TagStore``, ``NamedLockStore`` and
+``StoreAdmin``. ``Store`` is all of them.
+
 Rules of the imports: this module, like the decisions, imports nothing of a client
 library, of threading or of asyncio. Backends implement it, drivers call it.
 """
@@ -107,7 +112,9 @@ class AsyncRenewable(Protocol):
     async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool: ...
 
 
-class Store(Protocol):
+class EntryStore(Protocol):
+    """One entry's value, its lease and its waiters: what every call needs."""
+
     def get(self, key: str) -> bytes | None:
         """The raw bytes at ``key``, or None."""
 
@@ -118,22 +125,6 @@ class Store(Protocol):
         its ttl only (``_core.freshness``): a store may leave it unread, False, for a value
         still within it (Redis does: a fresh hit is GET and PTTL, an EXISTS after for a
         stale one)."""
-
-    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
-        """``get`` of each of ``keys`` (at least one), in one round trip per server where
-        the store can: a many-key call's first read."""
-
-    def get_many_with_ttl(self, keys: Sequence[str], failing: bool = False) -> list[tuple[bytes | None, float, bool]]:
-        """``get_with_ttl`` of each of ``keys``, together."""
-
-    def acquire_many(self, calls: Sequence[AcquireCall]) -> list[AcquireReply | BackendUnavailable]:
-        """``acquire`` for each call (keys, token, lease_ms, check_value, stale), together.
-        An entry's failure is its ``BackendUnavailable`` in its place. A failure of them
-        all (the server unreachable) is raised."""
-
-    def write_release_many(self, calls: Sequence[WriteCall]) -> list[Written | BackendUnavailable]:
-        """``write_release`` for each call (keys, token, envelope, ttl_ms, inline),
-        together, each answered as ``acquire_many`` answers."""
 
     def acquire(
         self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
@@ -171,30 +162,9 @@ class Store(Protocol):
         from now and drop the failing mark (``YES``), else keep nothing (``REFUSED``).
         Without the lease, as ``write_release``. A loader answered ``NOT_MODIFIED``."""
 
-    def tag_clock(self, key: str) -> int:
-        """The tag clock at ``key`` (see ``_core.tags``): read before a tagged load."""
-
-    def invalidate_tag(self, clock: str, tag: TagKeys, soft: bool) -> list[str]:
-        """Draw the next tag clock, mark ``tag`` invalidated with it, and ``invalidate``
-        (``soft``: ``expire``) each live member, near copies too. Return the value keys
-        of the members. Members invalidated are forgotten (not after ``soft``: a stale
-        value stays a member while it lives)."""
-
-    def entry_tags(self, keys: EntryKeys) -> list[str] | None:
-        """The tags the entry's value was written with (None: no value, or no tags)."""
-
     def release(self, keys: EntryKeys, token: str) -> bool:
         """Release the lease if ``token`` holds it, wake waiters to re-check, and return
         True. Return False if the lease was not ``token``'s."""
-
-    def take_lock(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int = 0) -> AcquireReply:
-        """Take a named lock (LOCKED, with the next fencing token from ``keys.value``) or
-        report how long the holder's lease has left (HELD). With ``queue_ms``, in arrival
-        order: join the queue (or renew the place in it for ``queue_ms``) and take the
-        lock only when first in line."""
-
-    def leave_queue(self, keys: EntryKeys, token: str) -> None:
-        """Give up a place in a fair lock's queue, waking the other waiters."""
 
     def holder(self, keys: EntryKeys) -> str | None:
         """The token holding the lease, or None."""
@@ -210,11 +180,66 @@ class Store(Protocol):
     def subscribe(self, keys: EntryKeys) -> Subscription:
         """A confirmed mailbox on the entry's channel."""
 
+
+class ManyKeyStore(Protocol):
+    """Many entries at once, for ``cached_loader_many``: each answered as its one-entry
+    command would be. ``stampede.backends.OneByOne`` builds the role from ``EntryStore``'s
+    commands, for a store with no faster way."""
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """``get`` of each of ``keys`` (at least one), in one round trip per server where
+        the store can: a many-key call's first read."""
+
+    def get_many_with_ttl(self, keys: Sequence[str], failing: bool = False) -> list[tuple[bytes | None, float, bool]]:
+        """``get_with_ttl`` of each of ``keys``, together."""
+
+    def acquire_many(self, calls: Sequence[AcquireCall]) -> list[AcquireReply | BackendUnavailable]:
+        """``acquire`` for each call (keys, token, lease_ms, check_value, stale), together.
+        An entry's failure is its ``BackendUnavailable`` in its place. A failure of them
+        all (the server unreachable) is raised."""
+
+    def write_release_many(self, calls: Sequence[WriteCall]) -> list[Written | BackendUnavailable]:
+        """``write_release`` for each call (keys, token, envelope, ttl_ms, inline),
+        together, each answered as ``acquire_many`` answers."""
+
     def subscribe_many(self, keys: Sequence[EntryKeys]) -> Sequence[Subscription | BackendUnavailable]:
         """``subscribe`` of each entry, confirmed together where the store can (one round
         trip). A store over several servers (a cluster) answers a failed server's entries
         with its ``BackendUnavailable`` and subscribes the others; a failure of the whole
         raises. None is left subscribed for an entry that failed."""
+
+
+class TagStore(Protocol):
+    """Tags (``_core.tags``): the tag clock, a tag's members, its invalidation."""
+
+    def tag_clock(self, key: str) -> int:
+        """The tag clock at ``key`` (see ``_core.tags``): read before a tagged load."""
+
+    def invalidate_tag(self, clock: str, tag: TagKeys, soft: bool) -> list[str]:
+        """Draw the next tag clock, mark ``tag`` invalidated with it, and ``invalidate``
+        (``soft``: ``expire``) each live member, near copies too. Return the value keys
+        of the members. Members invalidated are forgotten (not after ``soft``: a stale
+        value stays a member while it lives)."""
+
+    def entry_tags(self, keys: EntryKeys) -> list[str] | None:
+        """The tags the entry's value was written with (None: no value, or no tags)."""
+
+
+class NamedLockStore(Protocol):
+    """Named locks (``layer.lock()``): fenced, and fair when asked."""
+
+    def take_lock(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int = 0) -> AcquireReply:
+        """Take a named lock (LOCKED, with the next fencing token from ``keys.value``) or
+        report how long the holder's lease has left (HELD). With ``queue_ms``, in arrival
+        order: join the queue (or renew the place in it for ``queue_ms``) and take the
+        lock only when first in line."""
+
+    def leave_queue(self, keys: EntryKeys, token: str) -> None:
+        """Give up a place in a fair lock's queue, waking the other waiters."""
+
+
+class StoreAdmin(Protocol):
+    """What the layer and the command line ask of a store as a whole."""
 
     def check(self, namespace: str) -> None:
         """Raise ``BackendUnavailable`` naming the cause unless the store answers and takes
@@ -227,22 +252,16 @@ class Store(Protocol):
         """Release connections and threads the store started."""
 
 
-class AsyncStore(Protocol):
-    """``Store`` for the tasks of one event loop. See ``Store`` for each method."""
+class Store(EntryStore, ManyKeyStore, TagStore, NamedLockStore, StoreAdmin, Protocol):
+    """Every role: what a backend's blocking store implements (``stampede.backends``)."""
+
+
+class AsyncEntryStore(Protocol):
+    """``EntryStore`` for the tasks of one event loop."""
 
     async def get(self, key: str) -> bytes | None: ...
 
     async def get_with_ttl(self, key: str, failing: bool = False) -> tuple[bytes | None, float, bool]: ...
-
-    async def get_many(self, keys: Sequence[str]) -> list[bytes | None]: ...
-
-    async def get_many_with_ttl(
-        self, keys: Sequence[str], failing: bool = False
-    ) -> list[tuple[bytes | None, float, bool]]: ...
-
-    async def acquire_many(self, calls: Sequence[AcquireCall]) -> list[AcquireReply | BackendUnavailable]: ...
-
-    async def write_release_many(self, calls: Sequence[WriteCall]) -> list[Written | BackendUnavailable]: ...
 
     async def acquire(
         self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
@@ -260,17 +279,7 @@ class AsyncStore(Protocol):
 
     async def touch(self, keys: EntryKeys, token: str, identity: bytes, ttl_ms: int) -> Written: ...
 
-    async def tag_clock(self, key: str) -> int: ...
-
-    async def invalidate_tag(self, clock: str, tag: TagKeys, soft: bool) -> list[str]: ...
-
-    async def entry_tags(self, keys: EntryKeys) -> list[str] | None: ...
-
     async def release(self, keys: EntryKeys, token: str) -> bool: ...
-
-    async def take_lock(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int = 0) -> AcquireReply: ...
-
-    async def leave_queue(self, keys: EntryKeys, token: str) -> None: ...
 
     async def holder(self, keys: EntryKeys) -> str | None: ...
 
@@ -280,13 +289,53 @@ class AsyncStore(Protocol):
 
     async def subscribe(self, keys: EntryKeys) -> AsyncSubscription: ...
 
+
+class AsyncManyKeyStore(Protocol):
+    """``ManyKeyStore`` for the tasks of one event loop."""
+
+    async def get_many(self, keys: Sequence[str]) -> list[bytes | None]: ...
+
+    async def get_many_with_ttl(
+        self, keys: Sequence[str], failing: bool = False
+    ) -> list[tuple[bytes | None, float, bool]]: ...
+
+    async def acquire_many(self, calls: Sequence[AcquireCall]) -> list[AcquireReply | BackendUnavailable]: ...
+
+    async def write_release_many(self, calls: Sequence[WriteCall]) -> list[Written | BackendUnavailable]: ...
+
     async def subscribe_many(self, keys: Sequence[EntryKeys]) -> Sequence[AsyncSubscription | BackendUnavailable]: ...
+
+
+class AsyncTagStore(Protocol):
+    """``TagStore`` for the tasks of one event loop."""
+
+    async def tag_clock(self, key: str) -> int: ...
+
+    async def invalidate_tag(self, clock: str, tag: TagKeys, soft: bool) -> list[str]: ...
+
+    async def entry_tags(self, keys: EntryKeys) -> list[str] | None: ...
+
+
+class AsyncNamedLockStore(Protocol):
+    """``NamedLockStore`` for the tasks of one event loop."""
+
+    async def take_lock(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int = 0) -> AcquireReply: ...
+
+    async def leave_queue(self, keys: EntryKeys, token: str) -> None: ...
+
+
+class AsyncStoreAdmin(Protocol):
+    """``StoreAdmin`` for the tasks of one event loop."""
 
     async def check(self, namespace: str) -> None: ...
 
     async def scan(self, namespace: str, match: str = "*") -> set[str]: ...
 
     async def aclose(self) -> None: ...
+
+
+class AsyncStore(AsyncEntryStore, AsyncManyKeyStore, AsyncTagStore, AsyncNamedLockStore, AsyncStoreAdmin, Protocol):
+    """``Store`` for the tasks of one event loop. See ``Store``'s roles for each method."""
 
 
 class LockServers(Protocol):

@@ -171,7 +171,7 @@ class AsyncRefresher:
             self._tasks.pop(key, None)
 
     async def aclose(self) -> None:
-        """Start no more refreshes; cancel those under way and wait until they end."""
+        """Start no more refreshes, cancel those under way, and wait until they end."""
         self._closed = True
         tasks = list(self._tasks.values())
         for task in tasks:

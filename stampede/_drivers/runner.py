@@ -3,14 +3,14 @@
 """The runner: the hit path, the in-process singleflight, and the effects of the flow,
 performed with awaits or with blocking calls (threads, or greenlets under gevent): one
 text, the asyncio source and the blocking module ``.ci/unasync.py`` makes of it. The
-decisions are the flow's and the flight's; this module only performs I/O. Where the
+decisions are the flow's and the flight's. This module only performs I/O. Where the
 shared state lives (one for the threads of a process, one per event loop) is
 ``_drivers.state``.
 
 Interruptions: a leader stopped by something other than an Exception (a cancelled task,
 a KeyboardInterrupt, a killed greenlet) passes it into the flow like any interruption, so
 the lock is released (by token, shielded from a second cancellation) before it
-propagates; those who joined its flight start over, and one of them leads. An interrupted
+propagates. Those who joined its flight start over, and one of them leads. An interrupted
 joiner only ends its own wait.
 """
 

@@ -6,7 +6,7 @@ A blocking runner has one ``State`` for every thread of the process: a store, it
 policy, one flight table, the refresher's worker threads and the layer's watchdog thread.
 An asyncio runner has one ``AsyncState`` per event loop, made when a loop first calls: a
 redis.asyncio client, a subscriber connection and a flight table cannot be shared across
-loops. A loop's state is closed when the loop shuts down (or by ``Stampede.aclose()``); a
+loops. A loop's state is closed when the loop shuts down (or by ``Stampede.aclose()``). A
 loop closed without finalizing its async generators has its state dropped when the next
 loop arrives.
 

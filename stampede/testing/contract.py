@@ -9,12 +9,13 @@ Run it over a backend from a test module of your own, with pytest::
     @pytest.fixture
     def contract_layer():
         def make(**options):
-            return Stampede.from_url("myscheme://...", **options)  # closed by the caller's fixture
+            return Stampede(backend=my_backend, **options)  # closed by the caller's fixture
         return make
 
 ``contract_layer`` makes a ``Stampede`` over the backend, taking layer options
-(``namespace=``). The suite asks for its blocking store and one event loop's store, and
-sees each through ``contract_view`` (as it is, unless that fixture is overridden: a
+(``namespace=``): built with ``backend=`` (``stampede.backends``), or from a URL. The
+suite asks for its blocking store and one event loop's store (``layer.store()``,
+``layer.loop_store()``), and sees each through ``contract_view`` (as it is, unless that fixture is overridden: a
 layer whose leases are also held elsewhere, by a lease policy, is checked through a view
 whose leased methods are the policy's decisions).
 Call ``pytest.register_assert_rewrite("stampede.testing.contract")`` in your

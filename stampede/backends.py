@@ -1,0 +1,81 @@
+"""Backends: what ``Stampede(backend=...)`` takes, the families stampede ships, and what a
+backend of your own provides.
+
+A backend is made per layer by a builder, given the layer's ``BackendOptions`` (its
+namespace, its settings, the report of its circuit breaker)::
+
+    from stampede import Stampede, backends
+
+    layer = Stampede(backend=backends.redis(client, async_client=make_async_client))
+
+A backend outside stampede is a ``Backend`` whose ``store`` implements ``Store`` (and
+``make_async_store`` makes an ``AsyncStore`` per event loop): leases with a token and an
+expiry, writes only under the writer's lease, waiters woken, named locks. ``Store`` is
+the sum of its roles (``EntryStore``, ``ManyKeyStore``, ``TagStore``, ``NamedLockStore``,
+``StoreAdmin``). A store may take the many-key role from ``OneByOne``, which sends one
+single-entry command per entry. It must pass
+the contract suite unchanged (``stampede.testing.contract``, docs/development.md), which
+runs over a layer built with ``Stampede(backend=your_builder)``. A backend may also wrap
+one of the shipped ones: build it, then replace its stores.
+"""
+
+from __future__ import annotations
+
+from ._backend import AsyncOneByOne, BackendBuilder, OneByOne
+from ._backend import memory_builder as memory
+from ._backend import postgres_builder as postgres
+from ._backend import redis_builder as redis
+from ._core.backend import Backend, BackendOptions, Inspector
+from ._core.store import (
+    AcquireCall,
+    AcquireReply,
+    AsyncEntryStore,
+    AsyncManyKeyStore,
+    AsyncNamedLockStore,
+    AsyncStore,
+    AsyncStoreAdmin,
+    AsyncSubscription,
+    AsyncTagStore,
+    EntryStore,
+    LockState,
+    ManyKeyStore,
+    NamedLockStore,
+    Store,
+    StoreAdmin,
+    Subscription,
+    TagStore,
+    WriteCall,
+    Written,
+)
+
+__all__ = [
+    "Backend",
+    "BackendBuilder",
+    "BackendOptions",
+    "Inspector",
+    "memory",
+    "redis",
+    "postgres",
+    # what a store implements, role by role, and the replies it gives
+    "Store",
+    "EntryStore",
+    "ManyKeyStore",
+    "TagStore",
+    "NamedLockStore",
+    "StoreAdmin",
+    "OneByOne",
+    "AsyncStore",
+    "AsyncEntryStore",
+    "AsyncManyKeyStore",
+    "AsyncTagStore",
+    "AsyncNamedLockStore",
+    "AsyncStoreAdmin",
+    "AsyncOneByOne",
+    "Subscription",
+    "AsyncSubscription",
+    "AcquireCall",
+    "AcquireReply",
+    "WriteCall",
+    "Written",
+    "LockState",
+]

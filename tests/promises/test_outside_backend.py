@@ -1,0 +1,114 @@
+"""A backend written outside the package, passed to ``Stampede(backend=...)``, runs the
+shipped contract suite unchanged (``stampede.testing.contract``), as a third party's
+would: nothing of stampede is edited, and only public names are used.
+
+The backend here is one a team might write to meter its cache: every store command goes
+through a store of its own, which counts it and hands it to one of the shipped stores
+(the embedded one, or Redis over clients the test made), blocking and asyncio alike.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+
+from stampede import ConfigError, Stampede, backends
+from stampede.testing.contract import *  # noqa: F403  (the contract's fixtures and tests)
+
+pytestmark = pytest.mark.timeout(30)
+
+COUNTS: collections.Counter[str] = collections.Counter()  # every command, by name, across the module's tests
+
+
+class Metered:
+    """A store of this test's own: counts each command, then forwards it to ``inner`` (a
+    blocking store, or one event loop's: a forwarded coroutine is awaited by the caller)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        command = getattr(self._inner, name)
+        if not callable(command):
+            return command
+
+        def metered(*args: Any, **kwargs: Any) -> Any:
+            COUNTS[name] += 1
+            return command(*args, **kwargs)
+
+        return metered
+
+
+def metered(builder: backends.BackendBuilder) -> backends.BackendBuilder:
+    """A backend built by ``builder``, its stores behind ``Metered``."""
+
+    def build(options: backends.BackendOptions) -> backends.Backend:
+        inner = builder(options)
+        make_async = inner.make_async_store
+        return dataclasses.replace(
+            inner,
+            name=f"metered {inner.name}",
+            store=Metered(inner.store),  # a Store by what it answers
+            make_async_store=None if make_async is None else lambda: Metered(make_async()),
+        )
+
+    return build
+
+
+@pytest.fixture(params=["memory", "redis"])
+def contract_layer(request: pytest.FixtureRequest, redis_url: str) -> Iterator[Callable[..., Stampede]]:
+    made: list[Stampede] = []
+    clients: list[redis.Redis] = []
+
+    def make(**options: Any) -> Stampede:
+        if request.param == "memory":
+            shipped = backends.memory()
+        else:
+            client = redis.Redis.from_url(redis_url, socket_timeout=5)
+            clients.append(client)
+            shipped = backends.redis(client, lambda: redis.asyncio.Redis.from_url(redis_url, socket_timeout=5))
+        layer = Stampede(backend=metered(shipped), **options)
+        made.append(layer)
+        return layer
+
+    yield make
+    for layer in made:
+        layer.close()
+    for client in clients:
+        client.close()
+
+
+def test_the_layer_runs_on_the_outside_backend_and_every_command_went_through_it(
+    contract_layer: Callable[..., Stampede],
+) -> None:
+    layer = contract_layer(namespace="outside")
+    before = COUNTS.copy()
+    loads = []
+
+    @layer.cached_loader("product:{product_id}")
+    def product(product_id: int) -> dict[str, int]:
+        loads.append(product_id)
+        return {"id": product_id}
+
+    assert [product(7), product(7)] == [{"id": 7}, {"id": 7}] and loads == [7]
+    assert "metered" in repr(layer)
+    assert COUNTS["get"] - before["get"] >= 2 and COUNTS["write_release"] - before["write_release"] == 1
+
+
+def test_a_backend_refused_says_why() -> None:
+    with pytest.raises(ConfigError, match="maker of a Backend"):
+        Stampede(backend="redis://127.0.0.1:1")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="not a stampede.backends.Backend"):
+        Stampede(backend=lambda options: object())  # type: ignore[arg-type,return-value]
+    with pytest.raises(ConfigError, match="has no store"):
+        Stampede(backend=lambda options: backends.Backend("empty", None, None))
+    with pytest.raises(ConfigError, match="the whole backend"):
+        Stampede(redis.Redis(), backend=backends.memory())
+    with pytest.raises(ConfigError, match="needs a client"):
+        backends.redis()

@@ -1,0 +1,40 @@
+"""The store contract is split into roles (``stampede._core.store``), each a capability's
+own: every command of ``Store`` is in exactly one role, blocking and asyncio alike, and
+``OneByOne`` gives a store the many-key role from its one-entry commands."""
+
+from __future__ import annotations
+
+import inspect
+
+from stampede import backends
+
+ROLES = [backends.EntryStore, backends.ManyKeyStore, backends.TagStore, backends.NamedLockStore, backends.StoreAdmin]
+ASYNC_ROLES = [
+    backends.AsyncEntryStore, backends.AsyncManyKeyStore, backends.AsyncTagStore, backends.AsyncNamedLockStore,
+    backends.AsyncStoreAdmin,
+]  # fmt: skip
+
+
+def _commands(protocol: type) -> set[str]:
+    return {name for name, _ in inspect.getmembers(protocol, inspect.isfunction) if not name.startswith("_")}
+
+
+def _own(protocol: type) -> set[str]:
+    return {name for name in vars(protocol) if inspect.isfunction(vars(protocol)[name]) and not name.startswith("_")}
+
+
+def test_every_command_is_in_exactly_one_role() -> None:
+    for whole, roles in ((backends.Store, ROLES), (backends.AsyncStore, ASYNC_ROLES)):
+        owned = [_own(role) for role in roles]
+        assert sum(len(commands) for commands in owned) == len(set().union(*owned))  # no command in two roles
+        assert set().union(*owned) == _commands(whole) and not _own(whole)  # the whole is its roles
+
+
+def test_each_async_role_has_its_blocking_roles_commands() -> None:
+    for role, async_role in zip(ROLES, ASYNC_ROLES, strict=True):
+        assert _own(role) - {"close"} == _own(async_role) - {"aclose"}
+
+
+def test_one_by_one_is_the_many_key_role() -> None:
+    assert _own(backends.OneByOne) == _own(backends.ManyKeyStore)
+    assert _own(backends.AsyncOneByOne) == _own(backends.AsyncManyKeyStore)
