@@ -178,10 +178,6 @@ class AsyncRefresher:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    def running(self) -> int:
-        """Refreshes running on this loop."""
-        return len(self._tasks)
-
 
 def warn_refresh_raised(warn: RateLimitedLog, key: str, error: Exception) -> None:
     """A refresh raised (a serializer's error, say): it has no caller to raise to, so it is

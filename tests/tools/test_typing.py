@@ -50,14 +50,19 @@ reveal_type(product)
 """
 
 
-def test_user_code_type_checks_against_the_installed_package(tmp_path: Path) -> None:
+def mypy_strict(tmp_path: Path, code: str) -> subprocess.CompletedProcess[str]:
+    """mypy --strict on ``code`` as a user's module, seeing stampede as installed."""
     pytest.importorskip("mypy", reason="mypy comes with the dev extra")
-    (tmp_path / "user.py").write_text(USER_CODE)
-    done = subprocess.run(
+    (tmp_path / "user.py").write_text(code)
+    return subprocess.run(
         [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(tmp_path / "cache"), "user.py"],
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
         env={**os.environ, "PYTHONPATH": "", "MYPYPATH": ""},
     )  # fmt: skip
+
+
+def test_user_code_type_checks_against_the_installed_package(tmp_path: Path) -> None:
+    done = mypy_strict(tmp_path, USER_CODE)
     hint = (
         "mypy cannot follow setuptools' import hook of a default editable install: install with "
         "pip install --config-settings editable_mode=compat -e '.[dev]' (see the README)"
@@ -101,13 +106,7 @@ def test_a_setting_misspelt_or_of_the_wrong_type_fails_the_type_check(tmp_path: 
     """Settings are keyword arguments typed once (``stampede._core.config.LoaderSettings``
     and its kin): mypy names a misspelt one, a value of the wrong type, and a layer-only
     setting given to one loader, on every entry point."""
-    pytest.importorskip("mypy", reason="mypy comes with the dev extra")
-    (tmp_path / "user.py").write_text(MISTYPED_USER_CODE)
-    done = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(tmp_path / "cache"), "user.py"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
-        env={**os.environ, "PYTHONPATH": "", "MYPYPATH": ""},
-    )  # fmt: skip
+    done = mypy_strict(tmp_path, MISTYPED_USER_CODE)
     assert done.returncode == 1, done.stdout + done.stderr
     errors = {int(line.split(":")[1]) for line in done.stdout.splitlines() if ": error:" in line}
     assert errors == {4, 6, 10, 14}, done.stdout
