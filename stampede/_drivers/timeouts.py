@@ -133,11 +133,22 @@ _shielded: set[asyncio.Task[Any]] = set()  # shielded effects under way, of ever
 
 
 async def shielded(effect: Awaitable[T]) -> T:
-    """``await effect``, finished even if the awaiting task is cancelled meanwhile."""
+    """``await effect``, finished even if the awaiting task is cancelled meanwhile.
+
+    The cancellation is held until the effect has ended: what a cancelled caller does
+    next (release its lease) must come after its write, not beside it, or the release
+    can reach the server first (the write's script not yet loaded there, say) and the
+    write, finding the lease gone, keep nothing. A second cancellation ends the wait,
+    not the effect."""
     task = asyncio.ensure_future(effect)
     _shielded.add(task)
     task.add_done_callback(_shielded.discard)
-    return await asyncio.shield(task)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if not task.done():
+            await asyncio.wait([task])
+        raise
 
 
 async def finish_started(timeout: float) -> None:
