@@ -13,9 +13,9 @@ from ._core.keys import EntryKeys, KeyBuilder
 from ._core.many import values_of
 from ._core.results import Cached
 from ._drivers.refresh import reporting
-from ._drivers.trace import GLOBALS, tracer
 from ._loader import AsyncBoundLoader, Fetched, P, R, _Loader
 from ._loader_many import K, ManyKeys, V, _ManyLoader, chunks
+from .otel.traces import Tracing
 
 if TYPE_CHECKING:
     from ._core.flow import LoaderSpec
@@ -47,11 +47,17 @@ class AsyncCachedLoader(_Loader[P, R]):
             if hasattr(inspect, "markcoroutinefunction"):  # Python 3.12+: frameworks see an async callable
                 inspect.markcoroutinefunction(self)
         self._runner = runner
+        self._tracing: Tracing = runner.tracing
 
     async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         value_key = self._keys.value_key(args, kwargs)
-        # Nothing traced (no provider): one attribute read, no call (``_drivers.trace``).
-        traces = None if GLOBALS._TRACER_PROVIDER is None else tracer()
+        # Nothing traced: an attribute read, and a countdown while it may ask (``Tracing``).
+        tracing = self._tracing
+        traces = tracing.tracer
+        if traces is None and tracing.asking:
+            tracing.countdown -= 1
+            if tracing.countdown < 0:
+                traces = tracing.ask()
         if traces is None:
             return await self._runner.call(value_key, self._spec, args, kwargs)  # type: ignore[no-any-return]
         with self._trace(traces, self._runner.events, value_key):
@@ -146,10 +152,16 @@ class AsyncCachedManyLoader(_ManyLoader[K, V]):
             if hasattr(inspect, "markcoroutinefunction"):  # as AsyncCachedLoader's
                 inspect.markcoroutinefunction(self)
         self._runner = runner
+        self._tracing: Tracing = runner.tracing
 
     async def __call__(self, *args: Any, **kwargs: Any) -> dict[K, V]:
         call, ids, keys = self._asked(args, kwargs)
-        traces = None if GLOBALS._TRACER_PROVIDER is None else tracer()  # as AsyncCachedLoader's
+        tracing = self._tracing  # as AsyncCachedLoader's
+        traces = tracing.tracer
+        if traces is None and tracing.asking:
+            tracing.countdown -= 1
+            if tracing.countdown < 0:
+                traces = tracing.ask()
         if traces is None:
             return await self._call(call, ids, keys)
         with self._trace(traces, self._runner.events, keys):

@@ -13,9 +13,9 @@ from ._core.keys import EntryKeys, KeyBuilder
 from ._core.many import values_of
 from ._core.results import Cached
 from ._drivers.refresh import reporting
-from ._drivers.trace import GLOBALS, tracer
 from ._loader import BoundLoader, Fetched, P, R, _Loader
 from ._loader_many import K, ManyKeys, V, _ManyLoader, chunks
+from .otel.traces import Tracing
 
 if TYPE_CHECKING:
     from ._core.flow import LoaderSpec
@@ -44,11 +44,17 @@ class CachedLoader(_Loader[P, R]):
     ) -> None:
         super().__init__(spec, keys, forget, static)
         self._runner = runner
+        self._tracing: Tracing = runner.tracing
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         value_key = self._keys.value_key(args, kwargs)
-        # Nothing traced (no provider): one attribute read, no call (``_drivers.trace``).
-        traces = None if GLOBALS._TRACER_PROVIDER is None else tracer()
+        # Nothing traced: an attribute read, and a countdown while it may ask (``Tracing``).
+        tracing = self._tracing
+        traces = tracing.tracer
+        if traces is None and tracing.asking:
+            tracing.countdown -= 1
+            if tracing.countdown < 0:
+                traces = tracing.ask()
         if traces is None:
             return self._runner.call(value_key, self._spec, args, kwargs)  # type: ignore[no-any-return]
         with self._trace(traces, self._runner.events, value_key):
@@ -140,10 +146,16 @@ class CachedManyLoader(_ManyLoader[K, V]):
     ) -> None:
         super().__init__(spec, keys, forget, static)
         self._runner = runner
+        self._tracing: Tracing = runner.tracing
 
     def __call__(self, *args: Any, **kwargs: Any) -> dict[K, V]:
         call, ids, keys = self._asked(args, kwargs)
-        traces = None if GLOBALS._TRACER_PROVIDER is None else tracer()  # as CachedLoader's
+        tracing = self._tracing  # as CachedLoader's
+        traces = tracing.tracer
+        if traces is None and tracing.asking:
+            tracing.countdown -= 1
+            if tracing.countdown < 0:
+                traces = tracing.ask()
         if traces is None:
             return self._call(call, ids, keys)
         with self._trace(traces, self._runner.events, keys):

@@ -57,12 +57,15 @@ from ._loader_many import ManyKeys
 from ._lock import Lock, ReentrantHolds
 from ._redact import redacted
 from ._redlock import Redlock
+from .otel.traces import GLOBAL, Tracing
 
 if typing.TYPE_CHECKING:
     import redis
     import redis.asyncio
     import redis.asyncio.cluster
     from kazoo.client import KazooClient
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
     from psycopg_pool import ConnectionPool
     from typing_extensions import Unpack  # typing's, from Python 3.11
 
@@ -141,6 +144,11 @@ class Stampede:
     of the families stampede ships (``backends.redis(client)``), or one of your own, which
     the shipped contract suite checks (``stampede.testing.contract``).
 
+    ``tracer_provider=`` traces the layer's calls with that OpenTelemetry provider's
+    tracer; without it, with the global provider once the application sets one
+    (``stampede.otel.traces``). ``meter_provider=`` records its metrics as that
+    provider's instruments (``stampede.otel.OpenTelemetryMetrics``).
+
     ``near_cache=True`` (a setting, also per loader) serves fresh values from copies in
     this process with no I/O, kept exact across processes by a tracking connection and a
     lease of ``near_lease`` seconds (see ``_core.near`` and docs/near-cache.md). It needs
@@ -165,6 +173,8 @@ class Stampede:
         postgres: ConnectionPool[Any] | str | None = None,
         zookeeper: KazooClient | str | None = None,
         backend: BackendBuilder | None = None,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
         **settings: Unpack[LayerSettings],
     ) -> None:
         refuse_unknown(settings, SETTING_NAMES)
@@ -190,6 +200,11 @@ class Stampede:
         self._events = events = Events(self.namespace, warn)
         for observer in observers:
             events.add(observer)
+        if meter_provider is not None:
+            from .otel.metrics import OpenTelemetryMetrics
+
+            events.add(OpenTelemetryMetrics(meter_provider))
+        tracing = GLOBAL if tracer_provider is None else Tracing(tracer_provider)
         options = BackendOptions(self.namespace, self.settings, max_entries, events.breaker_changed)
         self._backend = built = backend_for(
             options,
@@ -216,6 +231,7 @@ class Stampede:
         for runner in (self._runner, self._async_runner):
             if runner is not None:
                 runner.near = self._near
+                runner.tracing = tracing
         self._check_near(self.settings)
 
     @classmethod
@@ -233,6 +249,9 @@ class Stampede:
         check: bool = False,
         cluster: bool = False,
         zookeeper: KazooClient | str | None = None,
+        observers: Iterable[Observer] = (),
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
         **settings: Unpack[LayerSettings],
     ) -> Stampede:
         """A layer over clients for ``url`` with bounded timeouts and no hidden retries,
@@ -267,6 +286,9 @@ class Stampede:
                 namespace=namespace,
                 serializer=serializer,
                 background_refreshes=background_refreshes,
+                observers=observers,
+                tracer_provider=tracer_provider,
+                meter_provider=meter_provider,
                 **settings,
             )
         except BaseException:  # a setting refused: nothing left open

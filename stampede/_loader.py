@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from ._core.keys import KeyBuilder
 from ._drivers.observe import Events
-from ._drivers.trace import CallTrace, call_trace, entry_attributes
+from .otel.traces import CallTrace, call_trace, entry_attributes
 
 if TYPE_CHECKING:
     from ._core.flow import LoaderSpec
@@ -133,7 +133,7 @@ class _Loader(Generic[P, R]):
         return self._keys.value_key(args, kwargs)
 
     def _trace(self, traces: Any, events: Events, value_key: str) -> CallTrace:
-        """The trace of one call (``_drivers.trace``), fed by the layer's reports."""
+        """The trace of one call (``stampede.otel.traces``), fed by the layer's reports."""
         if self._trace_attributes is None:
             self._trace_attributes = entry_attributes(events.namespace, self._keys.template)
         own = {"stampede.key": value_key} if self._spec.settings.trace_keys else None

@@ -56,7 +56,7 @@ class AcquireReply:
     fence: int = 0  # a named lock's fencing token, for LOCKED by ``take_lock``
     failed: bool = False  # HELD by a failed load's hold (``Store.hold``), not by a load
     # HELD: the holder's token where the store returns it and it carries the holder's
-    # trace (``_drivers.trace``), else "". Read by traces only, never by a decision.
+    # trace (``stampede.otel.traces``), else "". Read by traces only, never by a decision.
     holder: str = ""
     # VALUE: the seconds the store keeps the value (-1: no expiry, or the store does not
     # tell). A value found past its ttl (an ``expire`` since) is no fresh value (_core.flow).

@@ -42,6 +42,7 @@ from .._core.keys import EntryKeys
 from .._core.many import Found, failed_reads, read_many, take_hits
 from .._core.store import AsyncStore
 from .._errors import BackendUnavailable
+from ..otel.traces import joining, lease_token
 from .abatched import AsyncBatchPerformer
 from .aperform import AsyncPerformer, arun
 from .batch import Entry, new_entry, performers_for
@@ -50,7 +51,6 @@ from .near import MISSING, NearCache
 from .refresh import report_stale
 from .singleflight import AsyncWaiter
 from .state import AsyncState, AsyncStates
-from .trace import joining, lease_token
 
 
 class AsyncRunner(AsyncStates):

@@ -59,7 +59,7 @@ class Events:
             self._observers = (*self._observers, observer)
 
     def feed(self, observer: Observer) -> None:
-        """Add ``observer`` unless it is added: how traces hear a layer (``_drivers.trace``),
+        """Add ``observer`` unless it is added: how traces hear a layer (``stampede.otel.traces``),
         once its first traced call begins."""
         if observer not in self._observers:
             with self._adding:

@@ -25,8 +25,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .._fork import reset_after_fork
+from ..otel.traces import abackground, background
 from .observe import Events, RateLimitedLog
-from .trace import abackground, background
 
 
 class Refresher:

@@ -43,6 +43,7 @@ from .._core.keys import EntryKeys
 from .._core.many import Found, failed_reads, read_many, take_hits
 from .._core.store import Store
 from .._errors import BackendUnavailable
+from ..otel.traces import joining, lease_token
 from .batch import Entry, new_entry, performers_for
 from .batched import BatchPerformer
 from .many import batch_name, finish_entry, first_failure, near_many, one_of, refreshed
@@ -51,7 +52,6 @@ from .perform import Performer, run
 from .refresh import report_stale
 from .singleflight import Waiter
 from .state import State, States
-from .trace import joining, lease_token
 
 
 class Runner(States):

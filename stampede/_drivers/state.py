@@ -25,6 +25,7 @@ from typing import Any
 from .._core.leases import ONE_SERVER, LeasePolicy
 from .._core.store import AsyncLockServers, AsyncStore, LockServers, Store
 from .._fork import reset_after_fork
+from ..otel.traces import GLOBAL, Tracing
 from .aleases import AsyncLeases
 from .leases import Leases
 from .near import NearCache
@@ -89,7 +90,8 @@ class States:
         self.state = State(store, Leases(policy, store, servers), watchdog, Refresher(refreshes, events, warn))
         self.near: NearCache | None = None  # the layer's, if it has one
         self._events = events
-        self.events = events  # what its calls' traces hear (``_drivers.trace``)
+        self.events = events  # what its calls' traces hear (``stampede.otel.traces``)
+        self.tracing: Tracing = GLOBAL  # which tracer its loaders' calls take (the layer's)
         self._warn = warn
 
     def _state(self) -> State:
@@ -134,7 +136,8 @@ class AsyncStates:
         self._refresh_limit = refreshes
         self.near: NearCache | None = None  # the layer's, if it has one
         self._events = events
-        self.events = events  # what its calls' traces hear (``_drivers.trace``)
+        self.events = events  # what its calls' traces hear (``stampede.otel.traces``)
+        self.tracing: Tracing = GLOBAL  # which tracer its loaders' calls take (the layer's)
         self._warn = warn
         self._lock = threading.Lock()  # loops may run in several threads
         self._loops: dict[asyncio.AbstractEventLoop, AsyncState] = {}

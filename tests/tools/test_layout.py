@@ -3,7 +3,10 @@
 * ``stampede._core`` (pure decisions and contracts) imports no client library, no
   threading and no asyncio, and nothing of the drivers, the backends or the public
   modules: only itself, the standard library, orjson, and ``stampede._errors``;
-* ``stampede._drivers`` import the core, never a backend;
+* ``stampede._drivers`` import the core, never a backend, and of the public modules only
+  the observability wing's traces (``stampede.otel.traces``: the hooks a call's trace
+  hears), which in turn imports nothing of the package but the core, the drivers' reports
+  (``_drivers.observe``) and the leaves;
 * ``stampede._backends`` import the core, never a driver; a family (a folder under
   ``_backends``) imports no other family;
 * the layer (``_layer.py``) names no backend: ``stampede._backend`` chooses it, and is
@@ -23,6 +26,7 @@ import stampede
 
 PACKAGE = Path(stampede.__file__).parent
 LEAVES = {"stampede._errors", "stampede._fork", "stampede._redact"}  # imported by every layer
+TRACES = "stampede.otel.traces"  # the observability wing's hooks, which the drivers call
 NOT_PURE = {"redis", "hiredis", "threading", "asyncio", "socket", "select", "cachetools"}
 
 
@@ -83,11 +87,20 @@ OUTER = [(path, "_backends") for path in _modules("_drivers")] + [(path, "_drive
 
 @pytest.mark.parametrize(("path", "forbidden"), OUTER, ids=lambda value: getattr(value, "name", value))
 def test_drivers_and_backends_import_neither_each_other_nor_public_modules(path: Path, forbidden: str) -> None:
+    allowed = LEAVES | {TRACES} if forbidden == "_backends" else LEAVES  # a driver may call the traces' hooks
     for name in _imports(path):
         layer = _layer_of(name)
         assert layer != forbidden, f"{path.name} imports {name}"
         if layer == "top":
-            assert any(name == leaf or name.startswith(leaf + ".") for leaf in LEAVES), f"{path.name} imports {name}"
+            assert any(name == leaf or name.startswith(leaf + ".") for leaf in allowed), f"{path.name} imports {name}"
+
+
+def test_the_traces_import_only_the_core_the_drivers_reports_and_the_leaves() -> None:
+    allowed = LEAVES | {"stampede._drivers.observe"}
+    for name in _imports(PACKAGE / "otel" / "traces.py"):
+        layer = _layer_of(name)
+        if layer is not None and layer != "_core":
+            assert any(name == leaf or name.startswith(leaf + ".") for leaf in allowed), f"traces.py imports {name}"
 
 
 @pytest.mark.parametrize("path", _modules("_backends"), ids=lambda path: str(path.relative_to(PACKAGE)))

@@ -1,4 +1,4 @@
-"""Traces (``_drivers.trace``): a span per call with its outcome, the load and the wait
+"""Traces (``stampede.otel.traces``): a span per call with its outcome, the load and the wait
 as its children, a background refresh in a trace of its own, and a waiter in another
 process linked to the load it waited for. Spans are read back with the OpenTelemetry SDK's
 in-memory exporter, from real servers."""
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -29,7 +30,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 from stampede import Stampede
 from stampede._core.keys import EntryKeys
-from stampede._drivers import trace as tracing
+from stampede.otel import traces as tracing
 
 from ..scenarios import LineWorker, WaitsBegun, wait_until
 
@@ -49,6 +50,7 @@ def set_global_provider(provider: Any) -> None:
     trace._TRACER_PROVIDER = None  # type: ignore[attr-defined]
     if provider is not None:
         trace.set_tracer_provider(provider)
+    tracing.GLOBAL.forget()  # and stampede asks at its next call
 
 
 @pytest.fixture
@@ -75,14 +77,91 @@ def outcomes(exporter: InMemorySpanExporter) -> list[str]:
 
 def test_nothing_is_traced_without_a_provider_nor_with_the_no_op_one(make_layer: Callable[..., Stampede]) -> None:
     set_global_provider(None)
-    assert tracing.tracer() is None
+    assert tracing.GLOBAL.ask() is None and tracing.GLOBAL.asking  # none set yet: it asks again later
     set_global_provider(trace.NoOpTracerProvider())
     try:
-        assert tracing.tracer() is None
+        assert tracing.GLOBAL.ask() is None and not tracing.GLOBAL.asking  # set for good, and no-op
         load = make_layer().cached_loader("item:{n}")(lambda n: {"n": n})
         assert load(1) == {"n": 1}
     finally:
         set_global_provider(None)
+
+
+def test_a_layer_given_a_tracer_provider_traces_with_it_and_no_other(make_layer: Callable[..., Stampede]) -> None:
+    """``tracer_provider=``, as OpenTelemetry's own instrumentations take it: the layer's
+    calls are spans of that provider with no global one set, and a layer without it
+    traces nothing meanwhile."""
+    set_global_provider(None)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    try:
+        traced = make_layer(tracer_provider=provider).cached_loader("item:{n}")(lambda n: {"n": n})
+        untraced = make_layer().cached_loader("other:{n}")(lambda n: {"n": n})
+        assert traced(1) == untraced(1) == {"n": 1}
+        assert traced(1) == untraced(1) == {"n": 1}
+        assert outcomes(exporter) == ["loaded", "hit"]
+        assert {span.attributes["stampede.template"] for span in named(exporter, "stampede.get")} == {"item:{n}"}  # type: ignore[index]
+    finally:
+        provider.shutdown()
+
+
+def test_a_global_provider_set_after_the_first_calls_traces_the_next_ones_soon(
+    make_layer: Callable[..., Stampede],
+) -> None:
+    """An application that sets its provider after the layer has served (an import-time
+    layer): calls are traced from at most ``CALLS_BETWEEN_CLOCKS`` calls and ``ASK_EVERY``
+    seconds later, without asking OpenTelemetry at every call meanwhile."""
+    set_global_provider(None)
+    load = make_layer().cached_loader("item:{n}")(lambda n: {"n": n})
+    assert load(1) == {"n": 1}  # it asked: none set
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace._TRACER_PROVIDER_SET_ONCE._done = False  # type: ignore[attr-defined]
+    trace.set_tracer_provider(provider)  # as the application does: stampede is not told
+    try:
+        began = time.monotonic()
+        wait_until(lambda: load(1) == {"n": 1} and bool(named(exporter, "stampede.get")), "a traced call")
+        assert time.monotonic() - began < tracing.ASK_EVERY + 2.0
+        assert not tracing.GLOBAL.asking  # found: no more questions
+    finally:
+        set_global_provider(None)
+        provider.shutdown()
+
+
+def test_stampede_reads_no_private_name_of_opentelemetry() -> None:
+    """Only the API's public names: a private one (``trace._TRACER_PROVIDER``) may change
+    or go in any release of the API."""
+    package = Path(tracing.__file__).parent.parent
+    otel = r"\b(?:otel_trace|otel_context|metrics|opentelemetry(?:\.\w+)*)\._[A-Za-z]\w*"  # as stampede names them
+    private = re.compile(rf"{otel}|(?<![A-Za-z0-9_])_(?:TRACER|METER)_PROVIDER")
+    found = [
+        f"{path.relative_to(package.parent)}:{number}: {line.strip()}"
+        for path in sorted(package.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if private.search(line)
+    ]
+    assert found == []
+
+
+def test_a_layer_given_a_meter_provider_records_its_metrics_there(make_layer: Callable[..., Stampede]) -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    layer = make_layer(meter_provider=MeterProvider(metric_readers=[reader]))
+    load = layer.cached_loader("item:{n}")(lambda n: {"n": n})
+    assert load(1) == load(1) == {"n": 1}
+    data = reader.get_metrics_data()
+    points = {
+        metric.name: sum(point.value for point in metric.data.data_points)  # type: ignore[union-attr]
+        for resource in (data.resource_metrics if data else [])
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name in ("stampede.loads", "stampede.hits")
+    }
+    assert points == {"stampede.loads": 1, "stampede.hits": 1}
 
 
 def test_a_load_is_a_child_of_its_call_and_the_loaders_spans_of_the_load(
@@ -405,9 +484,9 @@ class Refuse:
 
 sys.meta_path.insert(0, Refuse())
 from stampede import Stampede
-from stampede._drivers import trace
+from stampede.otel import traces
 
-assert trace.otel_trace is None and trace.tracer() is None
+assert traces.otel_trace is None and traces.GLOBAL.tracer is None and not traces.GLOBAL.asking
 layer = Stampede(namespace="untraced")
 load = layer.cached_loader("item:{n}")(lambda n: {"n": n})
 many = layer.cached_loader_many("many:{n}")(lambda ns: {n: n for n in ns})

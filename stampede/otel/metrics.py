@@ -26,8 +26,8 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ._core.observer import COUNTERS, DESCRIPTIONS, MEASURES, Measure
-from ._fork import reset_after_fork
+from .._core.observer import COUNTERS, DESCRIPTIONS, MEASURES, Measure
+from .._fork import reset_after_fork
 
 __all__ = ["OpenTelemetryMetrics"]
 
@@ -45,7 +45,7 @@ class OpenTelemetryMetrics:
     a tenth of a hit). Loads and waits, far fewer, are recorded as they end."""
 
     def __init__(self, meter_provider: metrics.MeterProvider | None = None) -> None:
-        from . import __version__
+        from .. import __version__
 
         self._lock = threading.Lock()
         reset_after_fork(self)

@@ -1,11 +1,12 @@
 """OpenTelemetry traces of cached calls: a span per call, its load and its wait, and a link
 from a waiter to the load it waited for, in whichever process that load ran.
 
-stampede takes its tracer from OpenTelemetry's global tracer provider (the API only; the
-application brings the SDK), as libraries are asked to. Nothing here is a setting: once
-the application sets a provider, calls are traced. Until then, or without
-opentelemetry-api, a call reads one attribute (``GLOBALS``) and goes on as if tracing did
-not exist; with the API's no-op provider, ``tracer()`` returns None (a function call more).
+A layer traces with the tracer provider it is given (``Stampede(tracer_provider=...)``),
+else with OpenTelemetry's global one (the API only; the application brings the SDK), as
+OpenTelemetry's own instrumentations do, through the API's public names only. Once the
+application sets a global provider, calls are traced (within ``ASK_EVERY``). Until then,
+or without opentelemetry-api, a call reads one attribute (``Tracing.tracer``), and counts
+down while it may still ask (``Tracing``), and goes on as if tracing did not exist.
 ``loadtest/bench_hit_path.py --tracing`` measures each.
 
 The spans (``docs/operating.md`` shows them in a trace)::
@@ -44,7 +45,6 @@ from __future__ import annotations
 
 import contextvars
 import importlib.metadata
-import os
 import secrets
 import time
 from collections.abc import Callable, Coroutine
@@ -52,7 +52,8 @@ from typing import Any, Protocol, TypeVar
 
 from .._core.observer import Measure
 from .._core.results import Unkept
-from .observe import Events
+from .._drivers.observe import Events
+from .._errors import ConfigError
 
 try:
     from opentelemetry import context as otel_context
@@ -62,7 +63,7 @@ except ImportError:  # the application traces nothing: nor does stampede
 
 __all__ = [
     "FEED",
-    "GLOBALS",
+    "GLOBAL",
     "OUTCOMES",
     "CallTrace",
     "abackground",
@@ -71,7 +72,8 @@ __all__ = [
     "entry_attributes",
     "joining",
     "lease_token",
-    "tracer",
+    "tracer_of",
+    "Tracing",
 ]
 
 T = TypeVar("T")
@@ -100,62 +102,72 @@ TOKEN_MARK = "."  # between a lease token's random part and the trace it carries
 
 # --- whether anything is traced ---------------------------------------------------------
 
+ASK_EVERY = 0.1
+"""Seconds between two questions to OpenTelemetry while no global provider is set."""
 
-class _Adopted:
-    """The global provider last seen, and stampede's tracer of it (None: traces nothing)."""
-
-    provider: object = None
-    tracer: Any = None
-
-
-_adopted = _Adopted()
+CALLS_BETWEEN_CLOCKS = 64
+"""Calls between two reads of the clock meanwhile: a countdown costs a third of a clock."""
 
 
-class _Untraced:
-    """``GLOBALS`` without opentelemetry-api: no provider, ever."""
+class Tracing:
+    """Which tracer a layer's calls take: that of the provider the layer was given
+    (``Stampede(tracer_provider=...)``), else that of OpenTelemetry's global provider, as
+    OpenTelemetry's own instrumentations default to. ``tracer`` is None while nothing is
+    traced (no provider, or the API's no-op one), and a call then goes on as if tracing did
+    not exist.
 
-    _TRACER_PROVIDER: object = None
+    The global provider is asked for with the public ``get_tracer_provider()``, which costs
+    about 1.5 us while none is set (it looks the environment up), most of a near hit: so
+    while ``asking``, a call counts down ``countdown`` and, every
+    ``CALLS_BETWEEN_CLOCKS`` calls, ``ask()`` reads the clock and asks if ``ASK_EVERY``
+    has passed. A provider set after a layer has served traces its calls from at most that
+    many calls and that long later (a layer's first call asks at once). Once set, the
+    global provider never changes (OpenTelemetry sets it once), so asking stops."""
 
+    __slots__ = ("asking", "asks_at", "countdown", "tracer")
 
-class _Public:
-    """``GLOBALS`` for an API that has not the module global it reads: the public call."""
+    def __init__(self, provider: object = None) -> None:
+        self.tracer: Any = None
+        self.asking = provider is None and otel_trace is not None  # the global provider, not found yet
+        self.countdown = 0
+        self.asks_at = 0.0
+        if provider is not None:
+            self.tracer = tracer_of(provider)
 
-    @property
-    def _TRACER_PROVIDER(self) -> object:
+    def ask(self) -> Any:
+        """The global provider's tracer, if one is set now (else None, and ask again later)."""
+        self.countdown = CALLS_BETWEEN_CLOCKS
+        now = time.monotonic()
+        if now < self.asks_at:
+            return None
+        self.asks_at = now + ASK_EVERY
         provider = otel_trace.get_tracer_provider()
-        return None if isinstance(provider, otel_trace.ProxyTracerProvider) else provider
+        if isinstance(provider, otel_trace.ProxyTracerProvider):  # what the API answers while none is set
+            return None
+        self.asking = False
+        self.tracer = tracer_of(provider)
+        return self.tracer
+
+    def forget(self) -> None:
+        """Ask for the global provider afresh at the next call. The API never unsets it: a
+        test that does (as OpenTelemetry's own tests do) calls this after."""
+        self.tracer, self.asking = None, otel_trace is not None
+        self.countdown, self.asks_at = 0, 0.0
 
 
-GLOBALS: Any = _Untraced()
-"""Where the global tracer provider is, as ``GLOBALS._TRACER_PROVIDER`` (None until the
-application sets one): OpenTelemetry's own module global, which its ``ProxyTracer`` reads
-too. A call checks it inline, with no function call, before anything else of tracing:
-``get_tracer_provider()`` would cost a lookup of the environment on every call while no
-provider is set (0.6 us, a third of a near hit)."""
-if otel_trace is not None:
-    GLOBALS = otel_trace if hasattr(otel_trace, "_TRACER_PROVIDER") else _Public()
-    if os.environ.get("OTEL_PYTHON_TRACER_PROVIDER"):
-        otel_trace.get_tracer_provider()  # the provider the environment names, set as the API would
-
-
-def tracer() -> Any:
-    """stampede's tracer of the global tracer provider, or None while there is none (or it
-    is the API's no-op provider). OpenTelemetry sets its global provider once and never
-    unsets it; a test may, so the tracer is made again when the provider changes."""
-    provider = GLOBALS._TRACER_PROVIDER
-    if provider is None:
-        return None
-    if provider is not _adopted.provider:
-        _adopt(provider)
-    return _adopted.tracer
-
-
-def _adopt(provider: object) -> None:
+def tracer_of(provider: Any) -> Any:
+    """stampede's tracer of ``provider``, or None for the API's no-op provider (nothing to
+    trace: a call then costs what it costs untraced)."""
+    if otel_trace is None:
+        raise ConfigError("tracer_provider needs opentelemetry-api: pip install opentelemetry-api")
     if isinstance(provider, otel_trace.NoOpTracerProvider):
-        found = None
-    else:
-        found = provider.get_tracer("stampede", _version())  # type: ignore[attr-defined]
-    _adopted.tracer, _adopted.provider = found, provider
+        return None
+    return provider.get_tracer("stampede", _version())
+
+
+GLOBAL = Tracing()
+"""The tracing of every layer given no provider: one question to OpenTelemetry per
+process, whichever layer asks."""
 
 
 def _version() -> str | None:
