@@ -27,6 +27,7 @@ from ._backend import postgres_builder as postgres
 from ._backend import redis_builder as redis
 from ._core.backend import Backend, BackendOptions, Inspector
 from ._core.store import (
+    TRACE_MARK,
     AcquireCall,
     AcquireReply,
     AsyncEntryStore,
@@ -75,6 +76,7 @@ __all__ = [
     "AsyncSubscription",
     "AcquireCall",
     "AcquireReply",
+    "TRACE_MARK",
     "WriteCall",
     "Written",
     "LockState",

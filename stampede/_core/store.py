@@ -48,6 +48,15 @@ class LockState(enum.Enum):
     HELD = "held"  # another holder has it
 
 
+TRACE_MARK = "."
+"""What a lease token that carries its holder's trace holds, between its random part and
+the trace's ids (``stampede.otel.traces``): never a hex digit. A store tells a caller
+refused a lease who holds it (``AcquireReply.holder``) only if the holder's token holds
+this mark, so that an untraced holder's token never leaves the server. Each store takes it
+from here: the Redis scripts as an argument, PostgreSQL's schema and the in-memory store
+as this constant, a store outside the package as part of this contract."""
+
+
 @dataclass(frozen=True, slots=True)
 class AcquireReply:
     state: LockState
@@ -56,7 +65,7 @@ class AcquireReply:
     fence: int = 0  # a named lock's fencing token, for LOCKED by ``take_lock``
     failed: bool = False  # HELD by a failed load's hold (``Store.hold``), not by a load
     # HELD: the holder's token where the store returns it and it carries the holder's
-    # trace (``stampede.otel.traces``), else "". Read by traces only, never by a decision.
+    # trace (holds ``TRACE_MARK``), else "". Read by traces only, never by a decision.
     holder: str = ""
     # VALUE: the seconds the store keeps the value (-1: no expiry, or the store does not
     # tell). A value found past its ttl (an ``expire`` since) is no fresh value (_core.flow).

@@ -52,6 +52,7 @@ from typing import Any, Protocol, TypeVar
 
 from .._core.observer import Measure
 from .._core.results import Unkept
+from .._core.store import TRACE_MARK
 from .._drivers.observe import Events
 from .._errors import ConfigError
 
@@ -96,8 +97,6 @@ OUTCOMES = (
     "failed",  # raised (the loader's error, the store's, a timeout)
 )
 """What a call's span says happened (``stampede.outcome``)."""
-
-TOKEN_MARK = "."  # between a lease token's random part and the trace it carries: never hex
 
 
 # --- whether anything is traced ---------------------------------------------------------
@@ -389,12 +388,12 @@ class CallTrace:
                 "stampede.load", context=self._here(), attributes=self._attributes
             )
         span_context = self._pending_load.get_span_context()
-        return f"{TOKEN_MARK}{span_context.trace_id:032x}{span_context.span_id:016x}{int(span_context.trace_flags):02x}"
+        return f"{TRACE_MARK}{span_context.trace_id:032x}{span_context.span_id:016x}{int(span_context.trace_flags):02x}"
 
 
 def lease_token(ctx: HoldsHolder, flight: Any = None) -> str:
     """A new lease's token: random, and if a traced call asks for the lease, the ids of its
-    load span after ``TOKEN_MARK`` (``CallTrace.lease_suffix``), which waiters link to.
+    load span after ``TRACE_MARK`` (``CallTrace.lease_suffix``), which waiters link to.
     The call's trace keeps ``ctx``, the flow's context, to learn whose lease it waited on,
     and the ``flight`` it leads (``_core.flight.Flight``), if any, keeps the trace for the
     callers who join it (``joining``)."""
@@ -418,7 +417,7 @@ def joining(flight: Any) -> None:
 
 def held_by(token: str) -> Any:
     """The span a lease ``token`` names (``lease_token``), as a remote SpanContext, or None."""
-    _, mark, ids = token.partition(TOKEN_MARK)
+    _, mark, ids = token.partition(TRACE_MARK)
     if not mark or len(ids) != 50:
         return None
     try:

@@ -39,7 +39,7 @@ import pytest
 from stampede import ConfigError, Stampede
 from stampede._core.codec import Codec
 from stampede._core.keys import EntryKeys, lock_keys
-from stampede._core.store import AcquireReply, LockState, Written
+from stampede._core.store import TRACE_MARK, AcquireReply, LockState, Written
 from stampede._core.tags import Tagged, TagKeys, TagSet, clock_key
 
 __all__ = [  # what a star import takes: the fixtures and every test
@@ -48,6 +48,7 @@ __all__ = [  # what a star import takes: the fixtures and every test
     "store",
     "test_a_free_lease_is_taken_and_a_second_caller_sees_it_held",
     "test_the_holders_write_is_stored_releases_the_lease_and_is_found_on_acquire",
+    "test_a_refused_caller_is_told_only_a_traced_holders_token",
     "test_a_write_without_the_lease_is_refused_and_writes_nothing",
     "test_an_invalidation_drops_value_and_lease_and_refuses_the_holders_write",
     "test_renewal_extends_only_the_holders_lease",
@@ -163,6 +164,18 @@ def test_the_holders_write_is_stored_releases_the_lease_and_is_found_on_acquire(
     assert store.get(keys.value) == ENVELOPE
     assert store.holder(keys) is None
     assert store.acquire(keys, "b", LEASE_MS, True) == AcquireReply(LockState.VALUE, ENVELOPE)
+
+
+def test_a_refused_caller_is_told_only_a_traced_holders_token(store: Any, keys: EntryKeys) -> None:
+    """``AcquireReply.holder``: a holder's token leaves the store only if it carries a
+    trace (holds ``TRACE_MARK``), for a waiter's span to link to; a store that does not
+    tell (lock servers that only refuse) answers "" for both."""
+    store.acquire(keys, "a", LEASE_MS, True)
+    assert store.acquire(keys, "b", LEASE_MS, True).holder == ""
+    traced_keys = EntryKeys.for_value(f"contract:{{item:{uuid.uuid4().hex}}}")
+    traced = f"a{TRACE_MARK}{'0' * 50}"
+    store.acquire(traced_keys, traced, LEASE_MS, True)
+    assert store.acquire(traced_keys, "b", LEASE_MS, True).holder in (traced, "")
 
 
 def test_a_write_without_the_lease_is_refused_and_writes_nothing(store: Any, keys: EntryKeys) -> None:

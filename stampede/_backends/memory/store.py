@@ -17,7 +17,7 @@ from cachetools import TLRUCache
 
 from ..._core.codec import stale_window_of
 from ..._core.keys import EntryKeys, entry_value_keys, failing_key
-from ..._core.store import FAILED_HOLD, AcquireReply, AsyncSubscription, LockState, Subscription, Written
+from ..._core.store import FAILED_HOLD, TRACE_MARK, AcquireReply, AsyncSubscription, LockState, Subscription, Written
 from ..._core.tags import Tagged, TagKeys
 from ..._fork import reset_after_fork
 from ..channels import Mailbox, Waiting
@@ -78,7 +78,7 @@ class MemoryStore(OneByOne):
                 return AcquireReply(LockState.VALUE, item[0], ttl_left=item[1] - now)
             holder = self._live_lease(keys, now)
             if holder is not None:
-                traced = holder[0] if "." in holder[0] else ""  # a token that carries a trace
+                traced = holder[0] if TRACE_MARK in holder[0] else ""  # a token that carries a trace
                 return AcquireReply(
                     LockState.HELD, lease_left=holder[1] - now, failed=holder[0] == FAILED_HOLD, holder=traced
                 )

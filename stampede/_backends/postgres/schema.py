@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 
 from ..._core.codec import stale_window_of
 from ..._core.keys import EntryKeys
-from ..._core.store import AcquireReply, LockState
+from ..._core.store import TRACE_MARK, AcquireReply, LockState
 from ..._core.tags import GENERATION_KEEP_MS, MEMBER_MARGIN_MS, Tagged, TagKeys
 from ..._errors import BackendUnavailable
 
@@ -165,7 +165,7 @@ $$;
 -- state 1: the value (not the caller's stale one) is there, for left_ms more (version 5;
 -- 0 before); 2: the lease is ours;
 -- 3: another holder has it for left_ms more (failed: a failed load's hold; holder: its
--- token if the token carries a trace, has a '.', else '').
+-- token if the token carries a trace, holds _core.store.TRACE_MARK, else '').
 -- Version 3's function replied without holder: a reply's columns cannot change in place.
 DROP FUNCTION IF EXISTS stampede_acquire(text, text, text, bigint, boolean, bytea);
 CREATE OR REPLACE FUNCTION stampede_acquire(
@@ -205,7 +205,7 @@ BEGIN
     state := 3;
     left_ms := stampede_ms_left(deadline, now_);
     failed := current_token = '!failed';
-    IF strpos(current_token, '.') > 0 THEN holder := current_token; END IF;
+    IF strpos(current_token, '@TRACE_MARK@') > 0 THEN holder := current_token; END IF;
 END $$;
 
 -- Write, release and wake, if our lease still holds (the Redis WRITE_AND_RELEASE script).
@@ -457,7 +457,7 @@ END $$;
 CREATE OR REPLACE FUNCTION stampede_schema_v3() RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT 1';
 CREATE OR REPLACE FUNCTION stampede_schema_v4() RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT 1';
 CREATE OR REPLACE FUNCTION stampede_schema_v5() RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT 1';
-"""
+""".replace("@TRACE_MARK@", TRACE_MARK)  # the same text as before it was handed in: no new version
 
 
 class Statement(NamedTuple):

@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 from ..._core.keys import EntryKeys
 from ..._core.near import NearChannel, request
+from ..._core.store import TRACE_MARK
 from ..._core.tags import GENERATION_KEEP_MS, MEMBER_MARGIN_MS, Tagged, TagKeys
 
 
@@ -44,7 +45,8 @@ ACQUIRE = """
 --         {2}: the lock is now held with our token (also when it already was)
 --         {3, pttl, failed, holder}: another holder has the lock for pttl more ms (-1: no
 --                 expiry set); failed is 1 if that is a failed load's hold (HOLD_AFTER_FAILURE);
---                 holder is its token if the token carries a trace (has a '.'), else ''
+--                 holder is its token if the token carries a trace (holds ARGV[5]), else ''
+-- ARGV[5] the mark of a token that carries a trace (_core.store.TRACE_MARK)
 if ARGV[3] == '1' then
   local value = redis.call('GET', KEYS[1])
   if value and (ARGV[4] == '' or string.sub(value, 1, #ARGV[4]) ~= ARGV[4]) then
@@ -61,13 +63,13 @@ if holder == ARGV[1] then
 end
 local failed = 0
 if holder == '!failed' then failed = 1 end
-if not string.find(holder, '.', 1, true) then holder = '' end
+if not string.find(holder, ARGV[5], 1, true) then holder = '' end
 return {3, redis.call('PTTL', KEYS[2]), failed, holder}
 """
 
 
 def acquire_call(keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b"") -> Call:
-    return Call([keys.value, keys.lock], [token, lease_ms, "1" if check_value else "0", stale])
+    return Call([keys.value, keys.lock], [token, lease_ms, "1" if check_value else "0", stale, TRACE_MARK])
 
 
 HOLD_AFTER_FAILURE = """
@@ -474,7 +476,7 @@ return 1
 """
 
 
-ACQUIRE_EACH = for_each(ACQUIRE, 2, 4)
+ACQUIRE_EACH = for_each(ACQUIRE, 2, 5)
 WRITE_AND_RELEASE_EACH = for_each(WRITE_AND_RELEASE, 4, 5)
 
 
