@@ -1,18 +1,23 @@
 """The one place that chooses a layer's backend: from a URL's scheme, or from the
 objects the layer was given.
 
-``SCHEMES`` maps each URL scheme to its family. A new family is a folder under
-``_backends/`` with a builder of ``Backend`` (``_core/backend.py``), plus one line here
-(see docs/development.md). The layer's keywords (``client=``, ``async_client=``,
-``postgres=``, ``redlock=``, ``zookeeper=``) are shorthand, translated here and nowhere
-else. Redlock and ZooKeeper leases sit on top of the Redis family: each is a lease policy
-of the core (``_core/leases.py``) and the lock servers it needs, composed here.
+``SCHEMES`` maps each URL scheme to its opener, which makes the connections the URL
+names and returns the builder of a backend over them; ``register_scheme`` adds one from
+outside the package (``stampede.backends``). A new family inside is a folder under
+``_backends/`` with a builder of ``Backend`` (``_core/backend.py``), a builder here and
+an opener in ``SCHEMES`` (docs/development.md). The layer's keywords (``client=``,
+``async_client=``, ``postgres=``, ``redlock=``, ``zookeeper=``) are shorthand, translated
+here and nowhere else. Redlock and ZooKeeper leases sit beside the Redis family: each is
+a lease service (a policy of the core, ``_core/leases.py``, and the lock servers it
+needs), composed onto a built backend into a new one (``Backend.with_leases``).
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -20,39 +25,15 @@ from ._backends.each import AsyncOneByOne as AsyncOneByOne  # stampede.backends 
 from ._backends.each import OneByOne as OneByOne
 from ._backends.redis.alock_servers import AsyncRedisLockServers
 from ._backends.redis.lock_servers import RedisLockServers
-from ._core.backend import DEFAULT_CONNECT_TIMEOUT, DEFAULT_SOCKET_TIMEOUT, Backend, BackendOptions
+from ._core.backend import DEFAULT_CONNECT_TIMEOUT, DEFAULT_SOCKET_TIMEOUT, Backend, BackendOptions, LeaseService
 from ._core.store import Store
-from ._errors import BackendUnavailable, ConfigError
+from ._errors import ConfigError
 from ._redact import redacted
 
 if TYPE_CHECKING:
     from ._redlock import Redlock
 
 DEFAULT_MAX_CONNECTIONS = 64
-ZOOKEEPER_SESSION_TIMEOUT = 10.0  # kazoo's default: how long a silent holder keeps its leases
-ZOOKEEPER_CONNECT_TIMEOUT = 10.0
-
-SCHEMES: dict[str, str] = {
-    "redis": "redis",
-    "rediss": "redis",
-    "unix": "redis",
-    "redis+sentinel": "redis",
-    "postgresql": "postgresql",
-    "postgres": "postgresql",
-    "memory": "memory",
-}
-"""URL scheme -> backend family."""
-
-
-def family_of(url: str) -> str:
-    """The family a URL names (``ConfigError`` for a scheme no family serves)."""
-    scheme = urlsplit(url).scheme.lower()
-    family = SCHEMES.get(scheme)
-    if family is None:
-        known = ", ".join(f"{name}://" for name in SCHEMES)
-        raise ConfigError(f"bad URL {redacted(url)!r}: no backend serves {scheme!r}; a URL starts with one of {known}")
-    return family
-
 
 BackendBuilder = Callable[[BackendOptions], Backend]
 """What ``Stampede(backend=...)`` takes: a maker of the layer's backend, given the
@@ -95,6 +76,102 @@ def built_by(builder: BackendBuilder, options: BackendOptions) -> Backend:
     return backend
 
 
+@dataclass(frozen=True)
+class Connections:
+    """What ``Stampede.from_url`` asks of the connections a URL names: an opener's bounds."""
+
+    socket_timeout: float = DEFAULT_SOCKET_TIMEOUT
+    socket_connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    cluster: bool = False  # the URL names one node of a Redis Cluster
+
+
+@dataclass(frozen=True)
+class Opened:
+    """What an opener made of a URL: the builder of the layer's backend, and how to close
+    the connections it opened for it (after the layer's stores are closed)."""
+
+    builder: BackendBuilder
+    close: Callable[[], None]
+
+
+Opener = Callable[[str, Connections], Opened]
+"""What opens a URL of one scheme (``SCHEMES``, ``register_scheme``)."""
+
+
+def _open_redis(url: str, connections: Connections) -> Opened:
+    """redis://, rediss://, unix://, redis+sentinel:// (``_backends.redis.clients``)."""
+    from ._backends.redis.clients import close_client, make_clients
+
+    client, make_async_client = make_clients(
+        url,
+        cluster=connections.cluster,
+        socket_timeout=connections.socket_timeout,
+        socket_connect_timeout=connections.socket_connect_timeout,
+        max_connections=connections.max_connections,
+    )
+    return Opened(redis_builder(client, make_async_client), functools.partial(close_client, client))
+
+
+def _open_postgres(url: str, connections: Connections) -> Opened:
+    if connections.cluster:
+        raise ConfigError("cluster= is Redis's: a postgresql:// URL is the whole store")
+    pool = _postgres_pool(
+        url, connections.socket_timeout, connections.socket_connect_timeout, connections.max_connections
+    )
+    return Opened(postgres_builder(pool), pool.close)
+
+
+def _open_memory(url: str, connections: Connections) -> Opened:
+    if connections.cluster:
+        raise ConfigError("cluster= is Redis's: a memory:// store is this process's")
+    return Opened(memory_builder(), _nothing)
+
+
+SCHEMES: dict[str, Opener] = {
+    "redis": _open_redis,
+    "rediss": _open_redis,
+    "unix": _open_redis,
+    "redis+sentinel": _open_redis,
+    "postgresql": _open_postgres,
+    "postgres": _open_postgres,
+    "memory": _open_memory,
+}
+"""URL scheme -> its opener, as dogpile.cache's registry maps a name to a backend: the
+families stampede ships, and any ``register_scheme`` adds."""
+
+POSTGRES_SCHEMES = ("postgresql", "postgres")
+
+
+def register_scheme(scheme: str, opener: Opener) -> None:
+    """Let ``Stampede.from_url`` open ``scheme://`` URLs: ``opener(url, connections)``
+    makes what the URL names and returns an ``Opened`` (a backend builder, and a close).
+    A scheme is opened by one opener: registering another for it is a ``ConfigError``."""
+    name = scheme.lower()
+    if not re.fullmatch(r"[a-z][a-z0-9+.-]*", name):
+        raise ConfigError(f"a URL scheme is a letter then letters, digits, '+', '.' or '-', got {scheme!r}")
+    if not callable(opener):
+        raise ConfigError(f"register_scheme takes an opener (url, connections) -> Opened, got {opener!r}")
+    known = SCHEMES.get(name)
+    if known is not None and known is not opener:
+        raise ConfigError(f"{name}:// URLs are opened by {known!r} already")
+    SCHEMES[name] = opener
+
+
+def open_url(url: str, connections: Connections) -> Opened:
+    """What ``url`` names, opened by its scheme's opener (``ConfigError`` for a scheme
+    nobody opens)."""
+    scheme = urlsplit(url).scheme.lower()
+    opener = SCHEMES.get(scheme)
+    if opener is None:
+        known = ", ".join(f"{name}://" for name in SCHEMES)
+        raise ConfigError(f"bad URL {redacted(url)!r}: no backend serves {scheme!r}; a URL starts with one of {known}")
+    opened = opener(url, connections)
+    if not isinstance(opened, Opened):
+        raise ConfigError(f"the opener of {scheme}:// returned {opened!r}, not a stampede.backends.Opened")
+    return opened
+
+
 def backend_for(
     options: BackendOptions,
     *,
@@ -105,65 +182,46 @@ def backend_for(
     zookeeper: Any = None,
     backend: BackendBuilder | None = None,
 ) -> Backend:
-    """The backend the layer's keywords name (``Stampede(...)``)."""
+    """The backend the layer's keywords name (``Stampede(...)``): ``backend=``'s, or the
+    family ``client=``, ``async_client=`` or ``postgres=`` names (the embedded one for
+    none), with the lease service ``redlock=`` or ``zookeeper=`` composed onto it."""
+    if redlock is not None and zookeeper is not None:
+        raise ConfigError("redlock= and zookeeper= are two lease services: a layer's leases take one at most")
     if backend is not None:
-        if any(given is not None for given in (client, async_client, postgres, redlock, zookeeper)):
-            raise ConfigError("backend= is the whole backend: pass no client, async_client, postgres, redlock "
-                              "or zookeeper with it")  # fmt: skip
-        return built_by(backend, options)
-    if redlock is not None and client is None and async_client is None:
-        raise ConfigError("redlock= needs a cache server: pass a redis client, or use Stampede.from_url")
-    if zookeeper is not None and (redlock is not None or (client is None and async_client is None)):
-        raise ConfigError("zookeeper= holds leases beside a cache server: pass a redis client, and no redlock")
-    if postgres is not None:
-        if client is not None or async_client is not None or redlock is not None:
-            raise ConfigError("postgres= is the whole store: pass no redis client and no redlock with it")
-        return _postgres(postgres, options)
-    if client is None and async_client is None:
-        from ._backends.memory.backend import memory_backend
-
-        return memory_backend(options)
-    from ._backends.redis.backend import redis_backend
-
-    built = redis_backend(client, async_client, options)
+        if any(given is not None for given in (client, async_client, postgres)):
+            raise ConfigError("backend= is the whole backend: pass no client, async_client or postgres with it")
+        built = built_by(backend, options)
+    else:
+        if redlock is not None and client is None and async_client is None:
+            raise ConfigError("redlock= needs a cache server: pass a redis client, or use Stampede.from_url")
+        if zookeeper is not None and client is None and async_client is None:
+            raise ConfigError("zookeeper= holds leases beside a cache server: pass a redis client")
+        built = _built_from_keywords(options, client, async_client, postgres)
     if redlock is not None:
-        _with_redlock(built, redlock)
+        return built.with_leases(redlock.lease_service())
     if zookeeper is not None:
-        _with_zookeeper(built, zookeeper)
+        return _with_zookeeper(built, zookeeper)
     return built
 
 
-def given_by_url(
-    url: str,
-    *,
-    cluster: bool,
-    socket_timeout: float,
-    socket_connect_timeout: float,
-    max_connections: int,
-    lease_services: bool,
-) -> tuple[dict[str, Any], Callable[[], None]]:
-    """What ``Stampede.from_url(url)`` passes to ``Stampede(...)``, and how to close it.
-    ``lease_services``: Redlock or ZooKeeper leases were asked for too (Redis's only)."""
-    family = family_of(url)
-    if family == "memory":
-        if cluster or lease_services:
-            raise ConfigError("a memory:// store is this process's: cluster=, redlock= and zookeeper= are Redis's")
-        return {}, _nothing
-    if family == "postgresql":
-        if cluster or lease_services:
-            raise ConfigError("a postgresql:// URL is the whole store: cluster= and redlock= are Redis's")
-        pool = _postgres_pool(url, socket_timeout, socket_connect_timeout, max_connections)
-        return {"postgres": pool}, pool.close
-    from ._backends.redis.clients import close_client, make_clients
+def _built_from_keywords(options: BackendOptions, client: Any, async_client: Any, postgres: Any) -> Backend:
+    if postgres is not None:
+        if client is not None or async_client is not None:
+            raise ConfigError("postgres= is the whole store: pass no redis client with it")
+        return _postgres(postgres, options)
+    if client is None and async_client is None:
+        return memory_builder()(options)
+    return redis_builder(client, async_client)(options)
 
-    client, make_async_client = make_clients(
-        url,
-        cluster=cluster,
-        socket_timeout=socket_timeout,
-        socket_connect_timeout=socket_connect_timeout,
-        max_connections=max_connections,
-    )
-    return {"client": client, "async_client": make_async_client}, functools.partial(close_client, client)
+
+def _with_zookeeper(backend: Backend, zookeeper: Any) -> Backend:
+    """``zookeeper=``: the ZooKeeper family's lease service, composed onto ``backend``."""
+    backend.check_takes_leases("zookeeper")  # before a ZooKeeper session is opened
+    try:
+        from ._backends.zookeeper.backend import zookeeper_leases
+    except ImportError as error:
+        raise ConfigError(f"zookeeper= needs kazoo: pip install 'stampede-guard[zookeeper]' ({error})") from None
+    return backend.with_leases(zookeeper_leases(zookeeper))
 
 
 def _nothing() -> None:
@@ -174,7 +232,7 @@ def _postgres(postgres: Any, options: BackendOptions) -> Backend:
     """``postgres=``: a psycopg_pool ``ConnectionPool``, or a ``postgresql://`` URL for a
     pool with the default bounds, which the store owns."""
     if isinstance(postgres, str):
-        if family_of(postgres) != "postgresql":
+        if urlsplit(postgres).scheme.lower() not in POSTGRES_SCHEMES:
             raise ConfigError(
                 f"postgres= takes a postgresql:// URL or a psycopg_pool.ConnectionPool, got {redacted(postgres)!r}"
             )
@@ -208,61 +266,6 @@ def _postgres_pool(url: str, socket_timeout: float, connect_timeout: float, max_
     )
 
 
-def _with_redlock(backend: Backend, redlock: Redlock) -> None:
-    """Every load's lease is held on a majority of ``redlock``'s servers as well as on the
-    cache server (``_core.majority.RedlockLeases``). Named locks stay on the cache server
-    (a fencing token and a fair queue need one server)."""
-    from ._core.majority import RedlockLeases
-
-    backend.name += "+redlock"
-    backend.lease_policy = RedlockLeases(redlock.quorum)
-    backend.lock_servers = redlock.servers  # its clients are the Redlock manager's: it closes them
-    if backend.make_async_store is not None:
-        backend.make_async_lock_servers = redlock.async_servers  # its ConfigError before any client is made
-
-
-def _with_zookeeper(backend: Backend, zookeeper: Any) -> None:
-    """Every load's lease is also a ZooKeeper node (``zookeeper=``: hosts,
-    ``host:port[,host:port...]``, or a started kazoo client), held for its holder's
-    session (``_core.sessions.SessionLeases``). Named locks wait in ZooKeeper's fair line
-    beside the cache server's key (``_backends.zookeeper.locks``)."""
-    try:
-        from ._backends.zookeeper.servers import (
-            AsyncZooKeeperLockServers,
-            ZooKeeperLockServers,
-            ZooKeeperQueue,
-            client_of,
-        )
-    except ImportError as error:
-        raise ConfigError(f"zookeeper= needs kazoo: pip install 'stampede-guard[zookeeper]' ({error})") from None
-    from ._backends.zookeeper.alocks import AsyncZooKeeperLockStore
-    from ._backends.zookeeper.lines import Wakers
-    from ._backends.zookeeper.locks import ZooKeeperLockStore
-    from ._core.sessions import SESSION_QUORUM, SessionLeases
-
-    try:
-        client, owned = client_of(zookeeper, ZOOKEEPER_SESSION_TIMEOUT, ZOOKEEPER_CONNECT_TIMEOUT)
-    except Exception as error:
-        raise BackendUnavailable(f"cannot connect to ZooKeeper at {zookeeper!r}: {error}") from error
-    servers = ZooKeeperLockServers(client)
-    backend.name += "+zookeeper"
-    backend.lease_policy = SessionLeases(SESSION_QUORUM)
-    backend.lock_servers = servers
-    if backend.make_async_store is not None:
-        backend.make_async_lock_servers = functools.partial(AsyncZooKeeperLockServers, servers)
-    queue, wakers = ZooKeeperQueue(servers), Wakers()
-    backend.named_lock_store = functools.partial(ZooKeeperLockStore, queue=queue, wakers=wakers)
-    backend.async_named_lock_store = functools.partial(AsyncZooKeeperLockStore, queue=queue, wakers=wakers)
-    backend.lock_queue = queue  # ZooKeeper's line is fair
-    if owned:
-
-        def stop() -> None:
-            client.stop()
-            client.close()
-
-        backend.close_first.append(stop)
-
-
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_SOCKET_TIMEOUT",
@@ -270,9 +273,13 @@ __all__ = [
     "AsyncRedisLockServers",  # Redlock's servers (``stampede.Redlock``)
     "Backend",
     "BackendOptions",
+    "Connections",
+    "LeaseService",
+    "Opened",
+    "Opener",
     "RedisLockServers",
     "Store",
     "backend_for",
-    "family_of",
-    "given_by_url",
+    "open_url",
+    "register_scheme",
 ]

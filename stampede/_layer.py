@@ -20,8 +20,9 @@ from ._backend import (
     DEFAULT_SOCKET_TIMEOUT,
     BackendBuilder,
     BackendOptions,
+    Connections,
     backend_for,
-    given_by_url,
+    open_url,
 )
 from ._cached import CachedLoader, CachedManyLoader
 from ._core.codec import Codec, Serializer, TypedSerializer
@@ -265,22 +266,16 @@ class Stampede:
         ``redis+sentinel://host:port[,host:port...]/service[/db]`` names the master a set
         of sentinels knows as ``service`` (see ``_backends.redis.clients`` and docs/scaling.md). A
         ``postgresql://`` URL makes the store PostgreSQL (a pool of ``max_connections``,
-        ``socket_timeout`` as the statement timeout). ``zookeeper=`` adds ZooKeeper leases
-        (docs/lock-services.md)."""
+        ``socket_timeout`` as the statement timeout), ``memory://`` the embedded store, and a
+        scheme registered with ``stampede.backends.register_scheme`` its own backend.
+        ``redlock=`` or ``zookeeper=`` adds a lease service (docs/lock-services.md)."""
         check_seconds("socket_timeout", socket_timeout)
         check_seconds("socket_connect_timeout", socket_connect_timeout)
         check_count("max_connections", max_connections)
-        given, close_given = given_by_url(
-            url,
-            cluster=cluster,
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=socket_connect_timeout,
-            max_connections=max_connections,
-            lease_services=redlock is not None or zookeeper is not None,
-        )
+        opened = open_url(url, Connections(socket_timeout, socket_connect_timeout, max_connections, cluster))
         try:
             layer = cls(
-                **given,
+                backend=opened.builder,
                 redlock=redlock,
                 zookeeper=zookeeper,
                 namespace=namespace,
@@ -292,9 +287,9 @@ class Stampede:
                 **settings,
             )
         except BaseException:  # a setting refused: nothing left open
-            close_given()
+            opened.close()
             raise
-        layer._backend.close_last.append(close_given)
+        layer._backend.close_last.append(opened.close)
         if check:
             try:
                 layer.check()

@@ -46,9 +46,10 @@ import redis
 import redis.asyncio
 
 from ._backend import AsyncRedisLockServers, RedisLockServers
+from ._core.backend import LeaseService
 from ._core.effects import Decision, Pause, ServersRelease, milliseconds
 from ._core.keys import EntryKeys, lock_keys
-from ._core.majority import Quorum, renew_majority, take_majority
+from ._core.majority import Quorum, RedlockLeases, renew_majority, take_majority
 from ._core.store import Round
 from ._drivers.aperform import AsyncPerformer, arun
 from ._drivers.perform import Performer, run
@@ -117,6 +118,13 @@ class Redlock:
             retry_interval = retry_delay
         keys = lock_keys(self.namespace, name, self._max_key_length)
         return RedlockLock(self, name, keys, ttl, blocking, timeout, retry_interval, retries, renew)
+
+    def lease_service(self) -> LeaseService:
+        """Every load's lease of a layer held on a majority of these servers as well as on
+        its cache server (``redlock=``: ``_core.majority.RedlockLeases``). Named locks stay on
+        the cache server: a fencing token and a fair line need one server. The servers'
+        clients are this manager's: it closes them, not the layer."""
+        return LeaseService("redlock", RedlockLeases(self.quorum), self.servers, self.async_servers)
 
     def async_servers(self) -> AsyncRedisLockServers:
         """New asyncio clients of every server, for the running event loop."""

@@ -17,15 +17,21 @@ single-entry command per entry. It must pass
 the contract suite unchanged (``stampede.testing.contract``, docs/development.md), which
 runs over a layer built with ``Stampede(backend=your_builder)``. A backend may also wrap
 one of the shipped ones: build it, then replace its stores.
+
+``register_scheme("mystore", opener)`` lets ``Stampede.from_url("mystore://...")`` open
+it: the opener makes the connections the URL names, within the ``Connections`` bounds
+``from_url`` was given, and returns an ``Opened`` (the builder, and a close). A lease
+service (``LeaseService``: Redlock's majority, ZooKeeper's sessions) is composed onto a
+built backend into a new one with ``Backend.with_leases``, never by rewriting it.
 """
 
 from __future__ import annotations
 
-from ._backend import AsyncOneByOne, BackendBuilder, OneByOne
+from ._backend import AsyncOneByOne, BackendBuilder, Connections, OneByOne, Opened, Opener, register_scheme
 from ._backend import memory_builder as memory
 from ._backend import postgres_builder as postgres
 from ._backend import redis_builder as redis
-from ._core.backend import Backend, BackendOptions, Inspector
+from ._core.backend import Backend, BackendOptions, Inspector, LeaseService
 from ._core.store import (
     TRACE_MARK,
     AcquireCall,
@@ -54,6 +60,11 @@ __all__ = [
     "BackendBuilder",
     "BackendOptions",
     "Inspector",
+    "LeaseService",
+    "Connections",
+    "Opened",
+    "Opener",
+    "register_scheme",
     "memory",
     "redis",
     "postgres",

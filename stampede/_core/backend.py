@@ -22,9 +22,10 @@ Rules of the imports: this module is part of the core. It names no family.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from .._errors import ConfigError
 from .config import Settings
 from .keys import EntryKeys
 from .leases import ONE_SERVER, LeasePolicy
@@ -93,6 +94,23 @@ def _same(store: Any) -> Any:
     return store
 
 
+@dataclass(frozen=True)
+class LeaseService:
+    """Lock servers that hold every load's lease beside a backend's own store, under a lease
+    policy of the core: Redlock's majority (``_core.majority``), ZooKeeper's sessions
+    (``_core.sessions``). ``Backend.with_leases`` composes one into a new backend; nothing
+    rewrites a backend once built."""
+
+    name: str  # what the backend's name gains: "redlock", "zookeeper"
+    policy: LeasePolicy
+    servers: LockServers  # for blocking callers
+    make_async_servers: Callable[[], AsyncLockServers] | None = None  # one event loop's
+    named_lock_store: Callable[[Any], Any] | None = None  # named locks' store, where the service keeps their line
+    async_named_lock_store: Callable[[Any], Any] | None = None
+    lock_queue: Any = None  # that line (ZooKeeper's): named locks are then all fair
+    close: Callable[[], None] | None = None  # stops the service, before the stores close
+
+
 @dataclass(eq=False)
 class Backend:
     """One layer's backend. Built by one family (``stampede._backend`` chooses which)."""
@@ -114,6 +132,33 @@ class Backend:
     close_first: list[Callable[[], None]] = field(default_factory=list)  # lease services
     close_last: list[Callable[[], None]] = field(default_factory=list)  # connections it opened
     tracker: Tracking | None = None  # made by track()
+    takes_lease_services: bool = False  # Redlock's or ZooKeeper's leases may sit beside it (Redis's)
+
+    def with_leases(self, service: LeaseService) -> Backend:
+        """A new backend: this one's stores, with every load's lease held under ``service``'s
+        policy on its servers as well (``redlock=``, ``zookeeper=``). Refused for a backend
+        whose leases are already held elsewhere, or whose family takes no lease service."""
+        self.check_takes_leases(service.name)
+        return replace(
+            self,
+            name=f"{self.name}+{service.name}",
+            lease_policy=service.policy,
+            lock_servers=service.servers,
+            make_async_lock_servers=service.make_async_servers if self.make_async_store is not None else None,
+            named_lock_store=service.named_lock_store or self.named_lock_store,
+            async_named_lock_store=service.async_named_lock_store or self.async_named_lock_store,
+            lock_queue=service.lock_queue if service.lock_queue is not None else self.lock_queue,
+            close_first=[*self.close_first, *([service.close] if service.close is not None else [])],
+            close_last=list(self.close_last),
+        )
+
+    def check_takes_leases(self, service: str) -> None:
+        """``ConfigError`` unless the lease service named ``service`` may be composed onto
+        this backend (``with_leases``): asked before the service connects anywhere."""
+        if not self.takes_lease_services:
+            raise ConfigError(f"{service} leases sit beside a Redis cache server; the {self.name} backend takes none")
+        if self.lease_policy is not ONE_SERVER:
+            raise ConfigError(f"the {self.name} backend holds its leases elsewhere already: one lease service at most")
 
     def track(self, copies: Any, lease: float) -> None:
         """Make (not start) the stream that keeps ``copies`` exact."""

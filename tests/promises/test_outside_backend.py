@@ -18,7 +18,7 @@ import pytest
 import redis
 import redis.asyncio
 
-from stampede import ConfigError, Stampede, backends
+from stampede import ConfigError, Redlock, Stampede, backends
 from stampede.testing.contract import *  # noqa: F403  (the contract's fixtures and tests)
 
 pytestmark = pytest.mark.timeout(30)
@@ -112,3 +112,64 @@ def test_a_backend_refused_says_why() -> None:
         Stampede(redis.Redis(), backend=backends.memory())
     with pytest.raises(ConfigError, match="needs a client"):
         backends.redis()
+
+
+def test_a_scheme_registered_from_outside_is_opened_by_from_url() -> None:
+    """``register_scheme``: ``Stampede.from_url`` opens the scheme with the opener given,
+    within the bounds it was given, and closes what it opened with the layer."""
+    opened: list[backends.Connections] = []
+    closed: list[str] = []
+
+    def open_metered(url: str, connections: backends.Connections) -> backends.Opened:
+        opened.append(connections)
+        return backends.Opened(metered(backends.memory()), lambda: closed.append(url))
+
+    backends.register_scheme("metered-memory", open_metered)
+    backends.register_scheme("METERED-memory", open_metered)  # the same opener again: nothing changes
+    layer = Stampede.from_url("metered-memory://shop", namespace="registered", max_connections=7)
+    try:
+        load = layer.cached_loader("item:{n}")(lambda n: {"n": n})
+        assert load(1) == load(1) == {"n": 1} and layer.stats()["loads"] == 1
+        assert "metered memory" in repr(layer)
+        assert [connections.max_connections for connections in opened] == [7] and closed == []
+    finally:
+        layer.close()
+    assert closed == ["metered-memory://shop"]
+    with pytest.raises(ConfigError, match="opened by"):
+        backends.register_scheme("metered-memory", lambda url, connections: open_metered(url, connections))
+    with pytest.raises(ConfigError, match="a URL scheme is"):
+        backends.register_scheme("9p", open_metered)
+    with pytest.raises(ConfigError, match="metered-memory://"):  # the schemes known are named
+        Stampede.from_url("nobody-opens://x")
+
+
+def test_a_lease_service_is_composed_into_a_new_backend_not_written_into_one(redis_url: str) -> None:
+    """``redlock=`` beside a backend from outside: the layer's backend is a new one, with
+    the service's policy and servers; the one the builder made is as it was. A family that
+    takes no lease service is refused before anything connects."""
+    built: list[backends.Backend] = []
+
+    def keeping(builder: backends.BackendBuilder) -> backends.BackendBuilder:
+        def build(options: backends.BackendOptions) -> backends.Backend:
+            built.append(builder(options))
+            return built[-1]
+
+        return build
+
+    client = redis.Redis.from_url(redis_url, socket_timeout=5)
+    redlock = Redlock([redis_url])
+    layer = Stampede(backend=keeping(metered(backends.redis(client))), redlock=redlock, namespace="composed")
+    try:
+        load = layer.cached_loader("item:{n}")(lambda n: {"n": n})
+        assert load(1) == load(1) == {"n": 1} and layer.stats()["loads"] == 1
+        assert "backend=metered redis+redlock" in repr(layer)
+        (base,) = built
+        assert base.name == "metered redis" and base.lock_servers is None and base.close_first == []
+    finally:
+        layer.close()
+        client.close()
+    with pytest.raises(ConfigError, match="beside a Redis cache server; the memory backend takes none"):
+        Stampede(backend=backends.memory(), redlock=redlock)
+    with pytest.raises(ConfigError, match="one at most"):
+        Stampede(backend=backends.memory(), redlock=redlock, zookeeper="127.0.0.1:1")
+    redlock.close()

@@ -37,7 +37,7 @@ def redis_backend(client: Any, async_client: Any, options: BackendOptions) -> Ba
     # Every invalidation asks the namespace's near caches to drop their copies, whether
     # this layer keeps one or not (see docs/near-cache.md).
     near_channel = NearChannel(options.namespace)
-    backend = Backend(name="redis", store=None, make_async_store=None)
+    backend = Backend(name="redis", store=None, make_async_store=None, takes_lease_services=True)
     switches = master_switches(client, async_client)
     if switches is not None:
         backend.close_first.append(switches.close)
