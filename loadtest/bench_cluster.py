@@ -34,7 +34,7 @@ from typing import Any
 import redis
 
 from stampede import BackendUnavailable, Stampede
-from stampede._backends.redis.store import TORN_DOWN
+from stampede._backends.redis.commands import TORN_DOWN
 from stampede.demo import run_workers
 from stampede.testing import ClusterServers, CommandMonitor, RedisServer, SentinelServers, names
 

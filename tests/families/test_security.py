@@ -167,7 +167,7 @@ def test_a_near_cache_needs_its_commands_and_works_with_them(
 def test_an_acl_user_without_the_registry_commands_still_invalidates_and_is_warned(
     secured_server: RedisServer, make_layer: Callable[..., Stampede], caplog: pytest.LogCaptureFixture
 ) -> None:
-    from stampede._backends.redis import store as redis_backend
+    from stampede._backends.redis import commands as redis_backend
 
     redis_backend._near_warned_at.clear()
     layer = make_layer(app_url(secured_server, "old"), namespace="app", on_backend_error="raise")

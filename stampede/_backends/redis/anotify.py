@@ -28,8 +28,8 @@ from redis.exceptions import ResponseError
 from ..._errors import BackendUnavailable
 from ..channels import Channels
 from ..mailbox import LoopMailbox
+from .commands import FAILURES, TORN_DOWN
 from .notify import FOLLOW_INTERVAL, connect_pubsub
-from .store import FAILURES, TORN_DOWN
 
 log = logging.getLogger("stampede.wakeups")
 

@@ -30,8 +30,7 @@ from . import batches, tagging
 from . import scripts as _scripts
 from .anotify import AsyncSubscriber
 from .ashards import AsyncShardedSubscriber
-from .replies import acquire_reply, asks_failing, marked, queue_read_with_ttl, with_ttl
-from .store import (
+from .commands import (
     FAILURES,
     NOT_HEARD,
     TORN_DOWN,
@@ -53,6 +52,7 @@ from .store import (
     warn_near,
     without_blmpop,
 )
+from .replies import acquire_reply, asks_failing, marked, queue_read_with_ttl, with_ttl
 from .switches import NO_SWITCHES, Switches
 
 T = TypeVar("T")

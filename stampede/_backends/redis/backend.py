@@ -17,8 +17,9 @@ from ..._core.near import NearChannel
 from ..._core.store import AsyncStore
 from ..breaker import CircuitBreaker, NodeBreakers
 from .astore import AsyncRedisStore
+from .commands import EvictionCheck, is_cluster
 from .inspect import RedisInspector
-from .store import EvictionCheck, RedisStore, is_cluster
+from .store import RedisStore
 from .switches import NO_SWITCHES, Switches, SwitchWatch, sentinel_settings
 from .tracking import Tracker
 

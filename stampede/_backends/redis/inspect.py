@@ -8,7 +8,7 @@ from typing import Any
 from ..._core.backend import EntryState, LeaseState
 from ..._core.keys import EntryKeys
 from ..._core.tags import TagKeys
-from .store import is_cluster
+from .commands import is_cluster
 from .tagging import names_of
 
 

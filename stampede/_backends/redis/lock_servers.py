@@ -13,8 +13,8 @@ import redis
 
 from ..._core.keys import EntryKeys
 from ..._core.store import Round
+from .commands import FAILURES  # what a server's failure raises, blocking or asyncio: a refusal here
 from .rounds import Server, drop_on, holder_on, release_on, renew_on, take_on, tally, tally_take, tokens
-from .store import FAILURES  # what a server's failure raises, blocking or asyncio: a refusal here
 
 
 class RedisLockServers:

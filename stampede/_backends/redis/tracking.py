@@ -36,8 +36,8 @@ import redis
 from ..._core.near import ACK_KEY_TTL_MS, NEAR_LEASE, RENEWALS_PER_LEASE, NearChannel, parse_request
 from ..._fork import reset_after_fork
 from . import scripts as _scripts
+from .commands import SlotScript, as_text, follows_master, is_cluster
 from .notify import FOLLOW_INTERVAL, connect_pubsub, master_moved
-from .store import SlotScript, as_text, follows_master, is_cluster
 
 log = logging.getLogger("stampede.near")
 
