@@ -44,6 +44,7 @@ GENERATED = [
     ("stampede/_acached.py", "stampede/_cached.py"),
     ("stampede/_backends/postgres/astore.py", "stampede/_backends/postgres/store.py"),
     ("stampede/_backends/redis/alock_servers.py", "stampede/_backends/redis/lock_servers.py"),
+    ("stampede/_backends/redis/astore.py", "stampede/_backends/redis/store.py"),
     ("stampede/_backends/zookeeper/alocks.py", "stampede/_backends/zookeeper/locks.py"),
     ("stampede/_drivers/abatched.py", "stampede/_drivers/batched.py"),
     ("stampede/_drivers/aleases.py", "stampede/_drivers/leases.py"),
@@ -65,6 +66,9 @@ SUBSTITUTIONS = {
     "redis.asyncio.Redis": "redis.Redis",
 }
 
+# Hand-written twin modules a source imports from: their asyncio module -> blocking one.
+TWIN_MODULES = {"anotify": "notify", "ashards": "shards"}
+
 HEADER = (
     "# Generated from {source} by .ci/unasync.py: do not edit.\n"
     "# Edit the asyncio source, then run `python .ci/unasync.py`.\n"
@@ -80,8 +84,8 @@ _KEYWORDS = [
 
 
 def _module_names() -> dict[str, str]:
-    """``a<name>`` -> ``<name>`` for every generated module (its imports)."""
-    return {Path(source).stem: Path(blocking).stem for source, blocking in GENERATED}
+    """``a<name>`` -> ``<name>`` for every generated module and hand-written twin (imports)."""
+    return {Path(source).stem: Path(blocking).stem for source, blocking in GENERATED} | TWIN_MODULES
 
 
 def _indent(line: str) -> int:

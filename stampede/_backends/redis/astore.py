@@ -1,24 +1,22 @@
-"""The Redis backend for asyncio callers: the same scripts and replies as ``_backends.redis.store``,
-over a redis.asyncio client of one event loop.
+"""The Redis store: the Store over a redis-py client (one server, the master Sentinel
+names, or a Redis Cluster), its scripts and its subscriber. This asyncio store, for the
+tasks of one event loop, is the source; ``store.py``, the blocking store, is generated
+from it by ``.ci/unasync.py``. How each sends its commands differs, and is written by
+hand side by side in ``sending``; what both share is ``commands``.
 
-When the layer made the client, it bounds the connections itself: at most ``slots``
-commands are in flight (each store method sends one at a time), so the pool never runs
-out, and a command that finds every slot taken waits at most ``slot_timeout``. That
-costs far less per call than redis.asyncio's blocking pool, which makes a task and a
-timer for every connection it hands out.
+Every redis-py failure (connection refused, timeout, an error reply such as OOM or
+READONLY) leaves a store as ``BackendUnavailable``, which the flow turns into policy.
 """
 
+# store.py, the blocking twin, is generated from this module by .ci/unasync.py.  # ASYNC
 from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, TypeVar
-
-import redis
 
 from ..._core.keys import EntryKeys, check_key, entry_value_keys, failing_key
 from ..._core.near import NearChannel
@@ -38,7 +36,6 @@ from .commands import (
     EvictionCheck,
     Scripts,
     ack_route,
-    breaker_for,
     check_client,
     failure,
     follows_master,
@@ -46,42 +43,34 @@ from .commands import (
     near_wait,
     new_nonce,
     node_of,
-    refresh_route,
     torn_down_error,
     translated,
     warn_near,
     without_blmpop,
 )
 from .replies import acquire_reply, asks_failing, marked, queue_read_with_ttl, with_ttl
-from .switches import NO_SWITCHES, Switches
+from .sending import NO_SWITCHES, AsyncSending, Switches
 
 T = TypeVar("T")
 
-log = logging.getLogger("stampede.backend")
 
-
-def cancel_requests(task: asyncio.Task[Any] | None) -> int:
-    """How many cancellations of ``task`` are pending (``Task.cancelling``: Python 3.11
-    and later; 0 where the loop cannot tell)."""
-    cancelling = getattr(task, "cancelling", None)
-    return int(cancelling()) if cancelling is not None else 0
-
-
-class AsyncRedisStore:
-    """An ``AsyncStore`` on one Redis server (or Sentinel's master, or a Redis Cluster),
-    for the tasks of one event loop."""
+class AsyncRedisStore(AsyncSending):
+    """A Store on one Redis server (or anything speaking its protocol), on the master
+    Sentinel names, or on a Redis Cluster. ``owns_client``, ``slots``, ``slot_timeout``
+    and ``switches``: how it sends (``sending``)."""
 
     def __init__(
         self,
         client: Any,
         subscribe_timeout: float,
         breaker: CircuitBreaker,
-        owns_client: bool = False,
-        slots: int | None = None,
-        slot_timeout: float = 2.0,
         eviction: EvictionCheck | None = None,
         node_breakers: NodeBreakers | None = None,
         near: NearChannel | None = None,
+        *,
+        owns_client: bool = False,
+        slots: int | None = None,
+        slot_timeout: float = 2.0,
         switches: Switches = NO_SWITCHES,
     ) -> None:
         check_client(client)
@@ -90,24 +79,12 @@ class AsyncRedisStore:
         self._node_breakers = node_breakers if is_cluster(client) or follows_master(client) else None
         self._torn_down = TORN_DOWN if self._node_breakers is not None else ()
         self.eviction = eviction or EvictionCheck()
-        self._owns_client = owns_client
-        self._slots = asyncio.Semaphore(slots) if slots else None
-        self._slot_timeout = slot_timeout
         self._scripts = Scripts(client)
         self.near = near
-        self._near_in_script = near if not is_cluster(client) else None  # see RedisStore
+        # One server: invalidations ask near caches in their own script. A cluster: after it.
+        self._near_in_script = near if not is_cluster(client) else None
         self._blmpop = True  # until a server (before Redis 7) says it has no BLMPOP
-        # A cluster client learns the slots before its first command, at once for every
-        # task: redis.asyncio's cluster client, initialized lazily by many tasks at once,
-        # can hand one of them a connection another is disconnecting.
-        self._initialized = not is_cluster(client)
-        # Through Sentinel: the switches of master the layer's watch saw, and those this
-        # store's pool followed (it asks the sentinels at its next command after one).
-        self._switches = switches
-        self._followed = self._switches.generation
-        self._following = asyncio.Lock()
-        self._refreshes: set[asyncio.Task[None]] = set()
-        self._initializing = asyncio.Lock()
+        self._start_sending(owns_client, slots, slot_timeout, switches)
         self._subscriber: AsyncSubscriber | AsyncShardedSubscriber = (
             AsyncShardedSubscriber(client, subscribe_timeout)
             if is_cluster(client)
@@ -115,18 +92,45 @@ class AsyncRedisStore:
         )
 
     async def get(self, key: str) -> bytes | None:
+        # The hit path: a plain try costs less than the context manager the others use.
         breaker = self.breaker if self._node_breakers is None else self._breaker(key)
         breaker.check(key)
         try:
             raw: bytes | None = await self._send(key, self.client.get, key)
         except FAILURES as error:
             raise failure(breaker, "read", key, error) from error
-        except self._torn_down as error:
-            raise failure(breaker, "read", key, torn_down_error(error)) from error
+        except Exception as error:
+            raise self._cut_short("read", key, error, breaker) from error
         breaker.succeeded()
         return raw
 
+    @contextmanager
+    def _translated(self, what: str, key: str, whole: bool = False) -> Iterator[None]:
+        """``translated``, and a command cut short by ``close()``. ``whole``: a command on
+        no one node (a check, a scan), guarded by the whole server's breaker."""
+        breaker = self.breaker if whole else self._breaker(key)
+        try:
+            with translated(what, key, breaker):
+                yield
+        except BackendUnavailable:
+            raise
+        except Exception as error:
+            raise self._cut_short(what, key, error, breaker) from error
+
+    def _cut_short(self, what: str, key: str, error: Exception, breaker: CircuitBreaker) -> Exception:
+        """A command whose connection another thread disconnected under it, which
+        redis-py's parsers report as whatever they hit (``TORN_DOWN``): by ``close()``,
+        which is the store being closed, not a bug. Through a cluster or Sentinel, by
+        redis-py itself, a failure to reach the server. Any other exception is returned
+        as it is."""
+        if self.closed:
+            return BackendUnavailable(f"the layer was closed while a command to {what} {key!r} ran", key=key)
+        if isinstance(error, self._torn_down):
+            return failure(breaker, what, key, torn_down_error(error))
+        return error
+
     async def get_with_ttl(self, key: str, failing: bool = False) -> tuple[bytes | None, float, bool]:
+        # A hit of a loader with freshness settings: one round trip, and no context manager.
         breaker = self.breaker if self._node_breakers is None else self._breaker(key)
         breaker.check(key)
         try:
@@ -136,17 +140,27 @@ class AsyncRedisStore:
                 read = marked(read, await self._send(key, self.client.exists, failing_key(key)))
         except FAILURES as error:
             raise failure(breaker, "read", key, error) from error
-        except self._torn_down as error:
-            raise failure(breaker, "read", key, torn_down_error(error)) from error
+        except Exception as error:
+            raise self._cut_short("read", key, error, breaker) from error
         breaker.succeeded()
         return read
 
     async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
-        """``RedisStore.get_many``, awaited."""
+        """The raw bytes at each of ``keys``: one MGET, or on a cluster one per slot (all
+        sent at once). A warm page's one command: a plain try, as ``get``'s."""
+        key = keys[0]
         if is_cluster(self.client):
             return await self._read_cluster(keys, self._mget_nonatomic, None)
-        with self._translated("read", keys[0]):
-            return list(await self._send(keys[0], self.client.mget, keys))
+        breaker = self.breaker if self._node_breakers is None else self._breaker(key)
+        breaker.check(key)
+        try:
+            raws: list[bytes | None] = await self._send(key, self.client.mget, keys)
+        except FAILURES as error:
+            raise failure(breaker, "read", key, error) from error
+        except Exception as error:
+            raise self._cut_short("read", key, error, breaker) from error
+        breaker.succeeded()
+        return raws
 
     async def _mget_nonatomic(self, keys: Sequence[str]) -> list[bytes | None]:
         return list(await self._send(keys[0], self.client.mget_nonatomic, keys))
@@ -160,7 +174,8 @@ class AsyncRedisStore:
             return await self._reads_with_ttl(keys, failing)
 
     async def _reads_with_ttl(self, keys: Sequence[str], failing: bool) -> list[tuple[bytes | None, float, bool]]:
-        """``RedisStore._reads_with_ttl``, awaited."""
+        """Each key's value, its TTL and (if ``failing``, for a stale one) its failing
+        marker: one round trip, and one more for the markers."""
         pipeline = self.client.pipeline(transaction=False)
         batches.queue_reads_with_ttl(pipeline, keys)
         reads = batches.reads_with_ttl(await self._send(keys[0], pipeline.execute))
@@ -174,13 +189,18 @@ class AsyncRedisStore:
     async def _read_cluster(
         self, keys: Sequence[str], read: Callable[[Sequence[str]], Awaitable[list[T]]], unread: T
     ) -> list[T]:
-        """``RedisStore._read_cluster``, awaited."""
+        """``read(keys)`` on a cluster. If it fails, the keys are read again primary by
+        primary: a key whose primary failed (or whose circuit is open) reads as
+        ``unread``, a miss, so that the page's other entries are served. Its lease, asked
+        for next, fails on its own and that entry falls to the policy (the lease script
+        reads the value again, so a miss read this way never hides a value). When every
+        primary failed the read fails as a whole."""
         try:
             with self._translated("read", keys[0]):
                 return await read(keys)
         except BackendUnavailable as error:
             parts = batches.keys_by_node(keys, lambda key: node_of(self.client, key))
-            if len(parts) < 2:
+            if self.closed or len(parts) < 2:
                 raise
             failed: BackendUnavailable = error
         reads: list[T] = [unread] * len(keys)
@@ -249,20 +269,88 @@ class AsyncRedisStore:
     async def _run_scripts(
         self, pair: batches.Pair, calls: list[_scripts.Call], what: str, key: str, alone: bool = False
     ) -> list[Any]:
-        """``RedisStore._run_scripts``, awaited."""
+        """Run a script for each call, one script call per slot group, in one pipeline
+        (see ``batches``): each call's reply, an error reply in place as an exception."""
         groups = batches.slot_groups(calls, is_cluster(self.client), alone)
+        nodes = self._nodes_of(calls, groups)
+        if len(nodes) > 1:
+            return batches.spread(groups, await self._over_nodes(pair, calls, groups, nodes, what), len(calls))
         with self._translated(what, key):
-            pipeline = self.client.pipeline(transaction=False)
-            batches.queue_groups(pipeline, pair, calls, groups)
-            replies: list[Any] = await self._send(key, pipeline.execute, raise_on_error=False)
-            unknown = batches.unknown_scripts(replies)
-            if unknown:
-                pipeline = self.client.pipeline(transaction=False)
-                batches.queue_groups(pipeline, pair, calls, [groups[index] for index in unknown], by_text=True)
-                again = await self._send(key, pipeline.execute, raise_on_error=False)
-                for index, reply in zip(unknown, again, strict=True):
-                    replies[index] = reply
+            replies = await self._pipelined(pair, calls, groups, key)
         return batches.spread(groups, replies, len(calls))
+
+    def _nodes_of(self, calls: list[_scripts.Call], groups: list[list[int]]) -> list[list[int]]:
+        """The groups by the cluster primary they go to (one part where there is one server).
+        One part for the asyncio store too: its cluster pipeline is sent whole."""
+        if True:  # ASYNC
+            return [list(range(len(groups)))]
+        else:
+            if len(groups) < 2 or self._node_breakers is None or not is_cluster(self.client):
+                return [list(range(len(groups)))]
+            firsts = [str(calls[group[0]].keys[0]) for group in groups]
+            return batches.keys_by_node(firsts, lambda key: node_of(self.client, key))
+
+    async def _over_nodes(
+        self, pair: batches.Pair, calls: list[_scripts.Call], groups: list[list[int]], nodes: list[list[int]], what: str
+    ) -> list[Any]:
+        """A cluster batch over several primaries: one pipeline for all, and if that fails
+        as a whole, one per primary, so that a primary that failed (or whose circuit is
+        open) fails its own entries only and the others' go through. redis-py fails a
+        cluster pipeline whole, before sending anything, when it cannot connect to one of
+        its primaries; sending again is safe for what was sent (see ``ACQUIRE``: a lease
+        asked for twice with one token is granted twice)."""
+        firsts = [str(calls[groups[part[0]][0]].keys[0]) for part in nodes]
+        breakers = [self._breaker(first) for first in firsts]
+        if not any(breaker.open for breaker in breakers):
+            try:
+                replies = await self._pipelined(pair, calls, groups, firsts[0])
+            except (*FAILURES, *self._torn_down) as error:
+                if self.closed:
+                    closed = f"the layer was closed while a command to {what} {firsts[0]!r} ran"
+                    raise BackendUnavailable(closed, key=firsts[0]) from error
+            else:
+                for breaker in breakers:
+                    breaker.succeeded()
+                return replies
+        replies = [None] * len(groups)
+        for part, first in zip(nodes, firsts, strict=True):
+            try:
+                with self._translated(what, first):
+                    part_groups = [groups[index] for index in part]
+                    batches.put(replies, part, await self._pipelined(pair, calls, part_groups, first))
+            except BackendUnavailable as error:
+                batches.put(replies, part, [error] * len(part))
+        return replies
+
+    def _route(self, key: str) -> Any:
+        """The cluster node a script on ``key`` goes to, as the client knows it (None: not
+        known yet; the pipeline finds it)."""
+        try:
+            return self.client.get_node_from_key(key)
+        except Exception:  # slots not learned yet, or not covered
+            return None
+
+    async def _pipelined(
+        self, pair: batches.Pair, calls: list[_scripts.Call], groups: list[list[int]], key: str
+    ) -> list[Any]:
+        """One script call per group in one pipeline, and by EVAL again where the server
+        did not know the script: each group's reply. The blocking cluster pipeline is told
+        each script's node (``batches.queue_groups``); the asyncio one finds it."""
+        if True:  # ASYNC
+            route = None
+        else:
+            route = self._route if is_cluster(self.client) else None
+        pipeline = self.client.pipeline(transaction=False)
+        batches.queue_groups(pipeline, pair, calls, groups, route=route)
+        replies: list[Any] = await self._send(key, pipeline.execute, raise_on_error=False)
+        unknown = batches.unknown_scripts(replies)
+        if unknown:
+            pipeline = self.client.pipeline(transaction=False)
+            batches.queue_groups(pipeline, pair, calls, [groups[index] for index in unknown], True, route)
+            again = await self._send(key, pipeline.execute, raise_on_error=False)
+            for index, reply in zip(unknown, again, strict=True):
+                replies[index] = reply
+        return replies
 
     async def acquire(
         self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
@@ -277,7 +365,8 @@ class AsyncRedisStore:
         return acquired
 
     async def server_config(self) -> dict[Any, Any] | None:
-        """``RedisStore.server_config``, awaited."""
+        """``CONFIG GET maxmemory*``, or None where the server refuses CONFIG (an ACL user
+        without it, a managed service that renamed it)."""
         try:
             config: dict[Any, Any] = await self._send("config", self.client.config_get, "maxmemory*")
         except FAILURES:
@@ -285,9 +374,11 @@ class AsyncRedisStore:
         return config
 
     async def check(self, namespace: str) -> None:
-        """``RedisStore.check``, awaited."""
+        """Raise ``BackendUnavailable`` naming the cause unless the server answers and
+        takes writes in ``namespace`` (a wrong password, a read-only replica, an ACL user
+        outside its keys all fail here). Then warn if it may evict leases."""
         key = check_key(namespace)
-        with translated("check the server with", key, self.breaker):
+        with self._translated("check the server with", key, whole=True):
             await self._send(key, self.client.ping)
             await self._send(key, self.client.set, key, b"1", px=1000)
             await self._send(key, self.client.delete, key)
@@ -295,10 +386,11 @@ class AsyncRedisStore:
         self.eviction.found(await self.server_config())
 
     async def scan(self, namespace: str, match: str = "*") -> set[str]:
-        """``RedisStore.scan``, awaited."""
-        with translated("scan", namespace, self.breaker):
-            if not self._initialized:
-                await self._initialize()
+        """The value keys of the cache entries in ``namespace`` whose entry matches the glob
+        ``match`` (at least: callers test each, named locks left out). SCAN, 1000 keys a
+        step, never KEYS."""
+        with self._translated("scan", namespace, whole=True):
+            await self._ready()
             keys = [key async for key in self.client.scan_iter(match=f"{namespace}:{{{match}}}*", count=1000)]
         return entry_value_keys(keys)
 
@@ -320,7 +412,8 @@ class AsyncRedisStore:
     async def _write_tagged(
         self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged
     ) -> Written:
-        """``RedisStore._write_tagged``, awaited."""
+        """One script on one server. On a cluster the tags of each slot admit the entry
+        first, then the entry is written (the order ``_core.tags`` shows)."""
         cluster = is_cluster(self.client)
         if cluster:
             for group in tagging.by_slot(tagged.tags.tags):
@@ -431,7 +524,8 @@ class AsyncRedisStore:
         await self._await_near_caches(await self._ask_near_caches(reply, keys, nonce), nonce)
 
     async def _ask_near_caches(self, reply: Any, keys: EntryKeys, nonce: str) -> Any:
-        """``RedisStore._ask_near_caches``, awaited."""
+        """On a cluster, once the entry's script ran: ask the near caches on the
+        registry's primary (``REQUEST_NEAR``). Elsewhere the script has asked them."""
         if self.near is None or self._near_in_script is not None:
             return reply
         with self._translated("ask near caches to drop", self.near.members):
@@ -439,7 +533,8 @@ class AsyncRedisStore:
             return await self._send(self.near.members, self._scripts.request_near, *call)
 
     async def _await_near_caches(self, reply: Any, nonce: str) -> None:
-        """``RedisStore._await_near_caches``, awaited."""
+        """Return once every near cache the script named has dropped its copy, or run
+        out of its lease (see ``_core.near``)."""
         wait = near_wait(reply, self.near)
         if wait is None or self.near is None:
             return
@@ -456,105 +551,8 @@ class AsyncRedisStore:
                 await asyncio.sleep(max(0.0, wait.last_deadline() - time.monotonic()))
                 return
 
-    def _translated(self, what: str, key: str) -> AbstractContextManager[None]:
-        return translated(what, key, self._breaker(key), self._torn_down)
-
-    def _breaker(self, key: str) -> CircuitBreaker:
-        breaker = breaker_for(self.client, self._node_breakers, self.breaker, key)
-        if breaker.open and self._node_breakers is not None and self._node_breakers.refresh_due():
-            # The slot may have a new owner, or Sentinel a new master (see NodeBreakers):
-            # ask in the background. The calls that follow go by the answer once it is in.
-            task = asyncio.get_running_loop().create_task(self._refresh_slots())
-            self._refreshes.add(task)
-            task.add_done_callback(self._refreshes.discard)
-        return breaker
-
-    async def _refresh_slots(self) -> None:
-        answered = False
-        try:
-            await refresh_route(self.client)
-            answered = True
-        except Exception as error:
-            log.info("stampede: cannot ask where the server is now (%s)", error)
-        finally:
-            if self._node_breakers is not None:
-                self._node_breakers.refreshed(answered)
-
-    async def _initialize(self) -> None:
-        async with self._initializing:
-            if not self._initialized:
-                try:
-                    await self.client.initialize()
-                except Exception as error:  # RedisClusterException is not a RedisError
-                    raise redis.ConnectionError(f"cannot learn the cluster's slots: {error}") from error
-                self._initialized = True
-
-    async def _send(self, key: str, command: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
-        """Run one command, within a connection slot when the layer bounds them, and raise
-        ``CancelledError`` if the task was cancelled while it ran: redis-py's asyncio
-        client sometimes drops a cancellation that lands as a reply comes in, and the call
-        would go on (an ``asyncio.timeout`` then never fires). The flow releases what the
-        call holds, as after any interruption."""
-        task = asyncio.current_task()
-        cancelling = cancel_requests(task)
-        result = await self._sent(key, command, *args, **kwargs)
-        if cancel_requests(task) > cancelling:
-            raise asyncio.CancelledError()
-        return result
-
-    async def _sent(self, key: str, command: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
-        if not self._initialized:
-            await self._initialize()
-        if self._switches.generation != self._followed:
-            await self._follow_master()
-        slots = self._slots
-        if slots is None:
-            return await command(*args, **kwargs)
-        if slots.locked():
-            try:
-                await asyncio.wait_for(slots.acquire(), self._slot_timeout)
-            except asyncio.TimeoutError:
-                raise BackendUnavailable(
-                    f"no free redis connection within {self._slot_timeout} s for {key!r}", key=key
-                ) from None
-        else:
-            await slots.acquire()
-        try:
-            return await command(*args, **kwargs)
-        finally:
-            slots.release()
-
-    async def _follow_master(self) -> None:
-        """After a switch of master: ask the sentinels, which drops the pool's idle
-        connections to the old one (see ``switches``). Every task that meets the switch
-        waits for that, so that none sends on a connection about to be dropped."""
-        async with self._following:
-            generation = self._switches.generation
-            if generation == self._followed:
-                return  # another task followed it
-            try:
-                await refresh_route(self.client)
-            except Exception as error:  # the sentinels cannot say now: the pool asks on its next connect
-                log.info("stampede: cannot ask the sentinels for the new master (%s)", error)
-            self._followed = generation
-
     async def subscribe(self, keys: EntryKeys) -> AsyncSubscription:
         return await self._subscriber.subscribe(keys.channel)
 
     async def subscribe_many(self, keys: Sequence[EntryKeys]) -> Sequence[AsyncSubscription | BackendUnavailable]:
         return list(await self._subscriber.subscribe_many([entry.channel for entry in keys]))
-
-    async def aclose(self) -> None:
-        for task in list(self._refreshes):
-            task.cancel()
-        await asyncio.gather(*self._refreshes, return_exceptions=True)
-        await self._subscriber.aclose()
-        if not self._owns_client:
-            return
-        if is_cluster(self.client):
-            await self.client.aclose()
-            return
-        await self.client.aclose(close_connection_pool=True)
-        manager = getattr(self.client.connection_pool, "sentinel_manager", None)
-        for sentinel in getattr(manager, "sentinels", ()):  # a client through Sentinel: its sentinels too
-            await sentinel.aclose()

@@ -1,18 +1,22 @@
-"""The Redis backend: the Store over a redis-py client, its scripts and its subscriber
-(what it shares with the asyncio store is ``commands``)."""
+# Generated from astore.py by .ci/unasync.py: do not edit.
+# Edit the asyncio source, then run `python .ci/unasync.py`.
+"""The Redis store: the Store over a redis-py client (one server, the master Sentinel
+names, or a Redis Cluster), its scripts and its subscriber. This asyncio store, for the
+tasks of one event loop, is the source; ``store.py``, the blocking store, is generated
+from it by ``.ci/unasync.py``. How each sends its commands differs, and is written by
+hand side by side in ``sending``; what both share is ``commands``.
+
+Every redis-py failure (connection refused, timeout, an error reply such as OOM or
+READONLY) leaves a store as ``BackendUnavailable``, which the flow turns into policy.
+"""
 
 from __future__ import annotations
 
 import functools
-import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
-
-import redis
-import redis.asyncio.cluster
-import redis.cluster
 
 from ..._core.keys import EntryKeys, check_key, entry_value_keys, failing_key
 from ..._core.near import NearChannel
@@ -30,7 +34,6 @@ from .commands import (
     EvictionCheck,
     Scripts,
     ack_route,
-    breaker_for,
     check_client,
     failure,
     follows_master,
@@ -38,7 +41,6 @@ from .commands import (
     near_wait,
     new_nonce,
     node_of,
-    refresh_route,
     torn_down_error,
     translated,
     warn_near,
@@ -46,24 +48,30 @@ from .commands import (
 )
 from .notify import Subscriber
 from .replies import acquire_reply, asks_failing, marked, queue_read_with_ttl, with_ttl
+from .sending import NO_SWITCHES, Sending, Switches
 from .shards import ShardedSubscriber
 
-log = logging.getLogger("stampede.backend")
 T = TypeVar("T")
 
 
-class RedisStore:
+class RedisStore(Sending):
     """A Store on one Redis server (or anything speaking its protocol), on the master
-    Sentinel names, or on a Redis Cluster."""
+    Sentinel names, or on a Redis Cluster. ``owns_client``, ``slots``, ``slot_timeout``
+    and ``switches``: how it sends (``sending``)."""
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: Any,
         subscribe_timeout: float,
         breaker: CircuitBreaker,
         eviction: EvictionCheck | None = None,
         node_breakers: NodeBreakers | None = None,
         near: NearChannel | None = None,
+        *,
+        owns_client: bool = False,
+        slots: int | None = None,
+        slot_timeout: float = 2.0,
+        switches: Switches = NO_SWITCHES,
     ) -> None:
         check_client(client)
         self.client = client
@@ -76,40 +84,25 @@ class RedisStore:
         # One server: invalidations ask near caches in their own script. A cluster: after it.
         self._near_in_script = near if not is_cluster(client) else None
         self._blmpop = True  # until a server (before Redis 7) says it has no BLMPOP
+        self._start_sending(owns_client, slots, slot_timeout, switches)
         self._subscriber: Subscriber | ShardedSubscriber = (
             ShardedSubscriber(client, subscribe_timeout)
             if is_cluster(client)
             else Subscriber(client.connection_pool, subscribe_timeout)
         )
-        self.closed = False  # set by close(), before the layer disconnects its pool
 
     def get(self, key: str) -> bytes | None:
         # The hit path: a plain try costs less than the context manager the others use.
         breaker = self.breaker if self._node_breakers is None else self._breaker(key)
         breaker.check(key)
         try:
-            raw: bytes | None = self.client.get(key)  # type: ignore[assignment]
+            raw: bytes | None = self._send(key, self.client.get, key)
         except FAILURES as error:
             raise failure(breaker, "read", key, error) from error
         except Exception as error:
             raise self._cut_short("read", key, error, breaker) from error
         breaker.succeeded()
         return raw
-
-    def _breaker(self, key: str) -> CircuitBreaker:
-        breaker = breaker_for(self.client, self._node_breakers, self.breaker, key)
-        nodes = self._node_breakers
-        if breaker.open and nodes is not None and nodes.refresh_due():
-            answered = False
-            try:  # the slot may have a new owner, or Sentinel a new master (see NodeBreakers)
-                refresh_route(self.client)
-                answered = True
-            except Exception as error:
-                log.info("stampede: cannot ask where the server is now (%s)", error)
-            finally:
-                nodes.refreshed(answered)
-            breaker = breaker_for(self.client, nodes, self.breaker, key)
-        return breaker
 
     @contextmanager
     def _translated(self, what: str, key: str, whole: bool = False) -> Iterator[None]:
@@ -141,9 +134,10 @@ class RedisStore:
         breaker = self.breaker if self._node_breakers is None else self._breaker(key)
         breaker.check(key)
         try:
-            read = with_ttl(*queue_read_with_ttl(self.client.pipeline(transaction=False), key).execute())
+            pipeline = queue_read_with_ttl(self.client.pipeline(transaction=False), key)
+            read = with_ttl(*self._send(key, pipeline.execute))
             if asks_failing(read, failing):
-                read = marked(read, self.client.exists(failing_key(key)))
+                read = marked(read, self._send(key, self.client.exists, failing_key(key)))
         except FAILURES as error:
             raise failure(breaker, "read", key, error) from error
         except Exception as error:
@@ -156,17 +150,20 @@ class RedisStore:
         sent at once). A warm page's one command: a plain try, as ``get``'s."""
         key = keys[0]
         if is_cluster(self.client):
-            return self._read_cluster(keys, self.client.mget_nonatomic, None)  # type: ignore[attr-defined]
+            return self._read_cluster(keys, self._mget_nonatomic, None)
         breaker = self.breaker if self._node_breakers is None else self._breaker(key)
         breaker.check(key)
         try:
-            raws: list[bytes | None] = self.client.mget(keys)  # type: ignore[assignment]
+            raws: list[bytes | None] = self._send(key, self.client.mget, keys)
         except FAILURES as error:
             raise failure(breaker, "read", key, error) from error
         except Exception as error:
             raise self._cut_short("read", key, error, breaker) from error
         breaker.succeeded()
         return raws
+
+    def _mget_nonatomic(self, keys: Sequence[str]) -> list[bytes | None]:
+        return list(self._send(keys[0], self.client.mget_nonatomic, keys))
 
     def get_many_with_ttl(self, keys: Sequence[str], failing: bool = False) -> list[tuple[bytes | None, float, bool]]:
         if is_cluster(self.client):
@@ -179,12 +176,12 @@ class RedisStore:
         marker: one round trip, and one more for the markers."""
         pipeline = self.client.pipeline(transaction=False)
         batches.queue_reads_with_ttl(pipeline, keys)
-        reads = batches.reads_with_ttl(pipeline.execute())
+        reads = batches.reads_with_ttl(self._send(keys[0], pipeline.execute))
         stale = batches.asking_failing(reads, failing)
         if stale:
             pipeline = self.client.pipeline(transaction=False)
             batches.queue_failing(pipeline, [keys[index] for index in stale])
-            batches.mark_failing(reads, stale, pipeline.execute())
+            batches.mark_failing(reads, stale, self._send(keys[0], pipeline.execute))
         return reads
 
     def _read_cluster(self, keys: Sequence[str], read: Callable[[Sequence[str]], list[T]], unread: T) -> list[T]:
@@ -217,12 +214,7 @@ class RedisStore:
         return reads
 
     def acquire_many(self, calls: Sequence[AcquireCall]) -> list[AcquireReply | BackendUnavailable]:
-        replies = self._run_scripts(
-            self._scripts.acquires,
-            batches.acquire_calls(calls),
-            "lock",
-            calls[0][0].value,
-        )
+        replies = self._run_scripts(self._scripts.acquires, batches.acquire_calls(calls), "lock", calls[0][0].value)
         acquired = batches.acquire_replies(replies, calls, batches.error_reply)
         if self.eviction.pending and any(getattr(reply, "state", None) is LockState.LOCKED for reply in acquired):
             self.eviction.pending = False
@@ -234,9 +226,8 @@ class RedisStore:
         written: list[Written | BackendUnavailable] = [Written.REFUSED] * len(calls)
         if plain:
             together = [calls[index] for index in plain]
-            replies = self._run_scripts(
-                self._scripts.writes, batches.write_calls(together), "write", together[0][0].value
-            )
+            calls_ = batches.write_calls(together)
+            replies = self._run_scripts(self._scripts.writes, calls_, "write", together[0][0].value)
             batches.put(written, plain, batches.write_replies(replies, together, batches.error_reply))
         if tagged:
             batches.put(written, tagged, self._write_tagged_many([calls[index] for index in tagged]))
@@ -247,8 +238,7 @@ class RedisStore:
         ``_core.tags`` shows for a cluster, here on one server too), then the writes
         admitted. A write a tag refused releases its lease."""
         owners, admit = tagging.admissions(calls, is_cluster(self.client))
-        what, key = "admit a tagged write of", calls[0][0].value
-        replies = self._run_scripts(self._scripts.admissions, admit, what, key, alone=True)
+        replies = self._run_scripts(self._scripts.admissions, admit, "admit a tagged write of", calls[0][0].value, True)
         outcome = tagging.admitted(owners, replies, calls)
         written: list[Written | BackendUnavailable] = [Written.REFUSED] * len(calls)
         for index, ok in enumerate(outcome):
@@ -278,11 +268,12 @@ class RedisStore:
         if len(nodes) > 1:
             return batches.spread(groups, self._over_nodes(pair, calls, groups, nodes, what), len(calls))
         with self._translated(what, key):
-            replies = self._pipelined(pair, calls, groups)
+            replies = self._pipelined(pair, calls, groups, key)
         return batches.spread(groups, replies, len(calls))
 
     def _nodes_of(self, calls: list[_scripts.Call], groups: list[list[int]]) -> list[list[int]]:
-        """The groups by the cluster primary they go to (one part where there is one server)."""
+        """The groups by the cluster primary they go to (one part where there is one server).
+        One part for the asyncio store too: its cluster pipeline is sent whole."""
         if len(groups) < 2 or self._node_breakers is None or not is_cluster(self.client):
             return [list(range(len(groups)))]
         firsts = [str(calls[group[0]].keys[0]) for group in groups]
@@ -301,7 +292,7 @@ class RedisStore:
         breakers = [self._breaker(first) for first in firsts]
         if not any(breaker.open for breaker in breakers):
             try:
-                replies = self._pipelined(pair, calls, groups)
+                replies = self._pipelined(pair, calls, groups, firsts[0])
             except (*FAILURES, *self._torn_down) as error:
                 if self.closed:
                     closed = f"the layer was closed while a command to {what} {firsts[0]!r} ran"
@@ -314,7 +305,8 @@ class RedisStore:
         for part, first in zip(nodes, firsts, strict=True):
             try:
                 with self._translated(what, first):
-                    batches.put(replies, part, self._pipelined(pair, calls, [groups[index] for index in part]))
+                    part_groups = [groups[index] for index in part]
+                    batches.put(replies, part, self._pipelined(pair, calls, part_groups, first))
             except BackendUnavailable as error:
                 batches.put(replies, part, [error] * len(part))
         return replies
@@ -323,22 +315,26 @@ class RedisStore:
         """The cluster node a script on ``key`` goes to, as the client knows it (None: not
         known yet; the pipeline finds it)."""
         try:
-            return self.client.get_node_from_key(key)  # type: ignore[attr-defined]
+            return self.client.get_node_from_key(key)
         except Exception:  # slots not learned yet, or not covered
             return None
 
-    def _pipelined(self, pair: batches.Pair, calls: list[_scripts.Call], groups: list[list[int]]) -> list[Any]:
+    def _pipelined(
+        self, pair: batches.Pair, calls: list[_scripts.Call], groups: list[list[int]], key: str
+    ) -> list[Any]:
         """One script call per group in one pipeline, and by EVAL again where the server
-        did not know the script: each group's reply."""
+        did not know the script: each group's reply. The blocking cluster pipeline is told
+        each script's node (``batches.queue_groups``); the asyncio one finds it."""
         route = self._route if is_cluster(self.client) else None
         pipeline = self.client.pipeline(transaction=False)
         batches.queue_groups(pipeline, pair, calls, groups, route=route)
-        replies: list[Any] = pipeline.execute(raise_on_error=False)
+        replies: list[Any] = self._send(key, pipeline.execute, raise_on_error=False)
         unknown = batches.unknown_scripts(replies)
         if unknown:
             pipeline = self.client.pipeline(transaction=False)
             batches.queue_groups(pipeline, pair, calls, [groups[index] for index in unknown], True, route)
-            for index, reply in zip(unknown, pipeline.execute(raise_on_error=False), strict=True):
+            again = self._send(key, pipeline.execute, raise_on_error=False)
+            for index, reply in zip(unknown, again, strict=True):
                 replies[index] = reply
         return replies
 
@@ -346,7 +342,8 @@ class RedisStore:
         self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
     ) -> AcquireReply:
         with self._translated("lock", keys.value):
-            reply: Any = self._scripts.acquire(*_scripts.acquire_call(keys, token, lease_ms, check_value, stale))
+            call = _scripts.acquire_call(keys, token, lease_ms, check_value, stale)
+            reply = self._send(keys.value, self._scripts.acquire, *call)
         acquired = acquire_reply(reply)
         if self.eviction.pending and acquired.state is LockState.LOCKED:
             self.eviction.pending = False
@@ -357,9 +354,10 @@ class RedisStore:
         """``CONFIG GET maxmemory*``, or None where the server refuses CONFIG (an ACL user
         without it, a managed service that renamed it)."""
         try:
-            return self.client.config_get("maxmemory*")
+            config: dict[Any, Any] = self._send("config", self.client.config_get, "maxmemory*")
         except FAILURES:
             return None
+        return config
 
     def check(self, namespace: str) -> None:
         """Raise ``BackendUnavailable`` naming the cause unless the server answers and
@@ -367,9 +365,9 @@ class RedisStore:
         outside its keys all fail here). Then warn if it may evict leases."""
         key = check_key(namespace)
         with self._translated("check the server with", key, whole=True):
-            self.client.ping()
-            self.client.set(key, b"1", px=1000)
-            self.client.delete(key)
+            self._send(key, self.client.ping)
+            self._send(key, self.client.set, key, b"1", px=1000)
+            self._send(key, self.client.delete, key)
         self.eviction.pending = False
         self.eviction.found(self.server_config())
 
@@ -378,11 +376,14 @@ class RedisStore:
         ``match`` (at least: callers test each, named locks left out). SCAN, 1000 keys a
         step, never KEYS."""
         with self._translated("scan", namespace, whole=True):
-            return entry_value_keys(self.client.scan_iter(match=f"{namespace}:{{{match}}}*", count=1000))
+            self._ready()
+            keys = [key for key in self.client.scan_iter(match=f"{namespace}:{{{match}}}*", count=1000)]
+        return entry_value_keys(keys)
 
     def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         with self._translated("renew the lease of", keys.value):
-            return bool(self._scripts.renew(*_scripts.renew_call(keys, token, lease_ms)))
+            call = _scripts.renew_call(keys, token, lease_ms)
+            return bool(self._send(keys.value, self._scripts.renew, *call))
 
     def write_release(
         self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None = None
@@ -390,7 +391,8 @@ class RedisStore:
         if tagged is not None:
             return self._write_tagged(keys, token, envelope, ttl_ms, inline, tagged)
         with self._translated("write", keys.value):
-            written = self._scripts.write_release(*_scripts.write_release_call(keys, token, envelope, ttl_ms, inline))
+            call = _scripts.write_release_call(keys, token, envelope, ttl_ms, inline)
+            written = self._send(keys.value, self._scripts.write_release, *call)
         return Written(int(written))
 
     def _write_tagged(
@@ -402,30 +404,31 @@ class RedisStore:
         if cluster:
             for group in tagging.by_slot(tagged.tags.tags):
                 with self._translated("admit a tagged write of", keys.value):
-                    admitted = self._scripts.admit_tags(
-                        *_scripts.admit_tags_call(group, keys.value, tagged.since, ttl_ms)
-                    )
+                    call = _scripts.admit_tags_call(group, keys.value, tagged.since, ttl_ms)
+                    admitted = self._send(keys.value, self._scripts.admit_tags, *call)
                 if not admitted:
                     self.release(keys, token)
                     return Written.REFUSED
         with self._translated("write", keys.value):
             call = _scripts.write_tagged_call(keys, token, envelope, ttl_ms, inline, tagged, not cluster)
-            written = self._scripts.write_tagged(*call)
+            written = self._send(keys.value, self._scripts.write_tagged, *call)
         return Written(int(written))
 
     def touch(self, keys: EntryKeys, token: str, identity: bytes, ttl_ms: int) -> Written:
         with self._translated("keep", keys.value):
-            return Written(int(self._scripts.touch(*_scripts.touch_call(keys, token, identity, ttl_ms))))
+            call = _scripts.touch_call(keys, token, identity, ttl_ms)
+            return Written(int(self._send(keys.value, self._scripts.touch, *call)))
 
     def tag_clock(self, key: str) -> int:
         with self._translated("read the tag clock", key):
-            return int(self._scripts.read_tag_clock([key], []))
+            return int(self._send(key, self._scripts.read_tag_clock, [key], []))
 
     def invalidate_tag(self, clock: str, tag: TagKeys, soft: bool) -> list[str]:
         with self._translated("draw the tag clock", clock):
-            drawn = int(self._scripts.draw_tag_clock([clock], []))
+            drawn = int(self._send(clock, self._scripts.draw_tag_clock, [clock], []))
         with self._translated("mark the tag", tag.members):
-            members = tagging.members_of(self._scripts.mark_tag(*_scripts.mark_tag_call(tag, drawn)))
+            call = _scripts.mark_tag_call(tag, drawn)
+            members = tagging.members_of(self._send(tag.members, self._scripts.mark_tag, *call))
         pair = self._scripts.expires if soft else self._scripts.invalidates
         what = "expire" if soft else "invalidate"
         done: list[str] = []
@@ -437,64 +440,73 @@ class RedisStore:
             done += tagging.dropped(replies, value_keys, what)
             if not soft:
                 with self._translated("forget the members of", tag.members):
-                    self._scripts.forget_members(*_scripts.forget_members_call(tag, chunk))
+                    call = _scripts.forget_members_call(tag, chunk)
+                    self._send(tag.members, self._scripts.forget_members, *call)
         # A member another invalidation deleted first is not "dropped" here, but a near
         # cache may still hold its copy: that invalidation may not have asked the near
         # caches yet. So every member is asked for, as ``invalidate`` asks for its key.
         if members_keys and self.near is not None:
             nonce = new_nonce(self.near)
             with self._translated("ask near caches to drop", self.near.members):
-                reply = self._scripts.request_near(*_scripts.request_near_call(self.near, nonce, *members_keys))
+                call = _scripts.request_near_call(self.near, nonce, *members_keys)
+                reply = self._send(self.near.members, self._scripts.request_near, *call)
             self._await_near_caches(reply, nonce)
         return done
 
     def entry_tags(self, keys: EntryKeys) -> list[str] | None:
         with self._translated("read the tags of", keys.value):
-            return tagging.names_of(self.client.get(keys.tags))
+            return tagging.names_of(self._send(keys.tags, self.client.get, keys.tags))
 
     def release(self, keys: EntryKeys, token: str) -> bool:
         with self._translated("release the lock of", keys.value):
-            return bool(self._scripts.release(*_scripts.release_call(keys, token)))
+            call = _scripts.release_call(keys, token)
+            return bool(self._send(keys.value, self._scripts.release, *call))
 
     def hold(self, keys: EntryKeys, token: str, hold_ms: int, failing_ms: int) -> bool:
         with self._translated("hold the lock of", keys.value):
-            return bool(self._scripts.hold(*_scripts.hold_call(keys, token, hold_ms, failing_ms)))
+            call = _scripts.hold_call(keys, token, hold_ms, failing_ms)
+            return bool(self._send(keys.value, self._scripts.hold, *call))
 
     def expire(self, keys: EntryKeys) -> None:
         nonce = new_nonce(self.near)
         with self._translated("expire", keys.value):
-            reply = self._scripts.expire(*_scripts.expire_call(keys, self._near_in_script, nonce))
+            call = _scripts.expire_call(keys, self._near_in_script, nonce)
+            reply = self._send(keys.value, self._scripts.expire, *call)
         self._await_near_caches(self._ask_near_caches(reply, keys, nonce), nonce)
 
     def holder(self, keys: EntryKeys) -> str | None:
         with self._translated("read the lock of", keys.lock):
-            token: Any = self.client.get(keys.lock)
+            token = self._send(keys.lock, self.client.get, keys.lock)
         return None if token is None else bytes(token).decode(errors="replace")
 
     def take_lock(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int = 0) -> AcquireReply:
         with self._translated("lock", keys.lock):
             if queue_ms:
-                reply: Any = self._scripts.take_lock_fairly(
-                    *_scripts.take_lock_fairly_call(keys, token, lease_ms, queue_ms)
+                script, call = (
+                    self._scripts.take_lock_fairly,
+                    _scripts.take_lock_fairly_call(keys, token, lease_ms, queue_ms),
                 )
             else:
-                reply = self._scripts.take_lock(*_scripts.take_lock_call(keys, token, lease_ms))
+                script, call = self._scripts.take_lock, _scripts.take_lock_call(keys, token, lease_ms)
+            reply = self._send(keys.lock, script, *call)
         return acquire_reply(reply)
 
     def leave_queue(self, keys: EntryKeys, token: str) -> None:
         with self._translated("leave the queue of", keys.lock):
-            self._scripts.leave_queue(*_scripts.leave_queue_call(keys, token))
+            self._send(keys.lock, self._scripts.leave_queue, *_scripts.leave_queue_call(keys, token))
 
     def invalidate(self, keys: EntryKeys) -> None:
         nonce = new_nonce(self.near)
         with self._translated("invalidate", keys.value):
-            reply = self._scripts.invalidate(*_scripts.invalidate_call(keys, self._near_in_script, nonce))
+            call = _scripts.invalidate_call(keys, self._near_in_script, nonce)
+            reply = self._send(keys.value, self._scripts.invalidate, *call)
         self._await_near_caches(self._ask_near_caches(reply, keys, nonce), nonce)
 
     def seize(self, keys: EntryKeys, token: str, lease_ms: int) -> None:
         nonce = new_nonce(self.near)
         with self._translated("invalidate", keys.value):
-            reply = self._scripts.seize(*_scripts.seize_call(keys, token, lease_ms, self._near_in_script, nonce))
+            call = _scripts.seize_call(keys, token, lease_ms, self._near_in_script, nonce)
+            reply = self._send(keys.value, self._scripts.seize, *call)
         self._await_near_caches(self._ask_near_caches(reply, keys, nonce), nonce)
 
     def _ask_near_caches(self, reply: Any, keys: EntryKeys, nonce: str) -> Any:
@@ -503,7 +515,8 @@ class RedisStore:
         if self.near is None or self._near_in_script is not None:
             return reply
         with self._translated("ask near caches to drop", self.near.members):
-            return self._scripts.request_near(*_scripts.request_near_call(self.near, nonce, keys.value))
+            call = _scripts.request_near_call(self.near, nonce, keys.value)
+            return self._send(self.near.members, self._scripts.request_near, *call)
 
     def _await_near_caches(self, reply: Any, nonce: str) -> None:
         """Return once every near cache the script named has dropped its copy, or run
@@ -514,7 +527,8 @@ class RedisStore:
         ack_key = self.near.ack_key(nonce)
         while (command := wait.command(ack_key, time.monotonic(), self._blmpop)) is not None:
             try:
-                wait.took(self.client.execute_command(*command, **ack_route(self.client, ack_key)))  # type: ignore[no-untyped-call]
+                route = ack_route(self.client, ack_key)
+                wait.took(self._send(ack_key, self.client.execute_command, *command, **route))
             except Exception as error:
                 if without_blmpop(error, command):
                     self._blmpop = False
@@ -528,7 +542,3 @@ class RedisStore:
 
     def subscribe_many(self, keys: Sequence[EntryKeys]) -> Sequence[Subscription | BackendUnavailable]:
         return list(self._subscriber.subscribe_many([entry.channel for entry in keys]))
-
-    def close(self) -> None:
-        self.closed = True
-        self._subscriber.close()
