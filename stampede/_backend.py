@@ -140,8 +140,6 @@ SCHEMES: dict[str, Opener] = {
 """URL scheme -> its opener, as dogpile.cache's registry maps a name to a backend: the
 families stampede ships, and any ``register_scheme`` adds."""
 
-POSTGRES_SCHEMES = ("postgresql", "postgres")
-
 
 def register_scheme(scheme: str, opener: Opener) -> None:
     """Let ``Stampede.from_url`` open ``scheme://`` URLs: ``opener(url, connections)``
@@ -232,7 +230,7 @@ def _postgres(postgres: Any, options: BackendOptions) -> Backend:
     """``postgres=``: a psycopg_pool ``ConnectionPool``, or a ``postgresql://`` URL for a
     pool with the default bounds, which the store owns."""
     if isinstance(postgres, str):
-        if urlsplit(postgres).scheme.lower() not in POSTGRES_SCHEMES:
+        if SCHEMES.get(urlsplit(postgres).scheme.lower()) is not _open_postgres:
             raise ConfigError(
                 f"postgres= takes a postgresql:// URL or a psycopg_pool.ConnectionPool, got {redacted(postgres)!r}"
             )

@@ -111,15 +111,20 @@ class Channels:
             return channel
         return None
 
-    def fail_unconfirmed(self) -> None:
+    def fail_unconfirmed(self) -> list[str]:
         """An error reply (a MOVED to an SSUBSCRIBE sent to a node that no longer serves
-        the slot): fail the subscriptions still waiting for a confirmation. The subscriber
-        routes them again."""
+        the slot): fail the subscriptions still waiting for a confirmation, and return
+        their channels that mailboxes still wait on. A waiter still subscribing is told
+        (``confirm(False)``) and asks again; a mailbox moved here from another node has
+        nobody to tell, so a sharded subscriber routes those channels again (``take``).
+        Which SSUBSCRIBE the error answers is not known: every unconfirmed one is failed,
+        and a channel routed again to where it was confirms anew, which is harmless."""
         unconfirmed, self._unconfirmed = self._unconfirmed, {}
         for groups in unconfirmed.values():
             for group in groups:
                 for mailbox in group:
                     mailbox.confirm(False)
+        return [channel for channel in unconfirmed if channel in self._members]
 
     def take(self, channels: list[str] | None = None) -> list[Mailbox]:
         """Unregister and return the mailboxes of ``channels`` (None: all), without an

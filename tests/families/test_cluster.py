@@ -25,6 +25,9 @@ from redis.crc import key_slot
 
 import stampede.testing.topologies as topologies
 from stampede import BackendUnavailable, ConfigError, Stampede
+from stampede._backends.mailbox import LoopMailbox, ThreadMailbox
+from stampede._backends.redis.ashards import AsyncShardedSubscriber
+from stampede._backends.redis.shards import REHOME_PAUSES, ShardedSubscriber
 from stampede._core.keys import EntryKeys
 from stampede.testing import ClusterServers, RedisServer
 
@@ -822,3 +825,96 @@ def test_a_node_whose_port_was_taken_meanwhile_starts_on_other_ports(monkeypatch
             assert cluster.primaries[0].port != taken.getsockname()[1]
     finally:
         taken.close()
+
+
+def channel_owned_elsewhere(cluster: ClusterServers, channel: str) -> str:
+    """A channel whose slot another primary owns than ``channel``'s."""
+    owner = cluster.owner(channel)
+    return next(other for other in (f"{{other:{n}}}:ch" for n in range(1000)) if cluster.owner(other) is not owner)
+
+
+def test_a_mailbox_a_primary_refuses_is_routed_to_the_slots_owner(cluster_servers: ClusterServers) -> None:
+    """A mailbox moved to a primary that no longer (or not yet) owns its slot is refused
+    (MOVED): it is routed again, and gets its channel's messages from the owner, rather
+    than being left on the wrong connection, woken by nothing but its waiter's re-checks."""
+    client = redis.cluster.RedisCluster.from_url(cluster_servers.url, socket_timeout=5)
+    subscriber = ShardedSubscriber(client, timeout=5.0)
+    try:
+        channel = "{refused}:ch"
+        wrong = subscriber._node_for(channel_owned_elsewhere(cluster_servers, channel))
+        mailbox = ThreadMailbox(channel, subscriber._leave)
+        with subscriber._lock:
+            subscriber._homes[mailbox] = wrong
+        wrong.join(mailbox, confirmed=False)  # as a move after a stale slot table does
+        until(lambda: shard_subscribers(cluster_servers, channel) == 1)
+        mailbox.wait(0)  # the wake-up of the move
+        node_client(cluster_servers.owner(channel)).execute_command("SPUBLISH", channel, "v2")
+        assert mailbox.wait(5) == b"v2"
+        mailbox.close()
+        until(lambda: shard_subscribers(cluster_servers, channel) == 0)
+    finally:
+        subscriber.close()
+        client.close()
+
+
+def test_a_mailbox_refused_again_and_again_is_left_to_its_waiters_rechecks(
+    cluster_servers: ClusterServers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the cluster disagrees about a slot, the moves of a refused mailbox are spaced
+    and bounded: after the last, it is woken and left to its waiter's re-checks."""
+    client = redis.cluster.RedisCluster.from_url(cluster_servers.url, socket_timeout=5)
+    subscriber = ShardedSubscriber(client, timeout=5.0)
+    try:
+        channel = "{refused-again}:ch"
+        elsewhere = channel_owned_elsewhere(cluster_servers, channel)
+        wrong = subscriber._node_for(elsewhere)
+        wrong_node = client.get_node_from_key(elsewhere)
+        routed: list[str] = []
+
+        def stale_table(key: Any, *args: Any, **kwargs: Any) -> Any:
+            routed.append(key)
+            return wrong_node  # every slot table asked says the wrong primary
+
+        monkeypatch.setattr(client, "get_node_from_key", stale_table)
+        mailbox = ThreadMailbox(channel, subscriber._leave)
+        with subscriber._lock:
+            subscriber._homes[mailbox] = wrong
+        wrong.join(mailbox, confirmed=False)
+
+        def given_up() -> bool:
+            with subscriber._lock:  # a move takes the mailbox out and puts it back under it
+                return mailbox not in subscriber._homes
+
+        until(given_up, timeout=10)
+        assert routed == [channel] * len(REHOME_PAUSES)
+        assert mailbox.wait(0) == b""  # woken to re-check
+        assert shard_subscribers(cluster_servers, channel) == 0
+    finally:
+        subscriber.close()
+        client.close()
+
+
+def test_an_async_mailbox_a_primary_refuses_is_routed_to_the_slots_owner(cluster_servers: ClusterServers) -> None:
+    async def scenario() -> None:
+        client = redis.asyncio.cluster.RedisCluster.from_url(cluster_servers.url, socket_timeout=5)
+        subscriber = AsyncShardedSubscriber(client, timeout=5.0)
+        try:
+            channel = "{refused-async}:ch"
+            wrong = await subscriber._node_for(channel_owned_elsewhere(cluster_servers, channel))
+            mailbox = LoopMailbox(channel, asyncio.get_running_loop(), subscriber._leave)
+            subscriber._homes[mailbox] = wrong
+            await wrong.join(mailbox, confirmed=False)
+            deadline = time.monotonic() + 10
+            while shard_subscribers(cluster_servers, channel) != 1:
+                assert time.monotonic() < deadline, "not routed to the slot's owner"
+                await asyncio.sleep(0.01)
+            await mailbox.wait(0)
+            node_client(cluster_servers.owner(channel)).execute_command("SPUBLISH", channel, "v2")
+            assert await mailbox.wait(5) == b"v2"
+            mailbox.close()
+        finally:
+            await subscriber.aclose()
+            await client.aclose()
+
+    asyncio.run(scenario())
+    until(lambda: shard_subscribers(cluster_servers, "{refused-async}:ch") == 0)

@@ -196,7 +196,9 @@ class AsyncSubscriber:
                     reply = await connection.read_response(timeout=timeout, disconnect_on_error=False)
                 except ResponseError as error:  # refused (MOVED, NOPERM). The connection works
                     log.info("stampede: the server refused a subscription (%s)", error)
-                    self._channels.fail_unconfirmed()
+                    refused = self._channels.fail_unconfirmed()
+                    if refused and self._on_lost is not None:
+                        await self._hand_over(refused)  # to the slot's owner, as the cluster says now
                     continue
                 if reply is None:  # FOLLOW_INTERVAL passed in silence
                     if self._channels and await self._master_moved(connection):

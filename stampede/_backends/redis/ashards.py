@@ -12,6 +12,7 @@ from typing import Any
 from ..._errors import BackendUnavailable
 from ..mailbox import LoopMailbox
 from .anotify import AsyncSubscriber, confirm_all, subscribe_each
+from .shards import REHOME_PAUSES
 
 log = logging.getLogger("stampede.wakeups")
 
@@ -25,6 +26,7 @@ class AsyncShardedSubscriber:
         self._timeout = timeout
         self._nodes: dict[str, AsyncSubscriber] = {}
         self._homes: dict[LoopMailbox, AsyncSubscriber] = {}
+        self._moves: dict[LoopMailbox, int] = {}  # how often each mailbox was moved
         self._closed = False
 
     async def subscribe(self, channel: str) -> LoopMailbox:
@@ -65,6 +67,7 @@ class AsyncShardedSubscriber:
     async def aclose(self) -> None:
         self._closed = True
         self._homes.clear()
+        self._moves.clear()
         for node in list(self._nodes.values()):
             await node.aclose()
 
@@ -81,6 +84,7 @@ class AsyncShardedSubscriber:
         return subscriber
 
     def _leave(self, mailbox: LoopMailbox) -> None:
+        self._moves.pop(mailbox, None)
         node = self._homes.pop(mailbox, None)
         if node is not None:
             node.leave(mailbox)
@@ -93,14 +97,22 @@ class AsyncShardedSubscriber:
 
     async def _rehome(self, mailboxes: list[LoopMailbox]) -> None:
         """``ShardedSubscriber._rehome``, in the loop."""
+        moves = max((self._moves.get(mailbox, 0) for mailbox in mailboxes), default=0)
+        if 0 < moves < len(REHOME_PAUSES):
+            await asyncio.sleep(REHOME_PAUSES[moves])
         await self._refresh()
         for mailbox in mailboxes:
             if self._homes.pop(mailbox, None) is None:
                 continue
-            try:
-                node = await self._node_for(mailbox.channel)
-                await node.join(mailbox, confirmed=False)
-                self._homes[mailbox] = node
-            except Exception as error:
-                log.info("stampede: cannot subscribe at the new owner of a slot yet (%s)", error)
+            moved = self._moves.get(mailbox, 0)
+            if moved < len(REHOME_PAUSES):
+                try:
+                    node = await self._node_for(mailbox.channel)
+                    await node.join(mailbox, confirmed=False)
+                    self._homes[mailbox] = node
+                    self._moves[mailbox] = moved + 1
+                except Exception as error:
+                    log.info("stampede: cannot subscribe at the new owner of a slot yet (%s)", error)
+            elif moved == len(REHOME_PAUSES):
+                log.info("stampede: %r was refused at every try; its waiter re-checks", mailbox.channel)
             mailbox.deliver(b"")

@@ -232,7 +232,9 @@ class Subscriber:
                 # server refused (MOVED on a cluster, NOPERM), which fails its callers.
                 log.info("stampede: the server refused a subscription (%s)", error)
                 with self._lock:
-                    self._channels.fail_unconfirmed()
+                    refused = self._channels.fail_unconfirmed()
+                    if refused and self._on_lost is not None:
+                        self._hand_over(refused)  # to the slot's owner, as the cluster says now
                 continue
             except Exception as error:
                 # Whatever the parser raises: a lost connection, or one disconnected by

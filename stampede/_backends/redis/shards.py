@@ -11,15 +11,18 @@ subscription.
 Slots move (a resharding, a failover): the old owner unsubscribes the channel by itself
 (or its connection is lost), and its waiters' mailboxes come here (``rehome``), which
 asks the cluster for its slots again and subscribes them at the slot's new owner. They
-are woken to re-check meanwhile, since a message may have gone while they moved. One
-that cannot be placed (no owner answers yet) is left to its waiter's re-checks, every
-``recheck_interval`` at most.
+are woken to re-check meanwhile, since a message may have gone while they moved. A
+primary that does not own the slot refuses the subscription (MOVED: the cluster's nodes
+do not agree yet where it lives), and hands the mailbox back to be moved again, after a
+pause (``REHOME_PAUSES``). One that cannot be placed (no owner answers yet, or refused
+at every try) is left to its waiter's re-checks, every ``recheck_interval`` at most.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,6 +32,11 @@ from ..mailbox import ThreadMailbox
 from .notify import Subscriber, confirm_all, subscribe_each
 
 log = logging.getLogger("stampede.wakeups")
+
+REHOME_PAUSES = (0.0, 0.02, 0.05, 0.1, 0.2, 0.5)
+"""The pause before each move of one mailbox to its slot's owner, in seconds: the first
+at once, the next ones (each refused) spaced out while the cluster agrees on the slot.
+After the last, the mailbox is left to its waiter's re-checks."""
 
 
 class ShardedSubscriber:
@@ -40,6 +48,7 @@ class ShardedSubscriber:
         self._lock = threading.Lock()  # taken before a node's lock, never after
         self._nodes: dict[str, Subscriber] = {}
         self._homes: dict[ThreadMailbox, Subscriber] = {}
+        self._moves: dict[ThreadMailbox, int] = {}  # how often each mailbox was moved
         self._closed = False
         reset_after_fork(self)
 
@@ -89,12 +98,13 @@ class ShardedSubscriber:
             self._closed = True
             nodes = list(self._nodes.values())
             self._homes.clear()
+            self._moves.clear()
         for node in nodes:
             node.close()
 
     def after_fork_in_child(self) -> None:
         self._lock = threading.Lock()
-        self._nodes, self._homes = {}, {}
+        self._nodes, self._homes, self._moves = {}, {}, {}
 
     def _node_for(self, channel: str) -> Subscriber:
         """The subscriber of the primary that owns ``channel``'s slot, as the client's
@@ -112,6 +122,7 @@ class ShardedSubscriber:
 
     def _leave(self, mailbox: ThreadMailbox) -> None:
         with self._lock:
+            self._moves.pop(mailbox, None)
             node = self._homes.pop(mailbox, None)
             if node is not None:
                 node.leave(mailbox)
@@ -124,14 +135,23 @@ class ShardedSubscriber:
             log.info("stampede: cannot refresh the cluster's slots (%s)", error)
 
     def _rehome(self, mailboxes: list[ThreadMailbox]) -> None:
-        """Mailboxes whose node dropped them (its connection, or their slot, is gone):
-        subscribe them where their slots live now, and wake their waiters to re-check."""
+        """Mailboxes whose node dropped or refused them (its connection, or their slot,
+        is gone): subscribe them where their slots live now, and wake their waiters to
+        re-check. Called by that node's reader thread, which the pause holds up."""
+        with self._lock:
+            moves = max((self._moves.get(mailbox, 0) for mailbox in mailboxes), default=0)
+        if 0 < moves < len(REHOME_PAUSES):
+            time.sleep(REHOME_PAUSES[moves])
         self._refresh()
         for mailbox in mailboxes:
-            try:
-                node = self._node_for(mailbox.channel)
-            except Exception:
-                node = None
+            with self._lock:
+                moved = self._moves.get(mailbox, 0)
+            node = None
+            if moved < len(REHOME_PAUSES):
+                try:
+                    node = self._node_for(mailbox.channel)
+                except Exception:
+                    pass
             with self._lock:
                 if mailbox not in self._homes:
                     continue  # its waiter left meanwhile
@@ -140,6 +160,9 @@ class ShardedSubscriber:
                     try:
                         node.join(mailbox, confirmed=False)
                         self._homes[mailbox] = node
+                        self._moves[mailbox] = moved + 1
                     except BackendUnavailable as error:
                         log.info("stampede: cannot subscribe at the new owner of a slot yet (%s)", error)
+                elif moved == len(REHOME_PAUSES):
+                    log.info("stampede: %r was refused at every try; its waiter re-checks", mailbox.channel)
             mailbox.deliver(b"")
