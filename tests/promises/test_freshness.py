@@ -443,7 +443,9 @@ def test_early_refresh_keeps_a_hot_key_loaded_without_a_caller_waiting(
     # No call after the warm-up waited for a load: none missed, none found it stale or
     # waited for another's lease; every load was a background refresh.
     assert stats["misses"] == 1 and stats["stale_hits"] == 0 and stats["lock_waits"] == 0
-    assert 3 <= db.calls <= 2.5 / ttl * 2 + 1  # refreshed about once per ttl, a little early
+    # Refreshed about once per ttl, a little early (some 440 ms; more when a stall of the
+    # machine makes the load's measured time longer): at most three a ttl, never a storm.
+    assert 3 <= db.calls <= 2.5 / ttl * 3 + 1
     assert stats["early_refreshes"] >= 2 and stats["refreshes"] == db.calls - 1
 
 

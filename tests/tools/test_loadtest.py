@@ -1,5 +1,7 @@
-"""The Locust load test: its single-hit check reads the query log right, and its short
-form (what CI can afford) holds with protection on."""
+"""The benchmarks of loadtest/: the Locust run's single-hit check reads the query log
+right, and each benchmark's short form (what CI can afford) runs and holds with
+protection on. Marked ``bench``: a step of its own (README), not the README's test
+command, which they would make a third longer."""
 
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ sys.path.insert(0, str(ROOT / "loadtest"))
 
 from expiry_windows import expiry_windows, explain, queries_per_second, summarize  # noqa: E402
 from run_locust import master_port  # noqa: E402
+
+pytestmark = pytest.mark.bench  # its own step, after the README's command (.ci/run)
 
 
 def short_form(script: str, timeout: float, *args: str) -> Any:
