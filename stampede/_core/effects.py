@@ -74,6 +74,12 @@ class ReadValue:
 
 
 @dataclass(frozen=True, slots=True)
+class ReadEntry:
+    """Read the entry's value, the seconds the store keeps it (-1: no expiry, or not
+    told) and whether it is marked failing (``Store.get_with_ttl``). Reply: that triple."""
+
+
+@dataclass(frozen=True, slots=True)
 class Renew:
     """Reset the lease to ``lease_ms`` if it is still ours. Reply: bool."""
 
@@ -266,6 +272,7 @@ Effect = (
     Acquire
     | TakeLock
     | ReadValue
+    | ReadEntry
     | Renew
     | WriteRelease
     | Touch

@@ -9,7 +9,11 @@ is what keeps waiters from missing a wake-up:
 
 * take: the majority first, then the cache key with the value's double-check. A refused
   majority is followed by a read of the value, because a holder writes (and wakes its
-  waiters) before it releases the majority.
+  waiters) before it releases the majority; the read also tells whether the entry's
+  loader is failing (a failed load's hold lives on the cache server, where a caller
+  refused by the majority cannot see it), so that a caller with a stale value serves it
+  at once rather than wait for a message that a lease taken only to find the hold (a
+  background refresh's) does not send.
 * write: on the cache server (waking the waiters with the value), then release the
   majority. Release without a write: the majority first, then the cache key, whose
   message wakes the waiters to take it.
@@ -33,7 +37,7 @@ from .effects import (
     Hold,
     Invalidate,
     Lease,
-    ReadValue,
+    ReadEntry,
     Release,
     Renew,
     Seize,
@@ -170,7 +174,8 @@ class RedlockLeases:
 
     def refused(self, keys: EntryKeys, taken: Round, check_value: bool, stale: bytes) -> Decision[AcquireReply]:
         """After the lock servers refused a lease: unavailable (too few answered), the
-        value (a holder writes before it releases the servers), or held."""
+        value (a holder writes before it releases the servers), or held; held ``failed``
+        while the entry is marked failing, as the cache server's hold would say."""
         quorum = self.quorum
         if not quorum.reachable(taken):
             raise BackendUnavailable(
@@ -178,11 +183,12 @@ class RedlockLeases:
                 f"a lease needs {quorum.needed}",
                 key=keys.value,
             )
-        if check_value:
-            raw = yield ReadValue()
-            if raw is not None and not (stale and raw.startswith(stale)):
-                return AcquireReply(LockState.VALUE, raw)
-        return AcquireReply(LockState.HELD, lease_left=taken.lease_left)
+        if not (check_value or stale):
+            return AcquireReply(LockState.HELD, lease_left=taken.lease_left)
+        raw, ttl_left, failing = yield ReadEntry()
+        if check_value and raw is not None and not (stale and raw.startswith(stale)):
+            return AcquireReply(LockState.VALUE, raw, ttl_left=ttl_left)
+        return AcquireReply(LockState.HELD, lease_left=taken.lease_left, failed=failing)
 
     def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> Decision[bool]:
         """Renewed while a majority renews in time. The cache key is renewed too, best

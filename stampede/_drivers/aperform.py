@@ -34,6 +34,7 @@ from .._core.effects import (
     Load,
     LoadDetached,
     Pause,
+    ReadEntry,
     ReadEntryTags,
     ReadTagClock,
     ReadValue,
@@ -155,6 +156,8 @@ class AsyncPerformer:
                 return await store.take_lock(lease.keys, lease.token, lease.ms, lease.queue_ms)
             case ReadValue():
                 return await store.get(lease.keys.value)
+            case ReadEntry():
+                return await store.get_with_ttl(lease.keys.value, failing=True)
             case Renew(lease_ms=lease_ms):
                 return await store.renew(lease.keys, lease.token, lease_ms)
             case WriteRelease(envelope=envelope, ttl_ms=ttl_ms, inline=inline, tagged=tagged):

@@ -32,6 +32,7 @@ from .._core.effects import (
     Load,
     LoadDetached,
     Pause,
+    ReadEntry,
     ReadEntryTags,
     ReadTagClock,
     ReadValue,
@@ -147,6 +148,8 @@ class Performer:
                 return store.take_lock(lease.keys, lease.token, lease.ms, lease.queue_ms)
             case ReadValue():
                 return store.get(lease.keys.value)
+            case ReadEntry():
+                return store.get_with_ttl(lease.keys.value, failing=True)
             case Renew(lease_ms=lease_ms):
                 return store.renew(lease.keys, lease.token, lease_ms)
             case WriteRelease(envelope=envelope, ttl_ms=ttl_ms, inline=inline, tagged=tagged):

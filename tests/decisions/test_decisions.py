@@ -22,6 +22,7 @@ from stampede._core.effects import (
     Invalidate,
     LeaveQueue,
     Pause,
+    ReadEntry,
     ReadValue,
     Release,
     Renew,
@@ -243,8 +244,27 @@ def test_a_value_found_under_the_majority_gives_the_majority_back() -> None:
 def test_a_refused_majority_reads_the_value_then_reports_the_holder() -> None:
     decision = LEASES.acquire(KEYS, "t", 10_000, check_value=True)
     next(decision)
-    assert decision.send(Round(0, 0, lease_left=3.0)) == ReadValue()
-    assert finish(decision, None) == AcquireReply(LockState.HELD, lease_left=3.0)
+    assert decision.send(Round(0, 0, lease_left=3.0)) == ReadEntry()
+    assert finish(decision, (None, -1.0, False)) == AcquireReply(LockState.HELD, lease_left=3.0)
+
+
+def test_a_refused_majority_over_an_entry_marked_failing_is_a_failed_loads_hold() -> None:
+    """The hold lives on the cache server, which a caller the majority refused does not
+    reach: the failing mark tells it, so that a caller with a stale value serves it now
+    (the majority may be held by a refresh that finds the hold and says nothing)."""
+    decision = LEASES.acquire(KEYS, "t", 10_000, check_value=True, stale=b"old")
+    next(decision)
+    assert decision.send(Round(0, 0, lease_left=3.0)) == ReadEntry()
+    held = finish(decision, (b"old-envelope", 0.2, True))
+    assert held == AcquireReply(LockState.HELD, lease_left=3.0, failed=True)
+
+
+def test_a_refused_majority_finding_a_new_value_tells_its_time_left() -> None:
+    decision = LEASES.acquire(KEYS, "t", 10_000, check_value=True, stale=b"old")
+    next(decision)
+    decision.send(Round(0, 0, lease_left=3.0))
+    found = finish(decision, (b"new-envelope", 4.5, False))
+    assert found == AcquireReply(LockState.VALUE, b"new-envelope") and found.ttl_left == 4.5
 
 
 def test_too_few_lock_servers_answering_is_a_backend_failure() -> None:
@@ -333,8 +353,8 @@ def test_zookeeper_down_is_a_backend_failure_and_a_refusal_reads_the_value() -> 
         decision.send(Round(0, 1))
     refused = SESSIONS.acquire(KEYS, "t", 10_000, check_value=True)
     next(refused)
-    assert refused.send(Round(0, 0, lease_left=10.0)) == ReadValue()
-    assert finish(refused, b"v") == AcquireReply(LockState.VALUE, b"v")
+    assert refused.send(Round(0, 0, lease_left=10.0)) == ReadEntry()
+    assert finish(refused, (b"v", -1.0, False)) == AcquireReply(LockState.VALUE, b"v")
 
 
 def test_a_holder_whose_session_ended_writes_nothing_and_gives_the_key_back() -> None:

@@ -16,6 +16,7 @@ from stampede._core.effects import (
     AwaitNotice,
     Lease,
     Load,
+    ReadEntry,
     ReadValue,
     Release,
     ServersRelease,
@@ -562,8 +563,8 @@ def test_a_zookeeper_waiter_also_watches_the_holders_node() -> None:
     ctx.leases = SessionLeases(Quorum(1, 0.0)).bind(Lease(KEYS, "t", 9_000))
     step = Stepper(fill(ctx))
     step.reply(Round(0, 0, lease_left=4.0))  # another holder's node is the lowest
-    assert step.effect == ReadValue()  # refused: a holder writes before it releases, so read
-    assert step.reply(None) == Subscribe()
+    assert step.effect == ReadEntry()  # refused: a holder writes before it releases, so read
+    assert step.reply((None, -1.0, False)) == Subscribe()
     assert step.reply(None) == ServersWatch(KEYS.on_lock_servers)  # a holder whose session ends wakes us
 
 
@@ -573,4 +574,4 @@ def test_lock_server_commands_never_count_as_producing_the_value() -> None:
     servers = KEYS.on_lock_servers
     for effect in (ServersTake(servers, "t", 1), ServersRelease(servers, "t"), ServersWatch(servers)):
         assert not produces_value(effect)
-    assert produces_value(ReadValue()) and produces_value(Acquire())
+    assert produces_value(ReadValue()) and produces_value(ReadEntry()) and produces_value(Acquire())

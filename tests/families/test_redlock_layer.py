@@ -17,9 +17,11 @@ import pytest
 import redis
 
 from stampede import BackendUnavailable, ConfigError, Redlock, Stampede
+from stampede._core.keys import EntryKeys
 from stampede.testing import RedisServer
 
 from ..promises.test_behaviour import CountingLoader, lock_is_held
+from ..promises.test_freshness import stale_now
 from ..promises.test_processes import Workers, run_stampede
 from ..scenarios import wait_until
 
@@ -261,3 +263,37 @@ def test_a_redlock_layer_needs_a_cache_server_and_urls_for_async_loaders(
                     await load(1)
 
     asyncio.run(main())
+
+
+def test_a_caller_the_majority_refuses_serves_its_stale_value_once_the_loader_is_marked_failing(
+    five: list[RedisServer], make_layer: Callable[..., Stampede], redis_client: redis.Redis
+) -> None:
+    """A failed load's hold lives on the cache server, which a caller the lock servers
+    refuse does not reach. While a background refresh holds the majority a moment (to
+    find that hold, and say nothing), a waiter re-checking is refused: the failing mark,
+    read with the value, tells it to serve its stale value now, not to wait for a message
+    nobody sends (its re-check is 10 s away here; CI saw a second layer serve nothing
+    through a whole outage this way)."""
+    with Redlock(urls(five)) as redlock:
+        db = CountingLoader()
+        settings = dict(jitter=0, recheck_interval=10.0, redlock=redlock)
+        waiter = make_layer(**settings)
+        load = waiter.cached_loader("item:{key}", ttl=0.2, stale_if_error=30)(db)
+        assert load(1) == {"id": 1}
+        keys = EntryKeys.for_value(load.key(1))
+        stale_now(waiter, load.key(1), 30)
+        for server in five:  # the majority, held by another caller's lease (a refresh's)
+            redis.Redis.from_url(server.url).set(keys.on_lock_servers.lock, "another", px=30_000)
+        with ThreadPoolExecutor(1) as pool:
+            fetched = pool.submit(load.fetch, 1)
+            wait_until(lambda: redis_client.pubsub_numsub(keys.channel)[0][1] == 1, "the caller to wait")
+            # What a failed load leaves on the cache server: its hold, the failing mark,
+            # and the message that wakes the waiters.
+            redis_client.set(keys.lock, "!failed", px=5_000)
+            redis_client.set(keys.failing, "1", px=30_000)
+            redis_client.publish(keys.channel, "")
+            woken = time.monotonic()
+            served = fetched.result(10)
+        assert served.value == {"id": 1} and served.stale
+        assert time.monotonic() - woken < 2.0  # by the message, not the 10 s re-check
+        assert waiter.stats()["stale_on_error"] == 1 and db.calls == {1: 1}
