@@ -9,7 +9,8 @@ The conversion is textual, as httpcore's ``scripts/unasync.py`` and psycopg's
 ``tools/async_to_sync.py`` do:
 
 - ``async def``/``async with``/``async for`` lose ``async``; ``await`` is dropped;
-  ``Awaitable[X]`` is ``X``, and ``asyncio.to_thread(f, args)`` is ``f(args)``;
+  ``Awaitable[X]`` is ``X``, ``asyncio.to_thread(f, args)`` is ``f(args)``, and a
+  store's ``self._send(key, command, args)`` is ``command(args)``;
 - ``Async<Name>`` becomes ``<Name>`` (``AsyncStore`` -> ``Store``), every name in
   ``SUBSTITUTIONS`` its blocking twin (``arun`` -> ``run``, ``asyncio.sleep`` ->
   ``time.sleep``), and the ``a<name>`` modules of ``GENERATED`` their blocking modules;
@@ -64,6 +65,7 @@ SUBSTITUTIONS = {
     "asynccontextmanager": "contextmanager",
     "aclose": "close",
     "redis.asyncio.Redis": "redis.Redis",
+    "self._state()": "self.state",  # a loop's state, the process's (``_drivers/state.py``)
 }
 
 # Hand-written twin modules a source imports from: their asyncio module -> blocking one.
@@ -163,21 +165,41 @@ def call_threads_directly(text: str) -> str:
         opening = start + len("asyncio.to_thread")
         closing = _closing(text, opening)
         inner = text[opening + 1 : closing]
-        depth, comma = 0, len(inner)
-        for index, char in enumerate(inner):
-            depth += {"[": 1, "(": 1, "]": -1, ")": -1}.get(char, 0)
-            if char == "," and depth == 0:
-                comma = index
-                break
+        comma = _top_level_comma(inner)
         callee, args = inner[:comma].strip(), inner[comma + 1 :].strip()
         text = text[:start] + f"{callee}({args})" + text[closing + 1 :]
     return text
 
 
+def send_directly(text: str) -> str:
+    """Every ``self._send(key, command, args)`` replaced by ``command(args)``: the asyncio
+    store sends through its connection slots, the blocking store as redis-py's pool does,
+    without a call of its own on the hit path."""
+    while (start := text.find("self._send(")) != -1:
+        opening = start + len("self._send")
+        closing = _closing(text, opening)
+        key_end = _top_level_comma(text[opening + 1 : closing])
+        rest = text[opening + 1 : closing][key_end + 1 :].strip()
+        command_end = _top_level_comma(rest)
+        command, args = rest[:command_end].strip(), rest[command_end + 1 :].strip()
+        text = text[:start] + f"{command}({args})" + text[closing + 1 :]
+    return text
+
+
+def _top_level_comma(inner: str) -> int:
+    """The index of the first comma of ``inner`` outside brackets (its length if none)."""
+    depth = 0
+    for index, char in enumerate(inner):
+        depth += {"[": 1, "(": 1, "]": -1, ")": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            return index
+    return len(inner)
+
+
 def convert(text: str, used: set[str] | None = None) -> str:
     """The blocking module ``text``, an asyncio module, makes (unformatted). The
     substitutions that changed something are added to ``used``."""
-    text = call_threads_directly(unwrap_awaitables(keep_blocking_branches(text)))
+    text = send_directly(call_threads_directly(unwrap_awaitables(keep_blocking_branches(text))))
     for pattern, replacement in _KEYWORDS:
         text = pattern.sub(replacement, text)
     for pattern, replacement in substitutions():

@@ -1,6 +1,7 @@
 """A warm hit's cost in instructions, which a shared machine's noise does not move:
 the client process's instructions per call of stampede's hit and of a bare redis-py
-GET + orjson.loads, counted by valgrind's callgrind.
+GET + orjson.loads, and of a warm page of 50 ids (``cached_loader_many``) and a bare
+MGET + 50 orjson.loads, counted by valgrind's callgrind.
 
     python loadtest/count_instructions.py            # starts a throwaway server on 127.0.0.1
     python loadtest/count_instructions.py --quick    # fewer calls (CI)
@@ -12,7 +13,7 @@ cancelled out. Only the client's instructions count, on the calling thread (the 
 is another process, the layer's idle threads are left out, and the kernel's work is not
 seen), so this says how much more work stampede's own code adds to a hit, not how long
 the hit takes: the round trip, which this leaves out, is most of that
-(``bench_hit_path.py``). The hash seed is fixed and the garbage collector off while the
+(``bench_hit_path.py``, ``bench_many.py``). The hash seed is fixed and the garbage collector off while the
 calls run (a collection's cost would land on whichever count triggered it), so that two
 runs count alike; compare figures counted with the same ``--calls``. Needs ``valgrind``
 on the PATH; the last line printed is the figures as JSON.
@@ -38,30 +39,42 @@ from stampede import Stampede
 from stampede.testing import server_url
 
 VALUE = {"id": 42, "name": "category map", "children": [{"id": i, "name": f"c{i}"} for i in range(20)]}
-WORKLOADS = ("bare", "stampede")
+WORKLOADS = ("bare", "stampede", "bare page", "stampede page")
+PAGE = list(range(50))
 
 
 def workload(url: str, name: str, calls: int) -> None:
     """Run ``calls`` warm hits of one kind (in the process callgrind watches)."""
     bare = redis.Redis.from_url(url, socket_timeout=5)
     bare.set("count:raw", orjson.dumps(VALUE))
+    page_keys = [f"count:raw:{id_}" for id_ in PAGE]
+    bare.mset({key: orjson.dumps(VALUE) for key in page_keys})
     with Stampede.from_url(url, namespace="count") as layer:
 
         @layer.cached_loader("item:{item_id}", ttl=3600)
         def load(item_id: int) -> dict[str, object]:
             return VALUE
 
-        for _ in range(200):  # warm: the key written, both paths' code specialized
-            load(42)
-            orjson.loads(bare.get("count:raw"))  # type: ignore[arg-type]
+        @layer.cached_loader_many("item:{item_id}", ttl=3600)
+        def load_many(item_ids: list[int]) -> dict[int, dict[str, object]]:
+            return dict.fromkeys(item_ids, VALUE)
+
+        def bare_page() -> None:
+            for raw in bare.mget(page_keys):
+                orjson.loads(raw)  # type: ignore[arg-type]
+
+        run = {
+            "bare": lambda: orjson.loads(bare.get("count:raw")),  # type: ignore[arg-type]
+            "stampede": lambda: load(42),
+            "bare page": bare_page,
+            "stampede page": lambda: load_many(PAGE),
+        }[name]
+        for _ in range(200):  # warm: the keys written, the path's code specialized
+            run()
         gc.collect()
         gc.disable()  # a collection costs millions: it would land on one count and not the other
-        if name == "bare":
-            for _ in range(calls):
-                orjson.loads(bare.get("count:raw"))  # type: ignore[arg-type]
-        else:
-            for _ in range(calls):
-                load(42)
+        for _ in range(calls):
+            run()
     bare.close()
 
 
@@ -100,16 +113,23 @@ def main() -> None:
     per_call = {}
     with server_url(options.redis) as url:
         for name in WORKLOADS:
+            # A page costs a dozen hits: a tenth as many pages keep the run short.
+            calls = max(30, options.calls // 10) if name.endswith("page") else options.calls
             # The fewest of some counts: what varies only ever adds instructions.
-            fewer = min(instructions(url, name, options.calls) for _ in range(options.repeats))
-            more = min(instructions(url, name, 3 * options.calls) for _ in range(options.repeats))
-            per_call[name] = (more - fewer) // (2 * options.calls)
+            fewer = min(instructions(url, name, calls) for _ in range(options.repeats))
+            more = min(instructions(url, name, 3 * calls) for _ in range(options.repeats))
+            per_call[name] = (more - fewer) // (2 * calls)
     extra = per_call["stampede"] - per_call["bare"]
+    extra_page = per_call["stampede page"] - per_call["bare page"]
     print(f"\nA warm hit, client-side instructions per call (callgrind, {options.calls} and {3 * options.calls} calls)")
     print(f"   bare GET + orjson.loads   {per_call['bare']:>9,}")
     print(f"   stampede cached_loader    {per_call['stampede']:>9,}")
     print(f"   stampede's own            {extra:>+9,} ({extra / per_call['bare']:+.1%})")
-    print(json.dumps({"instructions": per_call, "own": extra}))
+    print(f"A warm page of {len(PAGE)} ids, the same (a tenth as many calls)")
+    print(f"   bare MGET + orjson.loads  {per_call['bare page']:>9,}")
+    print(f"   cached_loader_many        {per_call['stampede page']:>9,}")
+    print(f"   stampede's own            {extra_page:>+9,} ({extra_page / per_call['bare page']:+.1%})")
+    print(json.dumps({"instructions": per_call, "own": extra, "own_page": extra_page}))
 
 
 if __name__ == "__main__":

@@ -69,7 +69,7 @@ class Runner(States):
             value = near.get(value_key, spec.codec, spec.near_shared)
             if value is not MISSING:
                 return value
-        state = self._state()
+        state = self.state
         flights = state.flights
         joiner: Joiner | None = None  # made when a flight is in progress: hits make none
         while True:
@@ -152,7 +152,7 @@ class Runner(States):
         """The values of many entries, in the order of ``keys`` (see ``_core.many``).
         ``load(positions)`` calls the loader with the ids at those positions of the call
         and returns their values in that order."""
-        state = self._state()
+        state = self.state
         if not keys:
             return []
         if not spec.near and not spec.reads_ttl:  # a warm page: one MGET, one loop
@@ -416,28 +416,28 @@ class Runner(States):
     def set(self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> bool:
         """Write ``result`` over the entry, overtaking any load in flight (``controls.put``)."""
         ctx = self._context(value_key, spec, args, kwargs)
-        return bool(self._drive(put(ctx, result), ctx, no_load, self._state()))
+        return bool(self._drive(put(ctx, result), ctx, no_load, self.state))
 
     def refresh(self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Load the entry now, shared with every refresh and miss of it at the same moment
         (``controls.reload``), and return the value."""
         refuse_recursion(value_key)
         ctx = self._context(value_key, spec, args, kwargs)
-        return self._drive(reload(ctx), ctx, functools.partial(spec.func, *args, **kwargs), self._state())
+        return self._drive(reload(ctx), ctx, functools.partial(spec.func, *args, **kwargs), self.state)
 
     def peek(self, value_key: str, spec: LoaderSpec) -> tuple[Any, bool] | None:
         """What the entry holds that a caller could be served (``controls.peeked``)."""
-        store = self._state().store
+        store = self.state.store
         if not spec.reads_ttl:
             return peeked(store.get(value_key), -1.0, False, spec.codec, spec.settings)
         raw, ttl_left, failing = store.get_with_ttl(value_key, True)
         return peeked(raw, ttl_left, failing, spec.codec, spec.settings)
 
     def invalidate(self, keys: EntryKeys) -> None:
-        self._state().leases.invalidate(keys)
+        self.state.leases.invalidate(keys)
 
     def expire(self, keys: EntryKeys) -> None:
-        self._state().leases.expire(keys)
+        self.state.leases.expire(keys)
 
     def _unleased(self, state: State, value_key: str, began: float, load: Callable[[], Any]) -> Any:
         """A load of ``value_key`` without the lease, for a call that began at ``began``:

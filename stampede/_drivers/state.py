@@ -10,8 +10,9 @@ loops. A loop's state is closed when the loop shuts down (or by ``Stampede.aclos
 loop closed without finalizing its async generators has its state dropped when the next
 loop arrives.
 
-Both runners reach their state through ``self._state()``, and are built through the
-constructor here (a store against a maker of stores, one per loop).
+The asyncio runner reaches its state through ``self._state()``, which the generated
+blocking runner reads as ``self.state``; both are built through the constructor here (a
+store against a maker of stores, one per loop).
 """
 
 from __future__ import annotations
@@ -93,9 +94,6 @@ class States:
         self.events = events  # what its calls' traces hear (``stampede.otel.traces``)
         self.tracing: Tracing = GLOBAL  # which tracer its loaders' calls take (the layer's)
         self._warn = warn
-
-    def _state(self) -> State:
-        return self.state
 
     @property
     def store(self) -> Store:

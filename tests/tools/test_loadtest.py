@@ -305,11 +305,14 @@ def test_the_profile_workloads_run_and_share_their_time_out_by_package(path: str
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not on the PATH")
 def test_the_instruction_count_short_form_counts_both_hits() -> None:
-    """``loadtest/count_instructions.py --quick``: both hits are counted, and stampede's
-    adds work to the bare GET's but less than the bare GET itself costs."""
+    """``loadtest/count_instructions.py --quick``: both hits and both pages are counted,
+    and stampede adds work to the bare read's but less than the bare read itself costs."""
     figures = short_form("count_instructions.py", timeout=280)
-    bare, cached = figures["instructions"]["bare"], figures["instructions"]["stampede"]
+    counted = figures["instructions"]
+    bare, cached = counted["bare"], counted["stampede"]
     assert bare > 0 and 0 < figures["own"] == cached - bare < bare
+    bare_page, cached_page = counted["bare page"], counted["stampede page"]
+    assert bare_page > bare and 0 < figures["own_page"] == cached_page - bare_page < bare_page
 
 
 @pytest.mark.timeout(120)

@@ -102,6 +102,28 @@ def test_the_blocking_modules_are_what_their_asyncio_sources_make() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def test_the_converter_sends_a_blocking_stores_commands_directly() -> None:
+    """``self._send(key, command, args)`` (the asyncio store's connection slots) becomes
+    ``command(args)`` in the blocking store: no call of the store's own on the hit path,
+    whatever the arguments hold."""
+    if not UNASYNC.exists():
+        pytest.skip("no converter beside these tests (a wheel's run)")
+    spec = importlib.util.spec_from_file_location("unasync", UNASYNC)
+    assert spec is not None and spec.loader is not None
+    unasync = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(unasync)
+    source = (
+        "raw = await self._send(key, self.client.get, key)\n"
+        "done = await self._send(keys[0], pipeline.execute)\n"
+        "reply = await self._send(f(a, b), self._scripts.hold, *call, raise_on_error=g(c, [d, e]))\n"
+    )
+    assert unasync.convert(source) == (
+        "raw = self.client.get(key)\n"
+        "done = pipeline.execute()\n"
+        "reply = self._scripts.hold(*call, raise_on_error=g(c, [d, e]))\n"
+    )
+
+
 def test_twin_bodies_differ_only_as_recorded() -> None:
     """Each asyncio twin, read as blocking, differs from its blocking twin only as
     ``tests/twins.txt`` records (see ``tests/twin_bodies.py``): a fix in one twin only

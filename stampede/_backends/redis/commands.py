@@ -10,6 +10,7 @@ READONLY) leaves a store as ``BackendUnavailable``, which the flow turns into po
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import math
@@ -112,7 +113,14 @@ class EvictionCheck:
 
 def is_cluster(client: Any) -> bool:
     """Whether ``client`` is a Redis Cluster client, blocking or asyncio."""
-    return isinstance(client, (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster))
+    return _is_cluster_type(client.__class__)
+
+
+@functools.cache
+def _is_cluster_type(kind: type) -> bool:
+    """Asked once per client class: both cluster clients derive from a ``typing.Protocol``,
+    whose ``isinstance`` costs 2.5 us, 1% of a warm page's MGET."""
+    return issubclass(kind, (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster))
 
 
 def follows_master(client: Any) -> bool:

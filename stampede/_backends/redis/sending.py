@@ -3,7 +3,8 @@ store do differently, written by hand side by side. The rest of the store is one
 (``astore.py``, and ``store.py`` generated from it), which sends every command through
 ``_send`` and asks ``_breaker`` which circuit guards a key.
 
-The blocking store sends each command as it is: redis-py's blocking pool bounds its
+The blocking store sends each command as it is (the generator writes
+``self._send(key, command, args)`` as ``command(args)``): redis-py's blocking pool bounds its
 connections, and a cluster client learns its slots when it is made. Its commands may be
 cut short by ``close()`` from another thread (``closed``). A breaker that finds its
 server's circuit open asks where the server is now (the slot's new owner, Sentinel's new
@@ -54,9 +55,6 @@ class Sending:
     def _start_sending(self, owns_client: bool, slots: int | None, slot_timeout: float, switches: Switches) -> None:
         """The layer closes a blocking client itself, and its pool bounds it."""
         self.closed = False  # set by close(), before the layer disconnects its pool
-
-    def _send(self, key: str, command: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        return command(*args, **kwargs)
 
     def _ready(self) -> None:
         """Nothing to learn first: a blocking cluster client knows its slots when made."""

@@ -96,7 +96,7 @@ class RedisStore(Sending):
         breaker = self.breaker if self._node_breakers is None else self._breaker(key)
         breaker.check(key)
         try:
-            raw: bytes | None = self._send(key, self.client.get, key)
+            raw: bytes | None = self.client.get(key)
         except FAILURES as error:
             raise failure(breaker, "read", key, error) from error
         except Exception as error:
@@ -135,9 +135,9 @@ class RedisStore(Sending):
         breaker.check(key)
         try:
             pipeline = queue_read_with_ttl(self.client.pipeline(transaction=False), key)
-            read = with_ttl(*self._send(key, pipeline.execute))
+            read = with_ttl(*pipeline.execute())
             if asks_failing(read, failing):
-                read = marked(read, self._send(key, self.client.exists, failing_key(key)))
+                read = marked(read, self.client.exists(failing_key(key)))
         except FAILURES as error:
             raise failure(breaker, "read", key, error) from error
         except Exception as error:
@@ -154,7 +154,7 @@ class RedisStore(Sending):
         breaker = self.breaker if self._node_breakers is None else self._breaker(key)
         breaker.check(key)
         try:
-            raws: list[bytes | None] = self._send(key, self.client.mget, keys)
+            raws: list[bytes | None] = self.client.mget(keys)
         except FAILURES as error:
             raise failure(breaker, "read", key, error) from error
         except Exception as error:
@@ -163,7 +163,7 @@ class RedisStore(Sending):
         return raws
 
     def _mget_nonatomic(self, keys: Sequence[str]) -> list[bytes | None]:
-        return list(self._send(keys[0], self.client.mget_nonatomic, keys))
+        return list(self.client.mget_nonatomic(keys))
 
     def get_many_with_ttl(self, keys: Sequence[str], failing: bool = False) -> list[tuple[bytes | None, float, bool]]:
         if is_cluster(self.client):
@@ -176,12 +176,12 @@ class RedisStore(Sending):
         marker: one round trip, and one more for the markers."""
         pipeline = self.client.pipeline(transaction=False)
         batches.queue_reads_with_ttl(pipeline, keys)
-        reads = batches.reads_with_ttl(self._send(keys[0], pipeline.execute))
+        reads = batches.reads_with_ttl(pipeline.execute())
         stale = batches.asking_failing(reads, failing)
         if stale:
             pipeline = self.client.pipeline(transaction=False)
             batches.queue_failing(pipeline, [keys[index] for index in stale])
-            batches.mark_failing(reads, stale, self._send(keys[0], pipeline.execute))
+            batches.mark_failing(reads, stale, pipeline.execute())
         return reads
 
     def _read_cluster(self, keys: Sequence[str], read: Callable[[Sequence[str]], list[T]], unread: T) -> list[T]:
@@ -328,12 +328,12 @@ class RedisStore(Sending):
         route = self._route if is_cluster(self.client) else None
         pipeline = self.client.pipeline(transaction=False)
         batches.queue_groups(pipeline, pair, calls, groups, route=route)
-        replies: list[Any] = self._send(key, pipeline.execute, raise_on_error=False)
+        replies: list[Any] = pipeline.execute(raise_on_error=False)
         unknown = batches.unknown_scripts(replies)
         if unknown:
             pipeline = self.client.pipeline(transaction=False)
             batches.queue_groups(pipeline, pair, calls, [groups[index] for index in unknown], True, route)
-            again = self._send(key, pipeline.execute, raise_on_error=False)
+            again = pipeline.execute(raise_on_error=False)
             for index, reply in zip(unknown, again, strict=True):
                 replies[index] = reply
         return replies
@@ -343,7 +343,7 @@ class RedisStore(Sending):
     ) -> AcquireReply:
         with self._translated("lock", keys.value):
             call = _scripts.acquire_call(keys, token, lease_ms, check_value, stale)
-            reply = self._send(keys.value, self._scripts.acquire, *call)
+            reply = self._scripts.acquire(*call)
         acquired = acquire_reply(reply)
         if self.eviction.pending and acquired.state is LockState.LOCKED:
             self.eviction.pending = False
@@ -354,7 +354,7 @@ class RedisStore(Sending):
         """``CONFIG GET maxmemory*``, or None where the server refuses CONFIG (an ACL user
         without it, a managed service that renamed it)."""
         try:
-            config: dict[Any, Any] = self._send("config", self.client.config_get, "maxmemory*")
+            config: dict[Any, Any] = self.client.config_get("maxmemory*")
         except FAILURES:
             return None
         return config
@@ -365,9 +365,9 @@ class RedisStore(Sending):
         outside its keys all fail here). Then warn if it may evict leases."""
         key = check_key(namespace)
         with self._translated("check the server with", key, whole=True):
-            self._send(key, self.client.ping)
-            self._send(key, self.client.set, key, b"1", px=1000)
-            self._send(key, self.client.delete, key)
+            self.client.ping()
+            self.client.set(key, b"1", px=1000)
+            self.client.delete(key)
         self.eviction.pending = False
         self.eviction.found(self.server_config())
 
@@ -383,7 +383,7 @@ class RedisStore(Sending):
     def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         with self._translated("renew the lease of", keys.value):
             call = _scripts.renew_call(keys, token, lease_ms)
-            return bool(self._send(keys.value, self._scripts.renew, *call))
+            return bool(self._scripts.renew(*call))
 
     def write_release(
         self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None = None
@@ -392,7 +392,7 @@ class RedisStore(Sending):
             return self._write_tagged(keys, token, envelope, ttl_ms, inline, tagged)
         with self._translated("write", keys.value):
             call = _scripts.write_release_call(keys, token, envelope, ttl_ms, inline)
-            written = self._send(keys.value, self._scripts.write_release, *call)
+            written = self._scripts.write_release(*call)
         return Written(int(written))
 
     def _write_tagged(
@@ -405,30 +405,30 @@ class RedisStore(Sending):
             for group in tagging.by_slot(tagged.tags.tags):
                 with self._translated("admit a tagged write of", keys.value):
                     call = _scripts.admit_tags_call(group, keys.value, tagged.since, ttl_ms)
-                    admitted = self._send(keys.value, self._scripts.admit_tags, *call)
+                    admitted = self._scripts.admit_tags(*call)
                 if not admitted:
                     self.release(keys, token)
                     return Written.REFUSED
         with self._translated("write", keys.value):
             call = _scripts.write_tagged_call(keys, token, envelope, ttl_ms, inline, tagged, not cluster)
-            written = self._send(keys.value, self._scripts.write_tagged, *call)
+            written = self._scripts.write_tagged(*call)
         return Written(int(written))
 
     def touch(self, keys: EntryKeys, token: str, identity: bytes, ttl_ms: int) -> Written:
         with self._translated("keep", keys.value):
             call = _scripts.touch_call(keys, token, identity, ttl_ms)
-            return Written(int(self._send(keys.value, self._scripts.touch, *call)))
+            return Written(int(self._scripts.touch(*call)))
 
     def tag_clock(self, key: str) -> int:
         with self._translated("read the tag clock", key):
-            return int(self._send(key, self._scripts.read_tag_clock, [key], []))
+            return int(self._scripts.read_tag_clock([key], []))
 
     def invalidate_tag(self, clock: str, tag: TagKeys, soft: bool) -> list[str]:
         with self._translated("draw the tag clock", clock):
-            drawn = int(self._send(clock, self._scripts.draw_tag_clock, [clock], []))
+            drawn = int(self._scripts.draw_tag_clock([clock], []))
         with self._translated("mark the tag", tag.members):
             call = _scripts.mark_tag_call(tag, drawn)
-            members = tagging.members_of(self._send(tag.members, self._scripts.mark_tag, *call))
+            members = tagging.members_of(self._scripts.mark_tag(*call))
         pair = self._scripts.expires if soft else self._scripts.invalidates
         what = "expire" if soft else "invalidate"
         done: list[str] = []
@@ -441,7 +441,7 @@ class RedisStore(Sending):
             if not soft:
                 with self._translated("forget the members of", tag.members):
                     call = _scripts.forget_members_call(tag, chunk)
-                    self._send(tag.members, self._scripts.forget_members, *call)
+                    self._scripts.forget_members(*call)
         # A member another invalidation deleted first is not "dropped" here, but a near
         # cache may still hold its copy: that invalidation may not have asked the near
         # caches yet. So every member is asked for, as ``invalidate`` asks for its key.
@@ -449,34 +449,34 @@ class RedisStore(Sending):
             nonce = new_nonce(self.near)
             with self._translated("ask near caches to drop", self.near.members):
                 call = _scripts.request_near_call(self.near, nonce, *members_keys)
-                reply = self._send(self.near.members, self._scripts.request_near, *call)
+                reply = self._scripts.request_near(*call)
             self._await_near_caches(reply, nonce)
         return done
 
     def entry_tags(self, keys: EntryKeys) -> list[str] | None:
         with self._translated("read the tags of", keys.value):
-            return tagging.names_of(self._send(keys.tags, self.client.get, keys.tags))
+            return tagging.names_of(self.client.get(keys.tags))
 
     def release(self, keys: EntryKeys, token: str) -> bool:
         with self._translated("release the lock of", keys.value):
             call = _scripts.release_call(keys, token)
-            return bool(self._send(keys.value, self._scripts.release, *call))
+            return bool(self._scripts.release(*call))
 
     def hold(self, keys: EntryKeys, token: str, hold_ms: int, failing_ms: int) -> bool:
         with self._translated("hold the lock of", keys.value):
             call = _scripts.hold_call(keys, token, hold_ms, failing_ms)
-            return bool(self._send(keys.value, self._scripts.hold, *call))
+            return bool(self._scripts.hold(*call))
 
     def expire(self, keys: EntryKeys) -> None:
         nonce = new_nonce(self.near)
         with self._translated("expire", keys.value):
             call = _scripts.expire_call(keys, self._near_in_script, nonce)
-            reply = self._send(keys.value, self._scripts.expire, *call)
+            reply = self._scripts.expire(*call)
         self._await_near_caches(self._ask_near_caches(reply, keys, nonce), nonce)
 
     def holder(self, keys: EntryKeys) -> str | None:
         with self._translated("read the lock of", keys.lock):
-            token = self._send(keys.lock, self.client.get, keys.lock)
+            token = self.client.get(keys.lock)
         return None if token is None else bytes(token).decode(errors="replace")
 
     def take_lock(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int = 0) -> AcquireReply:
@@ -488,25 +488,25 @@ class RedisStore(Sending):
                 )
             else:
                 script, call = self._scripts.take_lock, _scripts.take_lock_call(keys, token, lease_ms)
-            reply = self._send(keys.lock, script, *call)
+            reply = script(*call)
         return acquire_reply(reply)
 
     def leave_queue(self, keys: EntryKeys, token: str) -> None:
         with self._translated("leave the queue of", keys.lock):
-            self._send(keys.lock, self._scripts.leave_queue, *_scripts.leave_queue_call(keys, token))
+            self._scripts.leave_queue(*_scripts.leave_queue_call(keys, token))
 
     def invalidate(self, keys: EntryKeys) -> None:
         nonce = new_nonce(self.near)
         with self._translated("invalidate", keys.value):
             call = _scripts.invalidate_call(keys, self._near_in_script, nonce)
-            reply = self._send(keys.value, self._scripts.invalidate, *call)
+            reply = self._scripts.invalidate(*call)
         self._await_near_caches(self._ask_near_caches(reply, keys, nonce), nonce)
 
     def seize(self, keys: EntryKeys, token: str, lease_ms: int) -> None:
         nonce = new_nonce(self.near)
         with self._translated("invalidate", keys.value):
             call = _scripts.seize_call(keys, token, lease_ms, self._near_in_script, nonce)
-            reply = self._send(keys.value, self._scripts.seize, *call)
+            reply = self._scripts.seize(*call)
         self._await_near_caches(self._ask_near_caches(reply, keys, nonce), nonce)
 
     def _ask_near_caches(self, reply: Any, keys: EntryKeys, nonce: str) -> Any:
@@ -516,7 +516,7 @@ class RedisStore(Sending):
             return reply
         with self._translated("ask near caches to drop", self.near.members):
             call = _scripts.request_near_call(self.near, nonce, keys.value)
-            return self._send(self.near.members, self._scripts.request_near, *call)
+            return self._scripts.request_near(*call)
 
     def _await_near_caches(self, reply: Any, nonce: str) -> None:
         """Return once every near cache the script named has dropped its copy, or run
@@ -528,7 +528,7 @@ class RedisStore(Sending):
         while (command := wait.command(ack_key, time.monotonic(), self._blmpop)) is not None:
             try:
                 route = ack_route(self.client, ack_key)
-                wait.took(self._send(ack_key, self.client.execute_command, *command, **route))
+                wait.took(self.client.execute_command(*command, **route))
             except Exception as error:
                 if without_blmpop(error, command):
                     self._blmpop = False
