@@ -6,6 +6,9 @@ backends to run theirs on.
   ``ZooKeeperServer`` (``servers``, ``topologies``, ``services``).
 * Faults and their witnesses: ``FaultProxy`` (a slow, stalled or cut network) and
   ``CommandMonitor`` (the commands clients sent) (``faults``).
+* Histories and their checker: a ``Recorder`` in each process records what every
+  caller did, ``History.check`` checks it against stampede's promises (``history``),
+  and a generated workload over versioned ``Rows`` makes one (``workload``).
 * The store contract suite, for pytest (``stampede.testing.contract``, imported on its
   own, since it needs pytest).
 """
@@ -13,9 +16,11 @@ backends to run theirs on.
 from __future__ import annotations
 
 from .faults import HANDSHAKE, CommandMonitor, FaultProxy, names
+from .history import History, Operation, Record, Recorder, Report, Violation
 from .servers import RedisServer, find_server_binary, free_port, server_url
 from .services import PostgresServer, ZooKeeperServer, find_postgres, find_zookeeper
 from .topologies import ClusterServers, SentinelServers
+from .workload import Mix, Rows, Subject, layer_subject, run_workload
 
 __all__ = [
     # servers
@@ -34,4 +39,16 @@ __all__ = [
     "CommandMonitor",
     "FaultProxy",
     "names",
+    # histories
+    "History",
+    "Mix",
+    "Operation",
+    "Record",
+    "Recorder",
+    "Report",
+    "Rows",
+    "Subject",
+    "Violation",
+    "layer_subject",
+    "run_workload",
 ]

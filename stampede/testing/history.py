@@ -1,0 +1,379 @@
+"""Histories of a cache's operations, checked against stampede's promises.
+
+A scenario test proves one interleaving; a history proves the thousands a stress run
+makes. Every process of a run keeps a ``Recorder``: each operation (a cached call, a
+load, a database write, a ``set``, an invalidation, an expiry) is recorded with its
+invocation and completion on ``time.monotonic_ns()``, one clock for every process of a
+Linux machine, its key(s), and the database version it read or was made for. The
+parent merges the recorders (``History.load`` reads those saved by other processes) and
+``History.check`` tells whether any reader got a value it must not get:
+
+* ``wrong key``: a value that came from another key's row (one caller's value handed
+  to another);
+* ``unwritten``: a version no database write had begun by the time the call returned;
+* ``stale``: a call that began after an ``invalidate`` or ``set`` of its key returned,
+  given a version older than the one that operation was made for (an invalidation's
+  version, when not given, is the newest database write that returned before it began);
+* ``stale window``: the same after an ``expire``, once the call began later than
+  ``stale_window`` seconds after the expiry returned;
+* ``extra load``: two successful loads of a key with nothing between them to explain
+  the second: no invalidation, ``set`` or expiry of the key overlapping the span from
+  the first load's start to the second's, no failed load, and the second begun within
+  ``ttl`` seconds of the first one's end (an entry lives at least ``ttl``);
+* ``slow``: a call that took longer than ``wait_bound`` seconds.
+
+Where the documentation says a promise weakens (a failover may cost an extra load, or
+undo an invalidation acknowledged within the replication lag), pass the fault's time
+spans as ``weakened``: a violation whose later operation began in one is counted apart,
+not with the others. A violation names the operations involved, with their processes,
+threads and times from the history's start, so a failing run explains itself.
+
+Recording costs one list append per operation and key (about a microsecond with the
+context manager), small beside a round trip to a server, so it can stay on in stress
+runs. A row that does not exist yet is version 0.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, NamedTuple
+
+import orjson
+
+KINDS = ("read", "load", "write", "set", "invalidate", "expire")
+HARD = ("invalidate", "set")  # after these return, no older version is served
+BOUNDARIES = ("invalidate", "set", "expire")  # a load after one of these is of a new entry
+
+
+class Record(NamedTuple):
+    """One key of one operation. ``completed`` is None for an operation that never
+    returned (its process was killed); ``outcome`` is "ok" or the exception's name."""
+
+    kind: str
+    key: Any
+    version: int | None
+    source: Any
+    invoked: int
+    completed: int | None
+    outcome: str
+    process: str
+    thread: str
+    op: int  # the operation's number in its process: the keys of one many-key call share it
+
+    def describe(self, start: int) -> str:
+        ended = "never returned" if self.completed is None else f"{(self.completed - start) / 1e9:.6f}"
+        version = "" if self.version is None else f", version {self.version}"
+        source = "" if self.source in (None, self.key) else f" (a value of {self.source!r})"
+        outcome = "" if self.outcome == "ok" else f", raised {self.outcome}"
+        return (
+            f"{self.kind} of {self.key!r}{version}{source}{outcome} by {self.process}/{self.thread}, "
+            f"{(self.invoked - start) / 1e9:.6f} s to {ended}"
+        )
+
+
+class Recorder:
+    """What one process did. Thread-safe: each operation is one ``list.append``.
+
+    ``with recorder.op("read", key) as op: op.saw(version_of(cached(key)))`` records a
+    cached call; ``op("read", *keys)`` a many-key call (``op.saw(version, key=...)`` per
+    id); ``op("load", key)`` a run of the loader; ``op("write", key, version=7)`` the
+    database write of version 7; ``op("invalidate", *keys)``, ``op("expire", *keys)``
+    (a tag's keys at once) and ``op("set", key, version=7)`` the cache's own.
+    """
+
+    def __init__(self, process: str | None = None) -> None:
+        self.process = process or str(os.getpid())
+        self.records: list[Record] = []
+        self._numbers = iter(range(1 << 62)).__next__  # atomic under the GIL
+        self._lock = threading.Lock()
+
+    def op(self, kind: str, *keys: Any, version: int | Mapping[Any, int] | None = None) -> Operation:
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
+        if not keys:
+            raise ValueError("an operation has at least one key")
+        return Operation(self, kind, keys, version)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the records (JSON) for ``History.load`` in another process."""
+        Path(path).write_bytes(orjson.dumps([list(record) for record in self.records]))
+
+    def _add(self, records: Iterable[Record]) -> None:
+        self.records.extend(records)
+
+
+class Operation:
+    """An operation under way: its invocation time is taken on entry, its completion on
+    exit, with the exception's name as the outcome if one escaped (it is re-raised)."""
+
+    __slots__ = ("_invoked", "_keys", "_kind", "_number", "_recorder", "_sources", "_versions")
+
+    def __init__(self, recorder: Recorder, kind: str, keys: tuple[Any, ...], version: Any) -> None:
+        self._recorder, self._kind, self._keys = recorder, kind, keys
+        if isinstance(version, Mapping):
+            self._versions: dict[Any, int | None] = dict(version)
+        else:
+            self._versions = dict.fromkeys(keys, version)
+        self._sources: dict[Any, Any] = {}
+        self._invoked = 0
+        self._number = recorder._numbers()
+
+    def saw(self, version: int, key: Any = None, source: Any = None) -> None:
+        """What the operation read for ``key`` (the operation's one key if not given):
+        the version of the row its value came from, and that row's key (``source``) if
+        the value says it."""
+        key = self._keys[0] if key is None else key
+        self._versions[key] = version
+        if source is not None:
+            self._sources[key] = source
+
+    def __enter__(self) -> Operation:
+        self._invoked = time.monotonic_ns()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        completed = time.monotonic_ns()
+        outcome = "ok" if kind is None else kind.__name__
+        thread = threading.current_thread().name
+        recorder = self._recorder
+        recorder._add(
+            Record(self._kind, key, self._versions.get(key), self._sources.get(key), self._invoked, completed,
+                   outcome, recorder.process, thread, self._number)
+            for key in self._keys
+        )  # fmt: skip
+
+
+@dataclass
+class Violation:
+    """A broken promise: which, on which key, and the operations that show it (the one
+    that broke it last)."""
+
+    rule: str
+    key: Any
+    why: str
+    records: list[Record]
+
+    def describe(self, start: int) -> str:
+        lines = [f"{self.rule} on {self.key!r}: {self.why}"]
+        lines += [f"    {record.describe(start)}" for record in self.records]
+        return "\n".join(lines)
+
+
+@dataclass
+class Report:
+    """What ``History.check`` found. ``violations`` break a promise; ``weakened`` broke
+    one inside a span the caller said weakens it (a fault's)."""
+
+    start: int
+    operations: int
+    reads: int
+    loads: int
+    epochs: int
+    most_loads_per_epoch: int
+    slowest_call: float
+    violations: list[Violation] = field(default_factory=list)
+    weakened: list[Violation] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def counts(self) -> dict[str, int]:
+        """Violations per rule."""
+        return dict(Counter(violation.rule for violation in self.violations))
+
+    def summary(self) -> str:
+        return (
+            f"{self.operations} operations ({self.reads} reads, {self.loads} loads), {len(self.violations)} "
+            f"violations {self.counts() or ''}, {len(self.weakened)} in weakened spans; most loads of one "
+            f"key's entry: {self.most_loads_per_epoch}; slowest call {self.slowest_call * 1000:.1f} ms"
+        )
+
+    def __str__(self) -> str:
+        shown = [violation.describe(self.start) for violation in self.violations[:20]]
+        more = len(self.violations) - len(shown)
+        return "\n".join([self.summary(), *shown] + ([f"... and {more} more"] if more > 0 else []))
+
+
+class History:
+    """Every record of a run, from any number of recorders and saved files."""
+
+    def __init__(self, records: Iterable[Record] = ()) -> None:
+        self.records = list(records)
+
+    @classmethod
+    def of(cls, *recorders: Recorder) -> History:
+        return cls(record for recorder in recorders for record in recorder.records)
+
+    @classmethod
+    def load(cls, *paths: str | os.PathLike[str]) -> History:
+        return cls(Record(*row) for path in paths for row in orjson.loads(Path(path).read_bytes()))
+
+    def extend(self, other: History | Recorder) -> None:
+        self.records.extend(other.records)
+
+    def check(
+        self,
+        *,
+        ttl: float | None = None,
+        stale_window: float = 0.0,
+        wait_bound: float | None = None,
+        weakened: Sequence[tuple[int, int]] = (),
+    ) -> Report:
+        """Check every key's records (see the module's docstring for the rules).
+        ``ttl``: the shortest life of an entry, in seconds (None: entries outlive the run);
+        ``stale_window``: how long after an ``expire`` an older version may be served;
+        ``wait_bound``: the longest a call may take (None: not checked); ``weakened``:
+        spans of ``time.monotonic_ns()`` in which a violation is counted apart."""
+        done = [record for record in self.records if record.completed is not None]
+        start = min((record.invoked for record in self.records), default=0)
+        by_key: dict[Any, list[Record]] = defaultdict(list)
+        for record in done:
+            by_key[record.key].append(record)
+        report = Report(start, len({(r.process, r.op) for r in self.records}), 0, 0, 0, 0, 0.0)
+        spans = sorted(weakened)
+        for key, records in by_key.items():
+            for violation in _check_key(key, records, report, ttl, stale_window, wait_bound):
+                last = max(violation.records, key=lambda record: record.invoked).invoked
+                (report.weakened if _within(spans, last) else report.violations).append(violation)
+        report.violations.sort(key=lambda violation: max(record.invoked for record in violation.records))
+        return report
+
+
+def _within(spans: list[tuple[int, int]], moment: int) -> bool:
+    index = bisect.bisect_right(spans, (moment, 1 << 63)) - 1
+    return index >= 0 and spans[index][0] <= moment <= spans[index][1]
+
+
+class _Newest:
+    """The newest version among operations that returned by a moment: their completion
+    times, sorted, with the running maximum of their versions."""
+
+    def __init__(self, operations: Iterable[Record], version_of: Callable[[Record], int]) -> None:
+        ordered = sorted(operations, key=lambda record: record.completed or 0)
+        self.times = [record.completed or 0 for record in ordered]
+        self.newest: list[tuple[int, Record | None]] = []
+        best: tuple[int, Record | None] = (0, None)
+        for record in ordered:
+            version = version_of(record)
+            if version > best[0]:
+                best = (version, record)
+            self.newest.append(best)
+
+    def by(self, moment: float) -> tuple[int, Record | None]:
+        """The newest version of an operation completed strictly before ``moment``."""
+        index = bisect.bisect_left(self.times, moment) - 1
+        return self.newest[index] if index >= 0 else (0, None)
+
+
+def _check_key(
+    key: Any, records: list[Record], report: Report, ttl: float | None, stale_window: float, wait_bound: float | None
+) -> Iterator[Violation]:
+    kinds: dict[str, list[Record]] = defaultdict(list)
+    for record in records:
+        kinds[record.kind].append(record)
+    writes = sorted((r for r in kinds["write"] + kinds["set"] if r.version is not None), key=lambda r: r.invoked)
+    written = _Newest(writes, lambda record: record.version or 0)  # indexed by completion
+    began = [record.invoked for record in writes]
+    newest_began = list(_running_max(record.version for record in writes))
+
+    def made_for(record: Record) -> int:
+        """The version an invalidation or expiry was made for."""
+        if record.version is not None:
+            return record.version
+        return written.by(record.invoked)[0]
+
+    hard = _Newest((r for kind in HARD for r in kinds[kind] if r.outcome == "ok"), made_for)
+    soft = _Newest((r for r in kinds["expire"] if r.outcome == "ok"), made_for)
+    window = stale_window * 1e9
+    for read in kinds["read"]:
+        if read.outcome != "ok":
+            continue
+        report.reads += 1
+        took = (read.completed - read.invoked) / 1e9  # type: ignore[operator]
+        report.slowest_call = max(report.slowest_call, took)
+        if wait_bound is not None and took > wait_bound:
+            yield Violation("slow", key, f"the call took {took:.3f} s, more than {wait_bound} s", [read])
+        if read.version is None:
+            continue
+        if read.source is not None and read.source != key:
+            yield Violation("wrong key", key, f"the value came from {read.source!r}", [read])
+        index = bisect.bisect_left(began, read.completed + 1) - 1  # type: ignore[operator]
+        possible = newest_began[index] if index >= 0 else 0
+        if began and read.version > possible:  # (a key no write was recorded for: not checked)
+            yield Violation("unwritten", key, f"version {read.version}: no write of it had begun", [read])
+        required, by = hard.by(read.invoked)
+        if read.version < required and by is not None:
+            why = f"version {read.version} served after the {by.kind} made for version {required} returned"
+            yield Violation("stale", key, why, [by, read])
+            continue
+        required, by = soft.by(read.invoked - window)
+        if read.version < required and by is not None:
+            why = f"version {read.version} served {stale_window} s past the expire made for version {required}"
+            yield Violation("stale window", key, why, [by, read])
+    yield from _check_loads(key, kinds, report, ttl)
+
+
+def _running_max(versions: Iterable[int | None]) -> Iterator[int]:
+    best = 0
+    for version in versions:
+        best = max(best, version or 0)
+        yield best
+
+
+def _check_loads(key: Any, kinds: Mapping[str, list[Record]], report: Report, ttl: float | None) -> Iterator[Violation]:
+    loads = sorted(kinds["load"], key=lambda record: record.invoked)
+    boundaries = sorted((r for kind in BOUNDARIES for r in kinds[kind]), key=lambda record: record.invoked)
+    ends = _Ends(boundaries)
+    report.loads += sum(1 for load in loads if load.outcome == "ok")
+    previous: Record | None = None
+    epoch_loads = 0
+    for load in loads:
+        if load.outcome != "ok":
+            previous = None  # a failed load leaves the entry unwritten: the next one is due
+            continue
+        if previous is None or _explained(previous, load, ends, ttl):
+            report.epochs += 1
+            epoch_loads = 1
+        else:
+            epoch_loads += 1
+            why = "a second load of one entry, with no invalidation, set, expiry, failure or TTL between"
+            yield Violation("extra load", key, why, [previous, load])
+        report.most_loads_per_epoch = max(report.most_loads_per_epoch, epoch_loads)
+        previous = load
+
+
+class _Ends:
+    """The operations that end an entry (invalidations, sets, expiries), by invocation,
+    with the latest completion among those begun by each moment."""
+
+    def __init__(self, boundaries: list[Record]) -> None:
+        self.began = [record.invoked for record in boundaries]
+        self.latest_end = list(_running_max(record.completed for record in boundaries))
+
+    def overlap(self, start: int, moment: int) -> bool:
+        """Whether one begun by ``moment`` returned at or after ``start``."""
+        index = bisect.bisect_right(self.began, moment) - 1
+        return index >= 0 and self.latest_end[index] >= start
+
+
+def _explained(first: Record, second: Record, ends: _Ends, ttl: float | None) -> bool:
+    """Whether ``second`` may load an entry ``first`` already loaded: an operation that
+    ends its entry overlaps the span between the two starts, or the entry lived its
+    ``ttl`` out."""
+    if ttl is not None and second.invoked - first.completed > ttl * 1e9:  # type: ignore[operator]
+        return True
+    return ends.overlap(first.invoked, second.invoked)
+
+
+__all__ = ["History", "Operation", "Record", "Recorder", "Report", "Violation"]

