@@ -5,12 +5,12 @@ updates the database and invalidates.
 The loader reads the key's version from the "database" (``db:<key>`` on --db-url, on a
 connection of its own that the faults do not touch). With --groups (tag mode) a key's
 version is its group's (``db:group:<key % groups>``), and its entry is tagged
-``group:<key % groups>``. Every call is recorded as
-(key, started, version), ``started`` from time.monotonic(): one clock for every process
-of the machine, so the parent can tell which calls began after an invalidation completed.
+``group:<key % groups>``.
 
 Prints "ready" once connected, waits for "go" on stdin, and calls until stdin says
-anything else or closes; then prints one JSON line with what it saw.
+anything else or closes; then saves its history (``stampede.testing.Recorder``: every
+call and load, with the version it read) to --history and prints one JSON line of
+counts.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ import random
 import sys
 import threading
 import time
-from typing import Any
 
 import redis
 
 from stampede import Stampede
+from stampede.testing import Recorder
 
 
 def main() -> None:
@@ -37,7 +37,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--near", action="store_true", help="with the near cache on")
     parser.add_argument("--groups", type=int, default=0, help="tag mode: keys in this many groups, one tag each")
+    parser.add_argument("--history", required=True, help="where to save the recorded history")
     options = parser.parse_args()
+    recorder = Recorder(f"worker{options.seed}")
 
     database = redis.Redis.from_url(options.db_url, socket_timeout=5)
     layer = Stampede.from_url(
@@ -51,8 +53,10 @@ def main() -> None:
         @layer.cached_loader("item:{group}:{key}", tags=["group:{group}"])
         def in_group(group: int, key: int) -> dict[str, int]:
             loads[key] += 1
-            version = int(database.get(f"db:group:{group}") or 0)
-            time.sleep(random.uniform(0, 0.02))
+            with recorder.op("load", key) as op:
+                version = int(database.get(f"db:group:{group}") or 0)
+                op.saw(version)
+                time.sleep(random.uniform(0, 0.02))
             return {"key": key, "version": version}
 
         def load(key: int) -> dict[str, int]:
@@ -63,8 +67,10 @@ def main() -> None:
         @layer.cached_loader("item:{key}")
         def load(key: int) -> dict[str, int]:
             loads[key] += 1
-            version = int(database.get(f"db:{key}") or 0)
-            time.sleep(random.uniform(0, 0.02))
+            with recorder.op("load", key) as op:
+                version = int(database.get(f"db:{key}") or 0)
+                op.saw(version)
+                time.sleep(random.uniform(0, 0.02))
             return {"key": key, "version": version}
 
     layer._runner.store.get("warm-up")  # type: ignore[attr-defined]  # open a connection
@@ -72,20 +78,14 @@ def main() -> None:
     if sys.stdin.readline().strip() != "go":
         return
     stop = threading.Event()
-    calls: list[tuple[int, float, int]] = []
-    wrong: list[Any] = []
-    slowest = [0.0]
 
     def run(index: int) -> None:
         rng = random.Random(options.seed * 1000 + index)
         while not stop.is_set():
             key = rng.randrange(options.keys)
-            started = time.monotonic()
-            value = load(key)
-            slowest[0] = max(slowest[0], time.monotonic() - started)
-            if value.get("key") != key:
-                wrong.append(value)
-            calls.append((key, started, value["version"]))
+            with recorder.op("read", key) as op:
+                value = load(key)
+                op.saw(value["version"], source=value.get("key"))
 
     threads = [threading.Thread(target=run, args=(index,)) for index in range(options.threads)]
     for thread in threads:
@@ -95,8 +95,8 @@ def main() -> None:
     for thread in threads:
         thread.join(30)
     hung = sum(thread.is_alive() for thread in threads)
-    print(json.dumps({"calls": calls, "wrong": wrong, "hung": hung, "loads": sum(loads), "slowest": slowest[0],
-                      "stats": layer.stats()}), flush=True)  # fmt: skip
+    recorder.save(options.history)
+    print(json.dumps({"hung": hung, "loads": sum(loads), "stats": layer.stats()}), flush=True)
     layer.close()
 
 

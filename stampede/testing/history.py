@@ -18,14 +18,17 @@ parent merges the recorders (``History.load`` reads those saved by other process
   ``stale_window`` seconds after the expiry returned;
 * ``extra load``: two successful loads of a key with nothing between them to explain
   the second: no invalidation, ``set`` or expiry of the key overlapping the span from
-  the first load's start to the second's, no failed load, and the second begun within
-  ``ttl`` seconds of the first one's end (an entry lives at least ``ttl``);
+  the earlier of the calls the two loads ran for (a load is in flight from its call's
+  lease, and one in flight at an invalidation is voided) to the second load, no failed
+  load, and the second begun within ``ttl`` seconds of the first one's end (an entry
+  lives at least ``ttl``);
 * ``slow``: a call that took longer than ``wait_bound`` seconds.
 
 Where the documentation says a promise weakens (a failover may cost an extra load, or
 undo an invalidation acknowledged within the replication lag), pass the fault's time
-spans as ``weakened``: a violation whose later operation began in one is counted apart,
-not with the others. A violation names the operations involved, with their processes,
+spans as ``weakened`` and the rules it weakens as ``weakens`` (extra loads unless told):
+a violation of one of them whose later operation began in a span is counted apart, not
+with the others. A violation names the operations involved, with their processes,
 threads and times from the history's start, so a failing run explains itself.
 
 Recording costs one list append per operation and key (about a microsecond with the
@@ -40,7 +43,7 @@ import os
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -229,12 +232,15 @@ class History:
         stale_window: float = 0.0,
         wait_bound: float | None = None,
         weakened: Sequence[tuple[int, int]] = (),
+        weakens: Collection[str] = ("extra load",),
     ) -> Report:
         """Check every key's records (see the module's docstring for the rules).
         ``ttl``: the shortest life of an entry, in seconds (None: entries outlive the run);
         ``stale_window``: how long after an ``expire`` an older version may be served;
         ``wait_bound``: the longest a call may take (None: not checked); ``weakened``:
-        spans of ``time.monotonic_ns()`` in which a violation is counted apart."""
+        spans of ``time.monotonic_ns()`` in which a violation of the rules ``weakens``
+        is counted apart (a fault may cost an extra load; a failover may also undo an
+        invalidation: add "stale")."""
         done = [record for record in self.records if record.completed is not None]
         start = min((record.invoked for record in self.records), default=0)
         by_key: dict[Any, list[Record]] = defaultdict(list)
@@ -245,7 +251,8 @@ class History:
         for key, records in by_key.items():
             for violation in _check_key(key, records, report, ttl, stale_window, wait_bound):
                 last = max(violation.records, key=lambda record: record.invoked).invoked
-                (report.weakened if _within(spans, last) else report.violations).append(violation)
+                apart = violation.rule in weakens and _within(spans, last)
+                (report.weakened if apart else report.violations).append(violation)
         report.violations.sort(key=lambda violation: max(record.invoked for record in violation.records))
         return report
 
@@ -335,6 +342,7 @@ def _check_loads(key: Any, kinds: Mapping[str, list[Record]], report: Report, tt
     loads = sorted(kinds["load"], key=lambda record: record.invoked)
     boundaries = sorted((r for kind in BOUNDARIES for r in kinds[kind]), key=lambda record: record.invoked)
     ends = _Ends(boundaries)
+    began = _Callers(kinds["read"], ends)
     report.loads += sum(1 for load in loads if load.outcome == "ok")
     previous: Record | None = None
     epoch_loads = 0
@@ -342,7 +350,7 @@ def _check_loads(key: Any, kinds: Mapping[str, list[Record]], report: Report, tt
         if load.outcome != "ok":
             previous = None  # a failed load leaves the entry unwritten: the next one is due
             continue
-        if previous is None or _explained(previous, load, ends, ttl):
+        if previous is None or _explained(previous, load, began, ends, ttl):
             report.epochs += 1
             epoch_loads = 1
         else:
@@ -361,19 +369,63 @@ class _Ends:
         self.began = [record.invoked for record in boundaries]
         self.latest_end = list(_running_max(record.completed for record in boundaries))
 
+    def last_begun(self, moment: int) -> int | None:
+        """When the last one begun by ``moment`` began."""
+        index = bisect.bisect_right(self.began, moment) - 1
+        return self.began[index] if index >= 0 else None
+
     def overlap(self, start: int, moment: int) -> bool:
         """Whether one begun by ``moment`` returned at or after ``start``."""
         index = bisect.bisect_right(self.began, moment) - 1
         return index >= 0 and self.latest_end[index] >= start
 
 
-def _explained(first: Record, second: Record, ends: _Ends, ttl: float | None) -> bool:
-    """Whether ``second`` may load an entry ``first`` already loaded: an operation that
-    ends its entry overlaps the span between the two starts, or the entry lived its
-    ``ttl`` out."""
+class _Callers:
+    """The call each load ran for, from which it was in flight: a load takes its call's
+    lease, which may come before the loader runs, and an invalidation in between voids
+    it. A load in a thread of calls ran for the read of its key that encloses it (a
+    thread's calls follow one another). A load no call of its thread encloses is a
+    background refresh, begun by some read of the key under way: it is taken to be in
+    flight from the earliest read still under way when the last operation ending the
+    entry before it began."""
+
+    def __init__(self, reads: list[Record], ends: _Ends) -> None:
+        by_thread: dict[tuple[str, str], list[Record]] = defaultdict(list)
+        for read in reads:
+            by_thread[(read.process, read.thread)].append(read)
+        self.reads = {thread: sorted(found, key=lambda read: read.invoked) for thread, found in by_thread.items()}
+        self.starts = {thread: [read.invoked for read in found] for thread, found in self.reads.items()}
+        self.all = sorted(reads, key=lambda read: read.invoked)
+        self.all_starts = [read.invoked for read in self.all]
+        self.longest = max(((read.completed or read.invoked) - read.invoked for read in reads), default=0)
+        self.ends = ends
+
+    def began(self, load: Record) -> int:
+        thread = (load.process, load.thread)
+        index = bisect.bisect_right(self.starts.get(thread, []), load.invoked) - 1
+        if index >= 0:
+            read = self.reads[thread][index]
+            if (read.completed or 0) >= (load.completed or 0):
+                return read.invoked
+        boundary = self.ends.last_begun(load.invoked)
+        if boundary is None:
+            return load.invoked
+        earliest = load.invoked
+        index = bisect.bisect_right(self.all_starts, load.invoked) - 1
+        while index >= 0 and self.all[index].invoked >= boundary - self.longest:
+            if (self.all[index].completed or 0) >= boundary:
+                earliest = self.all[index].invoked
+            index -= 1
+        return earliest
+
+
+def _explained(first: Record, second: Record, callers: _Callers, ends: _Ends, ttl: float | None) -> bool:
+    """Whether ``second`` may load an entry ``first`` already loaded: the entry lived its
+    ``ttl`` out, or an operation that ends it overlaps the span from the earlier of the
+    two loads' calls to the later load: a load in flight then was voided."""
     if ttl is not None and second.invoked - first.completed > ttl * 1e9:  # type: ignore[operator]
         return True
-    return ends.overlap(first.invoked, second.invoked)
+    return ends.overlap(min(callers.began(first), callers.began(second)), second.invoked)
 
 
 __all__ = ["History", "Operation", "Record", "Recorder", "Report", "Violation"]

@@ -17,7 +17,6 @@ CI runs the short form (6 s). ``-s`` prints the figures.
 
 from __future__ import annotations
 
-import bisect
 import functools
 import os
 import random
@@ -33,7 +32,7 @@ import pytest
 import redis
 
 from stampede import BackendUnavailable, Stampede
-from stampede.testing import FaultProxy
+from stampede.testing import FaultProxy, History, Recorder
 
 from ..promises.test_processes import Workers
 from ..scenarios import NETWORK_FAULTS, disturb
@@ -43,12 +42,14 @@ WORKER = str(Path(__file__).parent.parent.joinpath("stress_worker.py"))
 PROCESSES, THREADS, KEYS = 3, 6, 30
 GROUPS = 5  # tag mode: key k is tagged group:<k % 5>
 CALL_BOUND = 5.0  # seconds: a pause lasts at most 0.9 s, wait_timeout is 10
+TTL = 1.0  # the workers' (stress_worker.py), jitter 0.1
+AFTERMATH = 1_000_000_000  # ns after a fault in which it may still cost a load: a lease, a cooldown
 
 
 @pytest.mark.parametrize(("near", "tags"), [(False, False), (True, False), (True, True)],
                          ids=["", "near-cache", "tags-near-cache"])  # fmt: skip
 def test_no_stale_value_after_an_invalidation_across_processes_under_faults(
-    redis_url: str, redis_client: redis.Redis, figures: Callable[..., None], near: bool, tags: bool
+    redis_url: str, redis_client: redis.Redis, figures: Callable[..., None], near: bool, tags: bool, tmp_path: Path
 ) -> None:
     """With ``near``, every worker serves from its near cache too: its stream is cut,
     slowed and stalled with the rest of its network, and a paused worker is paused far
@@ -56,8 +57,8 @@ def test_no_stale_value_after_an_invalidation_across_processes_under_faults(
     four workers, and the writer invalidates a group of keys by its tag."""
     port = redis_client.connection_pool.connection_kwargs["port"]
     processes_ = PROCESSES + 1 if tags else PROCESSES
-    # per key, or in tag mode per group: when each invalidation completed, for which version
-    completed: dict[int, list[tuple[float, int]]] = {key: [] for key in range(GROUPS if tags else KEYS)}
+    writer_history = Recorder("writer")
+    faulted: list[tuple[int, int]] = []  # when each fault lasted, and its aftermath
     counts: dict[str, Any] = {"faults": 0, "pauses": 0, "invalidations": 0, "refused": 0}
     workers = Workers()
     stop = threading.Event()
@@ -80,6 +81,8 @@ def test_no_stale_value_after_an_invalidation_across_processes_under_faults(
                 str(KEYS),
                 "--seed",
                 str(index),
+                "--history",
+                str(tmp_path / f"worker{index}.json"),
                 *(["--near"] if near else []),
                 *(["--groups", str(GROUPS)] if tags else []),
                 script=WORKER,
@@ -93,14 +96,18 @@ def test_no_stale_value_after_an_invalidation_across_processes_under_faults(
         def write() -> None:
             rng = random.Random(5)
             while not stop.wait(rng.uniform(0.005, 0.03)):
-                key = rng.randrange(len(completed))
-                version = int(redis_client.incr(f"db:group:{key}" if tags else f"db:{key}"))
+                key = rng.randrange(GROUPS if tags else KEYS)
+                keys = [each for each in range(KEYS) if each % GROUPS == key] if tags else [key]
+                with writer_history.op("write", *keys) as op:
+                    version = int(redis_client.incr(f"db:group:{key}" if tags else f"db:{key}"))
+                    for each in keys:
+                        op.saw(version, key=each)
                 try:
-                    invalidate(group=key) if tags else invalidate(key)
+                    with writer_history.op("invalidate", *keys, version=dict.fromkeys(keys, version)):
+                        invalidate(group=key) if tags else invalidate(key)
                 except BackendUnavailable:
-                    counts["refused"] += 1  # not completed: it promises nothing
+                    counts["refused"] += 1  # not completed: it promises nothing (recorded as raised)
                     continue
-                completed[key].append((time.monotonic(), version))
                 counts["invalidations"] += 1
 
         def chaos() -> None:
@@ -110,6 +117,7 @@ def test_no_stale_value_after_an_invalidation_across_processes_under_faults(
                 proxy, process = proxies[victim], processes[victim]
                 fault = rng.choice([*NETWORK_FAULTS, "pause"])
                 counts["faults"] += 1
+                began = time.monotonic_ns()
                 if fault == "pause":
                     counts["pauses"] += 1
                     process.send_signal(signal.SIGSTOP)
@@ -117,6 +125,7 @@ def test_no_stale_value_after_an_invalidation_across_processes_under_faults(
                     process.send_signal(signal.SIGCONT)
                 else:
                     disturb(proxy, fault, 0.3, rng, stop)  # 0.3 s: past the workers' socket timeout
+                faulted.append((began, time.monotonic_ns() + AFTERMATH))
 
         threads = [threading.Thread(target=write), threading.Thread(target=chaos)]
         for thread in threads:
@@ -131,22 +140,19 @@ def test_no_stale_value_after_an_invalidation_across_processes_under_faults(
             proxy.delay = 0.0
         results = [workers.result(process, timeout=60) for process in processes]
 
-    stale = []
-    for result in results:
-        for key, started, version in result["calls"]:
-            done = completed[key % GROUPS if tags else key]
-            before = bisect.bisect_left(done, (started, -1))  # invalidations completed before the call
-            floor = max((v for _, v in done[:before]), default=0)
-            if version < floor:
-                stale.append((key, started, version, floor))
-    calls = sum(len(result["calls"]) for result in results)
+    history = History.load(*(tmp_path / f"worker{index}.json" for index in range(processes_)))
+    history.extend(writer_history)
+    # A fault may cost extra loads (a paused holder's lease lapses, an unreachable server
+    # is read around): counted apart within its span. Every other promise holds throughout.
+    report = history.check(ttl=TTL * 0.9, wait_bound=CALL_BOUND, weakened=faulted)
+    calls = report.reads
     counts.update(
         calls=calls,
-        stale=len(stale),
+        violations=report.counts(),
+        extra_loads_in_faults=len(report.weakened),
         hung=sum(result["hung"] for result in results),
-        wrong=sum(len(result["wrong"]) for result in results),
         loads=sum(result["loads"] for result in results),
-        slowest=round(max(result["slowest"] for result in results), 3),
+        slowest=round(report.slowest_call, 3),
         wait_timeouts=sum(result["stats"]["wait_timeouts"] for result in results),
         near_hits=sum(result["stats"]["near_hits"] for result in results),
         near_lease_lapses=sum(result["stats"]["near_lease_lapses"] for result in results),
@@ -161,11 +167,11 @@ def test_no_stale_value_after_an_invalidation_across_processes_under_faults(
         deadline=CALL_BOUND,
         loads=counts["loads"],
         bound=f"< calls/2 ({calls} calls)",
-        exceptions=f"none; stale values {len(stale)} after {counts['invalidations']} invalidations",
+        exceptions=f"none; violations {report.counts()} after {counts['invalidations']} invalidations "
+        f"(stampede.testing.History: {report.operations} operations)",
     )
-    assert stale == [], stale[:10]
-    assert counts["hung"] == 0 and counts["wrong"] == 0, counts
-    assert counts["slowest"] < CALL_BOUND, counts
+    assert report.ok, str(report)
+    assert counts["hung"] == 0, counts
     assert counts["wait_timeouts"] == 0, counts
     assert calls > 1000 and counts["invalidations"] > 50 and counts["faults"] > 3, counts
     assert counts["loads"] < calls / 2, counts  # the cache still collapsed the load
