@@ -165,10 +165,15 @@ class Violation:
     key: Any
     why: str
     records: list[Record]
+    nearby: list[Record] = field(default_factory=list)
+    """The key's other operations around these, in the order they began."""
 
     def describe(self, start: int) -> str:
         lines = [f"{self.rule} on {self.key!r}: {self.why}"]
         lines += [f"    {record.describe(start)}" for record in self.records]
+        if self.nearby:
+            lines.append("  around them:")
+            lines += [f"    {record.describe(start)}" for record in self.nearby]
         return "\n".join(lines)
 
 
@@ -249,12 +254,27 @@ class History:
         report = Report(start, len({(r.process, r.op) for r in self.records}), 0, 0, 0, 0, 0.0)
         spans = sorted(weakened)
         for key, records in by_key.items():
+            records.sort(key=lambda record: record.invoked)
             for violation in _check_key(key, records, report, ttl, stale_window, wait_bound):
+                violation.nearby = _nearby(records, violation.records)
                 last = max(violation.records, key=lambda record: record.invoked).invoked
                 apart = violation.rule in weakens and _within(spans, last)
                 (report.weakened if apart else report.violations).append(violation)
         report.violations.sort(key=lambda violation: max(record.invoked for record in violation.records))
         return report
+
+
+def _nearby(records: list[Record], involved: list[Record], most: int = 12) -> list[Record]:
+    """The operations of ``records`` (sorted by invocation) under way between the first of
+    ``involved`` beginning and the last ending, the closest ``most``."""
+    first = min(record.invoked for record in involved)
+    last = max(record.completed or record.invoked for record in involved)
+    found = [
+        record
+        for record in records
+        if record not in involved and record.invoked <= last and (record.completed or last) >= first
+    ]
+    return found[-most:]
 
 
 def _within(spans: list[tuple[int, int]], moment: int) -> bool:
@@ -328,7 +348,12 @@ def _check_key(
         if read.version < required and by is not None:
             why = f"version {read.version} served {stale_window} s past the expire made for version {required}"
             yield Violation("stale window", key, why, [by, read])
-    yield from _check_loads(key, kinds, report, ttl)
+    served_stale = [
+        read.invoked
+        for read in kinds["read"]
+        if read.outcome == "ok" and read.version is not None and read.version < written.by(read.invoked)[0]
+    ]
+    yield from _check_loads(key, kinds, report, ttl, sorted(served_stale))
 
 
 def _running_max(versions: Iterable[int | None]) -> Iterator[int]:
@@ -338,11 +363,13 @@ def _running_max(versions: Iterable[int | None]) -> Iterator[int]:
         yield best
 
 
-def _check_loads(key: Any, kinds: Mapping[str, list[Record]], report: Report, ttl: float | None) -> Iterator[Violation]:
+def _check_loads(
+    key: Any, kinds: Mapping[str, list[Record]], report: Report, ttl: float | None, served_stale: list[int]
+) -> Iterator[Violation]:
     loads = sorted(kinds["load"], key=lambda record: record.invoked)
     boundaries = sorted((r for kind in BOUNDARIES for r in kinds[kind]), key=lambda record: record.invoked)
     ends = _Ends(boundaries)
-    began = _Callers(kinds["read"], ends)
+    began = _Callers(kinds["read"], ends, served_stale)
     report.loads += sum(1 for load in loads if load.outcome == "ok")
     previous: Record | None = None
     epoch_loads = 0
@@ -385,11 +412,12 @@ class _Callers:
     lease, which may come before the loader runs, and an invalidation in between voids
     it. A load in a thread of calls ran for the read of its key that encloses it (a
     thread's calls follow one another). A load no call of its thread encloses is a
-    background refresh, begun by some read of the key under way: it is taken to be in
-    flight from the earliest read still under way when the last operation ending the
-    entry before it began."""
+    background refresh, asked for by a read of the key: it is taken to be in flight from
+    the last read served a stale value before it (a refresh may wait for a worker), or
+    the earliest read still under way when the last operation ending the entry before it
+    began, whichever is earlier."""
 
-    def __init__(self, reads: list[Record], ends: _Ends) -> None:
+    def __init__(self, reads: list[Record], ends: _Ends, served_stale: list[int]) -> None:
         by_thread: dict[tuple[str, str], list[Record]] = defaultdict(list)
         for read in reads:
             by_thread[(read.process, read.thread)].append(read)
@@ -399,6 +427,7 @@ class _Callers:
         self.all_starts = [read.invoked for read in self.all]
         self.longest = max(((read.completed or read.invoked) - read.invoked for read in reads), default=0)
         self.ends = ends
+        self.served_stale = served_stale
 
     def began(self, load: Record) -> int:
         thread = (load.process, load.thread)
@@ -407,14 +436,17 @@ class _Callers:
             read = self.reads[thread][index]
             if (read.completed or 0) >= (load.completed or 0):
                 return read.invoked
+        earliest = load.invoked
+        index = bisect.bisect_right(self.served_stale, load.invoked) - 1
+        if index >= 0:  # the last call served a stale value before it: that call asked for a refresh
+            earliest = self.served_stale[index]
         boundary = self.ends.last_begun(load.invoked)
         if boundary is None:
-            return load.invoked
-        earliest = load.invoked
+            return earliest
         index = bisect.bisect_right(self.all_starts, load.invoked) - 1
         while index >= 0 and self.all[index].invoked >= boundary - self.longest:
             if (self.all[index].completed or 0) >= boundary:
-                earliest = self.all[index].invoked
+                earliest = min(earliest, self.all[index].invoked)
             index -= 1
         return earliest
 

@@ -106,6 +106,22 @@ def test_a_load_is_in_flight_from_its_calls_start_and_an_invalidation_then_voids
     assert check(*after).counts() == {"extra load": 1}
 
 
+def test_a_refresh_is_in_flight_from_the_stale_read_that_asked_for_it() -> None:
+    """A background refresh, asked for by a call served a stale value, may wait for a
+    worker: an invalidation meanwhile voids it, and the next caller loads again."""
+    records = [
+        record("write", "k", 2, 0, 1),
+        record("read", "k", 1, 4, 5, thread="s"),  # served stale (within its window): a refresh asked for
+        record("invalidate", "k", 2, 6, 7, thread="w"),
+        record("load", "k", 2, 10, 11, thread="refresh"),
+        record("read", "k", 2, 8, 20, thread="b"),
+        record("load", "k", 2, 12, 13, thread="b"),
+    ]
+    assert check(*records, stale_window=1.0).ok
+    fresh = [r._replace(version=2) if r.thread == "s" else r for r in records]
+    assert check(*fresh, stale_window=1.0).counts() == {"extra load": 1}  # nobody asked for a refresh before
+
+
 def test_slow_calls_and_weakened_spans_are_told_apart() -> None:
     report = check(record("read", "k", None, 0, 50), wait_bound=0.01)
     assert report.counts() == {"slow": 1} and report.slowest_call == pytest.approx(0.05)
