@@ -20,7 +20,7 @@ from .history import History, Operation, Record, Recorder, Report, Violation
 from .servers import RedisServer, find_server_binary, free_port, server_url
 from .services import PostgresServer, ZooKeeperServer, find_postgres, find_zookeeper
 from .topologies import ClusterServers, SentinelServers
-from .workload import Mix, Rows, Subject, layer_subject, run_workload
+from .workload import Mix, Rows, Subject, arun_workload, layer_subject, run_workload
 
 __all__ = [
     # servers
@@ -49,6 +49,7 @@ __all__ = [
     "Rows",
     "Subject",
     "Violation",
+    "arun_workload",
     "layer_subject",
     "run_workload",
 ]

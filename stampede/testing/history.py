@@ -38,6 +38,7 @@ runs. A row that does not exist yet is version 0.
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import os
 import threading
@@ -147,13 +148,23 @@ class Operation:
     ) -> None:
         completed = time.monotonic_ns()
         outcome = "ok" if kind is None else kind.__name__
-        thread = threading.current_thread().name
+        thread = _caller_name()
         recorder = self._recorder
         recorder._add(
             Record(self._kind, key, self._versions.get(key), self._sources.get(key), self._invoked, completed,
                    outcome, recorder.process, thread, self._number)
             for key in self._keys
         )  # fmt: skip
+
+
+def _caller_name() -> str:
+    """The task's name in an event loop, else the thread's: one caller's operations follow
+    one another."""
+    if asyncio._get_running_loop() is not None:
+        task = asyncio.current_task()
+        if task is not None:
+            return task.get_name()
+    return threading.current_thread().name
 
 
 @dataclass
