@@ -316,6 +316,15 @@ def test_the_instruction_count_short_form_counts_both_hits() -> None:
 
 
 @pytest.mark.timeout(120)
+def test_the_history_checks_short_form_finds_no_violation() -> None:
+    """``loadtest/check_histories.py --quick``: every profile ran its operations, with
+    loads, and no violation (the script exits 1 on one, which ``short_form`` fails)."""
+    figures = short_form("check_histories.py", 110)
+    assert len(figures) == 6
+    assert all(row["operations"] == 2000 and row["loads"] > 0 and row["violations"] == {} for row in figures.values())
+
+
+@pytest.mark.timeout(120)
 def test_the_http_benchmark_collapses_the_cold_burst_in_its_short_form() -> None:
     figures = short_form("bench_http.py", 110)
     pages = figures["pages"]

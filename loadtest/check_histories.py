@@ -1,0 +1,134 @@
+"""Generated workloads over every backend family, each history checked against the
+promises (``stampede.testing.History``): one line per profile.
+
+    python loadtest/check_histories.py                      # 10^6 operations in all
+    python loadtest/check_histories.py --quick              # a short form (CI)
+    python loadtest/check_histories.py --operations 200000  # per profile
+
+A profile is a backend (one Redis server, Redlock over three, a 3-primary Cluster, a
+Sentinel set's master, PostgreSQL if installed), a way of calling (eight threads, or 32
+tasks of one event loop) and settings (plain, the near cache, a stale window). Each runs
+reads of one and of many keys, updates, sets and expiries over four keys that collide,
+with a database query of a millisecond, in rounds of ``--round`` operations (a layer and
+a namespace each), until its share of operations is done. Every server is started here
+on 127.0.0.1 and stopped by its PID. The line says: operations, violations (by rule),
+loads, most loads of one entry, slowest call; the last line printed is every figure as
+JSON. The exit status is 1 if any violation was found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+import uuid
+from collections import Counter
+from contextlib import ExitStack
+from typing import Any
+
+from stampede import ConfigError, Redlock, Stampede
+from stampede.testing import (
+    ClusterServers,
+    History,
+    PostgresServer,
+    Recorder,
+    RedisServer,
+    Report,
+    Rows,
+    SentinelServers,
+    arun_workload,
+    find_postgres,
+    layer_subject,
+    run_workload,
+)
+
+SETTINGS = {"plain": {}, "near cache": {"near_cache": True}, "stale window": {"stale_while_revalidate": 60.0}}
+
+
+def run_round(url: str, options: dict[str, Any], asynchronous: bool, operations: int, seed: int) -> Report:
+    recorder = Recorder()
+    rows = Rows(recorder, delay=0.001)
+    layer = Stampede.from_url(url, namespace=f"h{uuid.uuid4().hex[:8]}", ttl=300, wait_timeout=5, **options)
+    try:
+        subject = layer_subject(layer, rows, asynchronous=asynchronous)
+        if asynchronous:
+            asyncio.run(arun_workload(subject, recorder, keys=4, tasks=32, operations=operations, seed=seed))
+        else:
+            run_workload(subject, recorder, keys=4, threads=8, operations=operations, seed=seed)
+    finally:
+        layer.close()
+    failed = [r for r in recorder.records if r.outcome not in ("ok", "CancelledError")]
+    assert not failed, failed[:3]  # no operation may raise: the servers are healthy
+    stale_window = options.get("stale_while_revalidate", 0.0)
+    return History.of(recorder).check(stale_window=stale_window, wait_bound=5.0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--operations", type=int, default=0, help="per profile (default: 10^6 in all)")
+    parser.add_argument("--round", type=int, default=2000, help="operations per layer")
+    parser.add_argument("--quick", action="store_true", help="a short form (CI)")
+    options = parser.parse_args()
+    figures: dict[str, Any] = {}
+    with ExitStack() as stack:
+        backends: dict[str, tuple[str, dict[str, Any]]] = {}
+        one = stack.enter_context(RedisServer())
+        backends["redis"] = (one.url, {})
+        if not options.quick:
+            two, three = stack.enter_context(RedisServer()), stack.enter_context(RedisServer())
+            redlock = Redlock([one.url, two.url, three.url], socket_timeout=2.0)
+            stack.callback(redlock.close)
+            backends["redlock"] = (one.url, {"redlock": redlock})
+            backends["cluster"] = (stack.enter_context(ClusterServers(3)).url, {"cluster": True})
+            backends["sentinel"] = (stack.enter_context(SentinelServers()).url, {})
+            if find_postgres() is not None:
+                backends["postgres"] = (stack.enter_context(PostgresServer()).url, {})
+        profiles = [
+            (backend, way, setting)
+            for backend in backends
+            for way in ("threads", "asyncio")
+            for setting in SETTINGS
+            if not (setting == "near cache" and backend in ("cluster", "postgres"))  # refused there
+        ]
+        share = options.operations or (2000 if options.quick else -(-1_000_000 // len(profiles)))
+        print(f"{len(profiles)} profiles, {share} operations each, rounds of {options.round}")
+        for backend, way, setting in profiles:
+            url, fixed = backends[backend]
+            started = time.monotonic()
+            counts: Counter[str] = Counter()
+            totals = {"operations": 0, "reads": 0, "loads": 0, "most_loads_per_epoch": 0, "slowest_ms": 0.0}
+            shown: list[str] = []
+            seed = 0
+            while totals["operations"] < share:
+                size = min(options.round, share - totals["operations"])
+                try:
+                    report = run_round(url, {**fixed, **SETTINGS[setting]}, way == "asyncio", size, seed)
+                except ConfigError as error:
+                    print(f"   {backend} {way} {setting}: refused ({error})")
+                    break
+                seed += 1
+                totals["operations"] += size
+                totals["reads"] += report.reads
+                totals["loads"] += report.loads
+                totals["most_loads_per_epoch"] = max(totals["most_loads_per_epoch"], report.most_loads_per_epoch)
+                totals["slowest_ms"] = max(totals["slowest_ms"], round(report.slowest_call * 1000, 1))
+                counts.update(report.counts())
+                if not report.ok and len(shown) < 3:
+                    shown.append(str(report))
+            name = f"{backend} {way} {setting}"
+            took = time.monotonic() - started
+            print(f"   {name:<30} {totals['operations']:>8} operations  violations {dict(counts) or 0}  "
+                  f"loads {totals['loads']:>6}  most per entry {totals['most_loads_per_epoch']}  "
+                  f"slowest {totals['slowest_ms']:.1f} ms  ({took:.0f} s)", flush=True)  # fmt: skip
+            for text in shown:
+                print("      " + text.replace("\n", "\n      "))
+            figures[name] = {**totals, "violations": dict(counts)}
+    print(json.dumps(figures))
+    if any(profile["violations"] for profile in figures.values()):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
