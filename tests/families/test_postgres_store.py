@@ -18,7 +18,8 @@ def test_a_write_postgresql_aborts_to_break_a_deadlock_is_run_again(
     make_postgres_layer: Callable[..., Stampede], postgres_url: str
 ) -> None:
     """The history checker saw a write lost, once in about 100,000 calls under load, to a
-    deadlock PostgreSQL broke by aborting it. Here one is made on purpose: another
+    deadlock with a ``set`` (another caller took the lease between its two statements)
+    that PostgreSQL broke by aborting the write. Here one is made on purpose: another
     session inserts the entry's row (uncommitted) and then waits for the lease row the
     write has deleted. The write, waiting longer, is the one aborted; it runs again once
     the other session is gone, and writes."""

@@ -95,8 +95,9 @@ class AsyncPostgresStore(AsyncOneByOne):
     ) -> psycopg.AsyncCursor[Any]:
         """Run one statement on its own (autocommit). A deadlock, which PostgreSQL breaks by
         aborting one of the statements in it, is run again: each statement is one function
-        call that commits whole or not at all. A write racing a lease's taker deadlocked
-        about once in 100,000 calls under load (the history checker saw the lost write)."""
+        call that commits whole or not at all. A write deadlocked with a ``set`` (whose
+        ``seize`` is two statements: another caller can take the lease between them)
+        about once in 100,000 calls under load; the history checker saw the lost write."""
         for attempt in range(DEADLOCK_TRIES):
             try:
                 return await connection.execute(statement.query, statement.params)
