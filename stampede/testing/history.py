@@ -263,7 +263,7 @@ class History:
         for record in done:
             by_key[record.key].append(record)
         report = Report(start, len({(r.process, r.op) for r in self.records}), 0, 0, 0, 0, 0.0)
-        spans = sorted(weakened)
+        spans = _merged(weakened)
         for key, records in by_key.items():
             records.sort(key=lambda record: record.invoked)
             for violation in _check_key(key, records, report, ttl, stale_window, wait_bound):
@@ -288,7 +288,19 @@ def _nearby(records: list[Record], involved: list[Record], most: int = 12) -> li
     return found[-most:]
 
 
+def _merged(spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``spans`` sorted, overlapping ones joined: each moment is in at most one."""
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
 def _within(spans: list[tuple[int, int]], moment: int) -> bool:
+    """Whether ``moment`` is in one of ``spans`` (merged)."""
     index = bisect.bisect_right(spans, (moment, 1 << 63)) - 1
     return index >= 0 and spans[index][0] <= moment <= spans[index][1]
 

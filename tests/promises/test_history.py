@@ -139,6 +139,11 @@ def test_slow_calls_and_weakened_spans_are_told_apart() -> None:
     loads = [record("load", "k", 0, 0, 1), record("load", "k", 0, 5, 6)]
     weakened = check(*loads, weakened=[(4 * MS, 10 * MS)])
     assert weakened.ok and len(weakened.weakened) == 1
+    nested = check(*loads, weakened=[(1 * MS, 30 * MS), (2 * MS, 3 * MS)])  # a long span holding a short one
+    assert nested.ok and len(nested.weakened) == 1
+    stale = check(record("write", "k", 2, 0, 1), record("invalidate", "k", 2, 1, 2), record("read", "k", 1, 5, 6),
+                  weakened=[(4 * MS, 10 * MS)])  # fmt: skip
+    assert stale.counts() == {"stale": 1}  # a span weakens only the rules it is given (extra loads)
 
 
 def test_an_operation_that_never_returned_is_not_checked() -> None:
