@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import itertools
 import os
 import threading
 import time
@@ -96,8 +97,7 @@ class Recorder:
     def __init__(self, process: str | None = None) -> None:
         self.process = process or str(os.getpid())
         self.records: list[Record] = []
-        self._numbers = iter(range(1 << 62)).__next__  # atomic under the GIL
-        self._lock = threading.Lock()
+        self._numbers = itertools.count().__next__  # atomic under the GIL
 
     def op(self, kind: str, *keys: Any, version: int | Mapping[Any, int] | None = None) -> Operation:
         if kind not in KINDS:
@@ -329,6 +329,7 @@ class _Newest:
 def _check_key(
     key: Any, records: list[Record], report: Report, ttl: float | None, stale_window: float, wait_bound: float | None
 ) -> Iterator[Violation]:
+    """The violations of one key's ``records``, sorted by invocation (so is each kind's list)."""
     kinds: dict[str, list[Record]] = defaultdict(list)
     for record in records:
         kinds[record.kind].append(record)
@@ -346,6 +347,7 @@ def _check_key(
     hard = _Newest((r for kind in HARD for r in kinds[kind] if r.outcome == "ok"), made_for)
     soft = _Newest((r for r in kinds["expire"] if r.outcome == "ok"), made_for)
     window = stale_window * 1e9
+    served_stale: list[int] = []  # when each read served an older version than the database had began
     for read in kinds["read"]:
         if read.outcome != "ok":
             continue
@@ -356,6 +358,8 @@ def _check_key(
             yield Violation("slow", key, f"the call took {took:.3f} s, more than {wait_bound} s", [read])
         if read.version is None:
             continue
+        if read.version < written.by(read.invoked)[0]:
+            served_stale.append(read.invoked)
         if read.source is not None and read.source != key:
             yield Violation("wrong key", key, f"the value came from {read.source!r}", [read])
         index = bisect.bisect_left(began, read.completed + 1) - 1  # type: ignore[operator]
@@ -371,12 +375,7 @@ def _check_key(
         if read.version < required and by is not None:
             why = f"version {read.version} served {stale_window} s past the expire made for version {required}"
             yield Violation("stale window", key, why, [by, read])
-    served_stale = [
-        read.invoked
-        for read in kinds["read"]
-        if read.outcome == "ok" and read.version is not None and read.version < written.by(read.invoked)[0]
-    ]
-    yield from _check_loads(key, kinds, report, ttl, sorted(served_stale))
+    yield from _check_loads(key, kinds, report, ttl, served_stale)
 
 
 def _running_max(versions: Iterable[int | None]) -> Iterator[int]:
@@ -389,10 +388,10 @@ def _running_max(versions: Iterable[int | None]) -> Iterator[int]:
 def _check_loads(
     key: Any, kinds: Mapping[str, list[Record]], report: Report, ttl: float | None, served_stale: list[int]
 ) -> Iterator[Violation]:
-    loads = sorted(kinds["load"], key=lambda record: record.invoked)
+    loads = kinds["load"]
     boundaries = sorted((r for kind in BOUNDARIES for r in kinds[kind]), key=lambda record: record.invoked)
     ends = _Ends(boundaries)
-    began = _Callers(kinds["read"], ends, served_stale)
+    callers = _Callers(kinds["read"], ends, served_stale)
     report.loads += sum(1 for load in loads if load.outcome == "ok")
     previous: Record | None = None
     epoch_loads = 0
@@ -400,7 +399,7 @@ def _check_loads(
         if load.outcome != "ok":
             previous = None  # a failed load leaves the entry unwritten: the next one is due
             continue
-        if previous is None or _explained(previous, load, began, ends, ttl):
+        if previous is None or _explained(previous, load, callers, ends, ttl):
             report.epochs += 1
             epoch_loads = 1
         else:
@@ -441,13 +440,13 @@ class _Callers:
     began, whichever is earlier."""
 
     def __init__(self, reads: list[Record], ends: _Ends, served_stale: list[int]) -> None:
-        by_thread: dict[tuple[str, str], list[Record]] = defaultdict(list)
+        """``reads`` and ``served_stale`` sorted by invocation."""
+        self.reads: dict[tuple[str, str], list[Record]] = defaultdict(list)
         for read in reads:
-            by_thread[(read.process, read.thread)].append(read)
-        self.reads = {thread: sorted(found, key=lambda read: read.invoked) for thread, found in by_thread.items()}
+            self.reads[(read.process, read.thread)].append(read)
         self.starts = {thread: [read.invoked for read in found] for thread, found in self.reads.items()}
-        self.all = sorted(reads, key=lambda read: read.invoked)
-        self.all_starts = [read.invoked for read in self.all]
+        self.all = reads
+        self.all_starts = [read.invoked for read in reads]
         self.longest = max(((read.completed or read.invoked) - read.invoked for read in reads), default=0)
         self.ends = ends
         self.served_stale = served_stale

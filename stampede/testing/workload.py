@@ -142,12 +142,15 @@ class Mix:
 
 class _Plan:
     """What the callers of one run share: the operations left, the deadline, and a lock
-    per key, so that a row's writes do not race each other (a database serializes them:
-    a write and its invalidation, or set, run under the key's lock; two writers setting
-    one entry could leave the older value last, which no cache can know)."""
+    per key (``writing``: async context managers), so that a row's writes do not race
+    each other (a database serializes them: a write and its invalidation, or set, run
+    under the key's lock; two writers setting one entry could leave the older value last,
+    which no cache can know)."""
 
-    def __init__(self, subject: Subject, keys: int, operations: int, seconds: float | None, mix: Mix) -> None:
-        self.subject, self.keys, self.left = subject, keys, operations
+    def __init__(
+        self, subject: Subject, keys: int, operations: int, seconds: float | None, mix: Mix, writing: list[Any]
+    ) -> None:
+        self.subject, self.keys, self.operations, self.left = subject, keys, operations, operations
         weights = {name: getattr(mix, name) for name in ("read", "read_many", "update", "set", "expire")}
         for optional in ("read_many", "set", "expire"):
             if getattr(subject, optional) is None:
@@ -155,7 +158,7 @@ class _Plan:
         self.names, self.weights = list(weights), list(weights.values())
         self.deadline = None if seconds is None else time.monotonic() + seconds
         self.lock = threading.Lock()
-        self.writing = [threading.Lock() for _ in range(keys)]
+        self.writing = writing
         self.errors: list[BaseException] = []
 
     def take(self) -> bool:
@@ -165,9 +168,15 @@ class _Plan:
             self.left -= 1
             return True
 
+    def ran(self) -> int:
+        """How many operations ran; raises what stopped a caller, if anything did."""
+        if self.errors:
+            raise self.errors[0]
+        return self.operations - max(self.left, 0)
 
-async def _caller(plan: _Plan, recorder: Recorder, draw: random.Random, writes: Any) -> None:
-    """One caller's loop. ``writes(key)``: the context its key's writes run in."""
+
+async def _caller(plan: _Plan, recorder: Recorder, draw: random.Random) -> None:
+    """One caller's loop."""
     subject = plan.subject
     while plan.take():
         name = draw.choices(plan.names, plan.weights)[0]
@@ -186,11 +195,11 @@ async def _caller(plan: _Plan, recorder: Recorder, draw: random.Random, writes: 
                         if row is not None:
                             op.saw(row["version"], key=asked_key, source=row["key"])
             elif name == "expire":
-                async with writes(key), _entered(recorder.op("expire", key)):
+                async with plan.writing[key], _entered(recorder.op("expire", key)):
                     await _settled(subject.expire(key))  # type: ignore[misc]
             else:  # "update" (an invalidation) or "set"
                 kind, call = ("invalidate", subject.update) if name == "update" else ("set", subject.set)
-                async with writes(key), _entered(recorder.op(kind, key)) as op:
+                async with plan.writing[key], _entered(recorder.op(kind, key)) as op:
                     op.saw(await _settled(call(key)))  # type: ignore[misc]
         except Exception:  # recorded as the operation's outcome
             pass
@@ -200,7 +209,8 @@ async def _caller(plan: _Plan, recorder: Recorder, draw: random.Random, writes: 
 
 
 class _entered:
-    """A plain context manager used in ``async with`` (the caller's loop is a coroutine)."""
+    """A plain context manager used in ``async with`` (the caller's loop is a coroutine),
+    as often as it is entered."""
 
     def __init__(self, manager: Any) -> None:
         self.manager = manager
@@ -237,14 +247,11 @@ def run_workload(
     (or until ``seconds`` pass), each recorded; returns how many ran. An operation that
     raises is recorded with its exception's name and the run goes on. The subject's
     callables are plain, or ``async def`` ones that never wait (``layer_subject``'s)."""
-    plan = _Plan(subject, keys, operations, seconds, mix)
-
-    def writes(key: int) -> Any:
-        return _entered(plan.writing[key])
+    plan = _Plan(subject, keys, operations, seconds, mix, [_entered(threading.Lock()) for _ in range(keys)])
 
     def caller(number: int) -> None:
         try:
-            _drive(_caller(plan, recorder, random.Random(seed * 1000 + number), writes))
+            _drive(_caller(plan, recorder, random.Random(seed * 1000 + number)))
         except BaseException as error:
             plan.errors.append(error)
 
@@ -253,9 +260,7 @@ def run_workload(
         thread.start()
     for thread in started:
         thread.join()
-    if plan.errors:
-        raise plan.errors[0]
-    return operations - max(plan.left, 0)
+    return plan.ran()
 
 
 async def arun_workload(
@@ -271,20 +276,13 @@ async def arun_workload(
 ) -> int:
     """``run_workload`` in ``tasks`` tasks of the running event loop, for a subject of
     ``async`` callables (``layer_subject(..., asynchronous=True)``)."""
-    plan = _Plan(subject, keys, operations, seconds, mix)
-    locks = [asyncio.Lock() for _ in range(keys)]
-
-    def writes(key: int) -> asyncio.Lock:
-        return locks[key]
-
+    plan = _Plan(subject, keys, operations, seconds, mix, [asyncio.Lock() for _ in range(keys)])
     callers = [
-        asyncio.create_task(_caller(plan, recorder, random.Random(seed * 1000 + number), writes), name=f"t{number}")
+        asyncio.create_task(_caller(plan, recorder, random.Random(seed * 1000 + number)), name=f"t{number}")
         for number in range(tasks)
     ]
     await asyncio.gather(*callers)
-    if plan.errors:
-        raise plan.errors[0]
-    return operations - max(plan.left, 0)
+    return plan.ran()
 
 
 __all__ = ["Mix", "Rows", "Subject", "arun_workload", "layer_subject", "run_workload"]

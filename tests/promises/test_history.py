@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import orjson
 import pytest
 import redis
 
@@ -197,7 +198,6 @@ def plain(redis_client: redis.Redis) -> Iterator[redis.Redis]:
 def plain_cache(client: redis.Redis, rows: Rows, invalidate_first: bool = False) -> Subject:
     """A cache with no protection: GET, and on a miss a load and a SET. ``invalidate_first``:
     the application deletes the entry before its database write (which takes 2 ms)."""
-    import orjson
 
     def read(key: Any) -> dict[str, Any]:
         raw = client.get(f"plain:{key}")
