@@ -7,6 +7,7 @@ from ._core.config import Settings
 from ._core.msgspec_serializer import MsgspecSerializer
 from ._core.observer import COUNTERS, OUTCOMES, Observer
 from ._core.results import NOT_MODIFIED, Cached, Previous, previous
+from ._core.verify import verifying
 from ._errors import (
     BackendUnavailable,
     ConfigError,
@@ -43,6 +44,7 @@ __all__ = [  # grouped, not sorted
     "Observer",
     "COUNTERS",
     "OUTCOMES",
+    "verifying",
     # named locks
     "Lock",
     "Redlock",

@@ -311,6 +311,7 @@ class Stampede:
         *,
         serializer: Serializer | None = None,
         tags: Sequence[str] | None = None,
+        verify_equal: Callable[[Any, Any], bool] | None = None,
         **settings: Unpack[LoaderSettings],
     ) -> LoaderDecorator: ...
 
@@ -321,6 +322,7 @@ class Stampede:
         *,
         serializer: Serializer | None = None,
         tags: Sequence[str] | None = None,
+        verify_equal: Callable[[Any, Any], bool] | None = None,
         **settings: Unpack[LoaderSettings],
     ) -> Any:
         """Decorate a loader, plain or ``async def``, or a method (``self`` is not part of
@@ -330,15 +332,18 @@ class Stampede:
         function made inside another needs a template). Keyword settings override the
         layer's for this loader. ``@layer.cached_loader`` without parentheses works too.
         ``tags`` (``["category:{category_id}", "catalog"]``): templates over the key's
-        fields naming groups the entries belong to, for ``invalidate_tag``."""
+        fields naming groups the entries belong to, for ``invalidate_tag``.
+        ``verify_equal(served, loaded)``: whether two values are the same, for the
+        verifications of ``verify_sample`` (by default, their encodings are compared)."""
         loader_settings = self.settings.replace(stacklevel=4, **settings)
         self._check_near(loader_settings)
+        _check_comparator(verify_equal)
         codec = self._codec_for(serializer, loader_settings)
         if template is not None and not isinstance(template, str):
             if not callable(template):
                 raise ConfigError(f"a key template must be a str, got {template!r}")
             return LoaderDecorator(self, None, loader_settings, codec)(template)  # bare @cached_loader
-        return LoaderDecorator(self, template, loader_settings, codec, tags)
+        return LoaderDecorator(self, template, loader_settings, codec, tags, verify_equal)
 
     @_layer_method(MANY_LOADER_SETTING_NAMES)
     def cached_loader_many(
@@ -348,6 +353,7 @@ class Stampede:
         batch: str | None = None,
         serializer: Serializer | None = None,
         tags: Sequence[str] | None = None,
+        verify_equal: Callable[[Any, Any], bool] | None = None,
         **settings: Unpack[ManyLoaderSettings],
     ) -> ManyLoaderDecorator:
         """Decorate a loader of many ids, plain or ``async def``: it takes a collection of
@@ -360,6 +366,7 @@ class Stampede:
         (the id's too). Other settings as ``cached_loader``'s."""
         loader_settings = self.settings.replace(stacklevel=4, **settings)
         self._check_near(loader_settings)
+        _check_comparator(verify_equal)
         if loader_settings.load_timeout or loader_settings.load_soft_timeout:
             raise ConfigError(
                 "cached_loader_many does not bound its loads by load_timeout or load_soft_timeout yet: "
@@ -371,7 +378,7 @@ class Stampede:
                 f'cached_loader_many takes a key template naming one id\'s entry, e.g. "product:{{product_id}}", '
                 f"got {template!r}"
             )
-        return ManyLoaderDecorator(self, template, batch, loader_settings, codec, tags)
+        return ManyLoaderDecorator(self, template, batch, loader_settings, codec, tags, verify_equal)
 
     def _codec_for(self, serializer: Serializer | None, settings: Settings) -> Codec:
         """The layer's codec, or one of ``serializer``, under a loader's ``settings``."""
@@ -652,6 +659,7 @@ class Stampede:
         self._backend.close_services()
         if self._runner is not None:
             self._runner.refresher.close(REFRESH_CLOSE_TIMEOUT)
+            self._runner.verifier.close(REFRESH_CLOSE_TIMEOUT)
             self._runner.store.close()
         if self._async_runner is not None:
             self._async_runner.close()
@@ -691,12 +699,14 @@ class LoaderDecorator:
         settings: Settings,
         codec: Codec,
         tags: Sequence[str] | None = None,
+        verify_equal: Callable[[Any, Any], bool] | None = None,
     ) -> None:
         self._layer = layer
         self._template = template
         self._settings = settings
         self._codec = codec
         self._tags = tags
+        self._verify_equal = verify_equal
 
     @overload
     def __call__(self, func: Callable[P, Coroutine[Any, Any, R]]) -> AsyncCachedLoader[P, R]: ...  # type: ignore[overload-overlap]
@@ -726,7 +736,7 @@ class LoaderDecorator:
             tags = TagTemplates(func, self._tags, set(keys.fields), layer.namespace, self._settings.max_key_length)
         if keys.default_name is not None:
             layer._claim_name(keys.default_name, func)
-        spec = LoaderSpec(func, self._settings, codec, tags)
+        spec = LoaderSpec(func, self._settings, codec, tags, keys.template, self._verify_equal)
         if _is_async(func):
             if layer._async_runner is None:
                 raise ConfigError(
@@ -754,6 +764,7 @@ class ManyLoaderDecorator:
         settings: Settings,
         codec: Codec,
         tags: Sequence[str] | None = None,
+        verify_equal: Callable[[Any, Any], bool] | None = None,
     ) -> None:
         self._layer = layer
         self._template = template
@@ -761,6 +772,7 @@ class ManyLoaderDecorator:
         self._settings = settings
         self._codec = codec
         self._tags = tags
+        self._verify_equal = verify_equal
 
     def __call__(self, func: Callable[..., Any]) -> Any:
         layer = self._layer
@@ -781,7 +793,7 @@ class ManyLoaderDecorator:
         codec = self._codec
         if isinstance(codec.serializer, TypedSerializer):
             codec = codec.with_serializer(codec.serializer.for_type(_value_type(func)))
-        spec = LoaderSpec(func, self._settings, codec)
+        spec = LoaderSpec(func, self._settings, codec, None, keys.template, self._verify_equal)
         if _is_async(func):
             if layer._async_runner is None:
                 raise ConfigError(f"{func.__qualname__} is async, and this layer has no asyncio client")
@@ -789,6 +801,11 @@ class ManyLoaderDecorator:
         if layer._runner is None:
             raise ConfigError(f"{func.__qualname__} is not async, and this layer has only an asyncio client")
         return CachedManyLoader(spec, layer._runner, keys, layer._forget, static)
+
+
+def _check_comparator(verify_equal: object) -> None:
+    if verify_equal is not None and not callable(verify_equal):
+        raise ConfigError(f"verify_equal must be a function of two values returning a bool, got {verify_equal!r}")
 
 
 def refuse_generator(decorator: str, func: Callable[..., Any]) -> None:
@@ -887,6 +904,7 @@ def cached_loader(
     *,
     serializer: Serializer | None = None,
     tags: Sequence[str] | None = None,
+    verify_equal: Callable[[Any, Any], bool] | None = None,
     **settings: Unpack[LoaderSettings],
 ) -> LoaderDecorator: ...
 
@@ -896,11 +914,12 @@ def cached_loader(
     *,
     serializer: Serializer | None = None,
     tags: Sequence[str] | None = None,
+    verify_equal: Callable[[Any, Any], bool] | None = None,
     **settings: Unpack[LoaderSettings],
 ) -> Any:
     """``Stampede.cached_loader`` on the default layer (see ``default_layer``)."""
     given: Any = template  # a template, or the loader itself (``@stampede.cached_loader``)
-    return default_layer().cached_loader(given, serializer=serializer, tags=tags, **settings)
+    return default_layer().cached_loader(given, serializer=serializer, tags=tags, verify_equal=verify_equal, **settings)
 
 
 def cached_loader_many(
@@ -909,7 +928,10 @@ def cached_loader_many(
     batch: str | None = None,
     serializer: Serializer | None = None,
     tags: Sequence[str] | None = None,
+    verify_equal: Callable[[Any, Any], bool] | None = None,
     **settings: Unpack[ManyLoaderSettings],
 ) -> ManyLoaderDecorator:
     """``Stampede.cached_loader_many`` on the default layer (see ``default_layer``)."""
-    return default_layer().cached_loader_many(template, batch=batch, serializer=serializer, tags=tags, **settings)
+    return default_layer().cached_loader_many(
+        template, batch=batch, serializer=serializer, tags=tags, verify_equal=verify_equal, **settings
+    )

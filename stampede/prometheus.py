@@ -10,9 +10,11 @@ One line per process, then every layer reports to it::
 Every ``stats()`` counter is a counter ``stampede_<name>_total``. Loads and waits are
 histograms ``stampede_load_seconds`` and ``stampede_wait_seconds``, and gauges
 ``stampede_loads_in_progress`` and ``stampede_waits_in_progress`` say how many run now.
-``stampede_breakers_open`` how many circuit breakers are open. Labels: ``namespace``
-(the layer's), and ``outcome`` on the histograms (``stampede.OUTCOMES``). Never a key,
-so the number of series stays bounded.
+``stampede_breakers_open`` how many circuit breakers are open. The verifications of
+``verify_sample`` are one counter, ``stampede_consistency_checks_total``, labelled by
+``result`` (match, mismatch, superseded, error, skipped). Labels: ``namespace`` (the
+layer's), and ``outcome`` on the histograms (``stampede.OUTCOMES``). Never a key, so the
+number of series stays bounded.
 
 Multiprocess (gunicorn workers, the prometheus-client way): set
 ``PROMETHEUS_MULTIPROC_DIR`` before prometheus_client is imported in each worker, expose
@@ -33,6 +35,7 @@ import threading
 from typing import Any
 
 from ._core.observer import COUNTERS, DESCRIPTIONS, MEASURES, Measure
+from ._core.verify import RESULT_OF
 from ._errors import ConfigError
 from ._fork import reset_after_fork
 
@@ -58,7 +61,15 @@ class PrometheusMetrics:
             self._counters = {
                 name: Counter(f"stampede_{name}", DESCRIPTIONS[name], ["namespace"], registry=registry)
                 for name in COUNTERS
+                if name not in RESULT_OF
             }
+            self._checks = Counter(
+                "stampede_consistency_checks",
+                "Verifications of sampled hits (verify_sample), by result: match, mismatch, superseded (the entry "
+                "changed meanwhile: no verdict), error, skipped",
+                ["namespace", "result"],
+                registry=registry,
+            )
             self._seconds = {
                 measure: Histogram(
                     f"stampede_{measure}_seconds",
@@ -101,7 +112,13 @@ class PrometheusMetrics:
         """prometheus_client guards each metric and each value with a lock of its own, and
         a parent's thread may have held one at the fork (every call reports): the child's
         first report would wait forever. Each metric here and its values get new ones."""
-        metrics = [*self._counters.values(), *self._seconds.values(), *self._in_progress.values(), self._breakers_open]
+        metrics = [
+            *self._counters.values(),
+            self._checks,
+            *self._seconds.values(),
+            *self._in_progress.values(),
+            self._breakers_open,
+        ]
         for metric in metrics:
             for part in (metric, *getattr(metric, "_metrics", {}).values()):
                 _new_locks(part)
@@ -109,7 +126,11 @@ class PrometheusMetrics:
     def count(self, namespace: str, event: str, n: int) -> None:
         child = self._counted.get((namespace, event))
         if child is None:
-            child = self._counted[namespace, event] = self._counters[event].labels(namespace)
+            result = RESULT_OF.get(event)
+            counter = (
+                self._counters[event].labels(namespace) if result is None else self._checks.labels(namespace, result)
+            )
+            child = self._counted[namespace, event] = counter
         child.inc(n)
         if event == "breaker_opened":
             self._breakers_open.labels(namespace).inc()

@@ -242,7 +242,7 @@ class Codec:
         if envelope[3] == _NULL:
             return None
         try:
-            return self.serializer.loads(self._plain_payload(envelope) if plain is None else plain)
+            return self.serializer.loads(self.payload_of(envelope) if plain is None else plain)
         except Exception as error:
             raise SerializationError(
                 f"the value loaded for {key!r} does not read back through the serializer "
@@ -306,7 +306,7 @@ class Codec:
         if kind != _VALUE and kind not in BY_KIND:
             return Decoded(Kind.CORRUPT, problem=f"unknown envelope kind {kind}")
         try:
-            payload = self._plain_payload(raw)
+            payload = self.payload_of(raw)
         except ValueError as error:
             return Decoded(Kind.CORRUPT, problem=f"a compressed payload that does not read ({error})")
         try:
@@ -315,7 +315,11 @@ class Codec:
             return Decoded(Kind.CORRUPT, problem=f"payload does not deserialize ({error})")
         return Decoded(Kind.VALUE, value, loaded_at, duration, stale_for)
 
-    def _plain_payload(self, raw: bytes) -> bytes:
+    def is_null(self, raw: bytes) -> bool:
+        """Whether the envelope ``raw`` is the null sentinel."""
+        return len(raw) > 3 and raw[3] == _NULL
+
+    def payload_of(self, raw: bytes) -> bytes:
         """The payload of the envelope ``raw``, expanded if compressed (``ValueError`` if
         that fails, or would pass ``max_value_bytes``)."""
         payload = raw[_header_size(raw) :]
@@ -330,7 +334,7 @@ class Codec:
         if raw[3] not in BY_KIND:
             return NOT_A_VALUE
         try:
-            return self.serializer.loads(self._plain_payload(raw))
+            return self.serializer.loads(self.payload_of(raw))
         except Exception:
             return NOT_A_VALUE
 
@@ -341,7 +345,7 @@ class Codec:
         if len(raw) <= _HEADER.size or raw[3] not in BY_KIND:
             return raw
         try:
-            payload = self._plain_payload(raw)
+            payload = self.payload_of(raw)
         except ValueError:
             return raw
         header = bytearray(raw[: _header_size(raw)])

@@ -90,6 +90,13 @@ class Settings:
     max_batch: int = 500
     """A many-key call asks the loader for at most this many ids at once, and the store for as many entries in
     one round trip; a larger request is split (under SQL's IN-list limits: Oracle's 1000, SQLite's old 999)."""
+    verify_sample: float = 0.0
+    """The fraction of hits (0 to 1) loaded again in the background and compared with the value served, counted
+    as consistency checks (docs/operating.md): a measure of how often the cache disagrees with the database. 0:
+    off; 0.001 verifies one hit in a thousand."""
+    verify_grace: float = 0.5
+    """A verification whose value differs waits this long for the entry to change (a writer's invalidation on its
+    way) before it counts a mismatch."""
     trace_keys: bool = False
     """Spans of calls (OpenTelemetry, once the application configures a tracer provider) carry the entry's key as
     stampede.key. Off by default: keys may hold user data, and an attribute of unbounded values (docs/operating.md)."""
@@ -121,6 +128,9 @@ class Settings:
             check_seconds(name, getattr(self, name), zero_allowed=True)
         check_seconds("stale_retry_interval", self.stale_retry_interval)
         check_seconds("near_ttl", self.near_ttl)
+        check_seconds("verify_grace", self.verify_grace, zero_allowed=True)
+        if not _is_number(self.verify_sample) or not 0 <= self.verify_sample <= 1:
+            raise ConfigError(f"verify_sample must be a fraction from 0 (off) to 1, got {self.verify_sample!r}")
         if self.load_soft_timeout and self.load_timeout and self.load_soft_timeout >= self.load_timeout:
             raise ConfigError(
                 f"load_soft_timeout ({self.load_soft_timeout}) must be shorter than load_timeout ({self.load_timeout})"
@@ -181,6 +191,8 @@ class LoaderSettings(TypedDict, total=False):
     cancel_on_timeout: bool
     compress_above: int
     compression: Compression
+    verify_sample: float
+    verify_grace: float
 
 
 class ManyLoaderSettings(LoaderSettings, total=False):

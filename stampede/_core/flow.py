@@ -81,6 +81,7 @@ from .observer import Reporter, Wait, log_extra
 from .results import NOT_MODIFIED, PASS_THROUGH_MS, Cached, Previous, Unkept, unwrapped
 from .store import AcquireReply, LockState, Written
 from .tags import TAGGED_LOAD_LIMIT, Tagged, Tagging, TagSet
+from .verify import Sample
 
 Flow = Decision[Any]
 
@@ -171,11 +172,14 @@ class LoaderSpec:
     settings: Settings
     codec: Codec
     tags: Tagging | None = None  # what the entries are tagged with (``_core.tags``)
+    name: str = ""  # the key template: what logs and traces name its entries by
+    verify_equal: Callable[[Any, Any], bool] | None = None  # the loader's comparator for verifications
     reads_ttl: bool = field(init=False)
     reads_failing: bool = field(init=False)
     near: bool = field(init=False)  # served from the near cache, when the layer has one
     near_shared: bool = field(init=False)  # its callers share one object
     own_copies: bool = field(init=False)  # each caller gets an object of its own, even a joiner
+    verify: Sample | None = field(init=False)  # which hits are verified (``_core.verify``), None: none
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "reads_ttl", self.settings.reads_ttl)
@@ -183,6 +187,7 @@ class LoaderSpec:
         object.__setattr__(self, "near", bool(self.settings.near_cache))
         object.__setattr__(self, "near_shared", self.settings.near_cache == "shared")
         object.__setattr__(self, "own_copies", self.near and not self.near_shared)
+        object.__setattr__(self, "verify", Sample(self.settings.verify_sample) if self.settings.verify_sample else None)
 
 
 def new_context(

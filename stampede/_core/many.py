@@ -33,10 +33,11 @@ from .observer import Reporter
 class Found:
     """What a many-key call's first read found, entry by entry (by index in the call)."""
 
-    __slots__ = ("misses", "refreshes", "values")
+    __slots__ = ("fresh", "misses", "refreshes", "values")
 
     def __init__(self) -> None:
         self.values: dict[int, Any] = {}  # returned as read (hits, stale values served)
+        self.fresh: dict[int, bytes] = {}  # of those, the fresh ones' envelopes (what a verification compares)
         self.misses: dict[int, Any] = {}  # a Miss, a Stale value or a FailedRead: filled by a flow
         self.refreshes: dict[int, Served] = {}  # served stale or early: refreshed in the background
 
@@ -64,10 +65,14 @@ def read_many(
         decided = read_found(flight, spec, raw, ttl_left, failing, events, warn, key, random)
         if type(decided) not in DECIDED:
             found.values[index] = decided
+            if raw is not None:
+                found.fresh[index] = raw
         elif isinstance(decided, Served):
             found.values[index] = decided.value
             if decided.refresh is not None:
                 found.refreshes[index] = decided
+            if raw is not None and not decided.stale:
+                found.fresh[index] = raw
         else:
             found.misses[index] = decided
     return found

@@ -69,6 +69,11 @@ DESCRIPTIONS: dict[str, str] = {  # what each counter counts (the help text of e
     "tag_entries_dropped": "An entry was invalidated (or expired) by a tag invalidation",
     "breaker_opened": "The circuit breaker opened: commands to a server fail at once for breaker_cooldown",
     "breaker_closed": "An open circuit breaker closed: the server answered a probe",
+    "consistency_match": "A sampled hit (verify_sample) was loaded again: the loader returned the value served",
+    "consistency_mismatch": "A sampled hit was loaded again: another value, while the entry still held the one served",
+    "consistency_superseded": "A sampled hit was loaded again, and the entry changed meanwhile: no verdict",
+    "consistency_error": "A sampled hit's verification failed (the loader raised, or its value did not encode)",
+    "consistency_skipped": "A sampled hit was not verified: the limit of verifications at once was reached",
 }
 COUNTERS = tuple(DESCRIPTIONS)
 

@@ -70,12 +70,26 @@ def batch_name(keys: Sequence[str], indexes: dict[int, Any]) -> str:
 def one_of(spec: LoaderSpec, load: Callable[[list[int]], list[Any]], position: int) -> LoaderSpec:
     """A single-key loader of the id at ``position``: a many-key call waits for an entry in
     flight in this process, and starts it over if it must, as a single call does."""
-    return LoaderSpec(functools.partial(_one, load, position), spec.settings, spec.codec, tags_at(spec, position))
+    return LoaderSpec(
+        functools.partial(_one, load, position),
+        spec.settings,
+        spec.codec,
+        tags_at(spec, position),
+        spec.name,
+        spec.verify_equal,
+    )
 
 
 def aone_of(spec: LoaderSpec, load: Callable[[list[int]], Awaitable[list[Any]]], position: int) -> LoaderSpec:
     """``one_of`` for an async loader."""
-    return LoaderSpec(functools.partial(_aone, load, position), spec.settings, spec.codec, tags_at(spec, position))
+    return LoaderSpec(
+        functools.partial(_aone, load, position),
+        spec.settings,
+        spec.codec,
+        tags_at(spec, position),
+        spec.name,
+        spec.verify_equal,
+    )
 
 
 def tags_at(spec: LoaderSpec, position: int) -> FixedTags | None:

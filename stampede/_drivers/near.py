@@ -111,6 +111,12 @@ class NearCache:
         self._events.incr("near_hits")
         return value
 
+    def raw(self, key: str) -> bytes | None:
+        """The envelope of ``key``'s copy (expanded), if there is one: what a near hit
+        served, for its verification (``_core.verify``)."""
+        copy = self._copies.get(key)
+        return None if copy is None else copy.raw
+
     # --- fills -------------------------------------------------------------------------
 
     def begin(self, key: str) -> Ticket:

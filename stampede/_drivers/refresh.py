@@ -1,5 +1,5 @@
-"""Background refreshes (stale-while-revalidate, early refresh), and telling a caller its
-value was stale.
+"""Background refreshes (stale-while-revalidate, early refresh) and verifications of
+sampled hits (``_core.verify``), and telling a caller its value was stale.
 
 A refresh runs beside the callers, never before them: in a worker thread for blocking
 loaders (``Refresher``), in a task on the caller's event loop for async ones
@@ -35,11 +35,19 @@ class Refresher:
     they are started, a caller only hands its refresh over, and does not wait for a thread
     to start (which, with many threads holding the GIL, costs a caller milliseconds)."""
 
-    def __init__(self, limit: int, events: Events, warn: RateLimitedLog, idle_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        limit: int,
+        events: Events,
+        warn: RateLimitedLog,
+        idle_timeout: float = 30.0,
+        skipped: str = "refreshes_skipped",
+    ) -> None:
         self._limit = limit
         self._events = events
         self._warn = warn
         self._idle_timeout = idle_timeout
+        self._skipped = skipped  # what a job beyond the limit counts
         self._reset()
         reset_after_fork(self)
 
@@ -68,7 +76,7 @@ class Refresher:
             if key in self._keys or self._closed:
                 return False
             if len(self._keys) >= self._limit:
-                self._events.incr("refreshes_skipped")
+                self._events.incr(self._skipped)
                 return False
             self._keys.add(key)
             job = background(work)  # under a trace of its own, if this call is traced
@@ -86,7 +94,7 @@ class Refresher:
                 if (key, job) in self._queue:
                     self._queue.remove((key, job))
                     self._keys.discard(key)
-                    self._events.incr("refreshes_skipped")
+                    self._events.incr(self._skipped)
                     return False
         return True
 
@@ -139,10 +147,11 @@ class AsyncRefresher:
     bounded as ``Refresher``'s are. Cancelled when the loop's state closes (a cancelled
     refresh releases its lease as any cancelled load does)."""
 
-    def __init__(self, limit: int, events: Events, warn: RateLimitedLog) -> None:
+    def __init__(self, limit: int, events: Events, warn: RateLimitedLog, skipped: str = "refreshes_skipped") -> None:
         self._limit = limit
         self._events = events
         self._warn = warn
+        self._skipped = skipped
         self._tasks: dict[str, asyncio.Task[None]] = {}  # per key (or batch), queued or running
         self._closed = False
 
@@ -156,7 +165,7 @@ class AsyncRefresher:
         if key in self._tasks or self._closed:
             return False
         if len(self._tasks) >= self._limit:
-            self._events.incr("refreshes_skipped")
+            self._events.incr(self._skipped)
             return False
         job = abackground(self._serve(key, work))  # under a trace of its own, if this call is traced
         self._tasks[key] = contextvars.Context().run(asyncio.get_running_loop().create_task, job)

@@ -25,6 +25,7 @@ from typing import Any
 
 from .._core.batch import together
 from .._core.call import DECIDED, Joiner, Outcome, read_found
+from .._core.codec import NOT_A_VALUE
 from .._core.controls import no_load, peeked, put, reload
 from .._core.effects import Effect, Lease, milliseconds
 from .._core.flight import Flight, fallback_key, refuse_recursion, shares_fallback
@@ -42,6 +43,16 @@ from .._core.freshness import Served
 from .._core.keys import EntryKeys
 from .._core.many import Found, failed_reads, read_many, take_hits
 from .._core.store import Store
+from .._core.verify import (
+    EVENT_OF,
+    Result,
+    agrees,
+    log_mismatch,
+    mark_verifying,
+    unchanged,
+    unmark_verifying,
+    verification_failed,
+)
 from .._errors import BackendUnavailable
 from ..otel.traces import joining, lease_token
 from .batch import Entry, new_entry, performers_for
@@ -68,6 +79,8 @@ class Runner(States):
         if spec.near and near is not None:
             value = near.get(value_key, spec.codec, spec.near_shared)
             if value is not MISSING:
+                if spec.verify is not None and spec.verify.due():
+                    self._verify_near(near, value_key, spec, args, kwargs)
                 return value
         state = self.state
         flights = state.flights
@@ -136,10 +149,14 @@ class Runner(States):
         else:
             found = read_found(flight, spec, raw, ttl_left, failing, self._events, self._warn, value_key, random.random)
             if type(found) not in DECIDED:
+                if spec.verify is not None and raw is not None and spec.verify.due():
+                    self._verify(state, value_key, spec, functools.partial(spec.func, *args, **kwargs), raw)
                 return found  # a value, as it was read
             if isinstance(found, Served):
                 if found.refresh is not None:
                     self._refresh(state, value_key, spec, args, kwargs, found)
+                if not found.stale and spec.verify is not None and raw is not None and spec.verify.due():
+                    self._verify(state, value_key, spec, functools.partial(spec.func, *args, **kwargs), raw)
                 return found.value
         refuse_recursion(value_key)
         ctx = self._context(value_key, spec, args, kwargs)
@@ -162,6 +179,10 @@ class Runner(States):
                 return self._call_many(keys, spec, load, [MISSING] * len(keys), list(range(len(keys))), error, state)
             hits, missed = spec.codec.decode_hits(raws)
             self._events.incr("batch_reads")
+            if spec.verify is not None:
+                position = spec.verify.among(len(raws))
+                if position >= 0 and hits[position] is not NOT_A_VALUE:
+                    self._verify_entry(state, keys, spec, load, position, raws[position])
             if not missed:
                 self._events.incr("hits", len(hits))
                 return hits
@@ -169,7 +190,13 @@ class Runner(States):
                 keys, spec, load, [MISSING] * len(keys), list(range(len(keys))), None, state, (raws, hits)
             )
         values = [MISSING] * len(keys)
-        return self._call_many(keys, spec, load, values, near_many(self.near, keys, spec, values), None, state)
+        wanted = near_many(self.near, keys, spec, values)
+        if spec.verify is not None and self.near is not None and len(wanted) < len(keys):
+            position = spec.verify.among(len(keys) - len(wanted))
+            if position >= 0:
+                index = [index for index, value in enumerate(values) if value is not MISSING][position]
+                self._verify_entry(state, keys, spec, load, index, self.near.raw(keys[index]))
+        return self._call_many(keys, spec, load, values, wanted, None, state)
 
     def _call_many(
         self,
@@ -195,6 +222,10 @@ class Runner(States):
             except BackendUnavailable as error:
                 failed = error
             else:
+                if spec.verify is not None:
+                    position = spec.verify.among(len(wanted))
+                    if position >= 0 and read[1][position] is not NOT_A_VALUE:
+                        self._verify_entry(state, keys, spec, load, wanted[position], read[0][position])
                 wanted = take_hits(*read, wanted, values, self._events, absent)
         led: dict[int, Flight] = {}
         joined: list[tuple[int, Flight]] = []
@@ -279,6 +310,10 @@ class Runner(States):
             for index, value in found.values.items():
                 values[index] = value
                 flights.finish(keys[index], unfinished.pop(index), value=value)
+            if found.fresh and spec.verify is not None:
+                position = spec.verify.among(len(found.fresh))
+                if position >= 0:
+                    self._verify_entry(state, keys, spec, load, *list(found.fresh.items())[position])
             if found.refreshes:
                 self._refresh_many(state, keys, spec, load, found.refreshes)
             if not found.misses:
@@ -403,6 +438,58 @@ class Runner(States):
         work = functools.partial(self._drive, flow, ctx, loader, state)
         if state.refresher.start(value_key, work) and found.early:
             self._events.incr("early_refreshes")
+
+    def _verify(self, state: State, value_key: str, spec: LoaderSpec, reload: Callable[[], Any], raw: bytes) -> None:
+        """Start the verification of a hit that served the envelope ``raw``
+        (``_core.verify``): one per key in this process (event loop), a few at once."""
+        if not state.verifier.busy(value_key):
+            work = functools.partial(self._verification, state, value_key, spec, reload, raw)
+            state.verifier.start(value_key, work)
+
+    def _verify_near(
+        self, near: NearCache, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        """``_verify`` of a near-cache hit, whose envelope is the copy's."""
+        raw = near.raw(value_key)
+        if raw is not None:
+            self._verify(self.state, value_key, spec, functools.partial(spec.func, *args, **kwargs), raw)
+
+    def _verify_entry(
+        self,
+        state: State,
+        keys: Sequence[str],
+        spec: LoaderSpec,
+        load: Callable[[list[int]], list[Any]],
+        index: int,
+        raw: bytes | None,
+    ) -> None:
+        """``_verify`` of the hit at ``index`` of a many-key call (one at most per call):
+        the loader is asked for that id alone."""
+        if raw is not None:
+            self._verify(state, keys[index], spec, one_of(spec, load, index).func, raw)
+
+    def _verification(
+        self, state: State, value_key: str, spec: LoaderSpec, reload: Callable[[], Any], raw: bytes
+    ) -> None:
+        """Load the entry again, compare, and count the result (``_core.verify``)."""
+        codec = spec.codec
+        token = mark_verifying()
+        try:
+            result: Result = "match"
+            if not agrees(codec, raw, reload(), spec.verify_equal, value_key):
+                result = "superseded"
+                if unchanged(codec, raw, state.store.get(value_key)):
+                    time.sleep(spec.settings.verify_grace)  # a writer's invalidation on its way
+                    if unchanged(codec, raw, state.store.get(value_key)):
+                        result = "mismatch"
+        except Exception as error:
+            result = "error"
+            verification_failed(value_key, spec.name, spec.settings.trace_keys, error)
+        finally:
+            unmark_verifying(token)
+        if result == "mismatch":
+            log_mismatch(value_key, spec.name, spec.settings.trace_keys)
+        self._events.incr(EVENT_OF[result])
 
     def _context(
         self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None

@@ -25,6 +25,7 @@ from typing import Any
 
 from .._core.leases import ONE_SERVER, LeasePolicy
 from .._core.store import AsyncLockServers, AsyncStore, LockServers, Store
+from .._core.verify import VERIFICATIONS_AT_ONCE
 from .._fork import reset_after_fork
 from ..otel.traces import GLOBAL, Tracing
 from .aleases import AsyncLeases
@@ -47,6 +48,7 @@ class State:
     leases: Leases  # the layer's lease policy on the store and lock servers
     watchdog: Watchdog  # the layer's thread renewing every lease in progress
     refresher: Refresher
+    verifier: Refresher  # the verifications of sampled hits (``_core.verify``)
     flights: FlightTable = field(default_factory=FlightTable)
 
 
@@ -58,6 +60,7 @@ class AsyncState:
     leases: AsyncLeases  # the layer's lease policy on this loop's store and lock servers
     watchdog: AsyncWatchdog  # a task per lease in progress
     refresher: AsyncRefresher
+    verifier: AsyncRefresher  # the verifications of sampled hits (``_core.verify``)
     flights: AsyncFlightTable = field(default_factory=AsyncFlightTable)
     closer: Any = None  # the async generator that closes the store when the loop shuts down
     starter: asyncio.Task[None] | None = None  # the task that starts it (kept: the loop holds tasks weakly)
@@ -67,6 +70,7 @@ class AsyncState:
         if not self.closed:
             self.closed = True
             await self.refresher.aclose()  # a cancelled refresh releases its lease as any load does
+            await self.verifier.aclose()
             await finish_started(FINISH_TIMEOUT)  # their writes and releases, shielded, end first
             try:
                 await self.store.aclose()
@@ -88,7 +92,9 @@ class States:
         policy: LeasePolicy = ONE_SERVER,
         servers: LockServers | None = None,
     ) -> None:
-        self.state = State(store, Leases(policy, store, servers), watchdog, Refresher(refreshes, events, warn))
+        refresher = Refresher(refreshes, events, warn)
+        verifier = Refresher(VERIFICATIONS_AT_ONCE, events, warn, skipped="consistency_skipped")
+        self.state = State(store, Leases(policy, store, servers), watchdog, refresher, verifier)
         self.near: NearCache | None = None  # the layer's, if it has one
         self._events = events
         self.events = events  # what its calls' traces hear (``stampede.otel.traces``)
@@ -110,6 +116,10 @@ class States:
     @property
     def refresher(self) -> Refresher:
         return self.state.refresher
+
+    @property
+    def verifier(self) -> Refresher:
+        return self.state.verifier
 
     def forget(self, key: str) -> None:
         """Detach the key's flight: later callers read afresh (after an invalidation)."""
@@ -165,7 +175,8 @@ class AsyncStates:
         servers = self._make_servers() if self._make_servers is not None else None  # a ConfigError before the store
         store = self._make_store()
         refresher = AsyncRefresher(self._refresh_limit, self._events, self._warn)
-        return AsyncState(store, AsyncLeases(self._policy, store, servers), LOOP_WATCHDOG, refresher)
+        verifier = AsyncRefresher(VERIFICATIONS_AT_ONCE, self._events, self._warn, skipped="consistency_skipped")
+        return AsyncState(store, AsyncLeases(self._policy, store, servers), LOOP_WATCHDOG, refresher, verifier)
 
     def loop_store(self) -> AsyncStore:
         """The running event loop's store."""

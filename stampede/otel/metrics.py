@@ -10,8 +10,10 @@ pipeline with no Prometheus::
 Instruments (meter ``stampede``): a counter ``stampede.<name>`` per ``stats()`` counter
 (``stampede.hits``, ``stampede.loads``, ...), histograms ``stampede.load.duration`` and
 ``stampede.wait.duration`` in seconds, up-down counters ``stampede.load.active`` and
-``stampede.wait.active``, and ``stampede.breakers.open``. Attributes:
-``stampede.namespace``, and ``stampede.outcome`` on the histograms. Never a key. With no
+``stampede.wait.active``, ``stampede.breakers.open``, and
+``stampede.consistency.checks`` (the verifications of ``verify_sample``, by
+``stampede.result``). Attributes: ``stampede.namespace``, and ``stampede.outcome`` on
+the histograms. Never a key. With no
 SDK configured, the API's no-op meter records nothing.
 """
 
@@ -27,12 +29,14 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .._core.observer import COUNTERS, DESCRIPTIONS, MEASURES, Measure
+from .._core.verify import RESULT_OF
 from .._fork import reset_after_fork
 
 __all__ = ["OpenTelemetryMetrics"]
 
 NAMESPACE = "stampede.namespace"
 OUTCOME = "stampede.outcome"
+RESULT = "stampede.result"
 
 
 class OpenTelemetryMetrics:
@@ -53,12 +57,20 @@ class OpenTelemetryMetrics:
         self._running: dict[str, dict[str, int]] = {"load": {}, "wait": {}, "breakers": {}}  # -> namespace -> now
         meter = metrics.get_meter("stampede", __version__, meter_provider=meter_provider)
         for name in COUNTERS:
+            if name in RESULT_OF:
+                continue
             meter.create_observable_counter(
                 f"stampede.{name}",
                 callbacks=[self._observe(self._counts[name])],
                 unit="{event}",
                 description=DESCRIPTIONS[name],
             )
+        meter.create_observable_counter(
+            "stampede.consistency.checks",
+            callbacks=[self._observe_checks],
+            unit="{check}",
+            description="Verifications of sampled hits (verify_sample), by result (stampede.result)",
+        )
         self._durations = {
             measure: meter.create_histogram(
                 f"stampede.{measure}.duration",
@@ -89,6 +101,15 @@ class OpenTelemetryMetrics:
             return [metrics.Observation(n, {NAMESPACE: namespace}) for namespace, n in current]
 
         return callback
+
+    def _observe_checks(self, options: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
+        with self._lock:
+            current = [(event, list(self._counts[event].items())) for event in RESULT_OF]
+        return [
+            metrics.Observation(n, {NAMESPACE: namespace, RESULT: RESULT_OF[event]})
+            for event, counts in current
+            for namespace, n in counts
+        ]
 
     def after_fork_in_child(self) -> None:
         """A parent's thread may have held the lock at the fork (every call reports): the

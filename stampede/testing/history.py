@@ -53,7 +53,9 @@ from typing import Any, NamedTuple
 
 import orjson
 
-KINDS = ("read", "load", "write", "set", "invalidate", "expire")
+KINDS = ("read", "load", "write", "set", "invalidate", "expire", "verify")
+# "verify": a verification's call of the loader (``stampede.verifying()``): it reads the
+# database and writes nothing, so no rule counts it as a load.
 HARD = ("invalidate", "set")  # after these return, no older version is served
 BOUNDARIES = ("invalidate", "set", "expire")  # a load after one of these is of a new entry
 
@@ -91,7 +93,8 @@ class Recorder:
     cached call; ``op("read", *keys)`` a many-key call (``op.saw(version, key=...)`` per
     id); ``op("load", key)`` a run of the loader; ``op("write", key, version=7)`` the
     database write of version 7; ``op("invalidate", *keys)``, ``op("expire", *keys)``
-    (a tag's keys at once) and ``op("set", key, version=7)`` the cache's own.
+    (a tag's keys at once) and ``op("set", key, version=7)`` the cache's own;
+    ``op("verify", key)`` a verification's loader call (``verify_sample``).
     """
 
     def __init__(self, process: str | None = None) -> None:

@@ -31,16 +31,22 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from .._core.verify import verifying
 from .history import Operation, Recorder
 
 Row = dict[str, Any]  # {"key": key, "version": n}
 T = TypeVar("T")
 
 
+def _kind() -> str:
+    return "verify" if verifying() else "load"
+
+
 class Rows:
     """Versioned rows, thread-safe. ``load`` and ``load_many`` are loaders (``aload`` and
     ``aload_many`` their ``async`` forms): each run is recorded as a "load" of the versions
-    it read, after ``delay`` seconds of "query"."""
+    it read (a "verify" when a verification calls it: ``stampede.verifying()``), after
+    ``delay`` seconds of "query"."""
 
     def __init__(self, recorder: Recorder, delay: float = 0.0) -> None:
         self.recorder = recorder
@@ -57,25 +63,25 @@ class Rows:
         return version
 
     def load(self, key: Any) -> Row:
-        with self.recorder.op("load", key) as op:
+        with self.recorder.op(_kind(), key) as op:
             if self.delay:
                 time.sleep(self.delay)
             return self._read(op, [key])[key]
 
     def load_many(self, keys: Sequence[Any]) -> dict[Any, Row]:
-        with self.recorder.op("load", *keys) as op:
+        with self.recorder.op(_kind(), *keys) as op:
             if self.delay:
                 time.sleep(self.delay)
             return self._read(op, keys)
 
     async def aload(self, key: Any) -> Row:
-        with self.recorder.op("load", key) as op:
+        with self.recorder.op(_kind(), key) as op:
             if self.delay:
                 await asyncio.sleep(self.delay)
             return self._read(op, [key])[key]
 
     async def aload_many(self, keys: Sequence[Any]) -> dict[Any, Row]:
-        with self.recorder.op("load", *keys) as op:
+        with self.recorder.op(_kind(), *keys) as op:
             if self.delay:
                 await asyncio.sleep(self.delay)
             return self._read(op, keys)

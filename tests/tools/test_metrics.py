@@ -315,3 +315,65 @@ def test_warnings_carry_structured_fields_and_are_rate_limited(
     finally:
         client.close()
         layer.close()
+
+
+def test_consistency_checks_are_one_metric_by_result_in_prometheus_and_opentelemetry(redis_url: str) -> None:
+    """``verify_sample``'s checks: ``stampede_consistency_checks_total{result}`` and
+    ``stampede.consistency.checks`` with ``stampede.result``, where the nines come from."""
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from stampede.otel import OpenTelemetryMetrics
+
+    registry = CollectorRegistry()
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    namespace = f"metrics-{uuid.uuid4().hex[:8]}"
+    layer = Stampede.from_url(
+        redis_url,
+        namespace=namespace,
+        observers=[PrometheusMetrics(registry), OpenTelemetryMetrics(provider)],
+        verify_sample=1.0,
+        verify_grace=0.01,
+    )
+    rows = {1: "one", 2: "two"}
+    done = threading.Semaphore(0)
+
+    class Counted:
+        def count(self, namespace: str, event: str, n: int) -> None:
+            if event.startswith("consistency_"):
+                done.release()
+
+        def began(self, namespace: str, measure: str) -> None:
+            pass
+
+        def ended(self, namespace: str, measure: str, outcome: str, seconds: float) -> None:
+            pass
+
+    layer.observe(Counted())
+    load = layer.cached_loader("row:{key}")(rows.get)
+    try:
+        load(1), load(2)
+        rows[2] = "changed without an invalidation"
+        for key in (1, 2):
+            load(key)
+            assert done.acquire(timeout=10)
+        labels = {"namespace": namespace}
+        assert registry.get_sample_value("stampede_consistency_checks_total", {**labels, "result": "match"}) == 1
+        assert registry.get_sample_value("stampede_consistency_checks_total", {**labels, "result": "mismatch"}) == 1
+        assert registry.get_sample_value("stampede_consistency_match_total", labels) is None  # one metric, labelled
+        data = reader.get_metrics_data()
+        points = [
+            point
+            for resource in data.resource_metrics
+            for scope in resource.scope_metrics
+            for metric in scope.metrics
+            if metric.name == "stampede.consistency.checks"
+            for point in metric.data.data_points
+        ]
+        by_result = {dict(point.attributes)["stampede.result"]: point.value for point in points}
+        assert {result: n for result, n in by_result.items() if n} == {"match": 1, "mismatch": 1}
+    finally:
+        layer.close()
+        provider.shutdown()
