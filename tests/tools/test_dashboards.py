@@ -65,7 +65,7 @@ def test_the_dashboard_has_a_panel_for_each_question_and_a_row_per_namespace() -
     titles = {panel["title"] for panel in dashboard["panels"]}
     for question in ("Hit ratio by tier", "Loads", "Load duration", "Callers collapsed per load", "Waits",
                      "Stale served, by reason", "Refreshes", "Circuit breakers open", "Evicted leases (1 h)",
-                     "Backend errors"):  # fmt: skip
+                     "Backend errors", "Consistency (nines)", "Consistency checks, by result"):  # fmt: skip
         assert question in titles
     (repeated,) = [panel for panel in dashboard["panels"] if panel.get("repeat")]
     assert repeated["type"] == "row" and repeated["repeat"] == "namespace"
@@ -79,7 +79,7 @@ def test_the_alert_rules_pass_promtool() -> None:
         pytest.skip("promtool is not on the PATH (Debian's prometheus package has it; .ci/run installs it)")
     done = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 5 rules found" in done.stdout
+    assert "SUCCESS: 6 rules found" in done.stdout
 
 
 @pytest.fixture
