@@ -638,11 +638,13 @@ def test_a_version_3_schema_is_brought_to_version_4_and_still_answers_version_3_
     needs_postgres()
     with PostgresServer() as server:
         first = Stampede.from_url(server.url, namespace="schema")
-        first.cached_loader("item:{key}")(lambda key: key)(1)  # the schema, now version 5
+        first.cached_loader("item:{key}")(lambda key: key)(1)  # the schema, now version 6
         first.close()
         with psycopg.connect(server.url, autocommit=True) as admin:  # back to what version 3 had
             admin.execute("DROP FUNCTION stampede_schema_v4()")
             admin.execute("DROP FUNCTION stampede_schema_v5()")
+            admin.execute("DROP FUNCTION stampede_schema_v6()")
+            admin.execute("DROP FUNCTION stampede_seize(text, text, text, text, text, text, bigint)")
             admin.execute("DROP FUNCTION stampede_acquire(text, text, text, bigint, boolean, bytea)")
             admin.execute(
                 "CREATE FUNCTION stampede_acquire(p_value text, p_lock text, p_token text, p_lease_ms bigint, "
@@ -658,7 +660,7 @@ def test_a_version_3_schema_is_brought_to_version_4_and_still_answers_version_3_
             return key
 
         try:
-            assert load(2) == load(2) == 2 and loads == [2]  # version 5 created again, and used
+            assert load(2) == load(2) == 2 and loads == [2]  # version 6 created again, and used
             with psycopg.connect(server.url, autocommit=True) as admin:
                 v3_reads = (
                     "SELECT state, raw, left_ms, failed FROM stampede_acquire('v', 'l', 't', 1000, true, ''::bytea)"
@@ -666,9 +668,9 @@ def test_a_version_3_schema_is_brought_to_version_4_and_still_answers_version_3_
                 assert admin.execute(v3_reads).fetchone() == (2, None, 0, False)
                 markers = (
                     "SELECT count(*) FROM pg_proc WHERE proname IN "
-                    "('stampede_schema_v3', 'stampede_schema_v4', 'stampede_schema_v5')"
+                    "('stampede_schema_v3', 'stampede_schema_v4', 'stampede_schema_v5', 'stampede_schema_v6')"
                 )
-                assert admin.execute(markers).fetchone() == (3,)
+                assert admin.execute(markers).fetchone() == (4,)
         finally:
             layer.close()
 

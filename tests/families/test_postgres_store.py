@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+import pytest
 
 from stampede import Stampede
 from stampede._core.keys import EntryKeys
@@ -54,6 +55,54 @@ def test_a_write_postgresql_aborts_to_break_a_deadlock_is_run_again(
     assert written == [Written.YES]
     assert store.get(keys.value) == b"v"
     assert store.holder(keys) is None
+
+
+def test_a_set_holds_the_lease_before_it_touches_the_value_so_no_caller_takes_it_between(
+    make_postgres_layer: Callable[..., Stampede], postgres_url: str
+) -> None:
+    """The history checker's deadlock, at its root: a ``set``'s seize ran two statements
+    (invalidate, then take the lease), and a caller could take the lease between them,
+    then wait on the value row the seize had deleted while the seize waited on its lease.
+    Now the seize is one function that takes the lease row first. Here the value row is
+    held by another session, so the seize stops there: the lease must be held already
+    (a caller trying to take it waits, and gives up at its lock timeout)."""
+    store = make_postgres_layer(namespace="seize", socket_timeout=10).store()
+    keys = EntryKeys.for_value("seize:{item:1}")
+    assert store.acquire(keys, "loader", 10_000, False).state is LockState.LOCKED
+    assert store.write_release(keys, "loader", b"old", 60_000, False) is Written.YES  # a value, and no lease
+    other = psycopg.connect(postgres_url, autocommit=True)
+    watcher = psycopg.connect(postgres_url, autocommit=True)
+    taker = psycopg.connect(postgres_url, autocommit=True)
+    seized: list[BaseException | None] = []
+
+    def seize() -> None:
+        try:
+            store.seize(keys, "setter", 60_000)
+            seized.append(None)
+        except BaseException as error:
+            seized.append(error)
+
+    try:
+        other.execute("BEGIN")
+        other.execute("SELECT 1 FROM stampede_values WHERE key = %s FOR UPDATE", (keys.value,))
+        setter = threading.Thread(target=seize)
+        setter.start()
+        deadline = time.monotonic() + 10
+        while not _waiting_on_a_lock(watcher, "stampede_seize"):
+            assert time.monotonic() < deadline, f"the seize never waited for the value row: {seized}"
+            time.sleep(0.01)
+        taker.execute("SET lock_timeout = '300ms'")
+        with pytest.raises(psycopg.errors.LockNotAvailable):  # the lease is the setter's, uncommitted
+            taker.execute("SELECT stampede_take_lease(%s, 'loader', 10000, clock_timestamp())", (keys.lock,))
+        other.execute("COMMIT")
+        setter.join(10)
+        assert not setter.is_alive() and seized == [None]
+    finally:
+        other.close()
+        watcher.close()
+        taker.close()
+    assert store.holder(keys) == "setter"
+    assert store.get(keys.value) is None
 
 
 def _waiting_on_a_lock(connection: psycopg.Connection[Any], function: str) -> bool:

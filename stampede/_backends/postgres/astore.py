@@ -95,9 +95,11 @@ class AsyncPostgresStore(AsyncOneByOne):
     ) -> psycopg.AsyncCursor[Any]:
         """Run one statement on its own (autocommit). A deadlock, which PostgreSQL breaks by
         aborting one of the statements in it, is run again: each statement is one function
-        call that commits whole or not at all. A write deadlocked with a ``set`` (whose
-        ``seize`` is two statements: another caller can take the lease between them)
-        about once in 100,000 calls under load; the history checker saw the lost write."""
+        call that commits whole or not at all. The functions lock an entry's rows in one
+        order (lease, then values), so stampede's own statements do not deadlock with
+        each other (schema version 5's two-statement ``seize`` did, about once in 100,000
+        calls under load: the history checker saw the lost write); this keeps a write from
+        being lost to one with anything else that locks the rows."""
         for _ in range(DEADLOCK_TRIES - 1):
             try:
                 return await connection.execute(statement.query, statement.params)
@@ -193,12 +195,10 @@ class AsyncPostgresStore(AsyncOneByOne):
         await self._one("invalidate", keys.value, sql.invalidate(keys, keep_stale=False))
 
     async def seize(self, keys: EntryKeys, token: str, lease_ms: int) -> None:
-        """``invalidate``, then the lease is taken for ``token``, in one transaction: the
-        waiters it wakes (at the commit) find the lease taken."""
-        dropped, taken = sql.invalidate(keys, keep_stale=False), sql.acquire(keys, token, lease_ms, False, b"")
-        async with self.connection("invalidate", keys.value) as connection, connection.transaction():
-            await connection.execute(dropped.query, dropped.params)
-            await connection.execute(taken.query, taken.params)
+        """``invalidate``, and the lease taken for ``token``, in one function
+        (``stampede_seize``): the waiters it wakes (at the commit) find the lease taken,
+        and its rows are locked in the order every writer of the entry locks them."""
+        await self._one("invalidate", keys.value, sql.seize(keys, token, lease_ms))
 
     async def take_lock(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int = 0) -> AcquireReply:
         statement = sql.take_lock(keys, token, lease_ms, queue_ms)

@@ -57,7 +57,7 @@ SCHEMA_LOCK = "SELECT pg_advisory_xact_lock(1400136045)"
 """Taken by a store that creates the schema, in the creating transaction: one creator at a
 time (concurrent CREATE OR REPLACE of one function fails)."""
 
-SCHEMA_VERSION = "stampede_schema_v5"
+SCHEMA_VERSION = "stampede_schema_v6"
 """A function the schema's last statement creates, named after its version (a new version
 of the schema gets a new name). A store that finds it creates nothing: DDL under traffic
 takes table locks that can deadlock with the functions' row writes, so it runs only where
@@ -65,9 +65,11 @@ the schema is missing or older. Version 4 adds ``holder`` to ``stampede_acquire`
 and is otherwise version 3, whose stores read the reply by column name: it marks itself
 version 3 as well, so that a version 3 store finds its schema there and creates nothing.
 Version 5 fills ``left_ms`` of a value ``stampede_acquire`` returns (the value's own ms
-left, which older stores do not read): it marks itself versions 3 and 4 as well."""
+left, which older stores do not read): it marks itself versions 3 and 4 as well. Version
+6 adds ``stampede_seize`` (a set's first step in one function) and marks itself 3 to 5:
+older stores, which seize in two statements, find their functions unchanged."""
 
-SCHEMA_READY = "SELECT count(*) FROM pg_proc WHERE proname = 'stampede_schema_v5'"
+SCHEMA_READY = "SELECT count(*) FROM pg_proc WHERE proname = 'stampede_schema_v6'"
 
 SCHEMA = r"""
 
@@ -377,6 +379,35 @@ BEGIN
     PERFORM stampede_wake(p_channel, 'c' || p_channel);
 END $$;
 
+-- A set's first step (the Redis SEIZE script): the entry invalidated and its lease taken
+-- for p_token, whoever held it. The lease row first, as every other writer of the entry
+-- takes it (write_release, invalidate), then the value rows: two transactions meeting on
+-- one entry lock its rows in the same order and cannot deadlock. (Version 5 ran
+-- stampede_invalidate, then stampede_acquire: a caller could take the lease between the
+-- two and then wait on the rows the first had deleted, while the second waited on its
+-- lease.) A holder's deadline is kept as the invalidated marker, so that its write is
+-- refused as an invalidated one.
+CREATE OR REPLACE FUNCTION stampede_seize(
+    p_value text, p_lock text, p_invalidated text, p_failing text, p_channel text,
+    p_token text, p_lease_ms bigint)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    now_ timestamptz := clock_timestamp();
+    deadline timestamptz;
+BEGIN
+    SELECT l.expires_at INTO deadline FROM stampede_leases l WHERE l.key = p_lock FOR UPDATE;
+    INSERT INTO stampede_leases (key, token, expires_at)
+        VALUES (p_lock, p_token, now_ + p_lease_ms * interval '1 millisecond')
+        ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at;
+    DELETE FROM stampede_values WHERE key = p_value;
+    DELETE FROM stampede_values WHERE key = p_failing;
+    IF deadline > now_ THEN
+        INSERT INTO stampede_values (key, value, expires_at) VALUES (p_invalidated, '\x31', deadline)
+            ON CONFLICT (key) DO UPDATE SET expires_at = EXCLUDED.expires_at;
+    END IF;
+    PERFORM stampede_wake(p_channel, 'c' || p_channel);
+END $$;
+
 -- Take a named lock, in arrival order if p_queue_ms > 0, and draw its fencing token
 -- (the Redis TAKE_LOCK and TAKE_LOCK_FAIRLY scripts). state 2: taken, with fence;
 -- 3: not yet, the holder has left_ms more (-2: free, but another waiter is first in line).
@@ -457,6 +488,7 @@ END $$;
 CREATE OR REPLACE FUNCTION stampede_schema_v3() RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT 1';
 CREATE OR REPLACE FUNCTION stampede_schema_v4() RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT 1';
 CREATE OR REPLACE FUNCTION stampede_schema_v5() RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT 1';
+CREATE OR REPLACE FUNCTION stampede_schema_v6() RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT 1';
 """.replace("@TRACE_MARK@", TRACE_MARK)  # the same text as before it was handed in: no new version
 
 
@@ -599,6 +631,13 @@ def hold(keys: EntryKeys, token: str, hold_ms: int, failing_ms: int) -> Statemen
     return Statement(
         "SELECT stampede_hold(%s, %s, %s, %s, %s, %s)",
         (keys.lock, keys.failing, token, hold_ms, failing_ms, keys.channel),
+    )
+
+
+def seize(keys: EntryKeys, token: str, lease_ms: int) -> Statement:
+    return Statement(
+        "SELECT stampede_seize(%s, %s, %s, %s, %s, %s, %s)",
+        (keys.value, keys.lock, keys.invalidated, keys.failing, keys.channel, token, lease_ms),
     )
 
 
