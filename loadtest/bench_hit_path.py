@@ -23,6 +23,13 @@ machine. The whole hit and the bare GET + orjson.loads are timed in interleaved 
 The parts reach into the layer's internals: this is a profile, not an API. The last
 line printed is the figures as JSON.
 
+    python loadtest/bench_hit_path.py --verify           # what verify_sample=0.001 costs a hit
+    python loadtest/bench_hit_path.py --verify --quick
+
+``--verify`` times warm hits (remote, then near) of a layer with ``verify_sample`` at
+``--sample`` against one with it off, in interleaved rounds, and counts the loader calls
+its verifications made per hit.
+
     python loadtest/bench_hit_path.py --tracing          # what OpenTelemetry tracing costs a hit
     python loadtest/bench_hit_path.py --tracing --quick
 
@@ -38,6 +45,7 @@ the medians, and each mode's cost as a ratio to ``off`` from the same rounds.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -227,6 +235,65 @@ def tracing_side_by_side(url: str, options: argparse.Namespace) -> None:
     print(json.dumps(figures))
 
 
+def verify_side_by_side(url: str, options: argparse.Namespace) -> None:
+    """What ``verify_sample`` costs a hit: warm hits (remote, then near) of a layer with it
+    off and of one at ``--sample``, in interleaved rounds, and the loader calls the
+    verifications made per hit."""
+    figures = {"near hit" if near else "hit": verify_costs(url, options, near) for near in (False, True)}
+    print(f"\nA warm hit with verify_sample={options.sample} against off ({options.rounds} interleaved rounds of "
+          f"{options.calls} calls)")  # fmt: skip
+    for name, row in figures.items():
+        print(f"   {name:<9} off {row['off_us']:>6.2f} us, on {row['on_us']:>6.2f} us: ratio (calls/s, on / off) "
+              f"{row['ratio']:.3f} (worst {row['worst_ratio']:.3f}); loader calls by verifications "
+              f"{row['verifications']} in {row['hits']} hits ({row['verifications_per_hit']:.5f} a hit)")  # fmt: skip
+    print(json.dumps(figures))
+
+
+def verify_costs(url: str, options: argparse.Namespace, near: bool) -> dict[str, float]:
+    import stampede
+
+    verified = [0]
+
+    def load(item_id: int) -> dict[str, Any]:
+        if stampede.verifying():
+            verified[0] += 1
+        return VALUE
+
+    layers = {
+        name: Stampede.from_url(url, namespace=f"bench-verify-{name}", verify_sample=sample)
+        for name, sample in (("off", 0.0), ("on", options.sample))
+    }
+    try:
+        loads = {
+            name: layer.cached_loader("item:{item_id}", ttl=3600, near_cache=near)(load)
+            for name, layer in layers.items()
+        }
+        for name, layer in layers.items():
+            deadline = time.monotonic() + 10
+            while loads[name](42) and near and layer.stats()["near_hits"] < 100 and time.monotonic() < deadline:
+                pass  # the near cache's lease up, copies served
+        times: dict[str, list[float]] = {"off": [], "on": []}
+        for round_number in range(options.rounds):
+            for name in ["off", "on"] if round_number % 2 else ["on", "off"]:
+                times[name].append(per_call_us(functools.partial(loads[name], 42), options.calls, 1))
+    finally:
+        for layer in layers.values():
+            layer.close()
+    ratios = [off / on for off, on in zip(times["off"], times["on"], strict=True)]  # calls/s, on over off
+    stats = layers["on"].stats()
+    hits = stats["hits"] + stats["near_hits"]
+    return {
+        "off_us": round(statistics.median(times["off"]), 3),
+        "on_us": round(statistics.median(times["on"]), 3),
+        "ratio": round(statistics.median(ratios), 4),
+        "worst_ratio": round(min(ratios), 4),
+        "hits": hits,
+        "verifications": verified[0],
+        "verifications_per_hit": round(verified[0] / max(1, hits), 6),
+        "checks": sum(stats[f"consistency_{result}"] for result in ("match", "mismatch", "superseded", "error")),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--redis", help="a Redis URL; default: start a throwaway server")
@@ -236,6 +303,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer calls and rounds (CI)")
     parser.add_argument("--tracing", action="store_true", help="a hit under each tracing mode, side by side")
     parser.add_argument("--trace-mode", choices=TRACING_MODES, help=argparse.SUPPRESS)  # one mode's process
+    parser.add_argument("--verify", action="store_true", help="a hit with verify_sample against one without")
+    parser.add_argument("--sample", type=float, default=0.001, help="verify_sample, with --verify")
     options = parser.parse_args()
     if options.quick:
         options.calls, options.repeats, options.rounds = 500, 3, 3
@@ -246,6 +315,8 @@ def main() -> None:
             traced_hits(url, options)
         elif options.tracing:
             tracing_side_by_side(url, options)
+        elif options.verify:
+            verify_side_by_side(url, options)
         else:
             hit_parts(url, options)
 

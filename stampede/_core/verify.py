@@ -33,10 +33,13 @@ import logging
 import math
 import random
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from .codec import Codec, loaded_at_of
 from .observer import log_extra
+
+if TYPE_CHECKING:
+    from .flow import WarningLog
 from .results import unwrapped
 
 Result = Literal["match", "mismatch", "superseded", "error", "skipped"]
@@ -133,15 +136,17 @@ def unchanged(codec: Codec, served: bytes, now: bytes | None) -> bool:
         return False
 
 
-def log_mismatch(key: str, template: str, trace_keys: bool) -> None:
-    """Each mismatch is logged: which loader (its template), and the key itself only where
-    ``trace_keys`` allows keys out of the process (they may hold user data)."""
-    log.warning(
-        "stampede: a verified hit of %s served a value its loader no longer returns, and the entry still holds it "
-        "after verify_grace: a write that did not invalidate? (key %s)",
-        template,
+def log_mismatch(warn: WarningLog, key: str, template: str, trace_keys: bool) -> None:
+    """A mismatch is logged with its loader's template, and the key itself only where
+    ``trace_keys`` allows keys out of the process (they may hold user data). Each template
+    is rate limited on its own (``warn``): a write path that never invalidates must not
+    flood the log, nor hide another template's mismatches."""
+    warn.warning(
+        "stampede: a verified hit of " + template.replace("%", "%%") + " served a value its loader no longer "
+        "returns, and the entry still held it after verify_grace: a write that did not invalidate? (key %s)",
         repr(key) if trace_keys else "not logged: trace_keys is off",
-        extra=log_extra(key, "consistency_mismatch"),
+        key=key,
+        outcome="consistency_mismatch",
     )
 
 

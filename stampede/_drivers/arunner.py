@@ -456,10 +456,15 @@ class AsyncRunner(AsyncStates):
         self, state: AsyncState, value_key: str, spec: LoaderSpec, reload: Callable[[], Awaitable[Any]], raw: bytes
     ) -> None:
         """Start the verification of a hit that served the envelope ``raw``
-        (``_core.verify``): one per key in this process (event loop), a few at once."""
-        if not state.verifier.busy(value_key):
+        (``_core.verify``): one per key in this process (event loop), a few at once. A
+        hit of the same envelope meanwhile shares its verdict."""
+        leads = state.verdicts.join(value_key, raw)
+        if leads is None:  # another envelope of the key is being verified
+            self._events.incr("consistency_skipped")
+        elif leads:
             work = functools.partial(self._verification, state, value_key, spec, reload, raw)
-            state.verifier.start(value_key, work)
+            if not state.verifier.start(value_key, work):  # at the limit of verifications at once
+                self._events.incr("consistency_skipped", state.verdicts.done(value_key))
 
     def _verify_near(
         self, near: NearCache, value_key: str, spec: LoaderSpec, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -489,8 +494,9 @@ class AsyncRunner(AsyncStates):
         """Load the entry again, compare, and count the result (``_core.verify``)."""
         codec = spec.codec
         token = mark_verifying()
+        result: Result = "error"
         try:
-            result: Result = "match"
+            result = "match"
             if not agrees(codec, raw, await reload(), spec.verify_equal, value_key):
                 result = "superseded"
                 if unchanged(codec, raw, await state.store.get(value_key)):
@@ -502,9 +508,10 @@ class AsyncRunner(AsyncStates):
             verification_failed(value_key, spec.name, spec.settings.trace_keys, error)
         finally:
             unmark_verifying(token)
+            hits = state.verdicts.done(value_key)  # cancelled (the loop's state closes): none counted
         if result == "mismatch":
-            log_mismatch(value_key, spec.name, spec.settings.trace_keys)
-        self._events.incr(EVENT_OF[result])
+            log_mismatch(self._warn, value_key, spec.name, spec.settings.trace_keys)
+        self._events.incr(EVENT_OF[result], hits)
 
     def _context(
         self, value_key: str, spec: LoaderSpec, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None

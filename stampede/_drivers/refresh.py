@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from .._fork import reset_after_fork
 from ..otel.traces import abackground, background
@@ -41,13 +42,13 @@ class Refresher:
         events: Events,
         warn: RateLimitedLog,
         idle_timeout: float = 30.0,
-        skipped: str = "refreshes_skipped",
+        skipped: str | None = "refreshes_skipped",
     ) -> None:
         self._limit = limit
         self._events = events
         self._warn = warn
         self._idle_timeout = idle_timeout
-        self._skipped = skipped  # what a job beyond the limit counts
+        self._skipped = skipped  # what a job beyond the limit counts (None: its caller counts it)
         self._reset()
         reset_after_fork(self)
 
@@ -76,7 +77,8 @@ class Refresher:
             if key in self._keys or self._closed:
                 return False
             if len(self._keys) >= self._limit:
-                self._events.incr(self._skipped)
+                if self._skipped is not None:
+                    self._events.incr(self._skipped)
                 return False
             self._keys.add(key)
             job = background(work)  # under a trace of its own, if this call is traced
@@ -94,7 +96,8 @@ class Refresher:
                 if (key, job) in self._queue:
                     self._queue.remove((key, job))
                     self._keys.discard(key)
-                    self._events.incr(self._skipped)
+                    if self._skipped is not None:
+                        self._events.incr(self._skipped)
                     return False
         return True
 
@@ -147,7 +150,9 @@ class AsyncRefresher:
     bounded as ``Refresher``'s are. Cancelled when the loop's state closes (a cancelled
     refresh releases its lease as any cancelled load does)."""
 
-    def __init__(self, limit: int, events: Events, warn: RateLimitedLog, skipped: str = "refreshes_skipped") -> None:
+    def __init__(
+        self, limit: int, events: Events, warn: RateLimitedLog, skipped: str | None = "refreshes_skipped"
+    ) -> None:
         self._limit = limit
         self._events = events
         self._warn = warn
@@ -165,7 +170,8 @@ class AsyncRefresher:
         if key in self._tasks or self._closed:
             return False
         if len(self._tasks) >= self._limit:
-            self._events.incr(self._skipped)
+            if self._skipped is not None:
+                self._events.incr(self._skipped)
             return False
         job = abackground(self._serve(key, work))  # under a trace of its own, if this call is traced
         self._tasks[key] = contextvars.Context().run(asyncio.get_running_loop().create_task, job)
@@ -186,6 +192,43 @@ class AsyncRefresher:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class SharedVerdicts:
+    """The verifications under way in a process (per event loop), one per key, and how many
+    sampled hits each stands for. A hit sampled while its key's verification runs, and
+    served the same envelope, shares that verdict instead of being dropped: a key whose
+    verification takes long (a mismatch waits ``verify_grace``) is not sampled less than
+    the others, so the counts are a fair sample of hits (``_core.verify``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._under_way: dict[str, list[Any]] = {}  # key -> [the envelope verified, hits it stands for]
+        reset_after_fork(self)
+
+    def after_fork_in_child(self) -> None:
+        self._lock = threading.Lock()
+        self._under_way = {}
+
+    def join(self, key: str, raw: bytes) -> bool | None:
+        """True: no verification of ``key`` is under way, and the caller starts one (and
+        ends it with ``done``). False: one of the same envelope is, and this hit shares
+        its verdict. None: one of another envelope is: this hit is skipped."""
+        with self._lock:
+            under_way = self._under_way.get(key)
+            if under_way is None:
+                self._under_way[key] = [raw, 1]
+                return True
+            if under_way[0] != raw:
+                return None
+            under_way[1] += 1
+            return False
+
+    def done(self, key: str) -> int:
+        """End ``key``'s verification: the hits its verdict counts for."""
+        with self._lock:
+            under_way = self._under_way.pop(key, None)
+        return 0 if under_way is None else int(under_way[1])
 
 
 def warn_refresh_raised(warn: RateLimitedLog, key: str, error: Exception) -> None:

@@ -32,7 +32,7 @@ from .aleases import AsyncLeases
 from .leases import Leases
 from .near import NearCache
 from .observe import Events, RateLimitedLog
-from .refresh import AsyncRefresher, Refresher
+from .refresh import AsyncRefresher, Refresher, SharedVerdicts
 from .singleflight import AsyncFlightTable, FlightTable
 from .timeouts import finish_started
 from .watchdog import LOOP_WATCHDOG, AsyncWatchdog, Watchdog
@@ -49,6 +49,7 @@ class State:
     watchdog: Watchdog  # the layer's thread renewing every lease in progress
     refresher: Refresher
     verifier: Refresher  # the verifications of sampled hits (``_core.verify``)
+    verdicts: SharedVerdicts = field(default_factory=SharedVerdicts)  # those under way, by key
     flights: FlightTable = field(default_factory=FlightTable)
 
 
@@ -61,6 +62,7 @@ class AsyncState:
     watchdog: AsyncWatchdog  # a task per lease in progress
     refresher: AsyncRefresher
     verifier: AsyncRefresher  # the verifications of sampled hits (``_core.verify``)
+    verdicts: SharedVerdicts = field(default_factory=SharedVerdicts)  # those under way, by key
     flights: AsyncFlightTable = field(default_factory=AsyncFlightTable)
     closer: Any = None  # the async generator that closes the store when the loop shuts down
     starter: asyncio.Task[None] | None = None  # the task that starts it (kept: the loop holds tasks weakly)
@@ -93,7 +95,7 @@ class States:
         servers: LockServers | None = None,
     ) -> None:
         refresher = Refresher(refreshes, events, warn)
-        verifier = Refresher(VERIFICATIONS_AT_ONCE, events, warn, skipped="consistency_skipped")
+        verifier = Refresher(VERIFICATIONS_AT_ONCE, events, warn, skipped=None)
         self.state = State(store, Leases(policy, store, servers), watchdog, refresher, verifier)
         self.near: NearCache | None = None  # the layer's, if it has one
         self._events = events
@@ -175,7 +177,7 @@ class AsyncStates:
         servers = self._make_servers() if self._make_servers is not None else None  # a ConfigError before the store
         store = self._make_store()
         refresher = AsyncRefresher(self._refresh_limit, self._events, self._warn)
-        verifier = AsyncRefresher(VERIFICATIONS_AT_ONCE, self._events, self._warn, skipped="consistency_skipped")
+        verifier = AsyncRefresher(VERIFICATIONS_AT_ONCE, self._events, self._warn, skipped=None)
         return AsyncState(store, AsyncLeases(self._policy, store, servers), LOOP_WATCHDOG, refresher, verifier)
 
     def loop_store(self) -> AsyncStore:

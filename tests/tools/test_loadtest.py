@@ -293,6 +293,32 @@ def test_the_tracing_benchmark_short_form_times_a_hit_under_every_mode() -> None
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.timing
+def test_the_verification_benchmark_short_form_verifies_about_the_sample_rate() -> None:
+    """``loadtest/bench_hit_path.py --verify --quick``: hits with ``verify_sample`` at 0.001
+    beside hits without. What holds on any machine: both measured, and the loader called
+    by verifications at most the sample rate per hit (plus one: a sample may start early)."""
+    figures = short_form("bench_hit_path.py", 110, "--verify")
+    assert set(figures) == {"hit", "near hit"}
+    for row in figures.values():
+        assert row["off_us"] > 0 and row["on_us"] > 0
+        assert row["verifications"] <= 0.001 * row["hits"] + 1
+
+
+@pytest.mark.timeout(120)
+def test_the_consistency_benchmark_short_form_agrees_with_the_history_checker() -> None:
+    """``loadtest/bench_consistency.py --quick``: with a correct writer, no mismatch and no
+    violation; with a broken one, the verifications' mismatch rate within 10% of the stale
+    rate the history checker finds in the same run (the script exits 1 otherwise)."""
+    figures = short_form("bench_consistency.py", 110)
+    correct, broken = figures["correct"], figures["broken"]
+    assert correct["checks"]["match"] > 1000 and correct["checks"]["mismatch"] == 0
+    assert correct["stale_reads"] == 0 and correct["other_violations"] == {}
+    assert broken["checks"]["mismatch"] > 100 and broken["stale_reads"] > 100
+    assert 0.9 <= figures["ratio"] <= 1.1
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("path", ["hit", "cold"])
 def test_the_profile_workloads_run_and_share_their_time_out_by_package(path: str) -> None:
     """``loadtest/profile_paths.py <path> --quick``: the workload runs under cProfile and

@@ -1,0 +1,130 @@
+"""Consistency measured in production (``verify_sample``), checked against the history
+checker on the same run: what the verifications report, and what really happened.
+
+    python loadtest/bench_consistency.py            # 1.5 x 10^6 and 2 x 10^5 operations
+    python loadtest/bench_consistency.py --quick    # a short form (CI)
+
+Two runs over one throwaway Redis server (started here on 127.0.0.1, stopped by its PID),
+each a generated workload (``stampede.testing.run_workload``: eight threads, reads of one
+and of many keys over a few keys that collide, updates, a database query of a
+millisecond) with every call recorded:
+
+* **correct writer**: an update writes the row, then invalidates the entry, as the
+  examples do. Every hit is verified (``verify_sample=1``): there should be no mismatch,
+  and the figure is the nines the verdicts prove, ``log10(verdicts)`` when there is none.
+* **broken writer**: an update writes the row and does not invalidate. Readers are served
+  the old row until the entry expires. The history checker counts those reads (its rule
+  "stale": a read that began after an update returned and got an older version); the
+  verifications of one hit in five should report the same rate as their mismatches: the
+  line prints both and their ratio.
+
+The exit status is 1 if the correct writer shows a mismatch or a violation, or if the
+broken writer's mismatch rate is not within 10% of the checker's stale rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+import time
+import uuid
+from typing import Any
+
+from stampede import Stampede
+from stampede.testing import History, Mix, Recorder, RedisServer, Rows, Subject, layer_subject, run_workload
+
+MIX = Mix(read=92, read_many=6, update=2, set=0, expire=0)
+TTL, JITTER = 1.0, 0.1
+RESULTS = ("match", "mismatch", "superseded", "error", "skipped")
+
+
+def run(url: str, broken: bool, operations: int, sample: float, seed: int) -> dict[str, Any]:
+    """One writer's run: the verifications' counts and the checker's."""
+    recorder = Recorder()
+    rows = Rows(recorder, delay=0.001)
+    layer = Stampede.from_url(
+        url, namespace=f"c{uuid.uuid4().hex[:8]}", ttl=TTL, jitter=JITTER, verify_sample=sample, verify_grace=0.01
+    )
+    started = time.monotonic()
+    try:
+        subject = layer_subject(layer, rows)
+        if broken:  # the same loaders, and a write path that forgets the cache
+            subject = Subject(read=subject.read, update=rows.write, read_many=subject.read_many)
+        ran = run_workload(subject, recorder, keys=12, threads=8, operations=operations, seed=seed, mix=MIX)
+    finally:
+        layer.close()  # waits for the verifications under way
+    seconds = time.monotonic() - started
+    stats = layer.stats()
+    report = History.of(recorder).check(ttl=TTL * (1 - JITTER), wait_bound=5.0)  # the shortest life
+    checks = {result: stats[f"consistency_{result}"] for result in RESULTS}
+    verdicts = checks["match"] + checks["mismatch"]
+    stale = report.counts().get("stale", 0)
+    return {
+        "writer": "broken" if broken else "correct",
+        "operations": ran,
+        "seconds": round(seconds, 1),
+        "reads": report.reads,
+        "hits": stats["hits"] + stats["near_hits"],
+        "loads": stats["loads"],
+        "checks": checks,
+        "verifications_per_hit": round(sum(checks.values()) / max(1, stats["hits"]), 4),
+        "mismatch_rate": checks["mismatch"] / verdicts if verdicts else 0.0,
+        "nines": -math.log10(max(checks["mismatch"], 1) / verdicts) if verdicts else 0.0,
+        "stale_reads": stale,
+        "stale_rate": stale / report.reads if report.reads else 0.0,
+        "other_violations": {rule: n for rule, n in report.counts().items() if rule != "stale"},
+    }
+
+
+def line(figures: dict[str, Any]) -> str:
+    checks = figures["checks"]
+    text = (
+        f"{figures['writer']:>7} writer: {figures['operations']} operations in {figures['seconds']} s, "
+        f"{figures['reads']} reads; verified {checks['match'] + checks['mismatch']} hits "
+        f"(match {checks['match']}, mismatch {checks['mismatch']}; superseded {checks['superseded']}, "
+        f"error {checks['error']}, skipped {checks['skipped']}): "
+    )
+    if figures["writer"] == "correct":
+        bound = "at least " if not checks["mismatch"] else ""
+        return text + f"{bound}{figures['nines']:.1f} nines; checker: {figures['stale_reads']} stale reads"
+    ratio = figures["mismatch_rate"] / figures["stale_rate"] if figures["stale_rate"] else math.inf
+    return text + (
+        f"mismatch rate {figures['mismatch_rate']:.4f}, checker's stale rate {figures['stale_rate']:.4f} "
+        f"({figures['stale_reads']} stale reads): ratio {ratio:.3f}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--operations", type=int, default=1_500_000, help="of the correct writer's run")
+    parser.add_argument("--sample", type=float, default=1.0, help="its verify_sample")
+    parser.add_argument("--broken-operations", type=int, default=200_000, help="of the broken writer's run")
+    parser.add_argument("--broken-sample", type=float, default=0.2, help="its verify_sample")
+    parser.add_argument("--quick", action="store_true", help="a short form (CI): 20,000 operations per writer")
+    parser.add_argument("--seed", type=int, default=1)
+    options = parser.parse_args()
+    logging.getLogger("stampede.cache").setLevel(logging.ERROR)  # the broken writer's mismatches are counted
+    if options.quick:
+        options.operations = options.broken_operations = 20_000
+    with RedisServer() as server:
+        correct = run(server.url, False, options.operations, options.sample, options.seed)
+        print(line(correct), flush=True)
+        broken = run(server.url, True, options.broken_operations, options.broken_sample, options.seed)
+        print(line(broken), flush=True)
+    ratio = broken["mismatch_rate"] / broken["stale_rate"] if broken["stale_rate"] else math.inf
+    failures = []
+    if correct["checks"]["mismatch"] or correct["stale_reads"] or correct["other_violations"]:
+        failures.append("the correct writer shows a mismatch or a violation")
+    if not 0.9 <= ratio <= 1.1:
+        failures.append(f"the broken writer's mismatch rate is {ratio:.3f}x the checker's stale rate")
+    print(json.dumps({"correct": correct, "broken": broken, "ratio": ratio}))
+    for failure in failures:
+        print(f"FAILED: {failure}", file=sys.stderr)
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
