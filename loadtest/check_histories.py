@@ -14,6 +14,18 @@ a namespace each), until its share of operations is done. Every server is starte
 on 127.0.0.1 and stopped by its PID. The line says: operations, violations (by rule),
 loads, most loads of one entry, slowest call; the last line printed is every figure as
 JSON. The exit status is 1 if any violation was found.
+
+    python loadtest/check_histories.py --faults             # 60 s a fault profile
+    python loadtest/check_histories.py --faults --quick     # 4 s a profile (CI)
+
+``--faults`` runs the workload under faults instead (``stampede.testing.nemesis``): one
+Redis server paused by SIGSTOP and its network stalled, cut and slowed; a Sentinel set's
+graceful failover, and its master frozen until a replica is promoted; a Cluster of three
+primaries with a replica each, a slot migrated and a primary SIGKILLed; Redlock with one
+of its three servers paused; PostgreSQL's network stalled, cut and slowed. Violations
+inside a fault's span (and a second after it) of the rules it may weaken (extra loads;
+for a failover also stale values and slow calls) are counted apart; any other is a
+violation. One line per profile.
 """
 
 from __future__ import annotations
@@ -31,6 +43,7 @@ from typing import Any
 from stampede import ConfigError, Redlock, Stampede
 from stampede.testing import (
     ClusterServers,
+    FaultProxy,
     History,
     PostgresServer,
     Recorder,
@@ -42,6 +55,16 @@ from stampede.testing import (
     find_postgres,
     layer_subject,
     run_workload,
+)
+from stampede.testing.nemesis import (
+    Fault,
+    Nemesis,
+    frozen_master,
+    network,
+    pause,
+    primary_killed,
+    sentinel_failover,
+    slot_moved,
 )
 
 SETTINGS = {"plain": {}, "near cache": {"near_cache": True}, "stale window": {"stale_while_revalidate": 60.0}}
@@ -65,12 +88,95 @@ def run_round(url: str, options: dict[str, Any], asynchronous: bool, operations:
     return History.of(recorder).check(stale_window=stale_window, wait_bound=5.0)
 
 
+FAULTY = {"socket_timeout": 0.5, "lock_ttl": 0.6, "wait_timeout": 10, "breaker_cooldown": 0.5}
+"""A fault profile's layer: a server that does not answer in half a second has failed, a
+lease lapses within a pause, and an open breaker probes again soon."""
+KEYS = 4
+
+
+def fault_profiles(stack: ExitStack) -> list[tuple[str, str, dict[str, Any], list[Fault]]]:
+    """(name, url, layer options, faults) of each fault profile, its servers started."""
+    profiles: list[tuple[str, str, dict[str, Any], list[Fault]]] = []
+    one = stack.enter_context(RedisServer())
+    proxy = stack.enter_context(FaultProxy(one.port))
+    profiles.append(("redis: paused, network", proxy.url, {}, [pause(one), network(proxy)]))
+    sentinels = stack.enter_context(SentinelServers(replicas=1))
+    profiles.append(("sentinel: failover", sentinels.url, {}, [sentinel_failover(sentinels)]))
+    profiles.append(("sentinel: frozen master", sentinels.url, {}, [frozen_master(sentinels)]))
+    cluster = stack.enter_context(ClusterServers(3, replicas=1))
+    tags = [f"row:{key}" for key in range(KEYS)]
+    faults = [slot_moved(cluster, tags), primary_killed(cluster)]
+    profiles.append(("cluster: slot moved, primary killed", cluster.url, {"cluster": True}, faults))
+    two, three = stack.enter_context(RedisServer()), stack.enter_context(RedisServer())
+    redlock = Redlock([one.url, two.url, three.url], socket_timeout=0.5)
+    stack.callback(redlock.close)
+    profiles.append(("redlock: a lock server paused", one.url, {"redlock": redlock}, [pause(three)]))
+    if find_postgres() is not None:
+        postgres = stack.enter_context(PostgresServer())
+        through = stack.enter_context(FaultProxy(postgres.port))
+        url = postgres.url.replace(f":{postgres.port}/", f":{through.port}/")
+        profiles.append(("postgres: network", url, {}, [network(through, seconds=0.6)]))
+    return profiles
+
+
+def run_under_faults(
+    url: str, options: dict[str, Any], faults: list[Fault], seconds: float, seed: int
+) -> tuple[Report, Nemesis, int]:
+    """A workload of ``seconds`` under ``faults``: its report (violations inside the faults'
+    spans counted apart), the nemesis, and the operations that raised."""
+    recorder = Recorder()
+    rows = Rows(recorder, delay=0.001)
+    layer = Stampede.from_url(url, namespace=f"f{uuid.uuid4().hex[:8]}", ttl=300, **FAULTY, **options)
+    try:
+        subject = layer_subject(layer, rows)
+        with Nemesis(faults, seed=seed) as nemesis:
+            run_workload(subject, recorder, keys=KEYS, threads=8, operations=10**9, seconds=seconds, seed=seed)
+    finally:
+        layer.close()
+    if nemesis.errors:
+        raise RuntimeError(f"a fault failed: {nemesis.errors[0]!r}") from nemesis.errors[0]
+    raised = sum(1 for r in recorder.records if r.outcome not in ("ok", "CancelledError"))
+    report = History.of(recorder).check(wait_bound=12.0, weakened=nemesis.spans, weakens=nemesis.weakens)
+    return report, nemesis, raised
+
+
+def main_faults(options: argparse.Namespace) -> None:
+    seconds = 4.0 if options.quick else options.seconds
+    figures: dict[str, Any] = {}
+    with ExitStack() as stack:
+        profiles = fault_profiles(stack)
+        print(f"{len(profiles)} fault profiles, {seconds:g} s each, 8 threads over {KEYS} keys")
+        for name, url, layer_options, faults in profiles:
+            report, nemesis, raised = run_under_faults(url, layer_options, faults, seconds, seed=1)
+            weakened = dict(Counter(violation.rule for violation in report.weakened))
+            row = {
+                "operations": report.operations, "raised": raised, "violations": report.counts(),
+                "weakened": weakened, "faults": dict(nemesis.counts), "loads": report.loads,
+                "most_loads_per_epoch": report.most_loads_per_epoch, "slowest_ms": round(report.slowest_call * 1000, 1),
+            }  # fmt: skip
+            figures[name] = row
+            print(f"   {name:<38} {row['operations']:>7} operations ({raised} raised)  violations "
+                  f"{row['violations'] or 0}  in faults' spans {weakened or 0}  faults {row['faults']}  "
+                  f"most loads per entry {row['most_loads_per_epoch']}  slowest {row['slowest_ms']:.0f} ms",
+                  flush=True)  # fmt: skip
+            if not report.ok:
+                print("      " + str(report).replace("\n", "\n      "))
+    print(json.dumps(figures))
+    if any(profile["violations"] for profile in figures.values()):
+        sys.exit(1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--operations", type=int, default=0, help="per profile (default: 10^6 in all)")
     parser.add_argument("--round", type=int, default=2000, help="operations per layer")
     parser.add_argument("--quick", action="store_true", help="a short form (CI)")
+    parser.add_argument("--faults", action="store_true", help="the fault profiles (nemeses) instead")
+    parser.add_argument("--seconds", type=float, default=60.0, help="per fault profile")
     options = parser.parse_args()
+    if options.faults:
+        main_faults(options)
+        return
     figures: dict[str, Any] = {}
     with ExitStack() as stack:
         backends: dict[str, tuple[str, dict[str, Any]]] = {}

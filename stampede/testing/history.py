@@ -269,8 +269,9 @@ class History:
         spans = _merged(weakened)
         for key, records in by_key.items():
             records.sort(key=lambda record: record.invoked)
+            invoked = [record.invoked for record in records]
             for violation in _check_key(key, records, report, ttl, stale_window, wait_bound):
-                violation.nearby = _nearby(records, violation.records)
+                violation.nearby = _nearby(records, invoked, violation.records)
                 last = max(violation.records, key=lambda record: record.invoked).invoked
                 apart = violation.rule in weakens and _within(spans, last)
                 (report.weakened if apart else report.violations).append(violation)
@@ -278,17 +279,27 @@ class History:
         return report
 
 
-def _nearby(records: list[Record], involved: list[Record], most: int = 12) -> list[Record]:
-    """The operations of ``records`` (sorted by invocation) under way between the first of
-    ``involved`` beginning and the last ending, the closest ``most``."""
+def _nearby(records: list[Record], invoked: list[int], involved: list[Record], most: int = 12) -> list[Record]:
+    """The operations of ``records`` (sorted by invocation, ``invoked`` their times) under
+    way between the first of ``involved`` beginning and the last ending, the closest
+    ``most``. Looked for backwards from the last to begin before that end, among at most
+    ``NEARBY_SCAN`` records: a history of a million operations with many violations (a
+    broken writer's) is explained in seconds, not hours."""
     first = min(record.invoked for record in involved)
     last = max(record.completed or record.invoked for record in involved)
-    found = [
-        record
-        for record in records
-        if record not in involved and record.invoked <= last and (record.completed or last) >= first
-    ]
-    return found[-most:]
+    found: list[Record] = []
+    index = bisect.bisect_right(invoked, last) - 1
+    stop = max(-1, index - NEARBY_SCAN)
+    while index > stop and len(found) < most:
+        record = records[index]
+        if record not in involved and (record.completed or last) >= first:
+            found.append(record)
+        index -= 1
+    found.reverse()
+    return found
+
+
+NEARBY_SCAN = 5000
 
 
 def _merged(spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
