@@ -92,7 +92,7 @@ class CircuitBreaker:
                 self._failures = 0
                 self._probe_until = 0.0
             if closed:
-                log.warning("stampede: redis answers again; circuit closed")
+                log.warning("stampede: the server answers again; circuit closed")
                 if self._on_change is not None:
                     self._on_change(False)
 
