@@ -297,12 +297,14 @@ def test_the_tracing_benchmark_short_form_times_a_hit_under_every_mode() -> None
 def test_the_verification_benchmark_short_form_verifies_about_the_sample_rate() -> None:
     """``loadtest/bench_hit_path.py --verify --quick``: hits with ``verify_sample`` at 0.001
     beside hits without. What holds on any machine: both measured, and the loader called
-    by verifications at most the sample rate per hit (plus one: a sample may start early)."""
+    by verifications about the sample rate per hit at most (each hit is sampled with that
+    chance: five standard deviations of slack, so that the test fails only if it is not)."""
     figures = short_form("bench_hit_path.py", 110, "--verify")
     assert set(figures) == {"hit", "near hit"}
     for row in figures.values():
         assert row["off_us"] > 0 and row["on_us"] > 0
-        assert row["verifications"] <= 0.001 * row["hits"] + 1
+        expected = 0.001 * row["hits"]
+        assert row["verifications"] <= expected + 5 * expected**0.5 + 1, row
 
 
 @pytest.mark.timeout(120)
