@@ -22,7 +22,8 @@ JSON. The exit status is 1 if any violation was found.
 Redis server paused by SIGSTOP and its network stalled, cut and slowed; a Sentinel set's
 graceful failover, and its master frozen until a replica is promoted; a Cluster of three
 primaries with a replica each, a slot migrated and a primary SIGKILLed; Redlock with one
-of its three servers paused; PostgreSQL's network stalled, cut and slowed. Violations
+of its three servers paused; ZooKeeper leases with the ZooKeeper server paused (if
+ZooKeeper is installed); PostgreSQL's network stalled, cut and slowed. Violations
 inside a fault's span (and a second after it) of the rules it may weaken (extra loads;
 for a failover also stale values and slow calls) are counted apart; any other is a
 violation. One line per profile.
@@ -51,8 +52,10 @@ from stampede.testing import (
     Report,
     Rows,
     SentinelServers,
+    ZooKeeperServer,
     arun_workload,
     find_postgres,
+    find_zookeeper,
     layer_subject,
     run_workload,
 )
@@ -111,6 +114,10 @@ def fault_profiles(stack: ExitStack) -> list[tuple[str, str, dict[str, Any], lis
     redlock = Redlock([one.url, two.url, three.url], socket_timeout=0.5)
     stack.callback(redlock.close)
     profiles.append(("redlock: a lock server paused", one.url, {"redlock": redlock}, [pause(three)]))
+    if find_zookeeper() is not None:
+        zookeeper = stack.enter_context(ZooKeeperServer())
+        faults = [pause(zookeeper, name="zookeeper paused")]
+        profiles.append(("zookeeper: its server paused", one.url, {"zookeeper": zookeeper.hosts}, faults))
     if find_postgres() is not None:
         postgres = stack.enter_context(PostgresServer())
         through = stack.enter_context(FaultProxy(postgres.port))

@@ -20,15 +20,17 @@ its PID); every fault heals what it did before the nemesis returns.
 
 from __future__ import annotations
 
+import functools
 import random
 import signal
+import subprocess
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from redis.crc import key_slot
 
@@ -53,9 +55,20 @@ class Fault:
     run: Callable[[threading.Event, random.Random], None]
     weakens: tuple[str, ...] = LEASE_FAULTS
     once: bool = False
+    settle: Callable[[], None] | None = None
+    """Waits until what the fault disturbs is whole again (a failover's old master
+    following the new one): a nemesis settles before its first fault, so that a run does
+    not begin in the wake of the last one's."""
 
 
-def pause(server: RedisServer, low: float = 0.2, high: float = 0.9, name: str = "server paused") -> Fault:
+class Started(Protocol):
+    """A server this process started: a ``RedisServer``, ``PostgresServer`` or
+    ``ZooKeeperServer`` (its ``process``, None once stopped)."""
+
+    process: subprocess.Popen[bytes] | None
+
+
+def pause(server: Started, low: float = 0.2, high: float = 0.9, name: str = "server paused") -> Fault:
     """The server frozen by SIGSTOP for ``low`` to ``high`` seconds (past a lease, if
     ``high`` is), then SIGCONT."""
 
@@ -93,6 +106,23 @@ def network(proxy: FaultProxy, seconds: float = 0.3, kinds: Sequence[str] = ("st
     return Fault("network", run)
 
 
+def _settled_sentinels(sentinels: SentinelServers, timeout: float) -> Callable[[], None]:
+    def settle() -> None:
+        master = sentinels.current_master()
+        _until(lambda: _command(master, "ROLE")[0] in (b"master", "master"), timeout, "the master to take writes")
+        for server in sentinels.servers:
+            if server is not master:
+                _until(functools.partial(_following, server, master), timeout, "every replica to follow the master")
+        sentinels.wait_watching(timeout)
+
+    return settle
+
+
+def _following(replica: RedisServer, master: RedisServer) -> bool:
+    role = _command(replica, "ROLE")
+    return role[0] in (b"slave", "slave") and int(role[2]) == master.port and role[3] in (b"connected", "connected")
+
+
 def sentinel_failover(sentinels: SentinelServers, timeout: float = 30.0) -> Fault:
     """``SENTINEL FAILOVER``: a replica promoted while the master runs (graceful)."""
 
@@ -102,7 +132,7 @@ def sentinel_failover(sentinels: SentinelServers, timeout: float = 30.0) -> Faul
         sentinels.wait_master_moved(old, timeout)
         sentinels.wait_watching(timeout)
 
-    return Fault("failover", run, FAILOVER_FAULTS)
+    return Fault("failover", run, FAILOVER_FAULTS, settle=_settled_sentinels(sentinels, timeout))
 
 
 def frozen_master(sentinels: SentinelServers, timeout: float = 30.0) -> Fault:
@@ -120,7 +150,7 @@ def frozen_master(sentinels: SentinelServers, timeout: float = 30.0) -> Fault:
         _until(lambda: _command(old, "ROLE")[0] in (b"slave", "slave"), timeout, "the old master to follow")
         sentinels.wait_watching(timeout)
 
-    return Fault("frozen master", run, FAILOVER_FAULTS)
+    return Fault("frozen master", run, FAILOVER_FAULTS, settle=_settled_sentinels(sentinels, timeout))
 
 
 def primary_killed(cluster: ClusterServers, timeout: float = 30.0) -> Fault:
@@ -140,7 +170,7 @@ def primary_killed(cluster: ClusterServers, timeout: float = 30.0) -> Fault:
         primary.stop()  # reaped; no node asks it again
         cluster.wait_promoted(replica, timeout)
 
-    return Fault("primary killed", run, FAILOVER_FAULTS, once=True)
+    return Fault("primary killed", run, FAILOVER_FAULTS, once=True, settle=cluster.wait_healthy)
 
 
 def slot_moved(cluster: ClusterServers, hash_tags: Sequence[str]) -> Fault:
@@ -155,7 +185,7 @@ def slot_moved(cluster: ClusterServers, hash_tags: Sequence[str]) -> Fault:
         if targets:
             cluster.move_slot(slot, rng.choice(targets))
 
-    return Fault("slot moved", run)
+    return Fault("slot moved", run, settle=cluster.wait_healthy)
 
 
 class Nemesis:
@@ -200,6 +230,8 @@ class Nemesis:
                 self.counts[fault.name] += 1
 
     def __enter__(self) -> Nemesis:
+        for settle in dict.fromkeys(fault.settle for fault in self.faults if fault.settle is not None):
+            settle()
         self._thread.start()
         return self
 

@@ -292,6 +292,20 @@ def test_the_tracing_benchmark_short_form_times_a_hit_under_every_mode() -> None
     assert figures["recording"]["near_ratio"] > 1.0
 
 
+@pytest.mark.timeout(300)
+def test_the_history_checks_under_faults_find_no_violation_outside_the_faults_spans() -> None:
+    """``loadtest/check_histories.py --faults --quick``: the workload under nemeses on
+    every backend family (servers paused, connections cut, Sentinel failovers, a Cluster
+    slot moved and a primary killed): every profile ran its faults, and no promise broke
+    outside their spans (the script exits 1 on a violation)."""
+    figures = short_form("check_histories.py", 280, "--faults")
+    assert {name.partition(":")[0] for name in figures} >= {"redis", "sentinel", "cluster", "redlock"}
+    for name, row in figures.items():
+        assert row["violations"] == {}, (name, row)
+        assert sum(row["faults"].values()) > 0, (name, row)  # the nemesis did strike
+        assert row["operations"] > 500 and row["loads"] > 0, (name, row)
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.timing
 def test_the_verification_benchmark_short_form_verifies_about_the_sample_rate() -> None:
