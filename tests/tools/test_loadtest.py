@@ -293,6 +293,7 @@ def test_the_tracing_benchmark_short_form_times_a_hit_under_every_mode() -> None
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.timing  # alone: its servers and failovers would slow the instruction count beside it
 def test_the_history_checks_under_faults_find_no_violation_outside_the_faults_spans() -> None:
     """``loadtest/check_histories.py --faults --quick``: the workload under nemeses on
     every backend family (servers paused, connections cut, Sentinel failovers, a Cluster
@@ -322,6 +323,7 @@ def test_the_verification_benchmark_short_form_verifies_about_the_sample_rate() 
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.timing  # alone: eight threads and their verifications busy both cores
 def test_the_consistency_benchmark_short_form_agrees_with_the_history_checker() -> None:
     """``loadtest/bench_consistency.py --quick``: with a correct writer, no mismatch and no
     violation; with a broken one, the verifications' mismatch rate within 10% of the stale
