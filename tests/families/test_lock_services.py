@@ -714,6 +714,78 @@ def test_a_late_release_after_an_invalidation_leaves_the_next_holders_node(zooke
         client.close()
 
 
+class _AnswersLost:
+    """A kazoo client whose next create is applied by the server but whose answer does not
+    come back in time (the request times out client-side): a fault at the client's edge,
+    against a real server."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.lose_next = True
+
+    def create_async(self, *args: Any, **kwargs: Any) -> Any:
+        created = self._client.create_async(*args, **kwargs)
+        if not self.lose_next:
+            return created
+        self.lose_next = False
+        return _LostAnswer(created)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+class _LostAnswer:
+    def __init__(self, created: Any) -> None:
+        self._created = created
+
+    def get(self, timeout: float) -> Any:
+        from kazoo.handlers.threading import KazooTimeoutError
+
+        self._created.get(timeout=timeout)  # applied on the server
+        raise KazooTimeoutError("the answer was lost")
+
+    def rawlink(self, callback: Any) -> None:
+        self._created.rawlink(callback)
+
+
+def test_a_take_whose_answer_is_lost_leaves_no_node_holding_the_lease(zookeeper_server: ZooKeeperServer) -> None:
+    """A take gave up on an unanswered create (a timeout, a lost connection), but the
+    server had applied it: its node, the lowest, held the lease for as long as the
+    session lived, with no load behind it, so every caller of the entry waited out
+    ``wait_timeout`` and loaded uncached (seen once in CI: a burst of 200 cold keys, one
+    loaded twice after a 30 s wait). The token is in the node's name: the take deletes
+    it, and the next taker gets the lease."""
+    from kazoo.client import KazooClient
+
+    from stampede._backends.zookeeper.servers import ZooKeeperLockServers
+    from stampede._core.keys import EntryKeys
+
+    client = KazooClient(hosts=zookeeper_server.hosts, timeout=2)
+    client.start(timeout=10)
+    try:
+        lossy = _AnswersLost(client)
+        servers = ZooKeeperLockServers(lossy)  # type: ignore[arg-type]
+        keys = EntryKeys("zk-lost:{row:1}", "zk-lost:{row:1}:lock", "zk-lost:{row:1}:notify")
+        taken = servers.take(keys, "a" * 32, 30_000)
+        assert not taken.agreed and taken.failed == 1  # unanswered: the caller goes on without the cache
+        assert servers.holders(keys) == [None]  # and its node is gone
+        assert servers.take(keys, "b" * 32, 30_000).agreed
+        assert servers.holders(keys) == [b"b" * 32]
+        servers.release(keys, "b" * 32)
+
+        lossy.lose_next = True  # and a waiter that tries again with its token keeps the lease it gets
+        assert not servers.take(keys, "c" * 32, 30_000).agreed
+        assert servers.take(keys, "c" * 32, 30_000).agreed
+        servers._abandoned.add((entry_path_of(keys), "c" * 32))  # as a create answered late marks it
+        assert servers.take(EntryKeys("zk-lost:{row:2}", "zk-lost:{row:2}:lock", "zk-lost:{row:2}:notify"),
+                            "d" * 32, 30_000).agreed  # fmt: skip
+        assert servers.holders(keys) == [b"c" * 32]
+        assert servers.renew(keys, "c" * 32, 30_000).agreed
+    finally:
+        client.stop()
+        client.close()
+
+
 def entry_path_of(keys: Any) -> str:
     from stampede._backends.zookeeper.servers import entry_path
 

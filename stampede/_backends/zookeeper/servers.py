@@ -22,6 +22,7 @@ into ``BackendUnavailable``, and the layer's ``on_backend_error`` policy decides
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -65,6 +66,7 @@ class ZooKeeperLockServers:
         self.timeout = timeout  # a request the ensemble leaves unanswered fails after this
         self._lock = threading.Lock()
         self._nodes: dict[tuple[str, str], str] = {}  # (entry path, token) -> our node's path
+        self._abandoned: set[tuple[str, str]] = set()  # (entry path, token) of takes that gave up (``_abandon``)
 
     def settled_state(self) -> str:
         """The session's state once a reconnection under way has ended (``self.timeout`` at
@@ -87,6 +89,8 @@ class ZooKeeperLockServers:
 
     def take(self, keys: EntryKeys, token: str, lease_ms: int) -> Round:
         path = entry_path(keys)
+        if self._abandoned:
+            self._sweep()
         try:
             # A releaser may remove the parent between makepath's step and the create, as
             # often as takers and releasers race: that is contention, not a failure of the
@@ -94,15 +98,20 @@ class ZooKeeperLockServers:
             # by a burst of takers beside an invalidation's drop).
             deadline = time.monotonic() + self.timeout
             while True:
+                created = self.client.create_async(
+                    node_prefix(path, "lease", token), token.encode(), ephemeral=True, sequence=True, makepath=True
+                )
                 try:
-                    created = self.client.create_async(
-                        node_prefix(path, "lease", token), token.encode(), ephemeral=True, sequence=True, makepath=True
-                    )
                     node = created.get(timeout=self.timeout)
                     break
                 except (NoNodeError, NodeExistsError):
                     if time.monotonic() >= deadline:
                         return Round(0, 1)
+                except FAILURES:
+                    # Unanswered is not undone: the create may be applied (or be still to
+                    # come), and its node would hold the lease with no load behind it.
+                    created.rawlink(functools.partial(self._created_late, path, token))
+                    raise
             if self._lowest(path) == node:
                 with self._lock:
                     self._nodes[(path, token)] = node
@@ -110,7 +119,47 @@ class ZooKeeperLockServers:
             self._delete(node)
             return Round(0, 0, lease_ms / 1000)
         except FAILURES:
+            self._abandon(path, token)
             return Round(0, 1)
+
+    def _abandon(self, path: str, token: str) -> None:
+        """A take of ``path`` for ``token`` gave up before it knew its outcome: its node may
+        exist, the lowest, holding the lease for as long as the session lives while no load
+        runs (every caller of the entry would wait out ``wait_timeout``). Its token is in
+        its name: it is looked for and deleted now, and at later takes until that works."""
+        with self._lock:
+            self._abandoned.add((path, token))
+        self._sweep()
+
+    def _created_late(self, path: str, token: str, result: Any) -> None:
+        """A create ``take`` gave up on completed after all (kazoo's thread: no request
+        here): its node goes at the next take."""
+        if result.successful():
+            with self._lock:
+                self._abandoned.add((path, token))
+
+    def _sweep(self) -> None:
+        """Delete the nodes of abandoned takes. A later take with the same token (a waiter
+        trying again) may hold the lease by a node of the same prefix: that one stays."""
+        with self._lock:
+            abandoned = list(self._abandoned)
+        for path, token in abandoned:
+            name = node_prefix(path, "lease", token).rsplit("/", 1)[1]
+            try:
+                for child in self.client.get_children_async(path).get(timeout=self.timeout):
+                    with self._lock:
+                        held = self._nodes.get((path, token)) == f"{path}/{child}"
+                    if child.startswith(name) and not held:
+                        try:
+                            self._delete(f"{path}/{child}")
+                        except NoNodeError:
+                            pass
+            except NoNodeError:
+                pass  # gone with its parent
+            except FAILURES:
+                continue  # the ensemble cannot be asked now: at a later take
+            with self._lock:
+                self._abandoned.discard((path, token))
 
     def release(self, keys: EntryKeys, token: str) -> Round:
         path = entry_path(keys)
