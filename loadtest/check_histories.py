@@ -35,10 +35,13 @@ import argparse
 import asyncio
 import json
 import sys
+import tempfile
+import threading
 import time
 import uuid
 from collections import Counter
 from contextlib import ExitStack
+from dataclasses import dataclass, field
 from typing import Any
 
 from stampede import ConfigError, Redlock, Stampede
@@ -68,7 +71,9 @@ from stampede.testing.nemesis import (
     primary_killed,
     sentinel_failover,
     slot_moved,
+    worker_killed,
 )
+from stampede.testing.workers import Workers
 
 SETTINGS = {"plain": {}, "near cache": {"near_cache": True}, "stale window": {"stale_while_revalidate": 60.0}}
 
@@ -95,56 +100,119 @@ FAULTY = {"socket_timeout": 0.5, "lock_ttl": 0.6, "wait_timeout": 10, "breaker_c
 """A fault profile's layer: a server that does not answer in half a second has failed, a
 lease lapses within a pause, and an open breaker probes again soon."""
 KEYS = 4
+NEAR, WINDOW = SETTINGS["near cache"], SETTINGS["stale window"]
 
 
-def fault_profiles(stack: ExitStack) -> list[tuple[str, str, dict[str, Any], list[Fault]]]:
-    """(name, url, layer options, faults) of each fault profile, its servers started."""
-    profiles: list[tuple[str, str, dict[str, Any], list[Fault]]] = []
+@dataclass
+class FaultProfile:
+    """A backend, the layer's settings, and the faults. The workload runs in eight threads
+    and in 16 tasks of an event loop at once (over keys of their own), or, with
+    ``workers``, in three processes, one of which the nemesis kills."""
+
+    name: str
+    url: str
+    options: dict[str, Any]
+    faults: list[Fault] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)
+    workers: str | None = None  # the database's URL: run by worker processes
+
+    @property
+    def described(self) -> str:
+        setting = next((name for name, value in SETTINGS.items() if value == self.settings), "")
+        return f"{self.name} ({'3 processes' if self.workers else 'threads+asyncio'}, {setting})"
+
+
+def fault_profiles(stack: ExitStack) -> list[FaultProfile]:
+    """Each fault profile, its servers started."""
+    profiles: list[FaultProfile] = []
     one = stack.enter_context(RedisServer())
     proxy = stack.enter_context(FaultProxy(one.port))
-    profiles.append(("redis: paused, network", proxy.url, {}, [pause(one), network(proxy)]))
+    profiles.append(FaultProfile("redis: paused, network", proxy.url, {}, [pause(one), network(proxy)], NEAR))
+    database = stack.enter_context(RedisServer())
+    killing = FaultProfile("redis: a worker killed", one.url, {}, workers=database.url)
+    profiles.append(killing)
     sentinels = stack.enter_context(SentinelServers(replicas=1))
-    profiles.append(("sentinel: failover", sentinels.url, {}, [sentinel_failover(sentinels)]))
-    profiles.append(("sentinel: frozen master", sentinels.url, {}, [frozen_master(sentinels)]))
+    profiles.append(FaultProfile("sentinel: failover", sentinels.url, {}, [sentinel_failover(sentinels)], WINDOW))
+    profiles.append(FaultProfile("sentinel: frozen master", sentinels.url, {}, [frozen_master(sentinels)]))
     cluster = stack.enter_context(ClusterServers(3, replicas=1))
-    tags = [f"row:{key}" for key in range(KEYS)]
+    tags = [f"row:{key}" for key in range(KEYS)] + [f"arow:{key}" for key in ASYNC_KEYS]
     faults = [slot_moved(cluster, tags), primary_killed(cluster)]
-    profiles.append(("cluster: slot moved, primary killed", cluster.url, {"cluster": True}, faults))
+    profiles.append(FaultProfile("cluster: slot moved, primary killed", cluster.url, {"cluster": True}, faults))
     two, three = stack.enter_context(RedisServer()), stack.enter_context(RedisServer())
     redlock = Redlock([one.url, two.url, three.url], socket_timeout=0.5)
     stack.callback(redlock.close)
-    profiles.append(("redlock: a lock server paused", one.url, {"redlock": redlock}, [pause(three)]))
+    profiles.append(FaultProfile("redlock: a lock server paused", one.url, {"redlock": redlock}, [pause(three)], NEAR))
     if find_zookeeper() is not None:
         zookeeper = stack.enter_context(ZooKeeperServer())
         faults = [pause(zookeeper, name="zookeeper paused")]
-        profiles.append(("zookeeper: its server paused", one.url, {"zookeeper": zookeeper.hosts}, faults))
+        options = {"zookeeper": zookeeper.hosts}
+        profiles.append(FaultProfile("zookeeper: its server paused", one.url, options, faults, WINDOW))
     if find_postgres() is not None:
         postgres = stack.enter_context(PostgresServer())
         through = stack.enter_context(FaultProxy(postgres.port))
         url = postgres.url.replace(f":{postgres.port}/", f":{through.port}/")
-        profiles.append(("postgres: network", url, {}, [network(through, seconds=0.6)]))
+        profiles.append(FaultProfile("postgres: network", url, {}, [network(through, seconds=0.6)], WINDOW))
     return profiles
 
 
-def run_under_faults(
-    url: str, options: dict[str, Any], faults: list[Fault], seconds: float, seed: int
-) -> tuple[Report, Nemesis, int]:
-    """A workload of ``seconds`` under ``faults``: its report (violations inside the faults'
-    spans counted apart), the nemesis, and the operations that raised."""
+ASYNC_KEYS = range(100, 100 + KEYS)
+
+
+def run_under_faults(profile: FaultProfile, seconds: float, seed: int) -> tuple[Report, Nemesis, int, dict[str, int]]:
+    """A workload of ``seconds`` under the profile's faults: its report (violations inside
+    the faults' spans counted apart), the nemesis, the operations that raised, and more
+    figures (workers killed)."""
+    if profile.workers is not None:
+        return _run_workers(profile, seconds, seed)
     recorder = Recorder()
     rows = Rows(recorder, delay=0.001)
-    layer = Stampede.from_url(url, namespace=f"f{uuid.uuid4().hex[:8]}", ttl=300, **FAULTY, **options)
+    options = {**FAULTY, **profile.options, **profile.settings}
+    layer = Stampede.from_url(profile.url, namespace=f"f{uuid.uuid4().hex[:8]}", ttl=300, **options)
+    errors: list[BaseException] = []
+
+    def tasks() -> None:
+        subject = layer_subject(layer, rows, "arow:{key}", asynchronous=True, tag="arows")
+        work = arun_workload(subject, recorder, keys=ASYNC_KEYS, tasks=16, operations=10**9, seconds=seconds, seed=seed)
+        try:
+            asyncio.run(work)
+        except BaseException as error:
+            errors.append(error)
+
+    loop = threading.Thread(target=tasks, name="tasks")
     try:
         subject = layer_subject(layer, rows)
-        with Nemesis(faults, seed=seed) as nemesis:
+        with Nemesis(profile.faults, seed=seed) as nemesis:
+            loop.start()
             run_workload(subject, recorder, keys=KEYS, threads=8, operations=10**9, seconds=seconds, seed=seed)
+            loop.join()
     finally:
         layer.close()
+    if nemesis.errors or errors:
+        error = (nemesis.errors or errors)[0]
+        raise RuntimeError(f"a fault or the event loop failed: {error!r}") from error
+    raised = sum(1 for r in recorder.records if r.outcome not in ("ok", "CancelledError"))
+    window = profile.settings.get("stale_while_revalidate", 0.0)
+    report = History.of(recorder).check(
+        stale_window=window, wait_bound=12.0, weakened=nemesis.spans, weakens=nemesis.weakens
+    )
+    return report, nemesis, raised, {}
+
+
+def _run_workers(profile: FaultProfile, seconds: float, seed: int) -> tuple[Report, Nemesis, int, dict[str, int]]:
+    """The workload in three worker processes, one SIGKILLed now and then (and replaced):
+    no promise weakens."""
+    assert profile.workers is not None
+    with tempfile.TemporaryDirectory() as directory:
+        with Workers(profile.url, profile.workers, directory, seconds=seconds, options=FAULTY, seed=seed) as workers:
+            with Nemesis([worker_killed(workers)], between=(0.3, 1.0), seed=seed) as nemesis:
+                workers.wait()
+        history = History.load(*workers.streams)
+        mid_load = workers.killed_mid_load()
     if nemesis.errors:
         raise RuntimeError(f"a fault failed: {nemesis.errors[0]!r}") from nemesis.errors[0]
-    raised = sum(1 for r in recorder.records if r.outcome not in ("ok", "CancelledError"))
-    report = History.of(recorder).check(wait_bound=12.0, weakened=nemesis.spans, weakens=nemesis.weakens)
-    return report, nemesis, raised
+    raised = sum(1 for r in history.records if r.completed is not None and r.outcome != "ok")
+    report = history.check(wait_bound=12.0, weakened=nemesis.spans, weakens=nemesis.weakens)
+    return report, nemesis, raised, {"killed": len(workers.killed), "killed_mid_load": mid_load}
 
 
 def main_faults(options: argparse.Namespace) -> None:
@@ -152,20 +220,22 @@ def main_faults(options: argparse.Namespace) -> None:
     figures: dict[str, Any] = {}
     with ExitStack() as stack:
         profiles = fault_profiles(stack)
-        print(f"{len(profiles)} fault profiles, {seconds:g} s each, 8 threads over {KEYS} keys")
-        for name, url, layer_options, faults in profiles:
-            report, nemesis, raised = run_under_faults(url, layer_options, faults, seconds, seed=1)
+        print(f"{len(profiles)} fault profiles, {seconds:g} s each, over {KEYS} keys (and {KEYS} more in asyncio)")
+        for profile in profiles:
+            report, nemesis, raised, more = run_under_faults(profile, seconds, seed=1)
+            said = f"{more['killed']} killed, {more['killed_mid_load']} of them mid-load" if more else ""
             weakened = dict(Counter(violation.rule for violation in report.weakened))
             row = {
                 "operations": report.operations, "raised": raised, "violations": report.counts(),
                 "weakened": weakened, "faults": dict(nemesis.counts), "loads": report.loads,
                 "most_loads_per_epoch": report.most_loads_per_epoch, "slowest_ms": round(report.slowest_call * 1000, 1),
+                **more,
             }  # fmt: skip
-            figures[name] = row
-            print(f"   {name:<38} {row['operations']:>7} operations ({raised} raised)  violations "
-                  f"{row['violations'] or 0}  in faults' spans {weakened or 0}  faults {row['faults']}  "
-                  f"most loads per entry {row['most_loads_per_epoch']}  slowest {row['slowest_ms']:.0f} ms",
-                  flush=True)  # fmt: skip
+            figures[profile.name] = row
+            print(f"   {profile.described:<60} {row['operations']:>7} operations ({raised} raised)  violations "
+                  f"{row['violations'] or 0}  in faults' spans {weakened or 0}  faults {row['faults']}"
+                  f"{' (' + said + ')' if said else ''}  most loads per entry {row['most_loads_per_epoch']}  "
+                  f"slowest {row['slowest_ms']:.0f} ms", flush=True)  # fmt: skip
             if not report.ok:
                 print("      " + str(report).replace("\n", "\n      "))
     print(json.dumps(figures))

@@ -8,7 +8,9 @@ backends to run theirs on.
   ``CommandMonitor`` (the commands clients sent) (``faults``).
 * Histories and their checker: a ``Recorder`` in each process records what every
   caller did, ``History.check`` checks it against stampede's promises (``history``),
-  and a generated workload over versioned ``Rows`` makes one (``workload``).
+  a generated workload over versioned ``Rows`` makes one (``workload``), in worker
+  processes too (``Workers``, ``workers``), and faults strike while it runs
+  (``stampede.testing.nemesis``).
 * The store contract suite, for pytest (``stampede.testing.contract``, imported on its
   own, since it needs pytest).
 """
@@ -20,7 +22,8 @@ from .history import History, Operation, Record, Recorder, Report, Violation
 from .servers import RedisServer, find_server_binary, free_port, server_url
 from .services import PostgresServer, ZooKeeperServer, find_postgres, find_zookeeper
 from .topologies import ClusterServers, SentinelServers
-from .workload import Mix, Rows, Subject, arun_workload, layer_subject, run_workload
+from .workers import Workers
+from .workload import Mix, Rows, ServerRows, Subject, arun_workload, layer_subject, run_workload
 
 __all__ = [
     # servers
@@ -47,8 +50,10 @@ __all__ = [
     "Recorder",
     "Report",
     "Rows",
+    "ServerRows",
     "Subject",
     "Violation",
+    "Workers",
     "arun_workload",
     "layer_subject",
     "run_workload",

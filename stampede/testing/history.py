@@ -97,10 +97,23 @@ class Recorder:
     ``op("verify", key)`` a verification's loader call (``verify_sample``).
     """
 
-    def __init__(self, process: str | None = None) -> None:
+    def __init__(self, process: str | None = None, *, stream: str | os.PathLike[str] | None = None) -> None:
+        """``stream``: a file each operation is also appended to as it begins and as it
+        ends (a line of JSON each time, in one ``write``), so that what a process did
+        survives its being killed (``History.load`` reads it; an operation it began and
+        never ended is one that never returned)."""
         self.process = process or str(os.getpid())
         self.records: list[Record] = []
         self._numbers = itertools.count().__next__  # atomic under the GIL
+        self._stream: int | None = None
+        if stream is not None:
+            self._stream = os.open(stream, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def close(self) -> None:
+        """Close the stream (the records stay)."""
+        if self._stream is not None:
+            os.close(self._stream)
+            self._stream = None
 
     def op(self, kind: str, *keys: Any, version: int | Mapping[Any, int] | None = None) -> Operation:
         if kind not in KINDS:
@@ -114,7 +127,18 @@ class Recorder:
         Path(path).write_bytes(orjson.dumps([list(record) for record in self.records]))
 
     def _add(self, records: Iterable[Record]) -> None:
-        self.records.extend(records)
+        if self._stream is None:
+            self.records.extend(records)
+            return
+        ended = list(records)
+        self.records.extend(ended)
+        self._write(ended)
+
+    def _write(self, records: list[Record]) -> None:
+        """One line, in one ``write`` to a file opened for appending: whole, whatever
+        becomes of the process after it returns."""
+        if self._stream is not None:
+            os.write(self._stream, orjson.dumps([list(record) for record in records]) + b"\n")
 
 
 class Operation:
@@ -144,6 +168,12 @@ class Operation:
 
     def __enter__(self) -> Operation:
         self._invoked = time.monotonic_ns()
+        recorder = self._recorder
+        if recorder._stream is not None:  # begun: a record that never returned, until it does
+            recorder._write(
+                [Record(self._kind, key, self._versions.get(key), None, self._invoked, None, "never returned",
+                        recorder.process, _caller_name(), self._number) for key in self._keys]
+            )  # fmt: skip
         return self
 
     def __exit__(
@@ -239,7 +269,20 @@ class History:
 
     @classmethod
     def load(cls, *paths: str | os.PathLike[str]) -> History:
-        return cls(Record(*row) for path in paths for row in orjson.loads(Path(path).read_bytes()))
+        """The records ``Recorder.save`` wrote, or a ``Recorder``'s stream: there, an
+        operation's end replaces its beginning, and one with no end never returned."""
+        records: dict[tuple[str, int, Any], Record] = {}
+        for path in paths:
+            text = Path(path).read_bytes()
+            if b"\n" not in text:  # saved: one document
+                rows = orjson.loads(text)
+            else:  # a stream: a line per operation begun or ended
+                rows = [row for line in text.splitlines() if line for row in orjson.loads(line)]
+            for row in rows:
+                record = Record(*row)
+                record = record._replace(key=_hashable(record.key), source=_hashable(record.source))
+                records[(record.process, record.op, record.key)] = record
+        return cls(records.values())
 
     def extend(self, other: History | Recorder) -> None:
         self.records.extend(other.records)
@@ -265,18 +308,27 @@ class History:
         by_key: dict[Any, list[Record]] = defaultdict(list)
         for record in done:
             by_key[record.key].append(record)
+        unended: dict[Any, list[Record]] = defaultdict(list)  # database writes that may have happened
+        for record in self.records:
+            if record.completed is None and record.kind in ("write", "set") and record.version is not None:
+                unended[record.key].append(record)
         report = Report(start, len({(r.process, r.op) for r in self.records}), 0, 0, 0, 0, 0.0)
         spans = _merged(weakened)
         for key, records in by_key.items():
             records.sort(key=lambda record: record.invoked)
             invoked = [record.invoked for record in records]
-            for violation in _check_key(key, records, report, ttl, stale_window, wait_bound):
+            for violation in _check_key(key, records, unended[key], report, ttl, stale_window, wait_bound):
                 violation.nearby = _nearby(records, invoked, violation.records)
                 last = max(violation.records, key=lambda record: record.invoked).invoked
                 apart = violation.rule in weakens and _within(spans, last)
                 (report.weakened if apart else report.violations).append(violation)
         report.violations.sort(key=lambda violation: max(record.invoked for record in violation.records))
         return report
+
+
+def _hashable(key: Any) -> Any:
+    """A key read back from JSON (a list where a tuple was recorded) as a dict key."""
+    return tuple(_hashable(part) for part in key) if isinstance(key, list) else key
 
 
 def _nearby(records: list[Record], invoked: list[int], involved: list[Record], most: int = 12) -> list[Record]:
@@ -341,16 +393,24 @@ class _Newest:
 
 
 def _check_key(
-    key: Any, records: list[Record], report: Report, ttl: float | None, stale_window: float, wait_bound: float | None
+    key: Any,
+    records: list[Record],
+    unended: list[Record],
+    report: Report,
+    ttl: float | None,
+    stale_window: float,
+    wait_bound: float | None,
 ) -> Iterator[Violation]:
-    """The violations of one key's ``records``, sorted by invocation (so is each kind's list)."""
+    """The violations of one key's ``records``, sorted by invocation (so is each kind's
+    list); ``unended``: writes begun that never returned (their process was killed)."""
     kinds: dict[str, list[Record]] = defaultdict(list)
     for record in records:
         kinds[record.kind].append(record)
     writes = sorted((r for r in kinds["write"] + kinds["set"] if r.version is not None), key=lambda r: r.invoked)
     written = _Newest(writes, lambda record: record.version or 0)  # indexed by completion
-    began = [record.invoked for record in writes]
-    newest_began = list(_running_max(record.version for record in writes))
+    begun = sorted(writes + unended, key=lambda r: r.invoked)
+    began = [record.invoked for record in begun]
+    newest_began = list(_running_max(record.version for record in begun))
 
     def made_for(record: Record) -> int:
         """The version an invalidation or expiry was made for."""

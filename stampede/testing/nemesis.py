@@ -37,6 +37,7 @@ from redis.crc import key_slot
 from .faults import FaultProxy
 from .servers import RedisServer
 from .topologies import ClusterServers, SentinelServers, _command, _until
+from .workers import Workers
 
 LEASE_FAULTS = ("extra load",)
 """What a paused or unreachable server may cost: a second load of an entry."""
@@ -188,6 +189,18 @@ def slot_moved(cluster: ClusterServers, hash_tags: Sequence[str]) -> Fault:
     return Fault("slot moved", run, settle=cluster.wait_healthy)
 
 
+def worker_killed(workers: Workers) -> Fault:
+    """A worker process SIGKILLed, mid-load as often as not (``Workers.killed_mid_load``
+    tells), and another started in its place. It weakens no promise: the lease its load
+    held lapses within ``lock_ttl``, one caller takes over and loads, and the killed
+    load wrote nothing."""
+
+    def run(stop: threading.Event, rng: random.Random) -> None:
+        workers.kill(rng)
+
+    return Fault("worker killed", run, weakens=())
+
+
 class Nemesis:
     """Runs ``faults``, one at a time and chosen at random, with ``between`` (low, high)
     seconds between them, from when it is entered until it is left. ``spans`` is when each
@@ -256,4 +269,5 @@ __all__ = [
     "primary_killed",
     "sentinel_failover",
     "slot_moved",
+    "worker_killed",
 ]

@@ -31,6 +31,8 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import redis
+
 from .._core.verify import verifying
 from .history import Operation, Recorder
 
@@ -94,6 +96,43 @@ class Rows:
         return found
 
 
+KEEP_GREATER = """
+local held = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tonumber(ARGV[1]) > held then redis.call('SET', KEYS[1], ARGV[1]) end
+"""
+
+
+class ServerRows(Rows):
+    """``Rows`` kept in a Redis server at ``url``, so that the processes of a run share one
+    database (``stampede.testing.workers``). A write takes its version first (a counter
+    per row) and then writes it, the greater of it and the row's kept, under its record:
+    a version reserved by a writer killed before its write is never read, and one it
+    wrote is one whose write had begun. The ``async`` loaders read with the blocking
+    client too (a round trip on 127.0.0.1)."""
+
+    def __init__(self, recorder: Recorder, url: str, delay: float = 0.0, prefix: str = "rows:") -> None:
+        super().__init__(recorder, delay)
+        self.prefix = prefix
+        self._client = redis.Redis.from_url(url)
+        self._keep_greater = self._client.register_script(KEEP_GREATER)
+
+    def write(self, key: Any) -> int:
+        version = int(self._client.incr(f"{self.prefix}next:{key}"))
+        with self.recorder.op("write", key, version=version):
+            self._keep_greater(keys=[f"{self.prefix}row:{key}"], args=[version])
+        return version
+
+    def _read(self, op: Operation, keys: Sequence[Any]) -> dict[Any, Row]:
+        held = self._client.mget([f"{self.prefix}row:{key}" for key in keys])
+        found = {key: {"key": key, "version": int(value or 0)} for key, value in zip(keys, held, strict=True)}
+        for key, row in found.items():
+            op.saw(row["version"], key=key)
+        return found
+
+    def close(self) -> None:
+        self._client.close()
+
+
 @dataclass
 class Subject:
     """The cache under test; each callable plain or ``async``. ``update(key)`` is the
@@ -106,6 +145,11 @@ class Subject:
     read_many: Callable[[list[Any]], Any] | None = None
     expire: Callable[[Any], Any] | None = None
     set: Callable[[Any], Any] | None = None
+    update_tag: Callable[[list[Any]], Any] | None = None
+    """The write path of a group: writes each of these rows, then invalidates the tag
+    their entries carry; returns the versions written, by key."""
+    expire_tag: Callable[[list[Any]], Any] | None = None
+    """Expires the tag the entries of these keys carry."""
 
 
 async def _settled(result: Any) -> Any:
@@ -114,13 +158,24 @@ async def _settled(result: Any) -> Any:
 
 
 def layer_subject(
-    layer: Any, rows: Rows, template: str = "row:{key}", *, asynchronous: bool = False, **settings: Any
+    layer: Any,
+    rows: Rows,
+    template: str = "row:{key}",
+    *,
+    asynchronous: bool = False,
+    tag: str | None = "rows",
+    **settings: Any,
 ) -> Subject:
     """A ``Subject`` of a stampede layer: a cached loader and a many-key loader over the
     same entries (``async`` ones if ``asynchronous``), invalidated after each write;
-    ``set`` writes the row and then the entry; ``expire`` expires it."""
-    one = layer.cached_loader(template, **settings)(rows.aload if asynchronous else rows.load)
-    many = layer.cached_loader_many(template, **settings)(rows.aload_many if asynchronous else rows.load_many)
+    ``set`` writes the row and then the entry; ``expire`` expires it. Every entry is
+    tagged ``tag`` (unless it is None): ``update_tag`` writes the rows and invalidates
+    the tag, ``expire_tag`` expires it."""
+    tags = None if tag is None else [tag]
+    one = layer.cached_loader(template, tags=tags, **settings)(rows.aload if asynchronous else rows.load)
+    many = layer.cached_loader_many(template, tags=tags, **settings)(
+        rows.aload_many if asynchronous else rows.load_many
+    )
 
     async def update(key: Any) -> int:
         version = rows.write(key)
@@ -132,7 +187,24 @@ def layer_subject(
         await _settled(one.set({"key": key, "version": version}, key))
         return version
 
-    return Subject(read=one, update=update, read_many=many, expire=one.expire, set=set_)
+    async def update_tag(keys: list[Any]) -> dict[Any, int]:
+        versions = {key: rows.write(key) for key in keys}
+        await _settled((layer.ainvalidate_tag if asynchronous else layer.invalidate_tag)(tag))
+        return versions
+
+    async def expire_tag(keys: list[Any]) -> None:
+        await _settled((layer.aexpire_tag if asynchronous else layer.expire_tag)(tag))
+
+    grouped = tag is not None
+    return Subject(
+        read=one,
+        update=update,
+        read_many=many,
+        expire=one.expire,
+        set=set_,
+        update_tag=update_tag if grouped else None,
+        expire_tag=expire_tag if grouped else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -144,6 +216,11 @@ class Mix:
     update: float = 8
     set: float = 2
     expire: float = 2
+    update_tag: float = 1
+    expire_tag: float = 1
+
+
+OPERATIONS = ("read", "read_many", "update", "set", "expire", "update_tag", "expire_tag")
 
 
 class _Plan:
@@ -154,17 +231,17 @@ class _Plan:
     which no cache can know)."""
 
     def __init__(
-        self, subject: Subject, keys: int, operations: int, seconds: float | None, mix: Mix, writing: list[Any]
+        self, subject: Subject, keys: Sequence[Any], operations: int, seconds: float | None, mix: Mix, writing: Any
     ) -> None:
-        self.subject, self.keys, self.operations, self.left = subject, keys, operations, operations
-        weights = {name: getattr(mix, name) for name in ("read", "read_many", "update", "set", "expire")}
-        for optional in ("read_many", "set", "expire"):
+        self.subject, self.keys, self.operations, self.left = subject, list(keys), operations, operations
+        weights = {name: getattr(mix, name) for name in OPERATIONS}
+        for optional in OPERATIONS[1:]:
             if getattr(subject, optional) is None:
                 weights[optional] = 0
         self.names, self.weights = list(weights), list(weights.values())
         self.deadline = None if seconds is None else time.monotonic() + seconds
         self.lock = threading.Lock()
-        self.writing = writing
+        self.writing = {key: writing() for key in self.keys}
         self.errors: list[BaseException] = []
 
     def take(self) -> bool:
@@ -186,15 +263,17 @@ async def _caller(plan: _Plan, recorder: Recorder, draw: random.Random) -> None:
     subject = plan.subject
     while plan.take():
         name = draw.choices(plan.names, plan.weights)[0]
-        key = draw.randrange(plan.keys)
+        key = draw.choice(plan.keys)
         try:
-            if name == "read":
+            if name in ("update_tag", "expire_tag"):  # every key: the tag is on every entry
+                await _grouped(plan, recorder, name)
+            elif name == "read":
                 with recorder.op("read", key) as op:
                     row = await _settled(subject.read(key))
                     if row is not None:
                         op.saw(row["version"], source=row["key"])
             elif name == "read_many":
-                asked = draw.sample(range(plan.keys), min(plan.keys, draw.randint(2, 4)))
+                asked = draw.sample(plan.keys, min(len(plan.keys), draw.randint(2, 4)))
                 with recorder.op("read", *asked) as op:
                     found: Mapping[Any, Row | None] = await _settled(subject.read_many(asked))  # type: ignore[misc]
                     for asked_key, row in found.items():
@@ -212,6 +291,26 @@ async def _caller(plan: _Plan, recorder: Recorder, draw: random.Random) -> None:
         except BaseException as error:  # pragma: no cover - a KeyboardInterrupt
             plan.errors.append(error)
             return
+
+
+async def _grouped(plan: _Plan, recorder: Recorder, name: str) -> None:
+    """A tag's write path or its expiry, over every key, under every key's lock (taken in
+    one order, so that two never wait for each other)."""
+    keys = plan.keys
+    for key in keys:
+        await plan.writing[key].__aenter__()
+    try:
+        if name == "update_tag":
+            with recorder.op("invalidate", *keys) as op:
+                versions = await _settled(plan.subject.update_tag(keys))  # type: ignore[misc]
+                for key, version in versions.items():
+                    op.saw(version, key=key)
+        else:
+            with recorder.op("expire", *keys):
+                await _settled(plan.subject.expire_tag(keys))  # type: ignore[misc]
+    finally:
+        for key in reversed(keys):
+            await plan.writing[key].__aexit__(None, None, None)
 
 
 class _entered:
@@ -238,22 +337,27 @@ def _drive(coroutine: Coroutine[Any, Any, T]) -> T:
     raise TypeError("a subject's callable returned an awaitable: run it with arun_workload")
 
 
+def _keys(keys: int | Sequence[Any]) -> list[Any]:
+    return list(range(keys)) if isinstance(keys, int) else list(keys)
+
+
 def run_workload(
     subject: Subject,
     recorder: Recorder,
     *,
-    keys: int = 6,
+    keys: int | Sequence[Any] = 6,
     threads: int = 8,
     operations: int = 10_000,
     seconds: float | None = None,
     seed: int = 0,
     mix: Mix = Mix(),
 ) -> int:
-    """Run ``operations`` drawn from ``mix`` over ``keys`` keys in ``threads`` threads
+    """Run ``operations`` drawn from ``mix`` over ``keys`` (that many, from 0, or these)
+    in ``threads`` threads
     (or until ``seconds`` pass), each recorded; returns how many ran. An operation that
     raises is recorded with its exception's name and the run goes on. The subject's
     callables are plain, or ``async def`` ones that never wait (``layer_subject``'s)."""
-    plan = _Plan(subject, keys, operations, seconds, mix, [_entered(threading.Lock()) for _ in range(keys)])
+    plan = _Plan(subject, _keys(keys), operations, seconds, mix, lambda: _entered(threading.Lock()))
 
     def caller(number: int) -> None:
         try:
@@ -273,7 +377,7 @@ async def arun_workload(
     subject: Subject,
     recorder: Recorder,
     *,
-    keys: int = 6,
+    keys: int | Sequence[Any] = 6,
     tasks: int = 32,
     operations: int = 10_000,
     seconds: float | None = None,
@@ -282,7 +386,7 @@ async def arun_workload(
 ) -> int:
     """``run_workload`` in ``tasks`` tasks of the running event loop, for a subject of
     ``async`` callables (``layer_subject(..., asynchronous=True)``)."""
-    plan = _Plan(subject, keys, operations, seconds, mix, [asyncio.Lock() for _ in range(keys)])
+    plan = _Plan(subject, _keys(keys), operations, seconds, mix, asyncio.Lock)
     callers = [
         asyncio.create_task(_caller(plan, recorder, random.Random(seed * 1000 + number)), name=f"t{number}")
         for number in range(tasks)
@@ -291,4 +395,4 @@ async def arun_workload(
     return plan.ran()
 
 
-__all__ = ["Mix", "Rows", "Subject", "arun_workload", "layer_subject", "run_workload"]
+__all__ = ["Mix", "Rows", "ServerRows", "Subject", "arun_workload", "layer_subject", "run_workload"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,6 +21,7 @@ from stampede.testing import (
     Recorder,
     Report,
     Rows,
+    ServerRows,
     Subject,
     arun_workload,
     layer_subject,
@@ -172,6 +174,60 @@ def test_recorders_of_several_processes_merge_through_files(tmp_path: Any) -> No
     assert report.violations[0].records[-1].key == "k"
 
 
+def test_a_stream_keeps_what_a_killed_process_did_and_what_it_never_ended(tmp_path: Any) -> None:
+    """A process killed mid-operation: what it ended is whole in its stream, what it began
+    and never ended never returned, and a version its unended write may have made is one
+    a reader may see (not "unwritten"); without the stream nothing of it would be left."""
+    stream = tmp_path / "killed.jsonl"
+    killed = Recorder("killed", stream=stream)
+    with killed.op("write", "k", version=1):
+        pass
+    with killed.op("invalidate", "k") as op:
+        op.saw(1)
+    killed.op("write", "k", version=2).__enter__()  # the process dies in its write
+    killed.op("load", "k").__enter__()
+    killed.close()
+    reader = Recorder("reader")
+    with reader.op("read", "k") as op:
+        op.saw(2)
+    reader.save(tmp_path / "reader.json")
+    history = History.load(stream, tmp_path / "reader.json")
+    unended = sorted((r.kind, r.version) for r in history.records if r.completed is None)
+    assert unended == [("load", None), ("write", 2)]
+    assert all(r.outcome == "ok" for r in history.records if r.completed is not None)
+    report = history.check()
+    assert report.ok and report.operations == 5, str(report)
+    with reader.op("read", "k") as op:  # no write of version 3 ever began
+        op.saw(3)
+    reader.save(tmp_path / "reader.json")
+    assert History.load(stream, tmp_path / "reader.json").check().counts() == {"unwritten": 1}
+
+
+def test_rows_in_a_server_are_shared_and_a_reserved_version_never_written_is_never_read(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    """``ServerRows``: two processes' rows in one server; a writer that reserved a version
+    and died before writing it leaves the row as it was, and the next write's version is
+    the row's."""
+    first, second = Recorder("a"), Recorder("b")
+    one = ServerRows(first, redis_url, prefix="shared:")
+    other = ServerRows(second, redis_url, prefix="shared:")
+    try:
+        assert one.load("k") == {"key": "k", "version": 0}
+        assert one.write("k") == 1
+        assert other.load("k") == {"key": "k", "version": 1}
+        redis_client.incr("shared:next:k")  # version 2 reserved by a writer that died
+        assert other.write("k") == 3 and one.load_many(["k", "j"]) == {
+            "k": {"key": "k", "version": 3},
+            "j": {"key": "j", "version": 0},
+        }
+    finally:
+        one.close()
+        other.close()
+    written = [(r.process, r.version) for r in History.of(first, second).records if r.kind == "write"]
+    assert written == [("a", 1), ("b", 3)]
+
+
 # The checker against caches. The database's queries take a millisecond, so that loads
 # overlap; a broken cache's defect shows within a few rounds, and the run goes on until
 # it does (at most ROUNDS).
@@ -258,8 +314,8 @@ def test_the_checker_finds_stale_values_when_the_application_invalidates_before_
 def test_stampede_keeps_every_promise_in_a_generated_workload_on_every_backend(
     layer_of_each_backend: Callable[..., Stampede], settings: dict[str, Any], asynchronous: bool
 ) -> None:
-    """Reads of one and of many keys, updates, sets and expiries over four keys in eight
-    threads, or 32 tasks of one loop: no stale value, no wrong one, no second load of an
+    """Reads of one and of many keys, updates, sets and expiries of one key and of a tag
+    over four keys in eight threads, or 32 tasks of one loop: no stale value, no wrong one, no second load of an
     entry, no call past its bound. With a stale window, values older than an expiry are
     allowed within it."""
     if settings.get("near_cache"):
@@ -285,6 +341,8 @@ def test_stampede_keeps_every_promise_in_a_generated_workload_on_every_backend(
         ran = run_workload(subject, recorder, keys=4, threads=8, operations=1000, seed=7)
     report = History.of(recorder).check(stale_window=settings.get("stale_while_revalidate", 0.0), wait_bound=5.0)
     assert ran == 1000 and report.reads > 700 and report.loads > 10, str(report)
+    grouped = Counter((r.kind, r.process, r.op) for r in recorder.records if r.kind in ("invalidate", "expire"))
+    assert {kind for (kind, *_), keys in grouped.items() if keys == 4} == {"invalidate", "expire"}  # tags
     # A background refresh still loading when the run's loop shuts down is cancelled with it.
     failed = [
         r

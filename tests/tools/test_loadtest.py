@@ -297,14 +297,17 @@ def test_the_tracing_benchmark_short_form_times_a_hit_under_every_mode() -> None
 def test_the_history_checks_under_faults_find_no_violation_outside_the_faults_spans() -> None:
     """``loadtest/check_histories.py --faults --quick``: the workload under nemeses on
     every backend family (servers paused, connections cut, Sentinel failovers, a Cluster
-    slot moved and a primary killed): every profile ran its faults, and no promise broke
-    outside their spans (the script exits 1 on a violation)."""
+    slot moved and a primary killed, a worker process killed mid-load): every profile ran
+    its faults, and no promise broke outside their spans (the script exits 1 on a
+    violation); a killed worker broke none even inside them."""
     figures = short_form("check_histories.py", 280, "--faults")
     assert {name.partition(":")[0] for name in figures} >= {"redis", "sentinel", "cluster", "redlock"}
     for name, row in figures.items():
         assert row["violations"] == {}, (name, row)
         assert sum(row["faults"].values()) > 0, (name, row)  # the nemesis did strike
         assert row["operations"] > 500 and row["loads"] > 0, (name, row)
+    killing = figures["redis: a worker killed"]  # a worker killed weakens nothing
+    assert killing["killed_mid_load"] >= 1 and killing["weakened"] == {} and killing["most_loads_per_epoch"] == 1
 
 
 @pytest.mark.timeout(120)
