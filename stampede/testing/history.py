@@ -308,9 +308,9 @@ class History:
         by_key: dict[Any, list[Record]] = defaultdict(list)
         for record in done:
             by_key[record.key].append(record)
-        unended: dict[Any, list[Record]] = defaultdict(list)  # database writes that may have happened
+        unended: dict[Any, list[Record]] = defaultdict(list)  # what may have happened, or not
         for record in self.records:
-            if record.completed is None and record.kind in ("write", "set") and record.version is not None:
+            if record.completed is None:
                 unended[record.key].append(record)
         report = Report(start, len({(r.process, r.op) for r in self.records}), 0, 0, 0, 0, 0.0)
         spans = _merged(weakened)
@@ -402,13 +402,15 @@ def _check_key(
     wait_bound: float | None,
 ) -> Iterator[Violation]:
     """The violations of one key's ``records``, sorted by invocation (so is each kind's
-    list); ``unended``: writes begun that never returned (their process was killed)."""
+    list); ``unended``: operations begun that never returned (their process was killed),
+    which may have taken effect at any moment since they began, or never."""
     kinds: dict[str, list[Record]] = defaultdict(list)
     for record in records:
         kinds[record.kind].append(record)
     writes = sorted((r for r in kinds["write"] + kinds["set"] if r.version is not None), key=lambda r: r.invoked)
     written = _Newest(writes, lambda record: record.version or 0)  # indexed by completion
-    begun = sorted(writes + unended, key=lambda r: r.invoked)
+    unended_writes = [r for r in unended if r.kind in ("write", "set") and r.version is not None]
+    begun = sorted(writes + unended_writes, key=lambda r: r.invoked)
     began = [record.invoked for record in begun]
     newest_began = list(_running_max(record.version for record in begun))
 
@@ -449,7 +451,7 @@ def _check_key(
         if read.version < required and by is not None:
             why = f"version {read.version} served {stale_window} s past the expire made for version {required}"
             yield Violation("stale window", key, why, [by, read])
-    yield from _check_loads(key, kinds, report, ttl, served_stale)
+    yield from _check_loads(key, kinds, [r for r in unended if r.kind in BOUNDARIES], report, ttl, served_stale)
 
 
 def _running_max(versions: Iterable[int | None]) -> Iterator[int]:
@@ -460,10 +462,18 @@ def _running_max(versions: Iterable[int | None]) -> Iterator[int]:
 
 
 def _check_loads(
-    key: Any, kinds: Mapping[str, list[Record]], report: Report, ttl: float | None, served_stale: list[int]
+    key: Any,
+    kinds: Mapping[str, list[Record]],
+    unended: list[Record],
+    report: Report,
+    ttl: float | None,
+    served_stale: list[int],
 ) -> Iterator[Violation]:
+    """The extra loads; ``unended``: invalidations, sets and expiries that never returned
+    (they may have ended the entry at any moment since they began)."""
     loads = kinds["load"]
-    boundaries = sorted((r for kind in BOUNDARIES for r in kinds[kind]), key=lambda record: record.invoked)
+    ended = [r for kind in BOUNDARIES for r in kinds[kind]]
+    boundaries = sorted(ended + unended, key=lambda record: record.invoked)
     ends = _Ends(boundaries)
     callers = _Callers(kinds["read"], ends, served_stale)
     report.loads += sum(1 for load in loads if load.outcome == "ok")
@@ -490,7 +500,8 @@ class _Ends:
 
     def __init__(self, boundaries: list[Record]) -> None:
         self.began = [record.invoked for record in boundaries]
-        self.latest_end = list(_running_max(record.completed for record in boundaries))
+        never = 1 << 63  # one that never returned may take effect at any later moment
+        self.latest_end = list(_running_max(record.completed or never for record in boundaries))
 
     def last_begun(self, moment: int) -> int | None:
         """When the last one begun by ``moment`` began."""
