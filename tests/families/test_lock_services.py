@@ -776,11 +776,51 @@ def test_a_take_whose_answer_is_lost_leaves_no_node_holding_the_lease(zookeeper_
         lossy.lose_next = True  # and a waiter that tries again with its token keeps the lease it gets
         assert not servers.take(keys, "c" * 32, 30_000).agreed
         assert servers.take(keys, "c" * 32, 30_000).agreed
-        servers._abandoned.add((entry_path_of(keys), "c" * 32))  # as a create answered late marks it
+        servers._strays.add(entry_path_of(keys), "c" * 32)  # as a create answered late marks it
         assert servers.take(EntryKeys("zk-lost:{row:2}", "zk-lost:{row:2}:lock", "zk-lost:{row:2}:notify"),
                             "d" * 32, 30_000).agreed  # fmt: skip
         assert servers.holders(keys) == [b"c" * 32]
         assert servers.renew(keys, "c" * 32, 30_000).agreed
+    finally:
+        client.stop()
+        client.close()
+
+
+def test_a_place_in_line_whose_answer_is_lost_leaves_no_node_holding_the_named_lock(
+    zookeeper_server: ZooKeeperServer,
+) -> None:
+    """Named locks: an enqueue gave up on an unanswered create the server had applied. Its
+    node, first in line, held the lock for as long as the session lived while its caller
+    had been told the service failed: every other caller waited out its timeout. The
+    token is in the node's name: the enqueue deletes it, and the next caller is first."""
+    from kazoo.client import KazooClient
+
+    from stampede._backends.zookeeper.servers import ZooKeeperLockServers, ZooKeeperQueue
+    from stampede._core.keys import EntryKeys
+    from stampede._errors import BackendUnavailable
+
+    client = KazooClient(hosts=zookeeper_server.hosts, timeout=2)
+    client.start(timeout=10)
+    try:
+        lossy = _AnswersLost(client)
+        queue = ZooKeeperQueue(ZooKeeperLockServers(lossy))  # type: ignore[arg-type]
+        lock = EntryKeys("zk-lost:{job}:fence", "zk-lost:{job}:lock", "zk-lost:{job}:notify")
+        with pytest.raises(BackendUnavailable):
+            queue.enqueue(lock, "a" * 32)
+        assert client.get_children(entry_path_of(lock)) == []  # its node is gone
+        _, before = queue.enqueue(lock, "b" * 32)
+        assert before is None and queue.holds(lock, "b" * 32)  # the next caller is first
+        queue.leave(lock, "b" * 32)
+
+        lossy.lose_next = True  # a caller that tries again with its token keeps its place
+        with pytest.raises(BackendUnavailable):
+            queue.enqueue(lock, "c" * 32)
+        assert queue.enqueue(lock, "c" * 32)[1] is None
+        queue._strays.add(entry_path_of(lock), "c" * 32)  # as a create answered late marks it
+        queue.enqueue(lock, "d" * 32)  # sweeps: c's place stays
+        assert queue.holds(lock, "c" * 32) and queue.enqueue(lock, "c" * 32)[1] is None
+        queue.leave(lock, "c" * 32)
+        queue.leave(lock, "d" * 32)
     finally:
         client.stop()
         client.close()

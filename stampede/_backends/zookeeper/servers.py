@@ -22,7 +22,6 @@ into ``BackendUnavailable``, and the layer's ``on_backend_error`` policy decides
 from __future__ import annotations
 
 import asyncio
-import functools
 import threading
 import time
 from collections.abc import Callable
@@ -58,6 +57,56 @@ def node_prefix(path: str, kind: str, token: str) -> str:
     return f"{path}/{kind}-{quote(token, safe='')}-"
 
 
+class Strays:
+    """Nodes of creates given up on before their answer came (a timeout, a lost
+    connection): the server may have applied one (or apply it still), and such a node,
+    first in its line, would hold a lease or a named lock for as long as the session
+    lives, with nobody behind it. Its token is in its name (``node_prefix``): it is looked
+    for and deleted at once, and at later calls until the ensemble answers, sparing the
+    node ``kept(path, token)`` names (a later call with the same token may hold by one)."""
+
+    def __init__(self, client: KazooClient, timeout: float, kind: str, kept: Callable[[str, str], str | None]) -> None:
+        self.client, self.timeout, self.kind, self.kept = client, timeout, kind, kept
+        self._lock = threading.Lock()
+        self._given_up: set[tuple[str, str]] = set()  # (parent path, token)
+
+    def __bool__(self) -> bool:
+        return bool(self._given_up)
+
+    def add(self, path: str, token: str) -> None:
+        with self._lock:
+            self._given_up.add((path, token))
+
+    def watch(self, created: Any, path: str, token: str) -> None:
+        """``created``, given up on, may complete after all (kazoo's thread: no request
+        there): its node goes at the next call."""
+
+        def completed(result: Any) -> None:
+            if result.successful():
+                self.add(path, token)
+
+        created.rawlink(completed)
+
+    def sweep(self) -> None:
+        with self._lock:
+            given_up = list(self._given_up)
+        for path, token in given_up:
+            name = node_prefix(path, self.kind, token).rsplit("/", 1)[1]
+            try:
+                for child in self.client.get_children_async(path).get(timeout=self.timeout):
+                    if child.startswith(name) and self.kept(path, token) != f"{path}/{child}":
+                        try:
+                            self.client.delete_async(f"{path}/{child}").get(timeout=self.timeout)
+                        except NoNodeError:
+                            pass
+            except NoNodeError:
+                pass  # gone with its parent
+            except FAILURES:
+                continue  # the ensemble cannot be asked now: at a later call
+            with self._lock:
+                self._given_up.discard((path, token))
+
+
 class ZooKeeperLockServers:
     """The lease service for blocking callers (and, through a thread, asyncio ones)."""
 
@@ -66,7 +115,11 @@ class ZooKeeperLockServers:
         self.timeout = timeout  # a request the ensemble leaves unanswered fails after this
         self._lock = threading.Lock()
         self._nodes: dict[tuple[str, str], str] = {}  # (entry path, token) -> our node's path
-        self._abandoned: set[tuple[str, str]] = set()  # (entry path, token) of takes that gave up (``_abandon``)
+        self._strays = Strays(client, timeout, "lease", self._held_by)
+
+    def _held_by(self, path: str, token: str) -> str | None:
+        with self._lock:
+            return self._nodes.get((path, token))
 
     def settled_state(self) -> str:
         """The session's state once a reconnection under way has ended (``self.timeout`` at
@@ -89,8 +142,8 @@ class ZooKeeperLockServers:
 
     def take(self, keys: EntryKeys, token: str, lease_ms: int) -> Round:
         path = entry_path(keys)
-        if self._abandoned:
-            self._sweep()
+        if self._strays:
+            self._strays.sweep()
         try:
             # A releaser may remove the parent between makepath's step and the create, as
             # often as takers and releasers race: that is contention, not a failure of the
@@ -110,7 +163,7 @@ class ZooKeeperLockServers:
                 except FAILURES:
                     # Unanswered is not undone: the create may be applied (or be still to
                     # come), and its node would hold the lease with no load behind it.
-                    created.rawlink(functools.partial(self._created_late, path, token))
+                    self._strays.watch(created, path, token)
                     raise
             if self._lowest(path) == node:
                 with self._lock:
@@ -118,48 +171,10 @@ class ZooKeeperLockServers:
                 return Round(1, 0)
             self._delete(node)
             return Round(0, 0, lease_ms / 1000)
-        except FAILURES:
-            self._abandon(path, token)
+        except FAILURES:  # its node may exist: gone now, or at a later take
+            self._strays.add(path, token)
+            self._strays.sweep()
             return Round(0, 1)
-
-    def _abandon(self, path: str, token: str) -> None:
-        """A take of ``path`` for ``token`` gave up before it knew its outcome: its node may
-        exist, the lowest, holding the lease for as long as the session lives while no load
-        runs (every caller of the entry would wait out ``wait_timeout``). Its token is in
-        its name: it is looked for and deleted now, and at later takes until that works."""
-        with self._lock:
-            self._abandoned.add((path, token))
-        self._sweep()
-
-    def _created_late(self, path: str, token: str, result: Any) -> None:
-        """A create ``take`` gave up on completed after all (kazoo's thread: no request
-        here): its node goes at the next take."""
-        if result.successful():
-            with self._lock:
-                self._abandoned.add((path, token))
-
-    def _sweep(self) -> None:
-        """Delete the nodes of abandoned takes. A later take with the same token (a waiter
-        trying again) may hold the lease by a node of the same prefix: that one stays."""
-        with self._lock:
-            abandoned = list(self._abandoned)
-        for path, token in abandoned:
-            name = node_prefix(path, "lease", token).rsplit("/", 1)[1]
-            try:
-                for child in self.client.get_children_async(path).get(timeout=self.timeout):
-                    with self._lock:
-                        held = self._nodes.get((path, token)) == f"{path}/{child}"
-                    if child.startswith(name) and not held:
-                        try:
-                            self._delete(f"{path}/{child}")
-                        except NoNodeError:
-                            pass
-            except NoNodeError:
-                pass  # gone with its parent
-            except FAILURES:
-                continue  # the ensemble cannot be asked now: at a later take
-            with self._lock:
-                self._abandoned.discard((path, token))
 
     def release(self, keys: EntryKeys, token: str) -> Round:
         path = entry_path(keys)
@@ -293,11 +308,19 @@ class ZooKeeperQueue:
         self._servers = servers
         self._lock = threading.Lock()
         self._places: dict[tuple[str, str], tuple[str, int]] = {}  # (path, token) -> (node, czxid)
+        self._strays = Strays(self.client, self.timeout, "lock", self._queued_by)
+
+    def _queued_by(self, path: str, token: str) -> str | None:
+        with self._lock:
+            place = self._places.get((path, token))
+        return None if place is None else place[0]
 
     def enqueue(self, keys: EntryKeys, token: str) -> tuple[int, str | None]:
         """Join the line (once per token) and return our fencing token and the node just
         before ours (None: we are first). Raises ``BackendUnavailable``."""
         path = entry_path(keys)
+        if self._strays:
+            self._strays.sweep()
         try:
             with self._lock:
                 place = self._places.get((path, token))
@@ -310,7 +333,13 @@ class ZooKeeperQueue:
                     makepath=True,
                     include_data=True,
                 )
-                node, stat = created.get(timeout=self.timeout)
+                try:
+                    node, stat = created.get(timeout=self.timeout)
+                except FAILURES:  # unanswered is not undone: its node would be first in line for ever
+                    self._strays.watch(created, path, token)
+                    self._strays.add(path, token)
+                    self._strays.sweep()
+                    raise
                 place = (node, stat.czxid)
                 with self._lock:
                     self._places[(path, token)] = place
