@@ -41,7 +41,8 @@ CREATE TABLE products (
     category_id INTEGER NOT NULL REFERENCES categories(id),
     name TEXT NOT NULL,
     price TEXT NOT NULL,
-    updated_at TEXT NOT NULL
+    updated_at TEXT NOT NULL,
+    version INTEGER NOT NULL DEFAULT 0  -- one more at each update_product
 );
 """
 
@@ -103,7 +104,7 @@ class ShopDatabase:
                             product_id += 1
                             price = f"{rng.randint(100, 9999) / 100:.2f}"
                             connection.execute(
-                                "INSERT INTO products VALUES (?, ?, ?, ?, ?, ?)",
+                                "INSERT INTO products VALUES (?, ?, ?, ?, ?, ?, 0)",
                                 (product_id, shop_id, category, f"{child} #{product_id}", price,
                                  "2026-11-01T12:00:00+00:00"),
                             )  # fmt: skip
@@ -139,9 +140,29 @@ class ShopDatabase:
         """One product as a plain dict, or None if there is no such product."""
         with self.query(f"product {product_id}") as connection:
             row = connection.execute(
-                "SELECT id, name, price, updated_at FROM products WHERE id = ?", (product_id,)
+                "SELECT id, name, price, updated_at, version FROM products WHERE id = ?", (product_id,)
             ).fetchone()
-        return None if row is None else {"id": row[0], "name": row[1], "price": row[2], "updated_at": row[3]}
+        if row is None:
+            return None
+        return {"id": row[0], "name": row[1], "price": row[2], "updated_at": row[3], "version": row[4]}
+
+    def update_product(self, product_id: int) -> int:
+        """A new price for the product (the load test's writer); returns its new version.
+        A write, not a query: it is not logged."""
+        price, now = f"{random.randint(100, 9999) / 100:.2f}", time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
+        with contextlib.closing(sqlite3.connect(self.path, timeout=30, isolation_level=None)) as connection:
+            connection.execute("BEGIN IMMEDIATE")  # the update and the read of its version, one transaction
+            try:
+                connection.execute(
+                    "UPDATE products SET price = ?, updated_at = ?, version = version + 1 WHERE id = ?",
+                    (price, now, product_id),
+                )
+                row = connection.execute("SELECT version FROM products WHERE id = ?", (product_id,)).fetchone()
+            finally:
+                connection.execute("COMMIT")
+        if row is None:
+            raise KeyError(product_id)
+        return int(row[0])
 
     @contextlib.contextmanager
     def query(self, what: str) -> Iterator[sqlite3.Connection]:

@@ -85,16 +85,25 @@ def run(url: str, broken: bool, operations: int, sample: float, seed: int) -> di
 
 
 def line(figures: dict[str, Any]) -> str:
+    head = (
+        f"{figures['writer']:>7} writer: {figures['operations']} operations in {figures['seconds']} s, "
+        f"{figures['reads']} reads; "
+    )
+    return head + verdicts(figures, f"checker: {figures['stale_reads']} stale reads")
+
+
+def verdicts(figures: dict[str, Any], checked: str) -> str:
+    """What the verifications of a run found, beside the checker's ``checked`` (for the
+    correct writer) or its stale rate (for the broken one)."""
     checks = figures["checks"]
     text = (
-        f"{figures['writer']:>7} writer: {figures['operations']} operations in {figures['seconds']} s, "
-        f"{figures['reads']} reads; verified {checks['match'] + checks['mismatch']} hits "
-        f"(match {checks['match']}, mismatch {checks['mismatch']}; superseded {checks['superseded']}, "
-        f"error {checks['error']}, skipped {checks['skipped']}): "
+        f"verified {checks['match'] + checks['mismatch']} hits (match {checks['match']}, "
+        f"mismatch {checks['mismatch']}; superseded {checks['superseded']}, error {checks['error']}, "
+        f"skipped {checks['skipped']}): "
     )
     if figures["writer"] == "correct":
         bound = "at least " if not checks["mismatch"] else ""
-        return text + f"{bound}{figures['nines']:.1f} nines; checker: {figures['stale_reads']} stale reads"
+        return text + f"{bound}{figures['nines']:.1f} nines; {checked}"
     ratio = figures["mismatch_rate"] / figures["stale_rate"] if figures["stale_rate"] else math.inf
     return text + (
         f"mismatch rate {figures['mismatch_rate']:.4f}, checker's stale rate {figures['stale_rate']:.4f} "

@@ -15,12 +15,17 @@ what you run, the web app (examples/web_app.py) serving the same database:
 ``python loadtest/run_locust.py`` runs it twice, protection off then on, and prints the
 two side by side.
 
-Two kinds of users, as many of each:
+Two kinds of readers, as many of each, and a writer:
 
 * ``DirectUser`` calls cached loaders in its own process. Locust runs users as gevent
   greenlets, so stampede runs monkey-patched: its lease watchdog and its pub/sub
   subscriber are greenlets too.
 * ``WebUser`` calls the web app over HTTP on 127.0.0.1.
+
+* ``WriterUser`` (two of them, idle unless ``--writer``) updates products, then
+  invalidates them (``correct``) or forgets to (``broken``): with ``--history DIR`` every
+  process records its product calls, loads and writes there, and ``--verify-sample``
+  verifies product hits (loadtest/locust_consistency.py reads both).
 
 Both read the same entries (namespace "shop", the same templates), so "one query per
 key per expiry" must hold across the web app and every Locust process together. Keys
@@ -58,7 +63,8 @@ from expiry_windows import expiry_windows, explain, summarize
 from shop import CATEGORY_MAP_ENTRY, PRODUCT_ENTRY, ShopDatabase
 from standalone import Standalone
 
-from stampede import Settings, Stampede
+from stampede import Settings, Stampede, verifying
+from stampede.testing import Recorder
 
 SHOPS = [f"shop-{index}" for index in range(20)] + ["no-such-shop"]
 SHOP_WEIGHTS = [1 / (rank + 1) for rank in range(20)] + [0.2]
@@ -129,6 +135,12 @@ def _options(parser: Any) -> None:
     group.add_argument(
         "--web-app", type=_web_app, default=AUTO, help="'auto': start the web app unless --host is given"
     )
+    group.add_argument(
+        "--writer", choices=("none", "correct", "broken"), default="none",
+        help="WriterUser updates products, then invalidates them (correct) or not (broken)",
+    )  # fmt: skip
+    group.add_argument("--verify-sample", type=float, default=0.0, help="the products' verify_sample")
+    group.add_argument("--history", default="", help="a directory: every process records its product calls there")
 
 
 def pick_shop() -> str:
@@ -140,17 +152,36 @@ def pick_product() -> int:
 
 
 class Loaders:
-    """This process's way to the data: cached loaders (protection on) or cache-aside."""
+    """This process's way to the data: cached loaders (protection on) or cache-aside. With
+    ``--history``, every product call, load and write of the process is recorded
+    (``stampede.testing.Recorder``, streamed to a file there), and the products' layer
+    (a layer of its own, of the same namespace, so that its ``stats()`` are theirs)
+    verifies ``--verify-sample`` of its hits."""
 
     def __init__(self, options: Any) -> None:
         database = ShopDatabase(options.db)
+        self.database = database
         ttl = options.ttl
+        self.recorder: Recorder | None = None
+        self.web_recorder: Recorder | None = None
+        if options.history:
+            pid = os.getpid()
+            self.recorder = Recorder(f"direct-{pid}", stream=Path(options.history) / f"direct-{pid}.jsonl")
+            self.web_recorder = Recorder(f"web-{pid}", stream=Path(options.history) / f"web-{pid}.jsonl")
+        self.products_layer: Stampede | None = None
         if options.protection == "on":
             layer = Stampede.from_url(options.redis_url, namespace="shop")
+            products = layer
+            if options.history:  # verify_grace: the writer invalidates within milliseconds
+                products = Stampede.from_url(
+                    options.redis_url, namespace="shop", verify_sample=options.verify_sample, verify_grace=0.05
+                )
+                self.products_layer = products
             category_map = make_category_map(layer, database, ttl)
-            product = layer.cached_loader(PRODUCT_ENTRY, ttl=ttl, null_ttl=ttl)(database.product)
+            product = products.cached_loader(PRODUCT_ENTRY, ttl=ttl, null_ttl=ttl)(self._recorded(database.product))
             self.category_map: Callable[[str], Any] = category_map
             self.product: Callable[[int], Any] = product
+            self.invalidate: Callable[[int], Any] = product.invalidate
             database.note = cache_state(layer, options.redis_url, {
                 "category_map": category_map.key,
                 "product": lambda argument: product.key(int(argument)),
@@ -163,6 +194,23 @@ class Loaders:
             self.product = lambda product_id: read_through(
                 client, "off:" + PRODUCT_ENTRY.format(product_id=product_id), ttl, lambda: database.product(product_id)
             )
+            self.invalidate = lambda product_id: client.delete("off:" + PRODUCT_ENTRY.format(product_id=product_id))
+
+    def _recorded(self, load: Callable[[int], Any]) -> Callable[[int], Any]:
+        """``load``, each run recorded as a load (a verification's as "verify")."""
+        recorder = self.recorder
+        if recorder is None:
+            return load
+
+        def product(product_id: int) -> Any:
+            with recorder.op("verify" if verifying() else "load", product_id) as op:
+                value = load(product_id)
+                if value is not None:
+                    op.saw(value["version"], source=value["id"])
+                return value
+
+        product.__name__ = load.__name__
+        return product
 
 
 _loaders: dict[int, Loaders] = {}
@@ -202,7 +250,18 @@ class DirectUser(User):
     @task(1)
     def product(self) -> None:
         product_id = pick_product()
-        self._call("product(id)", lambda: loaders(self.environment.parsed_options).product(product_id))
+        found = loaders(self.environment.parsed_options)
+        if found.recorder is None:
+            self._call("product(id)", lambda: found.product(product_id))
+            return
+
+        def read() -> None:
+            with found.recorder.op("read", product_id) as op:  # type: ignore[union-attr]
+                value = found.product(product_id)
+                if value is not None:
+                    op.saw(value["version"], source=value["id"])
+
+        self._call("product(id)", read)
 
 
 class WebUser(FastHttpUser):
@@ -210,10 +269,12 @@ class WebUser(FastHttpUser):
 
     wait_time = between(0.05, 0.25)
 
-    def _get(self, path: str, name: str, missing: bool) -> None:
+    def _get(self, path: str, name: str, missing: bool) -> Any:
+        """The answer's JSON (None if it failed)."""
         with self.client.get(path, name=name, catch_response=True) as response:
             if response.status_code == 404 and missing:
                 response.success()  # the unknown shop or product: a 404 is the right answer
+            return response.json() if response.status_code == 200 else None
 
     @task(3)
     def categories(self) -> None:
@@ -223,7 +284,52 @@ class WebUser(FastHttpUser):
     @task(1)
     def product(self) -> None:
         product_id = pick_product()
-        self._get(f"/products/{product_id}", "/products/[id]", product_id == 999_999)
+        recorder = loaders(self.environment.parsed_options).web_recorder
+        if recorder is None:
+            self._get(f"/products/{product_id}", "/products/[id]", product_id == 999_999)
+            return
+        with recorder.op("read", product_id) as op:
+            value = self._get(f"/products/{product_id}", "/products/[id]", product_id == 999_999)
+            if isinstance(value, dict) and "version" in value:
+                op.saw(value["version"], source=value["id"])
+
+
+class WriterUser(User):
+    """With ``--writer``, updates a product now and then (a new price and version), then
+    invalidates it (``correct``) or forgets to (``broken``); recorded with ``--history``.
+    Without, it idles."""
+
+    fixed_count = 2
+    wait_time = between(0.1, 0.3)
+
+    @task
+    def update(self) -> None:
+        options = self.environment.parsed_options
+        if options.writer == "none":
+            return
+        product_id = random.choices(PRODUCTS[:-1], PRODUCT_WEIGHTS[:-1])[0]
+        found = loaders(options)
+        started = time.perf_counter()
+        error: Exception | None = None
+        try:
+            if found.recorder is None:
+                found.database.update_product(product_id)
+                if options.writer == "correct":
+                    found.invalidate(product_id)
+            else:
+                with found.recorder.op("invalidate", product_id) as update:  # the application's write path
+                    with found.recorder.op("write", product_id) as write:
+                        version = found.database.update_product(product_id)
+                        write.saw(version)
+                    if options.writer == "correct":
+                        found.invalidate(product_id)
+                    update.saw(version)
+        except Exception as raised:
+            error = raised
+        self.environment.events.request.fire(
+            request_type="write", name="update_product(id)", response_time=(time.perf_counter() - started) * 1000,
+            response_length=0, exception=error, context={},
+        )  # fmt: skip
 
 
 _started: list[float] = []
@@ -246,6 +352,20 @@ def _note_start(environment: Any, **kwargs: Any) -> None:
 
 
 @events.quitting.add_listener
+def _save_checks(environment: Any, **kwargs: Any) -> None:
+    """With ``--history``: this process's verifications of product hits, for the script
+    that reads the history (loadtest/locust_consistency.py)."""
+    options = environment.parsed_options
+    found = _loaders.get(os.getpid())
+    if not options.history or found is None or found.products_layer is None:
+        return
+    stats = found.products_layer.stats()
+    checks = {name: value for name, value in stats.items() if name.startswith("consistency_")}
+    checks["hits"] = stats["hits"] + stats["near_hits"]  # what a verification samples
+    (Path(options.history) / f"checks-{os.getpid()}.json").write_text(json.dumps(checks))
+
+
+@events.quitting.add_listener
 def _report(environment: Any, **kwargs: Any) -> None:
     """On the master (or a single process): the single-hit check over the query log."""
     options = environment.parsed_options
@@ -264,7 +384,9 @@ def _report(environment: Any, **kwargs: Any) -> None:
           f"{figures['windows_with_more_than_one_query']}", flush=True)  # fmt: skip
     if options.summary:
         Path(options.summary).write_text(json.dumps(figures, indent=2))
-    if options.protection == "on" and figures["max_queries_per_window"] > 1:
+    if options.writer != "none":  # a writer's invalidations make second queries in a window, rightly
+        print("(a writer ran: the history checker, not the query log, judges this run)")
+    elif options.protection == "on" and figures["max_queries_per_window"] > 1:
         print(f"FAILED: a key was queried more than once in one expiry window: {figures['worst_windows']}")
         for line in explain(windows, since):
             print(line)

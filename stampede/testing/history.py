@@ -274,6 +274,8 @@ class History:
         records: dict[tuple[str, int, Any], Record] = {}
         for path in paths:
             text = Path(path).read_bytes()
+            if not text:  # a stream nothing was recorded to
+                continue
             if b"\n" not in text:  # saved: one document
                 rows = orjson.loads(text)
             else:  # a stream: a line per operation begun or ended

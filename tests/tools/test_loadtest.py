@@ -362,6 +362,22 @@ def test_the_instruction_count_short_form_counts_both_hits() -> None:
     assert bare_page > bare and 0 < figures["own_page"] == cached_page - bare_page < bare_page
 
 
+@pytest.mark.timeout(200)
+@pytest.mark.timing  # alone: two Locust runs of 15 s, each with a web app and two worker processes
+def test_the_locust_shops_verifications_agree_with_the_history_checker() -> None:
+    """``loadtest/locust_consistency.py --quick``: the Locust shop with a writer. Correct
+    (update, then invalidate): every product hit of the Locust processes verified, no
+    mismatch, and the history recorded in every process has no violation. Broken (no
+    invalidation): the verifications' mismatch rate agrees with the checker's stale rate
+    of the same run (within the script's tolerance, or it exits 1)."""
+    figures = short_form("locust_consistency.py", 190)
+    correct, broken = figures["correct"], figures["broken"]
+    assert correct["writes"] > 20 and correct["direct_reads"] > 300 and correct["web_reads"] > 300
+    assert correct["checks"]["match"] > 200 and correct["checks"]["mismatch"] == 0 and correct["violations"] == {}
+    assert broken["checks"]["mismatch"] > 20 and broken["stale_reads"] > 20
+    assert abs(figures["ratio"] - 1) <= figures["tolerance"] <= 0.5
+
+
 @pytest.mark.timeout(120)
 def test_the_history_checks_short_form_finds_no_violation() -> None:
     """``loadtest/check_histories.py --quick``: every profile ran its operations, with
