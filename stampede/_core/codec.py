@@ -239,7 +239,7 @@ class Codec:
         made): the loader's own object goes to nobody, so the caller who loaded gets what
         the callers who hit get (a tuple comes back a list, a datetime a str, under JSON).
         ``plain``: its payload before compression, if the encoder kept it."""
-        if envelope[3] == _NULL:
+        if self.is_null(envelope):
             return None
         try:
             return self.serializer.loads(self.payload_of(envelope) if plain is None else plain)

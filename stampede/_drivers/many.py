@@ -3,6 +3,7 @@ a batch's outcomes finish its flights, and the single-key loader of one of its i
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
@@ -70,26 +71,12 @@ def batch_name(keys: Sequence[str], indexes: dict[int, Any]) -> str:
 def one_of(spec: LoaderSpec, load: Callable[[list[int]], list[Any]], position: int) -> LoaderSpec:
     """A single-key loader of the id at ``position``: a many-key call waits for an entry in
     flight in this process, and starts it over if it must, as a single call does."""
-    return LoaderSpec(
-        functools.partial(_one, load, position),
-        spec.settings,
-        spec.codec,
-        tags_at(spec, position),
-        spec.name,
-        spec.verify_equal,
-    )
+    return dataclasses.replace(spec, func=functools.partial(_one, load, position), tags=tags_at(spec, position))
 
 
 def aone_of(spec: LoaderSpec, load: Callable[[list[int]], Awaitable[list[Any]]], position: int) -> LoaderSpec:
     """``one_of`` for an async loader."""
-    return LoaderSpec(
-        functools.partial(_aone, load, position),
-        spec.settings,
-        spec.codec,
-        tags_at(spec, position),
-        spec.name,
-        spec.verify_equal,
-    )
+    return dataclasses.replace(spec, func=functools.partial(_aone, load, position), tags=tags_at(spec, position))
 
 
 def tags_at(spec: LoaderSpec, position: int) -> FixedTags | None:

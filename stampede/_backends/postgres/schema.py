@@ -66,8 +66,9 @@ and is otherwise version 3, whose stores read the reply by column name: it marks
 version 3 as well, so that a version 3 store finds its schema there and creates nothing.
 Version 5 fills ``left_ms`` of a value ``stampede_acquire`` returns (the value's own ms
 left, which older stores do not read): it marks itself versions 3 and 4 as well. Version
-6 adds ``stampede_seize`` (a set's first step in one function) and marks itself 3 to 5:
-older stores, which seize in two statements, find their functions unchanged."""
+6 adds ``stampede_seize`` (a set's first step in one function), which shares its tail
+with ``stampede_invalidate`` (``stampede_invalidated``), and marks itself 3 to 5: older
+stores, which seize in two statements, find their functions doing what they did."""
 
 SCHEMA_READY = "SELECT count(*) FROM pg_proc WHERE proname = 'stampede_schema_v6'"
 
@@ -353,6 +354,21 @@ BEGIN
     RETURN true;
 END $$;
 
+-- What an invalidation leaves once the lease and value rows are dealt with: no failing
+-- marker, the invalidated marker for as long as the dropped lease (p_deadline) had left,
+-- so that its holder's write is refused, and the waiters woken.
+CREATE OR REPLACE FUNCTION stampede_invalidated(
+    p_invalidated text, p_failing text, p_channel text, p_deadline timestamptz, p_now timestamptz)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM stampede_values WHERE key = p_failing;
+    IF p_deadline > p_now THEN
+        INSERT INTO stampede_values (key, value, expires_at) VALUES (p_invalidated, '\x31', p_deadline)
+            ON CONFLICT (key) DO UPDATE SET expires_at = EXCLUDED.expires_at;
+    END IF;
+    PERFORM stampede_wake(p_channel, 'c' || p_channel);
+END $$;
+
 -- Drop (p_keep false) or make stale (p_keep true: kept for its stale window) the value,
 -- drop any lease, leave the invalidation marker for what the lease had left, remove the
 -- failing marker and wake the waiters (the Redis INVALIDATE and EXPIRE scripts).
@@ -371,12 +387,7 @@ BEGIN
     ELSE
         DELETE FROM stampede_values WHERE key = p_value;
     END IF;
-    DELETE FROM stampede_values WHERE key = p_failing;
-    IF deadline > now_ THEN
-        INSERT INTO stampede_values (key, value, expires_at) VALUES (p_invalidated, '\x31', deadline)
-            ON CONFLICT (key) DO UPDATE SET expires_at = EXCLUDED.expires_at;
-    END IF;
-    PERFORM stampede_wake(p_channel, 'c' || p_channel);
+    PERFORM stampede_invalidated(p_invalidated, p_failing, p_channel, deadline, now_);
 END $$;
 
 -- A set's first step (the Redis SEIZE script): the entry invalidated and its lease taken
@@ -400,12 +411,7 @@ BEGIN
         VALUES (p_lock, p_token, now_ + p_lease_ms * interval '1 millisecond')
         ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at;
     DELETE FROM stampede_values WHERE key = p_value;
-    DELETE FROM stampede_values WHERE key = p_failing;
-    IF deadline > now_ THEN
-        INSERT INTO stampede_values (key, value, expires_at) VALUES (p_invalidated, '\x31', deadline)
-            ON CONFLICT (key) DO UPDATE SET expires_at = EXCLUDED.expires_at;
-    END IF;
-    PERFORM stampede_wake(p_channel, 'c' || p_channel);
+    PERFORM stampede_invalidated(p_invalidated, p_failing, p_channel, deadline, now_);
 END $$;
 
 -- Take a named lock, in arrival order if p_queue_ms > 0, and draw its fencing token
