@@ -49,11 +49,12 @@ within the replication lag is lost, and calls wait while clients find the new on
 @dataclass(frozen=True)
 class Fault:
     """One kind of fault: ``run(stop, rng)`` applies it and heals it before it returns (at
-    once if ``stop`` is set). ``once``: it can happen once in a run (a killed primary's
-    replica is promoted; there is no second replica)."""
+    once if ``stop`` is set); it returns False if it found nothing to strike (not counted).
+    ``once``: it can happen once in a run (a killed primary's replica is promoted; there
+    is no second replica)."""
 
     name: str
-    run: Callable[[threading.Event, random.Random], None]
+    run: Callable[[threading.Event, random.Random], bool | None]
     weakens: tuple[str, ...] = LEASE_FAULTS
     once: bool = False
     settle: Callable[[], None] | None = None
@@ -195,8 +196,8 @@ def worker_killed(workers: Workers) -> Fault:
     held lapses within ``lock_ttl``, one caller takes over and loads, and the killed
     load wrote nothing."""
 
-    def run(stop: threading.Event, rng: random.Random) -> None:
-        workers.kill(rng)
+    def run(stop: threading.Event, rng: random.Random) -> bool:
+        return workers.kill(rng) is not None
 
     return Fault("worker killed", run, weakens=())
 
@@ -233,14 +234,16 @@ class Nemesis:
             if fault.once:
                 faults.remove(fault)
             began = time.monotonic_ns()
+            struck: bool | None = True
             try:
-                fault.run(self._stop, self._rng)
+                struck = fault.run(self._stop, self._rng)
             except BaseException as error:  # kept: the caller's run should fail
                 self.errors.append(error)
                 return
             finally:
-                self.spans.append((began, time.monotonic_ns() + self.aftermath_ns))
-                self.counts[fault.name] += 1
+                if struck is not False:  # False: it found nothing to strike
+                    self.spans.append((began, time.monotonic_ns() + self.aftermath_ns))
+                    self.counts[fault.name] += 1
 
     def __enter__(self) -> Nemesis:
         for settle in dict.fromkeys(fault.settle for fault in self.faults if fault.settle is not None):
