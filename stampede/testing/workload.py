@@ -89,11 +89,15 @@ class Rows:
             return self._read(op, keys)
 
     def _read(self, op: Operation, keys: Sequence[Any]) -> dict[Any, Row]:
-        with self._lock:
-            found = {key: {"key": key, "version": self._versions.get(key, 0)} for key in keys}
+        found = {key: {"key": key, "version": version} for key, version in zip(keys, self._current(keys), strict=True)}
         for key, row in found.items():
             op.saw(row["version"], key=key)
         return found
+
+    def _current(self, keys: Sequence[Any]) -> list[int]:
+        """The rows' versions now, in the order of ``keys``."""
+        with self._lock:
+            return [self._versions.get(key, 0) for key in keys]
 
 
 KEEP_GREATER = """
@@ -122,12 +126,8 @@ class ServerRows(Rows):
             self._keep_greater(keys=[f"{self.prefix}row:{key}"], args=[version])
         return version
 
-    def _read(self, op: Operation, keys: Sequence[Any]) -> dict[Any, Row]:
-        held = self._client.mget([f"{self.prefix}row:{key}" for key in keys])
-        found = {key: {"key": key, "version": int(value or 0)} for key, value in zip(keys, held, strict=True)}
-        for key, row in found.items():
-            op.saw(row["version"], key=key)
-        return found
+    def _current(self, keys: Sequence[Any]) -> list[int]:
+        return [int(value or 0) for value in self._client.mget([f"{self.prefix}row:{key}" for key in keys])]
 
     def close(self) -> None:
         self._client.close()
