@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -23,8 +24,14 @@ def test_a_write_postgresql_aborts_to_break_a_deadlock_is_run_again(
     that PostgreSQL broke by aborting the write. Here one is made on purpose: another
     session inserts the entry's row (uncommitted) and then waits for the lease row the
     write has deleted. The write, waiting longer, is the one aborted; it runs again once
-    the other session is gone, and writes."""
-    store = make_postgres_layer(namespace="deadlock", socket_timeout=10).store()  # statements: 10 s, not 1
+    the other session is gone, and writes.
+
+    PostgreSQL looks for a deadlock once a wait, ``deadlock_timeout`` after it began: the
+    write's sessions look after 4 s, so the other session is surely waiting by then (with
+    the default 1 s, a loaded machine once let the write's one look pass before the other
+    session waited, and nobody was aborted until the write's statement timed out)."""
+    patient = f"{postgres_url}?options=-c%20deadlock_timeout%3D4s"
+    store = make_postgres_layer(patient, namespace="deadlock", socket_timeout=10).store()  # statements: 10 s, not 1
     keys = EntryKeys.for_value("deadlock:{item:1}")
     assert store.acquire(keys, "holder", 10_000, False).state is LockState.LOCKED
     other = psycopg.connect(postgres_url, autocommit=True)
@@ -111,3 +118,26 @@ def _waiting_on_a_lock(connection: psycopg.Connection[Any], function: str) -> bo
         (f"SELECT {function}(%",),
     ).fetchone()
     return bool(row and row[0])
+
+
+def test_the_urls_own_session_options_are_kept_beside_the_statement_timeout(
+    make_postgres_layer: Callable[..., Stampede], postgres_url: str
+) -> None:
+    """A ``postgresql://`` URL's ``options`` (a ``search_path``, a ``work_mem``) reach
+    every connection of the layer's pool, blocking and asyncio, with the statement timeout
+    the layer adds: it once replaced them."""
+    layer = make_postgres_layer(f"{postgres_url}?options=-c%20work_mem%3D7MB", socket_timeout=3)
+    store: Any = layer.store()
+    with store.pool.connection() as connection:
+        shown = [connection.execute(f"SHOW {name}").fetchone()[0] for name in ("work_mem", "statement_timeout")]
+    assert shown == ["7MB", "3s"]
+
+    async def shown_by_a_loop() -> list[str]:
+        loop_store: Any = layer.loop_store()
+        async with loop_store.pool.connection() as connection:
+            return [
+                (await (await connection.execute(f"SHOW {name}")).fetchone())[0]
+                for name in ("work_mem", "statement_timeout")
+            ]
+
+    assert asyncio.run(shown_by_a_loop()) == ["7MB", "3s"]

@@ -19,6 +19,7 @@ from typing import Any, TypeAlias
 
 import psycopg
 import psycopg.errors
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool, PoolTimeout
 
@@ -52,14 +53,17 @@ def schema_ready(row: tuple[Any, ...] | None) -> bool:
     return bool(row and row[0])
 
 
-def connection_settings(socket_timeout: float, connect_timeout: float) -> dict[str, Any]:
+def connection_settings(url: str, socket_timeout: float, connect_timeout: float) -> dict[str, Any]:
     """What every connection of a store's own pool is made with: autocommit (each
     statement is its own transaction, so a NOTIFY goes out when the statement ends), a
-    statement timeout, and a connect timeout (libpq counts whole seconds, at least 2)."""
+    statement timeout, and a connect timeout (libpq counts whole seconds, at least 2).
+    The statement timeout is added to the URL's own ``options`` (a ``search_path``, say),
+    which a keyword would otherwise replace."""
+    own = conninfo_to_dict(url).get("options") or ""
     return {
         "autocommit": True,
         "connect_timeout": max(2, math.ceil(connect_timeout)),
-        "options": f"-c statement_timeout={max(1, int(socket_timeout * 1000))}",
+        "options": f"{own} -c statement_timeout={max(1, int(socket_timeout * 1000))}".lstrip(),
         "application_name": "stampede",
     }
 
@@ -83,7 +87,7 @@ def make_pool(url: str, *, socket_timeout: float, connect_timeout: float, max_co
     """The pool a layer makes for a ``postgresql://`` URL: bounded, autocommit, with a
     statement timeout (``connection_settings``). A caller beyond it waits one socket
     timeout for a connection."""
-    settings = connection_settings(socket_timeout, connect_timeout)
+    settings = connection_settings(url, socket_timeout, connect_timeout)
     return ConnectionPool(url, kwargs=settings, min_size=1, max_size=max_connections, open=True, timeout=socket_timeout)
 
 
