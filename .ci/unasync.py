@@ -48,6 +48,7 @@ GENERATED = [
     ("stampede/_backends/redis/astore.py", "stampede/_backends/redis/store.py"),
     ("stampede/_backends/zookeeper/alocks.py", "stampede/_backends/zookeeper/locks.py"),
     ("stampede/_drivers/abatched.py", "stampede/_drivers/batched.py"),
+    ("stampede/_drivers/abudget.py", "stampede/_drivers/budget.py"),
     ("stampede/_drivers/aleases.py", "stampede/_drivers/leases.py"),
     ("stampede/_drivers/aperform.py", "stampede/_drivers/perform.py"),
     ("stampede/_drivers/arunner.py", "stampede/_drivers/runner.py"),
@@ -58,6 +59,7 @@ GENERATED = [
 SUBSTITUTIONS = {
     "arun": "run",
     "abounded": "bounded",
+    "abudgeted": "budgeted",
     "afinish": "finish",
     "asyncio.sleep": "time.sleep",
     "ano_load": "no_load",

@@ -10,6 +10,7 @@ from ._core.results import NOT_MODIFIED, Cached, Previous, previous
 from ._core.verify import verifying
 from ._errors import (
     BackendUnavailable,
+    BudgetTimeout,
     ConfigError,
     InvalidKey,
     LoadTimeout,
@@ -65,6 +66,7 @@ __all__ = [  # grouped, not sorted
     "SerializationError",
     "ValueTooLarge",
     "WaitTimeout",
+    "BudgetTimeout",
     "LoadTimeout",
     "RecursiveLoad",
     "BackendUnavailable",

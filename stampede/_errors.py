@@ -38,6 +38,17 @@ class WaitTimeout(StampedeError, TimeoutError):
     """A caller waited ``wait_timeout`` for another caller's load and policy is "raise"."""
 
 
+class BudgetTimeout(WaitTimeout):
+    """A load waited ``wait_timeout`` for a slot of its load budget
+    (``max_concurrent_loads``) and did not run: loading anyway would break the budget, so
+    the caller (and every caller sharing the load) gets this error, or a stale value under
+    ``stale_if_error``. ``budget`` names the budget."""
+
+    def __init__(self, budget: str, waited: float) -> None:
+        super().__init__(f"no slot of load budget {budget!r} came free within {waited:g} s (wait_timeout)")
+        self.budget = budget
+
+
 class LoadTimeout(StampedeError, TimeoutError):
     """The load a caller waited for (its own or another's) ran past ``load_timeout``. A
     blocking load, or an async one with ``cancel_on_timeout=False``, goes on, keeps its

@@ -25,6 +25,7 @@ from ._backend import (
     open_url,
 )
 from ._cached import CachedLoader, CachedManyLoader
+from ._core.budget import Budgets, budget_name
 from ._core.codec import Codec, Serializer, TypedSerializer
 from ._core.config import (
     LOADER_SETTING_NAMES,
@@ -47,11 +48,13 @@ from ._core.observer import Observer
 from ._core.patterns import entry_pattern
 from ._core.store import AsyncStore, Store
 from ._core.tags import TagKeys, TagTemplates, clock_key, tag_name
+from ._drivers.abudget import AsyncBudgetSlots, abudgeted
 from ._drivers.arunner import AsyncRunner
+from ._drivers.budget import BudgetSlots, budgeted
 from ._drivers.near import NearCache
 from ._drivers.observe import Events, RateLimitedLog
 from ._drivers.runner import Runner
-from ._drivers.watchdog import Watchdog
+from ._drivers.watchdog import LOOP_WATCHDOG, Watchdog
 from ._errors import ConfigError
 from ._loader import P
 from ._loader_many import ManyKeys
@@ -196,6 +199,7 @@ class Stampede:
             max_value_bytes=self.settings.max_value_bytes,
         )
         self._watchdog = Watchdog()
+        self._budgets = Budgets(self.namespace, self.settings.max_key_length)
         self._reentrant_holds = ReentrantHolds()
         self._warn = warn = RateLimitedLog(logging.getLogger("stampede.cache"), namespace=self.namespace)
         self._events = events = Events(self.namespace, warn)
@@ -343,7 +347,8 @@ class Stampede:
             if not callable(template):
                 raise ConfigError(f"a key template must be a str, got {template!r}")
             return LoaderDecorator(self, None, loader_settings, codec)(template)  # bare @cached_loader
-        return LoaderDecorator(self, template, loader_settings, codec, tags, verify_equal)
+        own_budget = "max_concurrent_loads" in settings
+        return LoaderDecorator(self, template, loader_settings, codec, tags, verify_equal, own_budget)
 
     @_layer_method(MANY_LOADER_SETTING_NAMES)
     def cached_loader_many(
@@ -378,7 +383,8 @@ class Stampede:
                 f'cached_loader_many takes a key template naming one id\'s entry, e.g. "product:{{product_id}}", '
                 f"got {template!r}"
             )
-        return ManyLoaderDecorator(self, template, batch, loader_settings, codec, tags, verify_equal)
+        own_budget = "max_concurrent_loads" in settings
+        return ManyLoaderDecorator(self, template, batch, loader_settings, codec, tags, verify_equal, own_budget)
 
     def _codec_for(self, serializer: Serializer | None, settings: Settings) -> Codec:
         """The layer's codec, or one of ``serializer``, under a loader's ``settings``."""
@@ -396,6 +402,22 @@ class Stampede:
         if not settings.near_cache or self._near is not None or backend.in_process:
             return
         raise ConfigError(backend.near_refusal or f"near_cache is not available on {backend.name}")
+
+    def _budgeted(self, func: Callable[..., Any], settings: Settings, own: bool, template: str) -> Callable[..., Any]:
+        """``func``, or ``func`` holding a slot of its load budget while each call runs
+        (``_core.budget``): decided here, at decoration."""
+        name = budget_name(self.settings, settings, own, template)
+        if name is None:
+            return func
+        budget = self._budgets.get(name, settings)
+        if _is_async(func):
+            runner = self._async_runner
+            assert runner is not None, "an async loader on a layer without an asyncio client is refused before"
+            return abudgeted(func, AsyncBudgetSlots(budget, runner.loop_store, LOOP_WATCHDOG, self._events))
+        store = self._runner.store if self._runner is not None else None
+        if store is None or not callable(getattr(store, "take_slot", None)):
+            raise ConfigError(f"max_concurrent_loads needs a store with load budgets; {self._backend.name} has none")
+        return budgeted(func, BudgetSlots(budget, lambda: store, self._watchdog, self._events))
 
     def _claim_name(self, name: str, func: Callable[..., Any]) -> None:
         """Refuse a second loader whose keys, built from ``name``, would be another's."""
@@ -700,6 +722,7 @@ class LoaderDecorator:
         codec: Codec,
         tags: Sequence[str] | None = None,
         verify_equal: Callable[[Any, Any], bool] | None = None,
+        own_budget: bool = False,
     ) -> None:
         self._layer = layer
         self._template = template
@@ -707,6 +730,7 @@ class LoaderDecorator:
         self._codec = codec
         self._tags = tags
         self._verify_equal = verify_equal
+        self._own_budget = own_budget  # the loader gave max_concurrent_loads itself
 
     @overload
     def __call__(self, func: Callable[P, Coroutine[Any, Any, R]]) -> AsyncCachedLoader[P, R]: ...  # type: ignore[overload-overlap]
@@ -736,19 +760,23 @@ class LoaderDecorator:
             tags = TagTemplates(func, self._tags, set(keys.fields), layer.namespace, self._settings.max_key_length)
         if keys.default_name is not None:
             layer._claim_name(keys.default_name, func)
-        spec = LoaderSpec(func, self._settings, codec, tags, keys.template, self._verify_equal)
         if _is_async(func):
             if layer._async_runner is None:
                 raise ConfigError(
                     f"{func.__qualname__} is async, and this layer has no asyncio client: "
                     "pass async_client= to Stampede, or use Stampede.from_url"
                 )
-            return AsyncCachedLoader(spec, layer._async_runner, keys, layer._forget, static)
-        if layer._runner is None:
+        elif layer._runner is None:
             raise ConfigError(
                 f"{func.__qualname__} is not async, and this layer has only an asyncio client: "
                 "pass a blocking client too, or use Stampede.from_url"
             )
+        loads = layer._budgeted(func, self._settings, self._own_budget, keys.template)
+        spec = LoaderSpec(loads, self._settings, codec, tags, keys.template, self._verify_equal)
+        if _is_async(func):
+            assert layer._async_runner is not None
+            return AsyncCachedLoader(spec, layer._async_runner, keys, layer._forget, static)
+        assert layer._runner is not None
         return CachedLoader(spec, layer._runner, keys, layer._forget, static)
 
 
@@ -765,6 +793,7 @@ class ManyLoaderDecorator:
         codec: Codec,
         tags: Sequence[str] | None = None,
         verify_equal: Callable[[Any, Any], bool] | None = None,
+        own_budget: bool = False,
     ) -> None:
         self._layer = layer
         self._template = template
@@ -773,6 +802,7 @@ class ManyLoaderDecorator:
         self._codec = codec
         self._tags = tags
         self._verify_equal = verify_equal
+        self._own_budget = own_budget  # the loader gave max_concurrent_loads itself
 
     def __call__(self, func: Callable[..., Any]) -> Any:
         layer = self._layer
@@ -793,13 +823,17 @@ class ManyLoaderDecorator:
         codec = self._codec
         if isinstance(codec.serializer, TypedSerializer):
             codec = codec.with_serializer(codec.serializer.for_type(_value_type(func)))
-        spec = LoaderSpec(func, self._settings, codec, None, keys.template, self._verify_equal)
         if _is_async(func):
             if layer._async_runner is None:
                 raise ConfigError(f"{func.__qualname__} is async, and this layer has no asyncio client")
-            return AsyncCachedManyLoader(spec, layer._async_runner, keys, layer._forget, static)
-        if layer._runner is None:
+        elif layer._runner is None:
             raise ConfigError(f"{func.__qualname__} is not async, and this layer has only an asyncio client")
+        loads = layer._budgeted(func, self._settings, self._own_budget, keys.template)
+        spec = LoaderSpec(loads, self._settings, codec, None, keys.template, self._verify_equal)
+        if _is_async(func):
+            assert layer._async_runner is not None
+            return AsyncCachedManyLoader(spec, layer._async_runner, keys, layer._forget, static)
+        assert layer._runner is not None
         return CachedManyLoader(spec, layer._runner, keys, layer._forget, static)
 
 

@@ -12,8 +12,10 @@ A backend outside stampede is a ``Backend`` whose ``store`` implements ``Store``
 ``make_async_store`` makes an ``AsyncStore`` per event loop): leases with a token and an
 expiry, writes only under the writer's lease, waiters woken, named locks. ``Store`` is
 the sum of its roles (``EntryStore``, ``ManyKeyStore``, ``TagStore``, ``NamedLockStore``,
-``StoreAdmin``). A store may take the many-key role from ``OneByOne``, which sends one
-single-entry command per entry. It must pass
+``BudgetStore``, ``StoreAdmin``); a store without ``BudgetStore``'s methods serves every
+loader but those with ``max_concurrent_loads``, which it refuses at decoration. A store
+may take the many-key role from ``OneByOne``, which sends one single-entry command per
+entry. It must pass
 the contract suite unchanged (``stampede.testing.contract``, docs/development.md), which
 runs over a layer built with ``Stampede(backend=your_builder)``. A backend may also wrap
 one of the shipped ones: build it, then replace its stores.
@@ -36,6 +38,7 @@ from ._core.store import (
     TRACE_MARK,
     AcquireCall,
     AcquireReply,
+    AsyncBudgetStore,
     AsyncEntryStore,
     AsyncManyKeyStore,
     AsyncNamedLockStore,
@@ -43,6 +46,7 @@ from ._core.store import (
     AsyncStoreAdmin,
     AsyncSubscription,
     AsyncTagStore,
+    BudgetStore,
     EntryStore,
     LockState,
     ManyKeyStore,
@@ -74,6 +78,7 @@ __all__ = [
     "ManyKeyStore",
     "TagStore",
     "NamedLockStore",
+    "BudgetStore",
     "StoreAdmin",
     "OneByOne",
     "AsyncStore",
@@ -81,6 +86,7 @@ __all__ = [
     "AsyncManyKeyStore",
     "AsyncTagStore",
     "AsyncNamedLockStore",
+    "AsyncBudgetStore",
     "AsyncStoreAdmin",
     "AsyncOneByOne",
     "Subscription",

@@ -324,7 +324,7 @@ def _human(command: str, result: Any) -> str:
         lines = [f"namespace {result['namespace']!r}, from {result['metrics_url']}"]
         for name, count in sorted(result.get("counters", {}).items()):
             lines.append(f"  {name:<24} {count:>12.0f}")
-        for measure in ("load", "wait"):
+        for measure in ("load", "wait", "budget_wait"):
             series = result.get(measure, {})
             for key in sorted(k for k in series if k.startswith("count[")):
                 outcome = key[len("count[") : -1]

@@ -48,6 +48,8 @@ _MEASURE_HELP = {
     "load": "Seconds a loader call took, by outcome (value, none, error)",
     "wait": "Seconds a caller waited for another caller's read or load, by outcome "
     "(value, takeover, timeout, error, retry)",
+    "budget_wait": "Seconds a load waited for a slot of its load budget (max_concurrent_loads), by outcome "
+    "(slot, timeout, error, local)",
 }
 
 

@@ -234,7 +234,7 @@ def postgres_server() -> Iterator[PostgresServer]:
 
 
 def empty_postgres(url: str) -> None:
-    """Drop the rows every store keeps (values, leases, queues, tags), if the schema is there."""
+    """Drop the rows every store keeps (values, leases, queues, tags, slots), if the schema is there."""
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as connection:
@@ -242,7 +242,8 @@ def empty_postgres(url: str) -> None:
             "DO $$ BEGIN IF to_regclass('stampede_values') IS NOT NULL THEN "
             "TRUNCATE stampede_values, stampede_leases, stampede_queue; END IF; "
             "IF to_regclass('stampede_tag_members') IS NOT NULL THEN "
-            "TRUNCATE stampede_tag_members, stampede_tag_generations; END IF; END $$"
+            "TRUNCATE stampede_tag_members, stampede_tag_generations; END IF; "
+            "IF to_regclass('stampede_slots') IS NOT NULL THEN TRUNCATE stampede_slots; END IF; END $$"
         )
 
 

@@ -97,6 +97,12 @@ class Settings:
     verify_grace: float = 0.5
     """A verification whose value differs waits this long for the entry to change (a writer's invalidation on its
     way) before it counts a mismatch."""
+    max_concurrent_loads: int = 0
+    """A load budget (docs/budgets.md): at most this many loads at once, counted across every process sharing the
+    store (0: no budget). On a layer, one budget for all its loaders; on a loader, a budget of its own, or the one
+    load_budget names. A load holds its key's lease, then waits up to wait_timeout for a slot (BudgetTimeout)."""
+    load_budget: str = ""
+    """The name of a budget several loaders share (each giving the same max_concurrent_loads)."""
     trace_keys: bool = False
     """Spans of calls (OpenTelemetry, once the application configures a tracer provider) carry the entry's key as
     stampede.key. Off by default: keys may hold user data, and an attribute of unbounded values (docs/operating.md)."""
@@ -142,6 +148,8 @@ class Settings:
                 "wait_timeout at least load_timeout"
             )
         compressor(self.compression)  # a ConfigError naming what to install, if it cannot be used
+        if not isinstance(self.load_budget, str):
+            raise ConfigError(f"load_budget must be a str (a budget's name), got {self.load_budget!r}")
         if not isinstance(self.trace_keys, bool):
             raise ConfigError(f"trace_keys must be True or False, got {self.trace_keys!r}")
         if not isinstance(self.cancel_on_timeout, bool):
@@ -154,7 +162,8 @@ class Settings:
             if getattr(self, name) not in ("load", "raise"):
                 raise ConfigError(f'{name} must be "load" or "raise", got {getattr(self, name)!r}')
         for name, low in (("max_key_length", 64), ("inline_value_limit", 0), ("max_value_bytes", 64),
-                          ("breaker_threshold", 0), ("max_batch", 1), ("compress_above", 0)):  # fmt: skip
+                          ("breaker_threshold", 0), ("max_batch", 1), ("compress_above", 0),
+                          ("max_concurrent_loads", 0)):  # fmt: skip
             check_count(name, getattr(self, name), low)
 
     def replace(self, *, stacklevel: int = 2, **changes: Any) -> Settings:
@@ -193,6 +202,8 @@ class LoaderSettings(TypedDict, total=False):
     compression: Compression
     verify_sample: float
     verify_grace: float
+    max_concurrent_loads: int
+    load_budget: str
 
 
 class ManyLoaderSettings(LoaderSettings, total=False):

@@ -114,7 +114,7 @@ def entry_value_keys(keys: Iterable[bytes | str]) -> set[str]:
     for key in keys:
         text = key.decode(errors="replace") if isinstance(key, bytes) else key
         close = text.find("}")
-        if close >= 0 and "{~lock:" not in text[:close] and "{~check" not in text[:close]:
+        if close >= 0 and not any(mark in text[:close] for mark in ("{~lock:", "{~budget:", "{~check")):
             found.add(text[: close + 1])
     return found
 
@@ -129,6 +129,16 @@ def lock_keys(namespace: str, name: str, max_key_length: int) -> EntryKeys:
     entry = shorten("~lock:" + escape(name), max_key_length)
     base = f"{namespace}:{{{entry}}}"
     return EntryKeys(base + ":fence", base + ":lock", base + ":notify")
+
+
+def budget_keys(namespace: str, name: str, max_key_length: int) -> EntryKeys:
+    """The keys of the load budget ``name`` (``BudgetStore``): its slots' holders (in the
+    place of a lease), its queue beside them, its channel. The entry starts with
+    ``~budget:``, which no template or argument can produce (see ``lock_keys``)."""
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"a load budget's name must be a non-empty str, got {name!r}")
+    base = f"{namespace}:{{{shorten('~budget:' + escape(name), max_key_length)}}}"
+    return EntryKeys(base, base + ":slots", base + ":notify")
 
 
 def escape(text: str) -> str:

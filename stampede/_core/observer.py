@@ -69,6 +69,8 @@ DESCRIPTIONS: dict[str, str] = {  # what each counter counts (the help text of e
     "tag_entries_dropped": "An entry was invalidated (or expired) by a tag invalidation",
     "breaker_opened": "The circuit breaker opened: commands to a server fail at once for breaker_cooldown",
     "breaker_closed": "An open circuit breaker closed: the server answered a probe",
+    "budget_timeouts": "A load waited wait_timeout for a slot of its load budget and did not run (BudgetTimeout)",
+    "budget_unreachable": "A load could not reach its budget's store: it took a slot of this process's own count",
     "consistency_match": "A sampled hit (verify_sample) was loaded again: the loader returned the value served",
     "consistency_mismatch": "A sampled hit was loaded again: another value, while the entry still held the one served",
     "consistency_superseded": "A sampled hit was loaded again, and the entry changed meanwhile: no verdict",
@@ -77,14 +79,17 @@ DESCRIPTIONS: dict[str, str] = {  # what each counter counts (the help text of e
 }
 COUNTERS = tuple(DESCRIPTIONS)
 
-Measure = Literal["load", "wait"]
-MEASURES: tuple[Measure, ...] = ("load", "wait")
+Measure = Literal["load", "wait", "budget_wait"]
+MEASURES: tuple[Measure, ...] = ("load", "wait", "budget_wait")
 
 OUTCOMES: dict[Measure, tuple[str, ...]] = {
     # the loader returned a value, returned None (the null sentinel is cached), or raised
     "load": ("value", "none", "error"),
     # see the module's docstring
     "wait": ("value", "takeover", "timeout", "error", "retry"),
+    # a load waited for a slot of its budget (max_concurrent_loads): it took one, gave up
+    # at wait_timeout, failed on the store, or took one of its process's own (store down)
+    "budget_wait": ("slot", "timeout", "error", "local"),
 }
 
 

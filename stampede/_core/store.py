@@ -247,6 +247,25 @@ class NamedLockStore(Protocol):
         """Give up a place in a fair lock's queue, waking the other waiters."""
 
 
+class BudgetStore(Protocol):
+    """Load budgets (``max_concurrent_loads``): a semaphore of leased slots with a fair
+    queue, its keys a named lock's (``_core.keys.budget_keys``): ``keys.lock`` holds the
+    slots, ``keys.queue`` the waiters, ``keys.channel`` wakes them."""
+
+    def take_slot(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: int) -> AcquireReply:
+        """Take a slot for ``lease_ms`` (LOCKED) if fewer than ``slots`` are held and no
+        live waiter queued earlier is still owed one, else keep the caller's place in the
+        queue for ``queue_ms`` and report (HELD) how long the earliest holder's lease has
+        left (0 when a slot is free for a waiter ahead). A holder whose lease ran out has
+        lost its slot; a take by a holder renews it."""
+
+    def renew_slot(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
+        """Extend a slot's lease while ``token`` holds it; False once it is lost."""
+
+    def release_slot(self, keys: EntryKeys, token: str) -> bool:
+        """Give a slot back, waking the waiters; False if ``token`` held none."""
+
+
 class StoreAdmin(Protocol):
     """What the layer and the command line ask of a store as a whole."""
 
@@ -261,7 +280,7 @@ class StoreAdmin(Protocol):
         """Release connections and threads the store started."""
 
 
-class Store(EntryStore, ManyKeyStore, TagStore, NamedLockStore, StoreAdmin, Protocol):
+class Store(EntryStore, ManyKeyStore, TagStore, NamedLockStore, BudgetStore, StoreAdmin, Protocol):
     """Every role: what a backend's blocking store implements (``stampede.backends``)."""
 
 
@@ -333,6 +352,18 @@ class AsyncNamedLockStore(Protocol):
     async def leave_queue(self, keys: EntryKeys, token: str) -> None: ...
 
 
+class AsyncBudgetStore(Protocol):
+    """``BudgetStore`` for the tasks of one event loop."""
+
+    async def take_slot(
+        self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: int
+    ) -> AcquireReply: ...
+
+    async def renew_slot(self, keys: EntryKeys, token: str, lease_ms: int) -> bool: ...
+
+    async def release_slot(self, keys: EntryKeys, token: str) -> bool: ...
+
+
 class AsyncStoreAdmin(Protocol):
     """``StoreAdmin`` for the tasks of one event loop."""
 
@@ -343,7 +374,9 @@ class AsyncStoreAdmin(Protocol):
     async def aclose(self) -> None: ...
 
 
-class AsyncStore(AsyncEntryStore, AsyncManyKeyStore, AsyncTagStore, AsyncNamedLockStore, AsyncStoreAdmin, Protocol):
+class AsyncStore(
+    AsyncEntryStore, AsyncManyKeyStore, AsyncTagStore, AsyncNamedLockStore, AsyncBudgetStore, AsyncStoreAdmin, Protocol
+):
     """``Store`` for the tasks of one event loop. See ``Store``'s roles for each method."""
 
 

@@ -54,7 +54,12 @@ class OpenTelemetryMetrics:
         self._lock = threading.Lock()
         reset_after_fork(self)
         self._counts: dict[str, dict[str, int]] = {name: {} for name in COUNTERS}  # event -> namespace -> n
-        self._running: dict[str, dict[str, int]] = {"load": {}, "wait": {}, "breakers": {}}  # -> namespace -> now
+        self._running: dict[str, dict[str, int]] = {
+            "load": {},
+            "wait": {},
+            "budget_wait": {},
+            "breakers": {},
+        }  # -> namespace -> now
         meter = metrics.get_meter("stampede", __version__, meter_provider=meter_provider)
         for name in COUNTERS:
             if name in RESULT_OF:

@@ -305,6 +305,8 @@ class CallTrace:
             self._wait_kind = "lease"
 
     def began(self, measure: Measure) -> None:
+        if measure == "budget_wait":  # inside the load's span: its duration is the load's
+            return
         if measure == "wait":
             self._waits_open += 1
             if self._waits_open == 1:
@@ -321,6 +323,8 @@ class CallTrace:
         self._load_token = otel_context.attach(otel_trace.set_span_in_context(load))
 
     def ended(self, measure: Measure, outcome: str, seconds: float) -> None:
+        if measure == "budget_wait":
+            return
         if measure == "wait":
             self._waits_open -= 1
             if self._waits_open <= 0:

@@ -38,7 +38,7 @@ import pytest
 
 from stampede import ConfigError, Stampede
 from stampede._core.codec import Codec
-from stampede._core.keys import EntryKeys, lock_keys
+from stampede._core.keys import EntryKeys, budget_keys, lock_keys
 from stampede._core.store import TRACE_MARK, AcquireReply, LockState, Written
 from stampede._core.tags import Tagged, TagKeys, TagSet, clock_key
 
@@ -57,6 +57,9 @@ __all__ = [  # what a star import takes: the fixtures and every test
     "test_a_corrupt_value_can_be_locked_over",
     "test_waiters_are_woken_with_the_value_or_to_recheck",
     "test_named_locks_draw_growing_fences_and_queue_fairly",
+    "test_a_budgets_slots_go_to_its_size_of_holders_then_to_waiters_in_arrival_order",
+    "test_a_slot_nobody_renews_runs_out_and_a_waiter_who_stops_trying_loses_its_place",
+    "test_a_released_slot_wakes_the_waiters",
     "test_scan_lists_the_entries_of_a_namespace_and_check_passes",
     "test_a_value_is_read_with_the_seconds_the_store_keeps_it",
     "test_the_lease_is_taken_over_a_stale_value_only_while_it_is_still_that_one",
@@ -274,6 +277,50 @@ def test_named_locks_draw_growing_fences_and_queue_fairly(store: Any) -> None:
     store.leave_queue(keys, "c")
     store.release(keys, "b")
     assert store.take_lock(keys, "d", LEASE_MS, LEASE_MS).state is LockState.LOCKED  # c gave its place up
+
+
+def test_a_budgets_slots_go_to_its_size_of_holders_then_to_waiters_in_arrival_order(store: Any) -> None:
+    keys = budget_keys("contract", f"budget-{uuid.uuid4().hex}", 200)
+    assert [store.take_slot(keys, token, LEASE_MS, LEASE_MS, 2).state for token in "ab"] == [LockState.LOCKED] * 2
+    held = store.take_slot(keys, "c", LEASE_MS, LEASE_MS, 2)  # c queues first
+    assert held.state is LockState.HELD and 0 < held.lease_left <= LEASE_MS / 1000
+    assert store.take_slot(keys, "d", LEASE_MS, LEASE_MS, 2).state is LockState.HELD
+    assert store.take_slot(keys, "b", LEASE_MS, LEASE_MS, 2).state is LockState.LOCKED  # a holder's take renews
+    assert store.renew_slot(keys, "b", LEASE_MS) is True
+    assert store.renew_slot(keys, "c", LEASE_MS) is False and store.release_slot(keys, "c") is False
+    assert store.release_slot(keys, "a") is True and store.release_slot(keys, "a") is False
+    assert store.take_slot(keys, "d", LEASE_MS, LEASE_MS, 2).state is LockState.HELD  # c is first in line
+    assert store.take_slot(keys, "c", LEASE_MS, LEASE_MS, 2).state is LockState.LOCKED
+    store.leave_queue(keys, "d")
+    store.release_slot(keys, "b")
+    assert store.take_slot(keys, "e", LEASE_MS, LEASE_MS, 2).state is LockState.LOCKED  # d gave its place up
+    assert store.take_slot(keys, "f", LEASE_MS, LEASE_MS, 2).state is LockState.HELD  # c and e hold both
+    assert store.take_slot(keys, "f", LEASE_MS, LEASE_MS, 3).state is LockState.LOCKED  # a larger budget: room
+
+
+def test_a_slot_nobody_renews_runs_out_and_a_waiter_who_stops_trying_loses_its_place(store: Any) -> None:
+    keys = budget_keys("contract", f"budget-{uuid.uuid4().hex}", 200)
+    assert store.take_slot(keys, "a", 100, LEASE_MS, 1).state is LockState.LOCKED
+    assert store.take_slot(keys, "b", LEASE_MS, 100, 1).state is LockState.HELD  # b queues, then stops trying
+    deadline = time.monotonic() + 5
+    while store.take_slot(keys, "c", LEASE_MS, LEASE_MS, 1).state is not LockState.LOCKED:
+        assert time.monotonic() < deadline, "the dead holder's slot, or the dead waiter's place, never ran out"
+        time.sleep(0.02)
+    assert store.renew_slot(keys, "a", LEASE_MS) is False  # its slot is c's now
+    assert store.take_slot(keys, "b", LEASE_MS, LEASE_MS, 1).state is LockState.HELD
+
+
+def test_a_released_slot_wakes_the_waiters(store: Any) -> None:
+    keys = budget_keys("contract", f"budget-{uuid.uuid4().hex}", 200)
+    assert store.take_slot(keys, "a", LEASE_MS, LEASE_MS, 1).state is LockState.LOCKED
+    assert store.take_slot(keys, "b", LEASE_MS, LEASE_MS, 1).state is LockState.HELD
+    subscription = store.subscribe(keys)
+    try:
+        store.release_slot(keys, "a")
+        assert subscription.wait(5) == b""
+        assert store.take_slot(keys, "b", LEASE_MS, LEASE_MS, 1).state is LockState.LOCKED
+    finally:
+        subscription.close()
 
 
 def test_scan_lists_the_entries_of_a_namespace_and_check_passes(store: Any, keys: EntryKeys) -> None:

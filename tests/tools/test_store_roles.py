@@ -8,10 +8,13 @@ import inspect
 
 from stampede import backends
 
-ROLES = [backends.EntryStore, backends.ManyKeyStore, backends.TagStore, backends.NamedLockStore, backends.StoreAdmin]
+ROLES = [
+    backends.EntryStore, backends.ManyKeyStore, backends.TagStore, backends.NamedLockStore, backends.BudgetStore,
+    backends.StoreAdmin,
+]  # fmt: skip
 ASYNC_ROLES = [
     backends.AsyncEntryStore, backends.AsyncManyKeyStore, backends.AsyncTagStore, backends.AsyncNamedLockStore,
-    backends.AsyncStoreAdmin,
+    backends.AsyncBudgetStore, backends.AsyncStoreAdmin,
 ]  # fmt: skip
 
 

@@ -43,6 +43,7 @@ class MemoryStore(OneByOne):
         )
         self._last_fence = 0  # the last fencing token drawn, for every named lock (one int, however many names)
         self._queues: dict[str, dict[str, float]] = {}  # a fair lock's key -> {token: waiter expiry}, in order
+        self._slots: dict[str, dict[str, float]] = {}  # a load budget's key -> {holder token: lease end}
         self._waiting = Waiting()
         self._tags = Tags()
         # value key -> (its tags, expires_at), bounded like the values
@@ -195,6 +196,51 @@ class MemoryStore(OneByOne):
             fence = self._last_fence = max(self._last_fence + 1, time.time_ns() // 1000)
             return AcquireReply(LockState.LOCKED, fence=fence)
 
+    def take_slot(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: int) -> AcquireReply:
+        now = self._clock()
+        with self._lock:  # the rules of TAKE_SLOT
+            holders = self._slots.setdefault(keys.lock, {})
+            for holder, end in list(holders.items()):
+                if end <= now:
+                    del holders[holder]
+            if token in holders:
+                holders[token] = now + lease_ms / 1000
+                return AcquireReply(LockState.LOCKED)
+            queue = self._queues.setdefault(keys.lock, {})
+            queue[token] = now + queue_ms / 1000  # a new waiter goes last; a known one keeps its place
+            free = slots - len(holders)
+            ahead = 0
+            for waiter, expiry in list(queue.items()):
+                if ahead >= free:
+                    break
+                if waiter == token:
+                    del queue[token]
+                    holders[token] = now + lease_ms / 1000
+                    return AcquireReply(LockState.LOCKED)
+                if expiry > now:
+                    ahead += 1
+                else:
+                    del queue[waiter]
+            if free > 0:
+                return AcquireReply(LockState.HELD, lease_left=-0.002)
+            return AcquireReply(LockState.HELD, lease_left=max(min(holders.values()) - now, 0.0))
+
+    def renew_slot(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
+        now = self._clock()
+        with self._lock:
+            holders = self._slots.get(keys.lock, {})
+            if holders.get(token, now) <= now:
+                return False
+            holders[token] = now + lease_ms / 1000
+            return True
+
+    def release_slot(self, keys: EntryKeys, token: str) -> bool:
+        with self._lock:
+            if self._slots.get(keys.lock, {}).pop(token, None) is None:
+                return False
+            self._publish(keys, b"")
+            return True
+
     def invalidate(self, keys: EntryKeys) -> None:
         with self._lock:
             self._values.pop(keys.value, None)
@@ -335,6 +381,15 @@ class AsyncMemoryStore(AsyncOneByOne):
 
     async def leave_queue(self, keys: EntryKeys, token: str) -> None:
         self._store.leave_queue(keys, token)
+
+    async def take_slot(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: int) -> AcquireReply:
+        return self._store.take_slot(keys, token, lease_ms, queue_ms, slots)
+
+    async def renew_slot(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
+        return self._store.renew_slot(keys, token, lease_ms)
+
+    async def release_slot(self, keys: EntryKeys, token: str) -> bool:
+        return self._store.release_slot(keys, token)
 
     async def invalidate(self, keys: EntryKeys) -> None:
         self._store.invalidate(keys)

@@ -207,6 +207,18 @@ class AsyncPostgresStore(AsyncOneByOne):
     async def leave_queue(self, keys: EntryKeys, token: str) -> None:
         await self._one("leave the queue of", keys.value, sql.leave_queue(keys, token))
 
+    async def take_slot(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: int) -> AcquireReply:
+        statement = sql.take_slot(keys, token, lease_ms, queue_ms, slots)
+        return sql.take_slot_reply(await self._one("take a slot of", keys.value, statement))
+
+    async def renew_slot(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
+        row = await self._one("renew a slot of", keys.value, sql.renew_slot(keys, token, lease_ms))
+        return row is not None and bool(row[0])
+
+    async def release_slot(self, keys: EntryKeys, token: str) -> bool:
+        row = await self._one("release a slot of", keys.value, sql.release_slot(keys, token))
+        return row is not None and bool(row[0])
+
     async def holder(self, keys: EntryKeys) -> str | None:
         row = await self._one("read the holder of", keys.value, sql.holder(keys))
         return None if row is None else str(row[0])

@@ -68,7 +68,8 @@ Version 5 fills ``left_ms`` of a value ``stampede_acquire`` returns (the value's
 left, which older stores do not read): it marks itself versions 3 and 4 as well. Version
 6 adds ``stampede_seize`` (a set's first step in one function), which shares its tail
 with ``stampede_invalidate`` (``stampede_invalidated``), and marks itself 3 to 5: older
-stores, which seize in two statements, find their functions doing what they did."""
+stores, which seize in two statements, find their functions doing what they did. It
+also adds load budgets' slots (``stampede_slots``, ``stampede_take_slot``)."""
 
 SCHEMA_READY = "SELECT count(*) FROM pg_proc WHERE proname = 'stampede_schema_v6'"
 
@@ -94,6 +95,13 @@ CREATE UNLOGGED TABLE IF NOT EXISTS stampede_queue (
     token text NOT NULL,
     ticket bigint NOT NULL,  -- arrival order
     expires_at timestamptz NOT NULL,  -- the waiter's place, renewed on every try
+    PRIMARY KEY (key, token)
+);
+
+CREATE UNLOGGED TABLE IF NOT EXISTS stampede_slots (
+    key text NOT NULL,  -- a load budget's key
+    token text NOT NULL,  -- a holder of one of its slots
+    expires_at timestamptz NOT NULL,  -- the slot's lease, renewed while its load runs
     PRIMARY KEY (key, token)
 );
 
@@ -464,6 +472,68 @@ BEGIN
     IF FOUND THEN PERFORM stampede_wake(p_channel, 'c' || p_channel); END IF;
 END $$;
 
+-- Take a slot of a load budget of p_slots (the Redis TAKE_SLOT script): a holder whose
+-- lease ran out has lost its slot; the first (free slots) live waiters may take one.
+-- state 2: taken (or held already); 3: not yet, the earliest holder's lease has left_ms
+-- more (-2: a slot is free, but other waiters are first in line).
+CREATE OR REPLACE FUNCTION stampede_take_slot(
+    p_budget text, p_token text, p_lease_ms bigint, p_queue_ms bigint, p_slots int,
+    OUT state int, OUT left_ms bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    now_ timestamptz := clock_timestamp();
+    lease timestamptz := now_ + p_lease_ms * interval '1 millisecond';
+    free int;
+    ahead int := 0;
+    waiter record;
+    deadline timestamptz;
+BEGIN
+    left_ms := 0;
+    PERFORM pg_advisory_xact_lock(hashtextextended(p_budget, 0));
+    DELETE FROM stampede_slots WHERE key = p_budget AND expires_at <= now_;
+    UPDATE stampede_slots SET expires_at = lease WHERE key = p_budget AND token = p_token;
+    IF FOUND THEN state := 2; RETURN; END IF;
+    INSERT INTO stampede_queue AS q (key, token, ticket, expires_at)
+        VALUES (p_budget, p_token, nextval('stampede_tickets'), now_ + p_queue_ms * interval '1 millisecond')
+        ON CONFLICT (key, token) DO UPDATE SET expires_at = EXCLUDED.expires_at;
+    SELECT p_slots - count(*) INTO free FROM stampede_slots WHERE key = p_budget;
+    FOR waiter IN SELECT q.token, q.expires_at FROM stampede_queue q WHERE q.key = p_budget ORDER BY q.ticket LOOP
+        EXIT WHEN ahead >= free;
+        IF waiter.token = p_token THEN
+            DELETE FROM stampede_queue WHERE key = p_budget AND token = p_token;
+            INSERT INTO stampede_slots (key, token, expires_at) VALUES (p_budget, p_token, lease);
+            state := 2; RETURN;
+        ELSIF waiter.expires_at > now_ THEN
+            ahead := ahead + 1;
+        ELSE
+            DELETE FROM stampede_queue WHERE key = p_budget AND token = waiter.token;
+        END IF;
+    END LOOP;
+    state := 3;
+    IF free > 0 THEN left_ms := -2; RETURN; END IF;
+    SELECT min(s.expires_at) INTO deadline FROM stampede_slots s WHERE s.key = p_budget;
+    left_ms := stampede_ms_left(deadline, now_);
+END $$;
+
+-- Extend a slot's lease while p_token holds it; false once it is lost.
+CREATE OR REPLACE FUNCTION stampede_renew_slot(p_budget text, p_token text, p_lease_ms bigint)
+RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE stampede_slots SET expires_at = clock_timestamp() + p_lease_ms * interval '1 millisecond'
+        WHERE key = p_budget AND token = p_token AND expires_at > clock_timestamp();
+    RETURN FOUND;
+END $$;
+
+-- Give a slot back and wake the waiters; false if p_token held none.
+CREATE OR REPLACE FUNCTION stampede_release_slot(p_budget text, p_token text, p_channel text)
+RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM stampede_slots WHERE key = p_budget AND token = p_token;
+    IF NOT FOUND THEN RETURN false; END IF;
+    PERFORM stampede_wake(p_channel, 'c' || p_channel);
+    RETURN true;
+END $$;
+
 -- Delete up to p_batch expired rows of each table; return how many went. Expired rows
 -- are already ignored by every read: this only keeps the tables small.
 CREATE OR REPLACE FUNCTION stampede_sweep(p_batch int)
@@ -481,6 +551,9 @@ BEGIN
     GET DIAGNOSTICS n = ROW_COUNT; gone := gone + n;
     DELETE FROM stampede_queue WHERE ctid = ANY (ARRAY(
         SELECT ctid FROM stampede_queue WHERE expires_at <= now_ LIMIT p_batch));
+    GET DIAGNOSTICS n = ROW_COUNT; gone := gone + n;
+    DELETE FROM stampede_slots WHERE ctid = ANY (ARRAY(
+        SELECT ctid FROM stampede_slots WHERE expires_at <= now_ LIMIT p_batch));
     GET DIAGNOSTICS n = ROW_COUNT; gone := gone + n;
     DELETE FROM stampede_tag_members WHERE ctid = ANY (ARRAY(
         SELECT ctid FROM stampede_tag_members WHERE expires_at <= now_ LIMIT p_batch));
@@ -673,6 +746,31 @@ def take_lock(keys: EntryKeys, token: str, lease_ms: int, queue_ms: int) -> Stat
         "SELECT state, fence, left_ms FROM stampede_take_lock(%s, %s, %s, %s)",
         (keys.lock, token, lease_ms, queue_ms),
     )
+
+
+def take_slot(keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: int) -> Statement:
+    return Statement(
+        "SELECT state, left_ms FROM stampede_take_slot(%s, %s, %s, %s, %s)",
+        (keys.lock, token, lease_ms, queue_ms, slots),
+    )
+
+
+def take_slot_reply(row: tuple[Any, ...] | None) -> AcquireReply:
+    """``stampede_take_slot``'s row as the store contract's reply."""
+    if row is None:
+        raise BackendUnavailable("postgresql returned no row to take a slot")
+    state, left_ms = row
+    if state == 2:
+        return AcquireReply(LockState.LOCKED)
+    return AcquireReply(LockState.HELD, lease_left=left_ms / 1000)
+
+
+def renew_slot(keys: EntryKeys, token: str, lease_ms: int) -> Statement:
+    return Statement("SELECT stampede_renew_slot(%s, %s, %s)", (keys.lock, token, lease_ms))
+
+
+def release_slot(keys: EntryKeys, token: str) -> Statement:
+    return Statement("SELECT stampede_release_slot(%s, %s, %s)", (keys.lock, token, keys.channel))
 
 
 def leave_queue(keys: EntryKeys, token: str) -> Statement:

@@ -509,6 +509,21 @@ class AsyncRedisStore(AsyncSending):
         with self._translated("leave the queue of", keys.lock):
             await self._send(keys.lock, self._scripts.leave_queue, *_scripts.leave_queue_call(keys, token))
 
+    async def take_slot(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: int) -> AcquireReply:
+        with self._translated("take a slot of", keys.lock):
+            call = _scripts.take_slot_call(keys, token, lease_ms, queue_ms, slots)
+            return acquire_reply(await self._send(keys.lock, self._scripts.take_slot, *call))
+
+    async def renew_slot(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
+        with self._translated("renew a slot of", keys.lock):
+            call = _scripts.renew_slot_call(keys, token, lease_ms)
+            return bool(await self._send(keys.lock, self._scripts.renew_slot, *call))
+
+    async def release_slot(self, keys: EntryKeys, token: str) -> bool:
+        with self._translated("release a slot of", keys.lock):
+            call = _scripts.release_slot_call(keys, token)
+            return bool(await self._send(keys.lock, self._scripts.release_slot, *call))
+
     async def invalidate(self, keys: EntryKeys) -> None:
         nonce = new_nonce(self.near)
         with self._translated("invalidate", keys.value):

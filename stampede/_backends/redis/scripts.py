@@ -324,6 +324,97 @@ def leave_queue_call(keys: EntryKeys, token: str) -> Call:
     return Call([queue, waiters], [token, keys.channel])
 
 
+TAKE_SLOT = """
+-- Take a slot of a load budget (a semaphore of ARGV[4] slots), in arrival order.
+-- KEYS[1] holders (sorted set: token -> lease end, server ms), KEYS[2] queue (sorted set:
+-- token -> ticket), KEYS[3] waiters' leases (hash: token -> expiry), KEYS[4] tickets
+-- ARGV[1] token, ARGV[2] lease in ms, ARGV[3] a waiter's lease in ms, ARGV[4] slots
+-- A holder whose lease ended (it died) frees its slot. A waiter joins the queue on its
+-- first try and renews its place on every try; a waiter ahead of it whose lease ran out
+-- is dropped. The first (slots - holders) live waiters may take a slot.
+-- Returns {2, 0}: taken (or held already: a retried take)
+--         {3, ms}: not yet: the earliest holder's lease ends in ms (-2: a slot is free,
+--                  but other waiters are first in line)
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local lease = tonumber(ARGV[2])
+local keep = 2 * math.max(lease, tonumber(ARGV[3]))
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
+  return {2, 0}
+end
+if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
+  redis.call('ZADD', KEYS[2], redis.call('INCR', KEYS[4]), ARGV[1])
+end
+redis.call('HSET', KEYS[3], ARGV[1], now + tonumber(ARGV[3]))
+redis.call('PEXPIRE', KEYS[2], keep)
+redis.call('PEXPIRE', KEYS[3], keep)
+redis.call('PEXPIRE', KEYS[4], keep)
+local free = tonumber(ARGV[4]) - redis.call('ZCARD', KEYS[1])
+local live = 0
+local index = 0
+while live < free do
+  local waiter = redis.call('ZRANGE', KEYS[2], index, index)[1]
+  if not waiter then break end
+  if waiter == ARGV[1] then
+    redis.call('ZREM', KEYS[2], ARGV[1])
+    redis.call('HDEL', KEYS[3], ARGV[1])
+    redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
+    if redis.call('PTTL', KEYS[1]) < keep then redis.call('PEXPIRE', KEYS[1], keep) end
+    return {2, 0}
+  end
+  if tonumber(redis.call('HGET', KEYS[3], waiter) or '0') > now then
+    live = live + 1
+    index = index + 1
+  else
+    redis.call('ZREM', KEYS[2], waiter)
+    redis.call('HDEL', KEYS[3], waiter)
+  end
+end
+if free > 0 then return {3, -2} end
+local earliest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2]
+return {3, math.max(tonumber(earliest) - now, 0)}
+"""
+
+
+def take_slot_call(keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: int) -> Call:
+    return Call([keys.lock, *keys.queue], [token, lease_ms, queue_ms, slots])
+
+
+RENEW_SLOT = """
+-- Extend a budget slot's lease (the watchdog), only while the slot is still ours.
+-- KEYS[1] holders; ARGV[1] token, ARGV[2] lease in ms
+-- Returns 1: renewed; 0: the slot is gone (its lease ran out and it was taken back)
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+if redis.call('PTTL', KEYS[1]) < 2 * tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2])) end
+return 1
+"""
+
+
+def renew_slot_call(keys: EntryKeys, token: str, lease_ms: int) -> Call:
+    return Call([keys.lock], [token, lease_ms])
+
+
+RELEASE_SLOT = """
+-- Give a budget slot back and wake the waiters (the first in line takes it).
+-- KEYS[1] holders; ARGV[1] token, ARGV[2] channel
+-- Returns 1: released; 0: it was not ours any more
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
+  redis.call('PUBLISH', ARGV[2], '')
+  return 1
+end
+return 0
+"""
+
+
+def release_slot_call(keys: EntryKeys, token: str) -> Call:
+    return Call([keys.lock], [token, keys.channel])
+
+
 INVALIDATE = """
 -- Drop the value and any holder's lease, so an in-flight load cannot write its (stale)
 -- result afterwards, and wake the waiters so one of them loads afresh. A dropped lease

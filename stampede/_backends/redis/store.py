@@ -495,6 +495,21 @@ class RedisStore(Sending):
         with self._translated("leave the queue of", keys.lock):
             self._scripts.leave_queue(*_scripts.leave_queue_call(keys, token))
 
+    def take_slot(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: int) -> AcquireReply:
+        with self._translated("take a slot of", keys.lock):
+            call = _scripts.take_slot_call(keys, token, lease_ms, queue_ms, slots)
+            return acquire_reply(self._scripts.take_slot(*call))
+
+    def renew_slot(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
+        with self._translated("renew a slot of", keys.lock):
+            call = _scripts.renew_slot_call(keys, token, lease_ms)
+            return bool(self._scripts.renew_slot(*call))
+
+    def release_slot(self, keys: EntryKeys, token: str) -> bool:
+        with self._translated("release a slot of", keys.lock):
+            call = _scripts.release_slot_call(keys, token)
+            return bool(self._scripts.release_slot(*call))
+
     def invalidate(self, keys: EntryKeys) -> None:
         nonce = new_nonce(self.near)
         with self._translated("invalidate", keys.value):

@@ -1,0 +1,119 @@
+"""Load budgets (``max_concurrent_loads``): how many loads may run at once, counted across
+every process that shares the store, and what a budget is made of. No I/O: taking a slot
+is ``_drivers.abudget``'s.
+
+A storm of many distinct cold keys (a flushed cache, a bumped namespace, a fleet of new
+pods) is collapsed to one load per key, and still sends the database one query per key
+in the same second. A budget bounds that: a load takes its key's lease first (so the
+callers of that key cost nothing), then a slot of its budget, and gives the slot back
+when the loader returns. Slots are leases in the store (renewed while the load runs, lost
+within ``lock_ttl`` when their holder dies) with a fair queue, and a freed slot wakes the
+waiters by message.
+
+Which budget a loader draws on is decided at decoration (``budget_of``): the loader's own
+``max_concurrent_loads`` is a budget of its own, named by its key template; a
+``load_budget`` name shares one budget between every loader that gives it; a layer's
+``max_concurrent_loads`` is one budget for every loader of the layer that has none of
+its own. Two loaders naming one budget with different sizes are refused.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from .._errors import ConfigError
+from .config import Settings
+from .effects import milliseconds
+from .keys import EntryKeys, budget_keys
+
+LAYER_BUDGET = "~layer"
+"""The name of the budget a layer's own ``max_concurrent_loads`` makes (no loader's
+template or ``load_budget`` name starts with ``~``)."""
+
+
+@dataclass(eq=False)
+class LoadBudget:
+    """One budget: its name and size, its keys in the store, and this process's view of
+    it. ``local`` bounds this process's loads while the store cannot be reached
+    (``on_backend_error="load"``): the budget is then kept per process, not per fleet."""
+
+    name: str
+    slots: int
+    keys: EntryKeys
+    lease_ms: int  # a slot's lease (the loaders' lock_ttl), renewed while the load runs
+    wait_timeout: float  # the longest a load waits for a slot
+    recheck_interval: float  # a waiter re-checks at least this often, without a message
+    raise_on_backend_error: bool  # on_backend_error="raise": a store that fails the take fails the load
+    local: threading.BoundedSemaphore = field(init=False)
+    _counts: threading.Lock = field(init=False, default_factory=threading.Lock)
+    running: int = field(init=False, default=0)  # loads of this process holding a slot now
+    queued: int = field(init=False, default=0)  # loads of this process waiting for one
+
+    def __post_init__(self) -> None:
+        self.local = threading.BoundedSemaphore(self.slots)
+
+    @property
+    def queue_ms(self) -> int:
+        """How long a waiter's place in the queue lasts without a try: a waiter tries at
+        least every third of it (``_core.acquiring``)."""
+        return self.lease_ms
+
+    def add(self, running: int = 0, queued: int = 0) -> None:
+        with self._counts:
+            self.running += running
+            self.queued += queued
+
+
+class Budgets:
+    """A layer's budgets by name: one object per name, whatever loader asks for it."""
+
+    def __init__(self, namespace: str, max_key_length: int) -> None:
+        self._namespace = namespace
+        self._max_key_length = max_key_length
+        self._by_name: dict[str, LoadBudget] = {}
+        self._lock = threading.Lock()
+
+    def get(self, name: str, settings: Settings) -> LoadBudget:
+        """The budget ``name`` of ``settings.max_concurrent_loads`` slots; a ConfigError if
+        it exists with another size."""
+        slots = settings.max_concurrent_loads
+        with self._lock:
+            budget = self._by_name.get(name)
+            if budget is None:
+                budget = self._by_name[name] = LoadBudget(
+                    name,
+                    slots,
+                    budget_keys(self._namespace, name, self._max_key_length),
+                    milliseconds(settings.lock_ttl),
+                    settings.wait_timeout,
+                    settings.recheck_interval,
+                    settings.on_backend_error == "raise",
+                )
+            elif budget.slots != slots:
+                raise ConfigError(
+                    f"load budget {name!r} has {budget.slots} slots, and a loader asks it for {slots}: "
+                    "give every loader sharing a budget one max_concurrent_loads"
+                )
+        return budget
+
+    def all(self) -> list[LoadBudget]:
+        with self._lock:
+            return list(self._by_name.values())
+
+
+def budget_name(layer: Settings, loader: Settings, own_limit: bool, template: str) -> str | None:
+    """The budget a loader draws on, or None: its ``load_budget``; else its template when
+    it gave ``max_concurrent_loads`` itself; else the layer's when the layer has one."""
+    if loader.load_budget:
+        if not loader.max_concurrent_loads:
+            raise ConfigError(
+                f"load_budget={loader.load_budget!r} needs max_concurrent_loads (the budget's size) on the "
+                "loader or the layer"
+            )
+        return loader.load_budget
+    if own_limit and loader.max_concurrent_loads:
+        return template
+    if layer.max_concurrent_loads and loader.max_concurrent_loads:
+        return LAYER_BUDGET
+    return None

@@ -1,0 +1,193 @@
+"""Loads under a load budget (``_core.budget``): a loader wrapped so that each call
+holds a slot of its budget while it runs, performed with awaits or with blocking calls
+(``budget.py`` is generated from this module by ``.ci/unasync.py``).
+
+The wrapper sits where the loader is called, so every kind of load goes through it: a
+miss's, a background or early refresh's, a many-key loader's call (one slot per call,
+not per id), a verification's, and the uncached load after a wait timeout. The caller
+already holds its key's lease (renewed while it waits for the slot): the other callers
+of the key wait for it as for any load, and cost the budget nothing.
+
+Taking a slot is ``_core.acquiring``'s decision, the named locks' (subscribe, try again,
+wait for a release message or a recheck, leave the queue when giving up), over the
+store's ``take_slot``. A slot is renewed by the watchdog while the load runs. A store
+that cannot be reached under ``on_backend_error="load"`` leaves the process to its own
+count: at most ``max_concurrent_loads`` of its loads at once (a semaphore per process,
+per event loop for asyncio callers), so an outage does not lift the bound altogether.
+"""
+
+# budget.py, the blocking twin, is generated from this module by .ci/unasync.py.  # ASYNC
+from __future__ import annotations
+
+import asyncio
+import functools
+import secrets
+import time
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from .._core.acquiring import acquiring
+from .._core.budget import LoadBudget
+from .._core.effects import AwaitNotice, Effect, LeaveQueue, Release, Subscribe, TakeLock
+from .._core.keys import EntryKeys
+from .._core.observer import Reporter
+from .._core.store import AsyncStore, AsyncSubscription
+from .._errors import BackendUnavailable, BudgetTimeout
+from .aperform import arun
+from .watchdog import AsyncWatchdog
+
+
+class _AsyncSlotRenewal:
+    """The watchdog's view of a slot: ``renew`` renews the slot, not an entry's lease."""
+
+    def __init__(self, store: AsyncStore) -> None:
+        self._store = store
+
+    async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
+        return await self._store.renew_slot(keys, token, lease_ms)
+
+
+class _AsyncSlotPerformer:
+    """Performs ``acquiring``'s effects on a budget's slots. Closes its subscription."""
+
+    def __init__(self, budget: LoadBudget, store: AsyncStore, token: str) -> None:
+        self._budget = budget
+        self._store = store
+        self._token = token
+        self._subscription: AsyncSubscription | None = None
+
+    async def __call__(self, effect: Effect) -> Any:
+        budget, store, token = self._budget, self._store, self._token
+        match effect:
+            case TakeLock():
+                return await store.take_slot(budget.keys, token, budget.lease_ms, budget.queue_ms, budget.slots)
+            case Subscribe():
+                self._subscription = await store.subscribe(budget.keys)
+                return None
+            case AwaitNotice(timeout=timeout):
+                assert self._subscription is not None, "AwaitNotice before Subscribe"
+                return await self._subscription.wait(timeout)
+            case Release():
+                return await store.release_slot(budget.keys, token)
+            case LeaveQueue():
+                return await store.leave_queue(budget.keys, token)
+            case _:
+                raise AssertionError(f"a budget's slot has no {effect!r}")
+
+    def close(self) -> None:
+        if self._subscription is not None:
+            self._subscription.close()
+            self._subscription = None
+
+
+class AsyncBudgetSlots:
+    """Slots of one budget for the callers of one world (the event loops, or the threads)."""
+
+    def __init__(
+        self,
+        budget: LoadBudget,
+        store: Callable[[], AsyncStore],
+        watchdog: AsyncWatchdog,
+        events: Reporter,
+    ) -> None:
+        self.budget = budget
+        self._store = store
+        self._watchdog = watchdog
+        self._events = events
+        if True:  # ASYNC
+            self._local: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+                weakref.WeakKeyDictionary()
+            )
+
+    @asynccontextmanager
+    async def held(self) -> AsyncIterator[None]:
+        """A slot for the block (the load): taken first, renewed while the block runs,
+        given back after it. ``BudgetTimeout`` when none comes free within wait_timeout."""
+        budget, store = self.budget, self._store()
+        token = secrets.token_hex(16)
+        performer = _AsyncSlotPerformer(budget, store, token)
+        decision = acquiring(
+            True, budget.wait_timeout, None, None, budget.recheck_interval, queue_lease=budget.lease_ms / 1000
+        )
+        started = time.monotonic()
+        self._events.began("budget_wait")
+        budget.add(queued=1)
+        outcome = "error"
+        try:
+            try:
+                taken = await arun(decision, performer)
+            except BackendUnavailable:
+                if budget.raise_on_backend_error:
+                    raise
+                outcome = "local"
+                taken = None
+            finally:
+                performer.close()
+            if outcome == "error":
+                outcome = "slot" if taken is not None else "timeout"
+        finally:
+            budget.add(queued=-1)
+            self._events.ended("budget_wait", outcome, time.monotonic() - started)
+        if outcome == "timeout":
+            self._events.incr("budget_timeouts")
+            raise BudgetTimeout(budget.name, budget.wait_timeout)
+        if outcome == "local":
+            async with self._locally(started):
+                yield
+            return
+        watched = self._watchdog.watch(_AsyncSlotRenewal(store), budget.keys, token, budget.lease_ms)
+        budget.add(running=1)
+        try:
+            yield
+        finally:
+            budget.add(running=-1)
+            watched.stop()
+            try:
+                if True:  # ASYNC
+                    await asyncio.shield(store.release_slot(budget.keys, token))  # a cancelled load gives it back too
+                else:
+                    store.release_slot(budget.keys, token)
+            except BackendUnavailable:
+                pass  # the slot's lease, no longer renewed, gives it back within lock_ttl
+
+    @asynccontextmanager
+    async def _locally(self, started: float) -> AsyncIterator[None]:
+        """The store failed: at most ``slots`` loads of this process (of this event loop)
+        at once, waiting what is left of wait_timeout for one."""
+        budget = self.budget
+        self._events.incr("budget_unreachable")
+        left = max(budget.wait_timeout - (time.monotonic() - started), 0.0)
+        if True:  # ASYNC
+            loop = asyncio.get_running_loop()
+            local = self._local.get(loop)
+            if local is None:
+                local = self._local[loop] = asyncio.Semaphore(budget.slots)
+            try:
+                await asyncio.wait_for(local.acquire(), left)
+            except asyncio.TimeoutError:
+                self._events.incr("budget_timeouts")
+                raise BudgetTimeout(budget.name, budget.wait_timeout) from None
+        else:
+            local = budget.local
+            if not local.acquire(timeout=left):
+                self._events.incr("budget_timeouts")
+                raise BudgetTimeout(budget.name, budget.wait_timeout)
+        budget.add(running=1)
+        try:
+            yield
+        finally:
+            budget.add(running=-1)
+            local.release()
+
+
+def abudgeted(func: Callable[..., Awaitable[Any]], slots: AsyncBudgetSlots) -> Callable[..., Awaitable[Any]]:
+    """``func``, each call holding a slot of the budget while it runs."""
+
+    @functools.wraps(func)
+    async def load(*args: Any, **kwargs: Any) -> Any:
+        async with slots.held():
+            return await func(*args, **kwargs)
+
+    return load
