@@ -1,0 +1,291 @@
+"""Load budgets (``max_concurrent_loads``, docs/budgets.md): at no moment more loads of a
+budget than its size, counted across threads, tasks and processes, with every key still
+loaded once; a load that gets no slot within wait_timeout does not run; a dead holder's
+slot comes back; an unreachable store leaves each process to its own count."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+
+from stampede import BudgetTimeout, ConfigError, Stampede
+from stampede._core.keys import EntryKeys, budget_keys
+from stampede._core.store import LockState
+from stampede.testing.servers import free_port
+
+from ..modes import Blocking, OnALoop
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Loads:
+    """A database that counts the loads running at once (the peak) and each key's loads;
+    every load takes ``delay`` seconds, or waits for ``release`` when it is cleared."""
+
+    def __init__(self, delay: float = 0.02) -> None:
+        self.delay = delay
+        self.running = 0
+        self.peak = 0
+        self.calls: dict[Any, int] = {}
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.release.set()
+        self._lock = threading.Lock()
+
+    def _begin(self, key: Any) -> None:
+        with self._lock:
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+            self.calls[key] = self.calls.get(key, 0) + 1
+        self.started.set()
+
+    def _end(self) -> None:
+        with self._lock:
+            self.running -= 1
+
+    def blocking(self, key: Any) -> Any:
+        self._begin(key)
+        try:
+            assert self.release.wait(30), "the test never released the loader"
+            time.sleep(self.delay)
+            return {"id": key}
+        finally:
+            self._end()
+
+    async def coroutine(self, key: Any) -> Any:
+        self._begin(key)
+        try:
+            if not self.release.is_set():
+                assert await asyncio.get_running_loop().run_in_executor(None, self.release.wait, 30)
+            await asyncio.sleep(self.delay)
+            return {"id": key}
+        finally:
+            self._end()
+
+    def loader(self, mode: Blocking | OnALoop) -> Callable[[Any], Any]:
+        return self.blocking if isinstance(mode, Blocking) else self.coroutine
+
+
+def test_a_storm_of_distinct_keys_runs_at_most_the_budgets_loads_at_once(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    layer = layer_of_each_backend(namespace=f"storm-{uuid.uuid4().hex[:8]}")
+    loads = Loads()
+    load = layer.cached_loader("item:{key}", max_concurrent_loads=3)(loads.loader(mode))
+    keys = [index % 16 for index in range(40)]  # 16 cold keys, most called more than once
+    assert mode.burst(load, keys) == [{"id": key} for key in keys]
+    assert loads.calls == dict.fromkeys(range(16), 1)  # each key loaded once
+    assert 2 <= loads.peak <= 3  # the budget bounds the loads at once, and they do run side by side
+    assert _slots_held(layer, "item:{key}") == 0
+
+
+def test_a_load_with_no_slot_within_wait_timeout_does_not_run_and_leaves_nothing_held(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    layer = layer_of_each_backend(namespace=f"starved-{uuid.uuid4().hex[:8]}")
+    loads = Loads()
+    load = layer.cached_loader("item:{key}", max_concurrent_loads=1, wait_timeout=0.3)(loads.loader(mode))
+    loads.release.clear()
+    holder = mode.start(load, "a")
+    assert loads.started.wait(10)
+    began = time.monotonic()
+    with pytest.raises(BudgetTimeout) as raised:
+        mode(load, "b")
+    assert 0.25 <= time.monotonic() - began < 5
+    assert raised.value.budget == "item:{key}" and loads.calls == {"a": 1}  # b's loader never ran
+    assert layer.store().holder(EntryKeys.for_value(f"{layer.namespace}:{{item:b}}")) is None  # b's lease released
+    loads.release.set()
+    assert holder.result(10) == {"id": "a"}
+    assert mode(load, "b") == {"id": "b"}  # the slot came back, and b's queue place went
+    assert loads.calls == {"a": 1, "b": 1}
+    assert _slots_held(layer, "item:{key}") == 0
+
+
+def test_a_dead_holders_slot_comes_back_when_its_lease_runs_out(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    layer = layer_of_each_backend(namespace=f"dead-{uuid.uuid4().hex[:8]}")
+    loads = Loads(delay=0.0)
+    load = layer.cached_loader("item:{key}", max_concurrent_loads=1, wait_timeout=10)(loads.loader(mode))
+    keys = budget_keys(layer.namespace, "item:{key}", layer.settings.max_key_length)
+    assert layer.store().take_slot(keys, "a process since killed", 300, 300, 1).state is LockState.LOCKED
+    began = time.monotonic()
+    assert mode(load, "x") == {"id": "x"}
+    assert 0.2 <= time.monotonic() - began < 5  # it waited for the dead slot's lease, not for wait_timeout
+
+
+def test_loaders_naming_one_budget_share_it_and_the_layers_budget_covers_the_rest(mode: Blocking | OnALoop) -> None:
+    layer = Stampede.from_url("memory://", max_concurrent_loads=2)
+    try:
+        loads = Loads()
+        first = layer.cached_loader("a:{key}", max_concurrent_loads=1, load_budget="db")(loads.loader(mode))
+        second = layer.cached_loader("b:{key}", max_concurrent_loads=1, load_budget="db")(loads.loader(mode))
+        mode.burst(lambda key: first(key) if key % 2 else second(key), list(range(12)))
+        assert loads.peak == 1  # one budget of one slot for both
+        layered = Loads()
+        third = layer.cached_loader("c:{key}")(layered.loader(mode))
+        fourth = layer.cached_loader("d:{key}")(layered.loader(mode))
+        mode.burst(lambda key: third(key) if key % 2 else fourth(key), list(range(12)))
+        assert 1 <= layered.peak <= 2  # the layer's budget, shared by the loaders without one
+        free = Loads()
+        unbudgeted = layer.cached_loader("e:{key}", max_concurrent_loads=0)(free.loader(mode))
+        free.release.clear()
+        futures = [mode.start(unbudgeted, key) for key in range(4)]
+        deadline = time.monotonic() + 10
+        while free.running < 4:  # no budget: all four run at once
+            assert time.monotonic() < deadline, f"only {free.running} of 4 loads ran at once"
+            time.sleep(0.01)
+        free.release.set()
+        assert [future.result(10) for future in futures] == [{"id": key} for key in range(4)]
+    finally:
+        layer.close()
+
+
+def test_a_many_key_loader_takes_one_slot_per_call_not_per_id(mode: Blocking | OnALoop) -> None:
+    layer = Stampede.from_url("memory://")
+    try:
+        loads = Loads()
+        calls: list[int] = []
+
+        if isinstance(mode, Blocking):
+
+            def page(ids: list[int]) -> dict[int, Any]:
+                calls.append(len(ids))
+                return {id_: loads.blocking(id_) for id_ in ids}
+
+        else:
+
+            async def page(ids: list[int]) -> dict[int, Any]:  # type: ignore[misc]
+                calls.append(len(ids))
+                return {id_: await loads.coroutine(id_) for id_ in ids}
+
+        many = layer.cached_loader_many("item:{id}", max_batch=5, max_concurrent_loads=1)(page)
+        pages = mode.burst(many, [list(range(10)), list(range(10, 20))])  # two callers at once, two calls each
+        assert pages == [{id_: {"id": id_} for id_ in ids} for ids in (range(10), range(10, 20))]
+        assert calls == [5, 5, 5, 5] and loads.peak == 1  # a call of five ids held the one slot
+    finally:
+        layer.close()
+
+
+def test_stale_values_are_served_at_once_while_their_refreshes_queue_for_a_slot(mode: Blocking | OnALoop) -> None:
+    layer = Stampede.from_url("memory://", jitter=0.0)
+    try:
+        loads = Loads()
+        load = layer.cached_loader("item:{key}", ttl=0.2, stale_while_revalidate=30, max_concurrent_loads=1)(
+            loads.loader(mode)
+        )
+        mode.burst(load, list(range(4)))
+        time.sleep(0.3)  # every value is now past its ttl, within its stale window
+        loads.release.clear()  # a refresh that starts holds its slot until released
+        loads.started.clear()
+        began = time.monotonic()
+        assert mode.burst(load, list(range(4))) == [{"id": key} for key in range(4)]  # stale, at once
+        assert time.monotonic() - began < 5
+        assert loads.started.wait(10)
+        loads.release.set()
+        deadline = time.monotonic() + 10
+        while sum(loads.calls.values()) < 8 or loads.running:
+            assert time.monotonic() < deadline, f"the refreshes never all ran: {loads.calls}"
+            time.sleep(0.01)
+        assert loads.calls == dict.fromkeys(range(4), 2) and loads.peak == 1
+    finally:
+        layer.close()
+
+
+def test_budgets_are_refused_at_decoration_when_they_cannot_be_kept() -> None:
+    layer = Stampede.from_url("memory://")
+    try:
+        layer.cached_loader("a:{key}", max_concurrent_loads=2, load_budget="db")(lambda key: key)
+        with pytest.raises(ConfigError, match="has 2 slots"):
+            layer.cached_loader("b:{key}", max_concurrent_loads=3, load_budget="db")(lambda key: key)
+        with pytest.raises(ConfigError, match="needs max_concurrent_loads"):
+            layer.cached_loader("c:{key}", load_budget="other")(lambda key: key)
+        with pytest.raises(ConfigError, match="max_concurrent_loads must be an integer >= 0"):
+            layer.cached_loader("d:{key}", max_concurrent_loads=-1)(lambda key: key)
+        with pytest.raises(ConfigError, match="load_budget must be a str"):
+            layer.cached_loader("e:{key}", max_concurrent_loads=1, load_budget=7)  # type: ignore[arg-type]
+    finally:
+        layer.close()
+
+
+def test_an_unreachable_store_leaves_each_process_to_its_own_count() -> None:
+    """``on_backend_error="load"``: every call loads uncached, and the budget, out of the
+    store's reach, is kept per process."""
+    layer = Stampede.from_url(f"redis://127.0.0.1:{free_port()}/0", max_concurrent_loads=2, socket_timeout=0.5)
+    try:
+        loads = Loads()
+        load = layer.cached_loader("item:{key}")(loads.blocking)
+        assert Blocking().burst(load, list(range(8))) == [{"id": key} for key in range(8)]
+        assert loads.peak <= 2 and loads.calls == dict.fromkeys(range(8), 1)
+        assert layer.stats()["budget_unreachable"] >= 1
+    finally:
+        layer.close()
+
+
+def test_the_wait_for_a_slot_is_measured_and_reported(mode: Blocking | OnALoop) -> None:
+    reports: list[tuple[str, str]] = []
+
+    class Recorder:
+        def count(self, namespace: str, event: str, n: int) -> None:
+            pass
+
+        def began(self, namespace: str, measure: str) -> None:
+            pass
+
+        def ended(self, namespace: str, measure: str, outcome: str, seconds: float) -> None:
+            if measure == "budget_wait":
+                reports.append((outcome, namespace))
+
+    layer = Stampede.from_url("memory://", namespace="measured", max_concurrent_loads=1, observers=[Recorder()])
+    try:
+        loads = Loads()
+        load = layer.cached_loader("item:{key}")(loads.loader(mode))
+        mode.burst(load, [1, 2, 3])
+        assert reports == [("slot", "measured")] * 3
+    finally:
+        layer.close()
+
+
+@pytest.mark.timing
+def test_processes_share_one_budget(redis_url: str, redis_client: redis.Redis) -> None:
+    """Three processes of eight threads each over 48 cold keys, a budget of 4: the loads
+    running at once, counted in the server by every loader, never pass 4, and each key is
+    loaded once."""
+    namespace = f"fleet-{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    command = [sys.executable, "-m", "tests.budget_worker", redis_url, namespace, "48", "8", "4"]
+    workers = [subprocess.Popen(command, env=env) for _ in range(3)]
+    try:
+        for worker in workers:
+            assert worker.wait(60) == 0
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+    loads = {int(key): int(count) for key, count in redis_client.hgetall(f"{namespace}:loads").items()}
+    assert loads == dict.fromkeys(range(48), 1)
+    assert 2 <= int(redis_client.get(f"{namespace}:peak") or 0) <= 4
+    assert int(redis_client.get(f"{namespace}:running") or 0) == 0
+
+
+def _slots_held(layer: Stampede, name: str) -> int:
+    """1 if a taker of budget ``name`` finds a slot held or a place in its queue kept, 0
+    when nothing is left behind (the probe's slot is given back at once)."""
+    keys = budget_keys(layer.namespace, name, layer.settings.max_key_length)
+    store = layer.store()
+    if store.take_slot(keys, "probe", 5_000, 5_000, 1).state is LockState.LOCKED:
+        store.release_slot(keys, "probe")
+        return 0
+    store.leave_queue(keys, "probe")
+    return 1
