@@ -64,6 +64,11 @@ class EntryKeys:
         """A fair lock's queue, its waiters' leases and its ticket counter."""
         return self.lock + ":queue", self.lock + ":waiters", self.lock + ":tickets"
 
+    def waiter(self, token: str) -> EntryKeys:
+        """A load budget's keys as its waiter ``token`` subscribes to them: the channel its
+        own, where a freed slot wakes the first waiter in line (``BudgetStore``)."""
+        return EntryKeys(self.value, self.lock, f"{self.channel}:{token}")
+
     @property
     def invalidated(self) -> str:
         """Set by an invalidation that dropped a lease, for what was left of that lease: a

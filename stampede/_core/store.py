@@ -250,7 +250,8 @@ class NamedLockStore(Protocol):
 class BudgetStore(Protocol):
     """Load budgets (``max_concurrent_loads``): a semaphore of leased slots with a fair
     queue, its keys a named lock's (``_core.keys.budget_keys``): ``keys.lock`` holds the
-    slots, ``keys.queue`` the waiters, ``keys.channel`` wakes them."""
+    slots, ``keys.queue`` the waiters; a waiter listens on a channel of its own
+    (``EntryKeys.waiter``)."""
 
     def take_slot(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: int) -> AcquireReply:
         """Take a slot for ``lease_ms`` (LOCKED) if fewer than ``slots`` are held and no
@@ -263,7 +264,9 @@ class BudgetStore(Protocol):
         """Extend a slot's lease while ``token`` holds it; False once it is lost."""
 
     def release_slot(self, keys: EntryKeys, token: str) -> bool:
-        """Give a slot back, waking the waiters; False if ``token`` held none."""
+        """Give a slot, or a place in the queue, back, and wake the first live waiter in
+        line on its own channel (``keys.channel``, ``:``, its token): one freed slot wakes
+        one waiter, not every one. False if ``token`` held no slot."""
 
 
 class StoreAdmin(Protocol):

@@ -9,11 +9,13 @@ already holds its key's lease (renewed while it waits for the slot): the other c
 of the key wait for it as for any load, and cost the budget nothing.
 
 Taking a slot is ``_core.acquiring``'s decision, the named locks' (subscribe, try again,
-wait for a release message or a recheck, leave the queue when giving up), over the
-store's ``take_slot``. A slot is renewed by the watchdog while the load runs. A store
-that cannot be reached under ``on_backend_error="load"`` leaves the process to its own
-count: at most ``max_concurrent_loads`` of its loads at once (a semaphore per process,
-per event loop for asyncio callers), so an outage does not lift the bound altogether.
+wait for a message or a recheck, leave the queue when giving up), over the store's
+``take_slot``. A waiter listens on a channel of its own: a freed slot wakes the first
+waiter in line, not the whole queue (a storm has as many waiters as loads in flight).
+A slot is renewed by the watchdog while the load runs. A store that cannot be reached
+under ``on_backend_error="load"`` leaves the process to its own count: at most
+``max_concurrent_loads`` of its loads at once (a semaphore per process, per event loop
+for asyncio callers), so an outage does not lift the bound altogether.
 """
 
 # budget.py, the blocking twin, is generated from this module by .ci/unasync.py.  # ASYNC
@@ -64,15 +66,13 @@ class _AsyncSlotPerformer:
             case TakeLock():
                 return await store.take_slot(budget.keys, token, budget.lease_ms, budget.queue_ms, budget.slots)
             case Subscribe():
-                self._subscription = await store.subscribe(budget.keys)
+                self._subscription = await store.subscribe(budget.keys.waiter(token))
                 return None
             case AwaitNotice(timeout=timeout):
                 assert self._subscription is not None, "AwaitNotice before Subscribe"
                 return await self._subscription.wait(timeout)
-            case Release():
+            case Release() | LeaveQueue():  # either gives back what the token has, and wakes the next in line
                 return await store.release_slot(budget.keys, token)
-            case LeaveQueue():
-                return await store.leave_queue(budget.keys, token)
             case _:
                 raise AssertionError(f"a budget's slot has no {effect!r}")
 

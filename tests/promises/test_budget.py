@@ -287,5 +287,5 @@ def _slots_held(layer: Stampede, name: str) -> int:
     if store.take_slot(keys, "probe", 5_000, 5_000, 1).state is LockState.LOCKED:
         store.release_slot(keys, "probe")
         return 0
-    store.leave_queue(keys, "probe")
+    store.release_slot(keys, "probe")  # its place in the queue
     return 1

@@ -235,11 +235,16 @@ class MemoryStore(OneByOne):
             return True
 
     def release_slot(self, keys: EntryKeys, token: str) -> bool:
-        with self._lock:
-            if self._slots.get(keys.lock, {}).pop(token, None) is None:
-                return False
-            self._publish(keys, b"")
-            return True
+        now = self._clock()
+        with self._lock:  # the rules of RELEASE_SLOT
+            released = self._slots.get(keys.lock, {}).pop(token, None) is not None
+            queue = self._queues.get(keys.lock, {})
+            queue.pop(token, None)
+            first = next((waiter for waiter, expiry in queue.items() if expiry > now), None)
+            if first is not None:
+                for mailbox in self._waiting.on(f"{keys.channel}:{first}"):
+                    mailbox.deliver(b"")
+            return released
 
     def invalidate(self, keys: EntryKeys) -> None:
         with self._lock:

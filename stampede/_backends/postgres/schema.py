@@ -524,14 +524,23 @@ BEGIN
     RETURN FOUND;
 END $$;
 
--- Give a slot back and wake the waiters; false if p_token held none.
+-- Give a slot, or a place in the queue, back (the Redis RELEASE_SLOT script), and wake
+-- the first live waiter in line on its own channel; false if p_token held no slot.
 CREATE OR REPLACE FUNCTION stampede_release_slot(p_budget text, p_token text, p_channel text)
 RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    released boolean;
+    first text;
 BEGIN
     DELETE FROM stampede_slots WHERE key = p_budget AND token = p_token;
-    IF NOT FOUND THEN RETURN false; END IF;
-    PERFORM stampede_wake(p_channel, 'c' || p_channel);
-    RETURN true;
+    released := FOUND;
+    DELETE FROM stampede_queue WHERE key = p_budget AND token = p_token;
+    SELECT q.token INTO first FROM stampede_queue q
+        WHERE q.key = p_budget AND q.expires_at > clock_timestamp() ORDER BY q.ticket LIMIT 1;
+    IF first IS NOT NULL THEN
+        PERFORM stampede_wake(p_channel || ':' || first, 'c' || p_channel || ':' || first);
+    END IF;
+    RETURN released;
 END $$;
 
 -- Delete up to p_batch expired rows of each table; return how many went. Expired rows

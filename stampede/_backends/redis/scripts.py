@@ -400,19 +400,31 @@ def renew_slot_call(keys: EntryKeys, token: str, lease_ms: int) -> Call:
 
 
 RELEASE_SLOT = """
--- Give a budget slot back and wake the waiters (the first in line takes it).
--- KEYS[1] holders; ARGV[1] token, ARGV[2] channel
--- Returns 1: released; 0: it was not ours any more
-if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
-  redis.call('PUBLISH', ARGV[2], '')
-  return 1
+-- Give a budget slot, or a place in its queue, back, and wake the first waiter in line
+-- (on its own channel: a freed slot wakes one waiter, not every one).
+-- KEYS[1] holders, KEYS[2] queue, KEYS[3] waiters' leases; ARGV[1] token, ARGV[2] the
+-- budget's channel (a waiter's is it, ':', its token)
+-- Returns 1: a slot was released; 0: the token held none
+local released = redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+for index = 0, 63 do  -- past waiters whose place ran out (take_slot drops them)
+  local waiter = redis.call('ZRANGE', KEYS[2], index, index)[1]
+  if not waiter then break end
+  if tonumber(redis.call('HGET', KEYS[3], waiter) or '0') > now then
+    redis.call('PUBLISH', ARGV[2] .. ':' .. waiter, '')
+    break
+  end
 end
-return 0
+return released
 """
 
 
 def release_slot_call(keys: EntryKeys, token: str) -> Call:
-    return Call([keys.lock], [token, keys.channel])
+    queue, waiters, _ = keys.queue
+    return Call([keys.lock, queue, waiters], [token, keys.channel])
 
 
 INVALIDATE = """

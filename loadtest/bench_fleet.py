@@ -1,0 +1,221 @@
+"""Figures for storms of many distinct keys: a fleet-wide load budget (``max_concurrent_loads``)
+against no budget and against a per-process limit, side by side in one run.
+
+    python loadtest/bench_fleet.py            # starts the server it needs on 127.0.0.1
+    python loadtest/bench_fleet.py --quick    # a smaller fleet and fewer keys, for CI
+
+Storm: the cache is empty (FLUSHALL of the server this script started; a fresh namespace
+on one given by ``--url``), then ``--processes`` x ``--threads`` callers walk every one
+of ``--keys`` cold keys (each process in an order of its own, so that every key is asked
+by every process), each step followed by one read of a key drawn from a Zipf law (the
+hot keys asked again and again). The loader takes ``--delay`` seconds and counts, in the
+server, the loads running at once (the exact peak, kept by a script at each load's
+start) and each key's loads; a thread of this script samples the count every 2 ms too.
+
+The ways, in interleaved rounds (the worst round shown):
+
+- ``no budget``: stampede collapses each key to one load, and nothing bounds how many
+  keys load at once.
+- ``per-process limit``: a semaphore of ``--budget`` around each process's loader (what
+  a per-host limit gives, Symfony's ``LockRegistry`` for one): the fleet's peak is the
+  processes times the limit.
+- ``fleet budget``: ``max_concurrent_loads=--budget``, counted across the fleet.
+
+The ideal wall time under a budget is keys x delay / budget; the script exits 1 if the
+fleet budget's peak passes the budget, a key is loaded twice, or the wall time is past
+``--within`` times the ideal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from typing import Any
+
+import redis
+
+from stampede import Stampede
+from stampede.testing import server_url
+
+WAYS = ["no budget", "per-process limit", "fleet budget"]
+
+BEGIN = """
+local running = redis.call('INCR', KEYS[1])
+if running > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], running) end
+redis.call('HINCRBY', KEYS[3], ARGV[1], 1)
+return running
+"""
+
+
+def worker(options: argparse.Namespace) -> None:
+    """One process of the fleet: ``--threads`` threads walking every key (``--way``)."""
+    client = redis.Redis.from_url(options.url)
+    begin = client.register_script(BEGIN)
+    ns = options.namespace
+    running, peak, loads = f"{ns}:count:running", f"{ns}:count:peak", f"{ns}:count:loads"
+    budget = options.budget if options.way == "fleet budget" else 0
+    limit = threading.BoundedSemaphore(options.budget) if options.way == "per-process limit" else None
+    layer = Stampede.from_url(options.url, namespace=ns, max_concurrent_loads=budget, wait_timeout=120)
+
+    def query(key: int) -> dict[str, int]:
+        begin(keys=[running, peak, loads], args=[key])
+        try:
+            time.sleep(options.delay)
+            return {"id": key}
+        finally:
+            client.decr(running)
+
+    def limited(key: int) -> dict[str, int]:
+        assert limit is not None
+        with limit:
+            return query(key)
+
+    load = layer.cached_loader("item:{key}")(query if limit is None else limited)
+    draw = random.Random(options.seed)
+    order = list(range(options.keys))
+    draw.shuffle(order)
+    weights = [1 / (rank + 1) ** 1.1 for rank in range(options.keys)]
+    hot = draw.choices(range(options.keys), weights, k=options.keys)
+    print("ready", flush=True)
+    if sys.stdin.readline().strip() != "go":
+        return
+    wrong: list[int] = []
+
+    def walk(number: int) -> None:
+        for index in range(number, options.keys, options.threads):
+            for key in (order[index], hot[index]):
+                if load(key) != {"id": key}:
+                    wrong.append(key)
+
+    threads = [threading.Thread(target=walk, args=(number,)) for number in range(options.threads)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    layer.close()
+    print(json.dumps({"wrong": len(wrong)}), flush=True)
+
+
+def storm(url: str, own_server: bool, options: argparse.Namespace) -> dict[str, dict[str, float]]:
+    client = redis.Redis.from_url(url)
+    rows: dict[str, list[dict[str, float]]] = {way: [] for way in WAYS}
+    for number in range(options.rounds):
+        for way in WAYS if number % 2 == 0 else list(reversed(WAYS)):
+            if own_server:
+                client.flushall()
+            namespace = f"fleet-{uuid.uuid4().hex[:8]}"
+            command = [sys.executable, __file__, "--worker", "--url", url, "--way", way, "--namespace", namespace,
+                       "--threads", str(options.threads), "--keys", str(options.keys), "--delay", str(options.delay),
+                       "--budget", str(options.budget)]  # fmt: skip
+            samples: list[int] = []
+            done = threading.Event()
+            sampler = threading.Thread(target=sample, args=(url, f"{namespace}:count:running", samples, done))
+            results, wall = run_fleet(command, options.processes, sampler, done)
+            loads = {int(key): int(count) for key, count in client.hgetall(f"{namespace}:count:loads").items()}
+            rows[way].append({
+                "peak": int(client.get(f"{namespace}:count:peak") or 0), "sampled": max(samples, default=0),
+                "over": sum(1 for s in samples if s > options.budget) / max(len(samples), 1),
+                "keys": len(loads), "loads": sum(loads.values()), "max_per_key": max(loads.values(), default=0),
+                "wall": wall, "wrong": sum(result["wrong"] for result in results),
+            })  # fmt: skip
+    ideal = options.keys * options.delay / options.budget
+    print(f"\n1. Storm: {options.processes} processes x {options.threads} threads over {options.keys} cold keys "
+          f"(every key by every process, and a Zipf read after each), loader {options.delay * 1000:.0f} ms, "
+          f"budget {options.budget}, {options.rounds} interleaved round(s), the worst shown. Ideal wall under the "
+          f"budget: {ideal:.2f} s")  # fmt: skip
+    header = ("", "peak", "max sample", "samples > budget", "keys", "loads", "max per key", "wall s", "x ideal")
+    print("   {:<18} {:>5} {:>10} {:>16} {:>6} {:>6} {:>11} {:>7} {:>8}".format(*header))
+    summary = {}
+    for way, results in rows.items():
+        worst = {name: max(result[name] for result in results) for name in results[0]}
+        summary[way] = worst
+        print("   {:<18} {:>5.0f} {:>10.0f} {:>15.1%} {:>6.0f} {:>6.0f} {:>11.0f} {:>7.2f} {:>7.2f}x".format(
+            way, worst["peak"], worst["sampled"], worst["over"], worst["keys"], worst["loads"],
+            worst["max_per_key"], worst["wall"], worst["wall"] / ideal))  # fmt: skip
+    return summary
+
+
+def sample(url: str, key: str, samples: list[int], done: threading.Event) -> None:
+    """Read the count of loads running every 2 ms until ``done``."""
+    client = redis.Redis.from_url(url)
+    while not done.is_set():
+        samples.append(int(client.get(key) or 0))
+        time.sleep(0.002)
+
+
+def run_fleet(
+    command: list[str], processes: int, sampler: threading.Thread, done: threading.Event
+) -> tuple[list[dict[str, Any]], float]:
+    """Start the fleet, let it go at once (``sampler`` running meanwhile), return each
+    process's result and the wall time. Every process is gone on return."""
+    started = [subprocess.Popen([*command, "--seed", str(seed)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True) for seed in range(processes)]  # fmt: skip
+    try:
+        for process in started:
+            assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+        sampler.start()
+        began = time.perf_counter()
+        for process in started:
+            assert process.stdin is not None
+            process.stdin.write("go\n")
+            process.stdin.flush()
+        outputs = [process.communicate(timeout=300)[0] for process in started]
+        wall = time.perf_counter() - began
+        return [json.loads(output.splitlines()[-1]) for output in outputs], wall
+    finally:
+        done.set()
+        if sampler.is_alive():
+            sampler.join(5)
+        for process in started:
+            if process.poll() is None:
+                process.kill()
+                process.wait(5)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", help="a Redis server to use (default: one started here)")
+    parser.add_argument("--processes", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=16)
+    parser.add_argument("--keys", type=int, default=2000)
+    parser.add_argument("--delay", type=float, default=0.01)
+    parser.add_argument("--budget", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--within", type=float, default=1.25, help="the fleet budget's wall, at most x ideal")
+    parser.add_argument("--quick", action="store_true", help="4 processes x 8 threads, 400 keys, one round")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--way", choices=WAYS, help=argparse.SUPPRESS)
+    parser.add_argument("--namespace", help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    options = parser.parse_args()
+    if options.worker:
+        worker(options)
+        return 0
+    if options.quick:
+        options.processes, options.threads, options.keys, options.rounds = 4, 8, 400, 1
+    with server_url(options.url) as url:
+        summary = storm(url, options.url is None, options)
+    fleet = summary["fleet budget"]
+    failures = [f"{way}: a caller got a wrong value" for way, row in summary.items() if row["wrong"]] + [
+        f"{way}: a key was loaded {row['max_per_key']:.0f} times"
+        for way, row in summary.items()
+        if row["max_per_key"] > 1
+    ]
+    if fleet["peak"] > options.budget:
+        failures.append(f"fleet budget: {fleet['peak']:.0f} loads at once, over the budget of {options.budget}")
+    ideal = options.keys * options.delay / options.budget
+    if fleet["wall"] > options.within * ideal:
+        failures.append(f"fleet budget: {fleet['wall']:.2f} s, past {options.within}x the ideal {ideal:.2f} s")
+    for failure in failures:
+        print("FAILED:", failure)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
