@@ -19,6 +19,7 @@ its own. Two loaders naming one budget with different sizes are refused.
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from dataclasses import dataclass, field
 
@@ -63,6 +64,15 @@ class LoadBudget:
         with self._counts:
             self.running += running
             self.queued += queued
+
+
+HOLDING: contextvars.ContextVar[frozenset[LoadBudget]] = contextvars.ContextVar(
+    "stampede_budgets_held", default=frozenset()
+)
+"""The budgets whose slot the running load holds (in its thread, its task and the tasks
+or threads it starts with a copy of its context): a loader that calls another loader of
+the same budget runs it in its own slot, rather than wait for a second one, which N
+loads each holding one would wait for in vain (a budget of N, deadlocked)."""
 
 
 class Budgets:

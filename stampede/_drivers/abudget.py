@@ -31,7 +31,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from .._core.acquiring import acquiring
-from .._core.budget import LoadBudget
+from .._core.budget import HOLDING, LoadBudget
 from .._core.effects import AwaitNotice, Effect, LeaveQueue, Release, Subscribe, TakeLock
 from .._core.keys import EntryKeys
 from .._core.observer import Reporter
@@ -105,7 +105,12 @@ class AsyncBudgetSlots:
     async def held(self) -> AsyncIterator[None]:
         """A slot for the block (the load): taken first, renewed while the block runs,
         given back after it. ``BudgetTimeout`` when none comes free within wait_timeout."""
-        budget, store = self.budget, self._store()
+        budget = self.budget
+        holding = HOLDING.get()
+        if budget in holding:  # a load inside a load of this budget: it runs in the outer one's slot
+            yield
+            return
+        store = self._store()
         token = secrets.token_hex(16)
         performer = _AsyncSlotPerformer(budget, store, token)
         decision = acquiring(
@@ -139,9 +144,11 @@ class AsyncBudgetSlots:
             return
         watched = self._watchdog.watch(_AsyncSlotRenewal(store), budget.keys, token, budget.lease_ms)
         budget.add(running=1)
+        inside = HOLDING.set(holding | {budget})
         try:
             yield
         finally:
+            HOLDING.reset(inside)
             budget.add(running=-1)
             watched.stop()
             try:
@@ -175,9 +182,11 @@ class AsyncBudgetSlots:
                 self._events.incr("budget_timeouts")
                 raise BudgetTimeout(budget.name, budget.wait_timeout)
         budget.add(running=1)
+        inside = HOLDING.set(HOLDING.get() | {budget})
         try:
             yield
         finally:
+            HOLDING.reset(inside)
             budget.add(running=-1)
             local.release()
 

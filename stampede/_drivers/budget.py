@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from .._core.acquiring import acquiring
-from .._core.budget import LoadBudget
+from .._core.budget import HOLDING, LoadBudget
 from .._core.effects import AwaitNotice, Effect, LeaveQueue, Release, Subscribe, TakeLock
 from .._core.keys import EntryKeys
 from .._core.observer import Reporter
@@ -100,7 +100,12 @@ class BudgetSlots:
     def held(self) -> Iterator[None]:
         """A slot for the block (the load): taken first, renewed while the block runs,
         given back after it. ``BudgetTimeout`` when none comes free within wait_timeout."""
-        budget, store = self.budget, self._store()
+        budget = self.budget
+        holding = HOLDING.get()
+        if budget in holding:  # a load inside a load of this budget: it runs in the outer one's slot
+            yield
+            return
+        store = self._store()
         token = secrets.token_hex(16)
         performer = _SlotPerformer(budget, store, token)
         decision = acquiring(
@@ -134,9 +139,11 @@ class BudgetSlots:
             return
         watched = self._watchdog.watch(_SlotRenewal(store), budget.keys, token, budget.lease_ms)
         budget.add(running=1)
+        inside = HOLDING.set(holding | {budget})
         try:
             yield
         finally:
+            HOLDING.reset(inside)
             budget.add(running=-1)
             watched.stop()
             try:
@@ -156,9 +163,11 @@ class BudgetSlots:
             self._events.incr("budget_timeouts")
             raise BudgetTimeout(budget.name, budget.wait_timeout)
         budget.add(running=1)
+        inside = HOLDING.set(HOLDING.get() | {budget})
         try:
             yield
         finally:
+            HOLDING.reset(inside)
             budget.add(running=-1)
             local.release()
 

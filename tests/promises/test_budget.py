@@ -202,6 +202,35 @@ def test_stale_values_are_served_at_once_while_their_refreshes_queue_for_a_slot(
         layer.close()
 
 
+def test_a_loader_calling_another_of_its_budget_runs_it_in_its_own_slot(mode: Blocking | OnALoop) -> None:
+    """A category's loader reads its products through their loader, both under a layer's
+    budget of 2: four categories at once would each hold a slot and wait for a second one
+    for ever (until wait_timeout) if a nested load took a slot of its own."""
+    layer = Stampede.from_url("memory://", max_concurrent_loads=2, wait_timeout=5)
+    try:
+        loads = Loads(delay=0.05)
+        product = layer.cached_loader("product:{key}")(loads.loader(mode))
+        if isinstance(mode, Blocking):
+
+            def category(key: int) -> list[Any]:
+                return [product(key * 10 + index) for index in range(3)]
+
+        else:
+
+            async def category(key: int) -> list[Any]:  # type: ignore[misc]
+                return [await product(key * 10 + index) for index in range(3)]
+
+        load = layer.cached_loader("category:{key}")(category)
+        began = time.monotonic()
+        assert mode.burst(load, list(range(4))) == [
+            [{"id": key * 10 + index} for index in range(3)] for key in range(4)
+        ]
+        assert time.monotonic() - began < 4  # no wait for a slot that cannot come
+        assert loads.peak <= 2
+    finally:
+        layer.close()
+
+
 def test_budgets_are_refused_at_decoration_when_they_cannot_be_kept() -> None:
     layer = Stampede.from_url("memory://")
     try:
