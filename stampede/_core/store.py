@@ -263,10 +263,11 @@ class BudgetStore(Protocol):
     def renew_slot(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         """Extend a slot's lease while ``token`` holds it; False once it is lost."""
 
-    def release_slot(self, keys: EntryKeys, token: str) -> bool:
-        """Give a slot, or a place in the queue, back, and wake the first live waiter in
-        line on its own channel (``keys.channel``, ``:``, its token): one freed slot wakes
-        one waiter, not every one. False if ``token`` held no slot."""
+    def release_slot(self, keys: EntryKeys, token: str, slots: int) -> bool:
+        """Give a slot, or a place in the queue, back, and wake the first live waiters in
+        line, as many as slots are free of ``slots``, each on its own channel
+        (``EntryKeys.waiter``): a freed slot wakes a waiter, not every one, and two slots
+        freed before the first woken takes one wake two. False if ``token`` held no slot."""
 
 
 class StoreAdmin(Protocol):
@@ -364,7 +365,7 @@ class AsyncBudgetStore(Protocol):
 
     async def renew_slot(self, keys: EntryKeys, token: str, lease_ms: int) -> bool: ...
 
-    async def release_slot(self, keys: EntryKeys, token: str) -> bool: ...
+    async def release_slot(self, keys: EntryKeys, token: str, slots: int) -> bool: ...
 
 
 class AsyncStoreAdmin(Protocol):

@@ -72,7 +72,7 @@ class _AsyncSlotPerformer:
                 assert self._subscription is not None, "AwaitNotice before Subscribe"
                 return await self._subscription.wait(timeout)
             case Release() | LeaveQueue():  # either gives back what the token has, and wakes the next in line
-                return await store.release_slot(budget.keys, token)
+                return await store.release_slot(budget.keys, token, budget.slots)
             case _:
                 raise AssertionError(f"a budget's slot has no {effect!r}")
 
@@ -152,10 +152,11 @@ class AsyncBudgetSlots:
             budget.add(running=-1)
             watched.stop()
             try:
+                # given back however the load ended (a cancelled task too)
                 if True:  # ASYNC
-                    await asyncio.shield(store.release_slot(budget.keys, token))  # a cancelled load gives it back too
+                    await asyncio.shield(store.release_slot(budget.keys, token, budget.slots))
                 else:
-                    store.release_slot(budget.keys, token)
+                    store.release_slot(budget.keys, token, budget.slots)
             except BackendUnavailable:
                 pass  # the slot's lease, no longer renewed, gives it back within lock_ttl
 

@@ -71,7 +71,7 @@ class _SlotPerformer:
                 assert self._subscription is not None, "AwaitNotice before Subscribe"
                 return self._subscription.wait(timeout)
             case Release() | LeaveQueue():  # either gives back what the token has, and wakes the next in line
-                return store.release_slot(budget.keys, token)
+                return store.release_slot(budget.keys, token, budget.slots)
             case _:
                 raise AssertionError(f"a budget's slot has no {effect!r}")
 
@@ -147,7 +147,8 @@ class BudgetSlots:
             budget.add(running=-1)
             watched.stop()
             try:
-                store.release_slot(budget.keys, token)
+                # given back however the load ended (a cancelled task too)
+                store.release_slot(budget.keys, token, budget.slots)
             except BackendUnavailable:
                 pass  # the slot's lease, no longer renewed, gives it back within lock_ttl
 

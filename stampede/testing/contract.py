@@ -288,11 +288,11 @@ def test_a_budgets_slots_go_to_its_size_of_holders_then_to_waiters_in_arrival_or
     assert store.take_slot(keys, "b", LEASE_MS, LEASE_MS, 2).state is LockState.LOCKED  # a holder's take renews
     assert store.renew_slot(keys, "b", LEASE_MS) is True
     assert store.renew_slot(keys, "c", LEASE_MS) is False  # a waiter has no slot to renew
-    assert store.release_slot(keys, "a") is True and store.release_slot(keys, "a") is False
+    assert store.release_slot(keys, "a", 2) is True and store.release_slot(keys, "a", 2) is False
     assert store.take_slot(keys, "d", LEASE_MS, LEASE_MS, 2).state is LockState.HELD  # c is first in line
     assert store.take_slot(keys, "c", LEASE_MS, LEASE_MS, 2).state is LockState.LOCKED
-    assert store.release_slot(keys, "d") is False  # d gives its place up
-    store.release_slot(keys, "b")
+    assert store.release_slot(keys, "d", 2) is False  # d gives its place up
+    store.release_slot(keys, "b", 2)
     assert store.take_slot(keys, "e", LEASE_MS, LEASE_MS, 2).state is LockState.LOCKED
     assert store.take_slot(keys, "f", LEASE_MS, LEASE_MS, 2).state is LockState.HELD  # c and e hold both
     assert store.take_slot(keys, "f", LEASE_MS, LEASE_MS, 3).state is LockState.LOCKED  # a larger budget: room
@@ -316,10 +316,10 @@ def test_a_released_slot_wakes_the_first_waiter_in_line_and_only_it(store: Any) 
     assert [store.take_slot(keys, token, LEASE_MS, LEASE_MS, 1).state for token in "bc"] == [LockState.HELD] * 2
     first, second = store.subscribe(keys.waiter("b")), store.subscribe(keys.waiter("c"))
     try:
-        assert store.release_slot(keys, "a") is True
+        assert store.release_slot(keys, "a", 1) is True
         assert first.wait(5) == b""
         assert second.wait(0.05) is None  # one slot freed, one waiter woken
-        assert store.release_slot(keys, "b") is False  # b leaves the queue (it held no slot): c is first now
+        assert store.release_slot(keys, "b", 1) is False  # b leaves the queue (it held no slot): c is first now
         assert second.wait(5) == b""
         assert store.take_slot(keys, "c", LEASE_MS, LEASE_MS, 1).state is LockState.LOCKED
     finally:

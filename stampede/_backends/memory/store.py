@@ -234,15 +234,17 @@ class MemoryStore(OneByOne):
             holders[token] = now + lease_ms / 1000
             return True
 
-    def release_slot(self, keys: EntryKeys, token: str) -> bool:
+    def release_slot(self, keys: EntryKeys, token: str, slots: int) -> bool:
         now = self._clock()
         with self._lock:  # the rules of RELEASE_SLOT
-            released = self._slots.get(keys.lock, {}).pop(token, None) is not None
+            holders = self._slots.get(keys.lock, {})
+            released = holders.pop(token, None) is not None
             queue = self._queues.get(keys.lock, {})
             queue.pop(token, None)
-            first = next((waiter for waiter, expiry in queue.items() if expiry > now), None)
-            if first is not None:
-                for mailbox in self._waiting.on(f"{keys.channel}:{first}"):
+            free = slots - sum(1 for end in holders.values() if end > now)
+            woken = [waiter for waiter, expiry in queue.items() if expiry > now][: max(free, 0)]
+            for waiter in woken:
+                for mailbox in self._waiting.on(keys.waiter(waiter).channel):
                     mailbox.deliver(b"")
             return released
 
@@ -393,8 +395,8 @@ class AsyncMemoryStore(AsyncOneByOne):
     async def renew_slot(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         return self._store.renew_slot(keys, token, lease_ms)
 
-    async def release_slot(self, keys: EntryKeys, token: str) -> bool:
-        return self._store.release_slot(keys, token)
+    async def release_slot(self, keys: EntryKeys, token: str, slots: int) -> bool:
+        return self._store.release_slot(keys, token, slots)
 
     async def invalidate(self, keys: EntryKeys) -> None:
         self._store.invalidate(keys)

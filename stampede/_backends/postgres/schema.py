@@ -525,21 +525,24 @@ BEGIN
 END $$;
 
 -- Give a slot, or a place in the queue, back (the Redis RELEASE_SLOT script), and wake
--- the first live waiter in line on its own channel; false if p_token held no slot.
-CREATE OR REPLACE FUNCTION stampede_release_slot(p_budget text, p_token text, p_channel text)
+-- the first live waiters in line, one per free slot of p_slots, each on its own channel;
+-- false if p_token held no slot.
+CREATE OR REPLACE FUNCTION stampede_release_slot(p_budget text, p_token text, p_channel text, p_slots int)
 RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
     released boolean;
-    first text;
+    free int;
+    waiter text;
 BEGIN
     DELETE FROM stampede_slots WHERE key = p_budget AND token = p_token;
     released := FOUND;
     DELETE FROM stampede_queue WHERE key = p_budget AND token = p_token;
-    SELECT q.token INTO first FROM stampede_queue q
-        WHERE q.key = p_budget AND q.expires_at > clock_timestamp() ORDER BY q.ticket LIMIT 1;
-    IF first IS NOT NULL THEN
-        PERFORM stampede_wake(p_channel || ':' || first, 'c' || p_channel || ':' || first);
-    END IF;
+    SELECT p_slots - count(*) INTO free FROM stampede_slots
+        WHERE key = p_budget AND expires_at > clock_timestamp();
+    FOR waiter IN SELECT q.token FROM stampede_queue q
+            WHERE q.key = p_budget AND q.expires_at > clock_timestamp() ORDER BY q.ticket LIMIT greatest(free, 0) LOOP
+        PERFORM stampede_wake(p_channel || ':' || waiter, 'c' || p_channel || ':' || waiter);
+    END LOOP;
     RETURN released;
 END $$;
 
@@ -778,8 +781,8 @@ def renew_slot(keys: EntryKeys, token: str, lease_ms: int) -> Statement:
     return Statement("SELECT stampede_renew_slot(%s, %s, %s)", (keys.lock, token, lease_ms))
 
 
-def release_slot(keys: EntryKeys, token: str) -> Statement:
-    return Statement("SELECT stampede_release_slot(%s, %s, %s)", (keys.lock, token, keys.channel))
+def release_slot(keys: EntryKeys, token: str, slots: int) -> Statement:
+    return Statement("SELECT stampede_release_slot(%s, %s, %s, %s)", (keys.lock, token, keys.channel, slots))
 
 
 def leave_queue(keys: EntryKeys, token: str) -> Statement:

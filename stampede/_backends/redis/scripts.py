@@ -400,31 +400,35 @@ def renew_slot_call(keys: EntryKeys, token: str, lease_ms: int) -> Call:
 
 
 RELEASE_SLOT = """
--- Give a budget slot, or a place in its queue, back, and wake the first waiter in line
--- (on its own channel: a freed slot wakes one waiter, not every one).
+-- Give a budget slot, or a place in its queue, back, and wake the first live waiters in
+-- line, one per free slot, each on its own channel (a freed slot wakes one waiter, not
+-- every one; two freed before the first woken takes one wake two).
 -- KEYS[1] holders, KEYS[2] queue, KEYS[3] waiters' leases; ARGV[1] token, ARGV[2] the
--- budget's channel (a waiter's is it, ':', its token)
+-- budget's channel (a waiter's is it, ':', its token), ARGV[3] slots
 -- Returns 1: a slot was released; 0: the token held none
 local released = redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-for index = 0, 63 do  -- past waiters whose place ran out (take_slot drops them)
+local free = tonumber(ARGV[3]) - redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
+local index = 0
+while free > 0 and index < 64 + free do  -- past at most 64 waiters whose place ran out
   local waiter = redis.call('ZRANGE', KEYS[2], index, index)[1]
   if not waiter then break end
   if tonumber(redis.call('HGET', KEYS[3], waiter) or '0') > now then
     redis.call('PUBLISH', ARGV[2] .. ':' .. waiter, '')
-    break
+    free = free - 1
   end
+  index = index + 1
 end
 return released
 """
 
 
-def release_slot_call(keys: EntryKeys, token: str) -> Call:
+def release_slot_call(keys: EntryKeys, token: str, slots: int) -> Call:
     queue, waiters, _ = keys.queue
-    return Call([keys.lock, queue, waiters], [token, keys.channel])
+    return Call([keys.lock, queue, waiters], [token, keys.channel, slots])
 
 
 INVALIDATE = """
