@@ -65,7 +65,8 @@ def test_the_dashboard_has_a_panel_for_each_question_and_a_row_per_namespace() -
     titles = {panel["title"] for panel in dashboard["panels"]}
     for question in ("Hit ratio by tier", "Loads", "Load duration", "Callers collapsed per load", "Waits",
                      "Stale served, by reason", "Refreshes", "Circuit breakers open", "Evicted leases (1 h)",
-                     "Backend errors", "Consistency (nines)", "Consistency checks, by result"):  # fmt: skip
+                     "Backend errors", "Consistency (nines)", "Consistency checks, by result",
+                     "Load budget"):  # fmt: skip
         assert question in titles
     (repeated,) = [panel for panel in dashboard["panels"] if panel.get("repeat")]
     assert repeated["type"] == "row" and repeated["repeat"] == "namespace"

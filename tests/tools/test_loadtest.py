@@ -198,6 +198,18 @@ def test_the_near_cache_benchmark_short_form() -> None:
 
 @pytest.mark.timeout(120)
 @pytest.mark.timing
+def test_the_fleet_benchmark_short_form_keeps_the_budget_where_nothing_else_does() -> None:
+    """``loadtest/bench_fleet.py --quick``: a storm of 400 cold keys from 4 processes x 8
+    threads. Under the fleet budget of 8 the loads at once never pass 8 (the script's own
+    check), with no budget and with a per-process limit of 8 they do; every key is loaded
+    once in every way."""
+    done = short_form("bench_fleet.py", timeout=200)
+    figures, budget = done["figures"], done["budget"]
+    assert figures["fleet budget"]["peak"] <= budget
+    assert figures["no budget"]["peak"] > budget and figures["per-process limit"]["peak"] > budget
+    assert all(row["max_per_key"] == 1 and row["keys"] == 400 for row in figures.values())
+
+
 def test_the_tags_benchmark_short_form() -> None:
     """``loadtest/bench_tags.py --quick``: hits with tags beside a tagless one, tag
     invalidations, bookkeeping after short-lived writes. What holds on any machine: every
