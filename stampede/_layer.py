@@ -25,7 +25,7 @@ from ._backend import (
     open_url,
 )
 from ._cached import CachedLoader, CachedManyLoader
-from ._core.budget import Budgets, budget_name
+from ._core.budget import budget_name
 from ._core.codec import Codec, Serializer, TypedSerializer
 from ._core.config import (
     LOADER_SETTING_NAMES,
@@ -51,6 +51,7 @@ from ._core.tags import TagKeys, TagTemplates, clock_key, tag_name
 from ._drivers.abudget import AsyncBudgetSlots, abudgeted
 from ._drivers.arunner import AsyncRunner
 from ._drivers.budget import BudgetSlots, budgeted
+from ._drivers.budgets import Budgets
 from ._drivers.near import NearCache
 from ._drivers.observe import Events, RateLimitedLog
 from ._drivers.runner import Runner
@@ -409,15 +410,15 @@ class Stampede:
         name = budget_name(self.settings, settings, own, template)
         if name is None:
             return func
-        budget = self._budgets.get(name, settings)
+        budget, local = self._budgets.get(name, settings)
         if _is_async(func):
             runner = self._async_runner
             assert runner is not None, "an async loader on a layer without an asyncio client is refused before"
-            return abudgeted(func, AsyncBudgetSlots(budget, runner.loop_store, LOOP_WATCHDOG, self._events))
+            return abudgeted(func, AsyncBudgetSlots(budget, local, runner.loop_store, LOOP_WATCHDOG, self._events))
         store = self._runner.store if self._runner is not None else None
         if store is None or not callable(getattr(store, "take_slot", None)):
             raise ConfigError(f"max_concurrent_loads needs a store with load budgets; {self._backend.name} has none")
-        return budgeted(func, BudgetSlots(budget, lambda: store, self._watchdog, self._events))
+        return budgeted(func, BudgetSlots(budget, local, lambda: store, self._watchdog, self._events))
 
     def _claim_name(self, name: str, func: Callable[..., Any]) -> None:
         """Refuse a second loader whose keys, built from ``name``, would be another's."""

@@ -10,7 +10,7 @@ when the loader returns. Slots are leases in the store (renewed while the load r
 within ``lock_ttl`` when their holder dies) with a fair queue, and a freed slot wakes the
 waiters by message.
 
-Which budget a loader draws on is decided at decoration (``budget_of``): the loader's own
+Which budget a loader draws on is decided at decoration (``budget_name``): the loader's own
 ``max_concurrent_loads`` is a budget of its own, named by its key template; a
 ``load_budget`` name shares one budget between every loader that gives it; a layer's
 ``max_concurrent_loads`` is one budget for every loader of the layer that has none of
@@ -20,8 +20,7 @@ its own. Two loaders naming one budget with different sizes are refused.
 from __future__ import annotations
 
 import contextvars
-import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .._errors import ConfigError
 from .config import Settings
@@ -33,11 +32,10 @@ LAYER_BUDGET = "~layer"
 template or ``load_budget`` name starts with ``~``)."""
 
 
-@dataclass(eq=False)
+@dataclass(frozen=True, eq=False)
 class LoadBudget:
-    """One budget: its name and size, its keys in the store, and this process's view of
-    it. ``local`` bounds this process's loads while the store cannot be reached
-    (``on_backend_error="load"``): the budget is then kept per process, not per fleet."""
+    """One budget: its name and size, its keys in the store, and how its slots are taken.
+    One object per name and layer (compared by identity: ``HOLDING``)."""
 
     name: str
     slots: int
@@ -46,13 +44,6 @@ class LoadBudget:
     wait_timeout: float  # the longest a load waits for a slot
     recheck_interval: float  # a waiter re-checks at least this often, without a message
     raise_on_backend_error: bool  # on_backend_error="raise": a store that fails the take fails the load
-    local: threading.BoundedSemaphore = field(init=False)
-    _counts: threading.Lock = field(init=False, default_factory=threading.Lock)
-    running: int = field(init=False, default=0)  # loads of this process holding a slot now
-    queued: int = field(init=False, default=0)  # loads of this process waiting for one
-
-    def __post_init__(self) -> None:
-        self.local = threading.BoundedSemaphore(self.slots)
 
     @property
     def queue_ms(self) -> int:
@@ -60,10 +51,27 @@ class LoadBudget:
         least every third of it (``_core.acquiring``)."""
         return self.lease_ms
 
-    def add(self, running: int = 0, queued: int = 0) -> None:
-        with self._counts:
-            self.running += running
-            self.queued += queued
+
+def new_budget(namespace: str, max_key_length: int, name: str, settings: Settings) -> LoadBudget:
+    """The budget ``name`` of ``settings.max_concurrent_loads`` slots, its slots leased
+    for ``lock_ttl`` and waited for up to ``wait_timeout``."""
+    return LoadBudget(
+        name,
+        settings.max_concurrent_loads,
+        budget_keys(namespace, name, max_key_length),
+        milliseconds(settings.lock_ttl),
+        settings.wait_timeout,
+        settings.recheck_interval,
+        settings.on_backend_error == "raise",
+    )
+
+
+def refuse_another_size(budget: LoadBudget, slots: int) -> None:
+    if budget.slots != slots:
+        raise ConfigError(
+            f"load budget {budget.name!r} has {budget.slots} slots, and a loader asks it for {slots}: "
+            "give every loader sharing a budget one max_concurrent_loads"
+        )
 
 
 HOLDING: contextvars.ContextVar[frozenset[LoadBudget]] = contextvars.ContextVar(
@@ -73,43 +81,6 @@ HOLDING: contextvars.ContextVar[frozenset[LoadBudget]] = contextvars.ContextVar(
 or threads it starts with a copy of its context): a loader that calls another loader of
 the same budget runs it in its own slot, rather than wait for a second one, which N
 loads each holding one would wait for in vain (a budget of N, deadlocked)."""
-
-
-class Budgets:
-    """A layer's budgets by name: one object per name, whatever loader asks for it."""
-
-    def __init__(self, namespace: str, max_key_length: int) -> None:
-        self._namespace = namespace
-        self._max_key_length = max_key_length
-        self._by_name: dict[str, LoadBudget] = {}
-        self._lock = threading.Lock()
-
-    def get(self, name: str, settings: Settings) -> LoadBudget:
-        """The budget ``name`` of ``settings.max_concurrent_loads`` slots; a ConfigError if
-        it exists with another size."""
-        slots = settings.max_concurrent_loads
-        with self._lock:
-            budget = self._by_name.get(name)
-            if budget is None:
-                budget = self._by_name[name] = LoadBudget(
-                    name,
-                    slots,
-                    budget_keys(self._namespace, name, self._max_key_length),
-                    milliseconds(settings.lock_ttl),
-                    settings.wait_timeout,
-                    settings.recheck_interval,
-                    settings.on_backend_error == "raise",
-                )
-            elif budget.slots != slots:
-                raise ConfigError(
-                    f"load budget {name!r} has {budget.slots} slots, and a loader asks it for {slots}: "
-                    "give every loader sharing a budget one max_concurrent_loads"
-                )
-        return budget
-
-    def all(self) -> list[LoadBudget]:
-        with self._lock:
-            return list(self._by_name.values())
 
 
 def budget_name(layer: Settings, loader: Settings, own_limit: bool, template: str) -> str | None:

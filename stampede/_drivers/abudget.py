@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import secrets
+import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -88,11 +89,13 @@ class AsyncBudgetSlots:
     def __init__(
         self,
         budget: LoadBudget,
+        local: threading.BoundedSemaphore,
         store: Callable[[], AsyncStore],
         watchdog: AsyncWatchdog,
         events: Reporter,
     ) -> None:
         self.budget = budget
+        self._local_count = local  # this process's count (blocking callers), for a store out of reach
         self._store = store
         self._watchdog = watchdog
         self._events = events
@@ -118,7 +121,6 @@ class AsyncBudgetSlots:
         )
         started = time.monotonic()
         self._events.began("budget_wait")
-        budget.add(queued=1)
         outcome = "error"
         try:
             try:
@@ -133,7 +135,6 @@ class AsyncBudgetSlots:
             if outcome == "error":
                 outcome = "slot" if taken is not None else "timeout"
         finally:
-            budget.add(queued=-1)
             self._events.ended("budget_wait", outcome, time.monotonic() - started)
         if outcome == "timeout":
             self._events.incr("budget_timeouts")
@@ -143,13 +144,11 @@ class AsyncBudgetSlots:
                 yield
             return
         watched = self._watchdog.watch(_AsyncSlotRenewal(store), budget.keys, token, budget.lease_ms)
-        budget.add(running=1)
         inside = HOLDING.set(holding | {budget})
         try:
             yield
         finally:
             HOLDING.reset(inside)
-            budget.add(running=-1)
             watched.stop()
             try:
                 # given back however the load ended (a cancelled task too)
@@ -178,17 +177,15 @@ class AsyncBudgetSlots:
                 self._events.incr("budget_timeouts")
                 raise BudgetTimeout(budget.name, budget.wait_timeout) from None
         else:
-            local = budget.local
+            local = self._local_count
             if not local.acquire(timeout=left):
                 self._events.incr("budget_timeouts")
                 raise BudgetTimeout(budget.name, budget.wait_timeout)
-        budget.add(running=1)
         inside = HOLDING.set(HOLDING.get() | {budget})
         try:
             yield
         finally:
             HOLDING.reset(inside)
-            budget.add(running=-1)
             local.release()
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -87,11 +88,13 @@ class BudgetSlots:
     def __init__(
         self,
         budget: LoadBudget,
+        local: threading.BoundedSemaphore,
         store: Callable[[], Store],
         watchdog: Watchdog,
         events: Reporter,
     ) -> None:
         self.budget = budget
+        self._local_count = local  # this process's count (blocking callers), for a store out of reach
         self._store = store
         self._watchdog = watchdog
         self._events = events
@@ -113,7 +116,6 @@ class BudgetSlots:
         )
         started = time.monotonic()
         self._events.began("budget_wait")
-        budget.add(queued=1)
         outcome = "error"
         try:
             try:
@@ -128,7 +130,6 @@ class BudgetSlots:
             if outcome == "error":
                 outcome = "slot" if taken is not None else "timeout"
         finally:
-            budget.add(queued=-1)
             self._events.ended("budget_wait", outcome, time.monotonic() - started)
         if outcome == "timeout":
             self._events.incr("budget_timeouts")
@@ -138,13 +139,11 @@ class BudgetSlots:
                 yield
             return
         watched = self._watchdog.watch(_SlotRenewal(store), budget.keys, token, budget.lease_ms)
-        budget.add(running=1)
         inside = HOLDING.set(holding | {budget})
         try:
             yield
         finally:
             HOLDING.reset(inside)
-            budget.add(running=-1)
             watched.stop()
             try:
                 # given back however the load ended (a cancelled task too)
@@ -159,17 +158,15 @@ class BudgetSlots:
         budget = self.budget
         self._events.incr("budget_unreachable")
         left = max(budget.wait_timeout - (time.monotonic() - started), 0.0)
-        local = budget.local
+        local = self._local_count
         if not local.acquire(timeout=left):
             self._events.incr("budget_timeouts")
             raise BudgetTimeout(budget.name, budget.wait_timeout)
-        budget.add(running=1)
         inside = HOLDING.set(HOLDING.get() | {budget})
         try:
             yield
         finally:
             HOLDING.reset(inside)
-            budget.add(running=-1)
             local.release()
 
 
