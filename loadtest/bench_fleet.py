@@ -5,10 +5,10 @@ against no budget and against a per-process limit, side by side in one run.
     python loadtest/bench_fleet.py --quick    # a smaller fleet and fewer keys, for CI
 
 Storm: the cache is empty (FLUSHALL of the server this script started; a fresh namespace
-on one given by ``--url``), then ``--processes`` x ``--threads`` callers walk every one
-of ``--keys`` cold keys (each process in an order of its own, so that every key is asked
-by every process), each step followed by one read of a key drawn from a Zipf law (the
-hot keys asked again and again). The loader takes ``--delay`` seconds and counts, in the
+on one given by ``--url``), then ``--processes`` x ``--threads`` callers walk the
+``--keys`` cold keys, each key walked by ``--overlap`` processes (each in an order of its
+own, so they collide), each step followed by one read of a key drawn from a Zipf law
+(the hot keys asked again and again, by every process). The loader takes ``--delay`` seconds and counts, in the
 server, the loads running at once (the exact peak, kept by a script at each load's
 start) and each key's loads; a thread of this script samples the count every 2 ms too.
 
@@ -79,17 +79,18 @@ def worker(options: argparse.Namespace) -> None:
 
     load = layer.cached_loader("item:{key}")(query if limit is None else limited)
     draw = random.Random(options.seed)
-    order = list(range(options.keys))
+    shards = max(options.processes // options.overlap, 1)
+    order = [key for key in range(options.keys) if key % shards == options.seed % shards]
     draw.shuffle(order)
     weights = [1 / (rank + 1) ** 1.1 for rank in range(options.keys)]
-    hot = draw.choices(range(options.keys), weights, k=options.keys)
+    hot = draw.choices(range(options.keys), weights, k=len(order))
     print("ready", flush=True)
     if sys.stdin.readline().strip() != "go":
         return
     wrong: list[int] = []
 
     def walk(number: int) -> None:
-        for index in range(number, options.keys, options.threads):
+        for index in range(number, len(order), options.threads):
             for key in (order[index], hot[index]):
                 if load(key) != {"id": key}:
                     wrong.append(key)
@@ -113,7 +114,8 @@ def storm(url: str, own_server: bool, options: argparse.Namespace) -> dict[str, 
             namespace = f"fleet-{uuid.uuid4().hex[:8]}"
             command = [sys.executable, __file__, "--worker", "--url", url, "--way", way, "--namespace", namespace,
                        "--threads", str(options.threads), "--keys", str(options.keys), "--delay", str(options.delay),
-                       "--budget", str(options.budget)]  # fmt: skip
+                       "--budget", str(options.budget), "--processes", str(options.processes),
+                       "--overlap", str(options.overlap)]  # fmt: skip
             samples: list[int] = []
             done = threading.Event()
             sampler = threading.Thread(target=sample, args=(url, f"{namespace}:count:running", samples, done))
@@ -127,7 +129,7 @@ def storm(url: str, own_server: bool, options: argparse.Namespace) -> dict[str, 
             })  # fmt: skip
     ideal = options.keys * options.delay / options.budget
     print(f"\n1. Storm: {options.processes} processes x {options.threads} threads over {options.keys} cold keys "
-          f"(every key by every process, and a Zipf read after each), loader {options.delay * 1000:.0f} ms, "
+          f"(each by {options.overlap} processes, and a Zipf read after each), loader {options.delay * 1000:.0f} ms, "
           f"budget {options.budget}, {options.rounds} interleaved round(s), the worst shown. Ideal wall under the "
           f"budget: {ideal:.2f} s")  # fmt: skip
     header = ("", "peak", "max sample", "samples > budget", "keys", "loads", "max per key", "wall s", "x ideal")
@@ -187,6 +189,7 @@ def main() -> int:
     parser.add_argument("--keys", type=int, default=2000)
     parser.add_argument("--delay", type=float, default=0.01)
     parser.add_argument("--budget", type=int, default=8)
+    parser.add_argument("--overlap", type=int, default=2, help="how many processes walk each key")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--within", type=float, help="the fleet budget's wall, at most x ideal (1.25; --quick: none)")
     parser.add_argument("--quick", action="store_true", help="4 processes x 8 threads, 400 keys, one round")

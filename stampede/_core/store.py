@@ -48,6 +48,10 @@ class LockState(enum.Enum):
     HELD = "held"  # another holder has it
 
 
+GRANTED = b"g"
+"""What a load budget's waiter is told on its own channel when a released slot was handed
+to it (``BudgetStore.release_slot``): it holds the slot already."""
+
 TRACE_MARK = "."
 """What a lease token that carries its holder's trace holds, between its random part and
 the trace's ids (``stampede.otel.traces``): never a hex digit. A store tells a caller
@@ -263,11 +267,12 @@ class BudgetStore(Protocol):
     def renew_slot(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         """Extend a slot's lease while ``token`` holds it; False once it is lost."""
 
-    def release_slot(self, keys: EntryKeys, token: str, slots: int) -> bool:
-        """Give a slot, or a place in the queue, back, and wake the first live waiters in
-        line, as many as slots are free of ``slots``, each on its own channel
-        (``EntryKeys.waiter``): a freed slot wakes a waiter, not every one, and two slots
-        freed before the first woken takes one wake two. False if ``token`` held no slot."""
+    def release_slot(self, keys: EntryKeys, token: str, slots: int, lease_ms: int) -> bool:
+        """Give a slot, or a place in the queue, back, and hand each free slot of
+        ``slots`` to the first live waiter in line: it holds the slot (for ``lease_ms``)
+        and is told ``GRANTED`` on its own channel (``EntryKeys.waiter``). A freed slot
+        wakes one waiter, not every one, and the woken waiter need not ask again. False
+        if ``token`` held no slot."""
 
 
 class StoreAdmin(Protocol):
@@ -365,7 +370,7 @@ class AsyncBudgetStore(Protocol):
 
     async def renew_slot(self, keys: EntryKeys, token: str, lease_ms: int) -> bool: ...
 
-    async def release_slot(self, keys: EntryKeys, token: str, slots: int) -> bool: ...
+    async def release_slot(self, keys: EntryKeys, token: str, slots: int, lease_ms: int) -> bool: ...
 
 
 class AsyncStoreAdmin(Protocol):

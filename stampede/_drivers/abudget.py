@@ -36,7 +36,7 @@ from .._core.budget import HOLDING, LoadBudget
 from .._core.effects import AwaitNotice, Effect, LeaveQueue, Release, Subscribe, TakeLock
 from .._core.keys import EntryKeys
 from .._core.observer import Reporter
-from .._core.store import AsyncStore, AsyncSubscription
+from .._core.store import GRANTED, AcquireReply, AsyncStore, AsyncSubscription, LockState
 from .._errors import BackendUnavailable, BudgetTimeout
 from .aperform import arun
 from .watchdog import AsyncWatchdog
@@ -53,27 +53,34 @@ class _AsyncSlotRenewal:
 
 
 class _AsyncSlotPerformer:
-    """Performs ``acquiring``'s effects on a budget's slots. Closes its subscription."""
+    """Performs ``acquiring``'s effects on a budget's slots. A release that handed the
+    slot to this waiter (``GRANTED``) answers its next take, without a round trip.
+    Closes its subscription."""
 
     def __init__(self, budget: LoadBudget, store: AsyncStore, token: str) -> None:
         self._budget = budget
         self._store = store
         self._token = token
         self._subscription: AsyncSubscription | None = None
+        self._granted = False
 
     async def __call__(self, effect: Effect) -> Any:
         budget, store, token = self._budget, self._store, self._token
         match effect:
             case TakeLock():
+                if self._granted:
+                    return AcquireReply(LockState.LOCKED)
                 return await store.take_slot(budget.keys, token, budget.lease_ms, budget.queue_ms, budget.slots)
             case Subscribe():
                 self._subscription = await store.subscribe(budget.keys.waiter(token))
                 return None
             case AwaitNotice(timeout=timeout):
                 assert self._subscription is not None, "AwaitNotice before Subscribe"
-                return await self._subscription.wait(timeout)
-            case Release() | LeaveQueue():  # either gives back what the token has, and wakes the next in line
-                return await store.release_slot(budget.keys, token, budget.slots)
+                message = await self._subscription.wait(timeout)
+                self._granted = message == GRANTED
+                return message
+            case Release() | LeaveQueue():  # either gives back what the token has (a slot handed to it too)
+                return await store.release_slot(budget.keys, token, budget.slots, budget.lease_ms)
             case _:
                 raise AssertionError(f"a budget's slot has no {effect!r}")
 
@@ -153,9 +160,9 @@ class AsyncBudgetSlots:
             try:
                 # given back however the load ended (a cancelled task too)
                 if True:  # ASYNC
-                    await asyncio.shield(store.release_slot(budget.keys, token, budget.slots))
+                    await asyncio.shield(store.release_slot(budget.keys, token, budget.slots, budget.lease_ms))
                 else:
-                    store.release_slot(budget.keys, token, budget.slots)
+                    store.release_slot(budget.keys, token, budget.slots, budget.lease_ms)
             except BackendUnavailable:
                 pass  # the slot's lease, no longer renewed, gives it back within lock_ttl
 

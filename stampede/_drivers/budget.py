@@ -35,7 +35,7 @@ from .._core.budget import HOLDING, LoadBudget
 from .._core.effects import AwaitNotice, Effect, LeaveQueue, Release, Subscribe, TakeLock
 from .._core.keys import EntryKeys
 from .._core.observer import Reporter
-from .._core.store import Store, Subscription
+from .._core.store import GRANTED, AcquireReply, LockState, Store, Subscription
 from .._errors import BackendUnavailable, BudgetTimeout
 from .perform import run
 from .watchdog import Watchdog
@@ -52,27 +52,34 @@ class _SlotRenewal:
 
 
 class _SlotPerformer:
-    """Performs ``acquiring``'s effects on a budget's slots. Closes its subscription."""
+    """Performs ``acquiring``'s effects on a budget's slots. A release that handed the
+    slot to this waiter (``GRANTED``) answers its next take, without a round trip.
+    Closes its subscription."""
 
     def __init__(self, budget: LoadBudget, store: Store, token: str) -> None:
         self._budget = budget
         self._store = store
         self._token = token
         self._subscription: Subscription | None = None
+        self._granted = False
 
     def __call__(self, effect: Effect) -> Any:
         budget, store, token = self._budget, self._store, self._token
         match effect:
             case TakeLock():
+                if self._granted:
+                    return AcquireReply(LockState.LOCKED)
                 return store.take_slot(budget.keys, token, budget.lease_ms, budget.queue_ms, budget.slots)
             case Subscribe():
                 self._subscription = store.subscribe(budget.keys.waiter(token))
                 return None
             case AwaitNotice(timeout=timeout):
                 assert self._subscription is not None, "AwaitNotice before Subscribe"
-                return self._subscription.wait(timeout)
-            case Release() | LeaveQueue():  # either gives back what the token has, and wakes the next in line
-                return store.release_slot(budget.keys, token, budget.slots)
+                message = self._subscription.wait(timeout)
+                self._granted = message == GRANTED
+                return message
+            case Release() | LeaveQueue():  # either gives back what the token has (a slot handed to it too)
+                return store.release_slot(budget.keys, token, budget.slots, budget.lease_ms)
             case _:
                 raise AssertionError(f"a budget's slot has no {effect!r}")
 
@@ -147,7 +154,7 @@ class BudgetSlots:
             watched.stop()
             try:
                 # given back however the load ended (a cancelled task too)
-                store.release_slot(budget.keys, token, budget.slots)
+                store.release_slot(budget.keys, token, budget.slots, budget.lease_ms)
             except BackendUnavailable:
                 pass  # the slot's lease, no longer renewed, gives it back within lock_ttl
 

@@ -39,7 +39,7 @@ import pytest
 from stampede import ConfigError, Stampede
 from stampede._core.codec import Codec
 from stampede._core.keys import EntryKeys, budget_keys, lock_keys
-from stampede._core.store import TRACE_MARK, AcquireReply, LockState, Written
+from stampede._core.store import GRANTED, TRACE_MARK, AcquireReply, LockState, Written
 from stampede._core.tags import Tagged, TagKeys, TagSet, clock_key
 
 __all__ = [  # what a star import takes: the fixtures and every test
@@ -59,7 +59,7 @@ __all__ = [  # what a star import takes: the fixtures and every test
     "test_named_locks_draw_growing_fences_and_queue_fairly",
     "test_a_budgets_slots_go_to_its_size_of_holders_then_to_waiters_in_arrival_order",
     "test_a_slot_nobody_renews_runs_out_and_a_waiter_who_stops_trying_loses_its_place",
-    "test_a_released_slot_wakes_the_first_waiter_in_line_and_only_it",
+    "test_a_released_slot_is_handed_to_the_first_waiter_in_line_and_only_it_is_woken",
     "test_scan_lists_the_entries_of_a_namespace_and_check_passes",
     "test_a_value_is_read_with_the_seconds_the_store_keeps_it",
     "test_the_lease_is_taken_over_a_stale_value_only_while_it_is_still_that_one",
@@ -288,11 +288,12 @@ def test_a_budgets_slots_go_to_its_size_of_holders_then_to_waiters_in_arrival_or
     assert store.take_slot(keys, "b", LEASE_MS, LEASE_MS, 2).state is LockState.LOCKED  # a holder's take renews
     assert store.renew_slot(keys, "b", LEASE_MS) is True
     assert store.renew_slot(keys, "c", LEASE_MS) is False  # a waiter has no slot to renew
-    assert store.release_slot(keys, "a", 2) is True and store.release_slot(keys, "a", 2) is False
-    assert store.take_slot(keys, "d", LEASE_MS, LEASE_MS, 2).state is LockState.HELD  # c is first in line
+    assert store.release_slot(keys, "a", 2, LEASE_MS) is True and store.release_slot(keys, "a", 2, LEASE_MS) is False
+    assert store.renew_slot(keys, "c", LEASE_MS) is True  # a's slot was handed to c, first in line
+    assert store.take_slot(keys, "d", LEASE_MS, LEASE_MS, 2).state is LockState.HELD
     assert store.take_slot(keys, "c", LEASE_MS, LEASE_MS, 2).state is LockState.LOCKED
-    assert store.release_slot(keys, "d", 2) is False  # d gives its place up
-    store.release_slot(keys, "b", 2)
+    assert store.release_slot(keys, "d", 2, LEASE_MS) is False  # d gives its place up
+    store.release_slot(keys, "b", 2, LEASE_MS)
     assert store.take_slot(keys, "e", LEASE_MS, LEASE_MS, 2).state is LockState.LOCKED
     assert store.take_slot(keys, "f", LEASE_MS, LEASE_MS, 2).state is LockState.HELD  # c and e hold both
     assert store.take_slot(keys, "f", LEASE_MS, LEASE_MS, 3).state is LockState.LOCKED  # a larger budget: room
@@ -310,18 +311,21 @@ def test_a_slot_nobody_renews_runs_out_and_a_waiter_who_stops_trying_loses_its_p
     assert store.take_slot(keys, "b", LEASE_MS, LEASE_MS, 1).state is LockState.HELD
 
 
-def test_a_released_slot_wakes_the_first_waiter_in_line_and_only_it(store: Any) -> None:
+def test_a_released_slot_is_handed_to_the_first_waiter_in_line_and_only_it_is_woken(store: Any) -> None:
     keys = budget_keys("contract", f"budget-{uuid.uuid4().hex}", 200)
     assert store.take_slot(keys, "a", LEASE_MS, LEASE_MS, 1).state is LockState.LOCKED
-    assert [store.take_slot(keys, token, LEASE_MS, LEASE_MS, 1).state for token in "bc"] == [LockState.HELD] * 2
+    assert [store.take_slot(keys, token, LEASE_MS, LEASE_MS, 1).state for token in "bcd"] == [LockState.HELD] * 3
     first, second = store.subscribe(keys.waiter("b")), store.subscribe(keys.waiter("c"))
     try:
-        assert store.release_slot(keys, "a", 1) is True
-        assert first.wait(5) == b""
+        assert store.release_slot(keys, "a", 1, LEASE_MS) is True
+        assert first.wait(5) == GRANTED  # b holds the slot now
         assert second.wait(0.05) is None  # one slot freed, one waiter woken
-        assert store.release_slot(keys, "b", 1) is False  # b leaves the queue (it held no slot): c is first now
-        assert second.wait(5) == b""
-        assert store.take_slot(keys, "c", LEASE_MS, LEASE_MS, 1).state is LockState.LOCKED
+        assert store.renew_slot(keys, "b", LEASE_MS) is True
+        assert store.release_slot(keys, "c", 1, LEASE_MS) is False  # c leaves the queue: it held no slot
+        assert store.release_slot(keys, "b", 1, LEASE_MS) is True  # b gives the slot back: d's now
+        assert second.wait(0.05) is None
+        assert store.renew_slot(keys, "d", LEASE_MS) is True and store.renew_slot(keys, "c", LEASE_MS) is False
+        assert store.take_slot(keys, "d", LEASE_MS, LEASE_MS, 1).state is LockState.LOCKED
     finally:
         first.close()
         second.close()

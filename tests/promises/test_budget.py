@@ -314,7 +314,7 @@ def _slots_held(layer: Stampede, name: str) -> int:
     keys = budget_keys(layer.namespace, name, layer.settings.max_key_length)
     store = layer.store()
     if store.take_slot(keys, "probe", 5_000, 5_000, 1).state is LockState.LOCKED:
-        store.release_slot(keys, "probe", 1)
+        store.release_slot(keys, "probe", 1, 5_000)
         return 0
-    store.release_slot(keys, "probe", 1)  # its place in the queue
+    store.release_slot(keys, "probe", 1, 5_000)  # its place in the queue
     return 1

@@ -17,7 +17,16 @@ from cachetools import TLRUCache
 
 from ..._core.codec import stale_window_of
 from ..._core.keys import EntryKeys, entry_value_keys, failing_key
-from ..._core.store import FAILED_HOLD, TRACE_MARK, AcquireReply, AsyncSubscription, LockState, Subscription, Written
+from ..._core.store import (
+    FAILED_HOLD,
+    GRANTED,
+    TRACE_MARK,
+    AcquireReply,
+    AsyncSubscription,
+    LockState,
+    Subscription,
+    Written,
+)
 from ..._core.tags import Tagged, TagKeys
 from ..._fork import reset_after_fork
 from ..channels import Mailbox, Waiting
@@ -234,18 +243,26 @@ class MemoryStore(OneByOne):
             holders[token] = now + lease_ms / 1000
             return True
 
-    def release_slot(self, keys: EntryKeys, token: str, slots: int) -> bool:
+    def release_slot(self, keys: EntryKeys, token: str, slots: int, lease_ms: int) -> bool:
         now = self._clock()
         with self._lock:  # the rules of RELEASE_SLOT
-            holders = self._slots.get(keys.lock, {})
+            holders = self._slots.setdefault(keys.lock, {})
             released = holders.pop(token, None) is not None
+            for holder, end in list(holders.items()):
+                if end <= now:
+                    del holders[holder]
             queue = self._queues.get(keys.lock, {})
             queue.pop(token, None)
-            free = slots - sum(1 for end in holders.values() if end > now)
-            woken = [waiter for waiter, expiry in queue.items() if expiry > now][: max(free, 0)]
-            for waiter in woken:
-                for mailbox in self._waiting.on(keys.waiter(waiter).channel):
-                    mailbox.deliver(b"")
+            free = slots - len(holders)
+            for waiter, expiry in list(queue.items()):
+                if free <= 0:
+                    break
+                del queue[waiter]
+                if expiry > now:
+                    holders[waiter] = now + lease_ms / 1000
+                    free -= 1
+                    for mailbox in self._waiting.on(keys.waiter(waiter).channel):
+                        mailbox.deliver(GRANTED)
             return released
 
     def invalidate(self, keys: EntryKeys) -> None:
@@ -395,8 +412,8 @@ class AsyncMemoryStore(AsyncOneByOne):
     async def renew_slot(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         return self._store.renew_slot(keys, token, lease_ms)
 
-    async def release_slot(self, keys: EntryKeys, token: str, slots: int) -> bool:
-        return self._store.release_slot(keys, token, slots)
+    async def release_slot(self, keys: EntryKeys, token: str, slots: int, lease_ms: int) -> bool:
+        return self._store.release_slot(keys, token, slots, lease_ms)
 
     async def invalidate(self, keys: EntryKeys) -> None:
         self._store.invalidate(keys)

@@ -215,8 +215,8 @@ class AsyncPostgresStore(AsyncOneByOne):
         row = await self._one("renew a slot of", keys.value, sql.renew_slot(keys, token, lease_ms))
         return row is not None and bool(row[0])
 
-    async def release_slot(self, keys: EntryKeys, token: str, slots: int) -> bool:
-        row = await self._one("release a slot of", keys.value, sql.release_slot(keys, token, slots))
+    async def release_slot(self, keys: EntryKeys, token: str, slots: int, lease_ms: int) -> bool:
+        row = await self._one("release a slot of", keys.value, sql.release_slot(keys, token, slots, lease_ms))
         return row is not None and bool(row[0])
 
     async def holder(self, keys: EntryKeys) -> str | None:

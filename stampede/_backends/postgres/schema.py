@@ -524,24 +524,30 @@ BEGIN
     RETURN FOUND;
 END $$;
 
--- Give a slot, or a place in the queue, back (the Redis RELEASE_SLOT script), and wake
--- the first live waiters in line, one per free slot of p_slots, each on its own channel;
--- false if p_token held no slot.
-CREATE OR REPLACE FUNCTION stampede_release_slot(p_budget text, p_token text, p_channel text, p_slots int)
+-- Give a slot, or a place in the queue, back (the Redis RELEASE_SLOT script), and hand
+-- each free slot of p_slots to the first live waiter in line, telling it on its own
+-- channel ('g', base64 Zw==); false if p_token held no slot.
+CREATE OR REPLACE FUNCTION stampede_release_slot(
+    p_budget text, p_token text, p_channel text, p_slots int, p_lease_ms bigint)
 RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
+    now_ timestamptz := clock_timestamp();
     released boolean;
     free int;
     waiter text;
 BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended(p_budget, 0));
     DELETE FROM stampede_slots WHERE key = p_budget AND token = p_token;
     released := FOUND;
     DELETE FROM stampede_queue WHERE key = p_budget AND token = p_token;
-    SELECT p_slots - count(*) INTO free FROM stampede_slots
-        WHERE key = p_budget AND expires_at > clock_timestamp();
+    DELETE FROM stampede_slots WHERE key = p_budget AND expires_at <= now_;
+    SELECT p_slots - count(*) INTO free FROM stampede_slots WHERE key = p_budget;
     FOR waiter IN SELECT q.token FROM stampede_queue q
-            WHERE q.key = p_budget AND q.expires_at > clock_timestamp() ORDER BY q.ticket LIMIT greatest(free, 0) LOOP
-        PERFORM stampede_wake(p_channel || ':' || waiter, 'c' || p_channel || ':' || waiter);
+            WHERE q.key = p_budget AND q.expires_at > now_ ORDER BY q.ticket LIMIT greatest(free, 0) LOOP
+        DELETE FROM stampede_queue WHERE key = p_budget AND token = waiter;
+        INSERT INTO stampede_slots (key, token, expires_at)
+            VALUES (p_budget, waiter, now_ + p_lease_ms * interval '1 millisecond');
+        PERFORM stampede_wake(p_channel || ':' || waiter, 'vZw==' || chr(10) || p_channel || ':' || waiter);
     END LOOP;
     RETURN released;
 END $$;
@@ -781,8 +787,10 @@ def renew_slot(keys: EntryKeys, token: str, lease_ms: int) -> Statement:
     return Statement("SELECT stampede_renew_slot(%s, %s, %s)", (keys.lock, token, lease_ms))
 
 
-def release_slot(keys: EntryKeys, token: str, slots: int) -> Statement:
-    return Statement("SELECT stampede_release_slot(%s, %s, %s, %s)", (keys.lock, token, keys.channel, slots))
+def release_slot(keys: EntryKeys, token: str, slots: int, lease_ms: int) -> Statement:
+    return Statement(
+        "SELECT stampede_release_slot(%s, %s, %s, %s, %s)", (keys.lock, token, keys.channel, slots, lease_ms)
+    )
 
 
 def leave_queue(keys: EntryKeys, token: str) -> Statement:

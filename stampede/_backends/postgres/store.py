@@ -213,8 +213,8 @@ class PostgresStore(OneByOne):
         row = self._one("renew a slot of", keys.value, sql.renew_slot(keys, token, lease_ms))
         return row is not None and bool(row[0])
 
-    def release_slot(self, keys: EntryKeys, token: str, slots: int) -> bool:
-        row = self._one("release a slot of", keys.value, sql.release_slot(keys, token, slots))
+    def release_slot(self, keys: EntryKeys, token: str, slots: int, lease_ms: int) -> bool:
+        row = self._one("release a slot of", keys.value, sql.release_slot(keys, token, slots, lease_ms))
         return row is not None and bool(row[0])
 
     def holder(self, keys: EntryKeys) -> str | None:

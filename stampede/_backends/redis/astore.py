@@ -519,9 +519,9 @@ class AsyncRedisStore(AsyncSending):
             call = _scripts.renew_slot_call(keys, token, lease_ms)
             return bool(await self._send(keys.lock, self._scripts.renew_slot, *call))
 
-    async def release_slot(self, keys: EntryKeys, token: str, slots: int) -> bool:
+    async def release_slot(self, keys: EntryKeys, token: str, slots: int, lease_ms: int) -> bool:
         with self._translated("release a slot of", keys.lock):
-            call = _scripts.release_slot_call(keys, token, slots)
+            call = _scripts.release_slot_call(keys, token, slots, lease_ms)
             return bool(await self._send(keys.lock, self._scripts.release_slot, *call))
 
     async def invalidate(self, keys: EntryKeys) -> None:

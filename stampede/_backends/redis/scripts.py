@@ -400,35 +400,43 @@ def renew_slot_call(keys: EntryKeys, token: str, lease_ms: int) -> Call:
 
 
 RELEASE_SLOT = """
--- Give a budget slot, or a place in its queue, back, and wake the first live waiters in
--- line, one per free slot, each on its own channel (a freed slot wakes one waiter, not
--- every one; two freed before the first woken takes one wake two).
+-- Give a budget slot, or a place in its queue, back, and hand each free slot to the
+-- first live waiter in line: it holds the slot now (for ARGV[4] ms), and is told so on
+-- its own channel ('g'), so a freed slot wakes one waiter, not every one, and the woken
+-- waiter need not ask again.
 -- KEYS[1] holders, KEYS[2] queue, KEYS[3] waiters' leases; ARGV[1] token, ARGV[2] the
--- budget's channel (a waiter's is it, ':', its token), ARGV[3] slots
+-- budget's channel (a waiter's is it, ':', its token), ARGV[3] slots, ARGV[4] lease in ms
 -- Returns 1: a slot was released; 0: the token held none
 local released = redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-local free = tonumber(ARGV[3]) - redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
-local index = 0
-while free > 0 and index < 64 + free do  -- past at most 64 waiters whose place ran out
-  local waiter = redis.call('ZRANGE', KEYS[2], index, index)[1]
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local free = tonumber(ARGV[3]) - redis.call('ZCARD', KEYS[1])
+local dropped = 0
+while free > 0 and dropped < 64 do  -- past at most 64 waiters whose place ran out
+  local waiter = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
   if not waiter then break end
-  if tonumber(redis.call('HGET', KEYS[3], waiter) or '0') > now then
-    redis.call('PUBLISH', ARGV[2] .. ':' .. waiter, '')
+  local live = tonumber(redis.call('HGET', KEYS[3], waiter) or '0') > now
+  redis.call('ZREM', KEYS[2], waiter)
+  redis.call('HDEL', KEYS[3], waiter)
+  if live then
+    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[4]), waiter)
+    redis.call('PUBLISH', ARGV[2] .. ':' .. waiter, 'g')
     free = free - 1
+  else
+    dropped = dropped + 1
   end
-  index = index + 1
 end
+if redis.call('PTTL', KEYS[1]) < 2 * tonumber(ARGV[4]) then redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[4])) end
 return released
 """
 
 
-def release_slot_call(keys: EntryKeys, token: str, slots: int) -> Call:
+def release_slot_call(keys: EntryKeys, token: str, slots: int, lease_ms: int) -> Call:
     queue, waiters, _ = keys.queue
-    return Call([keys.lock, queue, waiters], [token, keys.channel, slots])
+    return Call([keys.lock, queue, waiters], [token, keys.channel, slots, lease_ms])
 
 
 INVALIDATE = """

@@ -505,9 +505,9 @@ class RedisStore(Sending):
             call = _scripts.renew_slot_call(keys, token, lease_ms)
             return bool(self._scripts.renew_slot(*call))
 
-    def release_slot(self, keys: EntryKeys, token: str, slots: int) -> bool:
+    def release_slot(self, keys: EntryKeys, token: str, slots: int, lease_ms: int) -> bool:
         with self._translated("release a slot of", keys.lock):
-            call = _scripts.release_slot_call(keys, token, slots)
+            call = _scripts.release_slot_call(keys, token, slots, lease_ms)
             return bool(self._scripts.release_slot(*call))
 
     def invalidate(self, keys: EntryKeys) -> None:
