@@ -78,6 +78,12 @@ def worker(options: argparse.Namespace) -> None:
             return query(key)
 
     load = layer.cached_loader("item:{key}")(query if limit is None else limited)
+    warm = layer.cached_loader("warm:{key}", max_concurrent_loads=0)(lambda key: key)
+    warming = [threading.Thread(target=warm, args=(number,)) for number in range(options.threads)]
+    for thread in warming:  # the pool's connections open and the scripts load before the storm
+        thread.start()
+    for thread in warming:
+        thread.join()
     draw = random.Random(options.seed)
     shards = max(options.processes // options.overlap, 1)
     order = [key for key in range(options.keys) if key % shards == options.seed % shards]
@@ -88,6 +94,7 @@ def worker(options: argparse.Namespace) -> None:
     if sys.stdin.readline().strip() != "go":
         return
     wrong: list[int] = []
+    began = time.monotonic()  # one clock for every process of the machine (CLOCK_MONOTONIC)
 
     def walk(number: int) -> None:
         for index in range(number, len(order), options.threads):
@@ -100,8 +107,9 @@ def worker(options: argparse.Namespace) -> None:
         thread.start()
     for thread in threads:
         thread.join()
+    ended = time.monotonic()
     layer.close()
-    print(json.dumps({"wrong": len(wrong)}), flush=True)
+    print(json.dumps({"wrong": len(wrong), "began": began, "ended": ended}), flush=True)
 
 
 def storm(url: str, own_server: bool, options: argparse.Namespace) -> dict[str, dict[str, float]]:
@@ -156,21 +164,21 @@ def run_fleet(
     command: list[str], processes: int, sampler: threading.Thread, done: threading.Event
 ) -> tuple[list[dict[str, Any]], float]:
     """Start the fleet, let it go at once (``sampler`` running meanwhile), return each
-    process's result and the wall time. Every process is gone on return."""
+    process's result and the wall time (from the first process's first call to the last
+    one's last, their exits left out). Every process is gone on return."""
     started = [subprocess.Popen([*command, "--seed", str(seed)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 text=True) for seed in range(processes)]  # fmt: skip
     try:
         for process in started:
             assert process.stdout is not None and process.stdout.readline().strip() == "ready"
         sampler.start()
-        began = time.perf_counter()
         for process in started:
             assert process.stdin is not None
             process.stdin.write("go\n")
             process.stdin.flush()
         outputs = [process.communicate(timeout=300)[0] for process in started]
-        wall = time.perf_counter() - began
-        return [json.loads(output.splitlines()[-1]) for output in outputs], wall
+        results = [json.loads(output.splitlines()[-1]) for output in outputs]
+        return results, max(result["ended"] for result in results) - min(result["began"] for result in results)
     finally:
         done.set()
         if sampler.is_alive():
