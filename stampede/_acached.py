@@ -13,7 +13,7 @@ from ._core.keys import EntryKeys, KeyBuilder
 from ._core.many import values_of
 from ._core.results import Cached
 from ._drivers.refresh import reporting
-from ._loader import AsyncBoundLoader, Fetched, P, R, _Loader
+from ._loader import AsyncBoundLoader, AsyncVersions, Fetched, P, R, _Loader
 from ._loader_many import K, ManyKeys, V, _ManyLoader, chunks
 from .otel.traces import Tracing
 
@@ -41,8 +41,10 @@ class AsyncCachedLoader(_Loader[P, R]):
         keys: KeyBuilder,
         forget: Callable[[str], None],
         static: bool = False,
+        versions: AsyncVersions | None = None,
     ) -> None:
         super().__init__(spec, keys, forget, static)
+        self._versions = versions  # a versioned loader's reach to every version of an entry
         if True:  # ASYNC
             if hasattr(inspect, "markcoroutinefunction"):  # Python 3.12+: frameworks see an async callable
                 inspect.markcoroutinefunction(self)
@@ -79,6 +81,8 @@ class AsyncCachedLoader(_Loader[P, R]):
         keys = self._keys.keys(args, kwargs)
         try:
             await self._runner.invalidate(keys)
+            if self._versions is not None:  # every version's entry (``_core.versions``)
+                await self._versions.drop(self._versions.tags.entry_tag(args, kwargs), False)
         finally:
             self._forget(keys.value)
 
@@ -90,6 +94,8 @@ class AsyncCachedLoader(_Loader[P, R]):
         keys = self._keys.keys(args, kwargs)
         try:
             await self._runner.expire(keys)
+            if self._versions is not None:
+                await self._versions.drop(self._versions.tags.entry_tag(args, kwargs), True)
         finally:
             self._forget(keys.value)
 
@@ -106,6 +112,8 @@ class AsyncCachedLoader(_Loader[P, R]):
         """
         value_key = self._keys.value_key(args, kwargs)
         try:
+            if self._versions is not None:  # the other versions' entries go first: none is left stale
+                await self._versions.drop(self._versions.tags.entry_tag(args, kwargs), False)
             return await self._runner.set(value_key, self._spec, args, kwargs, value)
         finally:
             self._forget(value_key)

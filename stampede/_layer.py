@@ -48,6 +48,7 @@ from ._core.observer import Observer
 from ._core.patterns import entry_pattern
 from ._core.store import AsyncStore, Store
 from ._core.tags import TagKeys, TagTemplates, clock_key, tag_name
+from ._core.versions import version_of
 from ._drivers.abudget import AsyncBudgetSlots, abudgeted
 from ._drivers.arunner import AsyncRunner
 from ._drivers.budget import BudgetSlots, budgeted
@@ -57,7 +58,7 @@ from ._drivers.observe import Events, RateLimitedLog
 from ._drivers.runner import Runner
 from ._drivers.watchdog import LOOP_WATCHDOG, Watchdog
 from ._errors import ConfigError
-from ._loader import P
+from ._loader import AsyncVersions, P, Versions
 from ._loader_many import ManyKeys
 from ._lock import Lock, ReentrantHolds
 from ._redact import redacted
@@ -317,6 +318,7 @@ class Stampede:
         serializer: Serializer | None = None,
         tags: Sequence[str] | None = None,
         verify_equal: Callable[[Any, Any], bool] | None = None,
+        version: str | bool | None = None,
         **settings: Unpack[LoaderSettings],
     ) -> LoaderDecorator: ...
 
@@ -328,6 +330,7 @@ class Stampede:
         serializer: Serializer | None = None,
         tags: Sequence[str] | None = None,
         verify_equal: Callable[[Any, Any], bool] | None = None,
+        version: str | bool | None = None,
         **settings: Unpack[LoaderSettings],
     ) -> Any:
         """Decorate a loader, plain or ``async def``, or a method (``self`` is not part of
@@ -339,7 +342,10 @@ class Stampede:
         ``tags`` (``["category:{category_id}", "catalog"]``): templates over the key's
         fields naming groups the entries belong to, for ``invalidate_tag``.
         ``verify_equal(served, loaded)``: whether two values are the same, for the
-        verifications of ``verify_sample`` (by default, their encodings are compared)."""
+        verifications of ``verify_sample`` (by default, their encodings are compared).
+        ``version``: the identity of the value type the entries hold, so that two
+        versions of an application share a namespace safely through a rolling deploy
+        (docs/deploys.md): ``"2"``, or True for a hash of the return annotation's schema."""
         loader_settings = self.settings.replace(stacklevel=4, **settings)
         self._check_near(loader_settings)
         _check_comparator(verify_equal)
@@ -349,7 +355,7 @@ class Stampede:
                 raise ConfigError(f"a key template must be a str, got {template!r}")
             return LoaderDecorator(self, None, loader_settings, codec)(template)  # bare @cached_loader
         own_budget = "max_concurrent_loads" in settings
-        return LoaderDecorator(self, template, loader_settings, codec, tags, verify_equal, own_budget)
+        return LoaderDecorator(self, template, loader_settings, codec, tags, verify_equal, own_budget, version)
 
     @_layer_method(MANY_LOADER_SETTING_NAMES)
     def cached_loader_many(
@@ -611,6 +617,18 @@ class Stampede:
         name = tag_name(tag, fields, self.settings.max_key_length)
         return clock_key(self.namespace), TagKeys.of(self.namespace, name)
 
+    def _drop_versions(self, name: str, soft: bool) -> int:
+        """Invalidate (or expire) the entry tag ``name`` every version of an entry shares
+        (``_core.versions``): its entries, in every version, and its loads in flight."""
+        store = self._blocking_store("invalidate", "ainvalidate")
+        return self._tag_done(store.invalidate_tag(clock_key(self.namespace), TagKeys.of(self.namespace, name), soft))
+
+    async def _adrop_versions(self, name: str, soft: bool) -> int:
+        """``_drop_versions`` with this event loop's client."""
+        store = self._loop_store("ainvalidate", "invalidate")
+        keys = TagKeys.of(self.namespace, name)
+        return self._tag_done(await store.invalidate_tag(clock_key(self.namespace), keys, soft))
+
     def _tag_done(self, value_keys: list[str]) -> int:
         """After a tag invalidation: callers in this process read its entries afresh."""
         for value_key in value_keys:
@@ -724,6 +742,7 @@ class LoaderDecorator:
         tags: Sequence[str] | None = None,
         verify_equal: Callable[[Any, Any], bool] | None = None,
         own_budget: bool = False,
+        version: str | bool | None = None,
     ) -> None:
         self._layer = layer
         self._template = template
@@ -732,6 +751,7 @@ class LoaderDecorator:
         self._tags = tags
         self._verify_equal = verify_equal
         self._own_budget = own_budget  # the loader gave max_concurrent_loads itself
+        self._version = version
 
     @overload
     def __call__(self, func: Callable[P, Coroutine[Any, Any, R]]) -> AsyncCachedLoader[P, R]: ...  # type: ignore[overload-overlap]
@@ -752,13 +772,16 @@ class LoaderDecorator:
         if not callable(func):
             raise ConfigError(f"cached_loader decorates a function, got {func!r}")
         refuse_generator("cached_loader", func)
-        keys = KeyBuilder(func, self._template, layer.namespace, self._settings.max_key_length)
+        longest = self._settings.max_key_length
+        version = "" if self._version is None else version_of(self._version, func)
+        keys = KeyBuilder(func, self._template, layer.namespace, longest, version=version)
         codec = self._codec
         if isinstance(codec.serializer, TypedSerializer):
             codec = codec.with_serializer(_typed_for(codec.serializer, func))
         tags = None
-        if self._tags is not None:
-            tags = TagTemplates(func, self._tags, set(keys.fields), layer.namespace, self._settings.max_key_length)
+        if self._tags is not None or version:
+            entry = KeyBuilder(func, self._template, layer.namespace, longest) if version else None
+            tags = TagTemplates(func, self._tags or [], set(keys.fields), layer.namespace, longest, entry)
         if keys.default_name is not None:
             layer._claim_name(keys.default_name, func)
         if _is_async(func):
@@ -776,9 +799,11 @@ class LoaderDecorator:
         spec = LoaderSpec(loads, self._settings, codec, tags, keys.template, self._verify_equal)
         if _is_async(func):
             assert layer._async_runner is not None
-            return AsyncCachedLoader(spec, layer._async_runner, keys, layer._forget, static)
+            aversions = None if not version or tags is None else AsyncVersions(tags, layer._adrop_versions)
+            return AsyncCachedLoader(spec, layer._async_runner, keys, layer._forget, static, aversions)
         assert layer._runner is not None
-        return CachedLoader(spec, layer._runner, keys, layer._forget, static)
+        versions = None if not version or tags is None else Versions(tags, layer._drop_versions)
+        return CachedLoader(spec, layer._runner, keys, layer._forget, static, versions)
 
 
 class ManyLoaderDecorator:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from ._core.keys import KeyBuilder
+from ._core.tags import TagTemplates
 from ._drivers.observe import Events
 from .otel.traces import CallTrace, call_trace, entry_attributes
 
@@ -111,6 +112,24 @@ class AsyncBoundLoader(BoundLoader):
     async def peek(self, *args: Any, **kwargs: Any) -> Any:
         """The loader's ``peek``, awaited."""
         return await self._loader.peek(self._instance, *args, **kwargs)  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class Versions:
+    """How a versioned loader reaches every version of an entry (``_core.versions``): the
+    entry tag its versions share, and the layer's invalidation (or, ``soft``, expiry) of
+    such a tag."""
+
+    tags: TagTemplates
+    drop: Callable[[str, bool], int]
+
+
+@dataclass(frozen=True)
+class AsyncVersions:
+    """``Versions`` for an ``async def`` loader: the layer's drop is awaited."""
+
+    tags: TagTemplates
+    drop: Callable[[str, bool], Awaitable[int]]
 
 
 class _Loader(Generic[P, R]):

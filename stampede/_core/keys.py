@@ -273,7 +273,13 @@ def _int_text(value: int) -> str:
 class KeyBuilder:
     """Builds the keys of a loader's entries from the arguments of each call."""
 
-    def __init__(self, func: Callable[..., Any], template: str | None, namespace: str, max_key_length: int) -> None:
+    def __init__(
+        self, func: Callable[..., Any], template: str | None, namespace: str, max_key_length: int, version: str = ""
+    ) -> None:
+        """``version``: the identity of the value type the entries hold (``_core.versions``),
+        ended to each entry as ``~v:<version>``: no argument renders a ``~`` (it is
+        escaped), so two versions of a loader never share an entry, nor one with a loader
+        without a version."""
         self._signature = inspect.signature(func)
         params = self._signature.parameters
         self._names = list(params)
@@ -292,6 +298,8 @@ class KeyBuilder:
         # The entry as a format string with one {} per field (literals never hold braces),
         # and the index of the parameter each {} takes.
         self._format = "".join(literal + ("" if name is None else "{}") for literal, name in fields)
+        if version:
+            self._format += "~v:" + escape(version)  # escaped: no brace, no "~"
         self._fields = [self._names.index(name) for _, name in fields if name is not None]
         self.fields = frozenset(name for _, name in fields if name is not None)  # the parameters it renders
         # The entry of a template without fields: the same for every call.

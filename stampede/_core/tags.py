@@ -75,6 +75,7 @@ from typing import Any, Protocol
 
 from .._errors import ConfigError, InvalidKey
 from .keys import KeyBuilder, render, shorten
+from .versions import ENTRY_TAG
 
 _NOT_IN_A_TAG = re.compile(r"[{}#~\x00-\x20\x7f]")
 
@@ -178,7 +179,11 @@ class TagTemplates:
         key_fields: set[str] | None,
         namespace: str,
         max_key_length: int,
+        entry: KeyBuilder | None = None,
     ) -> None:
+        """``entry``: a versioned loader's keys without the version; each entry is also
+        tagged with its name (``ENTRY_TAG`` + the entry), which every version shares
+        (``_core.versions``)."""
         if isinstance(templates, str) or not isinstance(templates, (list, tuple)):
             raise ConfigError(
                 f'tags must be a list of templates, e.g. ["category:{{id}}"] ([] when the loader tags its '
@@ -205,6 +210,11 @@ class TagTemplates:
             fixed = builder.fixed_entry
             names.append(fixed)
             self._builders.append(None if fixed is not None else builder)
+        if entry is not None:
+            names.append(None if entry.fixed_entry is None else ENTRY_TAG + entry.fixed_entry)
+            self._builders.append(None if entry.fixed_entry is not None else entry)
+        self._entry = entry
+        self._entry_start = len(namespace) + 2  # "<ns>:{"
         self._names = names
         self._fixed = self._tag_set(names) if all(name is not None for name in names) else None
 
@@ -212,13 +222,22 @@ class TagTemplates:
         """The tags of the entry ``func(*args, **kwargs)`` loads."""
         if self._fixed is not None:
             return self._fixed
-        prefix = self._prefix
+        prefix, entry = self._prefix, self._entry
         return self._tag_set(
             [
-                name if builder is None else builder.value_key(args, kwargs)[prefix:-1]
+                name
+                if builder is None
+                else ENTRY_TAG + builder.value_key(args, kwargs)[self._entry_start : -1]
+                if builder is entry
+                else builder.value_key(args, kwargs)[prefix:-1]
                 for name, builder in zip(self._names, self._builders, strict=True)
             ]
         )
+
+    def entry_tag(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """The tag every version of the entry of these arguments shares."""
+        assert self._entry is not None, "a loader without a version"
+        return ENTRY_TAG + self._entry.value_key(args, kwargs)[self._entry_start : -1]
 
     def _tag_set(self, names: Sequence[str | None]) -> TagSet:
         unique = dict.fromkeys(name for name in names if name is not None)  # in order, once each

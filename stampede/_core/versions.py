@@ -1,0 +1,112 @@
+"""Entries safe across a rolling deploy: each entry of a versioned loader carries the
+identity of the value type it was written for, in its key (``KeyBuilder(version=...)``).
+
+During a rolling deploy two versions of an application share one namespace. If a
+loader's value type changed, an old process must not read a new process's value (a
+decode error, or a value of the wrong shape), nor the new one the old one's. With
+``cached_loader(..., version=...)`` each version has entries of its own, so the two run
+side by side, each loading a key once and neither overwriting the other's values; and
+every entry is also tagged with its entry's name without the version (``entry_tag``), so
+that an ``invalidate``, ``expire`` or ``set`` from either version reaches both versions'
+entries (and refuses a load of either begun before it), through the tags' promises.
+
+``version=True`` derives the identity from the loader's return annotation: its JSON
+schema (msgspec's, for dataclasses, msgspec Structs, TypedDicts, and plain types; a
+pydantic model's own), hashed. A schema that does not change keeps the entries across
+deploys. ``version="2"`` names it by hand, for loaders of plain JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import typing
+from collections.abc import Callable
+from typing import Any
+
+from .._errors import ConfigError
+
+ENTRY_TAG = "~e:"
+"""What the tag every version of an entry shares starts with: no tag a user names holds a
+``~`` (``_core.tags.tag_name``), so it is never one of theirs."""
+
+_IDENTITY_CHARS = 12
+
+
+def version_of(version: str | bool, func: Callable[..., Any]) -> str:
+    """The identity ``version=`` gives the loader ``func``'s entries: the string itself,
+    or (True) a hash of its return annotation's schema. A ConfigError when there is none."""
+    if isinstance(version, bool):
+        if not version:
+            return ""
+        return type_identity(_return_type(func), func)
+    if not isinstance(version, str) or not version:
+        raise ConfigError(f"version must be a non-empty str, or True (from the return annotation), got {version!r}")
+    return version
+
+
+def type_identity(value_type: Any, func: Callable[..., Any] | None = None) -> str:
+    """A short hash of ``value_type``'s JSON schema: equal for equal schemas, whatever
+    process computes it."""
+    schema = _schema(value_type)
+    if schema is None:
+        where = f" of {func.__qualname__}" if func is not None else ""
+        raise ConfigError(
+            f"version=True: the return type{where}, {value_type!r}, has no schema stampede can read "
+            "(a dataclass, a msgspec Struct, a TypedDict, a pydantic model, or a plain type): give version='...'"
+        )
+    text = json.dumps(schema, sort_keys=True, separators=(",", ":"), default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()[:_IDENTITY_CHARS]
+
+
+def _return_type(func: Callable[..., Any]) -> Any:
+    try:
+        hints = typing.get_type_hints(func)
+    except Exception as error:
+        raise ConfigError(
+            f"version=True: the return annotation of {func.__qualname__} cannot be read: {error}"
+        ) from None
+    if "return" not in hints:
+        raise ConfigError(f"version=True needs a return annotation on {func.__qualname__} (or give version='...')")
+    returned = hints["return"]
+    origin = typing.get_origin(returned)
+    if origin is not None and getattr(origin, "__name__", "") == "Coroutine":  # an async def's, unwrapped
+        returned = typing.get_args(returned)[-1]
+    return returned
+
+
+def _schema(value_type: Any) -> Any:
+    """The JSON schema of ``value_type``, or None if none can be made."""
+    model_schema = getattr(value_type, "model_json_schema", None)
+    if callable(model_schema):  # a pydantic model
+        try:
+            return model_schema()
+        except Exception:
+            return None
+    try:
+        import msgspec
+    except ImportError:  # without msgspec (an extra): the type's fields, walked here
+        return _described(value_type, set())
+    try:
+        return msgspec.json.schema(value_type)
+    except (TypeError, ValueError):
+        return None
+
+
+def _described(value_type: Any, seen: set[int]) -> Any:
+    """What a schema says of ``value_type``, without msgspec: each dataclass's and
+    TypedDict's fields and their types, each generic's arguments, a class's name."""
+    if id(value_type) in seen:
+        return {"ref": getattr(value_type, "__qualname__", repr(value_type))}
+    if dataclasses.is_dataclass(value_type) or typing.is_typeddict(value_type):
+        seen = seen | {id(value_type)}
+        hints = typing.get_type_hints(value_type)
+        return {
+            "name": value_type.__qualname__,
+            "fields": {name: _described(hint, seen) for name, hint in hints.items()},
+        }
+    origin = typing.get_origin(value_type)
+    if origin is not None:
+        return {"origin": repr(origin), "args": [_described(arg, seen) for arg in typing.get_args(value_type)]}
+    return {"type": getattr(value_type, "__qualname__", repr(value_type))}

@@ -1,0 +1,137 @@
+"""Entries safe across a rolling deploy (``cached_loader(..., version=...)``,
+docs/deploys.md): two versions of a loader whose value type changed share a namespace,
+each reads only values written for its own type and loads each key once, and an
+invalidation, expiry or set from either reaches both versions' entries, a load in
+flight of the other version included."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Callable
+from typing import Any, TypedDict
+
+import pytest
+
+from stampede import ConfigError, Stampede
+from stampede._core.versions import type_identity
+
+from ..modes import Blocking, Database, OnALoop
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@dataclasses.dataclass
+class ProductV1:
+    id: int
+    name: str
+
+
+@dataclasses.dataclass
+class ProductV2:  # the deploy renamed a field and added one
+    id: int
+    title: str
+    price: float
+
+
+def two_versions(layer: Stampede, mode: Blocking | OnALoop) -> tuple[Any, Any, Database, Database]:
+    """The loader of the old deploy and of the new one, on one layer (one namespace), each
+    over a database of its own that counts its loads."""
+    old = Database(lambda key: {"id": key, "name": f"n{key}"})
+    new = Database(lambda key: {"id": key, "title": f"t{key}", "price": 1.5})
+    old_load, new_load = mode.loader(old), mode.loader(new)
+    if isinstance(mode, Blocking):
+
+        def v1(key: int) -> ProductV1:
+            return old_load(key)  # type: ignore[no-any-return]
+
+        def v2(key: int) -> ProductV2:
+            return new_load(key)  # type: ignore[no-any-return]
+
+    else:
+
+        async def v1(key: int) -> ProductV1:  # type: ignore[misc]
+            return await old_load(key)  # type: ignore[no-any-return]
+
+        async def v2(key: int) -> ProductV2:  # type: ignore[misc]
+            return await new_load(key)  # type: ignore[no-any-return]
+
+    first = layer.cached_loader("product:{key}", version=True)(v1)
+    second = layer.cached_loader("product:{key}", version=True)(v2)
+    return first, second, old, new
+
+
+def shape(value: dict[str, Any]) -> str:
+    return "v2" if "title" in value else "v1" if "name" in value else "?"
+
+
+def test_two_versions_side_by_side_each_read_their_own_values_and_load_each_key_once(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    layer = layer_of_each_backend(namespace=f"deploy-{uuid.uuid4().hex[:8]}")
+    v1, v2, old, new = two_versions(layer, mode)
+    assert v1.key(1) != v2.key(1)
+    calls = [(v1 if index % 2 else v2, index // 2 % 6) for index in range(48)]  # both versions, interleaved
+    values = mode.burst(lambda call: call[0](call[1]), calls)
+    assert [shape(value) for value in values] == ["v1" if loader is v1 else "v2" for loader, _ in calls]
+    assert old.calls == dict.fromkeys(range(6), 1) and new.calls == dict.fromkeys(range(6), 1)
+
+
+def test_an_invalidation_expiry_or_set_from_either_version_reaches_both(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    layer = layer_of_each_backend(namespace=f"deploy-{uuid.uuid4().hex[:8]}")
+    v1, v2, old, new = two_versions(layer, mode)
+    mode(v1, 7), mode(v2, 7)
+    mode(v1.invalidate, 7)
+    assert [shape(mode(v1, 7)), shape(mode(v2, 7))] == ["v1", "v2"] and (old.calls, new.calls) == ({7: 2}, {7: 2})
+    mode(v2.invalidate, 7)
+    mode(v1, 7), mode(v2, 7)
+    assert (old.calls, new.calls) == ({7: 3}, {7: 3})
+    mode(v1.expire, 7)
+    mode(v1, 7), mode(v2, 7)
+    assert (old.calls, new.calls) == ({7: 4}, {7: 4})
+    assert mode(v2.set, {"id": 7, "title": "set", "price": 2.0}, 7) is True
+    assert mode(v2, 7)["title"] == "set" and new.calls == {7: 4}  # its own entry holds the value set
+    assert shape(mode(v1, 7)) == "v1" and old.calls == {7: 5}  # the old version's value went
+
+
+def test_a_load_in_flight_of_one_version_is_not_written_after_the_others_invalidation(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    layer = layer_of_each_backend(namespace=f"deploy-{uuid.uuid4().hex[:8]}")
+    v1, v2, _, new = two_versions(layer, mode)
+    new.release.clear()
+    loading = mode.start(v2, 3)  # reads the row, then waits
+    assert new.started.wait(10)
+    mode(v1.invalidate, 3)  # the row changed after v2's load read it
+    new.release.set()
+    assert shape(loading.result(10)) == "v2"
+    mode(v2, 3)
+    assert new.calls == {3: 2}  # the load begun before the invalidation was not kept
+
+
+def test_a_version_is_a_schema_or_a_name_and_bad_ones_are_refused_at_decoration() -> None:
+    same = dataclasses.make_dataclass("ProductV1", [("id", int), ("name", str)])  # the next deploy's, unchanged
+
+    class Typed(TypedDict):
+        id: int
+
+    assert type_identity(ProductV1) == type_identity(same) != type_identity(ProductV2)
+    assert type_identity(Typed) != type_identity(dict[str, int])
+    layer = Stampede.from_url("memory://", namespace="named")
+    try:
+
+        def plain(key: int) -> dict[str, Any]:
+            return {"key": key}
+
+        unversioned = layer.cached_loader("row:{key}")(plain)
+        named = layer.cached_loader("row:{key}", version="2")(plain)
+        assert unversioned.key(1) == "named:{row:1}" and named.key(1) == "named:{row:1~v:2}"
+        with pytest.raises(ConfigError, match="needs a return annotation"):
+            layer.cached_loader("a:{key}", version=True)(lambda key: key)
+        with pytest.raises(ConfigError, match="version must be a non-empty str"):
+            layer.cached_loader("b:{key}", version="")(plain)
+        assert layer.cached_loader("c:{key}", version=False)(plain).key(1) == "named:{c:1}"
+    finally:
+        layer.close()
