@@ -30,6 +30,7 @@ figures as JSON.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import subprocess
@@ -189,6 +190,194 @@ def run_fleet(
                 process.wait(5)
 
 
+@dataclasses.dataclass
+class ProductV1:
+    id: int
+    name: str
+    loaded_at: int
+
+
+@dataclasses.dataclass
+class ProductV2:  # the next deploy renamed a field and added one
+    id: int
+    title: str
+    price: float
+    loaded_at: int
+
+
+def deploy_worker(options: argparse.Namespace) -> None:
+    """One version of the application (``--version``): readers over Zipf-drawn keys and an
+    invalidator, for ``--seconds``; what each did goes to ``--out`` as JSON."""
+    layer = Stampede.from_url(options.url, namespace=options.namespace, ttl=300)
+    loads: list[tuple[int, int, int]] = []  # (key, when its call began, when it read the database)
+    lock = threading.Lock()
+    call = threading.local()  # when the reader's call that loads began
+    if options.version == "v1":
+
+        def query_v1(key: int) -> ProductV1:
+            now = time.monotonic_ns()
+            with lock:
+                loads.append((key, call.began, now))
+            return ProductV1(key, f"n{key}", now)
+
+        load: Any = layer.cached_loader("product:{key}", version=True)(query_v1)
+    else:
+
+        def query_v2(key: int) -> ProductV2:
+            now = time.monotonic_ns()
+            with lock:
+                loads.append((key, call.began, now))
+            return ProductV2(key, f"t{key}", 1.5, now)
+
+        load = layer.cached_loader("product:{key}", version=True)(query_v2)
+    field = "name" if options.version == "v1" else "title"
+    draw = random.Random(options.seed)
+    weights = [1 / (rank + 1) ** 1.1 for rank in range(options.keys)]
+    reads: list[tuple[int, int, int]] = []  # (when it began, key, the value's loaded_at)
+    invalidations: list[tuple[int, int, int]] = []  # (key, began, returned)
+    failures = {"errors": 0, "wrong_type": 0}
+    print("ready", flush=True)
+    if sys.stdin.readline().strip() != "go":
+        return
+    deadline = time.monotonic() + options.seconds
+
+    def read(seed: int) -> None:
+        local = random.Random(seed)
+        while time.monotonic() < deadline:
+            key = local.choices(range(options.keys), weights)[0]
+            began = call.began = time.monotonic_ns()
+            try:
+                value = load(key)
+            except Exception:
+                failures["errors"] += 1
+                continue
+            if not isinstance(value, dict) or field not in value or value.get("id") != key:
+                failures["wrong_type"] += 1
+                continue
+            reads.append((began, key, value["loaded_at"]))
+
+    def invalidate() -> None:
+        while time.monotonic() < deadline:
+            time.sleep(options.every)
+            key = draw.choices(range(options.keys), weights)[0]
+            began = time.monotonic_ns()
+            load.invalidate(key)
+            invalidations.append((key, began, time.monotonic_ns()))
+
+    threads = [threading.Thread(target=read, args=(options.seed * 100 + n,)) for n in range(options.threads)]
+    threads.append(threading.Thread(target=invalidate))
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    layer.close()
+    with open(options.out, "w") as out:
+        json.dump({"reads": reads, "loads": loads, "invalidations": invalidations, **failures}, out)
+    print("done", flush=True)
+
+
+def deploy(url: str, options: argparse.Namespace) -> dict[str, Any]:
+    """Two versions side by side on one namespace; their records checked together."""
+    import tempfile
+
+    namespace = f"deploy-{uuid.uuid4().hex[:8]}"
+    with tempfile.TemporaryDirectory() as folder:
+        outs = {version: f"{folder}/{version}.json" for version in ("v1", "v2")}
+        started = {
+            version: subprocess.Popen(
+                [
+                    sys.executable,
+                    __file__,
+                    "--deploy-worker",
+                    "--url",
+                    url,
+                    "--namespace",
+                    namespace,
+                    "--version",
+                    version,
+                    "--out",
+                    out,
+                    "--seconds",
+                    str(options.seconds),
+                    "--threads",
+                    str(options.deploy_threads),
+                    "--keys",
+                    str(options.deploy_keys),
+                    "--every",
+                    str(options.every),
+                    "--seed",
+                    str(number + 1),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for number, (version, out) in enumerate(outs.items())
+        }
+        try:
+            for process in started.values():
+                assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+            for process in started.values():
+                assert process.stdin is not None
+                process.stdin.write("go\n")
+                process.stdin.flush()
+            for process in started.values():
+                process.communicate(timeout=options.seconds + 120)
+        finally:
+            for process in started.values():
+                if process.poll() is None:
+                    process.kill()
+                    process.wait(5)
+        records = {version: json.load(open(out)) for version, out in outs.items()}
+    invalidated: dict[int, list[tuple[int, int]]] = {}
+    for version in records.values():
+        for key, began, returned in version["invalidations"]:
+            invalidated.setdefault(key, []).append((began, returned))
+    for windows in invalidated.values():
+        windows.sort()
+    row: dict[str, Any] = {}
+    for name, version in records.items():
+        stale = 0
+        for began, key, loaded_at in version["reads"]:
+            windows = invalidated.get(key, [])
+            before = [start for start, end in windows if end < began]  # invalidations returned before the read
+            if before and loaded_at < max(before):
+                stale += 1
+        most = 0
+        loaded: dict[int, list[tuple[int, int]]] = {}
+        for key, began, when in version["loads"]:
+            loaded.setdefault(key, []).append((began, when))
+        for key, spans in loaded.items():
+            windows = invalidated.get(key, [])
+            edges = [edge for window in windows for edge in window]
+            counted: dict[int, int] = {}
+            for began, when in spans:
+                if any(start <= when and began <= end for start, end in windows):
+                    continue  # a load an invalidation overlaps (its call began before it ended): not counted
+                span = sum(1 for edge in edges if edge < when)
+                counted[span] = counted.get(span, 0) + 1
+            most = max([most, *counted.values()])
+        row[name] = {
+            "reads": len(version["reads"]), "loads": len(version["loads"]), "errors": version["errors"],
+            "wrong_type": version["wrong_type"], "stale": stale, "max_loads_per_key_between": most,
+            "invalidations": len(version["invalidations"]),
+        }  # fmt: skip
+    print(f"\n2. Deploy: v1 and v2 of a loader (a changed dataclass, version=True) side by side on one namespace for "
+          f"{options.seconds:g} s, {options.deploy_threads} threads each over {options.deploy_keys} keys (Zipf), each "
+          f"version invalidating a key every {options.every * 1000:.0f} ms")  # fmt: skip
+    header = ("", "reads", "loads", "decode errors", "wrong type", "stale", "max loads/key/window", "invalidations")
+    print("   {:<4} {:>8} {:>6} {:>13} {:>10} {:>6} {:>20} {:>13}".format(*header))
+    for name, figures in row.items():
+        print("   {:<4} {:>8} {:>6} {:>13} {:>10} {:>6} {:>20} {:>13}".format(
+            name, figures["reads"], figures["loads"], figures["errors"], figures["wrong_type"], figures["stale"],
+            figures["max_loads_per_key_between"], figures["invalidations"]))  # fmt: skip
+    print(
+        "   (stale: a read begun after an invalidation of its key, by either version, had returned, served a value"
+        " loaded before that invalidation began)"
+    )
+    return row
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", help="a Redis server to use (default: one started here)")
@@ -201,7 +390,15 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--within", type=float, help="the fleet budget's wall, at most x ideal (1.25; --quick: none)")
     parser.add_argument("--quick", action="store_true", help="4 processes x 8 threads, 400 keys, one round")
+    parser.add_argument("--seconds", type=float, default=60, help="the deploy's run (--quick: 5)")
+    parser.add_argument("--deploy-threads", type=int, default=8)
+    parser.add_argument("--deploy-keys", type=int, default=200)
+    parser.add_argument("--every", type=float, default=0.05, help="seconds between a version's invalidations")
+    parser.add_argument("--only", choices=["storm", "deploy"], help="run one part")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--deploy-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--version", choices=["v1", "v2"], help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--way", choices=WAYS, help=argparse.SUPPRESS)
     parser.add_argument("--namespace", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
@@ -209,26 +406,39 @@ def main() -> int:
     if options.worker:
         worker(options)
         return 0
+    if options.deploy_worker:
+        deploy_worker(options)
+        return 0
     if options.quick:
-        options.processes, options.threads, options.keys, options.rounds = 4, 8, 400, 1
+        options.processes, options.threads, options.keys, options.rounds, options.seconds = 4, 8, 400, 1, 5
     elif options.within is None:
         options.within = 1.25
-    with server_url(options.url) as url:
-        summary = storm(url, options.url is None, options)
-    fleet = summary["fleet budget"]
-    failures = [f"{way}: a caller got a wrong value" for way, row in summary.items() if row["wrong"]] + [
-        f"{way}: a key was loaded {row['max_per_key']:.0f} times"
-        for way, row in summary.items()
-        if row["max_per_key"] > 1
-    ]
-    if fleet["peak"] > options.budget:
-        failures.append(f"fleet budget: {fleet['peak']:.0f} loads at once, over the budget of {options.budget}")
+    failures: list[str] = []
+    summary: dict[str, Any] = {}
+    deployed: dict[str, Any] = {}
     ideal = options.keys * options.delay / options.budget
-    if options.within is not None and fleet["wall"] > options.within * ideal:
-        failures.append(f"fleet budget: {fleet['wall']:.2f} s, past {options.within}x the ideal {ideal:.2f} s")
+    with server_url(options.url) as url:
+        if options.only != "deploy":
+            summary = storm(url, options.url is None, options)
+            fleet = summary["fleet budget"]
+            failures += [f"{way}: a caller got a wrong value" for way, row in summary.items() if row["wrong"]]
+            failures += [f"{way}: a key was loaded {row['max_per_key']:.0f} times"
+                         for way, row in summary.items() if row["max_per_key"] > 1]  # fmt: skip
+            if fleet["peak"] > options.budget:
+                failures.append(f"fleet budget: {fleet['peak']:.0f} loads at once, over the budget of {options.budget}")
+            if options.within is not None and fleet["wall"] > options.within * ideal:
+                failures.append(f"fleet budget: {fleet['wall']:.2f} s, past {options.within}x the ideal {ideal:.2f} s")
+        if options.only != "storm":
+            deployed = deploy(url, options)
+            for name, row in deployed.items():
+                for figure in ("errors", "wrong_type", "stale"):
+                    if row[figure]:
+                        failures.append(f"deploy {name}: {row[figure]} {figure}")
+                if row["max_loads_per_key_between"] > 1:
+                    failures.append(f"deploy {name}: a key loaded twice between invalidations")
     for failure in failures:
         print("FAILED:", failure)
-    print(json.dumps({"ideal_seconds": ideal, "budget": options.budget, "figures": summary}))
+    print(json.dumps({"ideal_seconds": ideal, "budget": options.budget, "figures": summary, "deploy": deployed}))
     return 1 if failures else 0
 
 
