@@ -196,7 +196,7 @@ def test_the_near_cache_benchmark_short_form() -> None:
     assert figures["lease"]["max_ms"] <= 100 + 20  # a stalled stream stops copies within its lease
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 @pytest.mark.timing
 def test_the_fleet_benchmark_short_form_keeps_the_budget_where_nothing_else_does() -> None:
     """``loadtest/bench_fleet.py --quick``: a storm of 400 cold keys from 4 processes x 8
@@ -215,6 +215,8 @@ def test_the_fleet_benchmark_short_form_keeps_the_budget_where_nothing_else_does
         assert row["errors"] == row["wrong_type"] == row["stale"] == 0 and row["max_loads_per_key_between"] == 1
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.timing
 def test_the_tags_benchmark_short_form() -> None:
     """``loadtest/bench_tags.py --quick``: hits with tags beside a tagless one, tag
     invalidations, bookkeeping after short-lived writes. What holds on any machine: every
