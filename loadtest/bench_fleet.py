@@ -209,6 +209,7 @@ def deploy_worker(options: argparse.Namespace) -> None:
     """One version of the application (``--version``): readers over Zipf-drawn keys and an
     invalidator, for ``--seconds``; what each did goes to ``--out`` as JSON."""
     layer = Stampede.from_url(options.url, namespace=options.namespace, ttl=300)
+    versioned = not options.unversioned
     loads: list[tuple[int, int, int]] = []  # (key, when its call began, when it read the database)
     lock = threading.Lock()
     call = threading.local()  # when the reader's call that loads began
@@ -220,7 +221,7 @@ def deploy_worker(options: argparse.Namespace) -> None:
                 loads.append((key, call.began, now))
             return ProductV1(key, f"n{key}", now)
 
-        load: Any = layer.cached_loader("product:{key}", version=True)(query_v1)
+        load: Any = layer.cached_loader("product:{key}", version=versioned)(query_v1)
     else:
 
         def query_v2(key: int) -> ProductV2:
@@ -229,7 +230,7 @@ def deploy_worker(options: argparse.Namespace) -> None:
                 loads.append((key, call.began, now))
             return ProductV2(key, f"t{key}", 1.5, now)
 
-        load = layer.cached_loader("product:{key}", version=True)(query_v2)
+        load = layer.cached_loader("product:{key}", version=versioned)(query_v2)
     field = "name" if options.version == "v1" else "title"
     draw = random.Random(options.seed)
     weights = [1 / (rank + 1) ** 1.1 for rank in range(options.keys)]
@@ -276,8 +277,9 @@ def deploy_worker(options: argparse.Namespace) -> None:
     print("done", flush=True)
 
 
-def deploy(url: str, options: argparse.Namespace) -> dict[str, Any]:
-    """Two versions side by side on one namespace; their records checked together."""
+def deploy(url: str, options: argparse.Namespace, versioned: bool = True) -> dict[str, Any]:
+    """Two versions side by side on one namespace; their records checked together.
+    ``versioned`` False: the same two loaders without ``version=`` (what it prevents)."""
     import tempfile
 
     namespace = f"deploy-{uuid.uuid4().hex[:8]}"
@@ -307,6 +309,7 @@ def deploy(url: str, options: argparse.Namespace) -> dict[str, Any]:
                     str(options.every),
                     "--seed",
                     str(number + 1),
+                    *([] if versioned else ["--unversioned"]),
                 ],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -362,7 +365,8 @@ def deploy(url: str, options: argparse.Namespace) -> dict[str, Any]:
             "wrong_type": version["wrong_type"], "stale": stale, "max_loads_per_key_between": most,
             "invalidations": len(version["invalidations"]),
         }  # fmt: skip
-    print(f"\n2. Deploy: v1 and v2 of a loader (a changed dataclass, version=True) side by side on one namespace for "
+    way = "version=True" if versioned else "no version"
+    print(f"\n2. Deploy ({way}): v1 and v2 of a loader (a changed dataclass) side by side on one namespace for "
           f"{options.seconds:g} s, {options.deploy_threads} threads each over {options.deploy_keys} keys (Zipf), each "
           f"version invalidating a key every {options.every * 1000:.0f} ms")  # fmt: skip
     header = ("", "reads", "loads", "decode errors", "wrong type", "stale", "max loads/key/window", "invalidations")
@@ -399,6 +403,7 @@ def main() -> int:
     parser.add_argument("--deploy-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--version", choices=["v1", "v2"], help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--unversioned", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--way", choices=WAYS, help=argparse.SUPPRESS)
     parser.add_argument("--namespace", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
@@ -416,6 +421,7 @@ def main() -> int:
     failures: list[str] = []
     summary: dict[str, Any] = {}
     deployed: dict[str, Any] = {}
+    deployed_without: dict[str, Any] = {}
     ideal = options.keys * options.delay / options.budget
     with server_url(options.url) as url:
         if options.only != "deploy":
@@ -430,6 +436,7 @@ def main() -> int:
                 failures.append(f"fleet budget: {fleet['wall']:.2f} s, past {options.within}x the ideal {ideal:.2f} s")
         if options.only != "storm":
             deployed = deploy(url, options)
+            deployed_without = deploy(url, options, versioned=False)
             for name, row in deployed.items():
                 for figure in ("errors", "wrong_type", "stale"):
                     if row[figure]:
@@ -438,7 +445,8 @@ def main() -> int:
                     failures.append(f"deploy {name}: a key loaded twice between invalidations")
     for failure in failures:
         print("FAILED:", failure)
-    print(json.dumps({"ideal_seconds": ideal, "budget": options.budget, "figures": summary, "deploy": deployed}))
+    report = {"ideal_seconds": ideal, "budget": options.budget, "figures": summary, "deploy": deployed}
+    print(json.dumps({**report, "deploy_without_version": deployed_without}))
     return 1 if failures else 0
 
 
