@@ -24,9 +24,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import secrets
-import threading
 import time
-import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -39,6 +37,7 @@ from .._core.observer import Reporter
 from .._core.store import GRANTED, AcquireReply, AsyncStore, AsyncSubscription, LockState
 from .._errors import BackendUnavailable, BudgetTimeout
 from .aperform import arun
+from .budgets import LocalCount
 from .watchdog import AsyncWatchdog
 
 
@@ -96,20 +95,16 @@ class AsyncBudgetSlots:
     def __init__(
         self,
         budget: LoadBudget,
-        local: threading.BoundedSemaphore,
+        local: LocalCount,
         store: Callable[[], AsyncStore],
         watchdog: AsyncWatchdog,
         events: Reporter,
     ) -> None:
         self.budget = budget
-        self._local_count = local  # this process's count (blocking callers), for a store out of reach
+        self._local = local  # the budget's count in this process, for a store out of reach
         self._store = store
         self._watchdog = watchdog
         self._events = events
-        if True:  # ASYNC
-            self._local: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
-                weakref.WeakKeyDictionary()
-            )
 
     @asynccontextmanager
     async def held(self) -> AsyncIterator[None]:
@@ -174,17 +169,14 @@ class AsyncBudgetSlots:
         self._events.incr("budget_unreachable")
         left = max(budget.wait_timeout - (time.monotonic() - started), 0.0)
         if True:  # ASYNC
-            loop = asyncio.get_running_loop()
-            local = self._local.get(loop)
-            if local is None:
-                local = self._local[loop] = asyncio.Semaphore(budget.slots)
+            local = self._local.of_loop(asyncio.get_running_loop())
             try:
                 await asyncio.wait_for(local.acquire(), left)
             except asyncio.TimeoutError:
                 self._events.incr("budget_timeouts")
                 raise BudgetTimeout(budget.name, budget.wait_timeout) from None
         else:
-            local = self._local_count
+            local = self._local.threads
             if not local.acquire(timeout=left):
                 self._events.incr("budget_timeouts")
                 raise BudgetTimeout(budget.name, budget.wait_timeout)

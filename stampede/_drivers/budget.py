@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import secrets
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -37,6 +36,7 @@ from .._core.keys import EntryKeys
 from .._core.observer import Reporter
 from .._core.store import GRANTED, AcquireReply, LockState, Store, Subscription
 from .._errors import BackendUnavailable, BudgetTimeout
+from .budgets import LocalCount
 from .perform import run
 from .watchdog import Watchdog
 
@@ -95,13 +95,13 @@ class BudgetSlots:
     def __init__(
         self,
         budget: LoadBudget,
-        local: threading.BoundedSemaphore,
+        local: LocalCount,
         store: Callable[[], Store],
         watchdog: Watchdog,
         events: Reporter,
     ) -> None:
         self.budget = budget
-        self._local_count = local  # this process's count (blocking callers), for a store out of reach
+        self._local = local  # the budget's count in this process, for a store out of reach
         self._store = store
         self._watchdog = watchdog
         self._events = events
@@ -165,7 +165,7 @@ class BudgetSlots:
         budget = self.budget
         self._events.incr("budget_unreachable")
         left = max(budget.wait_timeout - (time.monotonic() - started), 0.0)
-        local = self._local_count
+        local = self._local.threads
         if not local.acquire(timeout=left):
             self._events.incr("budget_timeouts")
             raise BudgetTimeout(budget.name, budget.wait_timeout)

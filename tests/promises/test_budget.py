@@ -248,14 +248,16 @@ def test_budgets_are_refused_at_decoration_when_they_cannot_be_kept() -> None:
         layer.close()
 
 
-def test_an_unreachable_store_leaves_each_process_to_its_own_count() -> None:
+def test_an_unreachable_store_leaves_each_process_to_its_own_count(mode: Blocking | OnALoop) -> None:
     """``on_backend_error="load"``: every call loads uncached, and the budget, out of the
-    store's reach, is kept per process."""
+    store's reach, is kept per process (per event loop), for all the loaders sharing it."""
     layer = Stampede.from_url(f"redis://127.0.0.1:{free_port()}/0", max_concurrent_loads=2, socket_timeout=0.5)
     try:
         loads = Loads()
-        load = layer.cached_loader("item:{key}")(loads.blocking)
-        assert Blocking().burst(load, list(range(8))) == [{"id": key} for key in range(8)]
+        first = layer.cached_loader("a:{key}")(loads.loader(mode))
+        second = layer.cached_loader("b:{key}")(loads.loader(mode))
+        values = mode.burst(lambda key: first(key) if key % 2 else second(key), list(range(8)))
+        assert values == [{"id": key} for key in range(8)]
         assert loads.peak <= 2 and loads.calls == dict.fromkeys(range(8), 1)
         assert layer.stats()["budget_unreachable"] >= 1
     finally:
