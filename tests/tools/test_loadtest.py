@@ -368,12 +368,15 @@ def test_the_profile_workloads_run_and_share_their_time_out_by_package(path: str
     assert sum(shares.values()) == pytest.approx(1.0, abs=0.01)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(420)
+@pytest.mark.timing
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not on the PATH")
 def test_the_instruction_count_short_form_counts_both_hits() -> None:
     """``loadtest/count_instructions.py --quick``: both hits and both pages are counted,
-    and stampede adds work to the bare read's but less than the bare read itself costs."""
-    figures = short_form("count_instructions.py", timeout=280)
+    and stampede adds work to the bare read's but less than the bare read itself costs.
+    Alone (timing): under valgrind it takes about 250 s of a quiet 2-core machine, and
+    beside three other benchmarks it ran past 280 s in two CI runs."""
+    figures = short_form("count_instructions.py", timeout=400)
     counted = figures["instructions"]
     bare, cached = counted["bare"], counted["stampede"]
     assert bare > 0 and 0 < figures["own"] == cached - bare < bare
