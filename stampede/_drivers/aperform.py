@@ -56,7 +56,7 @@ from .._core.effects import (
 from .._core.flight import loading
 from .._core.results import refreshing
 from .._core.store import AsyncLockServers, AsyncRenewable, AsyncStore, AsyncSubscription, AsyncWatchingServers
-from .timeouts import abounded, afinish, shielded
+from .timeouts import abounded, afinish, cancel_count, shielded
 from .watchdog import LOOP_WATCHDOG, AsyncWatchdog
 
 T = TypeVar("T")
@@ -67,6 +67,14 @@ async def arun(decision: Generator[E, Any, T], perform: Callable[[E], Awaitable[
     """Perform ``decision``'s effects (or a batch's steps: ``_core.batch``). Return its outcome."""
     reply: Any = None
     error: BaseException | None = None
+    if True:  # ASYNC
+        # A cancellation of the task reaches the decision even where the client below
+        # lost it: redis-py's Sentinel lookup (8.1), its read from one sentinel cut, asks
+        # the next and returns normally, and a waiter so cancelled went on waiting. An
+        # effect that ends normally while a cancellation not yet seen here is pending is
+        # answered with CancelledError (Python 3.11+: a task counts its cancellations).
+        cancels = cancel_count()
+        asked = cancels()
     while True:
         try:
             effect = decision.send(reply) if error is None else decision.throw(error)
@@ -77,6 +85,11 @@ async def arun(decision: Generator[E, Any, T], perform: Callable[[E], Awaitable[
             reply = await perform(effect)
         except BaseException as raised:
             error = raised
+        if True:  # ASYNC
+            if error is None and cancels() > asked:
+                error = asyncio.CancelledError()  # lost below: see above
+            if isinstance(error, asyncio.CancelledError):
+                asked = cancels()  # seen: the decision's own clean-up goes on
 
 
 class _Absent:

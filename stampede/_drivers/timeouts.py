@@ -132,6 +132,17 @@ def afinish(
 _shielded: set[asyncio.Task[Any]] = set()  # shielded effects under way, of every loop
 
 
+def cancel_count() -> Callable[[], int]:
+    """How many cancellations of the current task have been asked for, as a function (0
+    where the task does not count them: Python 3.10, or no task)."""
+    cancelling: Callable[[], int] | None = getattr(asyncio.current_task(), "cancelling", None)
+    return cancelling if cancelling is not None else _none_counted
+
+
+def _none_counted() -> int:
+    return 0
+
+
 async def shielded(effect: Awaitable[T]) -> T:
     """``await effect``, finished even if the awaiting task is cancelled meanwhile.
 

@@ -7,6 +7,7 @@ exception sent back, the next effect. ``_core.flow`` has its own such tests (tes
 from __future__ import annotations
 
 import asyncio
+import sys
 from typing import Any
 
 import pytest
@@ -104,6 +105,45 @@ def test_arun_throws_every_exception_back_into_the_decision_at_its_yield() -> No
     with pytest.raises(Interrupted):
         asyncio.run(arun(_releases_when_interrupted(), perform))
     assert performed == [Acquire(), Release()]
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="a task counts its cancellations from Python 3.11")
+def test_arun_gives_the_decision_a_cancellation_the_effect_below_it_lost() -> None:
+    """redis-py's Sentinel lookup, its read from one sentinel cut, asks the next and
+    returns normally from a cancelled task. The decision must still be cancelled (and
+    clean up), not go on as if nothing had been asked of it."""
+    performed: list[Effect] = []
+    started = asyncio.Event()
+
+    async def perform(effect: Effect) -> Any:
+        performed.append(effect)
+        if isinstance(effect, Acquire):
+            started.set()
+            try:
+                await asyncio.sleep(5)
+            except asyncio.CancelledError:
+                pass  # lost, as the client below does
+        return True
+
+    async def main() -> None:
+        running = asyncio.ensure_future(arun(_releases_when_cancelled(), perform))
+        await started.wait()
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(running, 5)
+
+    asyncio.run(main())
+    assert performed == [Acquire(), Release()]  # cancelled at Acquire, cleaned up once
+
+
+def _releases_when_cancelled() -> Decision[str]:
+    try:
+        yield Acquire()
+    except asyncio.CancelledError:
+        yield Release()  # ends normally: the clean-up is not cancelled again
+        raise
+    yield ReadValue()  # the cancellation was lost: this is what must not happen
+    return "done"
 
 
 def test_a_performer_without_a_store_refuses_a_store_effect_by_name() -> None:

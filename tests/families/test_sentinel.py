@@ -328,3 +328,45 @@ def timed(call: Callable[[Any], Any], key: Any) -> tuple[Any, float]:
 async def atimed(call: Callable[[Any], Any], key: Any) -> tuple[Any, float]:
     started = time.monotonic()
     return await call(key), time.monotonic() - started
+
+
+def test_a_task_cancelled_while_its_subscription_asks_the_sentinels_is_cancelled(
+    sentinel_servers: SentinelServers,
+) -> None:
+    """A task's subscription asks the sentinels where the master is (now and then). A
+    cancellation there must end the task: redis-py's lookup, its read from one sentinel
+    cut, asks the next one and returns normally, and a waiter whose cancellation was
+    lost so went on waiting for a lock it had given up (seen under CI load)."""
+    from stampede._backends.redis.anotify import AsyncSubscriber
+
+    async def main() -> None:
+        manager = redis.asyncio.sentinel.Sentinel(sentinel_servers.addresses, socket_timeout=2.0)
+        pool = manager.master_for(sentinel_servers.service).connection_pool
+        lookup = pool.get_master_address
+        asked = asyncio.Event()
+
+        async def lookup_that_keeps_going() -> Any:
+            asked.set()
+            try:
+                await asyncio.sleep(5)
+            except asyncio.CancelledError:
+                pass  # as redis-py does when a sentinel's read is cut: the next one is asked
+            return await lookup()
+
+        subscriber = AsyncSubscriber(pool, timeout=2.0)
+        (await subscriber.subscribe("first")).close()  # connected: the next join follows the master
+        subscriber._followed_at = 0.0
+        pool.get_master_address = lookup_that_keeps_going
+        joining = asyncio.ensure_future(subscriber.subscribe("second"))
+        await asyncio.wait_for(asked.wait(), 5)
+        joining.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(joining, 5)
+        pool.get_master_address = lookup
+        assert not subscriber._channels, "the cancelled subscription was left behind"
+        await subscriber.aclose()
+        for one in manager.sentinels:
+            await one.aclose()
+        await pool.disconnect()
+
+    asyncio.run(main())

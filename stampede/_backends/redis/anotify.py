@@ -21,7 +21,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from redis.exceptions import ResponseError
 
@@ -32,6 +32,7 @@ from .commands import FAILURES, TORN_DOWN
 from .notify import FOLLOW_INTERVAL, connect_pubsub
 
 log = logging.getLogger("stampede.wakeups")
+T = TypeVar("T")
 
 RECONNECT_INTERVAL = 0.5
 
@@ -182,7 +183,7 @@ class AsyncSubscriber:
         """Through Sentinel: whether the master is now elsewhere than ``connection``."""
         self._followed_at = time.monotonic()
         try:
-            address = await self._pool.get_master_address()
+            address = await keeping_cancellation(self._pool.get_master_address())
         except Exception:  # the sentinels cannot say now. Ask again next time
             return False
         return tuple(address) != (connection.host, connection.port)
@@ -225,6 +226,27 @@ class AsyncSubscriber:
                 await self._ensure_connected()
             except FAILURES:
                 self._channels.on_connection_lost()
+
+
+async def keeping_cancellation(awaitable: Awaitable[T]) -> T:
+    """``await awaitable`` in a task of its own, so that cancelling the caller raises
+    CancelledError here whatever the awaitable makes of it. redis-py's Sentinel master
+    lookup (8.1) can return normally from a cancelled task: a waiter cancelled while it
+    subscribed then went on waiting for the lock it had been told to give up."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        await asyncio.wait({task})
+    except asyncio.CancelledError:
+        task.cancel()
+        task.add_done_callback(_retrieved)
+        raise
+    return task.result()
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    """Mark the outcome of a task nobody awaits any more as seen (no warning for it)."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def confirm_all(mailboxes: list[LoopMailbox], timeout: float) -> list[LoopMailbox]:
