@@ -207,6 +207,16 @@ class LoadDetached(Exception):
         self.pending = pending
 
 
+class LeaseLost(Exception):
+    """Thrown into a decision at ``Load``: the loader did not run. It had waited for a slot
+    of its load budget (``_drivers.abudget``), and its lease was gone when one came: an
+    invalidation took it. Loaded now, its value could not be written, and the caller who
+    took the lease since loads the key too."""
+
+    def __init__(self) -> None:
+        super().__init__("the lease was lost while the load waited for a slot of its budget")
+
+
 @dataclass(frozen=True, slots=True)
 class Finish:
     """When the detached load ``pending`` ends, perform ``then(value, error)`` on this

@@ -67,6 +67,7 @@ from .effects import (
     Decision,
     Effect,
     Finish,
+    LeaseLost,
     Load,
     LoadDetached,
     ReadEntryTags,
@@ -376,6 +377,9 @@ def _fill(ctx: Context, miss: Miss | Stale, wait: Wait) -> Flow:
                 )
             hold = settings.stale_retry_interval if fallback is not None else 0.0
             value = yield from _load_and_write(ctx, hold, fallback=fallback, deadline=load_deadline)
+            if value is LEASE_LOST:  # invalidated while its load waited for a budget slot
+                check_value = True  # start over: another caller may be loading the key now
+                continue
             if value is LOAD_FAILED:
                 if fallback is None:  # a load cancelled at load_timeout: its hold keeps the lease
                     assert ctx.load_error is not None
@@ -546,7 +550,9 @@ def refresh(ctx: Context, stale: bytes, life_left: float = -1.0, previous: bytes
         if error is not ctx.load_error:
             raise  # not the loader's: a serializer's error, say (the refresher warns)
         result = LOAD_FAILED
-    if result is LOAD_FAILED:
+    if result is LEASE_LOST:
+        log.debug("%s: the refresh's lease was taken while it waited for a budget slot; not loaded", key)
+    elif result is LOAD_FAILED:
         ctx.events.incr("refresh_errors")
         failure = ctx.load_error
         ctx.warn.warning(
@@ -562,11 +568,16 @@ def refresh(ctx: Context, stale: bytes, life_left: float = -1.0, previous: bytes
 
 class _LoadFailed(enum.Enum):
     LOAD_FAILED = "load failed"
+    LEASE_LOST = "lease lost"
 
 
 LOAD_FAILED = _LoadFailed.LOAD_FAILED
 """What ``_load_and_write`` returns when the loader raised and a hold now keeps the lease
 (the error is in ``Context.load_error``)."""
+
+LEASE_LOST = _LoadFailed.LEASE_LOST
+"""What ``_load_and_write`` returns when the loader never ran: an invalidation took the
+lease while the load waited for a slot of its budget (``LeaseLost``). Nothing is held."""
 
 
 def _serve_stale(ctx: Context, stale: Stale, why: str) -> Any:
@@ -592,6 +603,8 @@ def _load_and_write(
     lease becomes a hold of ``hold`` seconds, ending by ``hold_until`` (``ctx.clock``),
     and ``LOAD_FAILED`` is returned. With no time left for a hold, the lease is released
     and the error raised. Either way the error is kept in ``Context.load_error``.
+    ``LEASE_LOST``: the loader never ran, its lease taken while it waited for a budget slot
+    (what was left of it is released).
 
     A load that runs past its timeout (``load_soft_timeout`` with a ``fallback`` in hand,
     else ``load_timeout``) goes on under its lease and is written when it ends, while its
@@ -624,6 +637,13 @@ def _load_and_write(
         value = yield _load(True, timeout, soft or not settings.cancel_on_timeout, _previous(ctx))
     except LoadDetached as late:
         return (yield from _detached(ctx, late, fallback, since, loaded_at, started))
+    except LeaseLost:
+        ctx.events.ended("load", "error", ctx.clock() - started)  # as a load given no slot
+        # What is left of the lease is given back, by token: a lease on lock servers
+        # (Redlock) is lost with its majority, while its key on the cache server, taken
+        # after an invalidation dropped the majority, would hold every caller off.
+        yield from _release(ctx)
+        return LEASE_LOST
     except GeneratorExit:
         ctx.events.ended("load", "error", ctx.clock() - started)
         raise  # closed by its driver: nothing may be yielded now. The lease runs out
@@ -886,7 +906,7 @@ def _finish_detached(
         yield from _write_loaded(ctx, value, since, loaded_at, started)
         return
     ctx.events.ended("load", "error", ctx.clock() - started)
-    if isinstance(error, Exception):
+    if isinstance(error, Exception) and not isinstance(error, LeaseLost):  # (LeaseLost: it never ran)
         ctx.events.incr("loader_errors")
     log.info("%s: a load that ran past its timeout raised %r; releasing the lock", ctx.keys.value, error)
     yield from _release(ctx)

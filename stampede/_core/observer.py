@@ -71,6 +71,7 @@ DESCRIPTIONS: dict[str, str] = {  # what each counter counts (the help text of e
     "breaker_closed": "An open circuit breaker closed: the server answered a probe",
     "budget_timeouts": "A load waited wait_timeout for a slot of its load budget and did not run (BudgetTimeout)",
     "budget_unreachable": "A load could not reach its budget's store: it took a slot of this process's own count",
+    "budget_leases_lost": "A load that waited for a budget slot found its lease taken (invalidated): it did not run",
     "consistency_match": "A sampled hit (verify_sample) was loaded again: the loader returned the value served",
     "consistency_mismatch": "A sampled hit was loaded again: another value, while the entry still held the one served",
     "consistency_superseded": "A sampled hit was loaded again, and the entry changed meanwhile: no verdict",

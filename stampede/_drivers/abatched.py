@@ -14,7 +14,7 @@ from .._core.batch import Each, One
 from .._core.effects import Acquire, ReadTagClock, Subscribe, WriteRelease
 from .._core.flight import loading_all
 from .._core.store import AsyncRenewable, AsyncStore
-from .aperform import AsyncPerformer
+from .aperform import AsyncPerformer, lease_held
 from .batch import Entry, acquire_calls, clock_keys, leased, replies, subscribed, to_the_end, write_calls
 from .observe import Events
 from .watchdog import AsyncWatchdog
@@ -69,6 +69,7 @@ class AsyncBatchPerformer:
         log.debug("loading %d entries in one call: %s, ...", len(entries), entries[0].lease.keys.value)
         with ExitStack() as stack:
             stack.enter_context(loading_all(entry.lease.keys.value for entry in entries))
+            stack.enter_context(lease_held(None))  # its budget asks no lease: the writes refuse what was lost
             for lease in leased(entries, step.steps):
                 stack.enter_context(self._watchdog.guard(self._renewal, lease.keys, lease.token, lease.ms))
             self._events.incr("batch_loads")

@@ -17,7 +17,9 @@ import asyncio
 import functools
 
 # SYNC: import time
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Generator, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, TypeVar, cast
 
 from .._core.effects import (
@@ -61,6 +63,22 @@ from .watchdog import LOOP_WATCHDOG, AsyncWatchdog
 
 T = TypeVar("T")
 E = TypeVar("E")  # what a decision yields: an Effect, or a batch's step
+
+LEASE_HELD: ContextVar[Callable[[], Awaitable[bool]] | None] = ContextVar("stampede_lease_held", default=None)
+"""While a leased ``Load`` runs: whether its lease is still this caller's (renewing it).
+A load that waited for a budget slot asks before its loader runs (``_drivers.abudget``):
+an invalidation may have taken the lease meanwhile."""
+
+
+@contextmanager
+def lease_held(check: Callable[[], Awaitable[bool]] | None) -> Iterator[None]:
+    """``LEASE_HELD`` is ``check`` while the block runs (None: a load with no lease of its
+    own, such as a many-key loader's call, asks nothing of a load it runs inside)."""
+    token = LEASE_HELD.set(check)
+    try:
+        yield
+    finally:
+        LEASE_HELD.reset(token)
 
 
 async def arun(decision: Generator[E, Any, T], perform: Callable[[E], Awaitable[Any]]) -> T:
@@ -207,11 +225,13 @@ class AsyncPerformer:
                 with loading(lease.keys.value), refreshing(previous):
                     if not leased:
                         loader = functools.partial(abounded, self._loader, timeout, detach) if timeout else self._loader
-                        return await (loader() if self._unleased is None else self._unleased(loader))
+                        with lease_held(None):  # not a lease of a load this one runs inside
+                            return await (loader() if self._unleased is None else self._unleased(loader))
                     watched = self._watchdog.watch(self._renewal, lease.keys, lease.token, lease.ms)
                     detached = False
                     try:
-                        return await (abounded(self._loader, timeout, detach) if timeout else self._loader())
+                        with lease_held(functools.partial(self._renewal.renew, lease.keys, lease.token, lease.ms)):
+                            return await (abounded(self._loader, timeout, detach) if timeout else self._loader())
                     except LoadDetached as late:
                         late.pending.stop, detached = watched.stop, True  # renewed until it is finished
                         raise

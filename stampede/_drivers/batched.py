@@ -17,7 +17,7 @@ from .._core.flight import loading_all
 from .._core.store import Renewable, Store
 from .batch import Entry, acquire_calls, clock_keys, leased, replies, subscribed, write_calls
 from .observe import Events
-from .perform import Performer
+from .perform import Performer, lease_held
 from .watchdog import Watchdog
 
 log = logging.getLogger("stampede.cache")
@@ -67,6 +67,7 @@ class BatchPerformer:
         log.debug("loading %d entries in one call: %s, ...", len(entries), entries[0].lease.keys.value)
         with ExitStack() as stack:
             stack.enter_context(loading_all(entry.lease.keys.value for entry in entries))
+            stack.enter_context(lease_held(None))  # its budget asks no lease: the writes refuse what was lost
             for lease in leased(entries, step.steps):
                 stack.enter_context(self._watchdog.guard(self._renewal, lease.keys, lease.token, lease.ms))
             self._events.incr("batch_loads")

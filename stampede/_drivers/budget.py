@@ -8,7 +8,10 @@ The wrapper sits where the loader is called, so every kind of load goes through 
 miss's, a background or early refresh's, a many-key loader's call (one slot per call,
 not per id), a verification's, and the uncached load after a wait timeout. The caller
 already holds its key's lease (renewed while it waits for the slot): the other callers
-of the key wait for it as for any load, and cost the budget nothing.
+of the key wait for it as for any load, and cost the budget nothing. Once it has its
+slot it asks whether the lease is still its own (``LEASE_HELD``, one round trip): an
+invalidation while it waited took it, and the loader does not run (``LeaseLost``), for
+its value could not be written and the key's new holder loads it too.
 
 Taking a slot is ``_core.acquiring``'s decision, the named locks' (subscribe, try again,
 wait for a message or a recheck, leave the queue when giving up), over the store's
@@ -31,13 +34,13 @@ from typing import Any
 
 from .._core.acquiring import acquiring
 from .._core.budget import HOLDING, LoadBudget
-from .._core.effects import AwaitNotice, Effect, LeaveQueue, Release, Subscribe, TakeLock
+from .._core.effects import AwaitNotice, Effect, LeaseLost, LeaveQueue, Release, Subscribe, TakeLock
 from .._core.keys import EntryKeys
 from .._core.observer import Reporter
 from .._core.store import GRANTED, AcquireReply, LockState, Store, Subscription
 from .._errors import BackendUnavailable, BudgetTimeout
 from .budgets import LocalCount
-from .perform import run
+from .perform import LEASE_HELD, run
 from .watchdog import Watchdog
 
 
@@ -147,9 +150,17 @@ class BudgetSlots:
             return
         watched = self._watchdog.watch(_SlotRenewal(store), budget.keys, token, budget.lease_ms)
         inside = HOLDING.set(holding | {budget})
+        lease_held, lease = LEASE_HELD.get(), LEASE_HELD.set(None)  # for this load alone, not those inside it
         try:
+            if lease_held is not None and _lease_gone(lease_held):
+                # Invalidated while this load asked for its slot (in a queue, or in a store
+                # slow to answer): its value could not be written, and whoever took the
+                # lease since loads too. Its decision starts over.
+                self._events.incr("budget_leases_lost")
+                raise LeaseLost()
             yield
         finally:
+            LEASE_HELD.reset(lease)
             HOLDING.reset(inside)
             watched.stop()
             try:
@@ -175,6 +186,15 @@ class BudgetSlots:
         finally:
             HOLDING.reset(inside)
             local.release()
+
+
+def _lease_gone(lease_held: Callable[[], bool]) -> bool:
+    """Whether a lease is no longer its caller's. A store that does not answer leaves
+    that to the load's write, which is refused if so."""
+    try:
+        return not lease_held()
+    except BackendUnavailable:
+        return False
 
 
 def budgeted(func: Callable[..., Any], slots: BudgetSlots) -> Callable[..., Any]:

@@ -425,7 +425,9 @@ def _check_key(
     hard = _Newest((r for kind in HARD for r in kinds[kind] if r.outcome == "ok"), made_for)
     soft = _Newest((r for r in kinds["expire"] if r.outcome == "ok"), made_for)
     window = stale_window * 1e9
-    served_stale: list[int] = []  # when each read served an older version than the database had began
+    expired = _Expired(kinds["expire"], kinds["load"], [r for kind in HARD for r in kinds[kind]]) if window else None
+    # when each read served an older version than the database had began, or an expired value
+    served_stale: list[int] = []
     for read in kinds["read"]:
         if read.outcome != "ok":
             continue
@@ -436,7 +438,7 @@ def _check_key(
             yield Violation("slow", key, f"the call took {took:.3f} s, more than {wait_bound} s", [read])
         if read.version is None:
             continue
-        if read.version < written.by(read.invoked)[0]:
+        if read.version < written.by(read.invoked)[0] or (expired is not None and expired.found_by(read)):
             served_stale.append(read.invoked)
         if read.source is not None and read.source != key:
             yield Violation("wrong key", key, f"the value came from {read.source!r}", [read])
@@ -514,6 +516,26 @@ class _Ends:
         """Whether one begun by ``moment`` returned at or after ``start``."""
         index = bisect.bisect_right(self.began, moment) - 1
         return index >= 0 and self.latest_end[index] >= start
+
+
+class _Expired:
+    """Under a stale window: whether a read may have found its entry expired and kept
+    (``expire``), so served at once, stale, asking for a background refresh. Its version
+    is the database's own, so only the times tell: an expiry begun before the read
+    ended, and since it neither a load ended (a fresh value) nor an invalidation or set
+    begun (no value) before the read began."""
+
+    def __init__(self, expiries: list[Record], loads: list[Record], hard: list[Record]) -> None:
+        self.expiries = sorted(record.invoked for record in expiries)
+        ended = [load.completed for load in loads if load.outcome == "ok" and load.completed is not None]
+        self.resets = sorted(ended + [record.invoked for record in hard])
+
+    def found_by(self, read: Record) -> bool:
+        index = bisect.bisect_right(self.expiries, read.completed or read.invoked) - 1
+        if index < 0:
+            return False
+        reset = bisect.bisect_left(self.resets, read.invoked) - 1  # the last before the read began
+        return reset < 0 or self.resets[reset] < self.expiries[index]
 
 
 class _Callers:

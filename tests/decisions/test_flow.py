@@ -15,6 +15,7 @@ from stampede._core.effects import (
     Acquire,
     AwaitNotice,
     Lease,
+    LeaseLost,
     Load,
     ReadEntry,
     ReadValue,
@@ -26,7 +27,7 @@ from stampede._core.effects import (
     Subscribe,
     WriteRelease,
 )
-from stampede._core.flow import Context, Miss, after_wait_timeout, failed_read, fill, produces_value
+from stampede._core.flow import Context, Miss, after_wait_timeout, failed_read, fill, produces_value, refresh
 from stampede._core.keys import EntryKeys
 from stampede._core.majority import Quorum, RedlockLeases
 from stampede._core.sessions import SessionLeases
@@ -235,6 +236,40 @@ def test_a_loader_error_releases_the_lock_and_propagates() -> None:
     with pytest.raises(KeyError):
         step.reply(None)
     assert ctx.events.counts.snapshot()["loader_errors"] == 1
+
+
+def test_a_load_whose_lease_was_taken_before_its_loader_ran_gives_back_the_rest_and_starts_over() -> None:
+    """The load waited for a budget slot, and an invalidation took its lease meanwhile
+    (``LeaseLost``: the loader did not run). What is left of the lease is released by
+    token, and the caller asks again: here it waits for the caller who took the lease."""
+    ctx, _ = make_ctx()
+    step = Stepper(fill(ctx))
+    step.reply(LOCKED)
+    assert step.fail(LeaseLost()) == Release()
+    assert step.reply(False) == Acquire(check_value=True)
+    assert step.reply(HELD) == Subscribe()
+    assert step.reply(None) == Acquire(check_value=True)
+    assert isinstance(step.reply(HELD), AwaitNotice)
+    step.reply(envelope({"a": 2}))
+    assert step.done and step.result == {"a": 2}
+    counts = ctx.events.counts.snapshot()
+    assert counts["loader_errors"] == 0 and counts.get("stale_writes_prevented", 0) == 0
+
+
+def test_a_refresh_whose_lease_was_taken_before_its_loader_ran_gives_back_the_rest_and_ends() -> None:
+    """On Redlock too: the majority and the cache key, whatever is left of either."""
+    ctx, _ = make_ctx()
+    ctx.leases = RedlockLeases(Quorum(3, 0.0)).bind(Lease(KEYS, "t", 9_000))
+    servers = KEYS.on_lock_servers
+    step = Stepper(refresh(ctx, b"stale"))
+    step.reply(Round(3, 0))
+    assert step.reply(LOCKED) == Load(leased=True)
+    assert step.fail(LeaseLost()) == ServersRelease(servers, "t")
+    assert step.reply(Round(0, 0)) == Release()
+    step.reply(False)
+    assert step.done and step.result is None
+    counts = ctx.events.counts.snapshot()
+    assert counts["refreshes"] == 1 and counts.get("refresh_errors", 0) == 0 and counts["loader_errors"] == 0
 
 
 class Interrupted(BaseException):

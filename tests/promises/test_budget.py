@@ -288,6 +288,99 @@ def test_the_wait_for_a_slot_is_measured_and_reported(mode: Blocking | OnALoop) 
         layer.close()
 
 
+class BudgetWaits:
+    """An observer of a layer: the budget waits begun so far, which a test can wait for."""
+
+    def __init__(self) -> None:
+        self._begun = 0
+        self._changed = threading.Condition()
+
+    def count(self, namespace: str, event: str, n: int) -> None:
+        pass
+
+    def began(self, namespace: str, measure: str) -> None:
+        if measure == "budget_wait":
+            with self._changed:
+                self._begun += 1
+                self._changed.notify_all()
+
+    def ended(self, namespace: str, measure: str, outcome: str, seconds: float) -> None:
+        pass
+
+    def wait_for(self, begun: int) -> None:
+        with self._changed:
+            assert self._changed.wait_for(lambda: self._begun >= begun, 10), f"{self._begun} budget waits, not {begun}"
+
+
+def test_a_refresh_whose_lease_an_invalidation_took_while_it_queued_for_a_slot_does_not_load(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    """A stale value's refresh takes the lease and queues for the budget's one slot; the
+    key is invalidated meanwhile, which takes the lease. Loaded when the slot came, its
+    value could not be written, and the next caller would load the key again: two loads
+    of one entry (found by the history checker). It does not load."""
+    layer = layer_of_each_backend(namespace=f"lost-{uuid.uuid4().hex[:8]}")
+    waits = BudgetWaits()
+    layer.observe(waits)
+    loads = Loads(delay=0.0)
+    load = layer.cached_loader("item:{key}", stale_while_revalidate=30, max_concurrent_loads=1, wait_timeout=10)(
+        loads.loader(mode)
+    )
+    assert mode(load, "a") == {"id": "a"}
+    mode(load.expire, "a")  # past its ttl, within its stale window
+    loads.release.clear()
+    loads.started.clear()
+    holder = mode.start(load, "b")  # holds the budget's one slot until released
+    assert loads.started.wait(10)
+    assert mode(load, "a") == {"id": "a"}  # the stale value at once; its refresh queues for the slot
+    waits.wait_for(3)  # a's load, b's, and the refresh's
+    mode(load.invalidate, "a")
+    loads.release.set()
+    assert holder.result(10) == {"id": "b"}
+    deadline = time.monotonic() + 10
+    while layer.stats()["budget_leases_lost"] + loads.calls["a"] < 2 or loads.running:
+        assert time.monotonic() < deadline, "the refresh never took its slot"
+        time.sleep(0.01)
+    assert mode(load, "a") == {"id": "a"}
+    assert loads.calls == {"a": 2, "b": 1}  # before the invalidation, and once after it
+    assert layer.stats()["budget_leases_lost"] == 1
+    assert _slots_held(layer, "item:{key}") == 0
+
+
+def test_a_caller_whose_lease_was_taken_while_it_queued_for_a_slot_waits_for_the_new_holder(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop, request: pytest.FixtureRequest
+) -> None:
+    """Two layers over one store stand for two processes. The first's caller of a cold key
+    takes the lease and queues for the budget's one slot; the key is invalidated, and the
+    second's caller takes the lease and queues too. When its slot comes the first loads
+    nothing: it waits for the second's value, and the key is loaded once."""
+    if request.node.callspec.params["layer_of_each_backend"] == "embedded":
+        pytest.skip("two embedded layers share no store")
+    namespace = f"lost-{uuid.uuid4().hex[:8]}"
+    first, second = layer_of_each_backend(namespace=namespace), layer_of_each_backend(namespace=namespace)
+    first_waits, second_waits = BudgetWaits(), BudgetWaits()
+    first.observe(first_waits)
+    second.observe(second_waits)
+    loads = Loads(delay=0.0)
+    settings: dict[str, Any] = {"max_concurrent_loads": 1, "wait_timeout": 10}
+    first_load = first.cached_loader("item:{key}", **settings)(loads.loader(mode))
+    second_load = second.cached_loader("item:{key}", **settings)(loads.loader(mode))
+    loads.release.clear()
+    holder = mode.start(first_load, "b")  # holds the budget's one slot until released
+    assert loads.started.wait(10)
+    queued = mode.start(first_load, "a")
+    first_waits.wait_for(2)
+    mode(first_load.invalidate, "a")
+    later = mode.start(second_load, "a")
+    second_waits.wait_for(1)
+    loads.release.set()
+    assert holder.result(10) == {"id": "b"}
+    assert queued.result(10) == later.result(10) == {"id": "a"}
+    assert loads.calls == {"a": 1, "b": 1}
+    assert first.stats()["budget_leases_lost"] == 1
+    assert _slots_held(first, "item:{key}") == 0
+
+
 @pytest.mark.timing
 def test_processes_share_one_budget(redis_url: str, redis_client: redis.Redis) -> None:
     """Three processes of eight threads each over 48 cold keys, a budget of 4: the loads

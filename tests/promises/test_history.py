@@ -146,6 +146,28 @@ def test_a_refresh_is_in_flight_from_the_stale_read_that_asked_for_it() -> None:
     assert check(*fresh, stale_window=1.0).counts() == {"extra load": 1}  # nobody asked for a refresh before
 
 
+def test_a_read_of_an_expired_entry_is_served_it_stale_and_asks_for_a_refresh() -> None:
+    """After an ``expire``, within the stale window, a read is served the old value, of
+    the version the database still has, and asks for a refresh: the refresh is in flight
+    from that read. (The checker once took such a read for a fresh one, and a refresh an
+    invalidation had voided for one load too many.)"""
+    records = [
+        record("write", "k", 2, 0, 1),
+        record("expire", "k", None, 2, 3, thread="e"),
+        record("read", "k", 2, 5, 5.5, thread="s"),  # served stale: its refresh is asked for
+        record("invalidate", "k", 2, 6, 7, thread="w"),
+        record("load", "k", 2, 10, 11, thread="refresh"),
+        record("read", "k", 2, 8, 20, thread="b"),
+        record("load", "k", 2, 12, 13, thread="b"),
+    ]
+    assert check(*records, stale_window=1.0).ok
+    loaded = [*records, record("load", "k", 2, 4, 4.5, thread="x")]  # the read found a fresh value
+    assert check(*loaded, stale_window=1.0).counts() == {"extra load": 1}
+    missed = [*records, record("invalidate", "k", 2, 4, 4.5, thread="w")]  # the read found none
+    assert check(*missed, stale_window=1.0).counts() == {"extra load": 1}
+    assert check(*records).counts() == {"extra load": 1}  # no window: an expiry leaves nothing to serve
+
+
 def test_slow_calls_and_weakened_spans_are_told_apart() -> None:
     report = check(record("read", "k", None, 0, 50), wait_bound=0.01)
     assert report.counts() == {"slow": 1} and report.slowest_call == pytest.approx(0.05)
