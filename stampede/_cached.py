@@ -151,9 +151,11 @@ class CachedManyLoader(_ManyLoader[K, V]):
         keys: ManyKeys,
         forget: Callable[[str], None],
         static: bool = False,
+        drop_versions: Callable[[str, bool], int] | None = None,
     ) -> None:
         super().__init__(spec, keys, forget, static)
         self._runner = runner
+        self._drop_versions = drop_versions  # a versioned loader's reach to every version of an entry
         self._tracing: Tracing = runner.tracing
 
     def __call__(self, *args: Any, **kwargs: Any) -> dict[K, V]:
@@ -194,16 +196,24 @@ class CachedManyLoader(_ManyLoader[K, V]):
         """Drop the entries of these ids (a collection, or one id), as
         ``CachedLoader.invalidate`` drops one: once it returns, no caller in any process
         gets their old values, and no load in flight writes them."""
-        for key in self._invalidated(args, kwargs):
+        keys, entries = self._invalidated(args, kwargs)
+        for key in keys:
             try:
                 self._runner.invalidate(EntryKeys.for_value(key))
             finally:
                 self._forget(key)
+        for entry in entries:  # every version's entry (``_core.versions``)
+            assert self._drop_versions is not None
+            self._drop_versions(entry, False)
 
     def expire(self, *args: Any, **kwargs: Any) -> None:
         """``CachedLoader.expire`` of each of these ids' entries."""
-        for key in self._invalidated(args, kwargs):
+        keys, entries = self._invalidated(args, kwargs)
+        for key in keys:
             try:
                 self._runner.expire(EntryKeys.for_value(key))
             finally:
                 self._forget(key)
+        for entry in entries:
+            assert self._drop_versions is not None
+            self._drop_versions(entry, True)

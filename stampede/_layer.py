@@ -366,6 +366,7 @@ class Stampede:
         serializer: Serializer | None = None,
         tags: Sequence[str] | None = None,
         verify_equal: Callable[[Any, Any], bool] | None = None,
+        version: str | bool | None = None,
         **settings: Unpack[ManyLoaderSettings],
     ) -> ManyLoaderDecorator:
         """Decorate a loader of many ids, plain or ``async def``: it takes a collection of
@@ -375,7 +376,9 @@ class Stampede:
         names. A call reads every entry in one round trip and loads the missing ones in
         one call, each loaded once across callers and processes. Requests larger than
         ``max_batch`` are split. ``tags``: templates over the entry template's fields
-        (the id's too). Other settings as ``cached_loader``'s."""
+        (the id's too). ``version``: as ``cached_loader``'s, True hashing the schema of
+        the mapping's value type (``dict[int, Product]``: ``Product``). Other settings as
+        ``cached_loader``'s."""
         loader_settings = self.settings.replace(stacklevel=4, **settings)
         self._check_near(loader_settings)
         _check_comparator(verify_equal)
@@ -391,7 +394,9 @@ class Stampede:
                 f"got {template!r}"
             )
         own_budget = "max_concurrent_loads" in settings
-        return ManyLoaderDecorator(self, template, batch, loader_settings, codec, tags, verify_equal, own_budget)
+        return ManyLoaderDecorator(
+            self, template, batch, loader_settings, codec, tags, verify_equal, own_budget, version
+        )
 
     def _codec_for(self, serializer: Serializer | None, settings: Settings) -> Codec:
         """The layer's codec, or one of ``serializer``, under a loader's ``settings``."""
@@ -820,10 +825,12 @@ class ManyLoaderDecorator:
         tags: Sequence[str] | None = None,
         verify_equal: Callable[[Any, Any], bool] | None = None,
         own_budget: bool = False,
+        version: str | bool | None = None,
     ) -> None:
         self._layer = layer
         self._template = template
         self._batch = batch
+        self._version = version
         self._settings = settings
         self._codec = codec
         self._tags = tags
@@ -843,9 +850,11 @@ class ManyLoaderDecorator:
         if not callable(func):
             raise ConfigError(f"cached_loader_many decorates a function, got {func!r}")
         refuse_generator("cached_loader_many", func)
-        keys = ManyKeys(func, self._template, self._batch, layer.namespace, self._settings.max_key_length)
-        if self._tags is not None:
-            keys.tag(self._tags, layer.namespace, self._settings.max_key_length)
+        longest = self._settings.max_key_length
+        version = "" if self._version is None else version_of(self._version, func, _value_type(func))
+        keys = ManyKeys(func, self._template, self._batch, layer.namespace, longest, version)
+        if self._tags is not None or version:
+            keys.tag(self._tags or [], layer.namespace, longest)
         codec = self._codec
         if isinstance(codec.serializer, TypedSerializer):
             codec = codec.with_serializer(codec.serializer.for_type(_value_type(func)))
@@ -858,9 +867,11 @@ class ManyLoaderDecorator:
         spec = LoaderSpec(loads, self._settings, codec, None, keys.template, self._verify_equal)
         if _is_async(func):
             assert layer._async_runner is not None
-            return AsyncCachedManyLoader(spec, layer._async_runner, keys, layer._forget, static)
+            adrop = layer._adrop_versions if version else None
+            return AsyncCachedManyLoader(spec, layer._async_runner, keys, layer._forget, static, adrop)
         assert layer._runner is not None
-        return CachedManyLoader(spec, layer._runner, keys, layer._forget, static)
+        drop = layer._drop_versions if version else None
+        return CachedManyLoader(spec, layer._runner, keys, layer._forget, static, drop)
 
 
 def _check_comparator(verify_equal: object) -> None:
@@ -965,6 +976,7 @@ def cached_loader(
     serializer: Serializer | None = None,
     tags: Sequence[str] | None = None,
     verify_equal: Callable[[Any, Any], bool] | None = None,
+    version: str | bool | None = None,
     **settings: Unpack[LoaderSettings],
 ) -> LoaderDecorator: ...
 
@@ -975,11 +987,14 @@ def cached_loader(
     serializer: Serializer | None = None,
     tags: Sequence[str] | None = None,
     verify_equal: Callable[[Any, Any], bool] | None = None,
+    version: str | bool | None = None,
     **settings: Unpack[LoaderSettings],
 ) -> Any:
     """``Stampede.cached_loader`` on the default layer (see ``default_layer``)."""
     given: Any = template  # a template, or the loader itself (``@stampede.cached_loader``)
-    return default_layer().cached_loader(given, serializer=serializer, tags=tags, verify_equal=verify_equal, **settings)
+    return default_layer().cached_loader(
+        given, serializer=serializer, tags=tags, verify_equal=verify_equal, version=version, **settings
+    )
 
 
 def cached_loader_many(
@@ -989,9 +1004,10 @@ def cached_loader_many(
     serializer: Serializer | None = None,
     tags: Sequence[str] | None = None,
     verify_equal: Callable[[Any, Any], bool] | None = None,
+    version: str | bool | None = None,
     **settings: Unpack[ManyLoaderSettings],
 ) -> ManyLoaderDecorator:
     """``Stampede.cached_loader_many`` on the default layer (see ``default_layer``)."""
     return default_layer().cached_loader_many(
-        template, batch=batch, serializer=serializer, tags=tags, verify_equal=verify_equal, **settings
+        template, batch=batch, serializer=serializer, tags=tags, verify_equal=verify_equal, version=version, **settings
     )

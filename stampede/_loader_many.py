@@ -62,8 +62,16 @@ class ManyKeys:
     """Where a many-key loader's ids are and what their entries are named."""
 
     def __init__(
-        self, func: Callable[..., Any], template: str | None, batch: str | None, namespace: str, max_key_length: int
+        self,
+        func: Callable[..., Any],
+        template: str | None,
+        batch: str | None,
+        namespace: str,
+        max_key_length: int,
+        version: str = "",
     ) -> None:
+        """``version``: the identity of the value type the entries hold (``_core.versions``):
+        in each entry's key, and each entry tagged with the name every version shares."""
         name = getattr(func, "__qualname__", repr(func))
         if not isinstance(template, str) or not template:
             raise ConfigError(
@@ -94,7 +102,9 @@ class ManyKeys:
         self._positional = all(param.kind is param.POSITIONAL_OR_KEYWORD for param in params.values())
         self._position = self.names.index(self.batch)
         self._shape = EntryShape(inspect.Signature(shape))
-        self._keys = KeyBuilder(self._shape, template, namespace, max_key_length)
+        self._keys = KeyBuilder(self._shape, template, namespace, max_key_length, version=version)
+        self._entry = KeyBuilder(self._shape, template, namespace, max_key_length) if version else None
+        self.versioned = bool(version)
         self.template = template  # what traces name the entries by
         self.tags: TagTemplates | None = None  # the entries' tags, if the loader has any (``tag``)
         self.loader_name = f"{getattr(func, '__module__', '?')}.{name}"
@@ -155,7 +165,7 @@ class ManyKeys:
 
     def tag(self, templates: Sequence[str], namespace: str, max_key_length: int) -> None:
         """Tag each entry with ``templates`` over the entry's fields (``TagTemplates``)."""
-        self.tags = TagTemplates(self._shape, templates, set(self._keys.fields), namespace, max_key_length)
+        self.tags = TagTemplates(self._shape, templates, set(self._keys.fields), namespace, max_key_length, self._entry)
 
     def tags_of(self, call: dict[str, Any], id_: Any) -> TagSet:
         """The tags of the entry of ``id_`` in ``call``."""
@@ -163,6 +173,16 @@ class ManyKeys:
         values = [call[name] for name in self.names]
         values[self._position] = id_
         return self.tags.render(tuple(values), {})
+
+    def entry_tags(self, call: dict[str, Any], ids: Sequence[Any]) -> list[str]:
+        """The tag every version of each id's entry shares (a versioned loader's)."""
+        assert self.tags is not None and self.versioned, "a loader without a version"
+        values = [call[name] for name in self.names]
+        tags = []
+        for id_ in ids:
+            values[self._position] = id_
+            tags.append(self.tags.entry_tag(tuple(values), {}))
+        return tags
 
     def with_ids(self, call: dict[str, Any], ids: list[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The loader's arguments with a copy of ``ids`` as its batched one: the loader may
@@ -230,9 +250,13 @@ class _ManyLoader(Generic[K, V]):
             return self._spec
         return dataclasses.replace(self._spec, tags=PageTags(self._keys, call, ids))
 
-    def _invalidated(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str]:
+    def _invalidated(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[str], list[str]]:
+        """The value keys of these ids' entries, and (a versioned loader's) the tags every
+        version of each shares."""
         call = self._keys.bind(args, kwargs)
-        return self._keys.keys(call, self._keys.ids(call, single_allowed=True))
+        ids = self._keys.ids(call, single_allowed=True)
+        keys = self._keys.keys(call, ids)
+        return keys, self._keys.entry_tags(call, ids) if self._keys.versioned else []
 
     def __get__(self, instance: object, owner: type | None = None) -> Any:
         """Looked up on an instance, a many-key loader decorated as a method binds it as

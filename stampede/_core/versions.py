@@ -34,12 +34,16 @@ ENTRY_TAG = "~e:"
 _IDENTITY_CHARS = 12
 
 
-def version_of(version: str | bool, func: Callable[..., Any]) -> str:
+def version_of(version: str | bool, func: Callable[..., Any], value_type: Any = None) -> str:
     """The identity ``version=`` gives the loader ``func``'s entries: the string itself,
-    or (True) a hash of its return annotation's schema. A ConfigError when there is none."""
+    or (True) a hash of the schema of its return annotation (of ``value_type``, a
+    many-key loader's value type, when given). A ConfigError when there is none."""
     if isinstance(version, bool):
         if not version:
             return ""
+        if value_type is not None:
+            _return_type(func)  # an annotation there is, and readable
+            return type_identity(value_type, func)
         return type_identity(_return_type(func), func)
     if not isinstance(version, str) or not version:
         raise ConfigError(f"version must be a non-empty str, or True (from the return annotation), got {version!r}")

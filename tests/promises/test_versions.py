@@ -111,6 +111,70 @@ def test_a_load_in_flight_of_one_version_is_not_written_after_the_others_invalid
     assert new.calls == {3: 2}  # the load begun before the invalidation was not kept
 
 
+def many_versions(layer: Stampede, mode: Blocking | OnALoop) -> tuple[Any, Any, Any, Database, Database]:
+    """``two_versions`` for many-key loaders (``cached_loader_many``), and the new deploy's
+    one-key loader of the same entries."""
+    old = Database(lambda key: {"id": key, "name": f"n{key}"})
+    new = Database(lambda key: {"id": key, "title": f"t{key}", "price": 1.5})
+    old_load, new_load = mode.loader(old), mode.loader(new)
+    if isinstance(mode, Blocking):
+
+        def v1(ids: list[int]) -> dict[int, ProductV1]:
+            return {key: old_load(key) for key in ids}
+
+        def v2(ids: list[int]) -> dict[int, ProductV2]:
+            return {key: new_load(key) for key in ids}
+
+        def one(key: int) -> ProductV2:
+            return new_load(key)  # type: ignore[no-any-return]
+
+    else:
+
+        async def v1(ids: list[int]) -> dict[int, ProductV1]:  # type: ignore[misc]
+            return {key: await old_load(key) for key in ids}
+
+        async def v2(ids: list[int]) -> dict[int, ProductV2]:  # type: ignore[misc]
+            return {key: await new_load(key) for key in ids}
+
+        async def one(key: int) -> ProductV2:  # type: ignore[misc]
+            return await new_load(key)  # type: ignore[no-any-return]
+
+    first = layer.cached_loader_many("product:{key}", version=True)(v1)
+    second = layer.cached_loader_many("product:{key}", version=True)(v2)
+    single = layer.cached_loader("product:{key}", version=True)(one)
+    return first, second, single, old, new
+
+
+def test_many_key_loaders_of_two_versions_read_their_own_values_and_load_each_key_once(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    layer = layer_of_each_backend(namespace=f"deploy-{uuid.uuid4().hex[:8]}")
+    v1, v2, single, old, new = many_versions(layer, mode)
+    calls = [(v1 if index % 2 else v2, [index % 4, (index + 1) % 4]) for index in range(24)]
+    found = mode.burst(lambda call: call[0](call[1]), calls)
+    for (loader, ids), values in zip(calls, found, strict=True):
+        assert list(values) == ids and {shape(value) for value in values.values()} == {"v1" if loader is v1 else "v2"}
+    assert old.calls == dict.fromkeys(range(4), 1) and new.calls == dict.fromkeys(range(4), 1)
+    assert shape(mode(single, 2)) == "v2" and new.calls[2] == 1  # the one-key loader's entry is the same
+
+
+def test_an_invalidation_or_expiry_from_either_many_key_version_reaches_both(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    layer = layer_of_each_backend(namespace=f"deploy-{uuid.uuid4().hex[:8]}")
+    v1, v2, single, old, new = many_versions(layer, mode)
+    mode(v1, [7, 8]), mode(v2, [7, 8])
+    mode(v1.invalidate, [7, 8])
+    mode(v1, [7, 8]), mode(v2, [7, 8])
+    assert (old.calls, new.calls) == ({7: 2, 8: 2}, {7: 2, 8: 2})
+    mode(v2.expire, 7)
+    mode(v1, [7, 8]), mode(v2, [7, 8])
+    assert (old.calls, new.calls) == ({7: 3, 8: 2}, {7: 3, 8: 2})
+    mode(single.invalidate, 8)  # the one-key loader of the new version reaches the old many-key one
+    assert [shape(value) for value in mode(v1, [7, 8]).values()] == ["v1", "v1"]
+    assert (old.calls, new.calls) == ({7: 3, 8: 3}, {7: 3, 8: 2})
+
+
 def test_a_version_is_a_schema_or_a_name_and_bad_ones_are_refused_at_decoration() -> None:
     same = dataclasses.make_dataclass("ProductV1", [("id", int), ("name", str)])  # the next deploy's, unchanged
 
@@ -133,5 +197,16 @@ def test_a_version_is_a_schema_or_a_name_and_bad_ones_are_refused_at_decoration(
         with pytest.raises(ConfigError, match="version must be a non-empty str"):
             layer.cached_loader("b:{key}", version="")(plain)
         assert layer.cached_loader("c:{key}", version=False)(plain).key(1) == "named:{c:1}"
+
+        def many(ids: list[int]) -> dict[int, ProductV1]:
+            return {key: ProductV1(key, "n") for key in ids}
+
+        def unannotated(ids: list[int]):  # type: ignore[no-untyped-def]
+            return {}
+
+        assert layer.cached_loader_many("d:{key}", version="2")(many)([1]) == {1: {"id": 1, "name": "n"}}
+        assert layer.store().scan("named", "d:*") == {"named:{d:1~v:2}"}
+        with pytest.raises(ConfigError, match="needs a return annotation"):
+            layer.cached_loader_many("e:{key}", version=True)(unannotated)
     finally:
         layer.close()
