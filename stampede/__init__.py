@@ -26,6 +26,7 @@ from ._layer import Stampede, cached_loader, cached_loader_many, default_layer
 from ._loader import Fetched
 from ._lock import Lock
 from ._redlock import Redlock, RedlockLock
+from ._warm import WarmReport
 
 __version__ = "0.1.0"
 
@@ -41,6 +42,7 @@ __all__ = [  # grouped, not sorted
     "cached_loader_many",
     "default_layer",
     "Settings",
+    "WarmReport",
     # observing it
     "Observer",
     "COUNTERS",

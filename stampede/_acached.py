@@ -52,6 +52,11 @@ class AsyncCachedLoader(_Loader[P, R]):
         self._tracing: Tracing = runner.tracing
 
     async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        hot = self._hot
+        if hot is not None:  # one call in 1 / hot_sample is recorded (``_drivers.hotset``)
+            hot.countdown.left -= 1
+            if hot.countdown.left < 0:
+                hot.record(args, kwargs)
         value_key = self._keys.value_key(args, kwargs)
         # Nothing traced: an attribute read, and a countdown while it may ask (``Tracing``).
         tracing = self._tracing

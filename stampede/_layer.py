@@ -42,6 +42,7 @@ from ._core.config import (
     renamed,
 )
 from ._core.flow import LoaderSpec
+from ._core.hotset import HotSet
 from ._core.keys import EntryKeys, KeyBuilder, lock_keys
 from ._core.near import NEAR_LEASE
 from ._core.observer import Observer
@@ -53,6 +54,7 @@ from ._drivers.abudget import AsyncBudgetSlots, abudgeted
 from ._drivers.arunner import AsyncRunner
 from ._drivers.budget import BudgetSlots, budgeted
 from ._drivers.budgets import Budgets
+from ._drivers.hotset import HotSampler, HotSetRecorder
 from ._drivers.near import NearCache
 from ._drivers.observe import Events, RateLimitedLog
 from ._drivers.runner import Runner
@@ -63,6 +65,7 @@ from ._loader_many import ManyKeys
 from ._lock import Lock, ReentrantHolds
 from ._redact import redacted
 from ._redlock import Redlock
+from ._warm import Progress, WarmReport, awarm, warm
 from .otel.traces import GLOBAL, Tracing
 
 if typing.TYPE_CHECKING:
@@ -239,6 +242,7 @@ class Stampede:
             if runner is not None:
                 runner.near = self._near
                 runner.tracing = tracing
+        self._hot_recorder = HotSetRecorder(lambda: self._blocking_store("hot_sample", "loop_store"), events, warn)
         self._check_near(self.settings)
 
     @classmethod
@@ -634,6 +638,23 @@ class Stampede:
         keys = TagKeys.of(self.namespace, name)
         return self._tag_done(await store.invalidate_tag(clock_key(self.namespace), keys, soft))
 
+    def _hot_set(self, loader: CachedLoader[Any, Any] | AsyncCachedLoader[Any, Any], template: str) -> None:
+        """Give ``loader`` its hot set (``_core.hotset``), and its sampling of calls into
+        it under ``hot_sample``: refused at decoration where the store keeps none."""
+        settings = loader.settings
+        loader.hot_set = HotSet.of(
+            self.namespace, template, settings.hot_limit, settings.hot_period, settings.max_key_length
+        )
+        if not settings.hot_sample:
+            return
+        store = self._runner.store if self._runner is not None else None
+        if store is None or not callable(getattr(store, "note_hot", None)):
+            raise ConfigError(
+                "hot_sample needs a blocking client (Stampede.from_url gives one) and a store that keeps hot "
+                f"sets; {self._backend.name} has none"
+            )
+        loader._hot = HotSampler(loader.hot_set, settings.hot_sample, self._hot_recorder)
+
     def _tag_done(self, value_keys: list[str]) -> int:
         """After a tag invalidation: callers in this process read its entries afresh."""
         for value_key in value_keys:
@@ -698,9 +719,36 @@ class Stampede:
         and ``ended`` (``stampede.Observer``)."""
         self._events.add(observer)
 
+    def warm(
+        self, *loaders: Any, count: int = 1000, concurrency: int = 8, on_progress: Progress | None = None
+    ) -> WarmReport:
+        """A warm start: call the ``count`` hottest calls of each loader's hot set
+        (recorded by ``hot_sample``, in this process or any other) that the cache does
+        not hold, from ``concurrency`` threads, hottest first (docs/budgets.md). Each key
+        is loaded once across every process warming at the same moment, within the
+        loaders' load budgets. ``on_progress(report)`` is told after each call. Returns
+        what it did; a call that raised is counted and kept in the report, not raised."""
+        store = self._blocking_store("warm", "awarm")
+        return warm(store, self._events, loaders, count, concurrency, on_progress)
+
+    def flush_hot_sets(self) -> int:
+        """Add the calls ``hot_sample`` recorded in this process to their hot sets in the
+        store now, rather than within the second a thread of the layer takes. Returns
+        how many. (``close()`` does it too.)"""
+        return self._hot_recorder.flush()
+
+    async def awarm(
+        self, *loaders: Any, count: int = 1000, concurrency: int = 8, on_progress: Progress | None = None
+    ) -> WarmReport:
+        """``warm`` for ``async def`` loaders, from ``concurrency`` tasks of this loop (the
+        hot sets are read in a worker thread)."""
+        store = self._blocking_store("awarm", "warm")
+        return await awarm(store, self._events, loaders, count, concurrency, on_progress)
+
     def close(self) -> None:
         """Stop the layer's threads and close the connections it opened. Connections of
         async loaders are closed by ``aclose()`` in their event loop."""
+        self._hot_recorder.close(REFRESH_CLOSE_TIMEOUT)
         self._watchdog.close()
         self._backend.close_services()
         if self._runner is not None:
@@ -802,13 +850,17 @@ class LoaderDecorator:
             )
         loads = layer._budgeted(func, self._settings, self._own_budget, keys.template)
         spec = LoaderSpec(loads, self._settings, codec, tags, keys.template, self._verify_equal)
+        loader: CachedLoader[P, Any] | AsyncCachedLoader[P, Any]
         if _is_async(func):
             assert layer._async_runner is not None
             aversions = None if not version or tags is None else AsyncVersions(tags, layer._adrop_versions)
-            return AsyncCachedLoader(spec, layer._async_runner, keys, layer._forget, static, aversions)
-        assert layer._runner is not None
-        versions = None if not version or tags is None else Versions(tags, layer._drop_versions)
-        return CachedLoader(spec, layer._runner, keys, layer._forget, static, versions)
+            loader = AsyncCachedLoader(spec, layer._async_runner, keys, layer._forget, static, aversions)
+        else:
+            assert layer._runner is not None
+            versions = None if not version or tags is None else Versions(tags, layer._drop_versions)
+            loader = CachedLoader(spec, layer._runner, keys, layer._forget, static, versions)
+        layer._hot_set(loader, keys.template)
+        return loader
 
 
 class ManyLoaderDecorator:

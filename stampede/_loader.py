@@ -16,6 +16,8 @@ from .otel.traces import CallTrace, call_trace, entry_attributes
 
 if TYPE_CHECKING:
     from ._core.flow import LoaderSpec
+    from ._core.hotset import HotSet
+    from ._drivers.hotset import HotSampler
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -146,6 +148,8 @@ class _Loader(Generic[P, R]):
         self._forget = forget
         self.settings = spec.settings
         self._trace_attributes: dict[str, Any] | None = None  # its spans', once a call is traced
+        self.hot_set: HotSet | None = None  # where its hot set is kept (``Stampede.warm``), set by its layer
+        self._hot: HotSampler | None = None  # its sampling of calls into it (``hot_sample``)
 
     def key(self, *args: P.args, **kwargs: P.kwargs) -> str:
         """The Redis key of the value these arguments load (for inspection and tooling)."""

@@ -12,8 +12,10 @@ A backend outside stampede is a ``Backend`` whose ``store`` implements ``Store``
 ``make_async_store`` makes an ``AsyncStore`` per event loop): leases with a token and an
 expiry, writes only under the writer's lease, waiters woken, named locks. ``Store`` is
 the sum of its roles (``EntryStore``, ``ManyKeyStore``, ``TagStore``, ``NamedLockStore``,
-``BudgetStore``, ``StoreAdmin``); a store without ``BudgetStore``'s methods serves every
-loader but those with ``max_concurrent_loads``, which it refuses at decoration. A store
+``BudgetStore``, ``HotSetStore``, ``StoreAdmin``); a store without ``BudgetStore``'s
+methods serves every loader but those with ``max_concurrent_loads``, and one without
+``HotSetStore``'s every loader but those with ``hot_sample``, which it refuses at
+decoration. A store
 may take the many-key role from ``OneByOne``, which sends one single-entry command per
 entry. It must pass
 the contract suite unchanged (``stampede.testing.contract``, docs/development.md), which
@@ -40,6 +42,7 @@ from ._core.store import (
     AcquireReply,
     AsyncBudgetStore,
     AsyncEntryStore,
+    AsyncHotSetStore,
     AsyncManyKeyStore,
     AsyncNamedLockStore,
     AsyncStore,
@@ -48,6 +51,7 @@ from ._core.store import (
     AsyncTagStore,
     BudgetStore,
     EntryStore,
+    HotSetStore,
     LockState,
     ManyKeyStore,
     NamedLockStore,
@@ -79,6 +83,7 @@ __all__ = [
     "TagStore",
     "NamedLockStore",
     "BudgetStore",
+    "HotSetStore",
     "StoreAdmin",
     "OneByOne",
     "AsyncStore",
@@ -87,6 +92,7 @@ __all__ = [
     "AsyncTagStore",
     "AsyncNamedLockStore",
     "AsyncBudgetStore",
+    "AsyncHotSetStore",
     "AsyncStoreAdmin",
     "AsyncOneByOne",
     "Subscription",

@@ -103,6 +103,15 @@ class Settings:
     load_budget names. A load holds its key's lease, then waits up to wait_timeout for a slot (BudgetTimeout)."""
     load_budget: str = ""
     """The name of a budget several loaders share (each giving the same max_concurrent_loads)."""
+    hot_sample: float = 0.0
+    """The fraction of calls (0 to 1) recorded in the loader's hot set in the store, the calls made most, which
+    Stampede.warm loads first on a cold start (docs/budgets.md). 0: off; 0.01 records one call in a hundred.
+    Calls whose arguments are not plain JSON are not recorded."""
+    hot_limit: int = 10_000
+    """The most calls a loader's hot set keeps per period (the least counted go)."""
+    hot_period: float = 3600.0
+    """Seconds a hot set counts calls over: it is the current period's counts plus half the last one's, so a
+    key not called for two periods has fallen out."""
     trace_keys: bool = False
     """Spans of calls (OpenTelemetry, once the application configures a tracer provider) carry the entry's key as
     stampede.key. Off by default: keys may hold user data, and an attribute of unbounded values (docs/operating.md)."""
@@ -137,6 +146,9 @@ class Settings:
         check_seconds("verify_grace", self.verify_grace, zero_allowed=True)
         if not _is_number(self.verify_sample) or not 0 <= self.verify_sample <= 1:
             raise ConfigError(f"verify_sample must be a fraction from 0 (off) to 1, got {self.verify_sample!r}")
+        if not _is_number(self.hot_sample) or not 0 <= self.hot_sample <= 1:
+            raise ConfigError(f"hot_sample must be a fraction from 0 (off) to 1, got {self.hot_sample!r}")
+        check_seconds("hot_period", self.hot_period)
         if self.load_soft_timeout and self.load_timeout and self.load_soft_timeout >= self.load_timeout:
             raise ConfigError(
                 f"load_soft_timeout ({self.load_soft_timeout}) must be shorter than load_timeout ({self.load_timeout})"
@@ -163,7 +175,7 @@ class Settings:
                 raise ConfigError(f'{name} must be "load" or "raise", got {getattr(self, name)!r}')
         for name, low in (("max_key_length", 64), ("inline_value_limit", 0), ("max_value_bytes", 64),
                           ("breaker_threshold", 0), ("max_batch", 1), ("compress_above", 0),
-                          ("max_concurrent_loads", 0)):  # fmt: skip
+                          ("max_concurrent_loads", 0), ("hot_limit", 1)):  # fmt: skip
             check_count(name, getattr(self, name), low)
 
     def replace(self, *, stacklevel: int = 2, **changes: Any) -> Settings:
@@ -204,6 +216,9 @@ class LoaderSettings(TypedDict, total=False):
     verify_grace: float
     max_concurrent_loads: int
     load_budget: str
+    hot_sample: float
+    hot_limit: int
+    hot_period: float
 
 
 class ManyLoaderSettings(LoaderSettings, total=False):

@@ -114,12 +114,13 @@ def check_key(namespace: str) -> str:
 
 def entry_value_keys(keys: Iterable[bytes | str]) -> set[str]:
     """The value keys (``ns:{entry}``) of the cache entries that ``keys`` (values, leases,
-    markers, of one namespace) belong to. A named lock's keys and the check key left out."""
+    markers, of one namespace) belong to. A named lock's, a budget's, a hot set's keys and
+    the check key left out."""
     found = set()
     for key in keys:
         text = key.decode(errors="replace") if isinstance(key, bytes) else key
         close = text.find("}")
-        if close >= 0 and not any(mark in text[:close] for mark in ("{~lock:", "{~budget:", "{~check")):
+        if close >= 0 and not any(mark in text[:close] for mark in ("{~lock:", "{~budget:", "{~hot:", "{~check")):
             found.add(text[: close + 1])
     return found
 

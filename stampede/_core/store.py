@@ -21,7 +21,7 @@ library, of threading or of asyncio. Backends implement it, drivers call it.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -275,6 +275,20 @@ class BudgetStore(Protocol):
         if ``token`` held no slot."""
 
 
+class HotSetStore(Protocol):
+    """Hot sets (``hot_sample``, ``_core.hotset``): sorted sets of counted members, one per
+    loader and period, with keys of their own (``{namespace}:{~hot:...}:...``)."""
+
+    def note_hot(self, key: str, counts: Mapping[bytes, int], limit: int, ttl_ms: int) -> None:
+        """Add each member's count to the set ``key``, keep its ``limit`` most counted
+        members (the least counted go; of equal counts, the lowest bytes), and let the set
+        live ``ttl_ms`` from now."""
+
+    def hot_members(self, key: str, count: int) -> list[tuple[bytes, float]]:
+        """The ``count`` most counted members of the set, with their counts, highest first
+        (of equal counts, the highest bytes first). Empty once the set ran out."""
+
+
 class StoreAdmin(Protocol):
     """What the layer and the command line ask of a store as a whole."""
 
@@ -289,7 +303,7 @@ class StoreAdmin(Protocol):
         """Release connections and threads the store started."""
 
 
-class Store(EntryStore, ManyKeyStore, TagStore, NamedLockStore, BudgetStore, StoreAdmin, Protocol):
+class Store(EntryStore, ManyKeyStore, TagStore, NamedLockStore, BudgetStore, HotSetStore, StoreAdmin, Protocol):
     """Every role: what a backend's blocking store implements (``stampede.backends``)."""
 
 
@@ -373,6 +387,14 @@ class AsyncBudgetStore(Protocol):
     async def release_slot(self, keys: EntryKeys, token: str, slots: int, lease_ms: int) -> bool: ...
 
 
+class AsyncHotSetStore(Protocol):
+    """``HotSetStore`` for the tasks of one event loop."""
+
+    async def note_hot(self, key: str, counts: Mapping[bytes, int], limit: int, ttl_ms: int) -> None: ...
+
+    async def hot_members(self, key: str, count: int) -> list[tuple[bytes, float]]: ...
+
+
 class AsyncStoreAdmin(Protocol):
     """``StoreAdmin`` for the tasks of one event loop."""
 
@@ -384,7 +406,14 @@ class AsyncStoreAdmin(Protocol):
 
 
 class AsyncStore(
-    AsyncEntryStore, AsyncManyKeyStore, AsyncTagStore, AsyncNamedLockStore, AsyncBudgetStore, AsyncStoreAdmin, Protocol
+    AsyncEntryStore,
+    AsyncManyKeyStore,
+    AsyncTagStore,
+    AsyncNamedLockStore,
+    AsyncBudgetStore,
+    AsyncHotSetStore,
+    AsyncStoreAdmin,
+    Protocol,
 ):
     """``Store`` for the tasks of one event loop. See ``Store``'s roles for each method."""
 

@@ -59,6 +59,7 @@ __all__ = [  # what a star import takes: the fixtures and every test
     "test_named_locks_draw_growing_fences_and_queue_fairly",
     "test_a_budgets_slots_go_to_its_size_of_holders_then_to_waiters_in_arrival_order",
     "test_a_slot_nobody_renews_runs_out_and_a_waiter_who_stops_trying_loses_its_place",
+    "test_a_hot_set_counts_its_members_keeps_the_most_counted_and_runs_out",
     "test_a_released_slot_is_handed_to_the_first_waiter_in_line_and_only_it_is_woken",
     "test_scan_lists_the_entries_of_a_namespace_and_check_passes",
     "test_a_value_is_read_with_the_seconds_the_store_keeps_it",
@@ -297,6 +298,27 @@ def test_a_budgets_slots_go_to_its_size_of_holders_then_to_waiters_in_arrival_or
     assert store.take_slot(keys, "e", LEASE_MS, LEASE_MS, 2).state is LockState.LOCKED
     assert store.take_slot(keys, "f", LEASE_MS, LEASE_MS, 2).state is LockState.HELD  # c and e hold both
     assert store.take_slot(keys, "f", LEASE_MS, LEASE_MS, 3).state is LockState.LOCKED  # a larger budget: room
+
+
+def test_a_hot_set_counts_its_members_keeps_the_most_counted_and_runs_out(store: Any) -> None:
+    key = f"contract:{{~hot:{uuid.uuid4().hex}}}:1"
+    assert store.hot_members(key, 10) == []
+    store.note_hot(key, {b"a": 1, b"b": 3, b"c": 2}, 10, LEASE_MS)
+    store.note_hot(key, {b"a": 4, b"d": 1}, 10, LEASE_MS)
+    assert store.hot_members(key, 10) == [(b"a", 5.0), (b"b", 3.0), (b"c", 2.0), (b"d", 1.0)]
+    assert store.hot_members(key, 2) == [(b"a", 5.0), (b"b", 3.0)]
+    store.note_hot(key, {b"e": 1}, 3, LEASE_MS)  # three kept: the least counted go, ties by member
+    assert store.hot_members(key, 10) == [(b"a", 5.0), (b"b", 3.0), (b"c", 2.0)]
+    store.note_hot(key, {}, 3, LEASE_MS)  # nothing to add: nothing changes
+    assert len(store.hot_members(key, 10)) == 3
+    brief = f"contract:{{~hot:{uuid.uuid4().hex}}}:1"
+    store.note_hot(brief, {b"x\x00\xff": 1}, 10, 100)  # any bytes; gone with its ttl
+    assert store.hot_members(brief, 10) == [(b"x\x00\xff", 1.0)]
+    deadline = time.monotonic() + 5
+    while store.hot_members(brief, 10):
+        assert time.monotonic() < deadline, "the hot set never ran out"
+        time.sleep(0.02)
+    assert store.scan("contract", "~hot:*") == set()  # not a cache entry
 
 
 def test_a_slot_nobody_renews_runs_out_and_a_waiter_who_stops_trying_loses_its_place(store: Any) -> None:

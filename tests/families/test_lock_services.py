@@ -638,12 +638,13 @@ def test_a_version_3_schema_is_brought_to_version_4_and_still_answers_version_3_
     needs_postgres()
     with PostgresServer() as server:
         first = Stampede.from_url(server.url, namespace="schema")
-        first.cached_loader("item:{key}")(lambda key: key)(1)  # the schema, now version 6
+        first.cached_loader("item:{key}")(lambda key: key)(1)  # the schema, now version 7
         first.close()
         with psycopg.connect(server.url, autocommit=True) as admin:  # back to what version 3 had
             admin.execute("DROP FUNCTION stampede_schema_v4()")
             admin.execute("DROP FUNCTION stampede_schema_v5()")
             admin.execute("DROP FUNCTION stampede_schema_v6()")
+            admin.execute("DROP FUNCTION stampede_schema_v7()")
             admin.execute("DROP FUNCTION stampede_seize(text, text, text, text, text, text, bigint)")
             admin.execute("DROP FUNCTION stampede_acquire(text, text, text, bigint, boolean, bytea)")
             admin.execute(
@@ -660,7 +661,7 @@ def test_a_version_3_schema_is_brought_to_version_4_and_still_answers_version_3_
             return key
 
         try:
-            assert load(2) == load(2) == 2 and loads == [2]  # version 6 created again, and used
+            assert load(2) == load(2) == 2 and loads == [2]  # version 7 created again, and used
             with psycopg.connect(server.url, autocommit=True) as admin:
                 v3_reads = (
                     "SELECT state, raw, left_ms, failed FROM stampede_acquire('v', 'l', 't', 1000, true, ''::bytea)"
@@ -668,9 +669,10 @@ def test_a_version_3_schema_is_brought_to_version_4_and_still_answers_version_3_
                 assert admin.execute(v3_reads).fetchone() == (2, None, 0, False)
                 markers = (
                     "SELECT count(*) FROM pg_proc WHERE proname IN "
-                    "('stampede_schema_v3', 'stampede_schema_v4', 'stampede_schema_v5', 'stampede_schema_v6')"
+                    "('stampede_schema_v3', 'stampede_schema_v4', 'stampede_schema_v5', 'stampede_schema_v6', "
+                    "'stampede_schema_v7')"
                 )
-                assert admin.execute(markers).fetchone() == (4,)
+                assert admin.execute(markers).fetchone() == (5,)
         finally:
             layer.close()
 

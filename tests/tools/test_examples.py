@@ -50,6 +50,12 @@ def test_the_http_pages_example_calls_the_view_once_for_a_burst_across_workers(s
     assert "view calls: 1, statuses: [200], distinct bodies: 1" in out
 
 
+def test_the_warm_start_example_takes_most_misses_away(redis_url: str) -> None:
+    sizes = ["--calls", "5000", "--products", "300", "--warm", "250", "--sample", "0.5"]
+    out = run("examples/warm_start.py", "--redis", redis_url, *sizes)
+    assert "warming: " in out and out.rstrip().endswith("OK")
+
+
 def test_the_category_map_example_shows_one_query_per_burst_and_the_null_sentinel(redis_url: str) -> None:
     for backend in ([], ["--redis", redis_url]):
         out = run("examples/category_map.py", "--threads", "30", *backend)

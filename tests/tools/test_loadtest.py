@@ -196,6 +196,19 @@ def test_the_near_cache_benchmark_short_form() -> None:
     assert figures["lease"]["max_ms"] <= 100 + 20  # a stalled stream stops copies within its lease
 
 
+@pytest.mark.timeout(150)
+@pytest.mark.timing
+@pytest.mark.bench  # in .ci/run's bench step, beside the other benchmarks, not in the README's command
+def test_the_warm_start_benchmark_short_form_loads_each_hot_key_once_within_the_budget() -> None:
+    """``loadtest/bench_warm.py --quick``: 4 processes boot on an empty cache with a hot
+    set of 300 keys. Warming together they load each key once, at most 8 at once (the
+    script's own checks); starting cold, the traffic loads the same keys."""
+    done = short_form("bench_warm.py", timeout=120)
+    warm, cold = done["figures"]["warm start"], done["figures"]["cold start"]
+    assert done["recorded"] == 300 and warm["loads"] == 300 and warm["max_per_key"] == 1 and warm["peak"] <= 8
+    assert cold["loads"] > 0 and warm["wrong"] == cold["wrong"] == 0
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.timing
 def test_the_fleet_benchmark_short_form_keeps_the_budget_where_nothing_else_does() -> None:

@@ -10,11 +10,11 @@ from stampede import backends
 
 ROLES = [
     backends.EntryStore, backends.ManyKeyStore, backends.TagStore, backends.NamedLockStore, backends.BudgetStore,
-    backends.StoreAdmin,
+    backends.HotSetStore, backends.StoreAdmin,
 ]  # fmt: skip
 ASYNC_ROLES = [
     backends.AsyncEntryStore, backends.AsyncManyKeyStore, backends.AsyncTagStore, backends.AsyncNamedLockStore,
-    backends.AsyncBudgetStore, backends.AsyncStoreAdmin,
+    backends.AsyncBudgetStore, backends.AsyncHotSetStore, backends.AsyncStoreAdmin,
 ]  # fmt: skip
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from cachetools import TLRUCache
 
@@ -53,6 +53,7 @@ class MemoryStore(OneByOne):
         self._last_fence = 0  # the last fencing token drawn, for every named lock (one int, however many names)
         self._queues: dict[str, dict[str, float]] = {}  # a fair lock's key -> {token: waiter expiry}, in order
         self._slots: dict[str, dict[str, float]] = {}  # a load budget's key -> {holder token: lease end}
+        self._hot: dict[str, tuple[dict[bytes, float], float]] = {}  # a hot set's key -> (counts, expires_at)
         self._waiting = Waiting()
         self._tags = Tags()
         # value key -> (its tags, expires_at), bounded like the values
@@ -204,6 +205,28 @@ class MemoryStore(OneByOne):
             self._leases[keys.lock] = (token, now + lease_ms / 1000)
             fence = self._last_fence = max(self._last_fence + 1, time.time_ns() // 1000)
             return AcquireReply(LockState.LOCKED, fence=fence)
+
+    def note_hot(self, key: str, counts: Mapping[bytes, int], limit: int, ttl_ms: int) -> None:
+        now = self._clock()
+        with self._lock:  # the rules of NOTE_HOT
+            for gone in [name for name, (_, end) in self._hot.items() if end <= now]:
+                del self._hot[gone]
+            scores = self._hot[key][0] if key in self._hot else {}
+            for member, count in counts.items():
+                scores[member] = scores.get(member, 0.0) + count
+            if len(scores) > limit:
+                kept = sorted(scores, key=lambda member: (scores[member], member))[len(scores) - limit :]
+                scores = {member: scores[member] for member in kept}
+            self._hot[key] = (scores, now + ttl_ms / 1000)
+
+    def hot_members(self, key: str, count: int) -> list[tuple[bytes, float]]:
+        now = self._clock()
+        with self._lock:
+            scores, end = self._hot.get(key, ({}, now))
+            if end <= now:
+                return []
+            ranked = sorted(scores.items(), key=lambda item: (item[1], item[0]), reverse=True)
+        return ranked[:count]
 
     def take_slot(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: int) -> AcquireReply:
         now = self._clock()
@@ -408,6 +431,12 @@ class AsyncMemoryStore(AsyncOneByOne):
 
     async def take_slot(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: int) -> AcquireReply:
         return self._store.take_slot(keys, token, lease_ms, queue_ms, slots)
+
+    async def note_hot(self, key: str, counts: Mapping[bytes, int], limit: int, ttl_ms: int) -> None:
+        self._store.note_hot(key, counts, limit, ttl_ms)
+
+    async def hot_members(self, key: str, count: int) -> list[tuple[bytes, float]]:
+        return self._store.hot_members(key, count)
 
     async def renew_slot(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         return self._store.renew_slot(keys, token, lease_ms)

@@ -13,7 +13,7 @@ lost it (dropped, recreated) gets it again.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -206,6 +206,16 @@ class AsyncPostgresStore(AsyncOneByOne):
 
     async def leave_queue(self, keys: EntryKeys, token: str) -> None:
         await self._one("leave the queue of", keys.value, sql.leave_queue(keys, token))
+
+    async def note_hot(self, key: str, counts: Mapping[bytes, int], limit: int, ttl_ms: int) -> None:
+        if counts:
+            await self._one("record the hot set", key, sql.note_hot(key, counts, limit, ttl_ms))
+
+    async def hot_members(self, key: str, count: int) -> list[tuple[bytes, float]]:
+        async with self.connection("read the hot set", key) as connection:
+            cursor = await self._execute(connection, sql.Statement(sql.HOT_MEMBERS, (key, count)))
+            rows = await cursor.fetchall()
+        return [(bytes(member), float(score)) for member, score in rows]
 
     async def take_slot(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: int) -> AcquireReply:
         statement = sql.take_slot(keys, token, lease_ms, queue_ms, slots)

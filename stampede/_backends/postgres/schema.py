@@ -32,6 +32,7 @@ crash finds its lease gone and its write refused).
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from ..._core.codec import stale_window_of
@@ -57,7 +58,7 @@ SCHEMA_LOCK = "SELECT pg_advisory_xact_lock(1400136045)"
 """Taken by a store that creates the schema, in the creating transaction: one creator at a
 time (concurrent CREATE OR REPLACE of one function fails)."""
 
-SCHEMA_VERSION = "stampede_schema_v6"
+SCHEMA_VERSION = "stampede_schema_v7"
 """A function the schema's last statement creates, named after its version (a new version
 of the schema gets a new name). A store that finds it creates nothing: DDL under traffic
 takes table locks that can deadlock with the functions' row writes, so it runs only where
@@ -69,9 +70,10 @@ left, which older stores do not read): it marks itself versions 3 and 4 as well.
 6 adds ``stampede_seize`` (a set's first step in one function), which shares its tail
 with ``stampede_invalidate`` (``stampede_invalidated``), and marks itself 3 to 5: older
 stores, which seize in two statements, find their functions doing what they did. It
-also adds load budgets' slots (``stampede_slots``, ``stampede_take_slot``)."""
+also adds load budgets' slots (``stampede_slots``, ``stampede_take_slot``). Version 7
+adds hot sets (``stampede_hot``, ``stampede_note_hot``) and marks itself 3 to 6."""
 
-SCHEMA_READY = "SELECT count(*) FROM pg_proc WHERE proname = 'stampede_schema_v6'"
+SCHEMA_READY = "SELECT count(*) FROM pg_proc WHERE proname = 'stampede_schema_v7'"
 
 SCHEMA = r"""
 
@@ -103,6 +105,15 @@ CREATE UNLOGGED TABLE IF NOT EXISTS stampede_slots (
     token text NOT NULL,  -- a holder of one of its slots
     expires_at timestamptz NOT NULL,  -- the slot's lease, renewed while its load runs
     PRIMARY KEY (key, token)
+);
+
+-- Hot sets (see stampede/_core/hotset.py): a loader's calls of one period, each counted.
+CREATE UNLOGGED TABLE IF NOT EXISTS stampede_hot (
+    key text NOT NULL,  -- the set: a loader's and a period's
+    member bytea NOT NULL,  -- a call's arguments
+    score double precision NOT NULL,
+    expires_at timestamptz NOT NULL,  -- the set's, renewed by every addition
+    PRIMARY KEY (key, member)
 );
 
 CREATE SEQUENCE IF NOT EXISTS stampede_fences;
@@ -552,6 +563,25 @@ BEGIN
     RETURN released;
 END $$;
 
+-- Add each member's count to the hot set p_key, keep its p_limit most counted members (the
+-- least counted go, ties by member), and let it live p_ttl_ms from now (NOTE_HOT's rules).
+CREATE OR REPLACE FUNCTION stampede_note_hot(
+    p_key text, p_members bytea[], p_counts bigint[], p_limit int, p_ttl_ms bigint)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    now_ timestamptz := clock_timestamp();
+    ends timestamptz := now_ + p_ttl_ms * interval '1 millisecond';
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended(p_key, 0));
+    DELETE FROM stampede_hot WHERE key = p_key AND expires_at <= now_;
+    INSERT INTO stampede_hot AS h (key, member, score, expires_at)
+        SELECT p_key, u.member, u.count, ends FROM unnest(p_members, p_counts) AS u(member, count)
+        ON CONFLICT (key, member) DO UPDATE SET score = h.score + EXCLUDED.score;
+    UPDATE stampede_hot SET expires_at = ends WHERE key = p_key;
+    DELETE FROM stampede_hot WHERE key = p_key AND member NOT IN (
+        SELECT member FROM stampede_hot WHERE key = p_key ORDER BY score DESC, member DESC LIMIT p_limit);
+END $$;
+
 -- Delete up to p_batch expired rows of each table; return how many went. Expired rows
 -- are already ignored by every read: this only keeps the tables small.
 CREATE OR REPLACE FUNCTION stampede_sweep(p_batch int)
@@ -579,6 +609,9 @@ BEGIN
     DELETE FROM stampede_tag_generations WHERE ctid = ANY (ARRAY(
         SELECT ctid FROM stampede_tag_generations WHERE expires_at <= now_ LIMIT p_batch));
     GET DIAGNOSTICS n = ROW_COUNT; gone := gone + n;
+    DELETE FROM stampede_hot WHERE ctid = ANY (ARRAY(
+        SELECT ctid FROM stampede_hot WHERE expires_at <= now_ LIMIT p_batch));
+    GET DIAGNOSTICS n = ROW_COUNT; gone := gone + n;
     RETURN gone;
 END $$;
 
@@ -586,6 +619,7 @@ CREATE OR REPLACE FUNCTION stampede_schema_v3() RETURNS int LANGUAGE sql IMMUTAB
 CREATE OR REPLACE FUNCTION stampede_schema_v4() RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT 1';
 CREATE OR REPLACE FUNCTION stampede_schema_v5() RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT 1';
 CREATE OR REPLACE FUNCTION stampede_schema_v6() RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT 1';
+CREATE OR REPLACE FUNCTION stampede_schema_v7() RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT 1';
 """.replace("@TRACE_MARK@", TRACE_MARK)  # the same text as before it was handed in: no new version
 
 
@@ -764,6 +798,18 @@ def take_lock(keys: EntryKeys, token: str, lease_ms: int, queue_ms: int) -> Stat
         "SELECT state, fence, left_ms FROM stampede_take_lock(%s, %s, %s, %s)",
         (keys.lock, token, lease_ms, queue_ms),
     )
+
+
+def note_hot(key: str, counts: Mapping[bytes, int], limit: int, ttl_ms: int) -> Statement:
+    return Statement(
+        "SELECT stampede_note_hot(%s, %s, %s, %s, %s)", (key, list(counts), list(counts.values()), limit, ttl_ms)
+    )
+
+
+HOT_MEMBERS = (
+    "SELECT member, score FROM stampede_hot WHERE key = %s AND expires_at > clock_timestamp() "
+    "ORDER BY score DESC, member DESC LIMIT %s"
+)
 
 
 def take_slot(keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: int) -> Statement:

@@ -13,7 +13,7 @@ lost it (dropped, recreated) gets it again.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -204,6 +204,16 @@ class PostgresStore(OneByOne):
 
     def leave_queue(self, keys: EntryKeys, token: str) -> None:
         self._one("leave the queue of", keys.value, sql.leave_queue(keys, token))
+
+    def note_hot(self, key: str, counts: Mapping[bytes, int], limit: int, ttl_ms: int) -> None:
+        if counts:
+            self._one("record the hot set", key, sql.note_hot(key, counts, limit, ttl_ms))
+
+    def hot_members(self, key: str, count: int) -> list[tuple[bytes, float]]:
+        with self.connection("read the hot set", key) as connection:
+            cursor = self._execute(connection, sql.Statement(sql.HOT_MEMBERS, (key, count)))
+            rows = cursor.fetchall()
+        return [(bytes(member), float(score)) for member, score in rows]
 
     def take_slot(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: int) -> AcquireReply:
         statement = sql.take_slot(keys, token, lease_ms, queue_ms, slots)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -523,6 +523,16 @@ class AsyncRedisStore(AsyncSending):
         with self._translated("release a slot of", keys.lock):
             call = _scripts.release_slot_call(keys, token, slots, lease_ms)
             return bool(await self._send(keys.lock, self._scripts.release_slot, *call))
+
+    async def note_hot(self, key: str, counts: Mapping[bytes, int], limit: int, ttl_ms: int) -> None:
+        if counts:
+            with self._translated("record the hot set", key):
+                await self._send(key, self._scripts.note_hot, *_scripts.note_hot_call(key, counts, limit, ttl_ms))
+
+    async def hot_members(self, key: str, count: int) -> list[tuple[bytes, float]]:
+        with self._translated("read the hot set", key):
+            reply = await self._send(key, self.client.zrevrange, key, 0, count - 1, True)
+        return [(bytes(member), float(score)) for member, score in reply]
 
     async def invalidate(self, keys: EntryKeys) -> None:
         nonce = new_nonce(self.near)

@@ -219,6 +219,7 @@ class Scripts:
         self.take_slot = register(_scripts.TAKE_SLOT)
         self.renew_slot = register(_scripts.RENEW_SLOT)
         self.release_slot = register(_scripts.RELEASE_SLOT)
+        self.note_hot = register(_scripts.NOTE_HOT)
         self.read_tag_clock = register(_scripts.READ_TAG_CLOCK)
         self.draw_tag_clock = register(_scripts.DRAW_TAG_CLOCK)
         self.write_tagged = register(_scripts.WRITE_TAGGED)

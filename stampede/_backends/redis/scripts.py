@@ -11,6 +11,7 @@ between the two steps.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import NamedTuple
 
 from ..._core.keys import EntryKeys
@@ -380,6 +381,25 @@ return {3, math.max(tonumber(earliest) - now, 0)}
 
 def take_slot_call(keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: int) -> Call:
     return Call([keys.lock, *keys.queue], [token, lease_ms, queue_ms, slots])
+
+
+NOTE_HOT = """
+-- Add each member's count to a hot set (_core.hotset), keep its ARGV[1] most counted
+-- members (the least counted go), and let it live ARGV[2] ms from now.
+-- KEYS[1] the period's set; ARGV[3..] member, count pairs
+for i = 3, #ARGV, 2 do redis.call('ZINCRBY', KEYS[1], ARGV[i + 1], ARGV[i]) end
+local extra = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[1])
+if extra > 0 then redis.call('ZREMRANGEBYRANK', KEYS[1], 0, extra - 1) end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 0
+"""
+
+
+def note_hot_call(key: str, counts: Mapping[bytes, int], limit: int, ttl_ms: int) -> Call:
+    args: list[str | int | bytes] = [limit, ttl_ms]
+    for member, count in counts.items():
+        args += [member, count]
+    return Call([key], args)
 
 
 RENEW_SLOT = """

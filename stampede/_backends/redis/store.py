@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -509,6 +509,16 @@ class RedisStore(Sending):
         with self._translated("release a slot of", keys.lock):
             call = _scripts.release_slot_call(keys, token, slots, lease_ms)
             return bool(self._scripts.release_slot(*call))
+
+    def note_hot(self, key: str, counts: Mapping[bytes, int], limit: int, ttl_ms: int) -> None:
+        if counts:
+            with self._translated("record the hot set", key):
+                self._scripts.note_hot(*_scripts.note_hot_call(key, counts, limit, ttl_ms))
+
+    def hot_members(self, key: str, count: int) -> list[tuple[bytes, float]]:
+        with self._translated("read the hot set", key):
+            reply = self.client.zrevrange(key, 0, count - 1, True)
+        return [(bytes(member), float(score)) for member, score in reply]
 
     def invalidate(self, keys: EntryKeys) -> None:
         nonce = new_nonce(self.near)

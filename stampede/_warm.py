@@ -1,0 +1,196 @@
+"""A warm start (``Stampede.warm``): load the calls loaders' hot sets recorded
+(``hot_sample``, ``_core.hotset``) before traffic finds them missing.
+
+Each call goes through its loader as any call does, so the promises are a call's: each
+key is loaded once across every process warming (or serving) at the same moment, the
+others wait for that load or find its value, and every load holds a slot of its load
+budget (``max_concurrent_loads``) if it has one. A key already cached is not called (a
+``peek``, no load, no lease).
+
+The calls are taken hottest first, in tiers of ``TIER`` x ``concurrency`` shuffled in
+each process: processes booting together start on different keys of the hottest tier
+rather than all waiting on the same few loads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._core.hotset import HotSet, decode_call, ranked
+from ._core.store import HotSetStore
+from ._drivers.hotset import WARMING
+from ._drivers.observe import Events
+from ._errors import ConfigError
+
+TIER = 4  # a tier of the hot set is this many times concurrency calls
+
+Call = tuple[tuple[Any, ...], dict[str, Any]]  # a loader's arguments: positional, keyword
+
+
+@dataclass
+class WarmReport:
+    """What a warm start did: ``calls`` taken from the hot sets, of which ``cached`` were
+    in the cache already (not called), ``loaded`` called (loaded here, or by another
+    process at the same moment), ``failed`` raised (the error is logged, not raised), in
+    ``seconds``."""
+
+    calls: int = 0
+    cached: int = 0
+    loaded: int = 0
+    failed: int = 0
+    seconds: float = 0.0
+    errors: list[BaseException] = field(default_factory=list, repr=False)  # the first few
+
+    @property
+    def done(self) -> int:
+        return self.cached + self.loaded + self.failed
+
+
+Progress = Callable[[WarmReport], None]
+"""Told after each call (from the worker that made it; keep it quick)."""
+
+_KEPT_ERRORS = 10
+
+
+def hot_calls(
+    store: HotSetStore, hot: HotSet, count: int, moment: float
+) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+    """The ``count`` hottest calls of a hot set at ``moment`` (wall clock), hottest first.
+    A member that is not a recorded call is left out."""
+    current = store.hot_members(hot.key(moment), count)
+    last = store.hot_members(hot.key(moment, 1), count)
+    calls = []
+    for member in ranked(current, last, count):
+        try:
+            calls.append(decode_call(member))
+        except ValueError:
+            continue
+    return calls
+
+
+def tiered(calls: Sequence[Any], tier: int, draw: random.Random) -> list[Any]:
+    """``calls`` (hottest first) in tiers of ``tier``, the tiers in order, each shuffled."""
+    ordered: list[Any] = []
+    for start in range(0, len(calls), tier):
+        part = list(calls[start : start + tier])
+        draw.shuffle(part)
+        ordered += part
+    return ordered
+
+
+def hot_set_of(loader: Any) -> HotSet:
+    hot: HotSet | None = getattr(loader, "hot_set", None)
+    if hot is None:
+        raise ConfigError(f"warm() takes loaders of cached_loader, got {loader!r}")
+    return hot
+
+
+def _check(concurrency: int, count: int) -> None:
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise ConfigError(f"concurrency must be an int of at least 1, got {concurrency!r}")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ConfigError(f"count must be an int of at least 1, got {count!r}")
+
+
+class _Tally:
+    """The report, counted by every worker."""
+
+    def __init__(self, report: WarmReport, events: Events, progress: Progress | None) -> None:
+        self.report = report
+        self._events = events
+        self._progress = progress
+        self._lock = threading.Lock()
+
+    def add(self, outcome: str, error: BaseException | None = None) -> None:
+        report = self.report
+        with self._lock:
+            setattr(report, outcome, getattr(report, outcome) + 1)
+            if error is not None and len(report.errors) < _KEPT_ERRORS:
+                report.errors.append(error)
+            if self._progress is not None:
+                self._progress(report)
+        self._events.incr(f"warm_{outcome}")
+
+
+def warm(
+    store: HotSetStore,
+    events: Events,
+    loaders: Sequence[Any],
+    count: int,
+    concurrency: int,
+    progress: Progress | None,
+) -> WarmReport:
+    """``Stampede.warm``: blocking loaders, called from ``concurrency`` threads."""
+    _check(concurrency, count)
+    began = time.monotonic()
+    jobs = _jobs(store, loaders, count, concurrency)
+    tally = _Tally(WarmReport(calls=len(jobs)), events, progress)
+
+    def one(job: tuple[Any, tuple[Any, ...], dict[str, Any]]) -> None:
+        loader, args, kwargs = job
+        token = WARMING.set(True)
+        try:
+            if loader.peek(*args, **kwargs) is not None:
+                tally.add("cached")
+                return
+            loader(*args, **kwargs)
+            tally.add("loaded")
+        except Exception as error:
+            tally.add("failed", error)
+        finally:
+            WARMING.reset(token)
+
+    with ThreadPoolExecutor(concurrency, thread_name_prefix="stampede-warm") as pool:
+        list(pool.map(one, jobs))
+    tally.report.seconds = time.monotonic() - began
+    return tally.report
+
+
+async def awarm(
+    store: HotSetStore,
+    events: Events,
+    loaders: Sequence[Any],
+    count: int,
+    concurrency: int,
+    progress: Progress | None,
+) -> WarmReport:
+    """``Stampede.awarm``: ``async def`` loaders, called from ``concurrency`` tasks."""
+    _check(concurrency, count)
+    began = time.monotonic()
+    jobs = await asyncio.to_thread(_jobs, store, loaders, count, concurrency)
+    tally = _Tally(WarmReport(calls=len(jobs)), events, progress)
+    queue = iter(jobs)
+
+    async def worker() -> None:
+        WARMING.set(True)  # this task's context only
+        for loader, args, kwargs in queue:
+            try:
+                if await loader.peek(*args, **kwargs) is not None:
+                    tally.add("cached")
+                    continue
+                await loader(*args, **kwargs)
+                tally.add("loaded")
+            except Exception as error:
+                tally.add("failed", error)
+
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, max(len(jobs), 1)))))
+    tally.report.seconds = time.monotonic() - began
+    return tally.report
+
+
+def _jobs(
+    store: HotSetStore, loaders: Sequence[Any], count: int, concurrency: int
+) -> list[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
+    moment, draw = time.time(), random.Random()
+    jobs = []
+    for loader in loaders:
+        calls = hot_calls(store, hot_set_of(loader), count, moment)
+        jobs += [(loader, args, kwargs) for args, kwargs in tiered(calls, TIER * concurrency, draw)]
+    return jobs

@@ -1,0 +1,210 @@
+"""A warm start (``hot_sample``, ``Stampede.warm``, docs/budgets.md): sampled calls make a
+hot set in the store, hottest first, bounded and decaying; a warm start calls the hot set's
+calls the cache does not hold, each key loaded once across every process warming at once,
+within the load budget, with progress told; what is cached is not called."""
+
+from __future__ import annotations
+
+import decimal
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from stampede import BackendUnavailable, ConfigError, Stampede, WarmReport
+from stampede._core.hotset import Countdown, HotSet, decode_call, encode_call, ranked
+from stampede._warm import hot_calls, tiered
+
+from ..modes import Blocking, Database, OnALoop
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def warm(layer: Stampede, mode: Blocking | OnALoop, *loaders: Any, **options: Any) -> WarmReport:
+    if isinstance(mode, Blocking):
+        return layer.warm(*loaders, **options)
+    return mode(lambda: layer.awarm(*loaders, **options))  # type: ignore[no-any-return]
+
+
+def recorded(layer: Stampede, load: Any, count: int = 100) -> list[Any]:
+    """The hot set's calls, hottest first, once the layer's samples are in the store."""
+    layer.flush_hot_sets()
+    return [args for args, _ in hot_calls(layer.store(), load.hot_set, count, time.time())]
+
+
+def test_sampled_calls_make_a_hot_set_hottest_first(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    layer = layer_of_each_backend(namespace=f"hot-{uuid.uuid4().hex[:8]}")
+    db = Database(lambda key: {"id": str(key)})
+    load = layer.cached_loader("item:{key}", hot_sample=1.0)(mode.loader(db))
+    for key, times in (("b", 3), ("a", 5), ("c", 1)):
+        for _ in range(times):
+            mode(load, key)
+    mode(load, decimal.Decimal("1.5"))  # a key, but not plain JSON: not recorded
+    assert recorded(layer, load) == [("a",), ("b",), ("c",)]
+    assert db.calls["a"] == 1  # hits are sampled too: the calls made, not the loads
+    unsampled = layer.cached_loader("other:{key}")(mode.loader(db))
+    mode(unsampled, "x")
+    assert recorded(layer, unsampled) == []
+
+
+def test_a_warm_start_loads_the_hot_calls_the_cache_lacks_once_and_tells_its_progress(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    layer = layer_of_each_backend(namespace=f"hot-{uuid.uuid4().hex[:8]}")
+    db = Database()
+    load = layer.cached_loader("item:{key}", hot_sample=1.0)(mode.loader(db))
+    for key in range(20):
+        mode(load, key)
+    for key in range(15):  # cold again: what a restart or a new version leaves
+        mode(load.invalidate, key)
+    assert len(recorded(layer, load)) == 20
+    seen: list[int] = []
+    report = warm(layer, mode, load, concurrency=4, on_progress=lambda report: seen.append(report.done))
+    assert (report.calls, report.cached, report.loaded, report.failed) == (20, 5, 15, 0), report
+    assert sorted(seen) == list(range(1, 21))
+    assert db.calls == {key: 2 if key < 15 else 1 for key in range(20)}
+    assert [mode(load, key) for key in range(20)] == [{"id": key} for key in range(20)]
+    assert db.total == 35  # all cached: no load after the warm start
+    assert layer.stats()["warm_loaded"] == 15 and layer.stats()["warm_cached"] == 5
+    layer.flush_hot_sets()
+    assert recorded(layer, load)[:1] != [] and layer.stats().get("hot_set_errors", 0) == 0
+
+
+def test_a_failing_call_is_counted_and_kept_and_the_rest_are_warmed(mode: Blocking | OnALoop) -> None:
+    layer = Stampede.from_url("memory://", namespace="failing")
+    try:
+
+        def row(key: int) -> Any:
+            if key == 3:
+                raise LookupError("row 3 is gone")
+            return {"id": key}
+
+        db = Database(row)
+        load = layer.cached_loader("item:{key}", hot_sample=1.0, on_wait_timeout="raise")(mode.loader(db))
+        for key in range(6):
+            try:
+                mode(load, key)
+            except LookupError:
+                pass
+        for key in range(6):
+            mode(load.invalidate, key)
+        recorded(layer, load)
+        report = warm(layer, mode, load)
+        assert (report.loaded, report.failed) == (5, 1)
+        assert [type(error) for error in report.errors] == [LookupError]
+    finally:
+        layer.close()
+
+
+def test_processes_warming_together_load_each_key_once_within_the_budget(
+    layer_of_each_backend: Callable[..., Stampede], request: pytest.FixtureRequest
+) -> None:
+    """Two layers over one store stand for two pods booting together: each warms the whole
+    hot set, each key is loaded once, and no more loads run at once than the budget."""
+    if request.node.callspec.params["layer_of_each_backend"] == "embedded":
+        pytest.skip("two embedded layers share no store")
+    namespace = f"hot-{uuid.uuid4().hex[:8]}"
+    running, peak, lock = [0], [0], threading.Lock()
+
+    def row(key: int) -> Any:
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.005)
+        with lock:
+            running[0] -= 1
+        return {"id": key}
+
+    pods = [layer_of_each_backend(namespace=namespace) for _ in range(2)]
+    dbs = [Database(row) for _ in pods]
+    loads = [
+        pod.cached_loader("item:{key}", hot_sample=1.0, max_concurrent_loads=2)(db.load)
+        for pod, db in zip(pods, dbs, strict=True)
+    ]
+    for key in range(40):
+        loads[0](key)
+    for key in range(40):
+        loads[0].invalidate(key)
+    assert len(recorded(pods[0], loads[0])) == 40
+    peak[0] = 0
+    barrier = threading.Barrier(2)
+    reports: list[WarmReport] = [WarmReport(), WarmReport()]
+
+    def boot(index: int) -> None:
+        barrier.wait(10)
+        reports[index] = pods[index].warm(loads[index], concurrency=4)
+
+    threads = [threading.Thread(target=boot, args=(index,)) for index in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert all(report.calls == 40 and report.failed == 0 for report in reports), reports
+    warmed = [dbs[0].calls.get(key, 0) + dbs[1].calls.get(key, 0) for key in range(40)]
+    assert warmed == [2] * 40  # the first call, then one load of the warm start between both pods
+    assert peak[0] <= 2
+
+
+def test_hot_sets_rank_by_this_period_and_half_the_last_and_sample_at_their_rate() -> None:
+    hot = HotSet.of("ns", "item:{key}", 100, 60.0, 200)
+    assert hot.key(125.0) == "ns:{~hot:item%3A%7Bkey%7D}:2" and hot.key(125.0, 1).endswith("}:1")
+    assert hot.ttl_ms == 121_000
+    assert ranked([(b"a", 3.0), (b"b", 1.0)], [(b"b", 5.0), (b"c", 8.0)], 10) == [b"c", b"b", b"a"]
+    assert ranked([(b"a", 2.0)], [(b"b", 4.0)], 1) == [b"a"]  # a tie, by member
+    assert decode_call(encode_call((1, "x"), {"b": [2]}) or b"") == ((1, "x"), {"b": [2]})
+    assert encode_call((object(),), {}) is None
+    with pytest.raises(ValueError, match="not a recorded call"):
+        decode_call(b"{}")
+    countdown = Countdown(0.1, random.Random(7))
+    draws = [countdown.next() for _ in range(20_000)]
+    assert 8.5 < sum(draws) / len(draws) < 9.5  # about nine calls pass between two recorded
+    assert Countdown(1.0).next() == 0
+    shuffled = tiered(list(range(10)), 4, random.Random(1))
+    assert [sorted(shuffled[:4]), sorted(shuffled[4:8]), sorted(shuffled[8:])] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
+def test_bad_warm_settings_are_refused() -> None:
+    with pytest.raises(ConfigError, match="hot_sample must be a fraction"):
+        Stampede.from_url("memory://", hot_sample=2)
+    with pytest.raises(ConfigError, match="hot_limit"):
+        Stampede.from_url("memory://", hot_limit=0)
+    layer = Stampede.from_url("memory://", namespace="refused")
+    try:
+        load = layer.cached_loader("item:{key}")(lambda key: key)
+        with pytest.raises(ConfigError, match="concurrency"):
+            layer.warm(load, concurrency=0)
+        with pytest.raises(ConfigError, match="takes loaders of cached_loader"):
+            layer.warm(lambda key: key)
+        report = layer.warm(load)  # an empty hot set: nothing to do
+        assert (report.calls, report.done) == (0, 0)
+    finally:
+        layer.close()
+
+
+def test_a_store_that_fails_to_record_loses_that_sample_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """The recorder's thread never ends with an exception: a failed batch is counted and
+    warned about, and the next one is recorded."""
+    layer = Stampede.from_url("memory://", namespace="failing-store")
+    try:
+        load = layer.cached_loader("item:{key}", hot_sample=1.0)(lambda key: {"id": key})
+        store = layer.store()
+        working = store.note_hot
+
+        def refuse(*args: Any) -> None:
+            raise BackendUnavailable("the store is away")
+
+        store.note_hot = refuse  # type: ignore[method-assign]
+        load(1)
+        assert layer.flush_hot_sets() == 0 and layer.stats()["hot_set_errors"] == 1
+        assert "recording a hot set failed (BackendUnavailable: the store is away)" in caplog.text
+        store.note_hot = working  # type: ignore[method-assign]
+        load(2)
+        assert layer.flush_hot_sets() == 1 and recorded(layer, load) == [(2,)]
+    finally:
+        layer.close()
