@@ -242,7 +242,8 @@ class Stampede:
             if runner is not None:
                 runner.near = self._near
                 runner.tracing = tracing
-        self._hot_recorder = HotSetRecorder(lambda: self._blocking_store("hot_sample", "loop_store"), events, warn)
+        blocking = self._runner  # not the layer: a layer in a cycle of its own is freed late, by the collector
+        self._hot_recorder = HotSetRecorder(lambda: _store_of(blocking), events, warn)
         self._check_near(self.settings)
 
     @classmethod
@@ -957,6 +958,13 @@ def _typed_for(serializer: TypedSerializer, func: Callable[..., Any]) -> Seriali
             "give the serializer its type, e.g. serializer=MsgspecSerializer(Order)"
         )
     return typed
+
+
+def _store_of(runner: Runner | None) -> Store:
+    """The blocking store of a layer's hot sets (refused at decoration without one)."""
+    if runner is None:
+        raise ConfigError("hot sets need a blocking client")
+    return runner.store
 
 
 def _value_type(func: Callable[..., Any]) -> Any:

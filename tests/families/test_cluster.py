@@ -667,6 +667,9 @@ class PageThroughAKill:
         # The dead primary's: the policy decides, at most once per process.
         most = 1 if policy == "raise" else len(self.layers)
         assert all(1 <= self.loads[item] <= most for item in self.lost), self.loads
+        # Read once the cluster is whole again: between the kill and the replica's
+        # promotion every node answers CLUSTERDOWN (a slow run reached this in between).
+        self.cluster.wait_healthy(30.0)
         for item in self.kept:  # cached, and no lease left behind
             client = node_client(self.cluster.owner(self.keys[item]))
             assert client.exists(self.keys[item]) and not client.exists(self.keys[item] + ":lock")
