@@ -38,8 +38,8 @@ Call = tuple[tuple[Any, ...], dict[str, Any]]  # a loader's arguments: positiona
 class WarmReport:
     """What a warm start did: ``calls`` taken from the hot sets, of which ``cached`` were
     in the cache already (not called), ``loaded`` called (loaded here, or by another
-    process at the same moment), ``failed`` raised (the error is logged, not raised), in
-    ``seconds``."""
+    process at the same moment), ``failed`` raised (the first few errors kept in
+    ``errors``, none raised), in ``seconds``."""
 
     calls: int = 0
     cached: int = 0
@@ -59,9 +59,7 @@ Progress = Callable[[WarmReport], None]
 _KEPT_ERRORS = 10
 
 
-def hot_calls(
-    store: HotSetStore, hot: HotSet, count: int, moment: float
-) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+def hot_calls(store: HotSetStore, hot: HotSet, count: int, moment: float) -> list[Call]:
     """The ``count`` hottest calls of a hot set at ``moment`` (wall clock), hottest first.
     A member that is not a recorded call is left out."""
     current = store.hot_members(hot.key(moment), count)
