@@ -344,15 +344,18 @@ class RedlockLock(LockContextManager):
         self._forget()
         released: Round = yield ServersRelease(self.keys, token)
         if released.agreed < self._manager.quorum.needed:
-            raise self._lost("released")
+            raise self._lost("released", released)
 
     def _extending(self, ttl: float | None) -> Decision[None]:
         token = self._held()
         lease_ms = milliseconds(ttl or self.ttl)
-        if not (yield from self._renewing(token, lease_ms)):
+        renewed, valid_until = yield from renew_majority(self._manager.quorum, self.keys, token, lease_ms)
+        if valid_until is None:
             self._forget()
             yield ServersRelease(self.keys, token)
-            raise self._lost("extended")
+            raise self._lost("extended", renewed)
+        if self.token == token:  # not released meanwhile
+            self.valid_until = valid_until
         self._lease_ms = lease_ms  # what the renewals keep from now on
 
     def _renewing(self, token: str, lease_ms: int) -> Decision[bool]:
@@ -395,9 +398,14 @@ class RedlockLock(LockContextManager):
             key=self.keys.lock,
         )
 
-    def _lost(self, what: str) -> LockLost:
+    def _lost(self, what: str, answers: Round) -> LockLost:
+        """Why a majority did not confirm: servers that answered no (the lease had ended
+        there), or that did not answer in ``socket_timeout`` (down or slow: whether they
+        still held it is unknown). Either way the work may have overlapped another's."""
+        unanswered = f", {answers.failed} did not answer in time" if answers.failed else ""
         return LockLost(
-            f"Redlock lock {self.name!r} could not be {what} on a majority: its validity had run out, "
+            f"Redlock lock {self.name!r} could not be {what} on a majority ({answers.agreed} of "
+            f"{self._manager.quorum.size} confirmed{unanswered}): its validity may have run out, "
             "so the work done under it may have overlapped another holder's",
             key=self.keys.lock,
         )

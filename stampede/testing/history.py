@@ -62,7 +62,8 @@ BOUNDARIES = ("invalidate", "set", "expire")  # a load after one of these is of 
 
 class Record(NamedTuple):
     """One key of one operation. ``completed`` is None for an operation that never
-    returned (its process was killed); ``outcome`` is "ok" or the exception's name."""
+    returned (its process was killed); ``outcome`` is "ok" or the exception's name, and
+    ``detail`` its message (so that a run that failed says why)."""
 
     kind: str
     key: Any
@@ -74,12 +75,15 @@ class Record(NamedTuple):
     process: str
     thread: str
     op: int  # the operation's number in its process: the keys of one many-key call share it
+    detail: str = ""
 
     def describe(self, start: int) -> str:
         ended = "never returned" if self.completed is None else f"{(self.completed - start) / 1e9:.6f}"
         version = "" if self.version is None else f", version {self.version}"
         source = "" if self.source in (None, self.key) else f" (a value of {self.source!r})"
         outcome = "" if self.outcome == "ok" else f", raised {self.outcome}"
+        if self.detail:
+            outcome += f" ({self.detail})"
         return (
             f"{self.kind} of {self.key!r}{version}{source}{outcome} by {self.process}/{self.thread}, "
             f"{(self.invoked - start) / 1e9:.6f} s to {ended}"
@@ -181,11 +185,12 @@ class Operation:
     ) -> None:
         completed = time.monotonic_ns()
         outcome = "ok" if kind is None else kind.__name__
+        detail = "" if error is None else str(error)[:300]
         thread = _caller_name()
         recorder = self._recorder
         recorder._add(
             Record(self._kind, key, self._versions.get(key), self._sources.get(key), self._invoked, completed,
-                   outcome, recorder.process, thread, self._number)
+                   outcome, recorder.process, thread, self._number, detail)
             for key in self._keys
         )  # fmt: skip
 

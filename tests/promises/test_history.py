@@ -195,12 +195,14 @@ def test_recorders_of_several_processes_merge_through_files(tmp_path: Any) -> No
         op.saw(0, key="k")
         op.saw(0, key="j")
     with pytest.raises(KeyError), reader.op("read", "k"):
-        raise KeyError("k")
+        raise KeyError("no such row")
     writer.save(tmp_path / "writer.json")
     reader.save(tmp_path / "reader.json")
     history = History.load(tmp_path / "writer.json", tmp_path / "reader.json")
     assert len(history.records) == 5
     assert [r.outcome for r in history.records if r.process == "reader"] == ["ok", "ok", "KeyError"]
+    failed = next(r for r in history.records if r.outcome == "KeyError")
+    assert "raised KeyError ('no such row')" in failed.describe(0)  # a failing run says why
     report = history.check()
     assert report.counts() == {"stale": 1} and report.operations == 4
     assert report.violations[0].records[-1].key == "k"
