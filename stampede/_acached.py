@@ -56,7 +56,7 @@ class AsyncCachedLoader(_Loader[P, R]):
         if hot is not None:  # one call in 1 / hot_sample is recorded (``_drivers.hotset``)
             hot.countdown.left -= 1
             if hot.countdown.left < 0:
-                hot.record(args, kwargs)
+                hot.record(((args, kwargs),))
         value_key = self._keys.value_key(args, kwargs)
         # Nothing traced: an attribute read, and a countdown while it may ask (``Tracing``).
         tracing = self._tracing
@@ -171,6 +171,11 @@ class AsyncCachedManyLoader(_ManyLoader[K, V]):
 
     async def __call__(self, *args: Any, **kwargs: Any) -> dict[K, V]:
         call, ids, keys = self._asked(args, kwargs)
+        hot = self._hot
+        if hot is not None:  # one call in 1 / hot_sample records each of its ids (``_drivers.hotset``)
+            hot.countdown.left -= 1
+            if hot.countdown.left < 0:
+                hot.record(self._keys.one_id_calls(call, ids))
         tracing = self._tracing  # as AsyncCachedLoader's
         traces = tracing.tracer
         if traces is None and tracing.asking:
@@ -192,6 +197,14 @@ class AsyncCachedManyLoader(_ManyLoader[K, V]):
             values = await self._runner.call_many(part_keys, self._spec_of(call, part), self._loading(call, part))
             found.update(zip(part, values, strict=True))
         return found
+
+    async def peek(self, *args: Any, **kwargs: Any) -> dict[K, Fetched[V] | None]:
+        """What a call would be served from the cache now, with no load and no lease: each
+        id asked to ``Fetched(value, stale)``, or to None if nothing is cached for it (as
+        ``AsyncCachedLoader.peek``). Raises BackendUnavailable if the store cannot answer."""
+        _, ids, keys = self._asked(args, kwargs)
+        found = await self._runner.peek_many(keys, self._spec)
+        return {id_: None if one is None else Fetched(*one) for id_, one in zip(ids, found, strict=True)}
 
     def _loading(self, call: dict[str, Any], ids: Sequence[Any]) -> Callable[[list[int]], Awaitable[list[Any]]]:
         func, keys = self._spec.func, self._keys

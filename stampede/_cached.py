@@ -53,7 +53,7 @@ class CachedLoader(_Loader[P, R]):
         if hot is not None:  # one call in 1 / hot_sample is recorded (``_drivers.hotset``)
             hot.countdown.left -= 1
             if hot.countdown.left < 0:
-                hot.record(args, kwargs)
+                hot.record(((args, kwargs),))
         value_key = self._keys.value_key(args, kwargs)
         # Nothing traced: an attribute read, and a countdown while it may ask (``Tracing``).
         tracing = self._tracing
@@ -165,6 +165,11 @@ class CachedManyLoader(_ManyLoader[K, V]):
 
     def __call__(self, *args: Any, **kwargs: Any) -> dict[K, V]:
         call, ids, keys = self._asked(args, kwargs)
+        hot = self._hot
+        if hot is not None:  # one call in 1 / hot_sample records each of its ids (``_drivers.hotset``)
+            hot.countdown.left -= 1
+            if hot.countdown.left < 0:
+                hot.record(self._keys.one_id_calls(call, ids))
         tracing = self._tracing  # as CachedLoader's
         traces = tracing.tracer
         if traces is None and tracing.asking:
@@ -186,6 +191,14 @@ class CachedManyLoader(_ManyLoader[K, V]):
             values = self._runner.call_many(part_keys, self._spec_of(call, part), self._loading(call, part))
             found.update(zip(part, values, strict=True))
         return found
+
+    def peek(self, *args: Any, **kwargs: Any) -> dict[K, Fetched[V] | None]:
+        """What a call would be served from the cache now, with no load and no lease: each
+        id asked to ``Fetched(value, stale)``, or to None if nothing is cached for it (as
+        ``CachedLoader.peek``). Raises BackendUnavailable if the store cannot answer."""
+        _, ids, keys = self._asked(args, kwargs)
+        found = self._runner.peek_many(keys, self._spec)
+        return {id_: None if one is None else Fetched(*one) for id_, one in zip(ids, found, strict=True)}
 
     def _loading(self, call: dict[str, Any], ids: Sequence[Any]) -> Callable[[list[int]], list[Any]]:
         func, keys = self._spec.func, self._keys

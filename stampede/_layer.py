@@ -96,6 +96,9 @@ AsyncClient = Union[
 
 
 M = TypeVar("M", bound=Callable[..., Any])
+AnyLoader = (
+    CachedLoader[Any, Any] | AsyncCachedLoader[Any, Any] | CachedManyLoader[Any, Any] | AsyncCachedManyLoader[Any, Any]
+)
 
 
 def _layer_method(settings: frozenset[str]) -> Callable[[M], M]:
@@ -639,12 +642,13 @@ class Stampede:
         keys = TagKeys.of(self.namespace, name)
         return self._tag_done(await store.invalidate_tag(clock_key(self.namespace), keys, soft))
 
-    def _hot_set(self, loader: CachedLoader[Any, Any] | AsyncCachedLoader[Any, Any], template: str) -> None:
+    def _hot_set(self, loader: AnyLoader, template: str) -> None:
         """Give ``loader`` its hot set (``_core.hotset``), and its sampling of calls into
         it under ``hot_sample``: refused at decoration where the store keeps none."""
         settings = loader.settings
+        many = isinstance(loader, (CachedManyLoader, AsyncCachedManyLoader))
         loader.hot_set = HotSet.of(
-            self.namespace, template, settings.hot_limit, settings.hot_period, settings.max_key_length
+            self.namespace, template, settings.hot_limit, settings.hot_period, settings.max_key_length, many
         )
         if not settings.hot_sample:
             return
@@ -725,8 +729,9 @@ class Stampede:
     ) -> WarmReport:
         """A warm start: call the ``count`` hottest calls of each loader's hot set
         (recorded by ``hot_sample``, in this process or any other) that the cache does
-        not hold, from ``concurrency`` threads, hottest first (docs/budgets.md). Each key
-        is loaded once across every process warming at the same moment, within the
+        not hold, from ``concurrency`` threads, hottest first (docs/budgets.md). A
+        many-key loader's hottest ids are loaded in pages of ``max_batch``. Each key is
+        loaded once across every process warming at the same moment, within the
         loaders' load budgets. ``on_progress(report)`` is told after each call. Returns
         what it did; a call that raised is counted and kept in the report, not raised."""
         store = self._blocking_store("warm", "awarm")
@@ -918,13 +923,17 @@ class ManyLoaderDecorator:
             raise ConfigError(f"{func.__qualname__} is not async, and this layer has only an asyncio client")
         loads = layer._budgeted(func, self._settings, self._own_budget, keys.template)
         spec = LoaderSpec(loads, self._settings, codec, None, keys.template, self._verify_equal)
+        loader: CachedManyLoader[Any, Any] | AsyncCachedManyLoader[Any, Any]
         if _is_async(func):
             assert layer._async_runner is not None
             adrop = layer._adrop_versions if version else None
-            return AsyncCachedManyLoader(spec, layer._async_runner, keys, layer._forget, static, adrop)
-        assert layer._runner is not None
-        drop = layer._drop_versions if version else None
-        return CachedManyLoader(spec, layer._runner, keys, layer._forget, static, drop)
+            loader = AsyncCachedManyLoader(spec, layer._async_runner, keys, layer._forget, static, adrop)
+        else:
+            assert layer._runner is not None
+            drop = layer._drop_versions if version else None
+            loader = CachedManyLoader(spec, layer._runner, keys, layer._forget, static, drop)
+        layer._hot_set(loader, keys.template)
+        return loader
 
 
 def _check_comparator(verify_equal: object) -> None:

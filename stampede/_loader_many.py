@@ -21,9 +21,12 @@ import dataclasses
 import functools
 import inspect
 import string
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+import orjson
+
+from ._core.hotset import Call, HotSet
 from ._core.keys import KeyBuilder
 from ._core.tags import TagSet, TagTemplates
 from ._drivers.observe import Events
@@ -33,6 +36,7 @@ from .otel.traces import CallTrace, call_trace, entry_attributes
 
 if TYPE_CHECKING:
     from ._core.flow import LoaderSpec
+    from ._drivers.hotset import HotSampler
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -184,6 +188,34 @@ class ManyKeys:
             tags.append(self.tags.entry_tag(tuple(values), {}))
         return tags
 
+    def one_id_calls(self, call: dict[str, Any], ids: Sequence[Any]) -> Iterator[Call]:
+        """``call`` as a call of each of its ids alone: what a hot set records of it, so
+        that a warm start can gather the hottest ids into pages of its own (``pages``)."""
+        for id_ in ids:
+            yield self.with_ids(call, [id_])
+
+    def pages(self, calls: Iterable[Call], size: int) -> list[tuple[Call, int]]:
+        """Recorded calls (``one_id_calls``, hottest first) gathered into calls of at most
+        ``size`` ids, each with its count of ids: the calls that share every argument but
+        the ids share pages, in the order their hottest id came. A recorded call this
+        loader cannot take (its signature changed since) is left out."""
+        groups: dict[bytes, tuple[dict[str, Any], list[Any]]] = {}
+        for args, kwargs in calls:
+            try:
+                call = self.bind(args, kwargs)
+                ids = self.ids(call)
+                rest = orjson.dumps({name: value for name, value in call.items() if name != self.batch},
+                                    option=orjson.OPT_SORT_KEYS)  # fmt: skip
+            except (TypeError, orjson.JSONEncodeError):
+                continue
+            found = groups.setdefault(rest, (call, []))
+            found[1].extend(ids)
+        pages = []
+        for call, ids in groups.values():
+            ids = list(dict.fromkeys(ids))
+            pages += [(self.with_ids(call, list(part)), len(part)) for part in chunks(ids, size)]
+        return pages
+
     def with_ids(self, call: dict[str, Any], ids: list[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The loader's arguments with a copy of ``ids`` as its batched one: the loader may
         sort it, pop from it or append to it, and its values are still mapped back by the
@@ -222,6 +254,8 @@ class _ManyLoader(Generic[K, V]):
         self._static = static
         self.settings = spec.settings
         self._trace_attributes: dict[str, Any] | None = None  # its spans', once a call is traced
+        self.hot_set: HotSet | None = None  # where its hot set is kept (``Stampede.warm``), set by its layer
+        self._hot: HotSampler | None = None  # its sampling of calls into it (``hot_sample``)
 
     def _trace(self, traces: Any, events: Events, keys: list[str]) -> CallTrace:
         """The trace of one call (``stampede.otel.traces``): how many entries it asked for, and

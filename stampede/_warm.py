@@ -7,6 +7,11 @@ others wait for that load or find its value, and every load holds a slot of its 
 budget (``max_concurrent_loads``) if it has one. A key already cached is not called (a
 ``peek``, no load, no lease).
 
+A many-key loader (``cached_loader_many``) records each id of a sampled call as a call
+of that id alone; a warm start gathers its hottest ids into pages of ``max_batch`` ids
+(the ids of calls that share every other argument), peeks at each page in one round
+trip, and calls the loader once for the ids the cache lacks.
+
 The calls are taken hottest first, in tiers of ``TIER`` x ``concurrency`` shuffled in
 each process: processes booting together start on different keys of the hottest tier
 rather than all waiting on the same few loads.
@@ -23,23 +28,23 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._core.hotset import HotSet, decode_call, ranked
+from ._core.hotset import Call, HotSet, decode_call, ranked
 from ._core.store import HotSetStore
 from ._drivers.hotset import WARMING
 from ._drivers.observe import Events
 from ._errors import ConfigError
+from ._loader_many import _ManyLoader
 
 TIER = 4  # a tier of the hot set is this many times concurrency calls
-
-Call = tuple[tuple[Any, ...], dict[str, Any]]  # a loader's arguments: positional, keyword
 
 
 @dataclass
 class WarmReport:
-    """What a warm start did: ``calls`` taken from the hot sets, of which ``cached`` were
-    in the cache already (not called), ``loaded`` called (loaded here, or by another
-    process at the same moment), ``failed`` raised (the first few errors kept in
-    ``errors``, none raised), in ``seconds``."""
+    """What a warm start did: ``calls`` entries taken from the hot sets (each id of a
+    many-key loader's pages is one), of which ``cached`` were in the cache already (not
+    loaded), ``loaded`` loaded (here, or by another process at the same moment),
+    ``failed`` raised (the first few errors kept in ``errors``, none raised), in
+    ``seconds``."""
 
     calls: int = 0
     cached: int = 0
@@ -51,6 +56,28 @@ class WarmReport:
     @property
     def done(self) -> int:
         return self.cached + self.loaded + self.failed
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """One call a warm start makes: of a one-key loader, one entry; of a many-key
+    loader, a page of ``size`` ids (``ManyKeys.pages``)."""
+
+    loader: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    size: int = 1
+
+    def rest(self, peeked: Any) -> tuple[int, Call | None, int]:
+        """From what the loader's ``peek`` answered: how many entries are cached, and the
+        call that loads the others with how many they are (None, 0: nothing to load)."""
+        if not isinstance(self.loader, _ManyLoader):
+            return (1, None, 0) if peeked is not None else (0, (self.args, self.kwargs), 1)
+        missing = [id_ for id_, found in peeked.items() if found is None]
+        if not missing:
+            return len(peeked), None, 0
+        keys = self.loader._keys
+        return len(peeked) - len(missing), keys.with_ids(keys.bind(self.args, self.kwargs), missing), len(missing)
 
 
 Progress = Callable[[WarmReport], None]
@@ -106,15 +133,20 @@ class _Tally:
         self._progress = progress
         self._lock = threading.Lock()
 
-    def add(self, outcome: str, error: BaseException | None = None) -> None:
+    def add(self, cached: int, loaded: int = 0, failed: int = 0, error: BaseException | None = None) -> None:
+        """Count what one job did, and tell the progress callback."""
         report = self.report
         with self._lock:
-            setattr(report, outcome, getattr(report, outcome) + 1)
+            report.cached += cached
+            report.loaded += loaded
+            report.failed += failed
             if error is not None and len(report.errors) < _KEPT_ERRORS:
                 report.errors.append(error)
             if self._progress is not None:
                 self._progress(report)
-        self._events.incr(f"warm_{outcome}")
+        for outcome, count in (("cached", cached), ("loaded", loaded), ("failed", failed)):
+            if count:
+                self._events.incr(f"warm_{outcome}", count)
 
 
 def warm(
@@ -129,19 +161,18 @@ def warm(
     _check(concurrency, count)
     began = time.monotonic()
     jobs = _jobs(store, loaders, count, concurrency)
-    tally = _Tally(WarmReport(calls=len(jobs)), events, progress)
+    tally = _Tally(WarmReport(calls=sum(job.size for job in jobs)), events, progress)
 
-    def one(job: tuple[Any, tuple[Any, ...], dict[str, Any]]) -> None:
-        loader, args, kwargs = job
+    def one(job: _Job) -> None:
         token = WARMING.set(True)
+        cached, rest, size = 0, None, job.size
         try:
-            if loader.peek(*args, **kwargs) is not None:
-                tally.add("cached")
-                return
-            loader(*args, **kwargs)
-            tally.add("loaded")
+            cached, rest, size = job.rest(job.loader.peek(*job.args, **job.kwargs))
+            if rest is not None:
+                job.loader(*rest[0], **rest[1])
+            tally.add(cached, size)
         except Exception as error:
-            tally.add("failed", error)
+            tally.add(cached, failed=size, error=error)
         finally:
             WARMING.reset(token)
 
@@ -163,32 +194,38 @@ async def awarm(
     _check(concurrency, count)
     began = time.monotonic()
     jobs = await asyncio.to_thread(_jobs, store, loaders, count, concurrency)
-    tally = _Tally(WarmReport(calls=len(jobs)), events, progress)
+    tally = _Tally(WarmReport(calls=sum(job.size for job in jobs)), events, progress)
     queue = iter(jobs)
 
     async def worker() -> None:
         WARMING.set(True)  # this task's context only
-        for loader, args, kwargs in queue:
+        for job in queue:
+            cached, rest, size = 0, None, job.size
             try:
-                if await loader.peek(*args, **kwargs) is not None:
-                    tally.add("cached")
-                    continue
-                await loader(*args, **kwargs)
-                tally.add("loaded")
+                cached, rest, size = job.rest(await job.loader.peek(*job.args, **job.kwargs))
+                if rest is not None:
+                    await job.loader(*rest[0], **rest[1])
+                tally.add(cached, size)
             except Exception as error:
-                tally.add("failed", error)
+                tally.add(cached, failed=size, error=error)
 
     await asyncio.gather(*(worker() for _ in range(min(concurrency, max(len(jobs), 1)))))
     tally.report.seconds = time.monotonic() - began
     return tally.report
 
 
-def _jobs(
-    store: HotSetStore, loaders: Sequence[Any], count: int, concurrency: int
-) -> list[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
+def _jobs(store: HotSetStore, loaders: Sequence[Any], count: int, concurrency: int) -> list[_Job]:
+    """Each loader's hottest calls, in shuffled tiers; a many-key loader's gathered into
+    pages of ``max_batch`` ids first."""
     moment, draw = time.time(), random.Random()
-    jobs = []
+    jobs: list[_Job] = []
     for loader in loaders:
         calls = hot_calls(store, hot_set_of(loader), count, moment)
-        jobs += [(loader, args, kwargs) for args, kwargs in tiered(calls, TIER * concurrency, draw)]
+        if isinstance(loader, _ManyLoader):
+            pages = loader._keys.pages(calls, loader.settings.max_batch)
+            jobs += [
+                _Job(loader, args, kwargs, size) for (args, kwargs), size in tiered(pages, TIER * concurrency, draw)
+            ]
+        else:
+            jobs += [_Job(loader, args, kwargs) for args, kwargs in tiered(calls, TIER * concurrency, draw)]
     return jobs

@@ -35,11 +35,16 @@ class HotSet:
     period: float
 
     @classmethod
-    def of(cls, namespace: str, template: str, limit: int, period: float, max_key_length: int) -> HotSet:
+    def of(
+        cls, namespace: str, template: str, limit: int, period: float, max_key_length: int, many: bool = False
+    ) -> HotSet:
         """The hot set of the loader with key template ``template``: one per template, not
-        per version (``version=``), so a new version warms from the old one's calls. The
-        entry starts with ``~hot:``, which no template or argument can produce."""
-        return cls(f"{namespace}:{{{shorten('~hot:' + escape(template), max_key_length)}}}", limit, period)
+        per version (``version=``), so a new version warms from the old one's calls. A
+        many-key loader's is its own (``many``): its calls take a list of ids where a
+        one-key loader's take an id. The entry starts with ``~hot:`` or ``~hot-many:``,
+        which no template or argument can produce."""
+        kind = "~hot-many:" if many else "~hot:"
+        return cls(f"{namespace}:{{{shorten(kind + escape(template), max_key_length)}}}", limit, period)
 
     def key(self, moment: float, back: int = 0) -> str:
         """The set of the period ``moment`` (wall-clock seconds) falls in, or of the one
@@ -52,6 +57,9 @@ class HotSet:
         return int(self.period * 2000) + 1000
 
 
+Call = tuple[tuple[Any, ...], dict[str, Any]]  # a loader's arguments: positional, keyword
+
+
 def encode_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes | None:
     """A call's arguments as a member of the hot set, or None if they are not plain JSON
     (a bound method's ``self``, an object): such a call is not recorded."""
@@ -61,7 +69,7 @@ def encode_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes | None:
         return None
 
 
-def decode_call(member: bytes) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def decode_call(member: bytes) -> Call:
     """The arguments ``encode_call`` recorded. ``ValueError`` for bytes it did not make."""
     try:
         args, kwargs = orjson.loads(member)

@@ -544,6 +544,15 @@ class AsyncRunner(AsyncStates):
         raw, ttl_left, failing = await store.get_with_ttl(value_key, True)
         return peeked(raw, ttl_left, failing, spec.codec, spec.settings)
 
+    async def peek_many(self, keys: Sequence[str], spec: LoaderSpec) -> list[tuple[Any, bool] | None]:
+        """``peek`` of each of ``keys``, in one round trip per server."""
+        store = self._state().store
+        codec, settings = spec.codec, spec.settings
+        if not spec.reads_ttl:
+            return [peeked(raw, -1.0, False, codec, settings) for raw in await store.get_many(keys)]
+        reads = await store.get_many_with_ttl(keys, True)
+        return [peeked(raw, ttl_left, failing, codec, settings) for raw, ttl_left, failing in reads]
+
     async def invalidate(self, keys: EntryKeys) -> None:
         await self._state().leases.invalidate(keys)
 

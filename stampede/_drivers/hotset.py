@@ -13,11 +13,10 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextvars import ContextVar
-from typing import Any
 
-from .._core.hotset import Countdown, HotSet, encode_call
+from .._core.hotset import Call, Countdown, HotSet, encode_call
 from .._core.store import HotSetStore
 from .._fork import reset_after_fork
 from .observe import Events, RateLimitedLog
@@ -54,15 +53,16 @@ class HotSetRecorder:
         """The parent's thread and its counts are not in this process."""
         self._reset()
 
-    def record(self, hot: HotSet, member: bytes) -> None:
-        """Count one sampled call of the loader whose hot set is ``hot``."""
+    def record(self, hot: HotSet, members: Iterable[bytes]) -> None:
+        """Count the calls one sample of the loader whose hot set is ``hot`` made (a
+        many-key call's ids are a call each)."""
         with self._lock:
             if self._closed:
                 return
             counts = self._pending.get(hot)
             if counts is None:
                 counts = self._pending[hot] = Counter()
-            counts[member] += 1
+            counts.update(members)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="stampede-hot-set", daemon=True)
                 self._thread.start()
@@ -122,11 +122,14 @@ class HotSampler:
         self.countdown = Countdown(rate)
         self._recorder = recorder
 
-    def record(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """The countdown ran out: record this call, and draw the next countdown."""
+    def record(self, calls: Iterable[Call]) -> None:
+        """The countdown ran out: record the calls this one stands for (a many-key call
+        is one call of each id it asked: ``ManyKeys.one_id_calls``), and draw the next
+        countdown. ``calls`` is read only if recorded: a lazy iterable costs nothing
+        while warming. A call whose arguments are not plain JSON is left out."""
         self.countdown.left = self.countdown.next()
         if WARMING.get():
             return
-        member = encode_call(args, kwargs)
-        if member is not None:
-            self._recorder.record(self.hot, member)
+        members = [member for args, kwargs in calls if (member := encode_call(args, kwargs)) is not None]
+        if members:
+            self._recorder.record(self.hot, members)

@@ -527,6 +527,15 @@ class Runner(States):
         raw, ttl_left, failing = store.get_with_ttl(value_key, True)
         return peeked(raw, ttl_left, failing, spec.codec, spec.settings)
 
+    def peek_many(self, keys: Sequence[str], spec: LoaderSpec) -> list[tuple[Any, bool] | None]:
+        """``peek`` of each of ``keys``, in one round trip per server."""
+        store = self.state.store
+        codec, settings = spec.codec, spec.settings
+        if not spec.reads_ttl:
+            return [peeked(raw, -1.0, False, codec, settings) for raw in store.get_many(keys)]
+        reads = store.get_many_with_ttl(keys, True)
+        return [peeked(raw, ttl_left, failing, codec, settings) for raw, ttl_left, failing in reads]
+
     def invalidate(self, keys: EntryKeys) -> None:
         self.state.leases.invalidate(keys)
 

@@ -10,12 +10,13 @@ import random
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from stampede import BackendUnavailable, ConfigError, Stampede, WarmReport
+from stampede import BackendUnavailable, ConfigError, Fetched, Stampede, WarmReport
 from stampede._core.hotset import Countdown, HotSet, decode_call, encode_call, ranked
 from stampede._warm import hot_calls, tiered
 
@@ -208,3 +209,92 @@ def test_a_store_that_fails_to_record_loses_that_sample_and_says_so(caplog: pyte
         assert layer.flush_hot_sets() == 1 and recorded(layer, load) == [(2,)]
     finally:
         layer.close()
+
+
+class Shops:
+    """A database of prices per shop, answering many ids per query: records each query."""
+
+    def __init__(self) -> None:
+        self.queries: list[tuple[str, list[int]]] = []
+        self._lock = threading.Lock()
+
+    def read(self, shop: str, ids: list[int]) -> dict[int, Any]:
+        with self._lock:
+            self.queries.append((shop, list(ids)))
+        return {id_: {"shop": shop, "id": id_} for id_ in ids}
+
+    def loader(self, mode: Blocking | OnALoop) -> Callable[..., Any]:
+        if isinstance(mode, Blocking):
+            return lambda shop, ids: self.read(shop, ids)
+
+        async def prices(shop: str, ids: list[int]) -> dict[int, Any]:
+            return self.read(shop, ids)
+
+        return prices
+
+    def one_loader(self, mode: Blocking | OnALoop) -> Callable[..., Any]:
+        """A one-key loader of the same entries."""
+        if isinstance(mode, Blocking):
+            return lambda shop, id: self.read(shop, [id])[id]
+
+        async def price(shop: str, id: int) -> Any:
+            return self.read(shop, [id])[id]
+
+        return price
+
+    def loads(self) -> Counter[tuple[str, int]]:
+        return Counter((shop, id_) for shop, ids in self.queries for id_ in ids)
+
+
+def test_a_many_key_loaders_hottest_ids_are_warmed_in_pages_of_max_batch(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    """Each id of a sampled page is a call of its own in the hot set; a warm start gathers
+    the hottest ids of each shop into pages of ``max_batch``, peeks at each page, and loads
+    only the ids the cache lacks, in one query per page."""
+    layer = layer_of_each_backend(namespace=f"hot-{uuid.uuid4().hex[:8]}")
+    shops = Shops()
+    prices = layer.cached_loader_many("price:{shop}:{id}", batch="ids", hot_sample=1.0, max_batch=8)(shops.loader(mode))
+    for _ in range(3):  # ids 0-9 of shop "a" are read three times, 10-19 once
+        mode(prices, "a", list(range(10)))
+    mode(prices, "a", list(range(10, 20)))
+    mode(prices, "b", [1, 2, 3])
+    hottest = recorded(layer, prices)
+    assert sorted(hottest[:10]) == [("a", [id_]) for id_ in range(10)]
+    assert sorted(hottest[10:]) == sorted(
+        [("a", [id_]) for id_ in range(10, 20)] + [("b", [1]), ("b", [2]), ("b", [3])]
+    )
+    mode(prices.invalidate, "a", list(range(0, 20, 2)))  # ten of shop "a" cold again
+    mode(prices.invalidate, "b", [2])
+    shops.queries.clear()
+    report = warm(layer, mode, prices, concurrency=2)
+    assert (report.calls, report.cached, report.loaded, report.failed) == (23, 12, 11, 0), report
+    assert shops.loads() == Counter([("a", id_) for id_ in range(0, 20, 2)] + [("b", 2)])  # each once
+    assert all(len(ids) <= 8 and len(set(ids)) == len(ids) for _, ids in shops.queries), shops.queries
+    assert len(shops.queries) == 4  # pages of eight (a: 8, 8, 4; b: 3), each asking only what it lacks
+    assert layer.stats()["warm_loaded"] == 11 and layer.stats()["warm_cached"] == 12
+    shops.queries.clear()
+    assert mode(prices, "a", list(range(20))) == {id_: {"shop": "a", "id": id_} for id_ in range(20)}
+    assert mode(prices, "b", [1, 2, 3]) == {id_: {"shop": "b", "id": id_} for id_ in (1, 2, 3)}
+    assert shops.queries == []  # all warm
+
+
+def test_a_many_key_peek_tells_each_id_without_loading_and_its_hot_set_is_its_own(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    """``peek`` of a many-key loader answers each id as a one-key ``peek`` would. A
+    one-key loader of the same template keeps a hot set of its own: its calls take an id
+    where the many-key loader's take a list, so neither warms from the other's calls."""
+    layer = layer_of_each_backend(namespace=f"hot-{uuid.uuid4().hex[:8]}")
+    shops = Shops()
+    prices = layer.cached_loader_many("price:{shop}:{id}", batch="ids", hot_sample=1.0)(shops.loader(mode))
+    price = layer.cached_loader("price:{shop}:{id}", hot_sample=1.0)(shops.one_loader(mode))
+    mode(prices, "a", [1, 2])
+    found = mode(prices.peek, "a", [1, 2, 3])
+    assert found == {1: Fetched({"shop": "a", "id": 1}, False), 2: Fetched({"shop": "a", "id": 2}, False), 3: None}
+    assert len(shops.queries) == 1  # a peek loads nothing
+    mode(price, "a", 3)
+    assert mode(prices.peek, "a", [3]) == {3: Fetched({"shop": "a", "id": 3}, False)}  # one entry for both
+    assert prices.hot_set != price.hot_set
+    assert recorded(layer, prices) == [("a", [1]), ("a", [2])]
+    assert recorded(layer, price) == [("a", 3)]
