@@ -5,7 +5,7 @@ from ._cached import CachedLoader, CachedManyLoader
 from ._core.codec import JsonSerializer, Serializer, TypedSerializer
 from ._core.config import Settings
 from ._core.msgspec_serializer import MsgspecSerializer
-from ._core.observer import COUNTERS, OUTCOMES, Observer
+from ._core.observer import COUNTERS, OUTCOMES, BudgetObserver, Observer
 from ._core.results import NOT_MODIFIED, Cached, Previous, previous
 from ._core.verify import verifying
 from ._errors import (
@@ -45,6 +45,7 @@ __all__ = [  # grouped, not sorted
     "WarmReport",
     # observing it
     "Observer",
+    "BudgetObserver",
     "COUNTERS",
     "OUTCOMES",
     "verifying",

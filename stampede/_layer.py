@@ -717,11 +717,19 @@ class Stampede:
         reports its observers get)."""
         return self._events.counts.snapshot()
 
+    def budget_loads(self) -> dict[str, dict[str, int]]:
+        """The loads of each load budget (by its name: ``max_concurrent_loads``) that this
+        process has waiting for a slot (``queued``) and holding one (``running``) now. A
+        fleet's are the sum over its processes (the Prometheus and OpenTelemetry gauges
+        ``stampede_budget_loads_queued`` and ``_running``)."""
+        return self._events.counts.budgets_now()
+
     def observe(self, observer: Observer) -> None:
         """Report what this layer does to ``observer`` from now on, as well as to its
         counters (``stats()``): a ``stampede.prometheus.PrometheusMetrics``, a
         ``stampede.otel.OpenTelemetryMetrics``, or anything with ``count``, ``began``
-        and ``ended`` (``stampede.Observer``)."""
+        and ``ended`` (``stampede.Observer``), and ``budget`` to hear of load budgets
+        (``stampede.BudgetObserver``)."""
         self._events.add(observer)
 
     def warm(

@@ -10,7 +10,10 @@ One line per process, then every layer reports to it::
 Every ``stats()`` counter is a counter ``stampede_<name>_total``. Loads and waits are
 histograms ``stampede_load_seconds`` and ``stampede_wait_seconds``, and gauges
 ``stampede_loads_in_progress`` and ``stampede_waits_in_progress`` say how many run now.
-``stampede_breakers_open`` how many circuit breakers are open. The verifications of
+``stampede_breakers_open`` how many circuit breakers are open.
+``stampede_budget_loads_queued`` and ``stampede_budget_loads_running``, labelled by
+``budget`` too (the budget's name: the layer's, a loader's key template, or a shared
+name), say how many loads of each load budget wait for a slot and hold one. The verifications of
 ``verify_sample`` are one counter, ``stampede_consistency_checks_total``, labelled by
 ``result`` (match, mismatch, superseded, error, skipped). Labels: ``namespace`` (the
 layer's), and ``outcome`` on the histograms (``stampede.OUTCOMES``). Never a key, so the
@@ -99,6 +102,17 @@ class PrometheusMetrics:
                 registry=registry,
                 multiprocess_mode="livesum",
             )
+            self._budget_loads = [
+                Gauge(
+                    f"stampede_budget_loads_{state}",
+                    f"Loads of a load budget (max_concurrent_loads) {help_text} now, in this process: summed "
+                    "over the fleet, the budget's",
+                    ["namespace", "budget"],
+                    registry=registry,
+                    multiprocess_mode="livesum",
+                )
+                for state, help_text in (("queued", "waiting for a slot"), ("running", "holding a slot"))
+            ]
         except ValueError as error:  # Duplicated timeseries in CollectorRegistry
             raise ConfigError(
                 f"stampede's metrics are already registered in this registry ({error}): make one "
@@ -120,6 +134,7 @@ class PrometheusMetrics:
             *self._seconds.values(),
             *self._in_progress.values(),
             self._breakers_open,
+            *self._budget_loads,
         ]
         for metric in metrics:
             for part in (metric, *getattr(metric, "_metrics", {}).values()):
@@ -148,6 +163,11 @@ class PrometheusMetrics:
         if child is None:
             child = self._timed[namespace, measure, outcome] = self._seconds[measure].labels(namespace, outcome)
         child.observe(seconds)
+
+    def budget(self, namespace: str, budget: str, queued: int, running: int) -> None:
+        for gauge, change in zip(self._budget_loads, (queued, running), strict=True):
+            if change:
+                gauge.labels(namespace, budget).inc(change)
 
     def _running_child(self, namespace: str, measure: Measure) -> Any:
         child = self._running.get((namespace, measure))

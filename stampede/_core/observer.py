@@ -12,6 +12,11 @@ limited) and dropped, never handed to the caller:
 * ``ended(namespace, measure, outcome, seconds)``: it ended, how (``OUTCOMES``), and how
   long it took. Every ``began`` has exactly one ``ended``.
 
+And one an observer may have or not (``BudgetObserver``): ``budget(namespace, budget,
+queued, running)``, the loads of the load budget named ``budget`` in this process that
+wait for a slot (``queued``) and that hold one (``running``) went up by these (down, if
+negative). Summed over a fleet's processes, they are the budget's queue and its loads.
+
 A load is one call of the loader, leased or not. A wait is a caller that did not load
 but took the value of another caller's read or load: a caller in this process joining
 the one that leads for the key (``collapsed``), or the leader waiting on another
@@ -108,6 +113,12 @@ class Observer(Protocol):
     def ended(self, namespace: str, measure: Measure, outcome: str, seconds: float) -> None: ...
 
 
+class BudgetObserver(Protocol):
+    """An observer that also hears of load budgets (see the module's docstring)."""
+
+    def budget(self, namespace: str, budget: str, queued: int, running: int) -> None: ...
+
+
 class Reporter(Protocol):
     """What the flow and the drivers report to: one layer's observers, its namespace
     already bound (``_drivers.observe.Events``)."""
@@ -117,6 +128,8 @@ class Reporter(Protocol):
     def began(self, measure: Measure) -> None: ...
 
     def ended(self, measure: Measure, outcome: str, seconds: float) -> None: ...
+
+    def budget(self, name: str, queued: int, running: int) -> None: ...
 
 
 class Wait:

@@ -125,7 +125,9 @@ class AsyncBudgetSlots:
             True, budget.wait_timeout, None, None, budget.recheck_interval, queue_lease=budget.lease_ms / 1000
         )
         started = time.monotonic()
-        self._events.began("budget_wait")
+        events = self._events
+        events.began("budget_wait")
+        events.budget(budget.name, 1, 0)
         outcome = "error"
         try:
             try:
@@ -140,7 +142,8 @@ class AsyncBudgetSlots:
             if outcome == "error":
                 outcome = "slot" if taken is not None else "timeout"
         finally:
-            self._events.ended("budget_wait", outcome, time.monotonic() - started)
+            events.ended("budget_wait", outcome, time.monotonic() - started)
+            events.budget(budget.name, -1, 1 if outcome == "slot" else 0)
         if outcome == "timeout":
             self._events.incr("budget_timeouts")
             raise BudgetTimeout(budget.name, budget.wait_timeout)
@@ -160,6 +163,7 @@ class AsyncBudgetSlots:
                 raise LeaseLost()
             yield
         finally:
+            events.budget(budget.name, 0, -1)
             LEASE_HELD.reset(lease)
             HOLDING.reset(inside)
             watched.stop()
@@ -192,9 +196,11 @@ class AsyncBudgetSlots:
                 self._events.incr("budget_timeouts")
                 raise BudgetTimeout(budget.name, budget.wait_timeout)
         inside = HOLDING.set(HOLDING.get() | {budget})
+        self._events.budget(budget.name, 0, 1)
         try:
             yield
         finally:
+            self._events.budget(budget.name, 0, -1)
             HOLDING.reset(inside)
             local.release()
 

@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from .._core.observer import COUNTERS, UNOBSERVED, Measure, Observer, Wait, log_extra
+from .._core.observer import COUNTERS, UNOBSERVED, BudgetObserver, Measure, Observer, Wait, log_extra
 from .._errors import ConfigError
 from .._fork import reset_after_fork
 
@@ -22,6 +22,7 @@ class Counts:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.values = dict.fromkeys(COUNTERS, 0)  # written under ``lock``
+        self.budgets: dict[str, list[int]] = {}  # a budget's loads queued and running now, under ``lock``
         reset_after_fork(self)
 
     def after_fork_in_child(self) -> None:
@@ -32,6 +33,10 @@ class Counts:
     def snapshot(self) -> dict[str, int]:
         with self.lock:
             return dict(self.values)
+
+    def budgets_now(self) -> dict[str, dict[str, int]]:
+        with self.lock:
+            return {name: {"queued": queued, "running": running} for name, (queued, running) in self.budgets.items()}
 
 
 class Events:
@@ -45,6 +50,7 @@ class Events:
         self.counts = Counts()
         self._warn = warn
         self._observers: tuple[Observer, ...] = ()  # replaced whole, under _adding: read without a lock
+        self._budget_observers: tuple[BudgetObserver, ...] = ()  # those of them with budget()
         self._adding = threading.Lock()
         reset_after_fork(self)
 
@@ -56,7 +62,12 @@ class Events:
             if not callable(getattr(observer, method, None)):
                 raise ConfigError(f"an observer needs count(), began() and ended(); {observer!r} has no {method}()")
         with self._adding:
-            self._observers = (*self._observers, observer)
+            self._add(observer)
+
+    def _add(self, observer: Observer) -> None:
+        self._observers = (*self._observers, observer)
+        if callable(getattr(observer, "budget", None)):
+            self._budget_observers = (*self._budget_observers, observer)  # type: ignore[arg-type]
 
     def feed(self, observer: Observer) -> None:
         """Add ``observer`` unless it is added: how traces hear a layer (``stampede.otel.traces``),
@@ -64,7 +75,7 @@ class Events:
         if observer not in self._observers:
             with self._adding:
                 if observer not in self._observers:
-                    self._observers = (*self._observers, observer)
+                    self._add(observer)
 
     def incr(self, name: str, n: int = 1) -> None:
         counts = self.counts
@@ -99,11 +110,27 @@ class Events:
             except Exception as error:
                 self._failed(observer, error)
 
+    def budget(self, name: str, queued: int, running: int) -> None:
+        """The loads of budget ``name`` in this process waiting for a slot and holding one
+        went up (or down) by ``queued`` and ``running``."""
+        counts = self.counts
+        with counts.lock:
+            now = counts.budgets.get(name)
+            if now is None:
+                now = counts.budgets[name] = [0, 0]
+            now[0] += queued
+            now[1] += running
+        for observer in self._budget_observers:
+            try:
+                observer.budget(self.namespace, name, queued, running)
+            except Exception as error:
+                self._failed(observer, error)
+
     def breaker_changed(self, opened: bool) -> None:
         """A circuit breaker of the layer opened or closed (``_backends.breaker``)."""
         self.incr("breaker_opened" if opened else "breaker_closed")
 
-    def _failed(self, observer: Observer, error: Exception) -> None:
+    def _failed(self, observer: object, error: Exception) -> None:
         self._warn.warning(
             "stampede: observer %r raised %s: %s; its report was dropped",
             observer,

@@ -10,7 +10,8 @@ pipeline with no Prometheus::
 Instruments (meter ``stampede``): a counter ``stampede.<name>`` per ``stats()`` counter
 (``stampede.hits``, ``stampede.loads``, ...), histograms ``stampede.load.duration`` and
 ``stampede.wait.duration`` in seconds, up-down counters ``stampede.load.active`` and
-``stampede.wait.active``, ``stampede.breakers.open``, and
+``stampede.wait.active``, ``stampede.breakers.open``, ``stampede.budget.loads.queued``
+and ``stampede.budget.loads.running`` (by ``stampede.budget``, the load budget's name), and
 ``stampede.consistency.checks`` (the verifications of ``verify_sample``, by
 ``stampede.result``). Attributes: ``stampede.namespace``, and ``stampede.outcome`` on
 the histograms. Never a key. With no
@@ -36,6 +37,7 @@ __all__ = ["OpenTelemetryMetrics"]
 
 NAMESPACE = "stampede.namespace"
 OUTCOME = "stampede.outcome"
+BUDGET = "stampede.budget"
 RESULT = "stampede.result"
 
 
@@ -91,6 +93,15 @@ class OpenTelemetryMetrics:
                 unit="{" + measure + "}",
                 description=f"{measure.capitalize()}s under way",
             )
+        self._budgets: dict[tuple[str, str], list[int]] = {}  # (namespace, budget) -> queued, running
+        for index, state in enumerate(("queued", "running")):
+            meter.create_observable_up_down_counter(
+                f"stampede.budget.loads.{state}",
+                callbacks=[self._observe_budgets(index)],
+                unit="{load}",
+                description=f"Loads of a load budget {'waiting for' if index == 0 else 'holding'} a slot "
+                "(stampede.budget: its name)",
+            )
         meter.create_observable_up_down_counter(
             "stampede.breakers.open",
             callbacks=[self._observe(self._running["breakers"])],
@@ -104,6 +115,16 @@ class OpenTelemetryMetrics:
             with self._lock:
                 current = list(counts.items())
             return [metrics.Observation(n, {NAMESPACE: namespace}) for namespace, n in current]
+
+        return callback
+
+    def _observe_budgets(self, index: int) -> Callable[[metrics.CallbackOptions], Iterable[metrics.Observation]]:
+        def callback(options: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
+            with self._lock:
+                current = [(key, now[index]) for key, now in self._budgets.items()]
+            return [
+                metrics.Observation(n, {NAMESPACE: namespace, BUDGET: budget}) for (namespace, budget), n in current
+            ]
 
         return callback
 
@@ -128,6 +149,12 @@ class OpenTelemetryMetrics:
             if event in ("breaker_opened", "breaker_closed"):
                 breakers = self._running["breakers"]
                 breakers[namespace] = breakers.get(namespace, 0) + (1 if event == "breaker_opened" else -1)
+
+    def budget(self, namespace: str, budget: str, queued: int, running: int) -> None:
+        with self._lock:
+            now = self._budgets.setdefault((namespace, budget), [0, 0])
+            now[0] += queued
+            now[1] += running
 
     def began(self, namespace: str, measure: Measure) -> None:
         with self._lock:

@@ -24,6 +24,7 @@ from stampede._core.store import LockState
 from stampede.testing.servers import free_port
 
 from ..modes import Blocking, OnALoop
+from ..scenarios import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -414,3 +415,62 @@ def _slots_held(layer: Stampede, name: str) -> int:
         return 0
     store.release_slot(keys, "probe", 1, 5_000)  # its place in the queue
     return 1
+
+
+class BudgetGauges:
+    """An observer that also hears of budgets (``stampede.BudgetObserver``): the loads
+    queued and running per budget, as a gauge would add them up."""
+
+    def __init__(self) -> None:
+        self.now: dict[tuple[str, str], list[int]] = {}
+        self._lock = threading.Lock()
+
+    def count(self, namespace: str, event: str, n: int) -> None:
+        pass
+
+    def began(self, namespace: str, measure: str) -> None:
+        pass
+
+    def ended(self, namespace: str, measure: str, outcome: str, seconds: float) -> None:
+        pass
+
+    def budget(self, namespace: str, budget: str, queued: int, running: int) -> None:
+        with self._lock:
+            now = self.now.setdefault((namespace, budget), [0, 0])
+            now[0] += queued
+            now[1] += running
+
+
+def test_each_budgets_loads_queued_and_running_are_told_per_budget(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    """Three loads of the layer's budget of one (one runs, two queue) and two of a
+    loader's own budget of two (both run): ``budget_loads()``, a budget observer and the
+    Prometheus gauges say so per budget, and all come back to zero when the loads end."""
+    namespace = f"gauged-{uuid.uuid4().hex[:8]}"
+    gauges = BudgetGauges()
+    layer = layer_of_each_backend(namespace=namespace, max_concurrent_loads=1, wait_timeout=20, observers=[gauges])
+    prometheus = pytest.importorskip("prometheus_client")
+    from stampede.prometheus import PrometheusMetrics
+
+    registry = prometheus.CollectorRegistry()
+    layer.observe(PrometheusMetrics(registry))
+    loads = Loads(delay=0.0)
+    loads.release.clear()
+    shared = layer.cached_loader("shared:{key}")(loads.loader(mode))
+    own = layer.cached_loader("own:{key}", max_concurrent_loads=2)(loads.loader(mode))
+    calls = [mode.start(shared, key) for key in range(3)] + [mode.start(own, key) for key in range(3, 5)]
+    expected = {"~layer": {"queued": 2, "running": 1}, "own:{key}": {"queued": 0, "running": 2}}
+    wait_until(lambda: layer.budget_loads() == expected, "three loads queued or running", timeout=10)
+    assert {budget: {"queued": q, "running": r} for (_, budget), (q, r) in gauges.now.items()} == expected
+
+    def gauge(state: str, budget: str) -> float | None:
+        return registry.get_sample_value(f"stampede_budget_loads_{state}", {"namespace": namespace, "budget": budget})
+
+    assert [gauge("queued", "~layer"), gauge("running", "~layer"), gauge("running", "own:{key}")] == [2, 1, 2]
+    loads.release.set()
+    assert [call.result(20) for call in calls] == [{"id": key} for key in range(5)]
+    idle = {"queued": 0, "running": 0}
+    assert layer.budget_loads() == {"~layer": idle, "own:{key}": idle}
+    assert all(now == [0, 0] for now in gauges.now.values())
+    assert [gauge("queued", "~layer"), gauge("running", "~layer"), gauge("running", "own:{key}")] == [0, 0, 0]

@@ -228,6 +228,50 @@ def test_opentelemetry_collects_the_same_numbers(redis_url: str) -> None:
         provider.shutdown()
 
 
+def test_opentelemetry_tells_each_budgets_loads_running(redis_url: str) -> None:
+    """``stampede.budget.loads.running`` and ``.queued``, by ``stampede.budget``: one load
+    of the layer's budget runs while its loader looks, none after."""
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from stampede.otel import OpenTelemetryMetrics
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    namespace = f"metrics-{uuid.uuid4().hex[:8]}"
+    layer = Stampede.from_url(
+        redis_url, namespace=namespace, max_concurrent_loads=1, observers=[OpenTelemetryMetrics(provider)]
+    )
+
+    def budgets() -> dict[tuple[str, str], float]:
+        found: dict[tuple[str, str], float] = {}
+        data = reader.get_metrics_data()
+        for resource in data.resource_metrics if data else []:
+            for scope in resource.scope_metrics:
+                for metric in scope.metrics:
+                    if metric.name.startswith("stampede.budget.loads."):
+                        for point in metric.data.data_points:
+                            key = (metric.name.rsplit(".", 1)[1], dict(point.attributes)["stampede.budget"])
+                            found[key] = point.value
+        return found
+
+    seen: list[dict[tuple[str, str], float]] = []
+
+    @layer.cached_loader("item:{key}")
+    def load(key: int) -> int:
+        seen.append(budgets())
+        return key
+
+    try:
+        assert load(1) == 1
+        assert seen == [{("queued", "~layer"): 0, ("running", "~layer"): 1}]
+        assert budgets() == {("queued", "~layer"): 0, ("running", "~layer"): 0}
+    finally:
+        layer.close()
+        provider.shutdown()
+
+
 def test_asyncio_waiters_are_timed_as_threads_are(redis_url: str) -> None:
     asyncio.run(asyncio_stampede(redis_url))
 
