@@ -7,10 +7,11 @@ load them before traffic finds them missing (``hot_sample``, ``Stampede.warm``).
 1. Traffic: ``--calls`` reads of ``--products`` products, drawn from a Zipf law (a few
    products asked again and again), from 4 threads. One call in ten (``--sample``) is
    recorded in the loader's hot set, in the store (``hot_sample=0.1``).
-2. The cache goes cold (every product invalidated: what a restart, a flush or a new
-   value version leaves).
-3. A warm start loads the ``--warm`` hottest products, 8 at a time within a load budget
-   of 4, with a progress bar.
+2. The hot set is exported to a JSON file, and the cache restarts empty: the layer is
+   closed and a new one opened, in a new namespace (on the embedded backend, a new
+   store: what a restart, a flush or a bumped namespace leaves, hot set and all).
+3. The new layer imports the hot set, and a warm start loads the ``--warm`` hottest
+   products, 8 at a time within a load budget of 4, with a progress bar.
 4. Traffic again: the misses of its first calls, against a second cold start without
    warming. It exits non-zero unless the warm start took most of them away.
 """
@@ -18,10 +19,13 @@ load them before traffic finds them missing (``hot_sample``, ``Stampede.warm``).
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from stampede import Stampede, WarmReport
@@ -63,34 +67,40 @@ def main() -> None:
     parser.add_argument("--after", type=int, default=2000, help="calls of traffic measured after each start")
     options = parser.parse_args()
 
-    namespace = f"warm-example-{random.randrange(1 << 30)}"
-    layer = Stampede.from_url(options.redis or "memory://", namespace=namespace)
     queries = [0]
     lock = threading.Lock()
 
-    @layer.cached_loader("product:{product_id}", hot_sample=options.sample, max_concurrent_loads=4)
-    def product(product_id: int) -> dict[str, Any]:
-        with lock:
-            queries[0] += 1
-        time.sleep(0.002)  # the query
-        return {"id": product_id, "name": f"product {product_id}"}
+    def start() -> tuple[Stampede, Any]:
+        """A layer in a namespace of its own, and its product loader."""
+        layer = Stampede.from_url(options.redis or "memory://", namespace=f"warm-example-{random.randrange(1 << 30)}")
 
-    def go_cold() -> None:
-        for product_id in range(options.products):
-            product.invalidate(product_id)
+        @layer.cached_loader("product:{product_id}", hot_sample=options.sample, max_concurrent_loads=4)
+        def product(product_id: int) -> dict[str, Any]:
+            with lock:
+                queries[0] += 1
+            time.sleep(0.002)  # the query
+            return {"id": product_id, "name": f"product {product_id}"}
 
-    def misses_of(keys: list[int]) -> int:
+        return layer, product
+
+    def misses_of(load: Any, keys: list[int]) -> int:
         before = queries[0]
-        traffic(product, keys)
+        traffic(load, keys)
         return queries[0] - before
 
+    layer, product = start()
     try:
         print(f"1. traffic: {options.calls} Zipf reads of {options.products} products")
         traffic(product, zipf_keys(options.products, options.calls, seed=1))
         print(f"   {layer.flush_hot_sets()} sampled calls added to the hot set")
-        go_cold()
-        print("2. the cache went cold")
-        print(f"3. a warm start of the {options.warm} hottest products")
+        with tempfile.TemporaryDirectory() as folder:
+            saved = Path(folder) / "hot-sets.json"
+            saved.write_text(json.dumps(layer.export_hot_sets(product)))
+            layer.close()
+            layer, product = start()
+            print(f"2. the hot set saved to a file ({saved.stat().st_size} bytes); the cache restarted empty")
+            imported = layer.import_hot_sets(json.loads(saved.read_text()), product)
+        print(f"3. {imported} hot calls imported; a warm start of the {options.warm} hottest products")
         report = layer.warm(product, count=options.warm, on_progress=progress_bar)
         if sys.stdout.isatty():
             print()  # after the bar
@@ -99,9 +109,10 @@ def main() -> None:
             f"in {report.seconds:.2f} s"
         )
         after = zipf_keys(options.products, options.after, seed=2)
-        warmed = misses_of(after)
-        go_cold()
-        cold = misses_of(after)
+        warmed = misses_of(product, after)
+        for product_id in range(options.products):  # cold again, without warming
+            product.invalidate(product_id)
+        cold = misses_of(product, after)
         print(f"4. the first {options.after} calls after the start: {warmed} misses warmed, {cold} cold")
         if report.loaded == 0 or report.failed or warmed * 2 > cold:
             print("FAILED: the warm start did not take most of the misses away")

@@ -65,7 +65,7 @@ from ._loader_many import ManyKeys
 from ._lock import Lock, ReentrantHolds
 from ._redact import redacted
 from ._redlock import Redlock
-from ._warm import Progress, WarmReport, awarm, warm
+from ._warm import Progress, WarmReport, awarm, export_hot_sets, import_hot_sets, warm
 from .otel.traces import GLOBAL, Tracing
 
 if typing.TYPE_CHECKING:
@@ -744,6 +744,26 @@ class Stampede:
         what it did; a call that raised is counted and kept in the report, not raised."""
         store = self._blocking_store("warm", "awarm")
         return warm(store, self._events, loaders, count, concurrency, on_progress)
+
+    def export_hot_sets(self, *loaders: Any, count: int | None = None) -> dict[str, Any]:
+        """The hot sets of ``loaders`` (their ``count`` hottest calls, all by default) as
+        JSON-ready data, to keep where a cache server restarted empty, a flush or a new
+        namespace cannot reach, and give back with ``import_hot_sets`` (docs/budgets.md).
+        Keyed by loader template, not namespace: a new namespace takes an old one's."""
+        return export_hot_sets(self._hot_set_store("export_hot_sets"), loaders, count)
+
+    def import_hot_sets(self, snapshot: dict[str, Any], *loaders: Any) -> int:
+        """Put back what ``export_hot_sets`` gave, for each of ``loaders`` whose hot set is
+        empty in the store (so that a fleet booting together imports it once, give or
+        take a race), ready for ``warm``. Returns the calls imported. ``ValueError`` for
+        data that is not such an export, with nothing imported."""
+        return import_hot_sets(self._hot_set_store("import_hot_sets"), loaders, snapshot)
+
+    def _hot_set_store(self, method: str) -> Any:
+        store = self._runner.store if self._runner is not None else None
+        if store is None or not callable(getattr(store, "note_hot", None)):
+            raise ConfigError(f"{method}() needs a blocking client and a store that keeps hot sets")
+        return store
 
     def flush_hot_sets(self) -> int:
         """Add the calls ``hot_sample`` recorded in this process to their hot sets in the

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._core.hotset import Call, HotSet, decode_call, ranked
+from ._core.hotset import EXPORT_FORMAT, Call, HotSet, decode_call, exported, imported_counts, ranked, scored
 from ._core.store import HotSetStore
 from ._drivers.hotset import WARMING
 from ._drivers.observe import Events
@@ -98,6 +98,36 @@ def hot_calls(store: HotSetStore, hot: HotSet, count: int, moment: float) -> lis
         except ValueError:
             continue
     return calls
+
+
+def export_hot_sets(store: HotSetStore, loaders: Sequence[Any], count: int | None) -> dict[str, Any]:
+    """``Stampede.export_hot_sets``: each loader's hot set, ranked, as JSON-ready data."""
+    if count is not None:
+        _check(1, count)
+    moment = time.time()
+    sets: dict[str, list[list[Any]]] = {}
+    for loader in loaders:
+        hot = hot_set_of(loader)
+        size = hot.limit if count is None else count
+        members = scored(store.hot_members(hot.key(moment), size), store.hot_members(hot.key(moment, 1), size), size)
+        sets[hot.name] = exported(members)
+    return {"stampede_hot_sets": EXPORT_FORMAT, "exported_at": moment, "sets": sets}
+
+
+def import_hot_sets(store: HotSetStore, loaders: Sequence[Any], snapshot: Any) -> int:
+    """``Stampede.import_hot_sets``: the export's set of each loader, into a hot set that
+    holds nothing (this period's and the last one's empty). Returns the calls imported."""
+    counts = imported_counts(snapshot)
+    hot_sets = [hot_set_of(loader) for loader in loaders]
+    moment, imported = time.time(), 0
+    for hot in hot_sets:
+        found = counts.get(hot.name)
+        if not found or store.hot_members(hot.key(moment), 1) or store.hot_members(hot.key(moment, 1), 1):
+            continue  # nothing exported, or recorded here already (another process imported it first)
+        kept = dict(sorted(found.items(), key=lambda item: (-item[1], item[0]))[: hot.limit])
+        store.note_hot(hot.key(moment), kept, hot.limit, hot.ttl_ms)
+        imported += len(kept)
+    return imported
 
 
 def tiered(calls: Sequence[Any], tier: int, draw: random.Random) -> list[Any]:

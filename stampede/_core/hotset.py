@@ -33,6 +33,7 @@ class HotSet:
     base: str  # the sets' key, less the period
     limit: int
     period: float
+    name: str = ""  # the base less the namespace: the same in every namespace (an export's key)
 
     @classmethod
     def of(
@@ -44,7 +45,8 @@ class HotSet:
         one-key loader's take an id. The entry starts with ``~hot:`` or ``~hot-many:``,
         which no template or argument can produce."""
         kind = "~hot-many:" if many else "~hot:"
-        return cls(f"{namespace}:{{{shorten(kind + escape(template), max_key_length)}}}", limit, period)
+        name = shorten(kind + escape(template), max_key_length)
+        return cls(f"{namespace}:{{{name}}}", limit, period, name)
 
     def key(self, moment: float, back: int = 0) -> str:
         """The set of the period ``moment`` (wall-clock seconds) falls in, or of the one
@@ -83,12 +85,53 @@ def decode_call(member: bytes) -> Call:
 def ranked(current: Iterable[tuple[bytes, float]], last: Iterable[tuple[bytes, float]], count: int) -> list[bytes]:
     """The ``count`` hottest members: the current period's count plus half the last
     one's, highest first (ties by member, so every process ranks alike)."""
+    return [member for member, _ in scored(current, last, count)]
+
+
+def scored(
+    current: Iterable[tuple[bytes, float]], last: Iterable[tuple[bytes, float]], count: int
+) -> list[tuple[bytes, float]]:
+    """``ranked``, each member with its score."""
     scores: dict[bytes, float] = {}
     for member, score in last:
         scores[member] = score / 2
     for member, score in current:
         scores[member] = scores.get(member, 0.0) + score
-    return sorted(scores, key=lambda member: (-scores[member], member))[:count]
+    return sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:count]
+
+
+EXPORT_FORMAT = 1  # ``Stampede.export_hot_sets``'s, checked by ``imported_counts``
+
+
+def exported(members: list[tuple[bytes, float]]) -> list[list[Any]]:
+    """A hot set's ranked members as an export's JSON: ``[call, score]`` pairs, each call
+    the JSON ``encode_call`` made, as text."""
+    return [[member.decode(), score] for member, score in members]
+
+
+def imported_counts(snapshot: Any) -> dict[str, dict[bytes, int]]:
+    """An export's sets, each name to its members' counts (a score rounded up, at least
+    one), ready for ``note_hot``. ``ValueError`` naming what is wrong for anything that
+    is not an export of this format, before anything is written."""
+    if not isinstance(snapshot, dict) or snapshot.get("stampede_hot_sets") != EXPORT_FORMAT:
+        raise ValueError(f"not an export of stampede hot sets (format {EXPORT_FORMAT}): {str(snapshot)[:80]!r}")
+    sets = snapshot.get("sets")
+    if not isinstance(sets, dict):
+        raise ValueError("an export of hot sets without its sets")
+    counts: dict[str, dict[bytes, int]] = {}
+    for name, members in sets.items():
+        if not isinstance(name, str) or not isinstance(members, list):
+            raise ValueError(f"hot set {name!r} of the export is not a list of [call, score]")
+        found = counts[name] = {}
+        for pair in members:
+            if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)):
+                raise ValueError(f"hot set {name!r} of the export has {str(pair)[:80]!r}, not [call, score]")
+            call, score = pair[0].encode(), pair[1]
+            if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
+                raise ValueError(f"hot set {name!r} of the export scores {pair[0][:60]!r} {score!r}")
+            decode_call(call)  # ValueError for anything encode_call did not make
+            found[call] = max(1, math.ceil(score))
+    return counts
 
 
 class Countdown:

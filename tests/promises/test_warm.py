@@ -6,6 +6,7 @@ within the load budget, with progress told; what is cached is not called."""
 from __future__ import annotations
 
 import decimal
+import json
 import random
 import threading
 import time
@@ -298,3 +299,58 @@ def test_a_many_key_peek_tells_each_id_without_loading_and_its_hot_set_is_its_ow
     assert prices.hot_set != price.hot_set
     assert recorded(layer, prices) == [("a", [1]), ("a", [2])]
     assert recorded(layer, price) == [("a", 3)]
+
+
+def test_hot_sets_exported_survive_an_empty_cache_and_a_new_namespace(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    """A cache server restarted empty, a flush or a bumped namespace takes the hot sets
+    with the values. An export (JSON, through a file) imported into an empty hot set,
+    here a new namespace's, makes the warm start load what the old one recorded, hottest
+    first; an import into a hot set that holds calls imports nothing."""
+    old = layer_of_each_backend(namespace=f"hot-{uuid.uuid4().hex[:8]}")
+    shops = Shops()
+    db = Database()
+    load = old.cached_loader("item:{key}", hot_sample=1.0)(mode.loader(db))
+    prices = old.cached_loader_many("price:{shop}:{id}", batch="ids", hot_sample=1.0)(shops.loader(mode))
+    for key, times in ((1, 3), (2, 2), (3, 1)):
+        for _ in range(times):
+            mode(load, key)
+    mode(prices, "a", [7, 8])
+    old.flush_hot_sets()
+    snapshot = json.loads(json.dumps(old.export_hot_sets(load, prices)))
+    assert [call for call, _ in snapshot["sets"][load.hot_set.name]] == ["[[1],{}]", "[[2],{}]", "[[3],{}]"]
+    assert old.export_hot_sets(load, count=1)["sets"][load.hot_set.name] == [["[[1],{}]", 3.0]]
+
+    new = layer_of_each_backend(namespace=f"hot-{uuid.uuid4().hex[:8]}")
+    new_db, new_shops = Database(), Shops()
+    new_load = new.cached_loader("item:{key}", hot_sample=1.0)(mode.loader(new_db))
+    new_prices = new.cached_loader_many("price:{shop}:{id}", batch="ids", hot_sample=1.0)(new_shops.loader(mode))
+    assert recorded(new, new_load) == []
+    assert new.import_hot_sets(snapshot, new_load, new_prices) == 5
+    assert recorded(new, new_load) == [(1,), (2,), (3,)]
+    assert new.import_hot_sets(snapshot, new_load, new_prices) == 0  # not empty now: imported once
+    report = warm(new, mode, new_load, new_prices)
+    assert (report.calls, report.loaded) == (5, 5)
+    assert new_db.calls == {1: 1, 2: 1, 3: 1} and new_shops.queries == [("a", [7, 8])]
+
+
+def test_what_is_not_a_hot_set_export_is_refused_with_nothing_imported() -> None:
+    layer = Stampede.from_url("memory://", namespace="refused-import")
+    try:
+        load = layer.cached_loader("item:{key}")(lambda key: key)
+        good = [["[[1],{}]", 2.0]]
+        for bad, why in (
+            ({}, "not an export of stampede hot sets"),
+            ({"stampede_hot_sets": 1}, "without its sets"),
+            ({"stampede_hot_sets": 1, "sets": {load.hot_set.name: [["not json", 1]]}}, "not a recorded call"),
+            ({"stampede_hot_sets": 1, "sets": {load.hot_set.name: [*good, ["[[2],{}]", "many"]]}}, "scores"),
+            ({"stampede_hot_sets": 1, "sets": {load.hot_set.name: [*good, [3]]}}, "not \\[call, score\\]"),
+        ):
+            with pytest.raises(ValueError, match=why):
+                layer.import_hot_sets(bad, load)
+        assert recorded(layer, load) == []  # nothing written by any of them
+        with pytest.raises(ConfigError, match="count"):
+            layer.export_hot_sets(load, count=0)
+    finally:
+        layer.close()

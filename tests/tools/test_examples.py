@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -54,6 +55,8 @@ def test_the_warm_start_example_takes_most_misses_away(redis_url: str) -> None:
     sizes = ["--calls", "5000", "--products", "300", "--warm", "250", "--sample", "0.5"]
     out = run("examples/warm_start.py", "--redis", redis_url, *sizes)
     assert "warming: " in out and out.rstrip().endswith("OK")
+    imported = re.search(r"3\. (\d+) hot calls imported", out)  # from the file, after the restart
+    assert imported is not None and int(imported.group(1)) > 0, out
 
 
 def test_the_category_map_example_shows_one_query_per_burst_and_the_null_sentinel(redis_url: str) -> None:
