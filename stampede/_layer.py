@@ -742,7 +742,7 @@ class Stampede:
         loaded once across every process warming at the same moment, within the
         loaders' load budgets. ``on_progress(report)`` is told after each call. Returns
         what it did; a call that raised is counted and kept in the report, not raised."""
-        store = self._blocking_store("warm", "awarm")
+        store = self._hot_set_store("warm")
         return warm(store, self._events, loaders, count, concurrency, on_progress)
 
     def export_hot_sets(self, *loaders: Any, count: int | None = None) -> dict[str, Any]:
@@ -762,7 +762,10 @@ class Stampede:
     def _hot_set_store(self, method: str) -> Any:
         store = self._runner.store if self._runner is not None else None
         if store is None or not callable(getattr(store, "note_hot", None)):
-            raise ConfigError(f"{method}() needs a blocking client and a store that keeps hot sets")
+            raise ConfigError(
+                f"{method}() needs a blocking client (Stampede.from_url gives one; hot sets are read and "
+                f"recorded through it) and a store that keeps hot sets; {self._backend.name} has none"
+            )
         return store
 
     def flush_hot_sets(self) -> int:
@@ -776,7 +779,7 @@ class Stampede:
     ) -> WarmReport:
         """``warm`` for ``async def`` loaders, from ``concurrency`` tasks of this loop (the
         hot sets are read in a worker thread)."""
-        store = self._blocking_store("awarm", "warm")
+        store = self._hot_set_store("awarm")
         return await awarm(store, self._events, loaders, count, concurrency, on_progress)
 
     def close(self) -> None:

@@ -5,6 +5,7 @@ within the load budget, with progress told; what is cached is not called."""
 
 from __future__ import annotations
 
+import asyncio
 import decimal
 import json
 import random
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import redis.asyncio
 
 from stampede import BackendUnavailable, ConfigError, Fetched, Stampede, WarmReport
 from stampede._core.hotset import Countdown, HotSet, decode_call, encode_call, ranked
@@ -352,5 +354,26 @@ def test_what_is_not_a_hot_set_export_is_refused_with_nothing_imported() -> None
         assert recorded(layer, load) == []  # nothing written by any of them
         with pytest.raises(ConfigError, match="count"):
             layer.export_hot_sets(load, count=0)
+    finally:
+        layer.close()
+
+
+def test_a_layer_with_only_an_asyncio_client_is_told_what_a_warm_start_needs(redis_url: str) -> None:
+    """Hot sets are recorded and read through the blocking client: an asyncio-only layer
+    is refused ``hot_sample`` at decoration, and ``awarm`` and the exports say why."""
+    layer = Stampede(async_client=lambda: redis.asyncio.Redis.from_url(redis_url, socket_timeout=2))
+    try:
+
+        async def item(key: int) -> int:
+            return key
+
+        with pytest.raises(ConfigError, match="hot_sample needs a blocking client"):
+            layer.cached_loader("item:{key}", hot_sample=0.5)(item)
+        load = layer.cached_loader("item:{key}")(item)
+        with pytest.raises(ConfigError, match=r"awarm\(\) needs a blocking client \(Stampede.from_url gives one"):
+            asyncio.run(layer.awarm(load))
+        for method in (layer.export_hot_sets, lambda *loaders: layer.import_hot_sets({}, *loaders)):
+            with pytest.raises(ConfigError, match="needs a blocking client"):
+                method(load)
     finally:
         layer.close()
