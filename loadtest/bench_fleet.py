@@ -41,37 +41,20 @@ import uuid
 from typing import Any
 
 import redis
+from fleet import count_keys, counted, counted_query, run_processes
 
 from stampede import Stampede
 from stampede.testing import server_url
 
 WAYS = ["no budget", "per-process limit", "fleet budget"]
 
-BEGIN = """
-local running = redis.call('INCR', KEYS[1])
-if running > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], running) end
-redis.call('HINCRBY', KEYS[3], ARGV[1], 1)
-return running
-"""
-
 
 def worker(options: argparse.Namespace) -> None:
     """One process of the fleet: ``--threads`` threads walking every key (``--way``)."""
-    client = redis.Redis.from_url(options.url)
-    begin = client.register_script(BEGIN)
-    ns = options.namespace
-    running, peak, loads = f"{ns}:count:running", f"{ns}:count:peak", f"{ns}:count:loads"
     budget = options.budget if options.way == "fleet budget" else 0
     limit = threading.BoundedSemaphore(options.budget) if options.way == "per-process limit" else None
-    layer = Stampede.from_url(options.url, namespace=ns, max_concurrent_loads=budget, wait_timeout=120)
-
-    def query(key: int) -> dict[str, int]:
-        begin(keys=[running, peak, loads], args=[key])
-        try:
-            time.sleep(options.delay)
-            return {"id": key}
-        finally:
-            client.decr(running)
+    layer = Stampede.from_url(options.url, namespace=options.namespace, max_concurrent_loads=budget, wait_timeout=120)
+    query = counted_query(options.url, options.namespace, options.delay)
 
     def limited(key: int) -> dict[str, int]:
         assert limit is not None
@@ -127,11 +110,11 @@ def storm(url: str, own_server: bool, options: argparse.Namespace) -> dict[str, 
                        "--overlap", str(options.overlap)]  # fmt: skip
             samples: list[int] = []
             done = threading.Event()
-            sampler = threading.Thread(target=sample, args=(url, f"{namespace}:count:running", samples, done))
+            sampler = threading.Thread(target=sample, args=(url, count_keys(namespace)[0], samples, done))
             results, wall = run_fleet(command, options.processes, sampler, done)
-            loads = {int(key): int(count) for key, count in client.hgetall(f"{namespace}:count:loads").items()}
+            peak, loads = counted(url, namespace)
             rows[way].append({
-                "peak": int(client.get(f"{namespace}:count:peak") or 0), "sampled": max(samples, default=0),
+                "peak": peak, "sampled": max(samples, default=0),
                 "over": sum(1 for s in samples if s > options.budget) / max(len(samples), 1),
                 "keys": len(loads), "loads": sum(loads.values()), "max_per_key": max(loads.values(), default=0),
                 "wall": wall, "wrong": sum(result["wrong"] for result in results),
@@ -167,27 +150,13 @@ def run_fleet(
     """Start the fleet, let it go at once (``sampler`` running meanwhile), return each
     process's result and the wall time (from the first process's first call to the last
     one's last, their exits left out). Every process is gone on return."""
-    started = [subprocess.Popen([*command, "--seed", str(seed)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                text=True) for seed in range(processes)]  # fmt: skip
     try:
-        for process in started:
-            assert process.stdout is not None and process.stdout.readline().strip() == "ready"
-        sampler.start()
-        for process in started:
-            assert process.stdin is not None
-            process.stdin.write("go\n")
-            process.stdin.flush()
-        outputs = [process.communicate(timeout=300)[0] for process in started]
-        results = [json.loads(output.splitlines()[-1]) for output in outputs]
+        results = run_processes(command, processes, 300, on_ready=sampler.start)
         return results, max(result["ended"] for result in results) - min(result["began"] for result in results)
     finally:
         done.set()
         if sampler.is_alive():
             sampler.join(5)
-        for process in started:
-            if process.poll() is None:
-                process.kill()
-                process.wait(5)
 
 
 @dataclasses.dataclass

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import subprocess
 import sys
 import threading
 import time
@@ -35,19 +34,13 @@ import uuid
 from typing import Any
 
 import redis
+from fleet import count_keys, counted, counted_query, run_processes
 
 from stampede import Stampede
 from stampede.testing import server_url
 
 WAYS = ["warm start", "cold start"]
 EARLY = 5.0  # seconds: the start of the first window, where a cold start's misses are
-
-BEGIN = """
-local running = redis.call('INCR', KEYS[1])
-if running > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], running) end
-redis.call('HINCRBY', KEYS[3], ARGV[1], 1)
-return running
-"""
 
 
 def zipf(keys: int, count: int, draw: random.Random) -> list[int]:
@@ -62,21 +55,10 @@ def p99(latencies: list[float]) -> float:
 
 def worker(options: argparse.Namespace) -> None:
     """One process of the fleet: boot (warm or not), then serve two windows."""
-    client = redis.Redis.from_url(options.url)
-    begin = client.register_script(BEGIN)
-    ns = options.namespace
-    running, peak, loads = f"{ns}:count:running", f"{ns}:count:peak", f"{ns}:count:loads"
-    layer = Stampede.from_url(options.url, namespace=ns, max_concurrent_loads=options.budget, wait_timeout=120)
-
-    def query(key: int) -> dict[str, int]:
-        begin(keys=[running, peak, loads], args=[key])
-        try:
-            time.sleep(options.delay)
-            return {"id": key}
-        finally:
-            client.decr(running)
-
-    load = layer.cached_loader("item:{key}")(query)
+    layer = Stampede.from_url(
+        options.url, namespace=options.namespace, max_concurrent_loads=options.budget, wait_timeout=120
+    )
+    load = layer.cached_loader("item:{key}")(counted_query(options.url, options.namespace, options.delay))
     layer.cached_loader("ready:{key}", max_concurrent_loads=0)(lambda key: key)(0)  # connections open first
     seeds = [options.seed * 100 + number for number in range(options.threads)]
     draws = [zipf(options.keys, 200_000, random.Random(seed)) for seed in seeds]
@@ -140,36 +122,21 @@ def go_cold(url: str, namespace: str, keys: int) -> None:
             load.invalidate(key)
     finally:
         layer.close()
-    redis.Redis.from_url(url).delete(*(f"{namespace}:count:{name}" for name in ("running", "peak", "loads")))
+    redis.Redis.from_url(url).delete(*count_keys(namespace))
 
 
 def run_way(url: str, namespace: str, way: str, options: argparse.Namespace) -> dict[str, Any]:
     command = [sys.executable, __file__, "--worker", "--url", url, "--way", way, "--namespace", namespace,
                "--threads", str(options.threads), "--keys", str(options.keys), "--delay", str(options.delay),
                "--budget", str(options.budget), "--seconds", str(options.seconds)]  # fmt: skip
-    started = [subprocess.Popen([*command, "--seed", str(seed)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                text=True) for seed in range(options.processes)]  # fmt: skip
-    try:
-        for process in started:
-            assert process.stdout is not None and process.stdout.readline().strip() == "ready"
-        for process in started:
-            assert process.stdin is not None
-            process.stdin.write("go\n")
-            process.stdin.flush()
-        limit = 2 * options.seconds + 300
-        results = [json.loads(process.communicate(timeout=limit)[0].splitlines()[-1]) for process in started]
-    finally:
-        for process in started:
-            if process.poll() is None:
-                process.kill()
-                process.wait(5)
-    client = redis.Redis.from_url(url)
-    per_key = [int(count) for count in client.hgetall(f"{namespace}:count:loads").values()]
+    results = run_processes(command, options.processes, 2 * options.seconds + 300)
+    peak, loads = counted(url, namespace)
+    per_key = list(loads.values())
     return {
         "boot_s": max(result["boot"] for result in results),
         "loads": sum(per_key),
         "max_per_key": max(per_key, default=0),
-        "peak": int(client.get(f"{namespace}:count:peak") or 0),
+        "peak": peak,
         "p99_first_ms": 1000 * max(result["first"] for result in results),
         "p99_second_ms": 1000 * max(result["second"] for result in results),
         "p99_early_ms": 1000 * max(result["early"] for result in results),
