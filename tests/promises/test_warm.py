@@ -282,6 +282,44 @@ def test_a_many_key_loaders_hottest_ids_are_warmed_in_pages_of_max_batch(
     assert shops.queries == []  # all warm
 
 
+def test_processes_warming_a_many_key_loader_together_load_each_id_once(
+    layer_of_each_backend: Callable[..., Stampede], request: pytest.FixtureRequest
+) -> None:
+    """Two layers over one store stand for two pods booting together: each warms the
+    whole hot set of a many-key loader, in pages of eight; each id is loaded once
+    between both, and no page asks for an id twice."""
+    if request.node.callspec.params["layer_of_each_backend"] == "embedded":
+        pytest.skip("two embedded layers share no store")
+    namespace = f"hot-{uuid.uuid4().hex[:8]}"
+    pods = [layer_of_each_backend(namespace=namespace) for _ in range(2)]
+    shops = [Shops() for _ in pods]
+    prices = [
+        pod.cached_loader_many("price:{shop}:{id}", batch="ids", hot_sample=1.0, max_batch=8)(shop.loader(Blocking()))
+        for pod, shop in zip(pods, shops, strict=True)
+    ]
+    for start in range(0, 48, 6):
+        prices[0]("a", list(range(start, start + 6)))
+    prices[0].invalidate("a", list(range(48)))
+    assert len(recorded(pods[0], prices[0])) == 48
+    shops[0].queries.clear()
+    barrier = threading.Barrier(2)
+    reports: list[WarmReport] = [WarmReport(), WarmReport()]
+
+    def boot(index: int) -> None:
+        barrier.wait(10)
+        reports[index] = pods[index].warm(prices[index], concurrency=3)
+
+    threads = [threading.Thread(target=boot, args=(index,)) for index in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert all(report.calls == 48 and report.failed == 0 for report in reports), reports
+    loads = shops[0].loads() + shops[1].loads()
+    assert loads == Counter(("a", id_) for id_ in range(48))  # each id once, between both pods
+    assert all(len(ids) <= 8 for shop in shops for _, ids in shop.queries)
+
+
 def test_a_many_key_peek_tells_each_id_without_loading_and_its_hot_set_is_its_own(
     layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
 ) -> None:
