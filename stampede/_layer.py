@@ -430,14 +430,18 @@ class Stampede:
         if name is None:
             return func
         budget, local = self._budgets.get(name, settings)
+        store = self._runner.store if self._runner is not None else None
+        # An asyncio-only layer's store is made in its event loop: checked at its first load
+        # instead (``AsyncBudgetSlots.held``). Otherwise the blocking store answers for both.
+        if (store is not None or not _is_async(func)) and not callable(getattr(store, "take_slot", None)):
+            raise ConfigError(f"max_concurrent_loads needs a store with load budgets; {self._backend.name} has none")
         if _is_async(func):
             runner = self._async_runner
             assert runner is not None, "an async loader on a layer without an asyncio client is refused before"
             return abudgeted(func, AsyncBudgetSlots(budget, local, runner.loop_store, LOOP_WATCHDOG, self._events))
-        store = self._runner.store if self._runner is not None else None
-        if store is None or not callable(getattr(store, "take_slot", None)):
-            raise ConfigError(f"max_concurrent_loads needs a store with load budgets; {self._backend.name} has none")
-        return budgeted(func, BudgetSlots(budget, local, lambda: store, self._watchdog, self._events))
+        assert store is not None
+        blocking_store = store
+        return budgeted(func, BudgetSlots(budget, local, lambda: blocking_store, self._watchdog, self._events))
 
     def _claim_name(self, name: str, func: Callable[..., Any]) -> None:
         """Refuse a second loader whose keys, built from ``name``, would be another's."""

@@ -38,7 +38,7 @@ from .._core.effects import AwaitNotice, Effect, LeaseLost, LeaveQueue, Release,
 from .._core.keys import EntryKeys
 from .._core.observer import Reporter
 from .._core.store import GRANTED, AcquireReply, LockState, Store, Subscription
-from .._errors import BackendUnavailable, BudgetTimeout
+from .._errors import BackendUnavailable, BudgetTimeout, ConfigError
 from .budgets import LocalCount
 from .perform import LEASE_HELD, run
 from .watchdog import Watchdog
@@ -119,6 +119,8 @@ class BudgetSlots:
             yield
             return
         store = self._store()
+        if not callable(getattr(store, "take_slot", None)):  # a store of one's own, without BudgetStore
+            raise ConfigError(f"max_concurrent_loads needs a store with load budgets; {type(store).__name__} has none")
         token = secrets.token_hex(16)
         performer = _SlotPerformer(budget, store, token)
         decision = acquiring(

@@ -9,6 +9,7 @@ through a store of its own, which counts it and hands it to one of the shipped s
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import dataclasses
 from collections.abc import Callable, Iterator
@@ -173,3 +174,58 @@ def test_a_lease_service_is_composed_into_a_new_backend_not_written_into_one(red
     with pytest.raises(ConfigError, match="one at most"):
         Stampede(backend=backends.memory(), redlock=redlock, zookeeper="127.0.0.1:1")
     redlock.close()
+
+
+class WithoutBudgets(Metered):
+    """A store of one's own that implements no ``BudgetStore``."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("take_slot", "renew_slot", "release_slot"):
+            raise AttributeError(name)
+        return super().__getattr__(name)
+
+
+def test_a_load_budget_on_a_store_without_budgets_is_refused_before_any_load() -> None:
+    """At decoration where the layer has a blocking store (it answers for the asyncio one
+    too); on an asyncio-only layer, whose store is made in its loop, at the first load,
+    with the loader not called."""
+
+    def build(asyncio_only: bool) -> backends.BackendBuilder:
+        def make(options: backends.BackendOptions) -> backends.Backend:
+            inner = backends.memory()(options)
+            make_async = inner.make_async_store
+            assert make_async is not None
+            return dataclasses.replace(
+                inner,
+                name="budgetless",
+                store=None if asyncio_only else WithoutBudgets(inner.store),
+                make_async_store=lambda: WithoutBudgets(make_async()),
+            )
+
+        return make
+
+    calls: list[int] = []
+
+    def item(key: int) -> int:
+        calls.append(key)
+        return key
+
+    async def aitem(key: int) -> int:
+        calls.append(key)
+        return key
+
+    layer = Stampede(backend=build(asyncio_only=False))
+    try:
+        for func in (item, aitem):
+            with pytest.raises(ConfigError, match="needs a store with load budgets; budgetless has none"):
+                layer.cached_loader("item:{key}", max_concurrent_loads=2)(func)
+    finally:
+        layer.close()
+    layer = Stampede(backend=build(asyncio_only=True))
+    try:
+        load = layer.cached_loader("item:{key}", max_concurrent_loads=2)(aitem)
+        with pytest.raises(ConfigError, match="needs a store with load budgets; WithoutBudgets has none"):
+            asyncio.run(load(1))
+        assert calls == []
+    finally:
+        layer.close()
