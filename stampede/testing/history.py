@@ -484,7 +484,7 @@ def _check_loads(
     ended = [r for kind in BOUNDARIES for r in kinds[kind]]
     boundaries = sorted(ended + unended, key=lambda record: record.invoked)
     ends = _Ends(boundaries)
-    callers = _Callers(kinds["read"], ends, served_stale)
+    callers = _Callers(kinds["read"], ends, served_stale, loads)
     report.loads += sum(1 for load in loads if load.outcome == "ok")
     previous: Record | None = None
     epoch_loads = 0
@@ -527,20 +527,24 @@ class _Expired:
     """Under a stale window: whether a read may have found its entry expired and kept
     (``expire``), so served at once, stale, asking for a background refresh. Its version
     is the database's own, so only the times tell: an expiry begun before the read
-    ended, and since it neither a load ended (a fresh value) nor an invalidation or set
-    begun (no value) before the read began."""
+    ended that may have taken effect after the last load ended (a fresh value) or
+    invalidation or set began (no value) before the read began: one that returned after
+    it (an expiry takes effect at some moment between its call and its return)."""
 
     def __init__(self, expiries: list[Record], loads: list[Record], hard: list[Record]) -> None:
-        self.expiries = sorted(record.invoked for record in expiries)
+        ordered = sorted(expiries, key=lambda record: record.invoked)
+        self.began = [record.invoked for record in ordered]
+        never = 1 << 63  # one that never returned may take effect at any later moment
+        self.latest_end = list(_running_max(record.completed or never for record in ordered))
         ended = [load.completed for load in loads if load.outcome == "ok" and load.completed is not None]
         self.resets = sorted(ended + [record.invoked for record in hard])
 
     def found_by(self, read: Record) -> bool:
-        index = bisect.bisect_right(self.expiries, read.completed or read.invoked) - 1
+        index = bisect.bisect_right(self.began, read.completed or read.invoked) - 1
         if index < 0:
             return False
         reset = bisect.bisect_left(self.resets, read.invoked) - 1  # the last before the read began
-        return reset < 0 or self.resets[reset] < self.expiries[index]
+        return reset < 0 or self.resets[reset] < self.latest_end[index]
 
 
 class _Callers:
@@ -549,12 +553,13 @@ class _Callers:
     it. A load in a thread of calls ran for the read of its key that encloses it (a
     thread's calls follow one another). A load no call of its thread encloses is a
     background refresh, asked for by a read of the key: it is taken to be in flight from
-    the last read served a stale value before it (a refresh may wait for a worker), or
+    the first read served a stale value since the key's last load ended (a refresh may
+    wait for a worker, and is asked for once while it is pending), or
     the earliest read still under way when the last operation ending the entry before it
     began, whichever is earlier."""
 
-    def __init__(self, reads: list[Record], ends: _Ends, served_stale: list[int]) -> None:
-        """``reads`` and ``served_stale`` sorted by invocation."""
+    def __init__(self, reads: list[Record], ends: _Ends, served_stale: list[int], loads: list[Record]) -> None:
+        """``reads`` and ``served_stale`` sorted by invocation; ``loads`` of the key."""
         self.reads: dict[tuple[str, str], list[Record]] = defaultdict(list)
         for read in reads:
             self.reads[(read.process, read.thread)].append(read)
@@ -564,6 +569,13 @@ class _Callers:
         self.longest = max(((read.completed or read.invoked) - read.invoked for read in reads), default=0)
         self.ends = ends
         self.served_stale = served_stale
+        # When the load before each one ended: the stale reads since asked for its refresh.
+        self.previous_end: dict[int, int] = {}
+        last = -1
+        for load in sorted(loads, key=lambda record: record.invoked):
+            self.previous_end[id(load)] = last
+            if load.outcome == "ok" and load.completed is not None:
+                last = max(last, load.completed)
 
     def began(self, load: Record) -> int:
         thread = (load.process, load.thread)
@@ -574,8 +586,13 @@ class _Callers:
                 return read.invoked
         earliest = load.invoked
         index = bisect.bisect_right(self.served_stale, load.invoked) - 1
-        if index >= 0:  # the last call served a stale value before it: that call asked for a refresh
-            earliest = self.served_stale[index]
+        if index >= 0:
+            # A call served a stale value asked for a refresh. Asked again while it was
+            # pending, a refresh is not started twice: the pending one is the first call's
+            # since the key's last load ended, which may precede an expiry its loader then
+            # ran after (its lease dropped, nothing written: the next refresh is due).
+            first = bisect.bisect_left(self.served_stale, self.previous_end.get(id(load), -1))
+            earliest = self.served_stale[min(first, index)]
         boundary = self.ends.last_begun(load.invoked)
         if boundary is None:
             return earliest

@@ -146,6 +146,42 @@ def test_a_refresh_is_in_flight_from_the_stale_read_that_asked_for_it() -> None:
     assert check(*fresh, stale_window=1.0).counts() == {"extra load": 1}  # nobody asked for a refresh before
 
 
+def test_a_refresh_asked_for_again_while_pending_is_in_flight_from_the_first_asking() -> None:
+    """Found by check_histories in CI: a read served stale asks for a refresh; an expiry
+    lands before the refresh's loader runs and drops its lease (nothing written); reads
+    meanwhile ask again, and are not given a second refresh while the first is pending.
+    The first refresh is in flight from the first read that asked since the last load,
+    so the expiry voids it and the next refresh is due, not one too many."""
+    records = [
+        record("read", "k", 1, 2, 9, thread="a"),
+        record("load", "k", 1, 3, 5, thread="a"),
+        record("expire", "k", None, 10, 18, thread="w5"),
+        record("read", "k", 1, 12, 16, thread="w1"),  # served stale: a refresh asked for
+        record("expire", "k", None, 19, 20, thread="w3"),  # drops that refresh's lease
+        record("read", "k", 1, 21, 23, thread="w0"),  # asks again: the refresh is pending
+        record("load", "k", 1, 22, 24, thread="refresh"),  # its loader ran after the expiry
+        record("read", "k", 1, 25, 27, thread="w4"),  # still stale (nothing was written)
+        record("load", "k", 1, 28, 30, thread="refresh"),
+    ]
+    assert check(*records, stale_window=60.0).ok
+    # An expiry begun before the last load ended may take effect after it (it returned
+    # after): the reads after that load may be served stale, and ask for the refresh.
+    overlapping = [
+        record("read", "k", 1, 2, 9, thread="a"),
+        record("load", "k", 1, 3, 5, thread="a"),
+        record("expire", "k", None, 4, 14, thread="w5"),
+        record("read", "k", 1, 7, 9, thread="w1"),
+        record("expire", "k", None, 15, 16, thread="w3"),
+        record("load", "k", 1, 20, 21, thread="refresh"),
+        record("read", "k", 1, 22, 24, thread="w4"),
+        record("load", "k", 1, 25, 26, thread="refresh"),
+    ]
+    assert check(*overlapping, stale_window=60.0).ok
+    # Asked for only after the last expiry ended, two refreshes are one too many.
+    late = [r for r in records if r.thread != "w1"]
+    assert check(*late, stale_window=60.0).counts() == {"extra load": 1}
+
+
 def test_a_read_of_an_expired_entry_is_served_it_stale_and_asks_for_a_refresh() -> None:
     """After an ``expire``, within the stale window, a read is served the old value, of
     the version the database still has, and asks for a refresh: the refresh is in flight
