@@ -40,6 +40,24 @@ def recorded(layer: Stampede, load: Any, count: int = 100) -> list[Any]:
     return [args for args, _ in hot_calls(layer.store(), load.hot_set, count, time.time())]
 
 
+def boot_together(pods: list[Stampede], loaders: list[Any], concurrency: int) -> list[WarmReport]:
+    """Each pod warms its loader at the same moment (pods booting together), in a thread
+    of its own: what each warm start reported."""
+    barrier = threading.Barrier(len(pods))
+    reports = [WarmReport() for _ in pods]
+
+    def boot(index: int) -> None:
+        barrier.wait(10)
+        reports[index] = pods[index].warm(loaders[index], concurrency=concurrency)
+
+    threads = [threading.Thread(target=boot, args=(index,)) for index in range(len(pods))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return reports
+
+
 def test_sampled_calls_make_a_hot_set_hottest_first(
     layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
 ) -> None:
@@ -137,18 +155,7 @@ def test_processes_warming_together_load_each_key_once_within_the_budget(
         loads[0].invalidate(key)
     assert len(recorded(pods[0], loads[0])) == 40
     peak[0] = 0
-    barrier = threading.Barrier(2)
-    reports: list[WarmReport] = [WarmReport(), WarmReport()]
-
-    def boot(index: int) -> None:
-        barrier.wait(10)
-        reports[index] = pods[index].warm(loads[index], concurrency=4)
-
-    threads = [threading.Thread(target=boot, args=(index,)) for index in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+    reports = boot_together(pods, loads, concurrency=4)
     assert all(report.calls == 40 and report.failed == 0 for report in reports), reports
     warmed = [dbs[0].calls.get(key, 0) + dbs[1].calls.get(key, 0) for key in range(40)]
     assert warmed == [2] * 40  # the first call, then one load of the warm start between both pods
@@ -302,18 +309,7 @@ def test_processes_warming_a_many_key_loader_together_load_each_id_once(
     prices[0].invalidate("a", list(range(48)))
     assert len(recorded(pods[0], prices[0])) == 48
     shops[0].queries.clear()
-    barrier = threading.Barrier(2)
-    reports: list[WarmReport] = [WarmReport(), WarmReport()]
-
-    def boot(index: int) -> None:
-        barrier.wait(10)
-        reports[index] = pods[index].warm(prices[index], concurrency=3)
-
-    threads = [threading.Thread(target=boot, args=(index,)) for index in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+    reports = boot_together(pods, prices, concurrency=3)
     assert all(report.calls == 48 and report.failed == 0 for report in reports), reports
     loads = shops[0].loads() + shops[1].loads()
     assert loads == Counter(("a", id_) for id_ in range(48))  # each id once, between both pods
