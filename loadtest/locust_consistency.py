@@ -38,7 +38,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench_consistency import RESULTS, verdicts
+from bench_consistency import RESULTS, tolerance, verdicts
 from run_locust import master_port
 
 from stampede import Settings
@@ -100,15 +100,10 @@ def line(figures: dict[str, Any]) -> str:
     return head + verdicts(figures, f"checker: violations {figures['violations'] or 0}")
 
 
-def tolerance(figures: dict[str, Any]) -> float:
-    """How far from 1 the ratio of the two rates may be: 10%, unless the verdicts are too
-    few to tell 10% (a short run): then four standard deviations of the mismatch rate's
-    binomial sample, relative to it."""
-    verdicts = figures["checks"]["match"] + figures["checks"]["mismatch"]
-    rate = figures["mismatch_rate"]
-    if not verdicts or not rate:
-        return 0.1
-    return max(0.1, 4 * math.sqrt((1 - rate) / (rate * verdicts)))
+def slack(figures: dict[str, Any]) -> float:
+    """How far from 1 the ratio may be: 10%, or four standard deviations of the verdicts'
+    binomial sample (``bench_consistency.tolerance``)."""
+    return tolerance(figures["mismatch_rate"], figures["checks"]["match"] + figures["checks"]["mismatch"], 4)
 
 
 def main() -> None:
@@ -131,11 +126,11 @@ def main() -> None:
                 if f["locust_exit_code"]]  # fmt: skip
     if correct["checks"]["mismatch"] or correct["violations"]:
         failures.append("the correct writer shows a mismatch or a violation")
-    slack = tolerance(broken)
-    print(f"the ratio may differ from 1 by {slack:.3f} (10%, or four standard deviations of the sample)")
-    if not 1 - slack <= ratio <= 1 + slack:
+    allowed = slack(broken)
+    print(f"the ratio may differ from 1 by {allowed:.3f} (10%, or four standard deviations of the sample)")
+    if not 1 - allowed <= ratio <= 1 + allowed:
         failures.append(f"the broken writer's mismatch rate is {ratio:.3f}x the checker's stale rate")
-    print(json.dumps({"correct": correct, "broken": broken, "ratio": ratio, "tolerance": slack}))
+    print(json.dumps({"correct": correct, "broken": broken, "ratio": ratio, "tolerance": allowed}))
     for failure in failures:
         print(f"FAILED: {failure}", file=sys.stderr)
     sys.exit(1 if failures else 0)

@@ -361,14 +361,16 @@ def test_the_verification_benchmark_short_form_verifies_about_the_sample_rate() 
 @pytest.mark.timing  # alone: eight threads and their verifications busy both cores
 def test_the_consistency_benchmark_short_form_agrees_with_the_history_checker() -> None:
     """``loadtest/bench_consistency.py --quick``: with a correct writer, no mismatch and no
-    violation; with a broken one, the verifications' mismatch rate within 10% of the stale
-    rate the history checker finds in the same run (the script exits 1 otherwise)."""
+    violation; with a broken one, the verifications' mismatch rate agrees with the stale
+    rate the history checker finds in the same run: within 10%, or within the sampling
+    spread of the verifications run where those are too few to tell 10% (the script
+    exits 1 otherwise)."""
     figures = short_form("bench_consistency.py", 110)
     correct, broken = figures["correct"], figures["broken"]
     assert correct["checks"]["match"] > 1000 and correct["checks"]["mismatch"] == 0
     assert correct["stale_reads"] == 0 and correct["other_violations"] == {}
-    assert broken["checks"]["mismatch"] > 100 and broken["stale_reads"] > 100
-    assert 0.9 <= figures["ratio"] <= 1.1
+    assert broken["checks"]["mismatch"] > 100 and broken["stale_reads"] > 100 and broken["verifications"] > 300
+    assert abs(figures["ratio"] - 1) <= figures["tolerance"] <= 0.25
 
 
 @pytest.mark.timeout(120)
