@@ -15,7 +15,9 @@ the sum of its roles (``EntryStore``, ``ManyKeyStore``, ``TagStore``, ``NamedLoc
 ``BudgetStore``, ``HotSetStore``, ``StoreAdmin``); a store without ``BudgetStore``'s
 methods serves every loader but those with ``max_concurrent_loads``, and one without
 ``HotSetStore``'s every loader but those with ``hot_sample``, which it refuses at
-decoration. A store
+decoration. A budget store whose entries' leases live beside its slots may also be a
+``SlotLeaseStore``: a budgeted load then learns with its slot that its lease still
+holds, instead of asking after. A store
 may take the many-key role from ``OneByOne``, which sends one single-entry command per
 entry. It must pass
 the contract suite unchanged (``stampede.testing.contract``, docs/development.md), which
@@ -45,6 +47,7 @@ from ._core.store import (
     AsyncHotSetStore,
     AsyncManyKeyStore,
     AsyncNamedLockStore,
+    AsyncSlotLeaseStore,
     AsyncStore,
     AsyncStoreAdmin,
     AsyncSubscription,
@@ -55,6 +58,7 @@ from ._core.store import (
     LockState,
     ManyKeyStore,
     NamedLockStore,
+    SlotLeaseStore,
     Store,
     StoreAdmin,
     Subscription,
@@ -83,6 +87,7 @@ __all__ = [
     "TagStore",
     "NamedLockStore",
     "BudgetStore",
+    "SlotLeaseStore",
     "HotSetStore",
     "StoreAdmin",
     "OneByOne",
@@ -92,6 +97,7 @@ __all__ = [
     "AsyncTagStore",
     "AsyncNamedLockStore",
     "AsyncBudgetStore",
+    "AsyncSlotLeaseStore",
     "AsyncHotSetStore",
     "AsyncStoreAdmin",
     "AsyncOneByOne",

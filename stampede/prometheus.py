@@ -52,7 +52,7 @@ _MEASURE_HELP = {
     "wait": "Seconds a caller waited for another caller's read or load, by outcome "
     "(value, takeover, timeout, error, retry)",
     "budget_wait": "Seconds a load waited for a slot of its load budget (max_concurrent_loads), by outcome "
-    "(slot, timeout, error, local)",
+    "(slot, timeout, error, local, lease_lost)",
 }
 
 

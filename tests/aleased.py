@@ -28,6 +28,9 @@ class AsyncLeasedStore:
     def __init__(self, leases: AsyncLeases) -> None:
         self._leases = leases
         self.session_leases = getattr(leases.policy, "session_leases", False)
+        # The leases are the policy's, not the store's: a budget grants slots without
+        # them, and a load asks after its slot (as a layer's does: _drivers.abudget).
+        self.checks_slot_leases = False
 
     async def _run(self, decision: Decision[T], lease: Lease) -> T:
         return await arun(decision, AsyncPerformer(lease, store=self._leases.store, servers=self._leases.servers))

@@ -29,6 +29,9 @@ class LeasedStore:
     def __init__(self, leases: Leases) -> None:
         self._leases = leases
         self.session_leases = getattr(leases.policy, "session_leases", False)
+        # The leases are the policy's, not the store's: a budget grants slots without
+        # them, and a load asks after its slot (as a layer's does: _drivers.budget).
+        self.checks_slot_leases = False
 
     def _run(self, decision: Decision[T], lease: Lease) -> T:
         return run(decision, Performer(lease, store=self._leases.store, servers=self._leases.servers))

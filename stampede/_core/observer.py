@@ -98,8 +98,9 @@ OUTCOMES: dict[Measure, tuple[str, ...]] = {
     # see the module's docstring
     "wait": ("value", "takeover", "timeout", "error", "retry"),
     # a load waited for a slot of its budget (max_concurrent_loads): it took one, gave up
-    # at wait_timeout, failed on the store, or took one of its process's own (store down)
-    "budget_wait": ("slot", "timeout", "error", "local"),
+    # at wait_timeout, failed on the store, took one of its process's own (store down),
+    # or was told with its turn that an invalidation had taken its entry's lease
+    "budget_wait": ("slot", "timeout", "error", "local", "lease_lost"),
 }
 
 

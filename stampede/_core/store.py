@@ -46,11 +46,17 @@ class LockState(enum.Enum):
     VALUE = "value"  # the value is there. No lock taken
     LOCKED = "locked"  # the lock is ours
     HELD = "held"  # another holder has it
+    LEASE_GONE = "lease gone"  # a budget's slot asked for an entry whose lease is no longer the caller's
 
 
 GRANTED = b"g"
 """What a load budget's waiter is told on its own channel when a released slot was handed
 to it (``BudgetStore.release_slot``): it holds the slot already."""
+
+LEASE_GONE = b"l"
+"""What a load budget's waiter is told on its own channel when a released slot would
+have been handed to it but the lease of the entry it would load was gone
+(``SlotLeaseStore``): it has no slot and no place in the queue."""
 
 TRACE_MARK = "."
 """What a lease token that carries its holder's trace holds, between its random part and
@@ -367,6 +373,26 @@ class AsyncTagStore(Protocol):
     async def entry_tags(self, keys: EntryKeys) -> list[str] | None: ...
 
 
+class SlotLeaseStore(Protocol):
+    """A ``BudgetStore`` that checks, as it grants a slot, that the lease of the entry the
+    slot is for is still the caller's, so that a load need not ask after its slot came
+    (one round trip on the path from one load to the next: ``_drivers.abudget``). Only
+    where the budget and the entries' leases live in one store that a single step can
+    read both in: ``checks_slot_leases`` says so (False on a Redis Cluster, whose budget
+    lives in a slot of its own)."""
+
+    checks_slot_leases: bool
+
+    def take_slot_for(
+        self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: int, entry: EntryKeys, lease: str
+    ) -> AcquireReply:
+        """``take_slot`` for a load holding ``entry``'s lease with the token ``lease``:
+        LEASE_GONE, and out of the queue, when that lease is no longer ``lease``. The
+        place it keeps in the queue carries the lease, so that ``release_slot`` hands a
+        freed slot to it only while its lease holds, else tells it ``LEASE_GONE`` and
+        hands the slot to the next waiter."""
+
+
 class AsyncNamedLockStore(Protocol):
     """``NamedLockStore`` for the tasks of one event loop."""
 
@@ -385,6 +411,16 @@ class AsyncBudgetStore(Protocol):
     async def renew_slot(self, keys: EntryKeys, token: str, lease_ms: int) -> bool: ...
 
     async def release_slot(self, keys: EntryKeys, token: str, slots: int, lease_ms: int) -> bool: ...
+
+
+class AsyncSlotLeaseStore(Protocol):
+    """``SlotLeaseStore`` for the tasks of one event loop."""
+
+    checks_slot_leases: bool
+
+    async def take_slot_for(
+        self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: int, entry: EntryKeys, lease: str
+    ) -> AcquireReply: ...
 
 
 class AsyncHotSetStore(Protocol):

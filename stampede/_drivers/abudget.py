@@ -6,10 +6,14 @@ The wrapper sits where the loader is called, so every kind of load goes through 
 miss's, a background or early refresh's, a many-key loader's call (one slot per call,
 not per id), a verification's, and the uncached load after a wait timeout. The caller
 already holds its key's lease (renewed while it waits for the slot): the other callers
-of the key wait for it as for any load, and cost the budget nothing. Once it has its
-slot it asks whether the lease is still its own (``LEASE_HELD``, one round trip): an
-invalidation while it waited took it, and the loader does not run (``LeaseLost``), for
-its value could not be written and the key's new holder loads it too.
+of the key wait for it as for any load, and cost the budget nothing. The loader runs
+only while that lease is still its own: an invalidation while it waited took it, and
+the loader does not run (``LeaseLost``), for its value could not be written and the
+key's new holder loads it too. Where the lease lives in the budget's store
+(``SlotLeaseStore``: one Redis server, the embedded store) the store makes sure as it
+grants the slot, and a freed slot skips a waiter whose lease is gone; elsewhere (a
+Redis Cluster, PostgreSQL, a lease service's servers) the load asks once it has its
+slot (``LEASE_HELD``): one round trip more between one load and the next.
 
 Taking a slot is ``_core.acquiring``'s decision, the named locks' (subscribe, try again,
 wait for a message or a recheck, leave the queue when giving up), over the store's
@@ -30,16 +34,24 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 
 from .._core.acquiring import acquiring
 from .._core.budget import HOLDING, LoadBudget
 from .._core.effects import AwaitNotice, Effect, LeaseLost, LeaveQueue, Release, Subscribe, TakeLock
 from .._core.keys import EntryKeys
 from .._core.observer import Reporter
-from .._core.store import GRANTED, AcquireReply, AsyncStore, AsyncSubscription, LockState
+from .._core.store import (
+    GRANTED,
+    LEASE_GONE,
+    AcquireReply,
+    AsyncSlotLeaseStore,
+    AsyncStore,
+    AsyncSubscription,
+    LockState,
+)
 from .._errors import BackendUnavailable, BudgetTimeout, ConfigError
-from .aperform import LEASE_HELD, arun
+from .aperform import LEASE_HELD, AsyncHeldLease, arun
 from .budgets import LocalCount
 from .watchdog import AsyncWatchdog
 
@@ -56,29 +68,42 @@ class _AsyncSlotRenewal:
 
 class _AsyncSlotPerformer:
     """Performs ``acquiring``'s effects on a budget's slots. A release that handed the
-    slot to this waiter (``GRANTED``) answers its next take, without a round trip.
+    slot to this waiter (``GRANTED``) answers its next take, without a round trip. With
+    ``lease`` (a store that checks it: ``SlotLeaseStore``), every take and every grant
+    is for that lease, and ``LeaseLost`` is raised once the store finds it gone.
     Closes its subscription."""
 
-    def __init__(self, budget: LoadBudget, store: AsyncStore, token: str) -> None:
+    def __init__(self, budget: LoadBudget, store: AsyncStore, token: str, lease: AsyncHeldLease | None) -> None:
         self._budget = budget
         self._store = store
         self._token = token
+        self._lease = lease
         self._subscription: AsyncSubscription | None = None
         self._granted = False
 
     async def __call__(self, effect: Effect) -> Any:
-        budget, store, token = self._budget, self._store, self._token
+        budget, store, token, lease = self._budget, self._store, self._token, self._lease
         match effect:
             case TakeLock():
                 if self._granted:
                     return AcquireReply(LockState.LOCKED)
-                return await store.take_slot(budget.keys, token, budget.lease_ms, budget.queue_ms, budget.slots)
+                if lease is None:
+                    return await store.take_slot(budget.keys, token, budget.lease_ms, budget.queue_ms, budget.slots)
+                taken = cast(AsyncSlotLeaseStore, store)
+                reply = await taken.take_slot_for(
+                    budget.keys, token, budget.lease_ms, budget.queue_ms, budget.slots, lease.keys, lease.token
+                )
+                if reply.state is LockState.LEASE_GONE:
+                    raise LeaseLost()
+                return reply
             case Subscribe():
                 self._subscription = await store.subscribe(budget.keys.waiter(token))
                 return None
             case AwaitNotice(timeout=timeout):
                 assert self._subscription is not None, "AwaitNotice before Subscribe"
                 message = await self._subscription.wait(timeout)
+                if message == LEASE_GONE:
+                    raise LeaseLost()  # told so in its turn, and out of the queue
                 self._granted = message == GRANTED
                 return message
             case Release() | LeaveQueue():  # either gives back what the token has (a slot handed to it too)
@@ -122,7 +147,9 @@ class AsyncBudgetSlots:
         if not callable(getattr(store, "take_slot", None)):  # a store of one's own, without BudgetStore
             raise ConfigError(f"max_concurrent_loads needs a store with load budgets; {type(store).__name__} has none")
         token = secrets.token_hex(16)
-        performer = _AsyncSlotPerformer(budget, store, token)
+        lease_held = LEASE_HELD.get()
+        checked = lease_held if _checks_lease(store, lease_held) else None
+        performer = _AsyncSlotPerformer(budget, store, token, checked)
         decision = acquiring(
             True, budget.wait_timeout, None, None, budget.recheck_interval, queue_lease=budget.lease_ms / 1000
         )
@@ -139,6 +166,9 @@ class AsyncBudgetSlots:
                     raise
                 outcome = "local"
                 taken = None
+            except LeaseLost:
+                outcome = "lease_lost"  # out of the queue, no slot (SlotLeaseStore)
+                taken = None
             finally:
                 performer.close()
             if outcome == "error":
@@ -146,6 +176,9 @@ class AsyncBudgetSlots:
         finally:
             events.ended("budget_wait", outcome, time.monotonic() - started)
             events.budget(budget.name, -1, 1 if outcome == "slot" else 0)
+        if outcome == "lease_lost":
+            self._events.incr("budget_leases_lost")
+            raise LeaseLost()
         if outcome == "timeout":
             self._events.incr("budget_timeouts")
             raise BudgetTimeout(budget.name, budget.wait_timeout)
@@ -155,9 +188,9 @@ class AsyncBudgetSlots:
             return
         watched = self._watchdog.watch(_AsyncSlotRenewal(store), budget.keys, token, budget.lease_ms)
         inside = HOLDING.set(holding | {budget})
-        lease_held, lease = LEASE_HELD.get(), LEASE_HELD.set(None)  # for this load alone, not those inside it
+        lease = LEASE_HELD.set(None)  # for this load alone, not those inside it
         try:
-            if lease_held is not None and await _lease_gone(lease_held):
+            if lease_held is not None and checked is None and await _lease_gone(lease_held.held):
                 # Invalidated while this load asked for its slot (in a queue, or in a store
                 # slow to answer): its value could not be written, and whoever took the
                 # lease since loads too. Its decision starts over.
@@ -205,6 +238,12 @@ class AsyncBudgetSlots:
             self._events.budget(budget.name, 0, -1)
             HOLDING.reset(inside)
             local.release()
+
+
+def _checks_lease(store: AsyncStore, lease: AsyncHeldLease | None) -> bool:
+    """Whether ``store`` can make sure of ``lease`` as it grants a slot: the lease is the
+    store's own (not a lease service's) and the store reads leases in its budget's steps."""
+    return lease is not None and lease.renewal is store and getattr(store, "checks_slot_leases", False) is True
 
 
 async def _lease_gone(lease_held: Callable[[], Awaitable[bool]]) -> bool:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, TypeVar, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 from .._core.effects import (
     Acquire,
@@ -54,6 +54,7 @@ from .._core.effects import (
     unreachable,
 )
 from .._core.flight import loading
+from .._core.keys import EntryKeys
 from .._core.results import refreshing
 from .._core.store import LockServers, Renewable, Store, Subscription, WatchingServers
 from .timeouts import bounded, finish
@@ -62,17 +63,29 @@ from .watchdog import Watchdog
 T = TypeVar("T")
 E = TypeVar("E")  # what a decision yields: an Effect, or a batch's step
 
-LEASE_HELD: ContextVar[Callable[[], bool] | None] = ContextVar("stampede_lease_held", default=None)
-"""While a leased ``Load`` runs: whether its lease is still this caller's (renewing it).
-A load that waited for a budget slot asks before its loader runs (``_drivers.budget``):
-an invalidation may have taken the lease meanwhile."""
+
+class HeldLease(NamedTuple):
+    """The lease a ``Load`` runs under: its entry, the caller's token, what renews it (the
+    store itself, or a lease service's servers), and ``held``: whether it is still this
+    caller's (renewing it)."""
+
+    keys: EntryKeys
+    token: str
+    renewal: object
+    held: Callable[[], bool]
+
+
+LEASE_HELD: ContextVar[HeldLease | None] = ContextVar("stampede_lease_held", default=None)
+"""While a leased ``Load`` runs, its lease. A load that waited for a budget slot makes
+sure before its loader runs (``_drivers.budget``) that the lease is still its own: an
+invalidation may have taken it meanwhile."""
 
 
 @contextmanager
-def lease_held(check: Callable[[], bool] | None) -> Iterator[None]:
-    """``LEASE_HELD`` is ``check`` while the block runs (None: a load with no lease of its
+def lease_held(lease: HeldLease | None) -> Iterator[None]:
+    """``LEASE_HELD`` is ``lease`` while the block runs (None: a load with no lease of its
     own, such as a many-key loader's call, asks nothing of a load it runs inside)."""
-    token = LEASE_HELD.set(check)
+    token = LEASE_HELD.set(lease)
     try:
         yield
     finally:
@@ -209,7 +222,9 @@ class Performer:
                     watched = self._watchdog.watch(self._renewal, lease.keys, lease.token, lease.ms)
                     detached = False
                     try:
-                        with lease_held(functools.partial(self._renewal.renew, lease.keys, lease.token, lease.ms)):
+                        renewal = self._renewal
+                        held = functools.partial(renewal.renew, lease.keys, lease.token, lease.ms)
+                        with lease_held(HeldLease(lease.keys, lease.token, renewal, held)):
                             return bounded(self._loader, timeout, detach) if timeout else self._loader()
                     except LoadDetached as late:
                         late.pending.stop, detached = watched.stop, True  # renewed until it is finished

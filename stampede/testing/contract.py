@@ -39,7 +39,7 @@ import pytest
 from stampede import ConfigError, Stampede
 from stampede._core.codec import Codec
 from stampede._core.keys import EntryKeys, budget_keys, lock_keys
-from stampede._core.store import GRANTED, TRACE_MARK, AcquireReply, LockState, Written
+from stampede._core.store import GRANTED, LEASE_GONE, TRACE_MARK, AcquireReply, LockState, Written
 from stampede._core.tags import Tagged, TagKeys, TagSet, clock_key
 
 __all__ = [  # what a star import takes: the fixtures and every test
@@ -61,6 +61,7 @@ __all__ = [  # what a star import takes: the fixtures and every test
     "test_a_slot_nobody_renews_runs_out_and_a_waiter_who_stops_trying_loses_its_place",
     "test_a_hot_set_counts_its_members_keeps_the_most_counted_and_runs_out",
     "test_a_released_slot_is_handed_to_the_first_waiter_in_line_and_only_it_is_woken",
+    "test_a_slot_for_an_entry_goes_to_its_waiter_only_while_the_entrys_lease_is_its_own",
     "test_scan_lists_the_entries_of_a_namespace_and_check_passes",
     "test_a_value_is_read_with_the_seconds_the_store_keeps_it",
     "test_the_lease_is_taken_over_a_stale_value_only_while_it_is_still_that_one",
@@ -96,6 +97,9 @@ class OnLoop:
                 each if isinstance(each, BaseException) else OnLoopSubscription(each, self._loop)
                 for each in self._call(name, keys)
             ]
+        attribute = getattr(self._store, name)
+        if not callable(attribute):  # a capability the store says it has (checks_slot_leases)
+            return attribute  # type: ignore[no-any-return]
         return lambda *args: self._call(name, *args)
 
 
@@ -348,6 +352,38 @@ def test_a_released_slot_is_handed_to_the_first_waiter_in_line_and_only_it_is_wo
         assert second.wait(0.05) is None
         assert store.renew_slot(keys, "d", LEASE_MS) is True and store.renew_slot(keys, "c", LEASE_MS) is False
         assert store.take_slot(keys, "d", LEASE_MS, LEASE_MS, 1).state is LockState.LOCKED
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_slot_for_an_entry_goes_to_its_waiter_only_while_the_entrys_lease_is_its_own(store: Any) -> None:
+    """``SlotLeaseStore``: a load asks for a slot with its entry's lease, and the store
+    grants it only while the lease is its own. A waiter whose lease an invalidation took
+    is told ``LEASE_GONE`` in its turn and the slot goes to the next in line; asked
+    again, it is refused at once and does not queue."""
+    if not getattr(store, "checks_slot_leases", False):
+        pytest.skip("this store's budget does not read the entries' leases: a load asks after its slot")
+    budget = budget_keys("contract", f"budget-{uuid.uuid4().hex}", 200)
+    a, b, c = (EntryKeys.for_value(f"contract:{{item:{uuid.uuid4().hex}}}") for _ in range(3))
+    for entry, token in ((a, "lease-a"), (b, "lease-b"), (c, "lease-c")):
+        assert store.acquire(entry, token, LEASE_MS, True).state is LockState.LOCKED
+    assert store.take_slot_for(budget, "a", LEASE_MS, LEASE_MS, 1, a, "other").state is LockState.LEASE_GONE
+    assert store.take_slot_for(budget, "a", LEASE_MS, LEASE_MS, 1, a, "lease-a").state is LockState.LOCKED
+    assert store.take_slot_for(budget, "b", LEASE_MS, LEASE_MS, 1, b, "lease-b").state is LockState.HELD
+    assert store.take_slot_for(budget, "c", LEASE_MS, LEASE_MS, 1, c, "lease-c").state is LockState.HELD
+    first, second = store.subscribe(budget.waiter("b")), store.subscribe(budget.waiter("c"))
+    try:
+        store.invalidate(b)  # b's lease is gone while it queues
+        assert store.release_slot(budget, "a", 1, LEASE_MS) is True
+        assert first.wait(5) == LEASE_GONE  # its turn came: told, and out of the queue
+        assert second.wait(5) == GRANTED  # the slot went on to c
+        assert store.renew_slot(budget, "c", LEASE_MS) is True and store.renew_slot(budget, "b", LEASE_MS) is False
+        assert store.take_slot_for(budget, "b", LEASE_MS, LEASE_MS, 1, b, "lease-b").state is LockState.LEASE_GONE
+        store.invalidate(c)  # a holder whose lease is gone is told so when it asks again, and gives the slot back
+        assert store.take_slot_for(budget, "c", LEASE_MS, LEASE_MS, 1, c, "lease-c").state is LockState.LEASE_GONE
+        assert store.release_slot(budget, "c", 1, LEASE_MS) is True
+        assert store.take_slot(budget, "d", LEASE_MS, LEASE_MS, 1).state is LockState.LOCKED  # b did not queue
     finally:
         first.close()
         second.close()

@@ -20,6 +20,7 @@ from ..._core.keys import EntryKeys, entry_value_keys, failing_key
 from ..._core.store import (
     FAILED_HOLD,
     GRANTED,
+    LEASE_GONE,
     TRACE_MARK,
     AcquireReply,
     AsyncSubscription,
@@ -53,6 +54,8 @@ class MemoryStore(OneByOne):
         self._last_fence = 0  # the last fencing token drawn, for every named lock (one int, however many names)
         self._queues: dict[str, dict[str, float]] = {}  # a fair lock's key -> {token: waiter expiry}, in order
         self._slots: dict[str, dict[str, float]] = {}  # a load budget's key -> {holder token: lease end}
+        # a load budget's key -> {waiter token: (the entry it would load, its token on its lease)}
+        self._slot_leases: dict[str, dict[str, tuple[EntryKeys, str]]] = {}
         self._hot: dict[str, tuple[dict[bytes, float], float]] = {}  # a hot set's key -> (counts, expires_at)
         self._waiting = Waiting()
         self._tags = Tags()
@@ -228,34 +231,59 @@ class MemoryStore(OneByOne):
             ranked = sorted(scores.items(), key=lambda item: (item[1], item[0]), reverse=True)
         return ranked[:count]
 
+    checks_slot_leases = True  # SlotLeaseStore: the entries' leases are here too
+
     def take_slot(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: int) -> AcquireReply:
         now = self._clock()
-        with self._lock:  # the rules of TAKE_SLOT
-            holders = self._slots.setdefault(keys.lock, {})
-            for holder, end in list(holders.items()):
-                if end <= now:
-                    del holders[holder]
-            if token in holders:
+        with self._lock:
+            return self._take_slot(keys, token, lease_ms, queue_ms, slots, now)
+
+    def take_slot_for(
+        self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: int, entry: EntryKeys, lease: str
+    ) -> AcquireReply:
+        now = self._clock()
+        with self._lock:
+            leases = self._slot_leases.setdefault(keys.lock, {})
+            if not self._holds(entry, lease, now):
+                self._queues.get(keys.lock, {}).pop(token, None)
+                leases.pop(token, None)
+                return AcquireReply(LockState.LEASE_GONE)
+            leases[token] = (entry, lease)
+            reply = self._take_slot(keys, token, lease_ms, queue_ms, slots, now)
+            if reply.state is LockState.LOCKED:
+                leases.pop(token, None)
+            return reply
+
+    def _take_slot(
+        self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: int, now: float
+    ) -> AcquireReply:
+        """The rules of TAKE_SLOT, under the lock."""
+        holders = self._slots.setdefault(keys.lock, {})
+        for holder, end in list(holders.items()):
+            if end <= now:
+                del holders[holder]
+        if token in holders:
+            holders[token] = now + lease_ms / 1000
+            return AcquireReply(LockState.LOCKED)
+        queue = self._queues.setdefault(keys.lock, {})
+        queue[token] = now + queue_ms / 1000  # a new waiter goes last; a known one keeps its place
+        free = slots - len(holders)
+        ahead = 0
+        for waiter, expiry in list(queue.items()):
+            if ahead >= free:
+                break
+            if waiter == token:
+                del queue[token]
                 holders[token] = now + lease_ms / 1000
                 return AcquireReply(LockState.LOCKED)
-            queue = self._queues.setdefault(keys.lock, {})
-            queue[token] = now + queue_ms / 1000  # a new waiter goes last; a known one keeps its place
-            free = slots - len(holders)
-            ahead = 0
-            for waiter, expiry in list(queue.items()):
-                if ahead >= free:
-                    break
-                if waiter == token:
-                    del queue[token]
-                    holders[token] = now + lease_ms / 1000
-                    return AcquireReply(LockState.LOCKED)
-                if expiry > now:
-                    ahead += 1
-                else:
-                    del queue[waiter]
-            if free > 0:
-                return AcquireReply(LockState.HELD, lease_left=-0.002)
-            return AcquireReply(LockState.HELD, lease_left=max(min(holders.values()) - now, 0.0))
+            if expiry > now:
+                ahead += 1
+            else:
+                del queue[waiter]
+                self._slot_leases.get(keys.lock, {}).pop(waiter, None)
+        if free > 0:
+            return AcquireReply(LockState.HELD, lease_left=-0.002)
+        return AcquireReply(LockState.HELD, lease_left=max(min(holders.values()) - now, 0.0))
 
     def renew_slot(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         now = self._clock()
@@ -276,16 +304,24 @@ class MemoryStore(OneByOne):
                     del holders[holder]
             queue = self._queues.get(keys.lock, {})
             queue.pop(token, None)
+            leases = self._slot_leases.get(keys.lock, {})
+            leases.pop(token, None)
             free = slots - len(holders)
             for waiter, expiry in list(queue.items()):
                 if free <= 0:
                     break
                 del queue[waiter]
-                if expiry > now:
+                entry = leases.pop(waiter, None)
+                if expiry <= now:
+                    continue
+                if entry is not None and not self._holds(entry[0], entry[1], now):
+                    message = LEASE_GONE  # its load could not be written: the slot goes on down the line
+                else:
                     holders[waiter] = now + lease_ms / 1000
                     free -= 1
-                    for mailbox in self._waiting.on(keys.waiter(waiter).channel):
-                        mailbox.deliver(GRANTED)
+                    message = GRANTED
+                for mailbox in self._waiting.on(keys.waiter(waiter).channel):
+                    mailbox.deliver(message)
             return released
 
     def invalidate(self, keys: EntryKeys) -> None:
@@ -431,6 +467,13 @@ class AsyncMemoryStore(AsyncOneByOne):
 
     async def take_slot(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: int) -> AcquireReply:
         return self._store.take_slot(keys, token, lease_ms, queue_ms, slots)
+
+    checks_slot_leases = True
+
+    async def take_slot_for(
+        self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: int, entry: EntryKeys, lease: str
+    ) -> AcquireReply:
+        return self._store.take_slot_for(keys, token, lease_ms, queue_ms, slots, entry, lease)
 
     async def note_hot(self, key: str, counts: Mapping[bytes, int], limit: int, ttl_ms: int) -> None:
         self._store.note_hot(key, counts, limit, ttl_ms)

@@ -83,6 +83,9 @@ class AsyncRedisStore(AsyncSending):
         self.near = near
         # One server: invalidations ask near caches in their own script. A cluster: after it.
         self._near_in_script = near if not is_cluster(client) else None
+        # One server: a budget's scripts read the lease of the entry a slot is for
+        # (SlotLeaseStore). A cluster: the budget's keys live in a slot of their own.
+        self.checks_slot_leases = not is_cluster(client)
         self._blmpop = True  # until a server (before Redis 7) says it has no BLMPOP
         self._start_sending(owns_client, slots, slot_timeout, switches)
         self._subscriber: AsyncSubscriber | AsyncShardedSubscriber = (
@@ -512,6 +515,14 @@ class AsyncRedisStore(AsyncSending):
     async def take_slot(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: int) -> AcquireReply:
         with self._translated("take a slot of", keys.lock):
             call = _scripts.take_slot_call(keys, token, lease_ms, queue_ms, slots)
+            return acquire_reply(await self._send(keys.lock, self._scripts.take_slot, *call))
+
+    async def take_slot_for(
+        self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: int, entry: EntryKeys, lease: str
+    ) -> AcquireReply:
+        assert self.checks_slot_leases, "a cluster's budget cannot read an entry's lease"
+        with self._translated("take a slot of", keys.lock):
+            call = _scripts.take_slot_call(keys, token, lease_ms, queue_ms, slots, entry, lease)
             return acquire_reply(await self._send(keys.lock, self._scripts.take_slot, *call))
 
     async def renew_slot(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:

@@ -17,6 +17,8 @@ def acquire_reply(reply: Any) -> AcquireReply:
         return AcquireReply(LockState.VALUE, reply[1], ttl_left=pttl / 1000 if pttl >= 0 else -1.0)
     if state == 2:
         return AcquireReply(LockState.LOCKED, fence=int(reply[1]) if len(reply) > 1 else 0)
+    if state == 4:
+        return AcquireReply(LockState.LEASE_GONE)
     failed = len(reply) > 2 and int(reply[2]) == 1
     holder = reply[3] if len(reply) > 3 else b""
     if isinstance(holder, bytes):

@@ -330,12 +330,21 @@ TAKE_SLOT = """
 -- KEYS[1] holders (sorted set: token -> lease end, server ms), KEYS[2] queue (sorted set:
 -- token -> ticket), KEYS[3] waiters' leases (hash: token -> expiry), KEYS[4] tickets
 -- ARGV[1] token, ARGV[2] lease in ms, ARGV[3] a waiter's lease in ms, ARGV[4] slots
+-- KEYS[5], ARGV[5] (one server only): the lock of the entry the slot is for, and the
+--   caller's token on it. Its place in the queue carries them ('k:' and 't:' fields of
+--   KEYS[3]), so that RELEASE_SLOT hands it a slot only while that lease is its own.
 -- A holder whose lease ended (it died) frees its slot. A waiter joins the queue on its
 -- first try and renews its place on every try; a waiter ahead of it whose lease ran out
 -- is dropped. The first (slots - holders) live waiters may take a slot.
 -- Returns {2, 0}: taken (or held already: a retried take)
 --         {3, ms}: not yet: the earliest holder's lease ends in ms (-2: a slot is free,
 --                  but other waiters are first in line)
+--         {4, 0}: the entry's lease is not the caller's: out of the queue, no slot
+if KEYS[5] and redis.call('GET', KEYS[5]) ~= ARGV[5] then
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  redis.call('HDEL', KEYS[3], ARGV[1], 'k:' .. ARGV[1], 't:' .. ARGV[1])
+  return {4, 0}
+end
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local lease = tonumber(ARGV[2])
@@ -349,6 +358,7 @@ if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
   redis.call('ZADD', KEYS[2], redis.call('INCR', KEYS[4]), ARGV[1])
 end
 redis.call('HSET', KEYS[3], ARGV[1], now + tonumber(ARGV[3]))
+if KEYS[5] then redis.call('HSET', KEYS[3], 'k:' .. ARGV[1], KEYS[5], 't:' .. ARGV[1], ARGV[5]) end
 redis.call('PEXPIRE', KEYS[2], keep)
 redis.call('PEXPIRE', KEYS[3], keep)
 redis.call('PEXPIRE', KEYS[4], keep)
@@ -360,7 +370,7 @@ while live < free do
   if not waiter then break end
   if waiter == ARGV[1] then
     redis.call('ZREM', KEYS[2], ARGV[1])
-    redis.call('HDEL', KEYS[3], ARGV[1])
+    redis.call('HDEL', KEYS[3], ARGV[1], 'k:' .. ARGV[1], 't:' .. ARGV[1])
     redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
     if redis.call('PTTL', KEYS[1]) < keep then redis.call('PEXPIRE', KEYS[1], keep) end
     return {2, 0}
@@ -370,7 +380,7 @@ while live < free do
     index = index + 1
   else
     redis.call('ZREM', KEYS[2], waiter)
-    redis.call('HDEL', KEYS[3], waiter)
+    redis.call('HDEL', KEYS[3], waiter, 'k:' .. waiter, 't:' .. waiter)
   end
 end
 if free > 0 then return {3, -2} end
@@ -379,8 +389,20 @@ return {3, math.max(tonumber(earliest) - now, 0)}
 """
 
 
-def take_slot_call(keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: int) -> Call:
-    return Call([keys.lock, *keys.queue], [token, lease_ms, queue_ms, slots])
+def take_slot_call(
+    keys: EntryKeys,
+    token: str,
+    lease_ms: int,
+    queue_ms: int,
+    slots: int,
+    entry: EntryKeys | None = None,
+    lease: str = "",
+) -> Call:
+    """TAKE_SLOT's call; with ``entry``, for a load holding its lease as ``lease`` (one
+    server only: the entry's lock is in another slot than the budget's keys)."""
+    if entry is None:
+        return Call([keys.lock, *keys.queue], [token, lease_ms, queue_ms, slots])
+    return Call([keys.lock, *keys.queue, entry.lock], [token, lease_ms, queue_ms, slots, lease])
 
 
 NOTE_HOT = """
@@ -423,25 +445,32 @@ RELEASE_SLOT = """
 -- Give a budget slot, or a place in its queue, back, and hand each free slot to the
 -- first live waiter in line: it holds the slot now (for ARGV[4] ms), and is told so on
 -- its own channel ('g'), so a freed slot wakes one waiter, not every one, and the woken
--- waiter need not ask again.
+-- waiter need not ask again. A waiter whose place carries the lease of the entry it
+-- would load (TAKE_SLOT's KEYS[5], on one server) gets the slot only while that lease is
+-- still its own; else it is told 'l' and leaves the queue, and the slot goes on down
+-- the line. That lock is read here though not declared: one server only.
 -- KEYS[1] holders, KEYS[2] queue, KEYS[3] waiters' leases; ARGV[1] token, ARGV[2] the
 -- budget's channel (a waiter's is it, ':', its token), ARGV[3] slots, ARGV[4] lease in ms
 -- Returns 1: a slot was released; 0: the token held none
 local released = redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('HDEL', KEYS[3], ARGV[1])
+redis.call('HDEL', KEYS[3], ARGV[1], 'k:' .. ARGV[1], 't:' .. ARGV[1])
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local free = tonumber(ARGV[3]) - redis.call('ZCARD', KEYS[1])
 local dropped = 0
-while free > 0 and dropped < 64 do  -- past at most 64 waiters whose place ran out
+while free > 0 and dropped < 64 do  -- past at most 64 waiters whose place or lease ran out
   local waiter = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
   if not waiter then break end
   local live = tonumber(redis.call('HGET', KEYS[3], waiter) or '0') > now
+  local entry = redis.call('HMGET', KEYS[3], 'k:' .. waiter, 't:' .. waiter)
   redis.call('ZREM', KEYS[2], waiter)
-  redis.call('HDEL', KEYS[3], waiter)
-  if live then
+  redis.call('HDEL', KEYS[3], waiter, 'k:' .. waiter, 't:' .. waiter)
+  if live and entry[1] and redis.call('GET', entry[1]) ~= entry[2] then
+    redis.call('PUBLISH', ARGV[2] .. ':' .. waiter, 'l')  -- its load could not be written
+    dropped = dropped + 1
+  elseif live then
     redis.call('ZADD', KEYS[1], now + tonumber(ARGV[4]), waiter)
     redis.call('PUBLISH', ARGV[2] .. ':' .. waiter, 'g')
     free = free - 1
