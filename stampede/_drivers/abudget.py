@@ -243,7 +243,7 @@ class AsyncBudgetSlots:
 def _checks_lease(store: AsyncStore, lease: AsyncHeldLease | None) -> bool:
     """Whether ``store`` can make sure of ``lease`` as it grants a slot: the lease is the
     store's own (not a lease service's) and the store reads leases in its budget's steps."""
-    return lease is not None and lease.renewal is store and getattr(store, "checks_slot_leases", False) is True
+    return lease is not None and lease.home is store and getattr(store, "checks_slot_leases", False) is True
 
 
 async def _lease_gone(lease_held: Callable[[], Awaitable[bool]]) -> bool:

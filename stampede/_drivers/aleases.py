@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .._core.effects import Lease
 from .._core.keys import EntryKeys
-from .._core.leases import LeasePolicy
+from .._core.leases import ONE_SERVER, LeasePolicy
 from .._core.store import AsyncLockServers, AsyncStore
 from .aperform import AsyncPerformer, arun
 
@@ -21,6 +21,9 @@ class AsyncLeases:
         self.policy = policy
         self.store = store
         self.servers = servers
+        # The store that alone holds these leases (a budget's store may check them as it
+        # grants a slot: SlotLeaseStore), or None where lock servers hold them.
+        self.home: AsyncStore | None = store if policy is ONE_SERVER else None
 
     async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         return await arun(self.policy.renew(keys, token, lease_ms), self._performer(Lease(keys, token)))

@@ -67,13 +67,13 @@ E = TypeVar("E")  # what a decision yields: an Effect, or a batch's step
 
 
 class AsyncHeldLease(NamedTuple):
-    """The lease a ``Load`` runs under: its entry, the caller's token, what renews it (the
-    store itself, or a lease service's servers), and ``held``: whether it is still this
-    caller's (renewing it)."""
+    """The lease a ``Load`` runs under: its entry, the caller's token, ``home``: the store
+    that alone holds it (None where lock servers hold it: Redlock, ZooKeeper), and
+    ``held``: whether it is still this caller's (renewing it)."""
 
     keys: EntryKeys
     token: str
-    renewal: object
+    home: object | None
     held: Callable[[], Awaitable[bool]]
 
 
@@ -244,8 +244,9 @@ class AsyncPerformer:
                     detached = False
                     try:
                         renewal = self._renewal
+                        home = store if renewal is store else getattr(renewal, "home", None)
                         held = functools.partial(renewal.renew, lease.keys, lease.token, lease.ms)
-                        with lease_held(AsyncHeldLease(lease.keys, lease.token, renewal, held)):
+                        with lease_held(AsyncHeldLease(lease.keys, lease.token, home, held)):
                             return await (abounded(self._loader, timeout, detach) if timeout else self._loader())
                     except LoadDetached as late:
                         late.pending.stop, detached = watched.stop, True  # renewed until it is finished

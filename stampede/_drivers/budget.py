@@ -232,7 +232,7 @@ class BudgetSlots:
 def _checks_lease(store: Store, lease: HeldLease | None) -> bool:
     """Whether ``store`` can make sure of ``lease`` as it grants a slot: the lease is the
     store's own (not a lease service's) and the store reads leases in its budget's steps."""
-    return lease is not None and lease.renewal is store and getattr(store, "checks_slot_leases", False) is True
+    return lease is not None and lease.home is store and getattr(store, "checks_slot_leases", False) is True
 
 
 def _lease_gone(lease_held: Callable[[], bool]) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .._core.effects import Lease
 from .._core.keys import EntryKeys
-from .._core.leases import LeasePolicy
+from .._core.leases import ONE_SERVER, LeasePolicy
 from .._core.store import LockServers, Store
 from .perform import Performer, run
 
@@ -22,6 +22,9 @@ class Leases:
         self.policy = policy
         self.store = store
         self.servers = servers
+        # The store that alone holds these leases (a budget's store may check them as it
+        # grants a slot: SlotLeaseStore), or None where lock servers hold them.
+        self.home: Store | None = store if policy is ONE_SERVER else None
 
     def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         return run(self.policy.renew(keys, token, lease_ms), self._performer(Lease(keys, token)))

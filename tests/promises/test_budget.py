@@ -382,6 +382,43 @@ def test_a_caller_whose_lease_was_taken_while_it_queued_for_a_slot_waits_for_the
     assert _slots_held(first, "item:{key}") == 0
 
 
+ASKED_AFTER_THE_SLOT = {"cluster": 1, "postgres": 1, "redis": 0, "sentinel": 0, "embedded": 0}
+"""Round trips a budgeted load makes to its store, between its slot and its loader, to
+ask whether its lease is still its own: none where the store grants slots by the lease
+(``SlotLeaseStore``), one where the budget lives elsewhere than the lease (a Cluster's
+slot of its own) or the store does not read leases in its budget's steps (PostgreSQL)."""
+
+
+def test_a_budgeted_load_asks_after_its_lease_only_where_its_store_could_not_grant_the_slot_by_it(
+    layer_of_each_backend: Callable[..., Stampede], request: pytest.FixtureRequest
+) -> None:
+    """Where the budget's store holds the entry's lease too, the slot is granted only while
+    the lease holds, and the load does not ask again: a round trip fewer between one load
+    of a storm and the next. Elsewhere it asks once, after its slot. Counted at the
+    store's ``renew`` (the watchdog's renewals come later than these short loads)."""
+    family = request.node.callspec.params["layer_of_each_backend"]
+    if family not in ASKED_AFTER_THE_SLOT:
+        pytest.skip("the lease lives on lock servers: the load asks them, not the store")
+    layer = layer_of_each_backend(namespace=f"asked-{uuid.uuid4().hex[:8]}", max_concurrent_loads=2)
+    store = layer.store()
+    asked: list[str] = []
+    renew = store.renew
+
+    def counted(keys: EntryKeys, token: str, lease_ms: int) -> bool:
+        asked.append(keys.lock)
+        return bool(renew(keys, token, lease_ms))
+
+    store.renew = counted
+    try:
+        load = layer.cached_loader("item:{key}")(lambda key: {"id": key})
+        assert [load(key) for key in "abc"] == [{"id": key} for key in "abc"]
+    finally:
+        del store.renew
+    assert getattr(store, "checks_slot_leases", False) is (ASKED_AFTER_THE_SLOT[family] == 0)
+    assert len(asked) == 3 * ASKED_AFTER_THE_SLOT[family], asked
+    assert _slots_held(layer, "item:{key}") == 0
+
+
 @pytest.mark.timing
 def test_processes_share_one_budget(redis_url: str, redis_client: redis.Redis) -> None:
     """Three processes of eight threads each over 48 cold keys, a budget of 4: the loads
