@@ -21,6 +21,11 @@ The ways, in interleaved rounds (the worst round shown):
   a per-host limit gives, Symfony's ``LockRegistry`` for one): the fleet's peak is the
   processes times the limit.
 - ``fleet budget``: ``max_concurrent_loads=--budget``, counted across the fleet.
+- ``bare semaphore``: the floor a fleet-wide bound has on this machine: ``--budget``
+  tokens in a Redis list, each load taking one with BLPOP and giving it back with LPUSH
+  (the server wakes the next blocked waiter itself). No fairness, no lease: a holder
+  that dies takes its token with it. The fleet budget's wall beside it is what its
+  queue, leases and messages cost.
 
 The ideal wall time under a budget is keys x delay / budget; the script exits 1 if the
 fleet budget's peak passes the budget, a key is loaded twice, or the wall time is past
@@ -50,7 +55,12 @@ from fleet import Running, Timeline, run_processes
 from stampede import Stampede
 from stampede.testing import server_url
 
-WAYS = ["no budget", "per-process limit", "fleet budget"]
+WAYS = ["no budget", "per-process limit", "fleet budget", "bare semaphore"]
+
+
+def tokens_key(namespace: str) -> str:
+    """The bare semaphore's list of tokens."""
+    return f"{namespace}:tokens"
 
 
 def worker(options: argparse.Namespace) -> None:
@@ -60,15 +70,26 @@ def worker(options: argparse.Namespace) -> None:
     layer = Stampede.from_url(options.url, namespace=options.namespace, max_concurrent_loads=budget, wait_timeout=120)
     timeline = Timeline()
     query = timeline.query(options.delay)
+    tokens = redis.Redis.from_url(options.url, max_connections=options.threads + 4)
 
     def limited(key: int) -> dict[str, int]:
         assert limit is not None
         with limit:
             return query(key)
 
-    load = layer.cached_loader("item:{key}")(query if limit is None else limited)
+    def bare(key: int) -> dict[str, int]:
+        token = tokens.blpop([tokens_key(options.namespace)], timeout=0)[1]
+        try:
+            return query(key)
+        finally:
+            tokens.lpush(tokens_key(options.namespace), token)
+
+    bounded = {"per-process limit": limited, "bare semaphore": bare}
+    load = layer.cached_loader("item:{key}")(bounded.get(options.way, query))
     warm = layer.cached_loader("warm:{key}", max_concurrent_loads=0)(lambda key: key)
-    warming = [threading.Thread(target=warm, args=(number,)) for number in range(options.threads)]
+    warming = [
+        threading.Thread(target=lambda n: (warm(n), tokens.ping()), args=(number,)) for number in range(options.threads)
+    ]
     for thread in warming:  # the pool's connections open and the scripts load before the storm
         thread.start()
     for thread in warming:
@@ -113,6 +134,8 @@ def storm(url: str, own_server: bool, options: argparse.Namespace) -> dict[str, 
                        "--threads", str(options.threads), "--keys", str(options.keys), "--delay", str(options.delay),
                        "--budget", str(options.budget), "--processes", str(options.processes),
                        "--overlap", str(options.overlap)]  # fmt: skip
+            if way == "bare semaphore":
+                client.rpush(tokens_key(namespace), *range(options.budget))
             results = run_processes(command, options.processes, 300)
             wall = max(result["ended"] for result in results) - min(result["began"] for result in results)
             loads = [load for result in results for load in result["loads"]]
