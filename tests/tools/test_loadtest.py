@@ -215,8 +215,9 @@ def test_the_fleet_benchmark_short_form_keeps_the_budget_where_nothing_else_does
     """``loadtest/bench_fleet.py --quick``: a storm of 400 cold keys from 4 processes x 8
     threads. Under the fleet budget of 8 (and the bare Redis semaphore beside it) the
     loads at once never pass 8 (the script's own check), with no budget and with a
-    per-process limit of 8 they do; every key is loaded once in every way. Then two versions of a loader side by side: no decode error, no
-    value of the other type, nothing stale after either's invalidation."""
+    per-process limit of 8 they do; every key is loaded once in every way. Then two
+    versions of a loader side by side: no decode error, no value of the other type,
+    nothing stale after either's invalidation."""
     done = short_form("bench_fleet.py", timeout=200)
     figures, budget = done["figures"], done["budget"]
     assert figures["fleet budget"]["peak"] <= budget and figures["bare semaphore"]["peak"] <= budget
