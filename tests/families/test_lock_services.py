@@ -638,13 +638,14 @@ def test_a_version_3_schema_is_brought_to_version_4_and_still_answers_version_3_
     needs_postgres()
     with PostgresServer() as server:
         first = Stampede.from_url(server.url, namespace="schema")
-        first.cached_loader("item:{key}")(lambda key: key)(1)  # the schema, now version 7
+        first.cached_loader("item:{key}")(lambda key: key)(1)  # the schema, now version 8
         first.close()
         with psycopg.connect(server.url, autocommit=True) as admin:  # back to what version 3 had
             admin.execute("DROP FUNCTION stampede_schema_v4()")
             admin.execute("DROP FUNCTION stampede_schema_v5()")
             admin.execute("DROP FUNCTION stampede_schema_v6()")
             admin.execute("DROP FUNCTION stampede_schema_v7()")
+            admin.execute("DROP FUNCTION stampede_schema_v8()")
             admin.execute("DROP FUNCTION stampede_seize(text, text, text, text, text, text, bigint)")
             admin.execute("DROP FUNCTION stampede_acquire(text, text, text, bigint, boolean, bytea)")
             admin.execute(
@@ -661,7 +662,7 @@ def test_a_version_3_schema_is_brought_to_version_4_and_still_answers_version_3_
             return key
 
         try:
-            assert load(2) == load(2) == 2 and loads == [2]  # version 7 created again, and used
+            assert load(2) == load(2) == 2 and loads == [2]  # version 8 created again, and used
             with psycopg.connect(server.url, autocommit=True) as admin:
                 v3_reads = (
                     "SELECT state, raw, left_ms, failed FROM stampede_acquire('v', 'l', 't', 1000, true, ''::bytea)"
@@ -670,9 +671,9 @@ def test_a_version_3_schema_is_brought_to_version_4_and_still_answers_version_3_
                 markers = (
                     "SELECT count(*) FROM pg_proc WHERE proname IN "
                     "('stampede_schema_v3', 'stampede_schema_v4', 'stampede_schema_v5', 'stampede_schema_v6', "
-                    "'stampede_schema_v7')"
+                    "'stampede_schema_v7', 'stampede_schema_v8')"
                 )
-                assert admin.execute(markers).fetchone() == (5,)
+                assert admin.execute(markers).fetchone() == (6,)
         finally:
             layer.close()
 

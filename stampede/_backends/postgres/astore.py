@@ -221,6 +221,14 @@ class AsyncPostgresStore(AsyncOneByOne):
         statement = sql.take_slot(keys, token, lease_ms, queue_ms, slots)
         return sql.take_slot_reply(await self._one("take a slot of", keys.value, statement))
 
+    checks_slot_leases = True  # SlotLeaseStore: the leases are rows of this database too
+
+    async def take_slot_for(
+        self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: int, entry: EntryKeys, lease: str
+    ) -> AcquireReply:
+        statement = sql.take_slot_for(keys, token, lease_ms, queue_ms, slots, entry, lease)
+        return sql.take_slot_reply(await self._one("take a slot of", keys.value, statement))
+
     async def renew_slot(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         row = await self._one("renew a slot of", keys.value, sql.renew_slot(keys, token, lease_ms))
         return row is not None and bool(row[0])

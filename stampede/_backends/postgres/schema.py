@@ -58,7 +58,7 @@ SCHEMA_LOCK = "SELECT pg_advisory_xact_lock(1400136045)"
 """Taken by a store that creates the schema, in the creating transaction: one creator at a
 time (concurrent CREATE OR REPLACE of one function fails)."""
 
-SCHEMA_VERSION = "stampede_schema_v7"
+SCHEMA_VERSION = "stampede_schema_v8"
 """A function the schema's last statement creates, named after its version (a new version
 of the schema gets a new name). A store that finds it creates nothing: DDL under traffic
 takes table locks that can deadlock with the functions' row writes, so it runs only where
@@ -71,9 +71,13 @@ left, which older stores do not read): it marks itself versions 3 and 4 as well.
 with ``stampede_invalidate`` (``stampede_invalidated``), and marks itself 3 to 5: older
 stores, which seize in two statements, find their functions doing what they did. It
 also adds load budgets' slots (``stampede_slots``, ``stampede_take_slot``). Version 7
-adds hot sets (``stampede_hot``, ``stampede_note_hot``) and marks itself 3 to 6."""
+adds hot sets (``stampede_hot``, ``stampede_note_hot``) and marks itself 3 to 6. Version
+8 adds slots granted by an entry's lease (``stampede_slot_leases``,
+``stampede_take_slot_for``: ``SlotLeaseStore``), whose ``stampede_release_slot`` passes
+over a waiter whose lease is gone and otherwise does what version 7's did: it marks
+itself 3 to 7."""
 
-SCHEMA_READY = "SELECT count(*) FROM pg_proc WHERE proname = 'stampede_schema_v7'"
+SCHEMA_READY = "SELECT count(*) FROM pg_proc WHERE proname = 'stampede_schema_v8'"
 
 SCHEMA = r"""
 
@@ -104,6 +108,17 @@ CREATE UNLOGGED TABLE IF NOT EXISTS stampede_slots (
     key text NOT NULL,  -- a load budget's key
     token text NOT NULL,  -- a holder of one of its slots
     expires_at timestamptz NOT NULL,  -- the slot's lease, renewed while its load runs
+    PRIMARY KEY (key, token)
+);
+
+-- The lease each waiter of a load budget would load under (stampede_take_slot_for): a
+-- freed slot is handed to it only while that lease is still its own.
+CREATE UNLOGGED TABLE IF NOT EXISTS stampede_slot_leases (
+    key text NOT NULL,  -- a load budget's key
+    token text NOT NULL,  -- a waiter in its queue
+    lease_key text NOT NULL,  -- the lock of the entry it would load
+    lease_token text NOT NULL,  -- its token on that lock
+    expires_at timestamptz NOT NULL,  -- its place's, renewed on every try
     PRIMARY KEY (key, token)
 );
 
@@ -526,6 +541,34 @@ BEGIN
     left_ms := stampede_ms_left(deadline, now_);
 END $$;
 
+-- stampede_take_slot for a load holding p_lock's lease as p_lease (SlotLeaseStore):
+-- state 4, and out of the queue, once that lease is not p_lease. Its place in the queue
+-- carries the lease, so that stampede_release_slot hands it a slot only while it holds.
+CREATE OR REPLACE FUNCTION stampede_take_slot_for(
+    p_budget text, p_token text, p_lease_ms bigint, p_queue_ms bigint, p_slots int, p_lock text, p_lease text,
+    OUT state int, OUT left_ms bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    now_ timestamptz := clock_timestamp();
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended(p_budget, 0));
+    IF NOT EXISTS (SELECT 1 FROM stampede_leases l
+            WHERE l.key = p_lock AND l.token = p_lease AND l.expires_at > now_) THEN
+        DELETE FROM stampede_queue WHERE key = p_budget AND token = p_token;
+        DELETE FROM stampede_slot_leases WHERE key = p_budget AND token = p_token;
+        state := 4; left_ms := 0; RETURN;
+    END IF;
+    SELECT t.state, t.left_ms INTO state, left_ms
+        FROM stampede_take_slot(p_budget, p_token, p_lease_ms, p_queue_ms, p_slots) t;
+    IF state = 2 THEN
+        DELETE FROM stampede_slot_leases WHERE key = p_budget AND token = p_token;
+    ELSE
+        INSERT INTO stampede_slot_leases AS s (key, token, lease_key, lease_token, expires_at)
+            VALUES (p_budget, p_token, p_lock, p_lease, now_ + p_queue_ms * interval '1 millisecond')
+            ON CONFLICT (key, token) DO UPDATE SET expires_at = EXCLUDED.expires_at;
+    END IF;
+END $$;
+
 -- Extend a slot's lease while p_token holds it; false once it is lost.
 CREATE OR REPLACE FUNCTION stampede_renew_slot(p_budget text, p_token text, p_lease_ms bigint)
 RETURNS boolean LANGUAGE plpgsql AS $$
@@ -537,7 +580,9 @@ END $$;
 
 -- Give a slot, or a place in the queue, back (the Redis RELEASE_SLOT script), and hand
 -- each free slot of p_slots to the first live waiter in line, telling it on its own
--- channel ('g', base64 Zw==); false if p_token held no slot.
+-- channel ('g', base64 Zw==); false if p_token held no slot. A waiter whose place
+-- carries a lease (stampede_take_slot_for) that is no longer its own is told 'l'
+-- (base64 bA==) and leaves the queue, and the slot goes on down the line.
 CREATE OR REPLACE FUNCTION stampede_release_slot(
     p_budget text, p_token text, p_channel text, p_slots int, p_lease_ms bigint)
 RETURNS boolean LANGUAGE plpgsql AS $$
@@ -545,20 +590,34 @@ DECLARE
     now_ timestamptz := clock_timestamp();
     released boolean;
     free int;
-    waiter text;
+    passed int := 0;
+    waiter record;
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended(p_budget, 0));
     DELETE FROM stampede_slots WHERE key = p_budget AND token = p_token;
     released := FOUND;
     DELETE FROM stampede_queue WHERE key = p_budget AND token = p_token;
+    DELETE FROM stampede_slot_leases WHERE key = p_budget AND token = p_token;
     DELETE FROM stampede_slots WHERE key = p_budget AND expires_at <= now_;
     SELECT p_slots - count(*) INTO free FROM stampede_slots WHERE key = p_budget;
-    FOR waiter IN SELECT q.token FROM stampede_queue q
-            WHERE q.key = p_budget AND q.expires_at > now_ ORDER BY q.ticket LIMIT greatest(free, 0) LOOP
-        DELETE FROM stampede_queue WHERE key = p_budget AND token = waiter;
-        INSERT INTO stampede_slots (key, token, expires_at)
-            VALUES (p_budget, waiter, now_ + p_lease_ms * interval '1 millisecond');
-        PERFORM stampede_wake(p_channel || ':' || waiter, 'vZw==' || chr(10) || p_channel || ':' || waiter);
+    FOR waiter IN SELECT q.token, s.lease_key, s.lease_token FROM stampede_queue q
+            LEFT JOIN stampede_slot_leases s ON s.key = q.key AND s.token = q.token
+            WHERE q.key = p_budget AND q.expires_at > now_ ORDER BY q.ticket LOOP
+        EXIT WHEN free <= 0 OR passed >= 64;
+        DELETE FROM stampede_queue WHERE key = p_budget AND token = waiter.token;
+        DELETE FROM stampede_slot_leases WHERE key = p_budget AND token = waiter.token;
+        IF waiter.lease_key IS NOT NULL AND NOT EXISTS (SELECT 1 FROM stampede_leases l
+                WHERE l.key = waiter.lease_key AND l.token = waiter.lease_token AND l.expires_at > now_) THEN
+            PERFORM stampede_wake(p_channel || ':' || waiter.token,
+                'vbA==' || chr(10) || p_channel || ':' || waiter.token);  -- its load could not be written
+            passed := passed + 1;
+        ELSE
+            INSERT INTO stampede_slots (key, token, expires_at)
+                VALUES (p_budget, waiter.token, now_ + p_lease_ms * interval '1 millisecond');
+            PERFORM stampede_wake(p_channel || ':' || waiter.token,
+                'vZw==' || chr(10) || p_channel || ':' || waiter.token);
+            free := free - 1;
+        END IF;
     END LOOP;
     RETURN released;
 END $$;
@@ -612,6 +671,9 @@ BEGIN
     DELETE FROM stampede_hot WHERE ctid = ANY (ARRAY(
         SELECT ctid FROM stampede_hot WHERE expires_at <= now_ LIMIT p_batch));
     GET DIAGNOSTICS n = ROW_COUNT; gone := gone + n;
+    DELETE FROM stampede_slot_leases WHERE ctid = ANY (ARRAY(
+        SELECT ctid FROM stampede_slot_leases WHERE expires_at <= now_ LIMIT p_batch));
+    GET DIAGNOSTICS n = ROW_COUNT; gone := gone + n;
     RETURN gone;
 END $$;
 
@@ -620,6 +682,7 @@ CREATE OR REPLACE FUNCTION stampede_schema_v4() RETURNS int LANGUAGE sql IMMUTAB
 CREATE OR REPLACE FUNCTION stampede_schema_v5() RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT 1';
 CREATE OR REPLACE FUNCTION stampede_schema_v6() RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT 1';
 CREATE OR REPLACE FUNCTION stampede_schema_v7() RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT 1';
+CREATE OR REPLACE FUNCTION stampede_schema_v8() RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT 1';
 """.replace("@TRACE_MARK@", TRACE_MARK)  # the same text as before it was handed in: no new version
 
 
@@ -819,13 +882,25 @@ def take_slot(keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: 
     )
 
 
+def take_slot_for(
+    keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: int, entry: EntryKeys, lease: str
+) -> Statement:
+    return Statement(
+        "SELECT state, left_ms FROM stampede_take_slot_for(%s, %s, %s, %s, %s, %s, %s)",
+        (keys.lock, token, lease_ms, queue_ms, slots, entry.lock, lease),
+    )
+
+
 def take_slot_reply(row: tuple[Any, ...] | None) -> AcquireReply:
-    """``stampede_take_slot``'s row as the store contract's reply."""
+    """``stampede_take_slot``'s (or ``stampede_take_slot_for``'s) row as the store
+    contract's reply."""
     if row is None:
         raise BackendUnavailable("postgresql returned no row to take a slot")
     state, left_ms = row
     if state == 2:
         return AcquireReply(LockState.LOCKED)
+    if state == 4:
+        return AcquireReply(LockState.LEASE_GONE)
     return AcquireReply(LockState.HELD, lease_left=left_ms / 1000)
 
 
