@@ -13,7 +13,9 @@ histograms ``stampede_load_seconds`` and ``stampede_wait_seconds``, and gauges
 ``stampede_breakers_open`` how many circuit breakers are open.
 ``stampede_budget_loads_queued`` and ``stampede_budget_loads_running``, labelled by
 ``budget`` too (the budget's name: the layer's, a loader's key template, or a shared
-name), say how many loads of each load budget wait for a slot and hold one. The verifications of
+name), say how many loads of each load budget wait for a slot and hold one, and the
+histogram ``stampede_budget_slot_wait_seconds`` how long they waited for it, per budget
+(``stampede_budget_wait_seconds`` says it per namespace). The verifications of
 ``verify_sample`` are one counter, ``stampede_consistency_checks_total``, labelled by
 ``result`` (match, mismatch, superseded, error, skipped). Labels: ``namespace`` (the
 layer's), and ``outcome`` on the histograms (``stampede.OUTCOMES``). Never a key, so the
@@ -102,6 +104,14 @@ class PrometheusMetrics:
                 registry=registry,
                 multiprocess_mode="livesum",
             )
+            self._slot_waits = Histogram(
+                "stampede_budget_slot_wait_seconds",
+                "Seconds a load waited for a slot of each load budget (max_concurrent_loads), by outcome "
+                "(slot, timeout, error, local, lease_lost)",
+                ["namespace", "budget", "outcome"],
+                buckets=buckets,
+                registry=registry,
+            )
             self._budget_loads = [
                 Gauge(
                     f"stampede_budget_loads_{state}",
@@ -134,6 +144,7 @@ class PrometheusMetrics:
             *self._seconds.values(),
             *self._in_progress.values(),
             self._breakers_open,
+            self._slot_waits,
             *self._budget_loads,
         ]
         for metric in metrics:
@@ -168,6 +179,9 @@ class PrometheusMetrics:
         for gauge, change in zip(self._budget_loads, (queued, running), strict=True):
             if change:
                 gauge.labels(namespace, budget).inc(change)
+
+    def budget_waited(self, namespace: str, budget: str, outcome: str, seconds: float) -> None:
+        self._slot_waits.labels(namespace, budget, outcome).observe(seconds)
 
     def _running_child(self, namespace: str, measure: Measure) -> Any:
         child = self._running.get((namespace, measure))

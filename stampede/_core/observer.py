@@ -12,10 +12,14 @@ limited) and dropped, never handed to the caller:
 * ``ended(namespace, measure, outcome, seconds)``: it ended, how (``OUTCOMES``), and how
   long it took. Every ``began`` has exactly one ``ended``.
 
-And one an observer may have or not (``BudgetObserver``): ``budget(namespace, budget,
-queued, running)``, the loads of the load budget named ``budget`` in this process that
-wait for a slot (``queued``) and that hold one (``running``) went up by these (down, if
-negative). Summed over a fleet's processes, they are the budget's queue and its loads.
+And two an observer may have or not (``BudgetObserver``, each method on its own):
+``budget(namespace, budget, queued, running)``, the loads of the load budget named
+``budget`` in this process that wait for a slot (``queued``) and that hold one
+(``running``) went up by these (down, if negative); summed over a fleet's processes,
+they are the budget's queue and its loads. And ``budget_waited(namespace, budget,
+outcome, seconds)``: a load's wait for a slot of that budget ended, how (the
+``budget_wait`` outcomes) and after how long, told beside ``ended`` of ``budget_wait``,
+which says it per namespace.
 
 A load is one call of the loader, leased or not. A wait is a caller that did not load
 but took the value of another caller's read or load: a caller in this process joining
@@ -115,9 +119,12 @@ class Observer(Protocol):
 
 
 class BudgetObserver(Protocol):
-    """An observer that also hears of load budgets (see the module's docstring)."""
+    """An observer that also hears of load budgets (see the module's docstring). Each
+    method is called only if the observer has it."""
 
     def budget(self, namespace: str, budget: str, queued: int, running: int) -> None: ...
+
+    def budget_waited(self, namespace: str, budget: str, outcome: str, seconds: float) -> None: ...
 
 
 class Reporter(Protocol):
@@ -131,6 +138,8 @@ class Reporter(Protocol):
     def ended(self, measure: Measure, outcome: str, seconds: float) -> None: ...
 
     def budget(self, name: str, queued: int, running: int) -> None: ...
+
+    def budget_waited(self, name: str, outcome: str, seconds: float) -> None: ...
 
 
 class Wait:

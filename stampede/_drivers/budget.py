@@ -174,7 +174,9 @@ class BudgetSlots:
             if outcome == "error":
                 outcome = "slot" if taken is not None else "timeout"
         finally:
-            events.ended("budget_wait", outcome, time.monotonic() - started)
+            waited = time.monotonic() - started
+            events.ended("budget_wait", outcome, waited)
+            events.budget_waited(budget.name, outcome, waited)
             events.budget(budget.name, -1, 1 if outcome == "slot" else 0)
         if outcome == "lease_lost":
             self._events.incr("budget_leases_lost")

@@ -51,6 +51,7 @@ class Events:
         self._warn = warn
         self._observers: tuple[Observer, ...] = ()  # replaced whole, under _adding: read without a lock
         self._budget_observers: tuple[BudgetObserver, ...] = ()  # those of them with budget()
+        self._budget_wait_observers: tuple[BudgetObserver, ...] = ()  # those of them with budget_waited()
         self._adding = threading.Lock()
         reset_after_fork(self)
 
@@ -68,6 +69,8 @@ class Events:
         self._observers = (*self._observers, observer)
         if callable(getattr(observer, "budget", None)):
             self._budget_observers = (*self._budget_observers, observer)  # type: ignore[arg-type]
+        if callable(getattr(observer, "budget_waited", None)):
+            self._budget_wait_observers = (*self._budget_wait_observers, observer)  # type: ignore[arg-type]
 
     def feed(self, observer: Observer) -> None:
         """Add ``observer`` unless it is added: how traces hear a layer (``stampede.otel.traces``),
@@ -123,6 +126,15 @@ class Events:
         for observer in self._budget_observers:
             try:
                 observer.budget(self.namespace, name, queued, running)
+            except Exception as error:
+                self._failed(observer, error)
+
+    def budget_waited(self, name: str, outcome: str, seconds: float) -> None:
+        """A load's wait for a slot of budget ``name`` ended (``ended`` of ``budget_wait``
+        tells it per namespace)."""
+        for observer in self._budget_wait_observers:
+            try:
+                observer.budget_waited(self.namespace, name, outcome, seconds)
             except Exception as error:
                 self._failed(observer, error)
 

@@ -11,7 +11,9 @@ Instruments (meter ``stampede``): a counter ``stampede.<name>`` per ``stats()`` 
 (``stampede.hits``, ``stampede.loads``, ...), histograms ``stampede.load.duration`` and
 ``stampede.wait.duration`` in seconds, up-down counters ``stampede.load.active`` and
 ``stampede.wait.active``, ``stampede.breakers.open``, ``stampede.budget.loads.queued``
-and ``stampede.budget.loads.running`` (by ``stampede.budget``, the load budget's name), and
+and ``stampede.budget.loads.running`` (by ``stampede.budget``, the load budget's name),
+the histogram ``stampede.budget.slot_wait.duration`` (a load's wait for a slot, by
+``stampede.budget`` and ``stampede.outcome``), and
 ``stampede.consistency.checks`` (the verifications of ``verify_sample``, by
 ``stampede.result``). Attributes: ``stampede.namespace``, and ``stampede.outcome`` on
 the histograms. Never a key. With no
@@ -94,6 +96,12 @@ class OpenTelemetryMetrics:
                 description=f"{measure.capitalize()}s under way",
             )
         self._budgets: dict[tuple[str, str], list[int]] = {}  # (namespace, budget) -> queued, running
+        self._slot_waits = meter.create_histogram(
+            "stampede.budget.slot_wait.duration",
+            unit="s",
+            description="Seconds a load waited for a slot of each load budget (stampede.budget: its name), by "
+            "outcome (stampede.OUTCOMES['budget_wait'])",
+        )
         for index, state in enumerate(("queued", "running")):
             meter.create_observable_up_down_counter(
                 f"stampede.budget.loads.{state}",
@@ -160,6 +168,9 @@ class OpenTelemetryMetrics:
         with self._lock:
             running = self._running[measure]
             running[namespace] = running.get(namespace, 0) + 1
+
+    def budget_waited(self, namespace: str, budget: str, outcome: str, seconds: float) -> None:
+        self._slot_waits.record(seconds, {NAMESPACE: namespace, BUDGET: budget, OUTCOME: outcome})
 
     def ended(self, namespace: str, measure: Measure, outcome: str, seconds: float) -> None:
         with self._lock:

@@ -463,6 +463,7 @@ class BudgetGauges:
 
     def __init__(self) -> None:
         self.now: dict[tuple[str, str], list[int]] = {}
+        self.waited: dict[tuple[str, str], list[float]] = {}  # (budget, outcome) -> seconds of each wait
         self._lock = threading.Lock()
 
     def count(self, namespace: str, event: str, n: int) -> None:
@@ -480,13 +481,19 @@ class BudgetGauges:
             now[0] += queued
             now[1] += running
 
+    def budget_waited(self, namespace: str, budget: str, outcome: str, seconds: float) -> None:
+        with self._lock:
+            self.waited.setdefault((budget, outcome), []).append(seconds)
+
 
 def test_each_budgets_loads_queued_and_running_are_told_per_budget(
     layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
 ) -> None:
     """Three loads of the layer's budget of one (one runs, two queue) and two of a
     loader's own budget of two (both run): ``budget_loads()``, a budget observer and the
-    Prometheus gauges say so per budget, and all come back to zero when the loads end."""
+    Prometheus gauges say so per budget, and all come back to zero when the loads end.
+    Each wait for a slot is told per budget too (``budget_waited``, and the histogram
+    ``stampede_budget_slot_wait_seconds``): the two that queued waited for the first."""
     namespace = f"gauged-{uuid.uuid4().hex[:8]}"
     gauges = BudgetGauges()
     layer = layer_of_each_backend(namespace=namespace, max_concurrent_loads=1, wait_timeout=20, observers=[gauges])
@@ -508,8 +515,21 @@ def test_each_budgets_loads_queued_and_running_are_told_per_budget(
         return registry.get_sample_value(f"stampede_budget_loads_{state}", {"namespace": namespace, "budget": budget})
 
     assert [gauge("queued", "~layer"), gauge("running", "~layer"), gauge("running", "own:{key}")] == [2, 1, 2]
+    held = time.monotonic()
+    time.sleep(0.05)  # the two queued loads wait at least this long for the layer's one slot
     loads.release.set()
     assert [call.result(20) for call in calls] == [{"id": key} for key in range(5)]
+    waited = time.monotonic() - held
+    assert sorted(gauges.waited) == [("own:{key}", "slot"), ("~layer", "slot")]
+    assert len(gauges.waited["~layer", "slot"]) == 3 and len(gauges.waited["own:{key}", "slot"]) == 2
+    assert sum(1 for seconds in gauges.waited["~layer", "slot"] if seconds >= 0.05) == 2
+    assert all(seconds < waited + 1 for seconds in gauges.waited["~layer", "slot"])
+
+    def waits(budget: str) -> float | None:
+        labels = {"namespace": namespace, "budget": budget, "outcome": "slot"}
+        return registry.get_sample_value("stampede_budget_slot_wait_seconds_count", labels)
+
+    assert [waits("~layer"), waits("own:{key}")] == [3, 2]
     idle = {"queued": 0, "running": 0}
     assert layer.budget_loads() == {"~layer": idle, "own:{key}": idle}
     assert all(now == [0, 0] for now in gauges.now.values())

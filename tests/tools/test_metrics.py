@@ -230,7 +230,8 @@ def test_opentelemetry_collects_the_same_numbers(redis_url: str) -> None:
 
 def test_opentelemetry_tells_each_budgets_loads_running(redis_url: str) -> None:
     """``stampede.budget.loads.running`` and ``.queued``, by ``stampede.budget``: one load
-    of the layer's budget runs while its loader looks, none after."""
+    of the layer's budget runs while its loader looks, none after; and its wait for the
+    slot is one point of ``stampede.budget.slot_wait.duration`` for that budget."""
     pytest.importorskip("opentelemetry.sdk")
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -250,10 +251,14 @@ def test_opentelemetry_tells_each_budgets_loads_running(redis_url: str) -> None:
         for resource in data.resource_metrics if data else []:
             for scope in resource.scope_metrics:
                 for metric in scope.metrics:
-                    if metric.name.startswith("stampede.budget.loads."):
-                        for point in metric.data.data_points:
-                            key = (metric.name.rsplit(".", 1)[1], dict(point.attributes)["stampede.budget"])
+                    for point in metric.data.data_points:
+                        attributes = dict(point.attributes)
+                        if metric.name.startswith("stampede.budget.loads."):
+                            key = (metric.name.rsplit(".", 1)[1], attributes["stampede.budget"])
                             found[key] = point.value
+                        elif metric.name == "stampede.budget.slot_wait.duration":
+                            key = (attributes["stampede.outcome"], attributes["stampede.budget"])
+                            found[key] = point.count
         return found
 
     seen: list[dict[tuple[str, str], float]] = []
@@ -265,8 +270,8 @@ def test_opentelemetry_tells_each_budgets_loads_running(redis_url: str) -> None:
 
     try:
         assert load(1) == 1
-        assert seen == [{("queued", "~layer"): 0, ("running", "~layer"): 1}]
-        assert budgets() == {("queued", "~layer"): 0, ("running", "~layer"): 0}
+        assert seen == [{("queued", "~layer"): 0, ("running", "~layer"): 1, ("slot", "~layer"): 1}]  # waited
+        assert budgets() == {("queued", "~layer"): 0, ("running", "~layer"): 0, ("slot", "~layer"): 1}
     finally:
         layer.close()
         provider.shutdown()
