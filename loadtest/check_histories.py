@@ -7,7 +7,7 @@ promises (``stampede.testing.History``): one line per profile.
 
 A profile is a backend (one Redis server, Redlock over three, a 3-primary Cluster, a
 Sentinel set's master, PostgreSQL if installed), a way of calling (eight threads, or 32
-tasks of one event loop) and settings (plain, the near cache, a stale window). Each runs
+tasks of one event loop) and settings (plain, the near cache, a stale window with a load budget of two). Each runs
 reads of one and of many keys, updates, sets and expiries over four keys that collide,
 with a database query of a millisecond, in rounds of ``--round`` operations (a layer and
 a namespace each), until its share of operations is done. Every server is started here
@@ -75,7 +75,11 @@ from stampede.testing.nemesis import (
 )
 from stampede.testing.workers import Workers
 
-SETTINGS = {"plain": {}, "near cache": {"near_cache": True}, "stale window": {"stale_while_revalidate": 60.0}}
+SETTINGS = {
+    "plain": {},
+    "near cache": {"near_cache": True},
+    "stale window": {"stale_while_revalidate": 60.0, "max_concurrent_loads": 2},  # refreshes and misses queue
+}
 
 
 def run_round(url: str, options: dict[str, Any], asynchronous: bool, operations: int, seed: int) -> Report:
