@@ -46,7 +46,7 @@ from typing import Any
 
 import redis
 
-from . import Stampede
+from . import Stampede, __version__
 from ._core.codec import Codec, Kind, stale_window_of
 from ._core.keys import EntryKeys
 from ._core.patterns import entry_pattern
@@ -392,6 +392,13 @@ COMMANDS: dict[str, Callable[[Any, argparse.Namespace], Any]] = {
 }
 
 
+def _version() -> str:
+    """What ``--version`` prints: stampede's version, and those of what it runs on (a bug
+    report's first line)."""
+    python = ".".join(str(part) for part in sys.version_info[:3])
+    return f"stampede {__version__} (redis-py {redis.__version__}, Python {python})"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stampede",
@@ -399,6 +406,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog="A PATTERN is a glob over entries (category-map:*) or a template (category-map:{shop}) "
         "with FIELD=VALUE (a str) or FIELD:=JSON values.",
     )
+    parser.add_argument("--version", action="version", version=_version())
     parser.add_argument("--url", default=default_url()[1] or DEFAULT_URL, help="the store's URL")
     parser.add_argument("--cluster", action="store_true", help="the URL is a node of a Redis Cluster")
     parser.add_argument("--namespace", default=os.environ.get("STAMPEDE_NAMESPACE", "stampede"))

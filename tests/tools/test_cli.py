@@ -406,3 +406,14 @@ def test_an_unreachable_postgres_is_one_line_naming_the_cause(capsys: pytest.Cap
     assert len(err.strip().splitlines()) == 1, err  # no pool's retries on the way
     assert "Connection refused" in err and "secret" not in err
     assert time.monotonic() - started < 4.5  # not the pool's 5 s wait for a connection
+
+
+def test_version_names_stampedes_version_and_what_it_runs_on() -> None:
+    """``stampede --version`` (here ``python -m stampede``, as the console script runs
+    ``stampede.cli:main``): the package's version, redis-py's and Python's, and exit 0."""
+    import stampede
+
+    done = subprocess.run([sys.executable, "-m", "stampede", "--version"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    python = ".".join(str(part) for part in sys.version_info[:3])
+    assert done.stdout.strip() == f"stampede {stampede.__version__} (redis-py {redis.__version__}, Python {python})"

@@ -90,3 +90,14 @@ def test_the_examples_run_on_the_postgresql_store(postgres_server: PostgresServe
     assert "a cold shop" in out and out.rstrip().endswith("OK")
     out = run("examples/fencing.py", "--redis", postgres_server.url)
     assert "accepted: False" in out and out.rstrip().endswith("OK")
+
+
+def test_the_examples_readme_lists_every_example_with_its_command() -> None:
+    """``examples/README.md`` names each example (a module, or a project's folder), and
+    gives each runnable one the command that runs it."""
+    text = (ROOT / "examples" / "README.md").read_text()
+    folder = ROOT / "examples"
+    examples = sorted(path.name for path in folder.iterdir() if not path.name.startswith((".", "_", "README")))
+    assert [name for name in examples if f"`{name}`" not in text and f"`{name}/`" not in text] == []
+    runnable = [name for name in examples if name.endswith(".py") and "__main__" in (folder / name).read_text()]
+    assert [name for name in runnable if f"python examples/{name}" not in text] == []
