@@ -6,6 +6,7 @@ from ._core.codec import JsonSerializer, Serializer, TypedSerializer
 from ._core.config import Settings
 from ._core.msgspec_serializer import MsgspecSerializer
 from ._core.observer import COUNTERS, OUTCOMES, BudgetObserver, Observer
+from ._core.pydantic_serializer import PydanticSerializer
 from ._core.results import NOT_MODIFIED, Cached, Previous, previous
 from ._core.verify import verifying
 from ._errors import (
@@ -62,6 +63,7 @@ __all__ = [  # grouped, not sorted
     "JsonSerializer",
     "TypedSerializer",
     "MsgspecSerializer",
+    "PydanticSerializer",
     # errors
     "StampedeError",
     "ConfigError",

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from stampede import ConfigError, MsgspecSerializer, SerializationError, Stampede
+from stampede import ConfigError, MsgspecSerializer, PydanticSerializer, SerializationError, Stampede
 
 pytest.importorskip("msgspec", reason="msgspec comes with the dev extra")
 
@@ -79,11 +79,18 @@ def test_a_value_that_does_not_match_the_annotation_is_refused(
         layer.cached_loader("nan:{order_id}", serializer=MsgspecSerializer())(lambda order_id: float("nan"))(1)
 
 
-def test_an_annotation_that_cannot_be_resolved_is_a_config_error() -> None:
+@pytest.mark.parametrize("typed", ["msgspec", "pydantic"])
+def test_an_annotation_that_cannot_be_resolved_is_a_config_error(typed: str) -> None:
+    """Either typed serializer (``PydanticSerializer`` too): a loader whose return
+    annotation names nothing is refused at decoration, unless the type is given."""
+    if typed == "pydantic":
+        pytest.importorskip("pydantic", reason="pydantic comes with the dev extra")
+    serializer = MsgspecSerializer if typed == "msgspec" else PydanticSerializer
+
     def load(order_id: int) -> Missing:  # type: ignore[name-defined]  # noqa: F821
         return None
 
-    with pytest.raises(ConfigError, match="MsgspecSerializer"):
-        Stampede(serializer=MsgspecSerializer()).cached_loader("x:{order_id}")(load)
-    explicit = Stampede().cached_loader("x:{order_id}", serializer=MsgspecSerializer(Order))(load)
+    with pytest.raises(ConfigError, match="give the serializer its type"):
+        Stampede(serializer=serializer()).cached_loader("x:{order_id}")(load)
+    explicit = Stampede().cached_loader("x:{order_id}", serializer=serializer(Order))(load)
     assert explicit(1) is None  # a type given outright needs no annotation
