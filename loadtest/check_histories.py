@@ -7,13 +7,13 @@ promises (``stampede.testing.History``): one line per profile.
 
 A profile is a backend (one Redis server, Redlock over three, a 3-primary Cluster, a
 Sentinel set's master, PostgreSQL if installed), a way of calling (eight threads, or 32
-tasks of one event loop) and settings (plain, the near cache, a stale window with a load budget of two). Each runs
-reads of one and of many keys, updates, sets and expiries over four keys that collide,
-with a database query of a millisecond, in rounds of ``--round`` operations (a layer and
-a namespace each), until its share of operations is done. Every server is started here
-on 127.0.0.1 and stopped by its PID. The line says: operations, violations (by rule),
-loads, most loads of one entry, slowest call; the last line printed is every figure as
-JSON. The exit status is 1 if any violation was found.
+tasks of one event loop) and settings (plain, the near cache, a stale window with a
+load budget of two). Each runs reads of one and of many keys, updates, sets and expiries
+over four keys that collide, with a database query of a millisecond, in rounds of
+``--round`` operations (a layer and a namespace each), until its share of operations is
+done. Every server is started here on 127.0.0.1 and stopped by its PID. The line says:
+operations, violations (by rule), loads, most loads of one entry, slowest call; the last
+line printed is every figure as JSON. The exit status is 1 if any violation was found.
 
     python loadtest/check_histories.py --faults             # 60 s a fault profile
     python loadtest/check_histories.py --faults --quick     # 4 s a profile (CI)
