@@ -12,10 +12,10 @@ of the key wait for it as for any load, and cost the budget nothing. The loader 
 only while that lease is still its own: an invalidation while it waited took it, and
 the loader does not run (``LeaseLost``), for its value could not be written and the
 key's new holder loads it too. Where the lease lives in the budget's store
-(``SlotLeaseStore``: one Redis server, the embedded store) the store makes sure as it
-grants the slot, and a freed slot skips a waiter whose lease is gone; elsewhere (a
-Redis Cluster, PostgreSQL, a lease service's servers) the load asks once it has its
-slot (``LEASE_HELD``): one round trip more between one load and the next.
+(``SlotLeaseStore``: one Redis server or Sentinel's master, PostgreSQL, the embedded
+store) the store makes sure as it grants the slot, and a freed slot skips a waiter whose
+lease is gone; elsewhere (a Redis Cluster, a lease service's servers) the load asks once
+it has its slot (``LEASE_HELD``): one round trip more between one load and the next.
 
 Taking a slot is ``_core.acquiring``'s decision, the named locks' (subscribe, try again,
 wait for a message or a recheck, leave the queue when giving up), over the store's
