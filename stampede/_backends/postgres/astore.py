@@ -13,6 +13,9 @@ lost it (dropped, recreated) gets it again.
 from __future__ import annotations
 
 import asyncio
+import random
+
+# SYNC: import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -29,7 +32,17 @@ from ..each import AsyncOneByOne
 from ..mailbox import LoopMailbox, ThreadMailbox
 from . import schema as sql
 from .listener import PostgresListener
-from .pools import DEADLOCK_TRIES, SCHEMA_LOST, SWEEP_BATCH, AsyncConnections, Sweeper, failure, log, schema_ready
+from .pools import (
+    DEADLOCK_PAUSE,
+    DEADLOCK_TRIES,
+    SCHEMA_LOST,
+    SWEEP_BATCH,
+    AsyncConnections,
+    Sweeper,
+    failure,
+    log,
+    schema_ready,
+)
 
 
 class AsyncPostgresStore(AsyncOneByOne):
@@ -99,12 +112,18 @@ class AsyncPostgresStore(AsyncOneByOne):
         order (lease, then values), so stampede's own statements do not deadlock with
         each other (schema version 5's two-statement ``seize`` did, about once in 100,000
         calls under load: the history checker saw the lost write); this keeps a write from
-        being lost to one with anything else that locks the rows."""
-        for _ in range(DEADLOCK_TRIES - 1):
+        being lost to one with anything else that locks the rows.
+
+        Not at once: the other transaction, woken by the abort, must first take the row
+        it waited for. Run again before it has (a busy machine schedules it late), the
+        statement retakes its own rows, waits for the other's again, and the deadlock
+        comes back, each time (CI saw a write lost so, three tries in a row)."""
+        for attempt in range(DEADLOCK_TRIES - 1):
             try:
                 return await connection.execute(statement.query, statement.params)
             except psycopg.errors.DeadlockDetected:
                 log.info("stampede: PostgreSQL broke a deadlock by aborting a statement; running it again")
+                await asyncio.sleep(DEADLOCK_PAUSE * (attempt + 1) * random.uniform(1.0, 2.0))
         return await connection.execute(statement.query, statement.params)
 
     async def get(self, key: str) -> bytes | None:

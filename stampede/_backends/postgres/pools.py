@@ -35,6 +35,7 @@ Connections: TypeAlias = "ConnectionPool[Any]"  # the blocking store's pool; Asy
 SWEEP_INTERVAL = 30.0  # seconds between two sweeps of expired rows, per store
 SWEEP_BATCH = 1000  # rows of each table one sweep deletes at most
 DEADLOCK_TRIES = 3  # runs of a statement PostgreSQL aborted to break a deadlock, at most
+DEADLOCK_PAUSE = 0.02  # seconds before the second run (twice before the third), times 1 to 2 at random
 
 SCHEMA_LOST = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction)
 
