@@ -37,6 +37,8 @@ import datetime
 import json
 import logging
 import os
+import signal
+import socket
 import sys
 import time
 import urllib.error
@@ -425,6 +427,8 @@ def _parser() -> argparse.ArgumentParser:
     stats_ = commands.add_parser("stats", help="a running app's counters, from its Prometheus metrics")
     stats_.add_argument("--metrics-url", help="the app's metrics endpoint, e.g. http://127.0.0.1:9100/metrics")
     commands.add_parser("demo", help="the demo: a stampede with and without protection", add_help=False)
+    server_ = commands.add_parser("server", help="run a throwaway server on 127.0.0.1 until Ctrl-C (the dev extra's)")
+    server_.add_argument("--port", type=int, default=6379, help="its port (default 6379, the docs' address)")
     return parser
 
 
@@ -439,6 +443,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _demo((["--redis", options.url] if given else []) + rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if options.command == "server":
+        return _server(options.port)
     try:
         result = _run(options)
     except Failed as failure:
@@ -456,6 +462,33 @@ def _demo(arguments: list[str]) -> int:
 
     demo(arguments)
     return 0
+
+
+def _server(port: int) -> int:
+    """A server to try the docs' snippets against: no persistence, bound to 127.0.0.1,
+    stopped (by its PID) when this command is."""
+    from .testing.servers import RedisServer
+
+    with socket.socket() as probe:  # else start() would find the other server answering
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as error:
+            print(f"stampede server: 127.0.0.1:{port} is taken ({error.strerror}); try --port", file=sys.stderr)
+            return 1
+    try:
+        server = RedisServer(port=port).start()
+    except RuntimeError as error:
+        print(f"stampede server: {error}".strip(), file=sys.stderr)
+        return 1
+    print(f"a throwaway server at {server.url} (nothing is saved); Ctrl-C stops it", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a kill stops the server too
+    try:
+        assert server.process is not None
+        return server.process.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        server.stop()
 
 
 def _run(options: argparse.Namespace) -> Any:

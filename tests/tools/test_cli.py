@@ -417,3 +417,31 @@ def test_version_names_stampedes_version_and_what_it_runs_on() -> None:
     assert done.returncode == 0, done.stderr
     python = ".".join(str(part) for part in sys.version_info[:3])
     assert done.stdout.strip() == f"stampede {stampede.__version__} (redis-py {redis.__version__}, Python {python})"
+
+
+def test_server_runs_a_throwaway_server_until_stopped_and_refuses_a_taken_port() -> None:
+    """``stampede server``, the docs' one-line way to a server for their snippets: it
+    answers at the address it prints, a second one on the same port is refused with one
+    line (it would otherwise find the first answering), and stopping the command stops the
+    server it started."""
+    port = free_port()
+    command = [sys.executable, "-m", "stampede", "server", "--port", str(port)]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as running:
+        try:
+            assert running.stdout is not None
+            first_line = running.stdout.readline()
+            assert f"redis://127.0.0.1:{port}/0" in first_line
+            with redis.Redis(port=port, socket_timeout=5) as client:
+                assert client.ping()
+                server_pid = int(client.info("server")["process_id"])
+            taken = subprocess.run(command, capture_output=True, text=True, timeout=30)
+            assert taken.returncode == 1
+            said = f"stampede server: 127.0.0.1:{port} is taken (Address already in use); try --port"
+            assert taken.stderr.strip() == said
+        finally:
+            running.terminate()
+            assert running.wait(timeout=10) == 0
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{server_pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)  # reaped by the command's stop before it exited: gone at once
+    assert not Path(f"/proc/{server_pid}").exists()
