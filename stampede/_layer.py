@@ -564,33 +564,44 @@ class Stampede:
         store = self._loop_store("amatching", "matching")
         return sorted(key for key in await store.scan(self.namespace, match.glob) if match.matches(key))
 
-    def invalidate_matching(self, pattern: str, **fields: Any) -> int:
+    def invalidate_matching(
+        self, pattern: str, /, *, on_progress: Callable[[int, int], object] | None = None, **fields: Any
+    ) -> int:
         """Invalidate, as ``invalidate()`` does each one, the entries ``matching(pattern,
         **fields)`` finds. Return how many. Entries written after the scan passed them are
         left alone, as they would be by an invalidation a moment earlier. A pattern that
         names one entry (no wildcard, every field given) invalidates it with no scan, and
-        counts 1."""
+        counts 1. ``on_progress(done, found)`` is told after each tenth of the entries
+        found (each round trip is one entry's, so 100,000 take a while)."""
         # Each as invalidate() does it: by the layer's lease policy (Redlock's majority first).
         invalidate = self._blocking_runner("invalidate_matching", "ainvalidate_matching").invalidate
         exact = entry_pattern(pattern, fields).exact_key(self.namespace, self.settings.max_key_length)
         keys = [exact] if exact is not None else self.matching(pattern, **fields)
-        for value_key in keys:
+        step = max(1, len(keys) // 10)
+        for done, value_key in enumerate(keys, 1):
             try:
                 invalidate(EntryKeys.for_value(value_key))
             finally:
                 self._forget(value_key)
+            if on_progress is not None and (done % step == 0 or done == len(keys)):
+                on_progress(done, len(keys))
         return len(keys)
 
-    async def ainvalidate_matching(self, pattern: str, **fields: Any) -> int:
+    async def ainvalidate_matching(
+        self, pattern: str, /, *, on_progress: Callable[[int, int], object] | None = None, **fields: Any
+    ) -> int:
         """``invalidate_matching()`` with this event loop's client."""
         invalidate = self._loop_runner("ainvalidate_matching", "invalidate_matching").invalidate
         exact = entry_pattern(pattern, fields).exact_key(self.namespace, self.settings.max_key_length)
         keys = [exact] if exact is not None else await self.amatching(pattern, **fields)
-        for value_key in keys:
+        step = max(1, len(keys) // 10)
+        for done, value_key in enumerate(keys, 1):
             try:
                 await invalidate(EntryKeys.for_value(value_key))
             finally:
                 self._forget(value_key)
+            if on_progress is not None and (done % step == 0 or done == len(keys)):
+                on_progress(done, len(keys))
         return len(keys)
 
     def invalidate_tag(self, tag: str, **fields: Any) -> int:

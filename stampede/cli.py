@@ -91,7 +91,7 @@ def invalidate(session: Session, options: argparse.Namespace) -> Any:
     if not options.yes:
         return {"pattern": options.pattern, "matched": len(keys), "invalidated": 0, "dry_run": True}
     started = time.monotonic()
-    count = session.layer.invalidate_matching(options.pattern, **fields)
+    count = session.layer.invalidate_matching(options.pattern, on_progress=_progress(started), **fields)
     return {"pattern": options.pattern, "matched": count, "invalidated": count, "seconds": time.monotonic() - started}
 
 
@@ -103,8 +103,20 @@ def invalidate_tag(session: Session, options: argparse.Namespace, fields: dict[s
     if not options.yes:
         return {"tag": name, "matched": tagged, "invalidated": 0, "dry_run": True}
     started = time.monotonic()
+    if tagged:  # one call, in batches inside the store: said before it starts, since it takes a while
+        print(f"invalidating {tagged} entries tagged {name!r}...", file=sys.stderr, flush=True)
     count = layer.invalidate_tag(options.pattern, **fields)  # not the shortened name: it renders again
     return {"tag": name, "matched": count, "invalidated": count, "seconds": time.monotonic() - started}
+
+
+def _progress(started: float) -> Callable[[int, int], None]:
+    """Long work's progress, on stderr (stdout keeps the result, JSON or not)."""
+
+    def told(done: int, found: int) -> None:
+        seconds = time.monotonic() - started
+        print(f"invalidated {done} of {found} ({seconds:.1f} s)", file=sys.stderr, flush=True)
+
+    return told
 
 
 def locks(session: Session, options: argparse.Namespace) -> Any:

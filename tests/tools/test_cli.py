@@ -137,8 +137,10 @@ def test_invalidate_by_pattern_removes_ten_thousand_entries_and_nothing_else(
     assert status == 0 and out["matched"] == 10_000 and out["invalidated"] == 0
     assert entries_of(redis_client, namespace) == before
 
-    status, out, _ = cli(capsys, *base, "invalidate", *pattern, "--yes")
+    status, out, err = cli(capsys, *base, "invalidate", *pattern, "--yes")
     assert status == 0 and out["invalidated"] == 10_000
+    told = [line.split(" (")[0] for line in err.splitlines()]  # progress on stderr, the JSON alone on stdout
+    assert told == [f"invalidated {done} of 10000" for done in range(1000, 10_001, 1000)]
     left = entries_of(redis_client, namespace)
     assert left == {f"{namespace}:{{{entry}}}" for entry in others} | {k for k in before if "~lock:" in k}
     assert redis_client.exists("other-ns:{product:1}")
@@ -165,8 +167,9 @@ def test_invalidate_a_tag_counts_first_and_inspect_shows_the_tags(
 
     status, out, _ = cli(capsys, *base, "invalidate", "--tag", "category:{id}", "id:=1")  # the dry run: a count
     assert status == 0 and out == {"tag": "category:1", "matched": 2, "invalidated": 0, "dry_run": True}
-    status, out, _ = cli(capsys, *base, "invalidate", "--tag", "category:1", "--yes")
+    status, out, err = cli(capsys, *base, "invalidate", "--tag", "category:1", "--yes")
     assert status == 0 and out["invalidated"] == 2
+    assert err == "invalidating 2 entries tagged 'category:1'...\n"  # said before the long call
     _, out, _ = cli(capsys, *base, "inspect", "product-list:*")
     assert [entry["state"] for entry in out["entries"]] == ["value"]  # 2:1 alone is left
 
