@@ -62,6 +62,9 @@ def master_port() -> list[str]:
     return ["--master-bind-port", port, "--master-port", port]
 
 
+PROGRESS_EVERY = 10.0  # seconds between two lines of a run's progress
+
+
 def run(protection: str, url: str, options: argparse.Namespace) -> dict[str, Any]:
     """One Locust run; its figures (from the query log and Locust's CSV) and exit code."""
     out: Path = options.out
@@ -83,19 +86,41 @@ def run(protection: str, url: str, options: argparse.Namespace) -> dict[str, Any
         started = time.time()
         sampler = MetricsSampler(app.base + "/metrics")
         try:
-            done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=options.run_time + 120)
+            returncode = run_telling_progress(command, out / f"locust-{protection}.log", database, started, options)
         finally:
             samples = sampler.stop()
-        (out / f"locust-{protection}.log").write_text(done.stdout + done.stderr)
     finally:
         app.stop()
-    figures: dict[str, Any] = {"locust_exit_code": done.returncode, "metrics": samples}
+    figures: dict[str, Any] = {"locust_exit_code": returncode, "metrics": samples}
     summary = out / f"{protection}.json"
     if summary.exists():
         figures.update(json.loads(summary.read_text()))
     figures.update(locust_figures(out / f"{protection}_stats.csv"))
     figures["per_second"] = queries_per_second(database.queries(), started)
     return figures
+
+
+def run_telling_progress(
+    command: list[str], log: Path, database: ShopDatabase, started: float, options: argparse.Namespace
+) -> int:
+    """Locust, its output in ``log``, and a line every ``PROGRESS_EVERY`` seconds while it
+    runs (the database's queries so far), so that a minute's run does not look hung.
+    Its exit code; killed (by its PID) if it runs two minutes past its run time."""
+    deadline = started + options.run_time + 120
+    with (
+        log.open("w") as output,
+        subprocess.Popen(command, cwd=ROOT, stdout=output, stderr=subprocess.STDOUT) as locust,
+    ):
+        while True:
+            try:
+                return locust.wait(timeout=PROGRESS_EVERY)
+            except subprocess.TimeoutExpired:
+                elapsed = time.time() - started
+                if time.time() > deadline:
+                    locust.kill()
+                    locust.wait()
+                    raise
+                print(f"  {elapsed:4.0f} s: {len(database.queries())} database queries so far", flush=True)
 
 
 def locust_figures(stats_csv: Path) -> dict[str, Any]:

@@ -101,6 +101,8 @@ def test_the_short_locust_run_makes_one_query_per_key_per_expiry_window(tmp_path
     assert figures["max_queries_per_window"] == 1
     assert figures["windows"] >= 100  # TTL 1 s for 12 s over dozens of keys: expiries happened
     assert figures["requests"] >= 1000 and figures["failures"] == 0
+    told = [line.strip() for line in done.stdout.splitlines() if line.endswith("database queries so far")]
+    assert told and told[0].startswith("10 s: "), done.stdout  # a 12 s run tells its progress once
 
 
 @pytest.mark.timeout(90)
