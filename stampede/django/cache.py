@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextvars
 import inspect
 import json
-import pickle
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -42,6 +41,7 @@ from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
 from .._acached import AsyncCachedLoader
 from .._cached import CachedLoader
 from .._core.config import MAX_SECONDS
+from .._core.pickle_serializer import PickleSerializer
 from .._core.results import NOT_MODIFIED, Cached, previous
 from .._errors import ConfigError, SerializationError, ValueTooLarge
 from .._layer import Stampede
@@ -58,15 +58,6 @@ MEMORY = "memory"
 _producing: contextvars.ContextVar[Callable[[], Any] | None] = contextvars.ContextVar(
     "stampede_django_producing", default=None
 )
-
-
-class PickleSerializer:
-    """pickle at the highest protocol: Django caches any picklable object."""
-
-    def dumps(self, value: Any) -> bytes:
-        return pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
-
-    loads = staticmethod(pickle.loads)
 
 
 class _Gone(Exception):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
@@ -35,9 +36,16 @@ SKIPPED_AS_FOR_REDIS = {"test_cull", "test_cull_delete_when_store_empty", "test_
 
 def _sdist() -> Path:
     """The source distribution of the installed Django (its tests are not in the wheel),
-    downloaded once per machine."""
+    downloaded once per machine. Under a lock: the suite's workers ask at once on a new
+    machine, and one extracting what another is still writing fails."""
     version = django.__version__
     SDIST_CACHE.mkdir(parents=True, exist_ok=True)
+    with (SDIST_CACHE / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _sdist_locked(version)
+
+
+def _sdist_locked(version: str) -> Path:
     found = sorted(SDIST_CACHE.glob(f"[dD]jango-{version}.tar.gz"))
     if not found:
         download = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:"]

@@ -20,6 +20,7 @@ import asyncio
 import re
 import sys
 import traceback
+import types
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,7 +73,9 @@ def runnable(page: str) -> list[Block]:
 def run_page(page: str, url: str) -> int:
     """Run ``page``'s runnable blocks against the server at ``url``; 0 if all ran."""
     address = url.split("://", 1)[1].split("/", 1)[0].rsplit("@", 1)[-1]
-    namespace: dict[str, object] = {"__name__": "__main__"}
+    page_module = types.ModuleType("__main__")  # as a script is: classes defined here are found by name
+    sys.modules["__main__"] = page_module
+    namespace = page_module.__dict__
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     warnings.simplefilter("error")  # a snippet that warns is a snippet that misleads
