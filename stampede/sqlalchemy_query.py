@@ -29,6 +29,9 @@ answers the queries that ask for it::
 * **A session that wrote is not served from the cache**, nor does it fill it: until its
   transaction ends, its queries run against the database (they would see its own
   uncommitted rows, which must reach no other caller, and which a rollback undoes).
+  Nor is a ``FOR UPDATE`` query: its row locks are the point.
+* **Only a caller loads.** Settings that would load with no caller (background refresh,
+  retries, verification, warm starts: ``NO_CALLER``) are off for queries.
 
 Not seen: Core statements on a ``Connection`` outside the session, and writes by other
 programs. Give those paths ``invalidate_tag_after_commit(session, layer, "table:name")``
@@ -55,6 +58,16 @@ from .sqlalchemy import invalidate_tag_after_commit
 
 _WROTE = "stampede.query_cache.wrote"  # session.info: this transaction flushed or ran a write
 TABLE_TAG = "table:{table}"
+NO_CALLER: dict[str, Any] = {
+    "stale_while_revalidate": 0.0,
+    "stale_if_error": 0.0,
+    "early_refresh": 0.0,
+    "verify_sample": 0.0,
+    "hot_sample": 0.0,
+}
+"""The settings that load with no caller (a background refresh or retry, a verification,
+a warm start) are off, whatever the layer says: a query's entry is loaded only by its
+caller's own execution, which is the one thing that can run it."""
 
 
 class _Cached(UserDefinedOption):
@@ -92,6 +105,7 @@ class QueryCache:
             tags=[],  # each entry's: its tables' and the query's own (Cached)
             serializer=PickleSerializer(),
             ttl=layer.settings.ttl if ttl is None else ttl,
+            **NO_CALLER,
         )(_load_pending)
 
     def cached(self, *, ttl: float | None = None, tags: Iterable[str] = ()) -> _Cached:
@@ -119,13 +133,17 @@ class QueryCache:
 
     def _on_execute(self, state: ORMExecuteState) -> Any:
         if state.is_insert or state.is_update or state.is_delete:
-            self._wrote(state.session, _tables_of(state.all_mappers))
+            table: Any = getattr(state.statement, "table", None)  # a Core statement's, through the session
+            written = {*_tables_of(state.all_mappers), *([table.name] if hasattr(table, "name") else [])}
+            self._wrote(state.session, sorted(written))
             return None
         option = next((found for found in state.user_defined_options if isinstance(found, _Cached)), None)
         if option is None or option.cache is not self or not state.is_select or state.is_relationship_load:
             return None
         if state.session.info.get(_WROTE):
             return None  # its own uncommitted rows: for it alone
+        if getattr(state.statement, "_for_update_arg", None) is not None:
+            return None  # FOR UPDATE: the row locks are the point, and only the database takes them
         token = _pending.set(_Pending(state, option))
         try:
             frozen = self._load(_digest(state))

@@ -241,3 +241,44 @@ def test_64_misses_in_4_processes_send_the_query_once(redis_url: str, tmp_path: 
         results.append(json.loads(out))
     assert [got for result in results for got in result["got"]] == [["p1", "p2", "p3"]] * 64
     assert sum(result["selects"] for result in results) == 1
+
+
+def test_core_writes_through_the_session_invalidate_and_for_update_reads_the_database(shop: Shop) -> None:
+    sessions, queries, selects = shop.sessions, shop.queries, shop.selects
+    statement = select(Product).where(Product.id == 1).options(queries.cached())
+    with sessions() as reader:
+        assert names(reader, statement) == ["p1"]
+    with sessions() as writer:  # the table, not the mapper: no mapper in the statement
+        writer.execute(update(Product.__table__).where(Product.__table__.c.id == 1).values(name="core"))
+        writer.commit()
+    with sessions() as reader:
+        assert names(reader, statement) == ["core"]
+        sent = selects.count()
+        assert names(reader, statement.with_for_update()) == ["core"]
+        assert names(reader, statement.with_for_update()) == ["core"]
+        assert selects.count() == sent + 2  # each sent, neither cached
+
+
+def test_settings_that_load_with_no_caller_are_off_for_queries(redis_url: str, tmp_path: Path) -> None:
+    """A layer with a stale window, early refresh and every hit verified: a query's entry
+    has no loader outside its caller's execution, so none of them may run one."""
+    engine = make_database(tmp_path / "shop.sqlite")
+    options = {"stale_while_revalidate": 60.0, "early_refresh": 1.0, "verify_sample": 1.0, "hot_sample": 1.0}
+    with Stampede.from_url(redis_url, namespace=f"query-{uuid.uuid4().hex[:8]}", **options) as layer:
+        queries = QueryCache(layer, ttl=300)
+        sessions = sessionmaker(engine)
+        queries.install(sessions)
+        statement = select(Product).where(Product.id == 1).options(queries.cached())
+        with sessions() as session:
+            assert names(session, statement) == ["p1"]
+            assert names(session, statement) == ["p1"]  # a hit: verified were it sampled
+        with sessions() as writer:
+            writer.get(Product, 1).name = "new"
+            writer.commit()
+        layer.expire_tag("table:products")  # stale: refreshed in the background were it allowed
+        with sessions() as session:
+            assert names(session, statement) == ["new"]  # loaded by this caller, at once
+        stats = layer.stats()
+        assert stats["loads"] == 2
+        assert all(stats[f"consistency_{result}"] == 0 for result in ("match", "mismatch", "error", "superseded"))
+    engine.dispose()
