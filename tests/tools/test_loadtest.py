@@ -393,8 +393,8 @@ def test_the_profile_workloads_run_and_share_their_time_out_by_package(path: str
 def test_the_instruction_count_short_form_counts_both_hits() -> None:
     """``loadtest/count_instructions.py --quick``: both hits and both pages are counted,
     and stampede adds work to the bare read's but less than the bare read itself costs.
-    Alone (timing): under valgrind it takes about 250 s of a quiet 2-core machine, and
-    beside three other benchmarks it ran past 280 s in two CI runs."""
+    Alone (timing), its counts side by side, a core each: run one after another they took
+    about 250 s of a quiet 2-core machine, and past 400 s of a busy one (a CI run)."""
     figures = short_form("count_instructions.py", timeout=400)
     counted = figures["instructions"]
     bare, cached = counted["bare"], counted["stampede"]
