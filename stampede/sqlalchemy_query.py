@@ -21,9 +21,10 @@ answers the queries that ask for it::
   can write to the cache server can run code in every process that reads it, so the
   server must be trusted as the database is.
 * **Invalidation waits for the commit.** A cached query is tagged ``table:<name>`` for
-  each table its mappers map. Every flushed insert, update and delete of an instance,
-  and every ORM ``update()``/``delete()``/``insert()`` run through the session, queues
-  the invalidation of its tables' tags for after the commit (``stampede.sqlalchemy``'s
+  each table it reads: its entities' and every one joined, in a subquery or aliased.
+  Every flushed insert, update and delete of an instance, and every ``update()``,
+  ``delete()`` and ``insert()`` run through the session (of a mapped class or a table),
+  queues the invalidation of its tables' tags for after the commit (``stampede.sqlalchemy``'s
   queue: savepoints rolled back drop theirs). Once that commit's invalidation returns,
   no caller gets a result read before it, and a load in flight does not write.
 * **A session that wrote is not served from the cache**, nor does it fill it: until its
@@ -46,10 +47,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import event, inspect
+from sqlalchemy import Table, event, inspect
 from sqlalchemy.engine import FrozenResult
 from sqlalchemy.orm import ORMExecuteState, Session, UserDefinedOption
 from sqlalchemy.orm.loading import merge_frozen_result
+from sqlalchemy.sql.util import find_tables
 
 from ._core.pickle_serializer import PickleSerializer
 from ._core.results import Cached
@@ -157,7 +159,8 @@ def _load_pending(digest: str) -> Any:
     """The loader of every entry: the query of the caller that leads the load."""
     pending = _pending.get()
     frozen: FrozenResult[Any] = pending.state.invoke_statement().freeze()
-    tags = [TABLE_TAG.format(table=table) for table in _tables_of(pending.state.all_mappers)]
+    tables = {*_tables_of(pending.state.all_mappers), *_tables_in(pending.state.statement)}
+    tags = [TABLE_TAG.format(table=table) for table in sorted(tables)]
     return Cached(frozen, ttl=pending.option.ttl, tags=[*tags, *pending.option.tags])
 
 
@@ -173,6 +176,13 @@ def _digest(state: ORMExecuteState) -> str:
     bind = state.session.get_bind(**state.bind_arguments)
     database = bind.engine.url.render_as_string(hide_password=True)
     return hashlib.sha256(f"{database}\n{text}".encode()).hexdigest()[:40]
+
+
+def _tables_in(statement: Any) -> set[str]:
+    """Every table the statement reads: joined, in a subquery, behind an alias (the
+    statement's mappers name only its top-level entities)."""
+    found = find_tables(statement, include_joins=True, check_columns=True)
+    return {table.name for table in found if isinstance(table, Table)}
 
 
 def _tables_of(mappers: Iterable[Any]) -> list[str]:

@@ -17,12 +17,12 @@ from typing import Any, NamedTuple
 
 import pytest
 from sqlalchemy import Engine, create_engine, event, select, update
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from stampede import Stampede
 from stampede.sqlalchemy_query import QueryCache
 
-from ..query_worker import Base, Product
+from ..query_worker import Base, Category, Product
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,6 +43,7 @@ def make_database(path: Path) -> Engine:
     Base.metadata.create_all(engine)
     with Session(engine) as session:
         session.add_all([Product(id=i, name=f"p{i}", category=3 if i <= 3 else 4) for i in range(1, 7)])
+        session.add_all([Category(id=3, name="kitchen"), Category(id=4, name="garden")])
         session.commit()
     return engine
 
@@ -282,3 +283,22 @@ def test_settings_that_load_with_no_caller_are_off_for_queries(redis_url: str, t
         assert stats["loads"] == 2
         assert all(stats[f"consistency_{result}"] == 0 for result in ("match", "mismatch", "error", "superseded"))
     engine.dispose()
+
+
+def test_a_write_to_a_table_read_only_in_a_join_or_subquery_invalidates_the_query(shop: Shop) -> None:
+    """The statement's mappers name only its top-level entity: the tables it reads
+    through a join, a subquery or an alias tag it too."""
+    sessions, queries = shop.sessions, shop.queries
+    other = aliased(Category)
+    statements = [
+        select(Product).join(Category, Category.id == Product.category).where(Category.name == "kitchen"),
+        select(Product).where(Product.category.in_(select(other.id).where(other.name == "kitchen"))),
+    ]
+    statements = [statement.order_by(Product.id).options(queries.cached()) for statement in statements]
+    with sessions() as reader:
+        assert [names(reader, statement) for statement in statements] == [["p1", "p2", "p3"]] * 2
+    with sessions() as writer:
+        writer.get(Category, 3).name = "scullery"
+        writer.commit()
+    with sessions() as reader:
+        assert [names(reader, statement) for statement in statements] == [[], []]
