@@ -577,14 +577,13 @@ class Stampede:
         invalidate = self._blocking_runner("invalidate_matching", "ainvalidate_matching").invalidate
         exact = entry_pattern(pattern, fields).exact_key(self.namespace, self.settings.max_key_length)
         keys = [exact] if exact is not None else self.matching(pattern, **fields)
-        step = max(1, len(keys) // 10)
+        tell = _every_tenth(on_progress, len(keys))
         for done, value_key in enumerate(keys, 1):
             try:
                 invalidate(EntryKeys.for_value(value_key))
             finally:
                 self._forget(value_key)
-            if on_progress is not None and (done % step == 0 or done == len(keys)):
-                on_progress(done, len(keys))
+            tell(done)
         return len(keys)
 
     async def ainvalidate_matching(
@@ -594,14 +593,13 @@ class Stampede:
         invalidate = self._loop_runner("ainvalidate_matching", "invalidate_matching").invalidate
         exact = entry_pattern(pattern, fields).exact_key(self.namespace, self.settings.max_key_length)
         keys = [exact] if exact is not None else await self.amatching(pattern, **fields)
-        step = max(1, len(keys) // 10)
+        tell = _every_tenth(on_progress, len(keys))
         for done, value_key in enumerate(keys, 1):
             try:
                 await invalidate(EntryKeys.for_value(value_key))
             finally:
                 self._forget(value_key)
-            if on_progress is not None and (done % step == 0 or done == len(keys)):
-                on_progress(done, len(keys))
+            tell(done)
         return len(keys)
 
     def invalidate_tag(self, tag: str, **fields: Any) -> int:
@@ -997,6 +995,18 @@ def refuse_generator(decorator: str, func: Callable[..., Any]) -> None:
             "the caller iterates, after the call returned, so there is no one value to cache. Return a list "
             "(from a def or an async def) instead"
         )
+
+
+def _every_tenth(on_progress: Callable[[int, int], object] | None, total: int) -> Callable[[int], None]:
+    """``tell(done)``, passing ``(done, total)`` on to ``on_progress`` after each tenth of
+    ``total`` and at the end."""
+    step = max(1, total // 10)
+
+    def tell(done: int) -> None:
+        if on_progress is not None and (done % step == 0 or done == total):
+            on_progress(done, total)
+
+    return tell
 
 
 def _typed_for(serializer: TypedSerializer, func: Callable[..., Any]) -> Serializer:

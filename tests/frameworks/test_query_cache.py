@@ -77,6 +77,10 @@ class Shop(NamedTuple):
     queries: QueryCache
     selects: Selects
 
+    def category_3(self) -> Any:
+        """The cached query most tests read: category 3's products (p1, p2, p3)."""
+        return select(Product).where(Product.category == 3).order_by(Product.id).options(self.queries.cached())
+
 
 @pytest.fixture
 def shop(tmp_path: Path, layer: Stampede) -> Iterator[Shop]:
@@ -95,9 +99,8 @@ def names(session: Session, statement: Any) -> list[str]:
 def test_a_cached_query_is_sent_once_however_many_threads_miss_it_and_each_gets_its_own_objects(shop: Shop) -> None:
     engine = shop.engine
     sessions = shop.sessions
-    queries = shop.queries
     selects = shop.selects
-    statement = select(Product).where(Product.category == 3).order_by(Product.id).options(queries.cached())
+    statement = shop.category_3()
     slow = threading.Event()
     event.listen(engine, "before_cursor_execute", lambda *args: slow.wait(0.05))
     barrier = threading.Barrier(32)
@@ -147,8 +150,7 @@ def test_parameters_and_databases_make_entries_of_their_own(shop: Shop, tmp_path
 
 def test_a_committed_write_invalidates_the_tables_queries_after_the_commit_and_not_before(shop: Shop) -> None:
     sessions = shop.sessions
-    queries = shop.queries
-    statement = select(Product).where(Product.category == 3).order_by(Product.id).options(queries.cached())
+    statement = shop.category_3()
     with sessions() as reader:
         assert names(reader, statement) == ["p1", "p2", "p3"]
     with sessions() as writer:
@@ -169,9 +171,8 @@ def test_a_committed_write_invalidates_the_tables_queries_after_the_commit_and_n
 
 def test_a_rollback_and_a_rolled_back_savepoint_leave_the_cache_alone(shop: Shop, layer: Stampede) -> None:
     sessions = shop.sessions
-    queries = shop.queries
     selects = shop.selects
-    statement = select(Product).where(Product.category == 3).order_by(Product.id).options(queries.cached())
+    statement = shop.category_3()
     with sessions() as reader:
         assert names(reader, statement) == ["p1", "p2", "p3"]
     sent = selects.count()
@@ -196,8 +197,7 @@ def test_a_released_savepoint_leaves_its_session_reading_its_own_rows(shop: Shop
     """SQLAlchemy ends a savepoint's transaction when it is released, long before the
     commit: the session's rows are still its own, and must not be cached for others."""
     sessions = shop.sessions
-    queries = shop.queries
-    statement = select(Product).where(Product.category == 3).order_by(Product.id).options(queries.cached())
+    statement = shop.category_3()
     with sessions() as writer:
         with writer.begin_nested():
             writer.get(Product, 2).name = "inner"

@@ -70,9 +70,13 @@ def runnable(page: str) -> list[Block]:
     return [block for block in blocks(page) if block.language in ("python", "py") and block.fragment is None]
 
 
+def served_by(code: str, url: str) -> str:
+    """``code`` with the docs' address replaced by that of the server at ``url``."""
+    return code.replace(DOCS_ADDRESS, url.split("://", 1)[1].split("/", 1)[0].rsplit("@", 1)[-1])
+
+
 def run_page(page: str, url: str) -> int:
     """Run ``page``'s runnable blocks against the server at ``url``; 0 if all ran."""
-    address = url.split("://", 1)[1].split("/", 1)[0].rsplit("@", 1)[-1]
     page_module = types.ModuleType("__main__")  # as a script is: classes defined here are found by name
     sys.modules["__main__"] = page_module
     namespace = page_module.__dict__
@@ -81,7 +85,7 @@ def run_page(page: str, url: str) -> int:
     warnings.simplefilter("error")  # a snippet that warns is a snippet that misleads
     try:
         for block in runnable(page):
-            code = block.code.replace(DOCS_ADDRESS, address)
+            code = served_by(block.code, url)
             try:
                 compiled = compile(code, f"{page}:{block.line}", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
                 result = eval(compiled, namespace)  # the page's own code

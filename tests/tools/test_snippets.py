@@ -12,7 +12,7 @@ import pytest
 
 from stampede.testing import RedisServer
 
-from .snippets import DOCS_ADDRESS, PAGES, ROOT, blocks, runnable
+from .snippets import PAGES, ROOT, blocks, runnable, served_by
 
 
 @pytest.fixture
@@ -35,8 +35,7 @@ def test_each_pages_python_blocks_run_as_written(page: str, own_url: str) -> Non
 def test_the_first_pages_paste_into_the_asyncio_prompt_they_name(page: str, own_url: str) -> None:
     """What they tell a reader to do: paste each block into ``python -m asyncio``, where
     a compound statement ends only at a blank line."""
-    address = own_url.split("://", 1)[1].split("/", 1)[0]
-    pasted = "\n\n".join(block.code.replace(DOCS_ADDRESS, address) for block in runnable(page))
+    pasted = "\n\n".join(served_by(block.code, own_url) for block in runnable(page))
     done = subprocess.run(
         [sys.executable, "-m", "asyncio"], input=pasted + "\n\nprint('pasted', 'whole')\n",
         capture_output=True, text=True, timeout=50, cwd=ROOT,
