@@ -10,7 +10,10 @@ version is its group's (``db:group:<key % groups>``), and its entry is tagged
 Prints "ready" once connected, waits for "go" on stdin, and calls until stdin says
 anything else or closes; then saves its history (``stampede.testing.Recorder``: every
 call and load, with the version it read) to --history and prints one JSON line of
-counts.
+counts, with the moments its layer found the server failing (``failures_seen``): a
+machine too busy to answer within the 0.2 s socket timeout fails a worker as surely as
+its parent's faults do, and a call that finds the server failing loads without the
+cache, as documented (docs/failures.md).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import redis
 
 from stampede import Stampede
 from stampede.testing import Recorder
+from stampede.testing.nemesis import FailuresSeen
 
 
 def main() -> None:
@@ -42,9 +46,11 @@ def main() -> None:
     recorder = Recorder(f"worker{options.seed}")
 
     database = redis.Redis.from_url(options.db_url, socket_timeout=5)
+    seen = FailuresSeen()
     layer = Stampede.from_url(
         options.url, namespace="stress", ttl=1.0, lock_ttl=0.6, wait_timeout=10, socket_timeout=0.2,
         socket_connect_timeout=0.2, breaker_threshold=5, breaker_cooldown=0.3, near_cache=options.near,
+        observers=[seen],
     )  # fmt: skip
     loads = [0] * options.keys
 
@@ -96,7 +102,8 @@ def main() -> None:
         thread.join(30)
     hung = sum(thread.is_alive() for thread in threads)
     recorder.save(options.history)
-    print(json.dumps({"hung": hung, "loads": sum(loads), "stats": layer.stats()}), flush=True)
+    result = {"hung": hung, "loads": sum(loads), "stats": layer.stats(), "failures_seen": seen.moments}
+    print(json.dumps(result), flush=True)
     layer.close()
 
 

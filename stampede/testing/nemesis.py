@@ -261,9 +261,41 @@ class Nemesis:
         return {"faults": dict(self.counts), "errors": [repr(error) for error in self.errors]}
 
 
+class FailuresSeen:
+    """An observer (``layer.observe(seen)``, or ``Stampede(observers=[seen])`` in a worker
+    process) that notes each moment its layer found a server failing: a command that
+    failed (``redis_errors``) or a breaker that opened. A call that finds its server
+    failing is served without the cache, as documented (docs/failures.md), so it may
+    cost an extra load like any fault: ``spans`` are these moments, each with
+    ``aftermath`` seconds after it, for ``History.check(weakened=...)`` beside a nemesis's.
+    A fault the nemesis did not strike counts too: a machine too busy to answer within
+    the socket timeout, a client reconnecting late after a pause."""
+
+    EVENTS = ("redis_errors", "breaker_opened")
+
+    def __init__(self, aftermath: float = 1.0) -> None:
+        self.aftermath_ns = int(aftermath * 1e9)
+        self.moments: list[int] = []  # appended from any thread: list.append is atomic
+
+    def count(self, namespace: str, event: str, n: int) -> None:
+        if event in self.EVENTS:
+            self.moments.append(time.monotonic_ns())
+
+    def began(self, namespace: str, measure: str) -> None:
+        pass
+
+    def ended(self, namespace: str, measure: str, outcome: str, seconds: float) -> None:
+        pass
+
+    @property
+    def spans(self) -> list[tuple[int, int]]:
+        return [(moment, moment + self.aftermath_ns) for moment in self.moments]
+
+
 __all__ = [
     "FAILOVER_FAULTS",
     "LEASE_FAULTS",
+    "FailuresSeen",
     "Fault",
     "Nemesis",
     "frozen_master",

@@ -231,6 +231,9 @@ def test_soak_with_random_faults(
     counts["wait_timeouts"] = sum(s["wait_timeouts"] for s in stats)
     counts["stale_writes_prevented"] = sum(s["stale_writes_prevented"] for s in stats)
     counts["near_hits"] = sum(s["near_hits"] for s in stats)
+    # A call that finds the server failing (a fault, or a machine too busy to answer within
+    # the socket timeout) loads without the cache, as documented: at most one load each.
+    counts["uncached"] = sum(s["redis_errors"] for s in stats)
     print(f"\nsoak {SECONDS:g} s: {counts}; named lock: {mutex}")
     figures(
         f"soak: 3 layers x 8 threads, {KEYS} keys, cuts/latency/stalls, invalidations, {SECONDS:g} s"
@@ -238,14 +241,15 @@ def test_soak_with_random_faults(
         worst=counts["slowest"],
         deadline=CALL_BOUND,
         loads=counts["loads"],
-        bound=f"< calls/2 ({counts['calls']} calls)",
+        bound=f"< calls/2 ({counts['calls']} calls; {counts['uncached']} loaded without the cache)",
         exceptions=f"none; stale values {len(problems)} after {counts['invalidations']} invalidations",
     )
     assert hung == [], f"hung: {hung}"
     assert problems == [], problems[:10]
     assert counts["calls"] > 100 and counts["faults"] > 0 and counts["invalidations"] > 0, counts
     assert counts["wait_timeouts"] == 0
-    assert counts["loads"] < counts["calls"] / 2, counts  # the cache still collapsed the load
+    # the cache still collapsed the loads of the calls it could serve
+    assert counts["loads"] - counts["uncached"] < (counts["calls"] - counts["uncached"]) / 2, counts
     assert mutex["held"] > 10, mutex
     assert (counts["near_hits"] > 0) == near, counts
     leftover: list[Any] = [key for key in redis_client.scan_iter("soak:*:lock") if redis_client.pttl(key) > 600]
