@@ -554,7 +554,10 @@ def test_a_lock_held_past_wait_timeout_applies_the_policy(
 
 
 def test_more_concurrent_keys_than_connections_wait_for_a_slot(make_layer: Callable[..., Stampede]) -> None:
-    layer = make_layer(max_connections=4)
+    """300 keys' calls share 4 connections: each waits for a free one (one socket timeout
+    at most, here 10 s: a busy machine's 1,500 commands on 4 connections take seconds),
+    none fails for the want of one."""
+    layer = make_layer(max_connections=4, socket_timeout=10)
 
     async def main() -> None:
         db = AsyncDatabase(delay=0.01)
