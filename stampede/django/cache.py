@@ -27,23 +27,18 @@ subscriber are per process. ``close`` leaves it open; it ends with the process.
 
 from __future__ import annotations
 
-import contextvars
 import inspect
-import json
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
 
 from .._acached import AsyncCachedLoader
-from .._cached import CachedLoader
 from .._core.config import MAX_SECONDS
-from .._core.pickle_serializer import PickleSerializer
-from .._core.results import NOT_MODIFIED, Cached, previous
+from .._core.results import Cached
 from .._errors import ConfigError, SerializationError, ValueTooLarge
+from .._hosted import Gone, Hosted, Keeper, Producer, hosted, leading, pickled_layer, refuse
 from .._layer import Stampede
 
 MANAGED = {"ttl", "null_ttl", "jitter"}
@@ -52,63 +47,12 @@ MANAGED = {"ttl", "null_ttl", "jitter"}
 REFUSED = {"stale_while_revalidate", "early_refresh", "tags"}
 """Settings that would load without a caller: a background refresh has no default to call."""
 
-MEMORY = "memory"
-"""The LOCATION of a layer in this process's memory (tests, one-process development)."""
 
-_producing: contextvars.ContextVar[Callable[[], Any] | None] = contextvars.ContextVar(
-    "stampede_django_producing", default=None
-)
-
-
-class _Gone(Exception):
-    """A touch found nothing to keep: the entry went between its peek and its lease."""
-
-
-def _produce(key: str) -> Any:
-    """The loader of every entry: it runs what the caller that leads the load gave."""
-    make = _producing.get()
-    if make is None:
-        raise RuntimeError(f"{key!r} was loaded with nothing to produce its value (stampede.django)")
-    return make()
-
-
-async def _aproduce(key: str) -> Any:
-    """``_produce``, awaiting a default that is a coroutine function."""
-    result = _produce(key)
-    return (await result) if inspect.isawaitable(result) else result
-
-
-@dataclass
-class _Shared:
-    """One process's layer for one LOCATION and OPTIONS, and its two loaders."""
-
-    layer: Stampede
-    entry: CachedLoader[[str], Any]
-    aentry: AsyncCachedLoader[[str], Any] | None
-
-
-_shared: dict[str, _Shared] = {}
-_shared_lock = threading.Lock()
-
-
-def _layer_for(location: str, options: dict[str, Any]) -> _Shared:
+def _layer_for(location: str, options: dict[str, Any]) -> Hosted:
     """The process's layer for ``location`` and ``options``, made on first use."""
-    identity = json.dumps([location, options], sort_keys=True, default=repr)
-    with _shared_lock:
-        found = _shared.get(identity)
-        if found is not None:
-            return found
-        managed, refused = sorted(MANAGED & options.keys()), sorted(REFUSED & options.keys())
-        if managed:
-            raise ConfigError(f"OPTIONS may not set {', '.join(managed)}: Django's TIMEOUT decides the lifetimes")
-        if refused:
-            raise ConfigError(f"OPTIONS may not set {', '.join(refused)}: a background refresh has no default to call")
-        settings = {"namespace": "django", **options, "jitter": 0.0, "serializer": PickleSerializer()}
-        layer = Stampede(**settings) if location == MEMORY else Stampede.from_url(location, **settings)
-        entry = layer.cached_loader("django:{key}")(_produce)
-        aentry = layer.cached_loader("django:{key}")(_aproduce) if layer.serves_async else None
-        shared = _shared[identity] = _Shared(layer, entry, aentry)
-        return shared
+    refuse(options, MANAGED, "OPTIONS may not set {}: Django's TIMEOUT decides the lifetimes")
+    refuse(options, REFUSED, "OPTIONS may not set {}: a background refresh has no default to call")
+    return hosted([location, options], lambda: pickled_layer(location, options, "django"), "django:{key}")
 
 
 def _ttl(timeout: float | None) -> float | None:
@@ -135,12 +79,8 @@ def _django_errors() -> Iterator[None]:
 @contextmanager
 def _leading(producer: Callable[[], Any]) -> Iterator[None]:
     """While a call of the entry's loader runs: a load it leads runs ``producer``."""
-    token = _producing.set(producer)
-    try:
-        with _django_errors():
-            yield
-    finally:
-        _producing.reset(token)
+    with leading(producer), _django_errors():
+        yield
 
 
 class StampedeCache(BaseCache):  # type: ignore[misc]  # Django ships no types
@@ -159,7 +99,7 @@ class StampedeCache(BaseCache):  # type: ignore[misc]  # Django ships no types
             raise ConfigError(f"StampedeCache needs a LOCATION URL (or 'memory'), got {server!r}")
         self._location = server
         self._options = dict(params.get("OPTIONS") or {})
-        self._shared: _Shared | None = None
+        self._shared: Hosted | None = None
 
     @property
     def layer(self) -> Stampede:
@@ -167,7 +107,7 @@ class StampedeCache(BaseCache):  # type: ignore[misc]  # Django ships no types
         and OPTIONS in this process): for ``layer.lock()``, ``stats()``, observers."""
         return self._get_shared().layer
 
-    def _get_shared(self) -> _Shared:
+    def _get_shared(self) -> Hosted:
         if self._shared is None:
             self._shared = _layer_for(self._location, self._options)
         return self._shared
@@ -206,7 +146,7 @@ class StampedeCache(BaseCache):  # type: ignore[misc]  # Django ships no types
         if ttl is None:  # kept by nobody: nothing to share
             found = entry.peek(made_key)
             return found.value if found is not None else (default() if callable(default) else default)
-        producer = _Producer(default, ttl)
+        producer = Producer(default, ttl)
         with _leading(producer):
             try:
                 return entry(made_key)
@@ -225,7 +165,7 @@ class StampedeCache(BaseCache):  # type: ignore[misc]  # Django ships no types
                 return found.value
             value = default() if callable(default) else default
             return (await value) if inspect.isawaitable(value) else value
-        producer = _Producer(default, ttl)
+        producer = Producer(default, ttl)
         with _leading(producer):
             try:
                 return await entry(made_key)
@@ -239,7 +179,7 @@ class StampedeCache(BaseCache):  # type: ignore[misc]  # Django ships no types
         entry = self._get_shared().entry
         if ttl is None:
             return entry.peek(made_key) is None
-        producer = _Producer(value, ttl, call=False)
+        producer = Producer(value, ttl, call=False)
         with _leading(producer):
             try:
                 entry(made_key)
@@ -253,7 +193,7 @@ class StampedeCache(BaseCache):  # type: ignore[misc]  # Django ships no types
         entry = self._async_entry()
         if ttl is None:
             return await entry.peek(made_key) is None
-        producer = _Producer(value, ttl, call=False)
+        producer = Producer(value, ttl, call=False)
         with _leading(producer):
             try:
                 await entry(made_key)
@@ -299,9 +239,9 @@ class StampedeCache(BaseCache):  # type: ignore[misc]  # Django ships no types
             entry.invalidate(made_key)
             return True
         try:
-            with _leading(_Keeper(ttl)):
+            with _leading(Keeper(ttl)):
                 entry.refresh(made_key)
-        except _Gone:
+        except Gone:
             return False
         return True
 
@@ -315,9 +255,9 @@ class StampedeCache(BaseCache):  # type: ignore[misc]  # Django ships no types
             await entry.invalidate(made_key)
             return True
         try:
-            with _leading(_Keeper(ttl)):
+            with _leading(Keeper(ttl)):
                 await entry.refresh(made_key)
-        except _Gone:
+        except Gone:
             return False
         return True
 
@@ -353,52 +293,3 @@ class StampedeCache(BaseCache):  # type: ignore[misc]  # Django ships no types
 
     def close(self, **kwargs: Any) -> None:
         """Django calls this after every request: the process's layer stays open."""
-
-
-class _Producer:
-    """What a load of ``get_or_set`` or ``add`` writes: ``default`` (called, if it is
-    callable and ``call``) for ``ttl`` seconds. ``produced`` tells the caller whether its
-    own value was the one loaded."""
-
-    __slots__ = ("call", "default", "produced", "ttl", "value")
-
-    def __init__(self, default: Any, ttl: float, call: bool = True) -> None:
-        self.default = default
-        self.ttl = ttl
-        self.call = call
-        self.produced = False
-        self.value: Any = None
-
-    def __call__(self) -> Any:
-        value = self.default() if self.call and callable(self.default) else self.default
-        self.produced = True
-        self.value = value
-        if inspect.isawaitable(value):
-            return self._settled(value)
-        return Cached(value, ttl=self.ttl)
-
-    async def _settled(self, value: Any) -> Cached[Any]:
-        self.value = await value
-        return Cached(self.value, ttl=self.ttl)
-
-    def uncached(self) -> Any:
-        """The value for a caller whose value was too large to keep (over
-        ``max_value_bytes``): its own, if it loaded one, else the default's, uncached, as
-        Django's memcached backends serve a page they cannot keep."""
-        if self.produced:
-            return self.value
-        return self.default() if self.call and callable(self.default) else self.default
-
-
-class _Keeper:
-    """What a ``touch`` loads: the value it refreshes, kept for ``ttl`` seconds."""
-
-    __slots__ = ("ttl",)
-
-    def __init__(self, ttl: float) -> None:
-        self.ttl = ttl
-
-    def __call__(self) -> Any:
-        if previous() is None:
-            raise _Gone
-        return Cached(NOT_MODIFIED, ttl=self.ttl)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
 import shutil
@@ -11,7 +10,7 @@ import subprocess
 import sys
 import tarfile
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,36 +25,12 @@ from django.core.cache.backends.base import DEFAULT_TIMEOUT  # noqa: E402
 from stampede.django.cache import StampedeCache  # noqa: E402
 
 from ..scenarios import LineWorker  # noqa: E402
+from .sdists import source_distribution  # noqa: E402
 
 HERE = Path(__file__).parent
 DJANGO_WORKER = str(HERE.parent / "django_worker.py")
-SDIST_CACHE = Path(os.environ.get("STAMPEDE_DJANGO_SDIST", Path.home() / ".cache" / "stampede-tests" / "django"))
 SUITE_MEMBERS = ("tests/cache/", "tests/runtests.py", "tests/test_sqlite.py", "tests/urls.py")
 SKIPPED_AS_FOR_REDIS = {"test_cull", "test_cull_delete_when_store_empty", "test_zero_cull"}
-
-
-def _sdist() -> Path:
-    """The source distribution of the installed Django (its tests are not in the wheel),
-    downloaded once per machine. Under a lock: the suite's workers ask at once on a new
-    machine, and one extracting what another is still writing fails."""
-    version = django.__version__
-    SDIST_CACHE.mkdir(parents=True, exist_ok=True)
-    with (SDIST_CACHE / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        return _sdist_locked(version)
-
-
-def _sdist_locked(version: str) -> Path:
-    found = sorted(SDIST_CACHE.glob(f"[dD]jango-{version}.tar.gz"))
-    if not found:
-        download = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:"]
-        result = subprocess.run(
-            [*download, f"django=={version}", "-d", str(SDIST_CACHE)], capture_output=True, text=True, timeout=300
-        )
-        found = sorted(SDIST_CACHE.glob(f"[dD]jango-{version}.tar.gz"))
-        if result.returncode != 0 or not found:
-            pytest.skip(f"the source distribution of Django {version} could not be downloaded: {result.stderr[-300:]}")
-    return found[0]
 
 
 @pytest.fixture(scope="session")
@@ -63,7 +38,9 @@ def django_tests(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Django's test directory (the parts the cache tests need), with this project's
     adaptor (``django_cache_suite.py``) in its ``cache`` package."""
     root = tmp_path_factory.mktemp("django-sdist")
-    with tarfile.open(_sdist()) as archive:
+    with tarfile.open(
+        source_distribution("django", django.__version__, f"[dD]jango-{django.__version__}.tar.gz")
+    ) as archive:
         top = archive.getnames()[0].split("/")[0]
         members = [m for m in archive.getmembers() if m.name.startswith(tuple(f"{top}/{p}" for p in SUITE_MEMBERS))]
         archive.extractall(root, members=members, filter="data")
@@ -102,39 +79,17 @@ def test_django_cache_suite_passes_over_postgres(django_tests: Path, postgres_ur
     _run_django_suite(django_tests, postgres_url)
 
 
-class DjangoWorker(LineWorker):
-    """A ``django_worker.py`` process: "go" starts its callers."""
-
-    def __init__(self, location: str, namespace: str, *options: str) -> None:
-        super().__init__(DJANGO_WORKER, "--location", location, "--namespace", namespace, *options)
-
-    def go(self) -> None:
-        self.send("go")
-
-
-@pytest.fixture
-def django_workers() -> Iterator[Callable[..., DjangoWorker]]:
-    started: list[DjangoWorker] = []
-
-    def start(*args: str) -> DjangoWorker:
-        worker = DjangoWorker(*args)
-        started.append(worker)
-        return worker
-
-    yield start
-    for worker in started:
-        worker.stop()
-
-
 @pytest.mark.parametrize("kind", ["threads", "asyncio"])
 def test_get_or_set_calls_the_default_once_for_64_callers_in_4_processes(
-    redis_url: str, redis_client: Any, django_workers: Callable[..., DjangoWorker], kind: str
+    redis_url: str, redis_client: Any, line_workers: Callable[..., LineWorker], kind: str
 ) -> None:
     namespace = f"dj-{uuid.uuid4().hex[:8]}"
     options = ["--callers", "16", "--hold", "0.3"] + (["--asyncio"] if kind == "asyncio" else [])
-    workers = [django_workers(redis_url, namespace, *options) for _ in range(4)]
+    workers = [
+        line_workers(DJANGO_WORKER, "--location", redis_url, "--namespace", namespace, *options) for _ in range(4)
+    ]
     for worker in workers:
-        worker.go()
+        worker.send("go")
     outcomes = [worker.outcome() for worker in workers]
     got = [value for outcome in outcomes for value in outcome["got"]]
     assert len(got) == 64

@@ -51,6 +51,15 @@ def test_the_http_pages_example_calls_the_view_once_for_a_burst_across_workers(s
     assert "view calls: 1, statuses: [200], distinct bodies: 1" in out
 
 
+def test_the_flask_caching_example_renders_once_where_flask_caching_renders_for_each() -> None:
+    out = run("examples/flask_caching_app.py")
+    assert "page renders: 1, report renders: 1" in out and out.rstrip().endswith("OK")
+    theirs = re.search(
+        r"page renders: (\d+), report renders: (\d+)", run("examples/flask_caching_app.py", "--flask-caching")
+    )
+    assert theirs is not None and int(theirs.group(1)) > 1 and int(theirs.group(2)) > 1
+
+
 def test_the_warm_start_example_takes_most_misses_away(redis_url: str) -> None:
     sizes = ["--calls", "5000", "--products", "300", "--warm", "250", "--sample", "0.5"]
     out = run("examples/warm_start.py", "--redis", redis_url, *sizes)
