@@ -46,7 +46,7 @@ def _produce(key: str) -> Any:
     return make()
 
 
-async def _aproduce(key: str) -> Any:
+async def aproduce(key: str) -> Any:
     """``_produce``, awaiting a default that is a coroutine function."""
     result = _produce(key)
     return (await result) if inspect.isawaitable(result) else result
@@ -85,7 +85,7 @@ def hosted(identity: Any, make_layer: Callable[[], Stampede], template: str) -> 
             return found
         layer = make_layer()
         entry = layer.cached_loader(template)(_produce)
-        aentry = layer.cached_loader(template)(_aproduce) if layer.serves_async else None
+        aentry = layer.cached_loader(template)(aproduce) if layer.serves_async else None
         made = _hosted[name] = Hosted(layer, entry, aentry)
         return made
 

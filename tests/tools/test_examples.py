@@ -60,6 +60,14 @@ def test_the_flask_caching_example_renders_once_where_flask_caching_renders_for_
     assert theirs is not None and int(theirs.group(1)) > 1 and int(theirs.group(2)) > 1
 
 
+def test_the_fastapi_example_runs_its_endpoint_once_for_64_requests_and_evicts() -> None:
+    out = run("examples/fastapi_app.py")
+    assert "4 processes x 16 concurrent requests for one cold product: endpoint calls 1" in out
+    assert (
+        "with If-None-Match: 304" in out and "'name': 'desk'}; endpoint calls: 2" in out and out.rstrip().endswith("OK")
+    )
+
+
 def test_the_warm_start_example_takes_most_misses_away(redis_url: str) -> None:
     sizes = ["--calls", "5000", "--products", "300", "--warm", "250", "--sample", "0.5"]
     out = run("examples/warm_start.py", "--redis", redis_url, *sizes)

@@ -1,0 +1,303 @@
+"""FastAPI endpoints cached through dependencies: ``cache()`` for a GET endpoint, whose
+concurrent misses of one URL, in every worker process, run the endpoint once, and
+``cache_evict()`` for a write endpoint, which invalidates the URLs it names once it
+returned. ETags and 304s on every cached response.
+
+    from stampede.fastapi import cache, cache_evict, caching
+
+    app = FastAPI()
+    caching(app, Stampede.from_url("redis://127.0.0.1:6379/0"))
+    product_cache = cache(ttl=60)
+
+    @app.get("/products/{product_id}", dependencies=[Depends(product_cache)])
+    async def product(product_id: int): ...
+
+    @app.put("/products/{product_id}", dependencies=[Depends(cache_evict("/products/{product_id}"))])
+    async def update(product_id: int, change: Change): ...
+
+How: ``cache()``'s dependency reads the URL's entry through the layer. On a hit (or once
+another request's load of it ended, in this process or another) it answers at once
+with the kept response, and the endpoint does not run. The request that leads the load
+runs the endpoint; the middleware ``caching()`` installs keeps its response (a 200 with
+no ``Set-Cookie``) and hands it to the requests that waited. A response that is not
+kept is handed to nobody: each waiting request then runs the endpoint itself.
+
+What is never shared: a request carrying ``Authorization`` or ``Cookie`` runs the endpoint
+itself unless the cache varies on that header (``vary=("authorization",)``): one user's
+page is never another's. Entries are tagged by their path, so ``cache_evict`` drops every
+query string and varied copy of a path. In tests, ``app.dependency_overrides[product_cache]
+= lambda: None`` turns a route's caching off, since the dependency decides everything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import urllib.parse
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ._core.pickle_serializer import PickleSerializer
+from ._core.results import Cached
+from ._errors import ConfigError
+from ._hosted import aproduce, leading
+from ._layer import Stampede
+
+KEPT_STATUSES = (200,)
+NEVER_KEPT_HEADERS = {"set-cookie", "content-length", "etag", "cache-control", "connection", "transfer-encoding"}
+PERSONAL = ("authorization", "cookie")
+"""Request headers that make a response one user's: such a request is not shared unless
+the cache varies on them."""
+
+_LEAD = "stampede.fastapi.lead"
+_EVICT = "stampede.fastapi.evict"
+
+
+@dataclass
+class _Kept:
+    """A response as kept: status, its headers (less those never kept), body, ETag."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+    etag: str
+
+
+class _Served(Exception):
+    """Raised by the dependency to answer with a kept response (caught by the handler
+    ``caching()`` installs), so that the endpoint does not run."""
+
+    def __init__(self, kept: _Kept, cache_control: str | None) -> None:
+        self.kept = kept
+        self.cache_control = cache_control
+
+
+class _NotKept(Exception):
+    """The leading request's response is not one to keep (its status, a cookie, an error)."""
+
+
+@dataclass
+class _Lead:
+    """The load a request leads: its loader (run by the layer, in the load's task) says
+    it leads and waits for the endpoint's response, which the middleware gives."""
+
+    ttl: float
+    cache_control: str | None
+    statuses: frozenset[int]
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+    response: asyncio.Future[_Kept] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    load: asyncio.Future[Any] | None = None
+
+    def __call__(self) -> Awaitable[Cached[_Kept]]:
+        self.started.set()
+        return self._kept()
+
+    async def _kept(self) -> Cached[_Kept]:
+        return Cached(await self.response, ttl=self.ttl)
+
+
+@dataclass
+class _Caching:
+    """What ``caching()`` put on the app: the layer and its loader of responses."""
+
+    layer: Stampede
+    load: Any
+    tag: str
+
+
+def caching(app: Any, layer: Stampede, *, namespace: str = "fastapi") -> None:
+    """Serve ``app``'s ``cache()`` and ``cache_evict()`` dependencies from ``layer`` (one
+    with an asyncio client): installs the middleware that keeps leading responses and
+    the handler that answers from the cache. Responses are pickled (bytes and headers):
+    the server must be trusted as the database is."""
+    if not layer.serves_async:
+        raise ConfigError("stampede.fastapi needs a layer with an asyncio client (Stampede.from_url makes one)")
+
+    tag = f"{namespace}-path:{{path}}"
+    template = f"{namespace}:{{path}}|{{variant}}"
+    loader = layer.cached_loader(template, tags=[tag], serializer=PickleSerializer())(_leader_runs)
+    app.state.stampede_caching = _Caching(layer, loader, tag)
+    app.add_middleware(_KeepLeadingResponses)
+    app.add_exception_handler(_Served, _served)
+
+
+async def _leader_runs(path: str, variant: str) -> Any:
+    """The loader of every response: what the request that leads the load gave (its
+    ``_Lead``), run in the load's task."""
+    return await aproduce(path)
+
+
+def cache(
+    ttl: float,
+    *,
+    vary: Iterable[str] = (),
+    cache_control: str | None = None,
+    statuses: Iterable[int] = KEPT_STATUSES,
+) -> Callable[[Request], Awaitable[None]]:
+    """A dependency (``Depends(cache(ttl=60))``) that serves a GET endpoint's response
+    from the cache for ``ttl`` seconds, keyed by its path, query string and the request
+    headers named in ``vary``; ``cache_control``: the ``Cache-Control`` sent with it
+    (none unless given); ``statuses``: the statuses kept (200)."""
+    if ttl <= 0:
+        raise ConfigError(f"cache(ttl=...) must be > 0 seconds, got {ttl!r}")
+    varied = tuple(sorted(name.lower() for name in vary))
+    kept_statuses = frozenset(statuses)
+
+    async def cached_response(request: Request) -> None:
+        if request.method != "GET" or any(h in request.headers and h not in varied for h in PERSONAL):
+            return  # not shared: the endpoint runs
+        state = _state(request)
+        path, variant = request.url.path, _variant(request, varied)
+        lead = _Lead(ttl, cache_control, kept_statuses)
+        with leading(lead):
+            load = asyncio.ensure_future(state.load(path, variant))  # copies the context: leads with ``lead``
+        load.add_done_callback(_retrieved)
+        started = asyncio.ensure_future(lead.started.wait())
+        await asyncio.wait({load, started}, return_when=asyncio.FIRST_COMPLETED)
+        if lead.started.is_set():  # this request leads: its endpoint runs, the middleware keeps its response
+            lead.load = load
+            request.scope[_LEAD] = lead
+            return
+        started.cancel()
+        try:
+            kept = load.result()
+        except _NotKept:
+            return  # the leading request's response was not one to keep: run the endpoint here too
+        raise _Served(kept, cache_control)
+
+    return cached_response
+
+
+def cache_evict(*paths: str) -> Callable[[Request], Awaitable[None]]:
+    """A dependency for a write endpoint: once it ran, and before its response is sent,
+    the cached responses of ``paths`` (formatted with the request's path parameters:
+    ``"/products/{product_id}"``), every query string and varied copy of each, are
+    invalidated. Whatever the endpoint answered, even an error: a write may have
+    happened before it failed."""
+    if not paths:
+        raise ConfigError("cache_evict() needs the paths whose responses it invalidates")
+
+    async def evict_after(request: Request) -> None:
+        _state(request)  # refused at once without caching()
+        request.scope.setdefault(_EVICT, []).extend(path.format(**request.path_params) for path in paths)
+
+    return evict_after
+
+
+def _retrieved(load: asyncio.Future[Any]) -> None:
+    """A load's error is told to the requests that waited for it; retrieved here too,
+    for a leader that went away (asyncio would log it as never retrieved)."""
+    if not load.cancelled():
+        load.exception()
+
+
+def _state(request: Request) -> _Caching:
+    found = getattr(request.app.state, "stampede_caching", None)
+    if found is None:
+        raise ConfigError("stampede.fastapi's dependencies need stampede.fastapi.caching(app, layer) first")
+    return found  # type: ignore[no-any-return]
+
+
+def _variant(request: Request, varied: tuple[str, ...]) -> str:
+    """The query string (its pairs sorted) and the varied headers, hashed: a key of
+    bounded length whatever the request."""
+    query = sorted(urllib.parse.parse_qsl(request.url.query, keep_blank_values=True))
+    parts = [urllib.parse.urlencode(query), *(f"{name}={request.headers.get(name, '')}" for name in varied)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+
+
+def _answer(
+    kept: _Kept, cache_control: str | None, if_none_match: str | None
+) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    headers = [*kept.headers, (b"etag", kept.etag.encode())]
+    if cache_control:
+        headers.append((b"cache-control", cache_control.encode()))
+    if if_none_match and kept.etag in (tag.strip() for tag in if_none_match.split(",")):
+        return 304, [(name, value) for name, value in headers if name != b"content-type"], b""
+    return kept.status, [*headers, (b"content-length", str(len(kept.body)).encode())], kept.body
+
+
+async def _served(request: Request, served: Exception) -> Response:
+    assert isinstance(served, _Served)
+    status, headers, body = _answer(served.kept, served.cache_control, request.headers.get("if-none-match"))
+    response = Response(content=body, status_code=status)
+    response.raw_headers = headers
+    return response
+
+
+class _KeepLeadingResponses:
+    """The middleware: a request that leads a load has its response kept whole, then
+    sent with its ETag (or as a 304), and handed to the load (or refused, so the requests
+    that waited run the endpoint themselves); a request that evicts has its response
+    held until the eviction is done."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        messages: list[Message] = []
+
+        async def hold(message: Message) -> None:
+            if scope.get(_LEAD) is None and not scope.get(_EVICT):
+                await send(message)
+            else:
+                messages.append(message)
+
+        try:
+            await self.app(scope, receive, hold)
+        except Exception:
+            _refuse(scope)
+            await _evict(scope)
+            raise
+        except BaseException:
+            _refuse(scope)
+            raise
+        await _evict(scope)
+        lead: _Lead | None = scope.get(_LEAD)
+        kept = None if lead is None else _kept(messages, lead.statuses)
+        if lead is None or kept is None:
+            _refuse(scope)
+            for message in messages:
+                await send(message)
+        else:
+            lead.response.set_result(kept)
+            status, headers, body = _answer(kept, lead.cache_control, Request(scope).headers.get("if-none-match"))
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+        if lead is not None and lead.load is not None:
+            await asyncio.wait({lead.load})  # written before this request ends
+
+
+async def _evict(scope: Scope) -> None:
+    paths = scope.get(_EVICT)
+    if paths:
+        state = _state(Request(scope))
+        for path in dict.fromkeys(paths):
+            await state.layer.ainvalidate_tag(state.tag, path=path)
+
+
+def _refuse(scope: Scope) -> None:
+    lead: _Lead | None = scope.get(_LEAD)
+    if lead is not None and not lead.response.done():
+        lead.response.set_exception(_NotKept())
+
+
+def _kept(messages: list[Message], statuses: frozenset[int]) -> _Kept | None:
+    """The response the messages make, if it is one to keep."""
+    start = next((m for m in messages if m["type"] == "http.response.start"), None)
+    if start is None or start["status"] not in statuses:
+        return None
+    headers = [(bytes(name).lower(), bytes(value)) for name, value in start.get("headers", [])]
+    if any(name == b"set-cookie" for name, _ in headers):
+        return None  # a cookie is one client's
+    body = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.response.body")
+    kept_headers = [(name, value) for name, value in headers if name.decode() not in NEVER_KEPT_HEADERS]
+    return _Kept(start["status"], kept_headers, body, f'"{hashlib.sha256(body).hexdigest()[:32]}"')

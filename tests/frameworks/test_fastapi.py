@@ -1,0 +1,192 @@
+"""``stampede.fastapi``: ``cache()`` and ``cache_evict()`` as FastAPI dependencies: one
+endpoint call for the concurrent misses of a URL in 4 processes, ETags and 304s, eviction
+before the write's response, what is never shared, and ``dependency_overrides``."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stampede import ConfigError, Stampede
+
+pytest.importorskip("fastapi", reason="FastAPI is not installed (the dev extra has it)")
+
+import httpx
+from fastapi import Depends, FastAPI, Response
+
+from stampede.fastapi import cache, cache_evict, caching
+
+from ..scenarios import LineWorker
+
+FASTAPI_WORKER = str(Path(__file__).parent.parent / "fastapi_worker.py")
+
+
+@pytest.mark.timeout(60)
+def test_a_cold_url_runs_its_endpoint_once_for_64_requests_in_4_processes(
+    redis_url: str, redis_client: Any, line_workers: Callable[..., LineWorker]
+) -> None:
+    namespace = f"fa-{uuid.uuid4().hex[:8]}"
+    workers = [line_workers(FASTAPI_WORKER, "--url", redis_url, "--namespace", namespace) for _ in range(4)]
+    for worker in workers:
+        worker.send("go")
+    outcomes = [worker.outcome() for worker in workers]
+    got = [tuple(each) for outcome in outcomes for each in outcome["got"]]
+    assert int(redis_client.get(f"{namespace}:calls")) == 1
+    assert len(got) == 64 and len(set(got)) == 1, set(got)
+    status, body, etag = got[0]
+    assert status == 200 and body == '{"id":7,"rendered_by_call":1}' and etag.startswith('"')
+    assert sum(outcome["stats"]["loads"] for outcome in outcomes) == 1
+
+
+class Shop:
+    """An app over a layer: a cached product endpoint counting its calls, a write
+    endpoint evicting it, and what its tests change."""
+
+    def __init__(self, layer: Stampede, **cached: Any) -> None:
+        self.app = FastAPI()
+        caching(self.app, layer)
+        self.calls: list[str] = []
+        self.names = {1: "lamp", 2: "desk"}
+        self.status = 200
+        self.gate: asyncio.Event | None = None
+        self.product_cache = cache(ttl=60, **cached)
+
+        @self.app.get("/products/{product_id}", dependencies=[Depends(self.product_cache)])
+        async def product(product_id: int, response: Response, page: int = 1) -> dict[str, Any]:
+            self.calls.append(f"{product_id}/{page}")
+            name = self.names[product_id]
+            if self.gate is not None:
+                await self.gate.wait()
+            response.status_code = self.status
+            return {"id": product_id, "name": name, "page": page}
+
+        @self.app.put("/products/{product_id}", dependencies=[Depends(cache_evict("/products/{product_id}"))])
+        async def rename(product_id: int, name: str) -> dict[str, bool]:
+            self.names[product_id] = name
+            return {"renamed": True}
+
+
+@asynccontextmanager
+async def client_of(redis_url: str, **cached: Any) -> AsyncIterator[tuple[Shop, httpx.AsyncClient]]:
+    layer = Stampede.from_url(redis_url, namespace=f"fa-{uuid.uuid4().hex[:8]}")
+    shop = Shop(layer, **cached)
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=shop.app), base_url="http://shop") as client:
+            yield shop, client
+    finally:
+        await layer.aclose()
+
+
+def test_etags_304s_and_cache_control(redis_url: str) -> None:
+    async def main() -> None:
+        async with client_of(redis_url, cache_control="public, max-age=60") as (shop, client):
+            first = await client.get("/products/1")
+            again = await client.get("/products/1", headers={"If-None-Match": first.headers["etag"]})
+            other = await client.get("/products/1", headers={"If-None-Match": '"another"'})
+            assert first.status_code == other.status_code == 200 and again.status_code == 304
+            assert again.content == b"" and again.headers["etag"] == first.headers["etag"] == other.headers["etag"]
+            assert first.headers["cache-control"] == again.headers["cache-control"] == "public, max-age=60"
+            led = await client.get("/products/2", headers={"If-None-Match": '"x"'})  # the leading request's own
+            assert led.status_code == 200 and led.headers["etag"]
+            assert shop.calls == ["1/1", "2/1"]
+
+    asyncio.run(main())
+
+
+def test_a_write_evicts_every_copy_of_its_path_before_its_response(redis_url: str) -> None:
+    async def main() -> None:
+        async with client_of(redis_url) as (shop, client):
+            for page in (1, 2):
+                assert (await client.get("/products/1", params={"page": page})).json()["name"] == "lamp"
+            assert (await client.get("/products/2")).json()["name"] == "desk"
+            assert (await client.put("/products/1", params={"name": "chair"})).json() == {"renamed": True}
+            for page in (1, 2):
+                assert (await client.get("/products/1", params={"page": page})).json()["name"] == "chair"
+            assert (await client.get("/products/2")).json()["name"] == "desk"  # another path: kept
+            assert shop.calls == ["1/1", "1/2", "2/1", "1/1", "1/2"]
+
+    asyncio.run(main())
+
+
+def test_a_load_in_flight_at_an_eviction_is_not_kept(redis_url: str) -> None:
+    """The stale-set guard: a GET that read the old name before a write evicted its path
+    answers it, but nobody after is served it."""
+
+    async def main() -> None:
+        async with client_of(redis_url) as (shop, client):
+            shop.gate = asyncio.Event()
+            reading = asyncio.ensure_future(client.get("/products/1"))
+            while not shop.calls:
+                await asyncio.sleep(0.001)
+            await client.put("/products/1", params={"name": "chair"})
+            shop.gate.set()
+            assert (await reading).json()["name"] == "lamp"
+            assert (await client.get("/products/1")).json()["name"] == "chair"
+
+    asyncio.run(main())
+
+
+def test_what_is_never_shared(redis_url: str) -> None:
+    """A request with Authorization or Cookie runs the endpoint itself (unless the cache
+    varies on it); a response that is not a 200 or sets a cookie is kept for nobody,
+    and the requests that waited for it run the endpoint themselves."""
+
+    async def main() -> None:
+        async with client_of(redis_url) as (shop, client):
+            await client.get("/products/1")
+            await client.get("/products/1", headers={"Authorization": "Bearer a"})
+            await client.get("/products/1", headers={"Cookie": "session=b"})
+            assert shop.calls == ["1/1", "1/1", "1/1"]
+            shop.status, shop.gate = 503, asyncio.Event()
+            waiting = [asyncio.ensure_future(client.get("/products/2")) for _ in range(3)]
+            while not shop.calls[3:]:
+                await asyncio.sleep(0.001)
+            shop.gate.set()
+            assert [(await each).status_code for each in waiting] == [503] * 3
+            assert shop.calls[3:] == ["2/1"] * 3  # the leader's 503, then each waiter's own
+        async with client_of(redis_url, vary=["authorization"]) as (shop, client):
+            for token in ("a", "b", "a"):
+                await client.get("/products/1", headers={"Authorization": f"Bearer {token}"})
+            assert shop.calls == ["1/1", "1/1"]  # one per token
+
+    asyncio.run(main())
+
+
+def test_dependency_overrides_turn_a_routes_caching_off(redis_url: str) -> None:
+    async def main() -> None:
+        async with client_of(redis_url) as (shop, client):
+            shop.app.dependency_overrides[shop.product_cache] = lambda: None
+            await client.get("/products/1")
+            await client.get("/products/1")
+            assert shop.calls == ["1/1", "1/1"]
+            shop.app.dependency_overrides.clear()
+            await client.get("/products/1")
+            await client.get("/products/1")
+            assert shop.calls == ["1/1", "1/1", "1/1"]
+
+    asyncio.run(main())
+
+
+def test_bad_settings_are_refused(redis_url: str) -> None:
+    with pytest.raises(ConfigError, match="ttl"):
+        cache(ttl=0)
+    with pytest.raises(ConfigError, match="paths"):
+        cache_evict()
+    app = FastAPI()
+
+    @app.get("/", dependencies=[Depends(cache(ttl=1))])
+    async def page() -> str:
+        return "page"
+
+    async def main() -> None:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as client:
+            with pytest.raises(ConfigError, match="caching\\(app, layer\\)"):
+                await client.get("/")
+
+    asyncio.run(main())
