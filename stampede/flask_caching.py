@@ -107,8 +107,12 @@ class StampedeCache(BaseCache):
     # Reads: no lease, no load
 
     def get(self, key: str) -> Any:
+        return self.find(key)[1]
+
+    def find(self, key: str) -> tuple[bool, Any]:
+        """Whether a value is kept for ``key`` (None is one, when kept), and the value."""
         found = self._hosted.entry.peek(self._key(key))
-        return None if found is None else found.value
+        return (False, None) if found is None else (True, found.value)
 
     def has(self, key: str) -> bool:
         return self._hosted.entry.peek(self._key(key)) is not None
@@ -317,11 +321,14 @@ class Cache(flask_caching.Cache):
         return bypass
 
     def get(self, key: str) -> Any:
-        value = super().get(key)
         call = _calling.get()
-        if call is not None and call.key is None:
-            call.key = key
-            call.found = value is not None or bool(self.has(key))
+        if call is None or call.key is not None:
+            return super().get(key)
+        backend: StampedeCache = self.cache  # type: ignore[assignment]  # init_app made sure
+        # One read tells both: a has() after it could find the value a load wrote since,
+        # and load again what it should have waited for.
+        call.found, value = backend.find(key)
+        call.key = key
         return value
 
     def _call_fn(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

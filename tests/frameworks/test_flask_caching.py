@@ -208,3 +208,32 @@ def test_timeouts_as_flask_caching_reads_them(redis_url: str, redis_client: Any)
     assert backend.add("default", 2) and not backend.add("default", 3) and backend.get("default") == 2
     assert backend.inc("n") == 1 and backend.inc("n", 4) == 5 and backend.dec("n") == 4
     assert backend.delete("n") and not backend.delete("n")
+
+
+def test_a_value_written_between_the_read_and_the_call_is_taken_not_loaded_again(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process's load writes the key just after this call found it missing: the
+    call's load finds that value and takes it (one render in all), where a second look
+    (``has``) would have taken it for a value to load again."""
+    app = make_app(redis_url)
+    cache = Cache(app)
+    calls: list[int] = []
+
+    @cache.memoize(60)
+    def report(year: int) -> str:
+        calls.append(year)
+        return "rendered here"
+
+    find = StampedeCache.find
+
+    def found_missing_then_written(backend: StampedeCache, key: str) -> tuple[bool, Any]:
+        found = find(backend, key)
+        if not found[0] and not key.endswith("_memver"):  # the function's key, not its version's
+            backend.set(key, "rendered by another process")
+        return found
+
+    monkeypatch.setattr(StampedeCache, "find", found_missing_then_written)
+    with app.app_context():
+        assert report(2026) == "rendered by another process"
+    assert calls == []
