@@ -66,13 +66,14 @@ def flask_caching_tests(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tests
 
 
+@pytest.mark.timeout(300)  # about 45 s alone: its timeout tests wait out their timeouts on a real clock
 def test_flask_cachings_own_tests_pass_over_redis(flask_caching_tests: Path, redis_url: str) -> None:
     deselected = [arg for test in WAITS_A_MINUTE for arg in ("--deselect", test)]
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "-n", "2", "-rs",
          "--timeout", "60", *SUITE, *deselected],
         cwd=flask_caching_tests, env={**os.environ, "STAMPEDE_FLASK_URL": redis_url},
-        capture_output=True, text=True, timeout=240,
+        capture_output=True, text=True, timeout=280,
     )  # fmt: skip
     report = result.stdout + result.stderr
     assert result.returncode == 0, report[-6000:]
