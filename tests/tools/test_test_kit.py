@@ -73,3 +73,41 @@ def test_a_forked_child_leaves_its_parents_servers_running() -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["True"]
+
+
+def test_a_chosen_port_taken_before_the_server_binds_it_is_given_up_for_another(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A free port is free until someone binds it: a server whose chosen port another
+    process took meanwhile starts on another (CI saw two fail at once beside other runs);
+    a port given by the caller, or one a server already ran on, is kept and refused."""
+    import socket
+
+    from stampede.testing import RedisServer, servers
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        chosen, real = iter([taken]), servers.free_port
+        monkeypatch.setattr(servers, "free_port", lambda: next(chosen, None) or real())
+        server = RedisServer()
+        assert server.port == taken
+        with server:
+            assert server.port != taken and server.url.endswith(f":{server.port}/0")
+        with pytest.raises(RuntimeError, match=f"port {taken} is taken"):
+            RedisServer(port=taken).start()
+
+
+def test_a_started_server_entered_as_a_context_is_not_started_twice() -> None:
+    """``with RedisServer().start() as server`` once started a second process on the port,
+    which exited (the port was the first's) while the first was left running, unstopped:
+    entering a running server keeps it, and leaving stops it."""
+    from stampede.testing import RedisServer
+
+    server = RedisServer().start()
+    first = server.process
+    assert first is not None
+    with server as entered:
+        assert entered.process is first and first.poll() is None
+    assert first.poll() is not None and server.process is None
