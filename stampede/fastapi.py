@@ -158,7 +158,13 @@ def cache(
             load = asyncio.ensure_future(state.load(path, variant))  # copies the context: leads with ``lead``
         load.add_done_callback(_retrieved)
         started = asyncio.ensure_future(lead.started.wait())
-        await asyncio.wait({load, started}, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await asyncio.wait({load, started}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # the request went away: a load it leads must not wait for it
+            started.cancel()
+            if not lead.response.done():
+                lead.response.set_exception(_NotKept())
+            raise
         if lead.started.is_set():  # this request leads: its endpoint runs, the middleware keeps its response
             lead.load = load
             request.scope[_LEAD] = lead

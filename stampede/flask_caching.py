@@ -115,7 +115,7 @@ class StampedeCache(BaseCache):
         return (False, None) if found is None else (True, found.value)
 
     def has(self, key: str) -> bool:
-        return self._hosted.entry.peek(self._key(key)) is not None
+        return self.find(key)[0]
 
     # Loads: one per key at a time, in every process
 
@@ -341,7 +341,8 @@ class Cache(flask_caching.Cache):
         backend: StampedeCache = self.cache  # type: ignore[assignment]  # init_app made sure
         value = backend.load(key, lambda: super(Cache, self)._call_fn(fn, *args, **kwargs), timeout,
                                 again=call.found, keep=noted.keep)  # fmt: skip
-        call.loaded = key
+        if value is None or noted.keep(value):  # the decorator sets what it keeps (and None): done
+            call.loaded = key
         _calling.set(call)
         return value
 
