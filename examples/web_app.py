@@ -130,7 +130,10 @@ def build_app(
 async def check(app: Starlette, requests: int) -> bool:
     """Serve the app on a free port and show what a burst of requests costs."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    # Connections idle between the bursts stay open: uvicorn's 5 s keep-alive could close
+    # one just as the client reuses it (a ReadError on a busy machine).
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", timeout_keep_alive=120)
+    server = uvicorn.Server(config)
     serving = asyncio.ensure_future(server.serve())
     while not server.started:
         if serving.done():

@@ -47,7 +47,7 @@ from werkzeug.exceptions import HTTPException
 from ._core.config import MAX_SECONDS
 from ._core.results import Cached
 from ._errors import ConfigError, ValueTooLarge
-from ._hosted import Hosted, Producer, hosted, leading, pickled_layer, refuse
+from ._hosted import Gone, Hosted, Keeper, Producer, hosted, leading, pickled_layer, refuse
 from ._layer import Stampede
 
 MANAGED = {"ttl", "null_ttl", "jitter", "serializer"}
@@ -132,21 +132,39 @@ class StampedeCache(BaseCache):
         return producer.produced
 
     def load(self, key: str, produce: Callable[[], Any], timeout: int | datetime.timedelta | None, *,
-             again: bool = False, keep: Callable[[Any], bool] = lambda value: True) -> Any:  # fmt: skip
+             again: bool = False, keep: Callable[[Any], bool] = lambda value: True) -> tuple[Any, bool]:  # fmt: skip
         """``produce()``'s value for ``key``, kept for ``timeout``, called by one caller
         of the key at a time in every process; the others get its value. ``again``: load
         even if a value is kept (it was found stale, or None that is not to be served);
-        ``keep``: whether a value is kept (else only the callers of this load get it)."""
+        ``keep``: whether a value is kept (else only the callers of this load get it).
+        Returns the value, and whether this caller's ``produce`` made it."""
         ttl = self._ttl(timeout)
         if ttl is None:
-            return produce()
+            return produce(), True
         producer = _Produced(produce, ttl, keep)
         entry = self._hosted.entry
         with leading(producer):
             try:
-                return entry.refresh(self._key(key)) if again else entry(self._key(key))
+                value = entry.refresh(self._key(key)) if again else entry(self._key(key))
             except ValueTooLarge:
-                return producer.uncached()
+                value = producer.uncached()
+        return value, producer.produced
+
+    def touch(self, key: str, timeout: int | datetime.timedelta | None = None) -> bool:
+        """Keep ``key``'s value ``timeout`` longer without rewriting it (a reader meanwhile
+        finds it, as it would not while a ``set`` writes over it); False if none is kept."""
+        ttl = self._ttl(timeout)
+        if not self.has(key):
+            return False
+        if ttl is None:
+            self._hosted.entry.invalidate(self._key(key))
+            return True
+        try:
+            with leading(Keeper(ttl)):
+                self._hosted.entry.refresh(self._key(key))
+        except Gone:
+            return False
+        return True
 
     # Writes
 
@@ -222,15 +240,25 @@ class _Produced(Producer):
 @dataclass
 class _Call:
     """One decorated call under way: the function, the key its decorator read (once it
-    has), whether a value was kept there, and the key its load wrote."""
+    has), whether a value was kept there, the key its load wrote (until the decorator's
+    set of it, then done), and whether its own function made the value."""
 
     function: Callable[..., Any]
     key: str | None = None
     found: bool = False
     loaded: str | None = None
+    led: bool = False  # its own function made the value (the others of its load waited)
 
 
 _calling: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("stampede_flask_call", default=None)
+
+
+def _renews() -> bool:
+    """Whether a memoized call renews its function's version after its value was set:
+    the one whose function made the value does (or a call outside a decorated one); the
+    64 that waited for it need not touch it again."""
+    call = _calling.get()
+    return call is None or call.led
 
 
 @dataclass
@@ -294,19 +322,24 @@ class Cache(flask_caching.Cache):
         """A memoized function's version (a part of its keys), made by one caller when
         it is missing, not by each: Flask-Caching's callers of a cold function each make
         one and write it, so that each has keys of its own, and each loads. Here a missing
-        version is added (two ``add`` at once keep one) and read back."""
+        version is added (two ``add`` at once keep one) and read back, and a version's
+        life is renewed by ``touch``, not rewritten (a reader of a version being written
+        over finds none, and makes a new one)."""
         if reset or delete:
             return super()._memoize_version(f, args, kwargs, reset, delete, refresh, timeout, args_to_ignore)
         fname, instance_fname = function_namespace(f, args=args)
         keys = [self._memvname(fname)]
         if instance_fname and "self" not in (args_to_ignore or []):
             keys.append(self._memvname(instance_fname))
+        backend: StampedeCache = self.cache  # type: ignore[assignment]  # init_app made sure
         versions = list(self.get_many(*keys))
         for index, (key, version) in enumerate(zip(keys, versions, strict=True)):
             if version is None:
-                self.cache.add(key, self._memoize_make_version_hash(), timeout=timeout)
-                versions[index] = self.cache.get(key)
-        if refresh or None in versions:  # a version deleted meanwhile: Flask-Caching's own way
+                backend.add(key, self._memoize_make_version_hash(), timeout=timeout)
+                versions[index] = backend.get(key)
+            elif refresh and _renews():  # its life follows its newest entry's: kept, not rewritten
+                backend.touch(key, timeout=timeout)
+        if None in versions:  # deleted meanwhile: Flask-Caching's own way
             return super()._memoize_version(f, args, kwargs, reset, delete, refresh, timeout, args_to_ignore)
         return fname, "".join(versions)
 
@@ -339,8 +372,8 @@ class Cache(flask_caching.Cache):
         _calling.set(None)  # the function's own decorated calls note theirs
         key, timeout = call.key, noted.decorated.cache_timeout
         backend: StampedeCache = self.cache  # type: ignore[assignment]  # init_app made sure
-        value = backend.load(key, lambda: super(Cache, self)._call_fn(fn, *args, **kwargs), timeout,
-                                again=call.found, keep=noted.keep)  # fmt: skip
+        value, call.led = backend.load(key, lambda: super(Cache, self)._call_fn(fn, *args, **kwargs), timeout,
+                                       again=call.found, keep=noted.keep)  # fmt: skip
         if value is None or noted.keep(value):  # the decorator sets what it keeps (and None): done
             call.loaded = key
         _calling.set(call)
@@ -349,6 +382,6 @@ class Cache(flask_caching.Cache):
     def set(self, key: str, value: Any, timeout: Any = None) -> Any:
         call = _calling.get()
         if call is not None and call.loaded == key:
-            _calling.set(None)
+            call.loaded = None
             return True  # the load wrote it
         return super().set(key, value, timeout=timeout)
