@@ -531,10 +531,11 @@ def test_a_writer_whose_clock_is_minutes_off_changes_nothing(
         monkeypatch.setattr(blocking, "new_context", skewed)
         writer = make_layer(jitter=0)
         db = Database()
-        load = writer.cached_loader(f"skew{int(skew)}:{{key}}", ttl=0.5, stale_while_revalidate=30)(db)
+        # ttl 3 s: fresh when read on a busy machine (0.5 s was not); stale_now waits it out
+        load = writer.cached_loader(f"skew{int(skew)}:{{key}}", ttl=3, stale_while_revalidate=30)(db)
         load(1)
         monkeypatch.undo()
-        reader = make_layer(jitter=0).cached_loader(f"skew{int(skew)}:{{key}}", ttl=0.5, stale_while_revalidate=30)(db)
+        reader = make_layer(jitter=0).cached_loader(f"skew{int(skew)}:{{key}}", ttl=3, stale_while_revalidate=30)(db)
         assert reader.fetch(1) == Fetched({"key": 1, "v": 1}, False)  # fresh, though "loaded" minutes away
         db.version = 2
         stale_now(writer, load.key(1), 30)
