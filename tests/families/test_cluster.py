@@ -300,7 +300,10 @@ def start_stampede(
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("policy", ["load", "raise"])
 def test_a_primary_killed_mid_stampede_fails_over_and_caching_resumes(own_cluster: ClusterServers, policy: str) -> None:
-    settings = dict(namespace="test", wait_timeout=8.0, on_backend_error=policy, breaker_threshold=0)
+    # The holder's lock outlives the kill on the promoted replica (its release went to the
+    # dead primary) until its lease ends: a lease well inside wait_timeout lets the first
+    # call after the failover take over from it, not give up waiting and load uncached.
+    settings = dict(namespace="test", wait_timeout=8.0, lock_ttl=3.0, on_backend_error=policy, breaker_threshold=0)
     layers = [Stampede.from_url(own_cluster.url, cluster=True, **settings) for _ in range(2)]
     try:
         db = CountingLoader(delay=0.0)
@@ -366,6 +369,7 @@ def test_a_primary_killed_mid_stampede_fails_over_and_caching_resumes(own_cluste
                 raise AssertionError("caching did not resume within 20 calls")
         assert [load(1) for load in loaders] == [{"id": 1}] * 2
         assert db.total - before <= 1 + failed_calls
+        assert sum(layer.stats()["wait_timeouts"] for layer in layers) == 0
         cached = db.total
         assert [load(1) for load in loaders * 3] == [{"id": 1}] * 6
         assert db.total == cached
