@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import multiprocessing
 import os
 import sys
 import uuid
-from contextlib import ExitStack
 from typing import Any
 
 import httpx
 import redis
 import redis.asyncio
+from bursts import redis_url, run_workers
 from fastapi import Depends, FastAPI
 
 from stampede import Stampede
@@ -82,24 +81,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--redis", help="a Redis URL; default: a throwaway server on 127.0.0.1")
     options = parser.parse_args()
-    with ExitStack() as stack:
-        url = options.redis
-        if url is None:
-            from stampede.testing import RedisServer
-
-            url = stack.enter_context(RedisServer()).url
+    with redis_url(options.redis) as url:
         namespace = f"fastapi-{uuid.uuid4().hex[:8]}"
-        context = multiprocessing.get_context("spawn")
-        start = context.Barrier(PROCESSES)
-        processes = [context.Process(target=worker, args=(url, namespace, start)) for _ in range(PROCESSES)]
-        for process in processes:
-            process.start()
-        for process in processes:
-            process.join(60)
+        clean = run_workers(worker, PROCESSES, PROCESSES, url, namespace)
         calls = int(redis.Redis.from_url(url, socket_timeout=5).get(f"{namespace}:calls") or 0)
         print(f"{PROCESSES} processes x {REQUESTS} concurrent requests for one cold product: endpoint calls {calls}")
         asyncio.run(after(url, namespace))
-        if any(process.exitcode != 0 for process in processes) or calls != 1:
+        if not clean or calls != 1:
             sys.exit("expected every request answered, and one endpoint call")
         print("OK")
 

@@ -17,15 +17,14 @@ each once.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import sys
 import threading
 import time
 import uuid
-from contextlib import ExitStack
 from typing import Any
 
 import redis
+from bursts import redis_url, run_workers
 from flask import Flask
 
 PROCESSES, THREADS, HOLD = 4, 16, 0.3  # a render takes HOLD seconds, as a page's queries would
@@ -86,29 +85,15 @@ def main() -> None:
     parser.add_argument("--redis", help="a Redis URL; default: a throwaway server on 127.0.0.1")
     parser.add_argument("--flask-caching", action="store_true", help="Flask-Caching's own Cache, for comparison")
     options = parser.parse_args()
-    with ExitStack() as stack:
-        url = options.redis
-        if url is None:
-            from stampede.testing import RedisServer
-
-            url = stack.enter_context(RedisServer()).url
+    with redis_url(options.redis) as url:
         namespace = f"flask-{uuid.uuid4().hex[:8]}"
-        context = multiprocessing.get_context("spawn")
-        start = context.Barrier(PROCESSES * THREADS)
-        processes = [
-            context.Process(target=worker, args=(url, namespace, options.flask_caching, start))
-            for _ in range(PROCESSES)
-        ]
-        for process in processes:
-            process.start()
-        for process in processes:
-            process.join(60)
+        clean = run_workers(worker, PROCESSES, PROCESSES * THREADS, url, namespace, options.flask_caching)
         server = redis.Redis.from_url(url, socket_timeout=5)
         renders = {what: int(server.get(f"{namespace}:renders:{what}") or 0) for what in ("page", "report")}
         who = "flask_caching.Cache" if options.flask_caching else "stampede.flask_caching.Cache"
         print(f"{who}: {PROCESSES} processes x {THREADS} threads asked for one cold page and one cold report")
         print(f"  page renders: {renders['page']}, report renders: {renders['report']}")
-        if any(process.exitcode != 0 for process in processes):
+        if not clean:
             sys.exit("a worker process failed")
         if not options.flask_caching:
             if renders != {"page": 1, "report": 1}:

@@ -10,11 +10,12 @@ belong to the process."""
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import inspect
 import json
 import threading
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -156,3 +157,60 @@ class Keeper:
         if previous() is None:
             raise Gone
         return Cached(NOT_MODIFIED, ttl=self.ttl)
+
+
+class NotKept(Exception):
+    """The leading request's response is not one to keep (its status, an error, or the
+    request went away): the requests that waited for it run the handler themselves."""
+
+
+class Lead:
+    """A load a web request may lead (an ASGI host's response cache): the layer runs it in
+    the load's task, where it waits for the response the request gives once its handler
+    ran (``response``), or for its refusal. ``cached`` says how a response is kept."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.response: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.load: asyncio.Future[Any] | None = None
+
+    def __call__(self) -> Awaitable[Cached[Any]]:
+        self.started.set()
+        return self._kept()
+
+    async def _kept(self) -> Cached[Any]:
+        return self.cached(await self.response)
+
+    def cached(self, response: Any) -> Cached[Any]:
+        raise NotImplementedError
+
+    def refuse(self) -> None:
+        if not self.response.done():
+            self.response.set_exception(NotKept())
+
+    async def lead_or_join(self, load: Callable[[], Awaitable[Any]]) -> bool:
+        """Start ``load()`` (a call of the entry's loader) with this lead as what a load it
+        leads runs. True once it leads (``self.load`` is the load: the request runs its
+        handler, then gives the response or refuses); False once the load ended without
+        it (a hit, or another request's load: its outcome is ``self.load``'s)."""
+        with leading(self):
+            self.load = asyncio.ensure_future(load())  # copies the context: leads with ``self``
+        self.load.add_done_callback(_retrieved)
+        started = asyncio.ensure_future(self.started.wait())
+        try:
+            await asyncio.wait({self.load, started}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # the request went away: a load it leads must not wait for it
+            started.cancel()
+            self.refuse()
+            raise
+        if self.started.is_set():
+            return True
+        started.cancel()
+        return False
+
+
+def _retrieved(load: asyncio.Future[Any]) -> None:
+    """A load's error is told to the requests that waited for it; retrieved here too, for
+    a leader that went away (asyncio would log it as never retrieved)."""
+    if not load.cancelled():
+        load.exception()

@@ -35,7 +35,7 @@ import asyncio
 import hashlib
 import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
@@ -45,7 +45,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ._core.pickle_serializer import PickleSerializer
 from ._core.results import Cached
 from ._errors import ConfigError
-from ._hosted import aproduce, leading
+from ._hosted import Lead, NotKept, aproduce
 from ._layer import Stampede
 
 KEPT_STATUSES = (200,)
@@ -77,28 +77,18 @@ class _Served(Exception):
         self.cache_control = cache_control
 
 
-class _NotKept(Exception):
-    """The leading request's response is not one to keep (its status, a cookie, an error)."""
+class _Lead(Lead):
+    """A response's load a request leads: kept for ``ttl``, sent with ``cache_control``,
+    if its status is one of ``statuses``."""
 
+    def __init__(self, ttl: float, cache_control: str | None, statuses: frozenset[int]) -> None:
+        super().__init__()
+        self.ttl = ttl
+        self.cache_control = cache_control
+        self.statuses = statuses
 
-@dataclass
-class _Lead:
-    """The load a request leads: its loader (run by the layer, in the load's task) says
-    it leads and waits for the endpoint's response, which the middleware gives."""
-
-    ttl: float
-    cache_control: str | None
-    statuses: frozenset[int]
-    started: asyncio.Event = field(default_factory=asyncio.Event)
-    response: asyncio.Future[_Kept] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-    load: asyncio.Future[Any] | None = None
-
-    def __call__(self) -> Awaitable[Cached[_Kept]]:
-        self.started.set()
-        return self._kept()
-
-    async def _kept(self) -> Cached[_Kept]:
-        return Cached(await self.response, ttl=self.ttl)
+    def cached(self, response: _Kept) -> Cached[_Kept]:
+        return Cached(response, ttl=self.ttl)
 
 
 @dataclass
@@ -154,25 +144,13 @@ def cache(
         state = _state(request)
         path, variant = request.url.path, _variant(request, varied)
         lead = _Lead(ttl, cache_control, kept_statuses)
-        with leading(lead):
-            load = asyncio.ensure_future(state.load(path, variant))  # copies the context: leads with ``lead``
-        load.add_done_callback(_retrieved)
-        started = asyncio.ensure_future(lead.started.wait())
-        try:
-            await asyncio.wait({load, started}, return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:  # the request went away: a load it leads must not wait for it
-            started.cancel()
-            if not lead.response.done():
-                lead.response.set_exception(_NotKept())
-            raise
-        if lead.started.is_set():  # this request leads: its endpoint runs, the middleware keeps its response
-            lead.load = load
-            request.scope[_LEAD] = lead
+        if await lead.lead_or_join(lambda: state.load(path, variant)):
+            request.scope[_LEAD] = lead  # its endpoint runs, the middleware keeps its response
             return
-        started.cancel()
+        assert lead.load is not None
         try:
-            kept = load.result()
-        except _NotKept:
+            kept = lead.load.result()
+        except NotKept:
             return  # the leading request's response was not one to keep: run the endpoint here too
         raise _Served(kept, cache_control)
 
@@ -193,13 +171,6 @@ def cache_evict(*paths: str) -> Callable[[Request], Awaitable[None]]:
         request.scope.setdefault(_EVICT, []).extend(path.format(**request.path_params) for path in paths)
 
     return evict_after
-
-
-def _retrieved(load: asyncio.Future[Any]) -> None:
-    """A load's error is told to the requests that waited for it; retrieved here too,
-    for a leader that went away (asyncio would log it as never retrieved)."""
-    if not load.cancelled():
-        load.exception()
 
 
 def _state(request: Request) -> _Caching:
@@ -292,8 +263,8 @@ async def _evict(scope: Scope) -> None:
 
 def _refuse(scope: Scope) -> None:
     lead: _Lead | None = scope.get(_LEAD)
-    if lead is not None and not lead.response.done():
-        lead.response.set_exception(_NotKept())
+    if lead is not None:
+        lead.refuse()
 
 
 def _kept(messages: list[Message], statuses: frozenset[int]) -> _Kept | None:

@@ -1,14 +1,14 @@
-"""``stampede.fastapi``: ``cache()`` and ``cache_evict()`` as FastAPI dependencies: one
-endpoint call for the concurrent misses of a URL in 4 processes, ETags and 304s, eviction
-before the write's response, what is never shared, and ``dependency_overrides``."""
+"""``stampede.fastapi``: ``cache()`` and ``cache_evict()`` as FastAPI dependencies: ETags
+and 304s, eviction before the write's response, what is never shared, and
+``dependency_overrides`` (one endpoint call for 64 requests in 4 processes:
+test_asgi_collapse.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,27 +21,6 @@ import httpx
 from fastapi import Depends, FastAPI, Response
 
 from stampede.fastapi import cache, cache_evict, caching
-
-from ..scenarios import LineWorker
-
-FASTAPI_WORKER = str(Path(__file__).parent.parent / "fastapi_worker.py")
-
-
-@pytest.mark.timeout(60)
-def test_a_cold_url_runs_its_endpoint_once_for_64_requests_in_4_processes(
-    redis_url: str, redis_client: Any, line_workers: Callable[..., LineWorker]
-) -> None:
-    namespace = f"fa-{uuid.uuid4().hex[:8]}"
-    workers = [line_workers(FASTAPI_WORKER, "--url", redis_url, "--namespace", namespace) for _ in range(4)]
-    for worker in workers:
-        worker.send("go")
-    outcomes = [worker.outcome() for worker in workers]
-    got = [tuple(each) for outcome in outcomes for each in outcome["got"]]
-    assert int(redis_client.get(f"{namespace}:calls")) == 1
-    assert len(got) == 64 and len(set(got)) == 1, set(got)
-    status, body, etag = got[0]
-    assert status == 200 and body == '{"id":7,"rendered_by_call":1}' and etag.startswith('"')
-    assert sum(outcome["stats"]["loads"] for outcome in outcomes) == 1
 
 
 class Shop:

@@ -68,6 +68,12 @@ def test_the_fastapi_example_runs_its_endpoint_once_for_64_requests_and_evicts()
     )
 
 
+def test_the_litestar_example_runs_its_handler_once_for_64_requests_and_keeps_sessions() -> None:
+    out = run("examples/litestar_app.py")
+    assert "4 processes x 16 concurrent requests for one cold product: handler calls 1" in out
+    assert "'name': 'desk'}; handler calls: 2" in out and "visits [1, 2, 3]" in out and out.rstrip().endswith("OK")
+
+
 def test_the_warm_start_example_takes_most_misses_away(redis_url: str) -> None:
     sizes = ["--calls", "5000", "--products", "300", "--warm", "250", "--sample", "0.5"]
     out = run("examples/warm_start.py", "--redis", redis_url, *sizes)
