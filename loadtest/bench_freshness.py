@@ -2,6 +2,7 @@
 
     python loadtest/bench_freshness.py           # starts a throwaway server on 127.0.0.1
     python loadtest/bench_freshness.py --quick   # a short run, for CI
+    python loadtest/bench_freshness.py --plot loadtest/figures/freshness.png   # and its picture
 
 ``--processes`` x ``--threads`` callers each call one of ``--keys`` hot keys, pausing
 ``--pause`` between calls, for ``--seconds``; values live ``--ttl``; the loader sleeps
@@ -317,6 +318,7 @@ def main() -> None:
     parser.add_argument("--hit-calls", type=int, default=3000, help="calls per round of the hit-cost figure")
     parser.add_argument("--hit-rounds", type=int, default=21)
     parser.add_argument("--quick", action="store_true", help="2 processes x 4 threads for 4 s (CI)")
+    parser.add_argument("--plot", help="also draw the storm's figures beside dogpile.cache's to this PNG")
     options = parser.parse_args()
     if options.worker:
         worker(json.loads(sys.stdin.readline()))
@@ -364,6 +366,43 @@ def main() -> None:
     print("Server commands per warm hit (INFO commandstats, 1000 hits): "
           + ", ".join(f"{name} {count:.2f}" for name, count in cost["commands per hit"].items()))  # fmt: skip
     print(json.dumps({"figures": rows, "hit cost": cost}))
+    if options.plot:
+        plot(rows, options, options.plot)
+        print(f"plot: {options.plot}")
+
+
+def plot(rows: dict[str, dict[str, Any]], options: argparse.Namespace, path: str) -> None:
+    """One PNG of the storm without the outage: each configuration's p50 and p99 latency,
+    and its loads per key per expiry at most, side by side (dogpile.cache's beside
+    stampede's, measured in the same run on the same server)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [name for name in rows if "outage" not in name]
+    figure, (latency, loads) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110)
+    positions = range(len(names))
+    colours = ["tab:orange" if name.startswith("dogpile") else "tab:blue" for name in names]
+    latency.barh([p + 0.2 for p in positions], [rows[name]["p50"] for name in names], height=0.4,
+                 color=colours, alpha=0.5, label="p50")  # fmt: skip
+    latency.barh([p - 0.2 for p in positions], [rows[name]["p99"] for name in names], height=0.4,
+                 color=colours, label="p99")  # fmt: skip
+    latency.set_xlabel("latency of a call, ms (lower is better)")
+    latency.legend(loc="lower right")
+    loads.barh(list(positions), [rows[name]["max per window"] for name in names], color=colours)
+    loads.set_xlabel("loads of one key for one expiry, at most (1 is the promise)")
+    for axes in (latency, loads):
+        axes.set_yticks(list(positions), names if axes is latency else [""] * len(names))
+        axes.invert_yaxis()
+        axes.grid(axis="x", alpha=0.3)
+    figure.suptitle(
+        f"Expiry storm: {options.processes} processes x {options.threads} threads, {options.keys} hot keys, "
+        f"ttl {options.ttl:g} s, loader {options.delay * 1000:.0f} ms"
+    )
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from ._lock import Lock
 from ._redlock import Redlock, RedlockLock
 from ._warm import WarmReport
 
-__version__ = "0.1.0"
+__version__ = "0.8.0.dev0"
 
 __all__ = [  # grouped, not sorted
     # the layer and its decorator

@@ -131,18 +131,24 @@ def cache(
 ) -> Callable[[Request], Awaitable[None]]:
     """A dependency (``Depends(cache(ttl=60))``) that serves a GET endpoint's response
     from the cache for ``ttl`` seconds, keyed by its path, query string and the request
-    headers named in ``vary``; ``cache_control``: the ``Cache-Control`` sent with it
-    (none unless given); ``statuses``: the statuses kept (200)."""
+    headers named in ``vary`` (a HEAD request is answered from it too, with no body);
+    ``cache_control``: the ``Cache-Control`` sent with it (none unless given);
+    ``statuses``: the statuses kept (200)."""
     if ttl <= 0:
         raise ConfigError(f"cache(ttl=...) must be > 0 seconds, got {ttl!r}")
     varied = tuple(sorted(name.lower() for name in vary))
     kept_statuses = frozenset(statuses)
 
     async def cached_response(request: Request) -> None:
-        if request.method != "GET" or any(h in request.headers and h not in varied for h in PERSONAL):
+        if request.method not in ("GET", "HEAD") or any(h in request.headers and h not in varied for h in PERSONAL):
             return  # not shared: the endpoint runs
         state = _state(request)
         path, variant = request.url.path, _variant(request, varied)
+        if request.method == "HEAD":  # answered from a kept GET; a miss leads nothing (no body to keep)
+            found = await state.load.peek(path, variant)
+            if found is not None:
+                raise _Served(found.value, cache_control)
+            return
         lead = _Lead(ttl, cache_control, kept_statuses)
         if await lead.lead_or_join(lambda: state.load(path, variant)):
             request.scope[_LEAD] = lead  # its endpoint runs, the middleware keeps its response
@@ -159,16 +165,18 @@ def cache(
 
 def cache_evict(*paths: str) -> Callable[[Request], Awaitable[None]]:
     """A dependency for a write endpoint: once it ran, and before its response is sent,
-    the cached responses of ``paths`` (formatted with the request's path parameters:
-    ``"/products/{product_id}"``), every query string and varied copy of each, are
-    invalidated. Whatever the endpoint answered, even an error: a write may have
+    the cached responses of ``paths`` (the app's own, as its routes name them, formatted
+    with the request's path parameters: ``"/products/{product_id}"``; an app served under
+    a ``root_path`` has it put before them), every query string and varied copy of each,
+    are invalidated. Whatever the endpoint answered, even an error: a write may have
     happened before it failed."""
     if not paths:
         raise ConfigError("cache_evict() needs the paths whose responses it invalidates")
 
     async def evict_after(request: Request) -> None:
         _state(request)  # refused at once without caching()
-        request.scope.setdefault(_EVICT, []).extend(path.format(**request.path_params) for path in paths)
+        root = request.scope.get("root_path", "")  # an app served under a prefix keys its pages by the whole path
+        request.scope.setdefault(_EVICT, []).extend(root + path.format(**request.path_params) for path in paths)
 
     return evict_after
 
@@ -202,7 +210,7 @@ def _answer(
 async def _served(request: Request, served: Exception) -> Response:
     assert isinstance(served, _Served)
     status, headers, body = _answer(served.kept, served.cache_control, request.headers.get("if-none-match"))
-    response = Response(content=body, status_code=status)
+    response = Response(content=b"" if request.method == "HEAD" else body, status_code=status)
     response.raw_headers = headers
     return response
 

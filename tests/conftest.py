@@ -36,6 +36,24 @@ from .modes import Blocking, OnALoop  # noqa: E402
 
 BACKENDS = ["redis", "embedded", "redlock", "cluster", "sentinel", "postgres", "zookeeper"]
 
+# The README's test command checks every promise on one Redis server and the embedded
+# store; the other families, and the long runs of other programs (a host framework's own
+# suite, the examples, mypy over user code), are @pytest.mark.extended: CI's step of that
+# name runs them (.ci/run), and so does ``pytest -m extended``. A test run over one of
+# these families (a parameter naming it) is marked here; the families' own modules, and
+# the long runs, are marked where they are written.
+OTHER_FAMILIES = {"redlock", "cluster", "sentinel", "postgres", "zookeeper"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        params = getattr(item, "callspec", None)
+        if params is not None and any(
+            isinstance(value, str) and value in OTHER_FAMILIES for value in params.params.values()
+        ):
+            item.add_marker(pytest.mark.extended)
+
+
 # STAMPEDE_TEST_FRESHNESS=1 runs the suites with freshness on in every layer the fixtures
 # make (a test's own settings win): their promises must hold with it too (CI runs the
 # behaviour and fault suites so).

@@ -44,6 +44,7 @@ class HotSetRecorder:
 
     def _reset(self) -> None:
         self._lock = threading.Lock()
+        self._flushing = threading.Lock()  # one flush at a time: one returns after any under way
         self._pending: dict[HotSet, Counter[bytes]] = {}
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -68,9 +69,15 @@ class HotSetRecorder:
                 self._thread.start()
 
     def flush(self) -> int:
-        """Add what was counted to the store now. Returns the calls added."""
-        with self._lock:
-            pending, self._pending = self._pending, {}
+        """Add what was counted to the store now. Returns the calls added. Once it
+        returns, every call counted before it is in the store: a flush the layer's
+        thread had under way (its counts taken, not yet written) has ended too."""
+        with self._flushing:
+            with self._lock:
+                pending, self._pending = self._pending, {}
+            return self._add(pending)
+
+    def _add(self, pending: dict[HotSet, Counter[bytes]]) -> int:
         added = 0
         moment = self._wall_clock()
         for hot, counts in pending.items():

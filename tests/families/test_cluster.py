@@ -37,6 +37,8 @@ from ..promises.test_behaviour import CountingLoader
 from ..promises.test_processes import run_stampede
 from ..scenarios import WaitsBegun
 
+pytestmark = pytest.mark.extended  # the Cluster family: CI's extended step (tests/conftest.py)
+
 
 def node_client(server: RedisServer) -> redis.Redis:
     return redis.Redis.from_url(server.url, socket_timeout=5)

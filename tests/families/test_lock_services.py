@@ -23,7 +23,7 @@ from ..conftest import empty_postgres, needs_postgres, needs_zookeeper
 from ..promises.test_processes import Workers, run_stampede
 from ..scenarios import wait_until
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.extended]  # PostgreSQL and ZooKeeper: CI's extended step
 
 SERVICES = ["postgres", "zookeeper"]
 

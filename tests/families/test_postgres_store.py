@@ -15,6 +15,8 @@ from stampede import Stampede
 from stampede._core.keys import EntryKeys
 from stampede._core.store import LockState, Written
 
+pytestmark = pytest.mark.extended  # the PostgreSQL family: CI's extended step (tests/conftest.py)
+
 
 def test_a_write_postgresql_aborts_to_break_a_deadlock_is_run_again(
     make_postgres_layer: Callable[..., Stampede], postgres_url: str

@@ -17,6 +17,8 @@ from stampede.testing import FaultProxy, RedisServer
 from ..promises.test_processes import run_stampede
 from ..scenarios import wait_until
 
+pytestmark = pytest.mark.extended  # Redlock: CI's extended step (tests/conftest.py)
+
 WORKER = str(Path(__file__).parent.parent.joinpath("mutex_worker.py"))
 
 

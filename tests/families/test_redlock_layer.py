@@ -25,6 +25,8 @@ from ..promises.test_freshness import stale_now
 from ..promises.test_processes import Workers, run_stampede
 from ..scenarios import wait_until
 
+pytestmark = pytest.mark.extended  # Redlock: CI's extended step (tests/conftest.py)
+
 
 def urls(servers: list[RedisServer]) -> list[str]:
     return [server.url for server in servers]

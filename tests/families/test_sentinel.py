@@ -32,6 +32,8 @@ from ..families.test_near_cache import copied, held, tracked, versioned
 from ..modes import hammer
 from ..promises.test_behaviour import CountingLoader
 
+pytestmark = pytest.mark.extended  # the Sentinel family: CI's extended step (tests/conftest.py)
+
 
 def subscribers(server: RedisServer, channel: str) -> int:
     with redis.Redis.from_url(server.url, socket_timeout=2) as client:

@@ -67,14 +67,17 @@ def _run_django_suite(tests: Path, location: str) -> None:
     assert skipped <= SKIPPED_AS_FOR_REDIS, f"skipped beyond the cull tests Django skips for Redis: {skipped}"
 
 
+@pytest.mark.extended  # Django's own suite, at length: CI's extended step
 def test_django_cache_suite_passes_over_redis(django_tests: Path, redis_url: str) -> None:
     _run_django_suite(django_tests, redis_url)
 
 
+@pytest.mark.extended  # Django's own suite, at length: CI's extended step
 def test_django_cache_suite_passes_in_memory(django_tests: Path) -> None:
     _run_django_suite(django_tests, "memory")
 
 
+@pytest.mark.extended  # Django's own suite, at length: CI's extended step
 def test_django_cache_suite_passes_over_postgres(django_tests: Path, postgres_url: str) -> None:
     _run_django_suite(django_tests, postgres_url)
 

@@ -36,7 +36,9 @@ class Shop:
         self.gate: asyncio.Event | None = None
         self.product_cache = cache(ttl=60, **cached)
 
-        @self.app.get("/products/{product_id}", dependencies=[Depends(self.product_cache)])
+        @self.app.api_route(  # FastAPI answers HEAD with 405 unless a route names it
+            "/products/{product_id}", methods=["GET", "HEAD"], dependencies=[Depends(self.product_cache)]
+        )
         async def product(product_id: int, response: Response, page: int = 1) -> dict[str, Any]:
             self.calls.append(f"{product_id}/{page}")
             name = self.names[product_id]
@@ -52,11 +54,14 @@ class Shop:
 
 
 @asynccontextmanager
-async def client_of(redis_url: str, **cached: Any) -> AsyncIterator[tuple[Shop, httpx.AsyncClient]]:
+async def client_of(
+    redis_url: str, root_path: str = "", **cached: Any
+) -> AsyncIterator[tuple[Shop, httpx.AsyncClient]]:
     layer = Stampede.from_url(redis_url, namespace=f"fa-{uuid.uuid4().hex[:8]}")
     shop = Shop(layer, **cached)
+    transport = httpx.ASGITransport(app=shop.app, root_path=root_path)
     try:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=shop.app), base_url="http://shop") as client:
+        async with httpx.AsyncClient(transport=transport, base_url=f"http://shop{root_path}") as client:
             yield shop, client
     finally:
         await layer.aclose()
@@ -89,6 +94,34 @@ def test_a_write_evicts_every_copy_of_its_path_before_its_response(redis_url: st
                 assert (await client.get("/products/1", params={"page": page})).json()["name"] == "chair"
             assert (await client.get("/products/2")).json()["name"] == "desk"  # another path: kept
             assert shop.calls == ["1/1", "1/2", "2/1", "1/1", "1/2"]
+
+    asyncio.run(main())
+
+
+def test_a_head_request_is_answered_from_a_kept_get_and_leads_nothing(redis_url: str) -> None:
+    async def main() -> None:
+        async with client_of(redis_url) as (shop, client):
+            cold = await client.head("/products/1")  # a miss: the endpoint runs for it, nothing is kept
+            assert cold.status_code == 200 and shop.calls == ["1/1"]
+            got = await client.get("/products/1")
+            assert shop.calls == ["1/1", "1/1"]
+            head = await client.head("/products/1")
+            assert head.status_code == 200 and head.content == b"" and shop.calls == ["1/1", "1/1"]
+            assert head.headers["etag"] == got.headers["etag"]
+            assert head.headers["content-length"] == str(len(got.content))
+            again = await client.head("/products/1", headers={"If-None-Match": got.headers["etag"]})
+            assert again.status_code == 304 and shop.calls == ["1/1", "1/1"]
+
+    asyncio.run(main())
+
+
+def test_an_app_under_a_root_path_evicts_its_own_paths(redis_url: str) -> None:
+    async def main() -> None:
+        async with client_of(redis_url, root_path="/api") as (shop, client):
+            assert (await client.get("/products/1")).json()["name"] == "lamp"
+            assert (await client.get("/products/1")).json()["name"] == "lamp" and shop.calls == ["1/1"]
+            assert (await client.put("/products/1", params={"name": "chair"})).json() == {"renamed": True}
+            assert (await client.get("/products/1")).json()["name"] == "chair" and shop.calls == ["1/1", "1/1"]
 
     asyncio.run(main())
 

@@ -66,6 +66,7 @@ def flask_caching_tests(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tests
 
 
+@pytest.mark.extended  # Flask-Caching's own suite, at length: CI's extended step
 @pytest.mark.timeout(300)  # about 45 s alone: its timeout tests wait out their timeouts on a real clock
 def test_flask_cachings_own_tests_pass_over_redis(flask_caching_tests: Path, redis_url: str) -> None:
     deselected = [arg for test in WAITS_A_MINUTE for arg in ("--deselect", test)]

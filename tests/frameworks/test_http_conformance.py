@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.extended  # the HTTP WG's suite, at length: CI's extended step (tests/conftest.py)
+
 HARNESS = Path(__file__).parent.parent.parent / "loadtest" / "cache_tests" / "run.py"
 _spec = importlib.util.spec_from_file_location("cache_tests_run", HARNESS)
 assert _spec is not None and _spec.loader is not None

@@ -522,7 +522,9 @@ def test_each_budgets_loads_queued_and_running_are_told_per_budget(
     waited = time.monotonic() - held
     assert sorted(gauges.waited) == [("own:{key}", "slot"), ("~layer", "slot")]
     assert len(gauges.waited["~layer", "slot"]) == 3 and len(gauges.waited["own:{key}", "slot"]) == 2
-    assert sum(1 for seconds in gauges.waited["~layer", "slot"] if seconds >= 0.05) == 2
+    # The two that queued waited out the hold (the first's own wait has no floor: on a busy
+    # machine its slot alone may take as long, as it did in a suite run beside others).
+    assert sorted(gauges.waited["~layer", "slot"])[1] >= 0.05
     assert all(seconds < waited + 1 for seconds in gauges.waited["~layer", "slot"])
 
     def waits(budget: str) -> float | None:

@@ -221,6 +221,38 @@ def test_a_store_that_fails_to_record_loses_that_sample_and_says_so(caplog: pyte
         layer.close()
 
 
+def test_a_flush_returns_once_a_flush_under_way_in_the_layers_thread_has_written(redis_url: str) -> None:
+    """The layer's thread takes the counts, then writes them: a flush asked for meanwhile
+    found nothing to take and returned before that write, and a warm start right after
+    read an empty hot set (0 of 40 calls, once in a loaded suite run)."""
+    layer = Stampede.from_url(redis_url, namespace=f"flush-{uuid.uuid4().hex[:8]}")
+    try:
+        load = layer.cached_loader("item:{key}", hot_sample=1.0)(lambda key: {"id": key})
+        store = layer.store()
+        writing, write = threading.Event(), threading.Event()
+        working = store.note_hot
+
+        def held(*args: Any) -> None:  # the store's own write, once the test lets it go
+            writing.set()
+            assert write.wait(10)
+            working(*args)
+
+        store.note_hot = held  # type: ignore[method-assign]
+        load(1)
+        assert writing.wait(10)  # the layer's thread has taken the count, and is writing it
+        flushed = threading.Thread(target=layer.flush_hot_sets)
+        flushed.start()
+        flushed.join(0.2)
+        assert flushed.is_alive()  # waits for the write under way
+        write.set()
+        flushed.join(10)
+        assert not flushed.is_alive()
+        store.note_hot = working  # type: ignore[method-assign]
+        assert recorded(layer, load) == [(1,)]
+    finally:
+        layer.close()
+
+
 class Shops:
     """A database of prices per shop, answering many ids per query: records each query."""
 

@@ -12,6 +12,8 @@ import pytest
 
 from stampede.testing import PostgresServer
 
+pytestmark = pytest.mark.extended  # each example is a program run at length: CI's extended step (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -72,6 +74,12 @@ def test_the_litestar_example_runs_its_handler_once_for_64_requests_and_keeps_se
     out = run("examples/litestar_app.py")
     assert "4 processes x 16 concurrent requests for one cold product: handler calls 1" in out
     assert "'name': 'desk'}; handler calls: 2" in out and "visits [1, 2, 3]" in out and out.rstrip().endswith("OK")
+
+
+def test_the_query_cache_example_sends_a_cold_query_once_and_again_after_a_write() -> None:
+    out = run("examples/query_cache.py")
+    assert "4 processes x 16 threads ran one cold ORM query: sent to the database 1 time(s)" in out
+    assert "(sent 1 time(s) for two runs)" in out and out.rstrip().endswith("OK")
 
 
 def test_the_warm_start_example_takes_most_misses_away(redis_url: str) -> None:

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import redis.utils
 
+pytestmark = pytest.mark.extended  # mypy over user code, at length: CI's extended step (tests/conftest.py)
+
 USER_CODE = """
 import asyncio
 from stampede import Fetched, RecursiveLoad, Stampede, StampedeError
