@@ -44,7 +44,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ._core.pickle_serializer import PickleSerializer
 from ._core.results import Cached
-from ._errors import ConfigError
+from ._errors import BackendUnavailable, ConfigError
 from ._hosted import Lead, NotKept, aproduce
 from ._layer import Stampede
 
@@ -145,7 +145,10 @@ def cache(
         state = _state(request)
         path, variant = request.url.path, _variant(request, varied)
         if request.method == "HEAD":  # answered from a kept GET; a miss leads nothing (no body to keep)
-            found = await state.load.peek(path, variant)
+            try:
+                found = await state.load.peek(path, variant)
+            except BackendUnavailable:
+                return  # the cache is away: the endpoint answers, as a GET's would
             if found is not None:
                 raise _Served(found.value, cache_control)
             return

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from stampede import ConfigError, Stampede
+from stampede.testing import RedisServer
 
 pytest.importorskip("fastapi", reason="FastAPI is not installed (the dev extra has it)")
 
@@ -111,6 +112,18 @@ def test_a_head_request_is_answered_from_a_kept_get_and_leads_nothing(redis_url:
             assert head.headers["content-length"] == str(len(got.content))
             again = await client.head("/products/1", headers={"If-None-Match": got.headers["etag"]})
             assert again.status_code == 304 and shop.calls == ["1/1", "1/1"]
+
+    asyncio.run(main())
+
+
+def test_a_head_request_is_answered_by_its_endpoint_while_the_cache_is_away() -> None:
+    async def main() -> None:
+        with RedisServer() as server:
+            async with client_of(server.url) as (shop, client):
+                assert (await client.get("/products/1")).status_code == 200 and shop.calls == ["1/1"]
+                server.stop()
+                head = await client.head("/products/1")
+                assert head.status_code == 200 and shop.calls == ["1/1", "1/1"]
 
     asyncio.run(main())
 
