@@ -1,25 +1,12 @@
-"""What the framework examples share: a Redis URL (the one given, or a throwaway server's),
-and worker processes started together on one barrier, each running one burst of
-requests. A module the examples import, not an example."""
+"""What the framework examples share: worker processes started together on one barrier,
+each running one burst of requests (their Redis URL, given or a throwaway server's, is
+``stampede.testing.server_url``'s). A module the examples import, not an example."""
 
 from __future__ import annotations
 
 import multiprocessing
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
-
-
-@contextmanager
-def redis_url(given: str | None) -> Iterator[str]:
-    """``given``, or the URL of a throwaway server on 127.0.0.1 (stopped on exit)."""
-    if given is not None:
-        yield given
-        return
-    from stampede.testing import RedisServer
-
-    with RedisServer() as server:
-        yield server.url
 
 
 def run_workers(worker: Callable[..., None], processes: int, parties: int, *args: Any) -> bool:

@@ -24,8 +24,10 @@ import uuid
 from typing import Any
 
 import redis
-from bursts import redis_url, run_workers
+from bursts import run_workers
 from flask import Flask
+
+from stampede.testing import server_url
 
 PROCESSES, THREADS, HOLD = 4, 16, 0.3  # a render takes HOLD seconds, as a page's queries would
 
@@ -85,7 +87,7 @@ def main() -> None:
     parser.add_argument("--redis", help="a Redis URL; default: a throwaway server on 127.0.0.1")
     parser.add_argument("--flask-caching", action="store_true", help="Flask-Caching's own Cache, for comparison")
     options = parser.parse_args()
-    with redis_url(options.redis) as url:
+    with server_url(options.redis) as url:
         namespace = f"flask-{uuid.uuid4().hex[:8]}"
         clean = run_workers(worker, PROCESSES, PROCESSES * THREADS, url, namespace, options.flask_caching)
         server = redis.Redis.from_url(url, socket_timeout=5)

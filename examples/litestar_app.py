@@ -24,13 +24,14 @@ from typing import Any
 import httpx
 import redis
 import redis.asyncio
-from bursts import redis_url, run_workers
+from bursts import run_workers
 from litestar import Litestar, Request, get, put
 from litestar.middleware.session.server_side import ServerSideSessionConfig
 from litestar.params import FromPath, FromQuery
 
 from stampede import Stampede
 from stampede.litestar import StampedePlugin
+from stampede.testing import server_url
 
 PROCESSES, REQUESTS, HOLD = 4, 16, 0.3  # the handler takes HOLD seconds, as a query would
 
@@ -96,7 +97,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--redis", help="a Redis URL; default: a throwaway server on 127.0.0.1")
     options = parser.parse_args()
-    with redis_url(options.redis) as url:
+    with server_url(options.redis) as url:
         namespace = f"litestar-{uuid.uuid4().hex[:8]}"
         clean = run_workers(worker, PROCESSES, PROCESSES, url, namespace)
         calls = int(redis.Redis.from_url(url, socket_timeout=5).get(f"{namespace}:calls") or 0)

@@ -21,12 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from bursts import redis_url, run_workers
+from bursts import run_workers
 from sqlalchemy import Engine, create_engine, event, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
 from stampede import Stampede
 from stampede.sqlalchemy_query import QueryCache
+from stampede.testing import server_url
 
 PROCESSES, THREADS = 4, 16
 
@@ -84,7 +85,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--redis", help="a Redis URL; default: a throwaway server on 127.0.0.1")
     options = parser.parse_args()
-    with redis_url(options.redis) as url, tempfile.TemporaryDirectory() as folder:
+    with server_url(options.redis) as url, tempfile.TemporaryDirectory() as folder:
         namespace = f"orm-{uuid.uuid4().hex[:8]}"
         database = str(Path(folder) / "shop.sqlite")
         sessions, queries, engine = open_shop(url, database, namespace)
