@@ -508,13 +508,18 @@ def test_each_budgets_loads_queued_and_running_are_told_per_budget(
     own = layer.cached_loader("own:{key}", max_concurrent_loads=2)(loads.loader(mode))
     calls = [mode.start(shared, key) for key in range(3)] + [mode.start(own, key) for key in range(3, 5)]
     expected = {"~layer": {"queued": 2, "running": 1}, "own:{key}": {"queued": 0, "running": 2}}
-    wait_until(lambda: layer.budget_loads() == expected, "three loads queued or running", timeout=10)
-    assert {budget: {"queued": q, "running": r} for (_, budget), (q, r) in gauges.now.items()} == expected
 
     def gauge(state: str, budget: str) -> float | None:
         return registry.get_sample_value(f"stampede_budget_loads_{state}", {"namespace": namespace, "budget": budget})
 
-    assert [gauge("queued", "~layer"), gauge("running", "~layer"), gauge("running", "own:{key}")] == [2, 1, 2]
+    def told() -> bool:
+        """The layer counts a change, then tells its observers, in the thread or task that
+        made it: a moment after ``budget_loads()`` changed, they have heard of it too."""
+        observed = {budget: {"queued": q, "running": r} for (_, budget), (q, r) in gauges.now.items()}
+        gauged = [gauge("queued", "~layer"), gauge("running", "~layer"), gauge("running", "own:{key}")]
+        return layer.budget_loads() == expected and observed == expected and gauged == [2, 1, 2]
+
+    wait_until(told, "three loads queued or running, as the layer and its observers tell", timeout=10)
     held = time.monotonic()
     time.sleep(0.05)  # the two queued loads wait at least this long for the layer's one slot
     loads.release.set()
