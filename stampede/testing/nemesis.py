@@ -191,8 +191,8 @@ def slot_moved(cluster: ClusterServers, hash_tags: Sequence[str]) -> Fault:
 
 
 def worker_killed(workers: Workers) -> Fault:
-    """A worker process SIGKILLed, mid-load as often as not (``Workers.killed_mid_load``
-    tells), and another started in its place. It weakens no promise: the lease its load
+    """A worker process SIGKILLed mid-load (``Workers.kill`` holds its next load until
+    the kill; ``Workers.killed_mid_load`` tells how many were), and another started in its place. It weakens no promise: the lease its load
     held lapses within ``lock_ttl``, one caller takes over and loads, and the killed
     load wrote nothing."""
 

@@ -31,8 +31,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import orjson
-
 from .history import History, Recorder
 from .workload import Mix, ServerRows, layer_subject, run_workload
 
@@ -99,45 +97,31 @@ class Workers:
                 self._start()
         return self
 
-    def kill(self, rng: random.Random, within: float = 1.0) -> str | None:
-        """SIGKILL one running worker, chosen by ``rng`` among those running their loader
-        (the first to be seen doing so within ``within`` seconds, else any), and start
-        another in its place if the run has time left; return the killed one's name."""
+    def kill(self, rng: random.Random, within: float = 5.0) -> str | None:
+        """SIGKILL one running worker, chosen by ``rng``, mid-load: its next load is held,
+        begun, until the kill (if it begins one within ``within`` seconds, and before the
+        run's end; else it is killed where it is). Another is started in its place if the
+        run has time left. Returns the killed one's name."""
         with self._lock:
             alive = sorted(name for name, process in self._running.items() if process.poll() is None)
-            if not alive or time.monotonic() > self._deadline - within - 0.5:
+            if not alive or time.monotonic() > self._deadline - 1.0:
                 return None
-            given = time.monotonic() + within
-            loading: list[str] = []
-            while not loading and time.monotonic() < given:
-                loading = [name for name in alive if self._loading(name)]
-                if not loading:
+            name = rng.choice(alive)
+            hold = self.directory / f"{name}.hold"
+            held = self.directory / f"{name}.hold.held"
+            hold.touch()
+            try:
+                given = min(time.monotonic() + within, self._deadline - 0.5)
+                while not held.exists() and time.monotonic() < given:
                     time.sleep(0.002)
-            name = rng.choice(loading or alive)
-            process = self._running.pop(name)
-            process.send_signal(signal.SIGKILL)
-            process.wait()
+                process = self._running.pop(name)
+                process.send_signal(signal.SIGKILL)
+                process.wait()
+            finally:
+                hold.unlink()
             self.killed.append(name)
             self._start()
             return name
-
-    def _loading(self, name: str, tail: int = 1 << 16) -> bool:
-        """Whether the worker's stream shows a load begun and not ended: its last ``tail``
-        bytes hold every operation under way (they began within a few hundred lines)."""
-        stream = self.directory / f"{name}.jsonl"
-        try:
-            with open(stream, "rb") as file:
-                start = max(0, file.seek(0, os.SEEK_END) - tail)
-                file.seek(start)
-                lines = file.read().split(b"\n")[1 if start else 0 : -1]  # whole lines only
-        except FileNotFoundError:
-            return False
-        begun: set[int] = set()
-        for line in lines:
-            for row in orjson.loads(line):  # kind, ..., completed (5), ..., op (9)
-                if row[0] == "load":
-                    (begun.add if row[5] is None else begun.discard)(row[9])
-        return bool(begun)
 
     def wait(self, timeout: float = 60.0) -> None:
         """Wait for the run's end and every worker's; raise if one failed (a killed one
@@ -176,7 +160,10 @@ def work(spec: dict[str, Any]) -> None:
     from .. import Stampede
 
     recorder = Recorder(spec["name"], stream=spec["stream"])
-    rows = ServerRows(recorder, spec["database"], delay=spec["delay"], prefix=f"{spec['namespace']}:rows:")
+    rows = ServerRows(
+        recorder, spec["database"], delay=spec["delay"], prefix=f"{spec['namespace']}:rows:",
+        hold=str(Path(spec["stream"]).with_suffix(".hold")),
+    )  # fmt: skip
     layer = Stampede.from_url(spec["url"], namespace=spec["namespace"], ttl=300, **spec["options"])
     try:
         subject = layer_subject(layer, rows)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import random
 import threading
 import time
@@ -66,14 +67,12 @@ class Rows:
 
     def load(self, key: Any) -> Row:
         with self.recorder.op(_kind(), key) as op:
-            if self.delay:
-                time.sleep(self.delay)
+            self._query()
             return self._read(op, [key])[key]
 
     def load_many(self, keys: Sequence[Any]) -> dict[Any, Row]:
         with self.recorder.op(_kind(), *keys) as op:
-            if self.delay:
-                time.sleep(self.delay)
+            self._query()
             return self._read(op, keys)
 
     async def aload(self, key: Any) -> Row:
@@ -87,6 +86,11 @@ class Rows:
             if self.delay:
                 await asyncio.sleep(self.delay)
             return self._read(op, keys)
+
+    def _query(self) -> None:
+        """The blocking loaders' time in the database, once their load is recorded as begun."""
+        if self.delay:
+            time.sleep(self.delay)
 
     def _read(self, op: Operation, keys: Sequence[Any]) -> dict[Any, Row]:
         found = {key: {"key": key, "version": version} for key, version in zip(keys, self._current(keys), strict=True)}
@@ -114,9 +118,14 @@ class ServerRows(Rows):
     wrote is one whose write had begun. The ``async`` loaders read with the blocking
     client too (a round trip on 127.0.0.1)."""
 
-    def __init__(self, recorder: Recorder, url: str, delay: float = 0.0, prefix: str = "rows:") -> None:
+    def __init__(
+        self, recorder: Recorder, url: str, delay: float = 0.0, prefix: str = "rows:", hold: str | None = None
+    ) -> None:
+        """``hold``: a file whose presence holds the next blocking load, begun, until the
+        file is gone (``Workers.kill`` asks for one to kill a worker mid-load)."""
         super().__init__(recorder, delay)
         self.prefix = prefix
+        self.hold = hold
         self._client = redis.Redis.from_url(url)
         self._keep_greater = self._client.register_script(KEEP_GREATER)
 
@@ -125,6 +134,16 @@ class ServerRows(Rows):
         with self.recorder.op("write", key, version=version):
             self._keep_greater(keys=[f"{self.prefix}row:{key}"], args=[version])
         return version
+
+    def _query(self) -> None:
+        super()._query()
+        if self.hold is not None and os.path.exists(self.hold):
+            held = f"{self.hold}.held"
+            with open(held, "wb"):  # tells Workers.kill this load is begun and held
+                pass
+            deadline = time.monotonic() + 30.0  # never for ever: the file is gone within seconds
+            while os.path.exists(self.hold) and time.monotonic() < deadline:
+                time.sleep(0.005)
 
     def _current(self, keys: Sequence[Any]) -> list[int]:
         return [int(value or 0) for value in self._client.mget([f"{self.prefix}row:{key}" for key in keys])]

@@ -23,14 +23,17 @@ from stampede.testing import (
     History,
     Record,
     Recorder,
+    RedisServer,
     Report,
     Rows,
     ServerRows,
     Subject,
+    Workers,
     arun_workload,
     layer_subject,
     run_workload,
 )
+from stampede.testing.nemesis import Nemesis, worker_killed
 
 MS = 1_000_000  # nanoseconds
 
@@ -343,6 +346,27 @@ def plain_cache(client: redis.Redis, rows: Rows, invalidate_first: bool = False)
         return version
 
     return Subject(read=read, update=update)
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_killed_by_the_nemesis_is_killed_mid_load_and_breaks_no_promise(redis_url: str, tmp_path: Any) -> None:
+    """``worker_killed``: each worker killed is killed inside a load (its next load is held
+    until the kill, whatever the machine's speed: CI once saw none of its kills land in a
+    load); the killed load writes nothing, its lease lapses, one caller takes over, and the
+    history keeps every promise."""
+    database = RedisServer().start()
+    try:
+        options = {"socket_timeout": 0.5, "lock_ttl": 0.6, "wait_timeout": 10}
+        with Workers(redis_url, database.url, tmp_path, seconds=4.0, options=options, seed=3) as workers:
+            with Nemesis([worker_killed(workers)], between=(0.3, 0.6), seed=3) as nemesis:
+                workers.wait()
+    finally:
+        database.stop()
+    assert not nemesis.errors, nemesis.errors
+    assert len(workers.killed) >= 1 and workers.killed_mid_load() == len(workers.killed)
+    report = History.load(*workers.streams).check(wait_bound=12.0)
+    assert report.ok and report.most_loads_per_epoch == 1, str(report)
+    assert not list(tmp_path.glob("*.hold")), "a hold left behind"
 
 
 def test_the_checker_finds_a_plain_caches_extra_loads_and_stale_writes(plain: redis.Redis) -> None:
