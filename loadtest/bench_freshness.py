@@ -45,6 +45,7 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from expiry_windows import expiry_windows, summarize
+from plots import Panel, draw
 
 from stampede import Stampede
 from stampede.testing import server_url
@@ -375,34 +376,14 @@ def plot(rows: dict[str, dict[str, Any]], options: argparse.Namespace, path: str
     """One PNG of the storm without the outage: each configuration's p50 and p99 latency,
     and its loads per key per expiry at most, side by side (dogpile.cache's beside
     stampede's, measured in the same run on the same server)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names = [name for name in rows if "outage" not in name]
-    figure, (latency, loads) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110)
-    positions = range(len(names))
-    colours = ["tab:orange" if name.startswith("dogpile") else "tab:blue" for name in names]
-    latency.barh([p + 0.2 for p in positions], [rows[name]["p50"] for name in names], height=0.4,
-                 color=colours, alpha=0.5, label="p50")  # fmt: skip
-    latency.barh([p - 0.2 for p in positions], [rows[name]["p99"] for name in names], height=0.4,
-                 color=colours, label="p99")  # fmt: skip
-    latency.set_xlabel("latency of a call, ms (lower is better)")
-    latency.legend(loc="lower right")
-    loads.barh(list(positions), [rows[name]["max per window"] for name in names], color=colours)
-    loads.set_xlabel("loads of one key for one expiry, at most (1 is the promise)")
-    for axes in (latency, loads):
-        axes.set_yticks(list(positions), names if axes is latency else [""] * len(names))
-        axes.invert_yaxis()
-        axes.grid(axis="x", alpha=0.3)
-    figure.suptitle(
-        f"Expiry storm: {options.processes} processes x {options.threads} threads, {options.keys} hot keys, "
-        f"ttl {options.ttl:g} s, loader {options.delay * 1000:.0f} ms"
-    )
-    figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
+    quantiles = [(q, [rows[name][q] for name in names]) for q in ("p50", "p99")]
+    latency = Panel(names, "latency of a call, ms (lower is better)", quantiles)
+    loads = Panel(names, "loads of one key for one expiry, at most (1 is the promise)",
+                  [("", [rows[name]["max per window"] for name in names])])  # fmt: skip
+    title = (f"Expiry storm: {options.processes} processes x {options.threads} threads, {options.keys} hot keys, "
+             f"ttl {options.ttl:g} s, loader {options.delay * 1000:.0f} ms")  # fmt: skip
+    draw(path, title, [latency, loads])
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     python loadtest/bench_http.py            # starts the servers it needs on 127.0.0.1
     python loadtest/bench_http.py --quick    # shorter, for CI
+    python loadtest/bench_http.py --plot loadtest/figures/http.png   # and its picture
 
 1. One Starlette page (its view takes ``--hold`` seconds, as its queries would) served
    three ways, each by uvicorn with ``--workers`` processes: the view uncached, the view
@@ -45,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 
 from http_pages import wait_until_up  # noqa: E402
+from plots import Panel, draw  # noqa: E402
 
 from stampede.testing import RedisServer, find_server_binary, free_port  # noqa: E402
 
@@ -228,6 +230,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--plot", help="also draw the cold bursts and the warm rates to this PNG")
     options = parser.parse_args()
     if options.quick:
         options.burst, options.clients, options.seconds, options.rounds = 50, 8, 0.5, 1
@@ -252,6 +255,33 @@ def main() -> None:
         for backend, row in djangoed.items():
             print(f"  {backend:<14} {row['report calls']:>3} report calls, slowest {row['slowest_ms']:>5} ms")
     print(json.dumps({"pages": paged, "django get_or_set": djangoed, "warm load generator": generator}))
+    if options.plot:
+        plot(paged, djangoed, options, generator, options.plot)
+        print(f"plot: {options.plot}")
+
+
+def plot(
+    paged: dict[str, Any], djangoed: dict[str, Any], options: argparse.Namespace, generator: str, path: str
+) -> None:
+    """One PNG: the cold burst's view (or report) calls and slowest response for each way
+    of caching the page and for each Django backend, and the warm page's requests/s, all
+    measured in the same run."""
+    bursts = {f"{kind} page": paged[kind]["cold burst"] for kind in KINDS}
+    bursts |= {f"{backend} (Django)": {"view calls": row["report calls"], "slowest_ms": row["slowest_ms"]}
+               for backend, row in djangoed.items()}  # fmt: skip
+    names = list(bursts)
+    calls = Panel(names, f"view calls in a cold burst of {options.burst} (1 is the promise)",
+                  [("", [row["view calls"] for row in bursts.values()])],
+                  notes=[str(row["view calls"]) for row in bursts.values()])  # fmt: skip
+    slowest = Panel(names, f"slowest response, ms (the view takes {options.hold * 1000:.0f})",
+                    [("", [row["slowest_ms"] for row in bursts.values()])],
+                    notes=[f"{row['slowest_ms']:.0f}" for row in bursts.values()])  # fmt: skip
+    rates = [paged[kind]["warm requests/s"] for kind in KINDS]
+    warm = Panel([f"{kind} page" for kind in KINDS], "warm requests/s (higher is better)", [("", rates)],
+                 notes=[f"{rate:,.0f}" for rate in rates])  # fmt: skip
+    title = (f"One page, uvicorn and gunicorn with {options.workers} workers; the warm load from {generator}, "
+             "on the same cores")  # fmt: skip
+    draw(path, title, [calls, slowest, warm])
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     python loadtest/bench_many.py            # starts every server it needs on 127.0.0.1
     python loadtest/bench_many.py --quick    # fewer rounds and calls, for CI
+    python loadtest/bench_many.py --plot loadtest/figures/many.png   # and its picture
 
 1. Cold overlapping pages: ``--processes`` x ``--threads`` callers, each asking one page
    of ``--page`` ids drawn from ``--ids`` cold ids (the pages overlap), the loader
@@ -37,6 +38,7 @@ from typing import Any
 import orjson
 import redis
 import redis.cluster
+from plots import Panel, draw
 
 from stampede import Stampede
 from stampede.testing import ClusterServers, server_url
@@ -257,7 +259,8 @@ def warm_page(url: str, cluster: bool, node_urls: list[str], options: argparse.N
         node.close()
     client.close()
     layer.close()
-    return {"versus_bare": versus_bare, "versus_loop": versus_loop, "commands": dict(sent)}
+    rates_now = {name: statistics.median(measured) for name, measured in rates.items()}
+    return {"versus_bare": versus_bare, "versus_loop": versus_loop, "commands": dict(sent), "rates": rates_now}
 
 
 def half_in_flight(url: str, options: argparse.Namespace) -> dict[str, Any]:
@@ -329,6 +332,7 @@ def main() -> None:
     parser.add_argument("--warm-calls", type=int, default=2000)
     parser.add_argument("--quick", action="store_true", help="one round, fewer calls (CI)")
     parser.add_argument("--no-cluster", action="store_true", help="leave out figure 3")
+    parser.add_argument("--plot", help="also draw figures 1 and 2 beside the peers' to this PNG")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--half-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--way", default="stampede many", help=argparse.SUPPRESS)
@@ -362,6 +366,31 @@ def main() -> None:
             figures["cluster_cold"] = cold_pages(cluster.url, True, options)
             figures["cluster_warm"] = warm_page(cluster.url, True, [node.url for node in cluster.primaries], options)
     print(json.dumps(figures))
+    if options.plot:
+        plot(figures, options, options.plot)
+        print(f"plot: {options.plot}")
+
+
+def plot(figures: dict[str, Any], options: argparse.Namespace, path: str) -> None:
+    """One PNG of figures 1 and 2 on one server: each way's loads of the cold ids (with
+    its loads of one id at most) and its slowest caller past the load, and a warm page's
+    rate beside a bare MGET's and the single-key loop's, measured in the same run."""
+    cold = figures["cold"]
+    ways = list(cold)
+    loads = Panel(ways, f"database loads of the {options.ids} cold ids (fewer is better)",
+                  [("", [cold[way]["id_loads"] for way in ways])],
+                  notes=[f"{cold[way]['max_per_id']} at most per id" for way in ways])  # fmt: skip
+    slowest = Panel(ways, "slowest caller, ms past one load (lower is better)",
+                    [("", [cold[way]["over_load_ms"] for way in ways])], log=True,
+                    notes=[f"{cold[way]['over_load_ms']:.0f}" for way in ways])  # fmt: skip
+    warm = figures["warm"]["rates"]
+    named = {"stampede many": warm["many"], "bare MGET + orjson": warm["bare MGET"],
+             "stampede single loop": warm["single loop"]}  # fmt: skip
+    rates = Panel(list(named), f"warm pages of {options.page} a second, one thread (higher is better)",
+                  [("", list(named.values()))], notes=[f"{rate:,.0f}" for rate in named.values()])  # fmt: skip
+    title = (f"Pages of {options.page} ids: {options.processes} processes x {options.threads} threads over "
+             f"{options.ids} cold ids, loader {options.delay * 1000:.0f} ms a call; then warm")  # fmt: skip
+    draw(path, title, [loads, slowest, rates])
 
 
 if __name__ == "__main__":

@@ -28,13 +28,14 @@ pytestmark = pytest.mark.bench  # its own step, after the README's command (.ci/
 
 
 def short_form(script: str, timeout: float, *args: str) -> Any:
-    """Run ``loadtest/<script> [args] --quick`` and return the figures of its last line (JSON)."""
+    """Run ``loadtest/<script> [args] --quick`` and return the figures of its last line of
+    JSON (a ``--plot`` says where it drew after it)."""
     done = subprocess.run(
         [sys.executable, str(ROOT / "loadtest" / script), *args, "--quick"],
         capture_output=True, text=True, timeout=timeout, cwd=ROOT,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(next(line for line in reversed(done.stdout.splitlines()) if line.startswith(("{", "["))))
 
 
 @dataclass
@@ -428,9 +429,16 @@ def test_the_history_checks_short_form_finds_no_violation() -> None:
     assert all(row["operations"] == 2000 and row["loads"] > 0 and row["violations"] == {} for row in figures.values())
 
 
+def is_png(path: Path) -> bool:
+    return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 @pytest.mark.timeout(120)
-def test_the_http_benchmark_collapses_the_cold_burst_in_its_short_form() -> None:
-    figures = short_form("bench_http.py", 110)
+def test_the_http_benchmark_collapses_the_cold_burst_in_its_short_form(tmp_path: Path) -> None:
+    """``loadtest/bench_http.py --quick``: one view call for a cold burst, against more
+    uncached, and the picture (``--plot``) drawn."""
+    figures = short_form("bench_http.py", 110, "--plot", str(tmp_path / "http.png"))
+    assert is_png(tmp_path / "http.png")
     pages = figures["pages"]
     assert pages["stampede"]["cold burst"]["view calls"] == 1
     assert pages["uncached"]["cold burst"]["view calls"] > 1
@@ -438,3 +446,18 @@ def test_the_http_benchmark_collapses_the_cold_burst_in_its_short_form() -> None
     django = figures["django get_or_set"]
     if django:  # django-redis installed (the dev extra installs it)
         assert django["stampede"]["report calls"] == 1
+
+
+@pytest.mark.timeout(180)
+def test_the_many_keys_benchmark_short_form_loads_each_id_once(tmp_path: Path) -> None:
+    """``loadtest/bench_many.py --quick`` on one server: overlapping cold pages in 4
+    processes load each id once with the many-key loader (where no protection loads the
+    busiest ids many times), a warm page is one MGET, and the picture is drawn."""
+    figures = short_form("bench_many.py", 170, "--no-cluster", "--plot", str(tmp_path / "many.png"))
+    cold = figures["cold"]
+    many, bare = cold["stampede many"], cold["no protection"]
+    assert many["max_per_id"] == 1 and many["id_loads"] == many["ids"] and many["wrong"] == 0
+    assert bare["max_per_id"] > 1
+    assert figures["warm"]["commands"] == {"mget": 1}
+    assert figures["half_in_flight"]["second"] == [25]
+    assert is_png(tmp_path / "many.png")
