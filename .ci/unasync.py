@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # (asyncio source, blocking module), from the repository's root.
 GENERATED = [
     ("stampede/_acached.py", "stampede/_cached.py"),
+    ("stampede/_backends/asteps.py", "stampede/_backends/steps.py"),
     ("stampede/_backends/postgres/astore.py", "stampede/_backends/postgres/store.py"),
     ("stampede/_backends/redis/alock_servers.py", "stampede/_backends/redis/lock_servers.py"),
     ("stampede/_backends/redis/astore.py", "stampede/_backends/redis/store.py"),

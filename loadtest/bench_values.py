@@ -30,6 +30,7 @@ import orjson
 import redis
 
 from stampede import NOT_MODIFIED, Stampede, previous
+from stampede._core.codec import Codec
 from stampede._core.compression import ZSTD
 from stampede.testing import server_url
 
@@ -99,13 +100,21 @@ def controls(url: str, options: argparse.Namespace) -> dict[str, Any]:
         assert raw is not None
         payload = bytes(raw)
 
+        tagged = layer.cached_loader("tagged:{name}", ttl=3600, tags=["values"])(lambda name: CATEGORY_MAP)
+        codec = Codec()
+
         def raw_set() -> None:
             client.set("raw", payload, px=3_600_000)
+
+        def raw_set_encoded() -> None:  # what a set cannot do with less: encode the envelope, one SET
+            client.set("raw", codec.encode(CATEGORY_MAP, time.time(), 0.0, key="raw"), px=3_600_000)
 
         figures = interleaved(
             {
                 "raw SET": raw_set,
+                "raw SET + encode": raw_set_encoded,
                 "loader.set": lambda: loader.set(CATEGORY_MAP, "warm"),
+                "tagged set": lambda: tagged.set(CATEGORY_MAP, "warm"),
                 "raw GET": lambda: client.get("raw"),
                 "raw GET + loads": lambda: orjson.loads(client.get("raw")[16:]),  # type: ignore[index]
                 "loader.peek": lambda: loader.peek("warm"),
@@ -117,9 +126,30 @@ def controls(url: str, options: argparse.Namespace) -> dict[str, Any]:
         for name in ("raw GET + loads", "loader.peek"):  # against the raw GET, as their calls/s are
             figures[name]["ratio"] = figures[name]["calls/s"] / figures["raw GET"]["calls/s"]
         figures["raw GET"]["ratio"] = 1.0
+        encoded = figures["raw SET + encode"]["calls/s"]
+        for name in ("loader.set", "tagged set"):
+            figures[name]["to raw SET + encode"] = figures[name]["calls/s"] / encoded
+        for name, call in (("loader.set", lambda: loader.set(CATEGORY_MAP, "warm")),
+                           ("tagged set", lambda: tagged.set(CATEGORY_MAP, "warm"))):  # fmt: skip
+            figures[name]["round trips"] = round_trips(client, call)
         stats = layer.stats()
         assert stats["loads"] == 1 and stats["sets"] > 0
     return figures
+
+
+def round_trips(client: redis.Redis, call: Callable[[], Any], times: int = 100) -> float:
+    """The scripts the server ran for one ``call`` (INFO commandstats' EVALSHA and EVAL,
+    over ``times`` calls): every step of a set is a script, sent one after the other, so
+    each is a round trip (the commands a script runs inside are counted apart)."""
+
+    def scripts() -> int:
+        stats = client.info("commandstats")
+        return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("evalsha", "eval"))
+
+    before = scripts()
+    for _ in range(times):
+        call()
+    return (scripts() - before) / times
 
 
 def not_modified(url: str, options: argparse.Namespace) -> dict[str, Any]:
@@ -204,7 +234,10 @@ def main() -> None:
                   f"hit {row['calls/s']:>8.0f} calls/s ({row['ratio']:.3f}x)")  # fmt: skip
     print("set and peek (one thread; set against a raw SET of the same envelope, peek against a raw GET):")
     for name, row in controlled.items():
-        print(f"  {name:<16} {row['calls/s']:>8.0f} calls/s ({row['ratio']:.3f}x)")
+        more = ""
+        if "round trips" in row:
+            more = f", {row['to raw SET + encode']:.3f}x a raw SET + encode, {row['round trips']:g} round trips"
+        print(f"  {name:<16} {row['calls/s']:>8.0f} calls/s ({row['ratio']:.3f}x){more}")
     print("refresh() answered NOT_MODIFIED (its expiry set again) against written again, and a near-cached reader:")
     for label, rows in kept.items():
         for name, row in rows.items():

@@ -65,6 +65,13 @@ class AsyncLeasedStore:
     async def seize(self, keys: EntryKeys, token: str, lease_ms: int) -> None:
         await self._run(self._leases.policy.seize(keys, token, lease_ms), Lease(keys, token, lease_ms))
 
+    async def put(
+        self, keys: EntryKeys, token: str, lease_ms: int, envelope: bytes, ttl_ms: int, inline: bool,
+        tagged: Tagged | None = None,
+    ) -> Written:  # fmt: skip
+        lease = Lease(keys, token, lease_ms)
+        return await self._run(self._leases.policy.bind(lease).put(envelope, ttl_ms, inline, tagged), lease)
+
     async def expire(self, keys: EntryKeys) -> None:
         await self._leases.expire(keys)
 

@@ -66,6 +66,13 @@ class LeasedStore:
     def seize(self, keys: EntryKeys, token: str, lease_ms: int) -> None:
         self._run(self._leases.policy.seize(keys, token, lease_ms), Lease(keys, token, lease_ms))
 
+    def put(
+        self, keys: EntryKeys, token: str, lease_ms: int, envelope: bytes, ttl_ms: int, inline: bool,
+        tagged: Tagged | None = None,
+    ) -> Written:  # fmt: skip
+        lease = Lease(keys, token, lease_ms)
+        return self._run(self._leases.policy.bind(lease).put(envelope, ttl_ms, inline, tagged), lease)
+
     def expire(self, keys: EntryKeys) -> None:
         self._leases.expire(keys)
 

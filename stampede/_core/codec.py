@@ -61,6 +61,10 @@ class JsonSerializer:
     """orjson: JSON types, plus dataclasses, datetimes and UUIDs (which read back as str).
     NaN and infinities are refused: JSON has no form for them (orjson would write null)."""
 
+    reads_back = True
+    """Every payload ``dumps`` makes, ``loads`` reads (orjson writes only valid JSON): a
+    write whose value nobody is handed (``set``) need not read it back to know."""
+
     def dumps(self, value: Any) -> bytes:
         payload = orjson.dumps(value)
         reject_non_finite(payload, value)

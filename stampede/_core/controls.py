@@ -48,26 +48,15 @@ def put(ctx: Context, result: Any) -> Decision[bool]:
     value, rules = unwrapped(result)
     if rules is not None and not rules.store:
         raise ValueError("set() of Cached(store=False) would write nothing: call invalidate() instead")
-    write = prepare(ctx, value, rules, ctx.wall_clock(), 0.0)
+    write = prepare(ctx, value, rules, ctx.wall_clock(), 0.0, handed=False)
     since = 0
     if write.tags is not None:
         since = yield ReadTagClock(write.tags.clock)  # read first: an invalidation after it wins
     tagged = Tagged(write.tags, since) if write.tags is not None else None
-    try:
-        # The old value, near copies and any holder's lease go, and the lease is ours.
-        if not (yield from ctx.leases.seize()):
-            log.debug("%s: set overtaken by a load that began after it", ctx.keys.value)
-            ctx.events.incr("sets_overtaken")
-            return False
-        written = yield from ctx.leases.write_release(write.envelope, write.ttl_ms, write.inline, tagged)
-    except GeneratorExit:
-        raise
-    except BaseException:
-        try:
-            yield from ctx.leases.release()  # interrupted, or failed: the write may not have run
-        except BackendUnavailable:
-            pass  # the lease runs out by itself
-        raise
+    # The old value, near copies and any holder's lease go, and the value is written.
+    written = yield from ctx.leases.put(write.envelope, write.ttl_ms, write.inline, tagged)
+    if written != Written.YES:
+        log.debug("%s: set overtaken by a load that began after it, or refused by a tag", ctx.keys.value)
     done = written == Written.YES
     ctx.events.incr("sets" if done else "sets_overtaken")
     return done

@@ -154,6 +154,18 @@ class Seize:
 
 
 @dataclass(frozen=True, slots=True)
+class Put:
+    """A write-through (``set``) in one step: ``Seize``, then ``WriteRelease`` under the
+    lease just taken, with nothing between them; readers see the old value, then the
+    new. Reply: a ``Written``."""
+
+    envelope: bytes
+    ttl_ms: int
+    inline: bool
+    tagged: Tagged | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Expire:
     """Make the value stale, keeping it for its stale window. Drop any lease and wake the
     waiters. Reply: None."""
@@ -293,6 +305,7 @@ Effect = (
     | LeaveQueue
     | Invalidate
     | Seize
+    | Put
     | Expire
     | Subscribe
     | AwaitNotice
@@ -315,7 +328,7 @@ SERVERS = (ServersTake, ServersRenew, ServersRelease, ServersDrop, ServersWatch)
 
 # The effects a performer shields from a second cancellation: cleanup and the write,
 # which must not be cut short once started.
-MUST_FINISH = (WriteRelease, Touch, Release, Hold, LeaveQueue, ServersRelease)
+MUST_FINISH = (WriteRelease, Put, Touch, Release, Hold, LeaveQueue, ServersRelease)
 
 
 def unreachable(effect: NoReturn) -> NoReturn:

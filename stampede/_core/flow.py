@@ -808,13 +808,18 @@ class Write:
     tags: TagSet | None  # the entry's tags and the value's own (None: an untagged write)
 
 
-def prepare(ctx: Context, value: Any, rules: Cached[Any] | None, loaded_at: float, duration: float) -> Write:
+def prepare(
+    ctx: Context, value: Any, rules: Cached[Any] | None, loaded_at: float, duration: float, handed: bool = True
+) -> Write:
     """The write of ``value`` under the loader's settings and the value's own ``rules``
     (``Cached``), or the error that writes nothing: ``SerializationError`` (the
     serializer refuses it, or it exceeds ``max_value_bytes``), ``ConfigError`` (value
     tags on a loader declared without ``tags=``), ``InvalidKey`` (a tag no tag could be).
     A ``store=False`` value is written for ``PASS_THROUGH_MS`` (0: kept by nobody, only
-    handed to the load's waiters, ``_core.results``), its tags checked as a kept value's are."""
+    handed to the load's waiters, ``_core.results``), its tags checked as a kept value's are.
+    ``handed``: the value read back is handed to a caller; else (a ``set``) it is read
+    back only to check it can be, which a serializer that always ``reads_back`` spares
+    (``Write.value`` is then None)."""
     key, settings = ctx.keys.value, ctx.settings
     keep = rules is None or rules.store
     stale_for = settings.stale_window if keep else 0.0
@@ -827,7 +832,11 @@ def prepare(ctx: Context, value: Any, rules: Cached[Any] | None, loaded_at: floa
         )
     if saved:
         ctx.events.incr("compressed_bytes_saved", saved)
-    value = ctx.codec.read_back(envelope, key=key, plain=plain)  # not expanded again
+    if handed or not getattr(ctx.codec.serializer, "reads_back", False):
+        value = ctx.codec.read_back(envelope, key=key, plain=plain)  # not expanded again
+        null = value is None  # kept for null_ttl
+    else:
+        null, value = value is None, None  # JSON: only None reads back as None
     ctx.raw = envelope
     tags = ctx.tags
     if rules is not None and rules.tags:
@@ -844,7 +853,7 @@ def prepare(ctx: Context, value: Any, rules: Cached[Any] | None, loaded_at: floa
         return Write(envelope, value, PASS_THROUGH_MS, True, tags if tags is not None and tags.tags else None)
     ttl = rules.ttl if rules is not None and rules.ttl is not None else None
     if ttl is None:
-        ttl = settings.null_ttl if value is None else settings.ttl
+        ttl = settings.null_ttl if null else settings.ttl
     ttl_ms = milliseconds(_jittered(ctx, ttl) + stale_for)
     inline = len(envelope) <= settings.inline_value_limit
     return Write(envelope, value, ttl_ms, inline, tags if tags is not None and tags.tags else None)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from .._errors import BackendUnavailable
 from .effects import (
     Acquire,
     Decision,
@@ -29,6 +30,7 @@ from .effects import (
     Hold,
     Invalidate,
     Lease,
+    Put,
     Release,
     Renew,
     Seize,
@@ -97,6 +99,12 @@ class LeaseSteps(Protocol):
 
     def seize(self) -> Decision[bool]: ...
 
+    def put(self, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None = None) -> Decision[Written]:
+        """A write-through (``set``): the entry's value and any holder's lease go, and
+        ``envelope`` is written under the lease taken for it; ``REFUSED`` if a load that
+        began after this set's invalidation holds the lease (or a tag refuses it)."""
+        ...
+
 
 class OneServerSteps:
     """``OneServer``'s steps: one effect each. Its effects carry no key and no token (the
@@ -132,6 +140,10 @@ class OneServerSteps:
     def seize(self) -> Decision[bool]:
         yield Seize()
         return True
+
+    def put(self, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None = None) -> Decision[Written]:
+        written: Written = yield Put(envelope, ttl_ms, inline, tagged)  # one step: no lease left to clean up
+        return written
 
 
 ON_ONE_SERVER = OneServerSteps()
@@ -215,3 +227,23 @@ class BoundSteps:
     def seize(self) -> Decision[bool]:
         lease = self._lease
         return self._policy.seize(lease.keys, lease.token, lease.ms)
+
+    def put(self, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None = None) -> Decision[Written]:
+        """The policy's seizure, then its write under the lease seized; the lease released
+        if either is interrupted or fails (the write may not have run)."""
+        lease = self._lease
+        try:
+            if not (yield from self._policy.seize(lease.keys, lease.token, lease.ms)):
+                return Written.REFUSED  # a load began after the seizure's invalidation
+            written: Written = yield from self._policy.write_release(
+                lease.keys, lease.token, envelope, ttl_ms, inline, tagged
+            )
+            return written
+        except GeneratorExit:
+            raise
+        except BaseException:
+            try:
+                yield from self._policy.release(lease.keys, lease.token)
+            except BackendUnavailable:
+                pass  # the lease runs out by itself
+            raise

@@ -196,6 +196,15 @@ class EntryStore(Protocol):
         """``invalidate``, and take the lease for ``token``, in one step: a write-through's
         first step (see ``_core.controls``). The waiters it wakes find the lease taken."""
 
+    def put(
+        self, keys: EntryKeys, token: str, lease_ms: int, envelope: bytes, ttl_ms: int, inline: bool,
+        tagged: Tagged | None = None,
+    ) -> Written:  # fmt: skip
+        """``seize`` for ``token``, then ``write_release`` under it: a write-through
+        (``set``), in one step where the store can (one script on Redis), so that readers
+        see the old value and then the new, never the entry absent between them. Where it
+        is two steps, a failure between them releases the lease."""
+
     def subscribe(self, keys: EntryKeys) -> Subscription:
         """A confirmed mailbox on the entry's channel."""
 
@@ -343,6 +352,11 @@ class AsyncEntryStore(Protocol):
     async def invalidate(self, keys: EntryKeys) -> None: ...
 
     async def seize(self, keys: EntryKeys, token: str, lease_ms: int) -> None: ...
+
+    async def put(
+        self, keys: EntryKeys, token: str, lease_ms: int, envelope: bytes, ttl_ms: int, inline: bool,
+        tagged: Tagged | None = None,
+    ) -> Written: ...  # fmt: skip
 
     async def subscribe(self, keys: EntryKeys) -> AsyncSubscription: ...
 

@@ -36,6 +36,7 @@ from .._core.effects import (
     Load,
     LoadDetached,
     Pause,
+    Put,
     ReadEntry,
     ReadEntryTags,
     ReadTagClock,
@@ -222,6 +223,8 @@ class AsyncPerformer:
                 return await store.invalidate(lease.keys)
             case Seize():
                 return await store.seize(lease.keys, lease.token, lease.ms)
+            case Put(envelope=envelope, ttl_ms=ttl_ms, inline=inline, tagged=tagged):
+                return await store.put(lease.keys, lease.token, lease.ms, envelope, ttl_ms, inline, tagged)
             case Expire():
                 return await store.expire(lease.keys)
             case Subscribe():

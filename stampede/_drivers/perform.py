@@ -34,6 +34,7 @@ from .._core.effects import (
     Load,
     LoadDetached,
     Pause,
+    Put,
     ReadEntry,
     ReadEntryTags,
     ReadTagClock,
@@ -201,6 +202,8 @@ class Performer:
                 return store.invalidate(lease.keys)
             case Seize():
                 return store.seize(lease.keys, lease.token, lease.ms)
+            case Put(envelope=envelope, ttl_ms=ttl_ms, inline=inline, tagged=tagged):
+                return store.put(lease.keys, lease.token, lease.ms, envelope, ttl_ms, inline, tagged)
             case Expire():
                 return store.expire(lease.keys)
             case Subscribe():

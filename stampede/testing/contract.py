@@ -51,6 +51,8 @@ __all__ = [  # what a star import takes: the fixtures and every test
     "test_a_refused_caller_is_told_only_a_traced_holders_token",
     "test_a_write_without_the_lease_is_refused_and_writes_nothing",
     "test_an_invalidation_drops_value_and_lease_and_refuses_the_holders_write",
+    "test_a_put_replaces_the_value_and_any_holders_lease_in_one_step",
+    "test_a_tagged_put_joins_its_tag_unless_the_tag_was_invalidated_since",
     "test_renewal_extends_only_the_holders_lease",
     "test_a_lease_nobody_renews_runs_out_and_is_taken_over",
     "test_release_is_by_token",
@@ -213,6 +215,37 @@ def test_a_seizure_invalidates_takes_the_lease_and_refuses_the_old_holders_write
     store.seize(keys, "d", LEASE_MS)  # over a value: it goes
     assert store.get(keys.value) is None
     assert store.release(keys, "d") is True
+
+
+def test_a_put_replaces_the_value_and_any_holders_lease_in_one_step(store: Any, keys: EntryKeys) -> None:
+    """``put`` (a ``set``): the value is written over the old one, a holder's load is
+    refused its write, the waiters are woken (with the value, when it travels), and no
+    lease is left."""
+    store.acquire(keys, "a", LEASE_MS, True)  # a load in flight
+    subscription = store.subscribe(keys)
+    try:
+        assert store.put(keys, "c", LEASE_MS, ENVELOPE, 60_000, True) == Written.YES
+        assert store.get(keys.value) == ENVELOPE and store.holder(keys) is None
+        assert store.write_release(keys, "a", b"stale", 60_000, True) == Written.REFUSED  # overtaken
+        assert store.get(keys.value) == ENVELOPE
+        messages = {subscription.wait(5) for _ in range(2)} - {None}  # a store may wake them twice
+        assert ENVELOPE in messages or b"" in messages
+    finally:
+        subscription.close()
+    assert store.put(keys, "d", LEASE_MS, b"newer", 60_000, False) == Written.YES  # over a value
+    assert store.get(keys.value) == b"newer" and store.holder(keys) is None
+    assert store.acquire(keys, "e", LEASE_MS, True).state is LockState.VALUE
+
+
+def test_a_tagged_put_joins_its_tag_unless_the_tag_was_invalidated_since(store: Any, keys: EntryKeys) -> None:
+    tags, tag = _tag(store)
+    since = _tag_clock(store, tags)
+    assert store.put(keys, "a", LEASE_MS, ENVELOPE, 60_000, True, Tagged(tags, since)) == Written.YES
+    assert store.get(keys.value) == ENVELOPE and store.entry_tags(keys) == [tag.name]
+    assert store.invalidate_tag(tags.clock, tag, False) == [keys.value]
+    assert store.get(keys.value) is None
+    assert store.put(keys, "b", LEASE_MS, ENVELOPE, 60_000, True, Tagged(tags, since)) == Written.REFUSED
+    assert store.get(keys.value) is None and store.holder(keys) is None  # nothing written, no lease left
 
 
 def test_renewal_extends_only_the_holders_lease(store: Any, keys: EntryKeys) -> None:

@@ -192,9 +192,9 @@ def slot_moved(cluster: ClusterServers, hash_tags: Sequence[str]) -> Fault:
 
 def worker_killed(workers: Workers) -> Fault:
     """A worker process SIGKILLed mid-load (``Workers.kill`` holds its next load until
-    the kill; ``Workers.killed_mid_load`` tells how many were), and another started in its place. It weakens no promise: the lease its load
-    held lapses within ``lock_ttl``, one caller takes over and loads, and the killed
-    load wrote nothing."""
+    the kill; ``Workers.killed_mid_load`` tells how many were), and another started in
+    its place. It weakens no promise: the lease its load held lapses within
+    ``lock_ttl``, one caller takes over and loads, and the killed load wrote nothing."""
 
     def run(stop: threading.Event, rng: random.Random) -> bool:
         return workers.kill(rng) is not None

@@ -8,22 +8,60 @@ import pytest
 from stampede import Cached, LoadTimeout, SerializationError
 from stampede._core.codec import identity
 from stampede._core.controls import peeked, put, reload
-from stampede._core.effects import Acquire, Finish, Load, LoadDetached, ReadValue, Release, Seize, WriteRelease
+from stampede._core.effects import (
+    Acquire,
+    Finish,
+    Lease,
+    Load,
+    LoadDetached,
+    Put,
+    ReadValue,
+    Release,
+    Seize,
+    ServersDrop,
+    ServersRelease,
+    ServersTake,
+    WriteRelease,
+)
 from stampede._core.flow import fill
 from stampede._core.freshness import Stale
-from stampede._core.store import Written
+from stampede._core.majority import Quorum, RedlockLeases
+from stampede._core.store import Round, Written
 
-from .test_flow import CODEC, HELD, LOCKED, Stepper, envelope, make_ctx
+from .test_flow import CODEC, HELD, KEYS, LOCKED, Stepper, envelope, make_ctx
 
 
-def test_a_set_seizes_the_lease_then_writes_under_it() -> None:
+def test_a_set_on_one_server_is_one_step_the_seizure_and_the_write() -> None:
+    """One ``Put``: no moment where the entry is absent, and no lease to clean up."""
     ctx, _ = make_ctx(ttl=60, jitter=0)
     step = Stepper(put(ctx, Cached({"a": 2}, ttl=5)))
-    assert step.effect == Seize()
-    write = step.reply(None)
-    assert isinstance(write, WriteRelease) and write.ttl_ms == 5000
-    assert CODEC.decode(write.envelope).value == {"a": 2}
+    assert isinstance(step.effect, Put) and step.effect.ttl_ms == 5000 and step.effect.tagged is None
+    assert CODEC.decode(step.effect.envelope).value == {"a": 2}
     step.reply(Written.YES)
+    assert step.done and step.result is True
+    assert ctx.events.counts.snapshot()["sets"] == 1
+
+
+def test_a_set_a_tag_refuses_is_counted_overtaken() -> None:
+    ctx, _ = make_ctx()
+    step = Stepper(put(ctx, 1))
+    step.reply(Written.REFUSED)
+    assert step.done and step.result is False
+    assert ctx.events.counts.snapshot()["sets_overtaken"] == 1
+
+
+def test_a_set_with_redlock_leases_seizes_the_lease_then_writes_under_it() -> None:
+    ctx, _ = make_ctx(ttl=60, jitter=0)
+    ctx.leases = RedlockLeases(Quorum(3, 0.0)).bind(Lease(KEYS, "t", 9_000))
+    servers = KEYS.on_lock_servers
+    step = Stepper(put(ctx, 7))
+    assert step.effect == ServersDrop(servers)
+    assert isinstance(step.reply(None), ServersTake)
+    assert step.reply(Round(3, 0)) == Seize()
+    write = step.reply(None)
+    assert isinstance(write, WriteRelease) and CODEC.decode(write.envelope).value == 7
+    assert step.reply(Written.YES) == ServersRelease(servers, "t")  # the majority, once written
+    step.reply(Round(3, 0))
     assert step.done and step.result is True
 
 
@@ -34,10 +72,18 @@ def test_a_set_the_serializer_refuses_yields_nothing() -> None:
 
 
 def test_an_interrupted_set_releases_the_lease_it_seized() -> None:
+    """Where the seizure and the write are two steps (Redlock), an interruption between
+    them releases the lease on the lock servers and the cache server."""
     ctx, _ = make_ctx()
+    ctx.leases = RedlockLeases(Quorum(3, 0.0)).bind(Lease(KEYS, "t", 9_000))
+    servers = KEYS.on_lock_servers
     step = Stepper(put(ctx, 1))
-    step.reply(None)  # seized
-    assert step.fail(KeyboardInterrupt()) == Release()
+    step.reply(None)
+    step.reply(Round(3, 0))
+    assert isinstance(step.reply(None), WriteRelease)  # seized
+    assert step.fail(KeyboardInterrupt()) == ServersRelease(servers, "t")  # the write's own cleanup
+    assert step.reply(Round(3, 0)) == ServersRelease(servers, "t")  # then the set's: both
+    assert step.reply(Round(0, 0)) == Release()
     with pytest.raises(KeyboardInterrupt):
         step.reply(True)
 

@@ -6,6 +6,7 @@ with every refresh and miss), and ``Cached`` results (a value's own ttl, tags, a
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +26,7 @@ from stampede import (
     previous,
 )
 from stampede._core.keys import EntryKeys
+from stampede.testing import RedisServer, find_server_binary
 
 from ..modes import Blocking, Database, OnALoop
 from ..scenarios import LineWorker, WaitsBegun, wait_until
@@ -92,6 +94,53 @@ def test_set_overtakes_a_load_in_flight_which_is_not_written(
     assert db.calls == {1: 1}
     stats = layer.stats()
     assert stats["sets"] == 1 and stats["stale_writes_prevented"] == 1
+
+
+def test_a_set_is_one_round_trip_and_readers_never_find_the_entry_absent() -> None:
+    """On one Redis server a set is one script: the seizure and the write together. So a
+    reader sees the old value, then the new, never the entry gone between them (as two
+    round trips showed it, for one round trip's time), and never waits for a set. (A
+    server of its own: its command counts are this test's alone.)"""
+    if find_server_binary() is None:
+        pytest.skip("no server binary to start a server of its own")
+    with RedisServer() as server, Stampede.from_url(server.url, namespace="one") as layer:
+        client = redis.Redis.from_url(server.url)
+        row = layer.cached_loader("row:{key}")(lambda key: {"key": key, "version": 0})
+        row(1)
+        assert row.set({"key": 1, "version": 1}, 1) is True  # the script loaded once
+
+        def scripts() -> int:
+            stats = client.info("commandstats")
+            return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("evalsha", "eval"))
+
+        before = scripts()
+        for version in range(10):
+            assert row.set({"key": 1, "version": version}, 1) is True
+        assert scripts() - before == 10
+        client.close()
+        _readers_see_no_gap(layer, row)
+
+
+def _readers_see_no_gap(layer: Stampede, row: Any) -> None:
+    stop, absent, seen = threading.Event(), [], []
+
+    def read() -> None:
+        while not stop.is_set():
+            found = row.peek(1)
+            (absent if found is None else seen).append(found)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for version in range(10, 2010):
+            assert row.set({"key": 1, "version": version}, 1) is True
+    finally:
+        stop.set()
+        reader.join(10)
+    assert not absent and len(seen) > 100, (len(absent), len(seen))
+    versions = [found.value["version"] for found in seen]
+    assert versions == sorted(versions)  # in the order the sets were made
+    assert layer.stats()["loads"] == 1
 
 
 def test_set_of_a_value_the_serializer_refuses_writes_nothing(

@@ -77,6 +77,9 @@ def test_a_value_that_does_not_match_the_annotation_is_refused(
     assert redis_client.exists("test:{wrong:1}", "test:{wrong:1}:lock") == 0
     with pytest.raises(SerializationError, match="NaN and infinity"):
         layer.cached_loader("nan:{order_id}", serializer=MsgspecSerializer())(lambda order_id: float("nan"))(1)
+    with pytest.raises(SerializationError, match="does not read back"):  # a set checks it too
+        load.set(wrong(2), 2)
+    assert redis_client.exists("test:{wrong:2}", "test:{wrong:2}:lock") == 0
 
 
 @pytest.mark.parametrize("typed", ["msgspec", "pydantic"])

@@ -110,26 +110,32 @@ class MemoryStore(OneByOne):
     def write_release(
         self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None = None
     ) -> Written:
-        now = self._clock()
         with self._lock:
-            if not self._holds(keys, token, now):
-                return Written.REFUSED  # nothing here evicts a lease
-            if tagged is not None:
-                if not self._tags.admit(tagged, keys.value, now, now + ttl_ms / 1000):
-                    del self._leases[keys.lock]
-                    self._publish(keys, b"")
-                    return Written.REFUSED
-                if ttl_ms:
-                    self._entry_tags[keys.value] = (tagged.tags.names.split(" "), now + ttl_ms / 1000)
+            return self._write_release(keys, token, envelope, ttl_ms, inline, tagged)
+
+    def _write_release(
+        self, keys: EntryKeys, token: str, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None
+    ) -> Written:
+        """``write_release``, the store's lock held."""
+        now = self._clock()
+        if not self._holds(keys, token, now):
+            return Written.REFUSED  # nothing here evicts a lease
+        if tagged is not None:
+            if not self._tags.admit(tagged, keys.value, now, now + ttl_ms / 1000):
+                del self._leases[keys.lock]
+                self._publish(keys, b"")
+                return Written.REFUSED
             if ttl_ms:
-                self._values[keys.value] = (envelope, now + ttl_ms / 1000)
-            else:  # kept by nobody (a store=False value): only its waiters get it
-                self._values.pop(keys.value, None)
-                self._entry_tags.pop(keys.value, None)
-            del self._leases[keys.lock]
-            self._failing.pop(keys.failing, None)
-            self._publish(keys, envelope if inline else b"")
-            return Written.YES
+                self._entry_tags[keys.value] = (tagged.tags.names.split(" "), now + ttl_ms / 1000)
+        if ttl_ms:
+            self._values[keys.value] = (envelope, now + ttl_ms / 1000)
+        else:  # kept by nobody (a store=False value): only its waiters get it
+            self._values.pop(keys.value, None)
+            self._entry_tags.pop(keys.value, None)
+        del self._leases[keys.lock]
+        self._failing.pop(keys.failing, None)
+        self._publish(keys, envelope if inline else b"")
+        return Written.YES
 
     def touch(self, keys: EntryKeys, token: str, identity: bytes, ttl_ms: int) -> Written:
         now = self._clock()
@@ -333,10 +339,22 @@ class MemoryStore(OneByOne):
 
     def seize(self, keys: EntryKeys, token: str, lease_ms: int) -> None:
         with self._lock:
-            self._values.pop(keys.value, None)
-            self._failing.pop(keys.failing, None)
-            self._leases[keys.lock] = (token, self._clock() + lease_ms / 1000)
-            self._publish(keys, b"")
+            self._seize(keys, token, lease_ms)
+
+    def _seize(self, keys: EntryKeys, token: str, lease_ms: int) -> None:
+        self._values.pop(keys.value, None)
+        self._failing.pop(keys.failing, None)
+        self._leases[keys.lock] = (token, self._clock() + lease_ms / 1000)
+        self._publish(keys, b"")
+
+    def put(
+        self, keys: EntryKeys, token: str, lease_ms: int, envelope: bytes, ttl_ms: int, inline: bool,
+        tagged: Tagged | None = None,
+    ) -> Written:  # fmt: skip
+        """The seizure and the write under one hold of the store's lock: nothing between."""
+        with self._lock:
+            self._seize(keys, token, lease_ms)
+            return self._write_release(keys, token, envelope, ttl_ms, inline, tagged)
 
     def tag_clock(self, key: str) -> int:
         with self._lock:
@@ -492,6 +510,12 @@ class AsyncMemoryStore(AsyncOneByOne):
 
     async def seize(self, keys: EntryKeys, token: str, lease_ms: int) -> None:
         self._store.seize(keys, token, lease_ms)
+
+    async def put(
+        self, keys: EntryKeys, token: str, lease_ms: int, envelope: bytes, ttl_ms: int, inline: bool,
+        tagged: Tagged | None = None,
+    ) -> Written:  # fmt: skip
+        return self._store.put(keys, token, lease_ms, envelope, ttl_ms, inline, tagged)
 
     async def check(self, namespace: str) -> None:
         pass

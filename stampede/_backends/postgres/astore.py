@@ -27,6 +27,7 @@ from ..._core.keys import EntryKeys, check_key, entry_value_keys, failing_key
 from ..._core.store import AcquireReply, AsyncSubscription, Written
 from ..._core.tags import Tagged, TagKeys
 from ..._errors import BackendUnavailable
+from ..asteps import put_in_steps
 from ..breaker import CircuitBreaker
 from ..each import AsyncOneByOne
 from ..mailbox import LoopMailbox, ThreadMailbox
@@ -218,6 +219,14 @@ class AsyncPostgresStore(AsyncOneByOne):
         (``stampede_seize``): the waiters it wakes (at the commit) find the lease taken,
         and its rows are locked in the order every writer of the entry locks them."""
         await self._one("invalidate", keys.value, sql.seize(keys, token, lease_ms))
+
+    async def put(
+        self, keys: EntryKeys, token: str, lease_ms: int, envelope: bytes, ttl_ms: int, inline: bool,
+        tagged: Tagged | None = None,
+    ) -> Written:  # fmt: skip
+        """``seize``, then ``write_release``: two statements, each locking the entry's rows
+        in the order every writer locks them."""
+        return await put_in_steps(self, keys, token, lease_ms, envelope, ttl_ms, inline, tagged)
 
     async def take_lock(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int = 0) -> AcquireReply:
         statement = sql.take_lock(keys, token, lease_ms, queue_ms)

@@ -29,6 +29,7 @@ from ..._errors import BackendUnavailable
 from ..breaker import CircuitBreaker
 from ..each import OneByOne
 from ..mailbox import ThreadMailbox
+from ..steps import put_in_steps
 from . import schema as sql
 from .listener import PostgresListener
 from .pools import (
@@ -215,6 +216,14 @@ class PostgresStore(OneByOne):
         (``stampede_seize``): the waiters it wakes (at the commit) find the lease taken,
         and its rows are locked in the order every writer of the entry locks them."""
         self._one("invalidate", keys.value, sql.seize(keys, token, lease_ms))
+
+    def put(
+        self, keys: EntryKeys, token: str, lease_ms: int, envelope: bytes, ttl_ms: int, inline: bool,
+        tagged: Tagged | None = None,
+    ) -> Written:  # fmt: skip
+        """``seize``, then ``write_release``: two statements, each locking the entry's rows
+        in the order every writer locks them."""
+        return put_in_steps(self, keys, token, lease_ms, envelope, ttl_ms, inline, tagged)
 
     def take_lock(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int = 0) -> AcquireReply:
         statement = sql.take_lock(keys, token, lease_ms, queue_ms)

@@ -23,6 +23,7 @@ from ..._core.near import NearChannel
 from ..._core.store import AcquireCall, AcquireReply, AsyncSubscription, LockState, WriteCall, Written
 from ..._core.tags import Tagged, TagKeys
 from ..._errors import BackendUnavailable
+from ..asteps import put_in_steps
 from ..breaker import CircuitBreaker, NodeBreakers
 from . import batches, tagging
 from . import scripts as _scripts
@@ -558,6 +559,27 @@ class AsyncRedisStore(AsyncSending):
             call = _scripts.seize_call(keys, token, lease_ms, self._near_in_script, nonce)
             reply = await self._send(keys.value, self._scripts.seize, *call)
         await self._await_near_caches(await self._ask_near_caches(reply, keys, nonce), nonce)
+
+    async def put(
+        self, keys: EntryKeys, token: str, lease_ms: int, envelope: bytes, ttl_ms: int, inline: bool,
+        tagged: Tagged | None = None,
+    ) -> Written:  # fmt: skip
+        """One script: the seizure and the write. On a cluster a tagged entry's tags
+        admit it in their own slots between the two (``_write_tagged``), so there it is
+        the seizure, then the write, the lease released if the write fails."""
+        if tagged is not None and is_cluster(self.client):
+            return await put_in_steps(self, keys, token, lease_ms, envelope, ttl_ms, inline, tagged)
+        nonce = new_nonce(self.near)
+        with self._translated("write", keys.value):
+            seize = _scripts.seize_call(keys, token, lease_ms, self._near_in_script, nonce)
+            if tagged is None:
+                script, write = self._scripts.put, _scripts.write_release_call(keys, token, envelope, ttl_ms, inline)
+            else:
+                script = self._scripts.put_tagged
+                write = _scripts.write_tagged_call(keys, token, envelope, ttl_ms, inline, tagged, True)
+            written, reply = await self._send(keys.value, script, *_scripts.put_call(seize, write))
+        await self._await_near_caches(await self._ask_near_caches(reply, keys, nonce), nonce)
+        return Written(int(written))
 
     async def _ask_near_caches(self, reply: Any, keys: EntryKeys, nonce: str) -> Any:
         """On a cluster, once the entry's script ran: ask the near caches on the

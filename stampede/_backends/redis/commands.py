@@ -210,6 +210,8 @@ class Scripts:
         self.release = register(_scripts.RELEASE)
         self.invalidate = register(_scripts.INVALIDATE)
         self.seize = register(_scripts.SEIZE)
+        self.put = register(_scripts.PUT)
+        self.put_tagged = register(_scripts.PUT_TAGGED)
         self.hold = register(_scripts.HOLD_AFTER_FAILURE)
         self.expire = register(_scripts.EXPIRE)
         self.request_near = register(_scripts.REQUEST_NEAR)

@@ -534,9 +534,8 @@ local function near_request(result, registry, channel, message)
 end
 """
 
-SEIZE = (
-    NEAR_REQUEST
-    + "local function invalidate(KEYS, ARGV)\n"
+_SEIZE = (
+    "local function invalidate(KEYS, ARGV)\n"
     + INVALIDATE
     + """
 end
@@ -549,6 +548,42 @@ redis.call('SET', KEYS[2], ARGV[#ARGV - 1], 'PX', ARGV[#ARGV])
 return reply
 """
 )
+SEIZE = NEAR_REQUEST + _SEIZE
+
+
+def _put(write: str) -> str:
+    """A write-through (set) in one script: SEIZE, then ``write`` (WRITE_AND_RELEASE or
+    WRITE_TAGGED) under the lease it took, with nothing between them, so that readers
+    see the old value and then the new one, never the entry absent."""
+    return (
+        NEAR_REQUEST
+        + "local function seize(KEYS, ARGV)\n"
+        + _SEIZE
+        + "\nend\nlocal function write(KEYS, ARGV)\n"
+        + write
+        + """
+end
+-- KEYS: SEIZE's, then the write's; ARGV[1] how many of KEYS are SEIZE's, ARGV[2] how many
+-- arguments are, then SEIZE's arguments, then the write's
+-- Returns {the write's reply, SEIZE's reply}
+local seized, seizing = tonumber(ARGV[1]), tonumber(ARGV[2])
+local seize_keys, seize_args, write_keys, write_args = {}, {}, {}, {}
+for i = 1, #KEYS do
+  if i <= seized then seize_keys[i] = KEYS[i] else write_keys[i - seized] = KEYS[i] end
+end
+for i = 3, #ARGV do
+  if i - 2 <= seizing then seize_args[i - 2] = ARGV[i] else write_args[i - 2 - seizing] = ARGV[i] end
+end
+local reply = seize(seize_keys, seize_args)
+return {write(write_keys, write_args), reply}
+"""
+    )
+
+
+def put_call(seize: Call, write: Call) -> Call:
+    """``PUT``'s (or ``PUT_TAGGED``'s) call: ``seize_call``'s, then the write's."""
+    return Call([*seize.keys, *write.keys], [len(seize.keys), len(seize.args), *seize.args, *write.args])
+
 
 INVALIDATE = NEAR_REQUEST + INVALIDATE
 
@@ -815,6 +850,8 @@ def forget_members_call(tag: TagKeys, members: list[tuple[bytes, bytes]]) -> Cal
     return Call([tag.members], [part for pair in members for part in pair])
 
 
+PUT = _put(WRITE_AND_RELEASE)
+PUT_TAGGED = _put(WRITE_TAGGED)
 WRITE_TAGGED_EACH = for_each(WRITE_TAGGED, 5, 8)  # a page's admitted writes: no tag keys
 INVALIDATE_EACH = for_each(INVALIDATE, 5, 1)
 EXPIRE_EACH = for_each(EXPIRE, 5, 1)
