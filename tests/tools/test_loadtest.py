@@ -254,13 +254,16 @@ def test_the_values_benchmark_short_form() -> None:
     """``loadtest/bench_values.py --quick``: compression of a category map and a 1 MB
     value, and set and peek beside a raw SET and GET. What holds on any machine: each
     compression stores the map in under half its bytes and the 1 MB value in under a
-    tenth (it repeats words), and every variant ran."""
+    tenth (it repeats words), every variant ran, and a set is one round trip (a tagged
+    one two: its tags' clock first)."""
     figures = short_form("bench_values.py", timeout=110)
     for kind, row in figures["compression"]["200-entry map"].items():
         assert row["size ratio"] < (1.01 if kind == "none" else 0.5), kind
     for kind, row in figures["compression"]["1 MB value"].items():
         assert row["size ratio"] < (1.01 if kind == "none" else 0.1), kind
     assert all(row["calls/s"] > 0 for row in figures["controls"].values())
+    controls = figures["controls"]
+    assert controls["loader.set"]["round trips"] == 1 and controls["tagged set"]["round trips"] == 2
 
 
 @pytest.mark.timeout(120)
