@@ -97,8 +97,6 @@ class LeaseSteps(Protocol):
 
     def subscribe(self) -> Decision[None]: ...
 
-    def seize(self) -> Decision[bool]: ...
-
     def put(self, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None = None) -> Decision[Written]:
         """A write-through (``set``): the entry's value and any holder's lease go, and
         ``envelope`` is written under the lease taken for it; ``REFUSED`` if a load that
@@ -223,10 +221,6 @@ class BoundSteps:
 
     def subscribe(self) -> Decision[None]:
         return self._policy.subscribe(self._lease.keys)
-
-    def seize(self) -> Decision[bool]:
-        lease = self._lease
-        return self._policy.seize(lease.keys, lease.token, lease.ms)
 
     def put(self, envelope: bytes, ttl_ms: int, inline: bool, tagged: Tagged | None = None) -> Decision[Written]:
         """The policy's seizure, then its write under the lease seized; the lease released
