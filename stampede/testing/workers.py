@@ -19,6 +19,7 @@ run's end. Every process is started here and ended by its PID.
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import signal
@@ -66,7 +67,8 @@ class Workers:
         }  # fmt: skip
         self._running: dict[str, subprocess.Popen[bytes]] = {}
         self._lock = threading.Lock()
-        self._deadline = 0.0
+        self._deadline = math.inf  # set once every first worker is ready (``__enter__``)
+        self._go = self.directory / "go"
         self._started = 0
 
     def _start(self) -> None:
@@ -75,7 +77,7 @@ class Workers:
         self._started += 1
         stream = self.directory / f"{name}.jsonl"
         self._streams.append(stream)
-        spec = {**self._spec, "name": name, "stream": str(stream), "until": self._deadline}
+        spec = {**self._spec, "name": name, "stream": str(stream), "go": str(self._go)}
         errors = open(self.directory / f"{name}.err", "wb")  # the child keeps it; ours is closed below
         try:
             self._running[name] = subprocess.Popen(
@@ -90,12 +92,38 @@ class Workers:
         return [stream for stream in self._streams if stream.exists()]
 
     def __enter__(self) -> Workers:
+        """Start the workers, and the run's ``seconds`` once every one is ready (its layer
+        and database made): on a busy machine starting Python takes seconds, which would
+        otherwise come out of the run (a nemesis striking before any worker loaded)."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._deadline = time.monotonic() + self.seconds
         with self._lock:
             for _ in range(self.processes):
                 self._start()
+        try:
+            self._wait_ready(list(self._running))
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        self._deadline = time.monotonic() + self.seconds
+        written = self._go.with_suffix(".tmp")
+        written.write_text(repr(self._deadline))  # time.monotonic() is the machine's: every process reads it
+        os.replace(written, self._go)
         return self
+
+    def _ready(self, name: str) -> bool:
+        return (self.directory / f"{name}.ready").exists()
+
+    def _wait_ready(self, names: list[str], timeout: float = 60.0) -> None:
+        given = time.monotonic() + timeout
+        for name in names:
+            while not self._ready(name):
+                process = self._running[name]
+                if process.poll() is not None:
+                    error = (self.directory / f"{name}.err").read_text(errors="replace")[-2000:]
+                    raise RuntimeError(f"worker {name} exited with {process.returncode} before it was ready:\n{error}")
+                if time.monotonic() > given:
+                    raise RuntimeError(f"worker {name} was not ready within {timeout:g} s")
+                time.sleep(0.01)
 
     def kill(self, rng: random.Random, within: float = 5.0) -> str | None:
         """SIGKILL one running worker, chosen by ``rng``, mid-load: its next load is held,
@@ -104,6 +132,7 @@ class Workers:
         run has time left. Returns the killed one's name."""
         with self._lock:
             alive = sorted(name for name, process in self._running.items() if process.poll() is None)
+            alive = [name for name in alive if self._ready(name)]  # a replacement still starting has no load
             if not alive or time.monotonic() > self._deadline - 1.0:
                 return None
             name = rng.choice(alive)
@@ -167,7 +196,13 @@ def work(spec: dict[str, Any]) -> None:
     layer = Stampede.from_url(spec["url"], namespace=spec["namespace"], ttl=300, **spec["options"])
     try:
         subject = layer_subject(layer, rows)
-        seconds = spec["until"] - time.monotonic()
+        Path(spec["stream"]).with_suffix(".ready").touch()
+        go, given = Path(spec["go"]), time.monotonic() + 120.0
+        while not go.exists():  # the run begins when every first worker is ready
+            if time.monotonic() > given:
+                raise RuntimeError("the run never began")
+            time.sleep(0.005)
+        seconds = float(go.read_text()) - time.monotonic()
         seed = spec["seed"] * 1000 + int(spec["name"][1:])
         run_workload(
             subject, recorder, keys=spec["keys"], threads=spec["threads"], operations=10**9, seconds=seconds,
