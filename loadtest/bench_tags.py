@@ -12,8 +12,8 @@
 3. Bookkeeping: the server's memory (INFO memory, used_memory) before and after
    ``--writes`` tagged writes of entries that live 1 s, and once they have expired:
    what is left is bounded by the live entries, not by every entry written.
-4. The miss path: a tagged miss against an untagged one (the tag clock is one more
-   round trip, the admission is in the write script).
+4. The miss path: a tagged miss against an untagged one (the same round trips: the
+   tag clock is read in the lease's script, the admission in the write's).
 5. ``invalidate_tag`` of 100 to 10,000 entries on a PostgreSQL store (if its binaries
    are installed: ``pip install pgserver``), filled by a tagged many-key loader.
 

@@ -36,10 +36,10 @@ class AsyncLeasedStore:
         return await arun(decision, AsyncPerformer(lease, store=self._leases.store, servers=self._leases.servers))
 
     async def acquire(
-        self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
+        self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b"", clock: str = ""
     ) -> AcquireReply:
         decision = self._leases.policy.acquire(keys, token, lease_ms, check_value, stale)
-        return await self._run(decision, Lease(keys, token, lease_ms))
+        return await self._run(decision, Lease(keys, token, lease_ms, clock=clock))
 
     async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         return await self._leases.renew(keys, token, lease_ms)

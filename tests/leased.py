@@ -37,10 +37,10 @@ class LeasedStore:
         return run(decision, Performer(lease, store=self._leases.store, servers=self._leases.servers))
 
     def acquire(
-        self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
+        self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b"", clock: str = ""
     ) -> AcquireReply:
         decision = self._leases.policy.acquire(keys, token, lease_ms, check_value, stale)
-        return self._run(decision, Lease(keys, token, lease_ms))
+        return self._run(decision, Lease(keys, token, lease_ms, clock=clock))
 
     def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         return self._leases.renew(keys, token, lease_ms)

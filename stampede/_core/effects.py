@@ -49,6 +49,9 @@ class Lease:
     token: str = ""
     ms: int = 0  # the term asked for when it is taken
     queue_ms: int = 0  # a fair lock's place in the queue lasts this long
+    # A tagged load's: the namespace's tag clock, which ``Acquire`` reads as it takes the
+    # lease, in its round trip where the store can (``AcquireReply.since``, ``_core.tags``).
+    clock: str = ""
 
 
 # --- lease commands: the store, for the performer's lease -------------------------------
@@ -57,7 +60,8 @@ class Lease:
 @dataclass(frozen=True, slots=True)
 class Acquire:
     """Re-check the value and take the lease. Reply: ``AcquireReply``. ``stale``: the
-    identity of a stale value the caller read, which the lease is taken over."""
+    identity of a stale value the caller read, which the lease is taken over. A lease
+    with a ``clock`` reads it too, once taken (``AcquireReply.since``)."""
 
     check_value: bool = True
     stale: bytes = b""

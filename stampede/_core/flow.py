@@ -376,7 +376,7 @@ def _fill(ctx: Context, miss: Miss | Stale, wait: Wait) -> Flow:
                     extra=log_extra(key, "takeover"),
                 )
             hold = settings.stale_retry_interval if fallback is not None else 0.0
-            value = yield from _load_and_write(ctx, hold, fallback=fallback, deadline=load_deadline)
+            value = yield from _load_and_write(ctx, hold, fallback=fallback, deadline=load_deadline, since=reply.since)
             if value is LEASE_LOST:  # invalidated while its load waited for a budget slot
                 check_value = True  # start over: another caller may be loading the key now
                 continue
@@ -539,7 +539,7 @@ def refresh(ctx: Context, stale: bytes, life_left: float = -1.0, previous: bytes
 
     hold = ctx.settings.stale_retry_interval if ctx.settings.stale_window else 0.0
     try:
-        result = yield from _load_and_write(ctx, hold, hold_until=gone_at)
+        result = yield from _load_and_write(ctx, hold, hold_until=gone_at, since=reply.since)
     except LoadTimeout as error:  # it goes on (or was cancelled): nobody waits for a refresh
         log.info("%s: the background refresh %s", key, error)
         return
@@ -598,6 +598,7 @@ def _load_and_write(
     hold_until: float = math.inf,
     fallback: Stale | None = None,
     deadline: float = math.inf,
+    since: int | None = None,
 ) -> Flow:
     """Load under the lease and write the value. If the loader raises an Exception, the
     lease becomes a hold of ``hold`` seconds, ending by ``hold_until`` (``ctx.clock``),
@@ -611,10 +612,13 @@ def _load_and_write(
     caller gets the fallback or ``LoadTimeout`` (``_detached``). An async one cancelled at
     ``load_timeout`` leaves a hold of ``load_timeout``, so the waiters it wakes do not load
     again before they give up too. ``deadline`` (``ctx.clock``): a caller who waited for
-    another load before this one gives up on both by then."""
+    another load before this one gives up on both by then. ``since``: a tagged load's
+    tag clock, if the lease's step read it (``AcquireReply.since``); else it is read here,
+    one round trip more."""
     key, settings = ctx.keys.value, ctx.settings
-    since = 0
-    if ctx.tags is not None:
+    if ctx.tags is None:
+        since = 0
+    elif since is None:
         try:
             since = yield ReadTagClock(ctx.tags.clock)  # the load begins now (see _core.tags)
         except BackendUnavailable as error:

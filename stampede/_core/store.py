@@ -80,6 +80,10 @@ class AcquireReply:
     # VALUE: the seconds the store keeps the value (-1: no expiry, or the store does not
     # tell). A value found past its ttl (an ``expire`` since) is no fresh value (_core.flow).
     ttl_left: float = field(default=-1.0, compare=False)
+    # LOCKED, asked with a tag clock: the clock read with the lease (None: not read; the
+    # load reads it on its own, ``ReadTagClock``, before it begins). Read before the load
+    # begins, as ``_core.tags`` asks, never after: an invalidation after it wins.
+    since: int | None = field(default=None, compare=False)
 
 
 class Written(enum.IntEnum):
@@ -146,12 +150,15 @@ class EntryStore(Protocol):
         stale one)."""
 
     def acquire(
-        self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
+        self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b"", clock: str = ""
     ) -> AcquireReply:
         """Return the value if there is one (and ``check_value``), else take the lock or
         report how long another holder's lease has left (and whether that is a failed
         load's hold). ``stale``: the identity of a stale value the caller read. The lock
-        is taken over that value, and only another one is returned."""
+        is taken over that value, and only another one is returned. ``clock``: a tagged
+        load's tag clock (``TagStore.tag_clock``), read once the lock is taken and
+        returned as ``since``, in the same round trip where the store can (else ``since``
+        is None, and the flow reads the clock in a step of its own)."""
 
     def hold(self, keys: EntryKeys, token: str, hold_ms: int, failing_ms: int) -> bool:
         """After a failed load whose callers get a stale value: if ``token`` still holds the
@@ -330,7 +337,7 @@ class AsyncEntryStore(Protocol):
     async def get_with_ttl(self, key: str, failing: bool = False) -> tuple[bytes | None, float, bool]: ...
 
     async def acquire(
-        self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
+        self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b"", clock: str = ""
     ) -> AcquireReply: ...
 
     async def hold(self, keys: EntryKeys, token: str, hold_ms: int, failing_ms: int) -> bool: ...

@@ -196,7 +196,7 @@ class AsyncPerformer:
         lease, store = self._lease, self._store
         match effect:
             case Acquire(check_value=check_value, stale=stale):
-                return await store.acquire(lease.keys, lease.token, lease.ms, check_value, stale)
+                return await store.acquire(lease.keys, lease.token, lease.ms, check_value, stale, lease.clock)
             case TakeLock():
                 return await store.take_lock(lease.keys, lease.token, lease.ms, lease.queue_ms)
             case ReadValue():

@@ -175,7 +175,7 @@ class Performer:
         lease, store = self._lease, self._store
         match effect:
             case Acquire(check_value=check_value, stale=stale):
-                return store.acquire(lease.keys, lease.token, lease.ms, check_value, stale)
+                return store.acquire(lease.keys, lease.token, lease.ms, check_value, stale, lease.clock)
             case TakeLock():
                 return store.take_lock(lease.keys, lease.token, lease.ms, lease.queue_ms)
             case ReadValue():

@@ -581,7 +581,8 @@ class Runner(States):
         """Perform the flow (``perform.arun``) on a lease of a new token, held where the
         layer's policy holds leases. The leader's ``flight`` counts the steps that may
         produce the value (see Flight)."""
-        lease = Lease(ctx.keys, lease_token(ctx, flight), milliseconds(ctx.settings.lock_ttl))
+        clock = ctx.tags.clock if ctx.tags is not None else ""  # read with the lease (_core.tags)
+        lease = Lease(ctx.keys, lease_token(ctx, flight), milliseconds(ctx.settings.lock_ttl), clock=clock)
         leases = state.leases
         ctx.leases = leases.policy.bind(lease)
         performer = Performer(

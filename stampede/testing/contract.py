@@ -74,6 +74,7 @@ __all__ = [  # what a star import takes: the fixtures and every test
     "test_a_tagged_write_joins_its_tag_and_the_tags_invalidation_drops_it",
     "test_a_tagged_write_of_a_load_begun_before_its_tags_invalidation_is_refused",
     "test_a_soft_tag_invalidation_keeps_stale_values_as_members",
+    "test_a_lease_taken_with_the_tag_clock_reads_it_as_a_load_about_to_begin",
 ]
 LEASE_MS = 5_000
 ENVELOPE = Codec().encode({"v": 1}, 1.0, 0.0, key="k")
@@ -85,9 +86,9 @@ class OnLoop:
     def __init__(self, store: Any, loop: asyncio.AbstractEventLoop) -> None:
         self._store, self._loop = store, loop
 
-    def _call(self, name: str, *args: Any) -> Any:
+    def _call(self, name: str, *args: Any, **options: Any) -> Any:
         async def call() -> Any:
-            return await getattr(self._store, name)(*args)
+            return await getattr(self._store, name)(*args, **options)
 
         return asyncio.run_coroutine_threadsafe(call(), self._loop).result(timeout=20)
 
@@ -102,7 +103,7 @@ class OnLoop:
         attribute = getattr(self._store, name)
         if not callable(attribute):  # a capability the store says it has (checks_slot_leases)
             return attribute  # type: ignore[no-any-return]
-        return lambda *args: self._call(name, *args)
+        return lambda *args, **options: self._call(name, *args, **options)
 
 
 class OnLoopSubscription:
@@ -629,3 +630,28 @@ def test_a_soft_tag_invalidation_keeps_stale_values_as_members(store: Any, keys:
     assert raw == envelope and 0 < ttl_left <= 30  # stale: kept for its stale window alone
     assert store.invalidate_tag(tags.clock, tag, False) == [keys.value]  # still a member
     assert store.get(keys.value) is None
+
+
+def test_a_lease_taken_with_the_tag_clock_reads_it_as_a_load_about_to_begin(store: Any, keys: EntryKeys) -> None:
+    """``acquire(clock=...)``: once the lease is taken, the tag clock is read with it (or
+    ``since`` is None, and the flow reads it after). Either way it is read before the load
+    begins: a tag invalidated after it refuses the write, and a lease taken after the
+    invalidation reads a clock the tag admits."""
+    tags, tag = _tag(store)
+    before = _tag_clock(store, tags)
+    taken = store.acquire(keys, "a", LEASE_MS, True, clock=tags.clock)
+    assert taken.state is LockState.LOCKED
+    since = taken.since if taken.since is not None else store.tag_clock(tags.clock)
+    assert since >= before
+    held = store.acquire(keys, "b", LEASE_MS, True, clock=tags.clock)
+    assert held.state is LockState.HELD and held.since is None  # read once the lease is taken only
+    store.invalidate_tag(tags.clock, tag, False)
+    assert store.write_release(keys, "a", ENVELOPE, 60_000, True, Tagged(tags, since)) == Written.REFUSED
+    assert store.holder(keys) is None
+    again = store.acquire(keys, "c", LEASE_MS, True, clock=tags.clock)
+    assert again.state is LockState.LOCKED
+    later = again.since if again.since is not None else store.tag_clock(tags.clock)
+    assert later > since
+    assert store.write_release(keys, "c", ENVELOPE, 60_000, True, Tagged(tags, later)) == Written.YES
+    found = store.acquire(keys, "d", LEASE_MS, True, clock=tags.clock)
+    assert found.state is LockState.VALUE and found.raw == ENVELOPE and found.since is None

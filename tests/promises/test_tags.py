@@ -405,6 +405,34 @@ def test_a_page_in_flight_when_its_tag_is_invalidated_is_not_written(
     assert layer.stats()["stale_writes_prevented"] == 2
 
 
+def test_a_tagged_miss_reads_the_tag_clock_with_its_lease(
+    make_layer: Callable[..., Stampede], redis_client: redis.Redis, mode: Blocking | OnALoop
+) -> None:
+    """On one server a tagged miss takes the round trips of an untagged one: a read, the
+    lease (whose script reads the tag clock once the lease is taken, before the load
+    begins) and the write (which its tags admit). Not a round trip of its own for the
+    clock. Its tag invalidated while it loads still refuses its write (the tests above)."""
+    layer = make_layer(near_cache=False)
+    db = Database(result=lambda key: key)
+    loaders = {
+        "plain": layer.cached_loader("plain:{key}")(mode.loader(db)),
+        "tagged": layer.cached_loader("tagged:{key}", tags=["item:{key}", "catalog"])(mode.loader(db)),
+    }
+
+    def scripts() -> int:
+        return int(redis_client.info("commandstats")["cmdstat_evalsha"]["calls"])
+
+    for name, loader in loaders.items():
+        assert mode(loader, 0) == 0  # the scripts are known to the server
+        before = scripts()
+        for n in range(1, 11):
+            assert mode(loader, n) == n
+        assert scripts() - before == 2 * 10, name  # a lease and a write each: no clock of its own
+    assert layer.stats()["loads"] == 22
+    assert layer.invalidate_tag("catalog") == 11
+    assert layer.stats()["stale_writes_prevented"] == 0
+
+
 def test_a_cold_tagged_page_writes_in_two_pipelines(
     make_layer: Callable[..., Stampede], redis_client: redis.Redis
 ) -> None:

@@ -83,8 +83,9 @@ class MemoryStore(OneByOne):
         return (None, 0.0, False) if item is None else (item[0], item[1] - now, marked)
 
     def acquire(
-        self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
+        self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b"", clock: str = ""
     ) -> AcquireReply:
+        # ``clock`` is left to the flow: reading it is no round trip here.
         now = self._clock()
         with self._lock:
             item = self._values.get(keys.value) if check_value else None
@@ -441,9 +442,9 @@ class AsyncMemoryStore(AsyncOneByOne):
         return self._store.get_with_ttl(key, failing)
 
     async def acquire(
-        self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
+        self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b"", clock: str = ""
     ) -> AcquireReply:
-        return self._store.acquire(keys, token, lease_ms, check_value, stale)
+        return self._store.acquire(keys, token, lease_ms, check_value, stale, clock)
 
     async def hold(self, keys: EntryKeys, token: str, hold_ms: int, failing_ms: int) -> bool:
         return self._store.hold(keys, token, hold_ms, failing_ms)

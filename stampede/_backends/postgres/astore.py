@@ -146,8 +146,9 @@ class AsyncPostgresStore(AsyncOneByOne):
         return bytes(row[0]), float(row[1]), failing and bool(row[2])
 
     async def acquire(
-        self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
+        self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b"", clock: str = ""
     ) -> AcquireReply:
+        # ``clock`` is left to the flow, which reads it in a statement of its own.
         statement = sql.acquire(keys, token, lease_ms, check_value, stale)
         return sql.acquire_reply(await self._one("lock", keys.value, statement))
 

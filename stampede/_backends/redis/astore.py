@@ -49,7 +49,7 @@ from .commands import (
     warn_near,
     without_blmpop,
 )
-from .replies import acquire_reply, asks_failing, marked, queue_read_with_ttl, with_ttl
+from .replies import acquire_reading_clock_reply, acquire_reply, asks_failing, marked, queue_read_with_ttl, with_ttl
 from .sending import NO_SWITCHES, AsyncSending, Switches
 
 T = TypeVar("T")
@@ -357,12 +357,17 @@ class AsyncRedisStore(AsyncSending):
         return replies
 
     async def acquire(
-        self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
+        self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b"", clock: str = ""
     ) -> AcquireReply:
         with self._translated("lock", keys.value):
             call = _scripts.acquire_call(keys, token, lease_ms, check_value, stale)
-            reply = await self._send(keys.value, self._scripts.acquire, *call)
-        acquired = acquire_reply(reply)
+            if clock and not is_cluster(self.client):  # one script. A cluster's clock is in another slot
+                call = _scripts.acquire_reading_clock_call(call, clock)
+                acquired = acquire_reading_clock_reply(
+                    await self._send(keys.value, self._scripts.acquire_reading_clock, *call)
+                )
+            else:
+                acquired = acquire_reply(await self._send(keys.value, self._scripts.acquire, *call))
         if self.eviction.pending and acquired.state is LockState.LOCKED:
             self.eviction.pending = False
             self.eviction.found(await self.server_config())

@@ -202,6 +202,7 @@ class Scripts:
             return client.register_script(script)
 
         self.acquire = register(_scripts.ACQUIRE)
+        self.acquire_reading_clock = register(_scripts.ACQUIRE_READING_CLOCK)  # one server's
         self.write_release = register(_scripts.WRITE_AND_RELEASE)
         self.touch = register(_scripts.TOUCH)
         self.acquires = batches.Pair(self.acquire, register(_scripts.ACQUIRE_EACH))  # many entries' (batches)

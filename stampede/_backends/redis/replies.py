@@ -26,6 +26,14 @@ def acquire_reply(reply: Any) -> AcquireReply:
     return AcquireReply(LockState.HELD, lease_left=max(int(reply[1]), 0) / 1000, failed=failed, holder=holder)
 
 
+def acquire_reading_clock_reply(reply: Any) -> AcquireReply:
+    """The ACQUIRE_READING_CLOCK script's reply: ACQUIRE's, with the tag clock it read
+    once the lock was taken (``AcquireReply.since``)."""
+    if len(reply) > 1:  # ACQUIRE's {2}: the lock taken
+        return AcquireReply(LockState.LOCKED, since=int(reply[1]))
+    return acquire_reply(reply[0])
+
+
 def queue_read_with_ttl(pipeline: Any, key: str) -> Any:
     """Queue the commands of ``Store.get_with_ttl`` on a pipeline, blocking or asyncio:
     GET and PTTL of ``key``. The pipeline's replies go to ``with_ttl``."""

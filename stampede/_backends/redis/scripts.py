@@ -700,6 +700,29 @@ local clock = redis.call('TIME')
 return tonumber(clock[1]) * 1000000 + tonumber(clock[2])
 """
 
+ACQUIRE_READING_CLOCK = (
+    "local function acquire(KEYS, ARGV)\n"
+    + ACQUIRE
+    + "\nend\nlocal function read_clock(KEYS)\n"
+    + READ_TAG_CLOCK
+    + """
+end
+-- A tagged load's ACQUIRE: once the lock is taken, the tag clock is read in the same
+-- step, before the load begins (see _core.tags), instead of in a round trip of its own.
+-- KEYS: ACQUIRE's, then the tag clock; ARGV: ACQUIRE's
+-- Returns {ACQUIRE's reply}, or once the lock is taken {ACQUIRE's reply, the tag clock}
+local reply = acquire({KEYS[1], KEYS[2]}, ARGV)
+if reply[1] ~= 2 then return {reply} end
+return {reply, read_clock({KEYS[3]})}
+"""
+)
+
+
+def acquire_reading_clock_call(call: Call, clock: str) -> Call:
+    """``ACQUIRE_READING_CLOCK``'s call: ``acquire_call``'s, and the tag clock's key."""
+    return Call([*call.keys, clock], call.args)
+
+
 ADMIT = """
 -- Each tag admits a tagged write before its value exists: none if a tag's generation is
 -- newer than the clock the load read (the tag was invalidated after the load began).

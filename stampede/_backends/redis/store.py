@@ -48,7 +48,7 @@ from .commands import (
     without_blmpop,
 )
 from .notify import Subscriber
-from .replies import acquire_reply, asks_failing, marked, queue_read_with_ttl, with_ttl
+from .replies import acquire_reading_clock_reply, acquire_reply, asks_failing, marked, queue_read_with_ttl, with_ttl
 from .sending import NO_SWITCHES, Sending, Switches
 from .shards import ShardedSubscriber
 
@@ -343,12 +343,15 @@ class RedisStore(Sending):
         return replies
 
     def acquire(
-        self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b""
+        self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b"", clock: str = ""
     ) -> AcquireReply:
         with self._translated("lock", keys.value):
             call = _scripts.acquire_call(keys, token, lease_ms, check_value, stale)
-            reply = self._scripts.acquire(*call)
-        acquired = acquire_reply(reply)
+            if clock and not is_cluster(self.client):  # one script. A cluster's clock is in another slot
+                call = _scripts.acquire_reading_clock_call(call, clock)
+                acquired = acquire_reading_clock_reply(self._scripts.acquire_reading_clock(*call))
+            else:
+                acquired = acquire_reply(self._scripts.acquire(*call))
         if self.eviction.pending and acquired.state is LockState.LOCKED:
             self.eviction.pending = False
             self.eviction.found(self.server_config())
