@@ -68,7 +68,6 @@ class BatchPerformer:
         with ExitStack() as stack:
             stack.enter_context(loading_all(entry.lease.keys.value for entry in entries))
             stack.enter_context(lease_held(None))  # its budget asks no lease: the writes refuse what was lost
-            for lease in leased(entries, step.steps):
-                stack.enter_context(self._watchdog.guard(self._renewal, lease.keys, lease.token, lease.ms))
+            stack.enter_context(self._watchdog.guard_many(self._renewal, leased(entries, step.steps)))
             self._events.incr("batch_loads")
             return self._load([entry.position for entry in entries])

@@ -16,10 +16,11 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from .._core.effects import Lease
 from .._core.keys import EntryKeys
 from .._core.store import AsyncRenewable, Renewable
 from .._errors import BackendUnavailable
@@ -68,13 +69,30 @@ class Watchdog:
 
     def watch(self, store: Renewable, keys: EntryKeys, token: str, lease_ms: int) -> WatchedLease:
         """Keep the lease renewed until its ``active`` is set False."""
-        lease = WatchedLease(store, keys, token, lease_ms, time.monotonic() + lease_ms / 3000)
+        return self._watch(store, [Lease(keys, token, lease_ms)])[0]
+
+    @contextmanager
+    def guard_many(self, store: Renewable, leases: Sequence[Lease]) -> Iterator[list[WatchedLease]]:
+        """``guard`` of each of ``leases`` (a batch's loads), registered in one step: a
+        page of cold entries takes the lock and checks the thread once, not once each."""
+        watched = self._watch(store, leases)
+        try:
+            yield watched
+        finally:
+            for lease in watched:
+                lease.active = False
+
+    def _watch(self, store: Renewable, leases: Sequence[Lease]) -> list[WatchedLease]:
+        due = time.monotonic()
+        watched = [WatchedLease(store, lease.keys, lease.token, lease.ms, due + lease.ms / 3000) for lease in leases]
         with self._lock:
             self._start_thread()
-            heapq.heappush(self._heap, (lease.due, next(self._order), lease))
-            if self._heap[0][2] is lease:  # due before any other: the thread must wake earlier
+            first = self._heap[0][2] if self._heap else None
+            for lease in watched:
+                heapq.heappush(self._heap, (lease.due, next(self._order), lease))
+            if watched and self._heap[0][2] is not first:  # due before any other: the thread must wake earlier
                 self._changed.notify()
-        return lease
+        return watched
 
     def close(self) -> None:
         with self._lock:
@@ -180,6 +198,15 @@ class AsyncWatchdog:
         """Keep the lease renewed until ``stop``."""
         return RenewingTask(asyncio.ensure_future(keep_renewed(store, keys, token, lease_ms)))
 
+    @contextmanager
+    def guard_many(self, store: AsyncRenewable, leases: Sequence[Lease]) -> Iterator[RenewingTask]:
+        """``guard`` of each of ``leases`` (a batch's loads), by one task for them all."""
+        renewing = RenewingTask(asyncio.ensure_future(keep_all_renewed(store, leases)))
+        try:
+            yield renewing
+        finally:
+            renewing.stop()
+
 
 LOOP_WATCHDOG = AsyncWatchdog()
 
@@ -196,3 +223,24 @@ async def keep_renewed(store: AsyncRenewable, keys: EntryKeys, token: str, lease
         except BackendUnavailable as error:
             outcome = error
         delay = next_renewal(keys, lease_ms, outcome)
+
+
+async def keep_all_renewed(store: AsyncRenewable, leases: Sequence[Lease]) -> None:
+    """``keep_renewed`` for each of ``leases``, each on its own schedule, in one task."""
+    loop = asyncio.get_running_loop()
+    now = loop.time()
+    due = {index: now + lease.ms / 3000 for index, lease in enumerate(leases)}
+    while due:
+        await asyncio.sleep(max(0.0, min(due.values()) - loop.time()))
+        for index in [index for index, at in due.items() if at <= loop.time()]:
+            lease = leases[index]
+            outcome: bool | BackendUnavailable
+            try:
+                outcome = await store.renew(lease.keys, lease.token, lease.ms)
+            except BackendUnavailable as error:
+                outcome = error
+            delay = next_renewal(lease.keys, lease.ms, outcome)
+            if delay is None:
+                del due[index]
+            else:
+                due[index] = loop.time() + delay

@@ -8,11 +8,11 @@ import time
 from typing import Any
 
 from stampede._backends.channels import Channels
-from stampede._core.effects import Acquire, AwaitNotice, Load, Release, Subscribe, WriteRelease
+from stampede._core.effects import Acquire, AwaitNotice, Lease, Load, Release, Subscribe, WriteRelease
 from stampede._core.flight import Flight
 from stampede._core.keys import EntryKeys
 from stampede._drivers.singleflight import AsyncFlightTable
-from stampede._drivers.watchdog import Watchdog
+from stampede._drivers.watchdog import LOOP_WATCHDOG, Watchdog
 
 
 class Box:
@@ -209,3 +209,52 @@ def test_short_leases_one_after_another_do_not_wake_the_watchdog_each_time() -> 
         assert counting.notified <= 2, counting.notified
     finally:
         watchdog.close()
+
+
+def test_a_batchs_leases_are_watched_in_one_step_and_all_dropped_after_it() -> None:
+    """A page of 50 cold entries registers its leases under one hold of the lock and wakes
+    the thread once; when the load ends, every one of them is over."""
+    watchdog = Watchdog()
+    counting = CountingCondition(watchdog._changed)
+    watchdog._changed = counting  # type: ignore[assignment]
+    leases = [Lease(EntryKeys(f"v{n}", f"l{n}", f"c{n}"), f"token{n}", 30_000) for n in range(50)]
+    try:
+        with watchdog.guard_many(None, leases) as watched:  # type: ignore[arg-type]
+            assert [lease.token for lease in watched] == [lease.token for lease in leases]
+            assert all(lease.active for lease in watched) and len(watchdog._heap) == 50
+        assert not any(lease.active for lease in watched)
+        assert counting.notified == 1
+    finally:
+        watchdog.close()
+
+
+class Renewals:
+    """An asyncio store whose renewals keep ``kept``'s leases and find the others lost."""
+
+    def __init__(self, kept: set[str], enough: int) -> None:
+        self.kept, self.enough = kept, enough
+        self.calls: dict[str, int] = {}
+        self.renewed_enough = asyncio.Event()
+
+    async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
+        self.calls[token] = self.calls.get(token, 0) + 1
+        if min(self.calls.get(kept, 0) for kept in self.kept) >= self.enough:
+            self.renewed_enough.set()
+        return token in self.kept
+
+
+def test_one_task_renews_an_asyncio_batchs_leases_each_until_lost_or_the_load_ends() -> None:
+    async def main() -> tuple[dict[str, int], asyncio.Task[Any]]:
+        store = Renewals(kept={"a", "b"}, enough=3)
+        leases = [Lease(EntryKeys(n, n + ":lock", n + ":c"), n, 30) for n in ("a", "b", "lost")]
+        tasks_before = asyncio.all_tasks()
+        with LOOP_WATCHDOG.guard_many(store, leases):  # type: ignore[arg-type]
+            (renewing,) = asyncio.all_tasks() - tasks_before  # one task for the three
+            await asyncio.wait_for(store.renewed_enough.wait(), 10)
+        await asyncio.sleep(0)  # the cancellation is delivered
+        return dict(store.calls), renewing
+
+    calls, renewing = asyncio.run(main())
+    assert calls["a"] >= 3 and calls["b"] >= 3
+    assert calls["lost"] == 1  # found lost at its first renewal: never asked again
+    assert renewing.cancelled()
