@@ -226,21 +226,39 @@ async def keep_renewed(store: AsyncRenewable, keys: EntryKeys, token: str, lease
 
 
 async def keep_all_renewed(store: AsyncRenewable, leases: Sequence[Lease]) -> None:
-    """``keep_renewed`` for each of ``leases``, each on its own schedule, in one task."""
+    """``keep_renewed`` for each of ``leases``, each on its own schedule, in one task. A
+    renewal runs as a task of its own only while it is sent, so that one waiting on a
+    slow or failed server (a cluster primary of its own) holds none of the others back;
+    a page whose loader returns within a third of the lease starts none."""
     loop = asyncio.get_running_loop()
     now = loop.time()
     due = {index: now + lease.ms / 3000 for index, lease in enumerate(leases)}
-    while due:
-        await asyncio.sleep(max(0.0, min(due.values()) - loop.time()))
-        for index in [index for index, at in due.items() if at <= loop.time()]:
-            lease = leases[index]
-            outcome: bool | BackendUnavailable
-            try:
-                outcome = await store.renew(lease.keys, lease.token, lease.ms)
-            except BackendUnavailable as error:
-                outcome = error
-            delay = next_renewal(lease.keys, lease.ms, outcome)
-            if delay is None:
-                del due[index]
+    sending: set[asyncio.Task[None]] = set()
+
+    async def renew(index: int) -> None:
+        lease = leases[index]
+        outcome: bool | BackendUnavailable
+        try:
+            outcome = await store.renew(lease.keys, lease.token, lease.ms)
+        except BackendUnavailable as error:
+            outcome = error
+        delay = next_renewal(lease.keys, lease.ms, outcome)
+        if delay is not None:
+            due[index] = loop.time() + delay
+
+    try:
+        while due or sending:
+            timeout = max(0.0, min(due.values()) - loop.time()) if due else None
+            if sending:
+                done, sending = await asyncio.wait(sending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    task.result()  # a renewal's own failure is BackendUnavailable, handled: anything else is a bug
             else:
-                due[index] = loop.time() + delay
+                await asyncio.sleep(timeout or 0.0)
+            now = loop.time()
+            for index in [index for index, at in due.items() if at <= now]:
+                del due[index]
+                sending.add(asyncio.ensure_future(renew(index)))
+    finally:
+        for task in sending:
+            task.cancel()

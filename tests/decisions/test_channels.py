@@ -229,15 +229,18 @@ def test_a_batchs_leases_are_watched_in_one_step_and_all_dropped_after_it() -> N
 
 
 class Renewals:
-    """An asyncio store whose renewals keep ``kept``'s leases and find the others lost."""
+    """An asyncio store whose renewals keep ``kept``'s leases and find the others lost;
+    ``stuck``'s renewal never answers (a server that stopped answering)."""
 
-    def __init__(self, kept: set[str], enough: int) -> None:
-        self.kept, self.enough = kept, enough
+    def __init__(self, kept: set[str], enough: int, stuck: str = "") -> None:
+        self.kept, self.enough, self.stuck = kept, enough, stuck
         self.calls: dict[str, int] = {}
         self.renewed_enough = asyncio.Event()
 
     async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         self.calls[token] = self.calls.get(token, 0) + 1
+        if token == self.stuck:
+            await asyncio.Event().wait()
         if min(self.calls.get(kept, 0) for kept in self.kept) >= self.enough:
             self.renewed_enough.set()
         return token in self.kept
@@ -245,8 +248,8 @@ class Renewals:
 
 def test_one_task_renews_an_asyncio_batchs_leases_each_until_lost_or_the_load_ends() -> None:
     async def main() -> tuple[dict[str, int], asyncio.Task[Any]]:
-        store = Renewals(kept={"a", "b"}, enough=3)
-        leases = [Lease(EntryKeys(n, n + ":lock", n + ":c"), n, 30) for n in ("a", "b", "lost")]
+        store = Renewals(kept={"a", "b"}, enough=3, stuck="stuck")
+        leases = [Lease(EntryKeys(n, n + ":lock", n + ":c"), n, 30) for n in ("a", "stuck", "b", "lost")]
         tasks_before = asyncio.all_tasks()
         with LOOP_WATCHDOG.guard_many(store, leases):  # type: ignore[arg-type]
             (renewing,) = asyncio.all_tasks() - tasks_before  # one task for the three
@@ -257,4 +260,5 @@ def test_one_task_renews_an_asyncio_batchs_leases_each_until_lost_or_the_load_en
     calls, renewing = asyncio.run(main())
     assert calls["a"] >= 3 and calls["b"] >= 3
     assert calls["lost"] == 1  # found lost at its first renewal: never asked again
+    assert calls["stuck"] == 1  # still waiting for its server: the others went on without it
     assert renewing.cancelled()
