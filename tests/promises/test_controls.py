@@ -121,6 +121,30 @@ def test_a_set_is_one_round_trip_and_readers_never_find_the_entry_absent() -> No
         _readers_see_no_gap(layer, row)
 
 
+def test_a_set_wakes_its_waiters_once_with_the_value(
+    make_layer: Callable[..., Stampede], redis_client: redis.Redis
+) -> None:
+    """The set's one script wakes the entry's waiters once, with the new value: not first
+    with an empty message, which would send each of them to read the entry for nothing."""
+    layer = make_layer(near_cache=False)
+    row = layer.cached_loader("row:{key}")(lambda key: {"key": key, "version": 0})
+    channel = EntryKeys.for_value(row.key(1)).channel
+    pubsub = redis_client.pubsub()
+    try:
+        pubsub.subscribe(channel)
+        assert pubsub.get_message(timeout=10)["type"] == "subscribe"
+        assert row.set({"key": 1, "version": 1}, 1) is True
+        redis_client.publish(channel, b"end")  # after every message of the set
+        messages = []
+        while not messages or messages[-1] != b"end":
+            message = pubsub.get_message(timeout=10)
+            assert message is not None, messages
+            messages.append(message["data"])
+        assert len(messages) == 2 and messages[0] == layer.store().get(row.key(1)), messages
+    finally:
+        pubsub.close()
+
+
 def _readers_see_no_gap(layer: Stampede, row: Any) -> None:
     stop, absent, seen = threading.Event(), [], []
 

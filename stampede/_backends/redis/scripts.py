@@ -551,14 +551,21 @@ return reply
 SEIZE = NEAR_REQUEST + _SEIZE
 
 
+_WAKE = "redis.call('PUBLISH', ARGV[1], '')\n"
+
+
 def _put(write: str) -> str:
     """A write-through (set) in one script: SEIZE, then ``write`` (WRITE_AND_RELEASE or
     WRITE_TAGGED) under the lease it took, with nothing between them, so that readers
-    see the old value and then the new one, never the entry absent."""
+    see the old value and then the new one, never the entry absent. SEIZE's wake-up is
+    left out: the write's own message, sent in the same step, wakes the waiters (with
+    the value, where it goes inline), and an empty one first would send each of them to
+    read the entry for nothing."""
+    assert _SEIZE.count(_WAKE) == 1, "SEIZE's wake-up is not where _put looks for it"
     return (
         NEAR_REQUEST
         + "local function seize(KEYS, ARGV)\n"
-        + _SEIZE
+        + _SEIZE.replace(_WAKE, "")
         + "\nend\nlocal function write(KEYS, ARGV)\n"
         + write
         + """
