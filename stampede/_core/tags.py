@@ -11,6 +11,9 @@ What the store keeps, per namespace:
 * the **tag clock**: a counter that never goes back (``max(last + 1, server time in
   microseconds)``, as a named lock's fencing counter). Every tag invalidation draws the
   next value. A load reads it before the loader is called: that is when its load began.
+  (It is read with the lease, in the step that takes it where the store can:
+  ``AcquireReply.since``. Read earlier than the load, never later: an invalidation
+  after the read refuses the write, which is safe, if now and then one more load.)
 * per tag, its **generation**: the clock value its last invalidation drew. It is kept
   ``GENERATION_KEEP_MS``.
 * per tag, its **members**: the value keys of the entries written with it, each with

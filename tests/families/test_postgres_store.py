@@ -143,3 +143,18 @@ def test_the_urls_own_session_options_are_kept_beside_the_statement_timeout(
             ]
 
     assert asyncio.run(shown_by_a_loop()) == ["7MB", "3s"]
+
+
+def test_a_tagged_lease_reads_the_tag_clock_in_its_own_statement(
+    make_postgres_layer: Callable[..., Stampede],
+) -> None:
+    """A tagged load's lease reads the tag clock in the statement that takes it (one
+    round trip, not two); a lease found held reads none."""
+    store = make_postgres_layer(namespace="tagged-lease").store()
+    keys = EntryKeys.for_value("tagged-lease:{item:1}")
+    clock = store.tag_clock("tagged-lease:tag-clock")
+    taken = store.acquire(keys, "loader", 10_000, True, clock="tagged-lease:tag-clock")
+    assert taken.state is LockState.LOCKED and taken.since == clock
+    held = store.acquire(keys, "another", 10_000, True, clock="tagged-lease:tag-clock")
+    assert held.state is LockState.HELD and held.since is None
+    assert store.release(keys, "loader")

@@ -148,8 +148,7 @@ class AsyncPostgresStore(AsyncOneByOne):
     async def acquire(
         self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b"", clock: str = ""
     ) -> AcquireReply:
-        # ``clock`` is left to the flow, which reads it in a statement of its own.
-        statement = sql.acquire(keys, token, lease_ms, check_value, stale)
+        statement = sql.acquire(keys, token, lease_ms, check_value, stale, clock=bool(clock))
         return sql.acquire_reply(await self._one("lock", keys.value, statement))
 
     async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:

@@ -745,9 +745,14 @@ def get_with_ttl(key: str, failing_key: str) -> Statement:
     return Statement(GET_WITH_TTL, (failing_key, key))
 
 
-def acquire(keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes) -> Statement:
+def acquire(
+    keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes, clock: bool = False
+) -> Statement:
+    """``clock``: a tagged load's, which reads the tag clock in the same statement (its
+    last column, see ``TAG_CLOCK``), as the lease is taken: before the load begins."""
+    read_clock = f", ({TAG_CLOCK})" if clock else ""
     return Statement(
-        "SELECT state, raw, left_ms, failed, holder FROM stampede_acquire(%s, %s, %s, %s, %s, %s)",
+        f"SELECT state, raw, left_ms, failed, holder{read_clock} FROM stampede_acquire(%s, %s, %s, %s, %s, %s)",
         (keys.value, keys.lock, token, lease_ms, check_value, stale),
     )
 
@@ -950,11 +955,11 @@ def acquire_reply(row: tuple[Any, ...] | None) -> AcquireReply:
     """``stampede_acquire``'s row as the store contract's reply."""
     if row is None:
         raise BackendUnavailable("postgresql returned no row to take a lease")
-    state, raw, left_ms, failed, holder = row
+    state, raw, left_ms, failed, holder = row[:5]
     if state == 1:  # left_ms: the value's (schema version 5; 0 from an older one: not told)
         return AcquireReply(LockState.VALUE, bytes(raw), ttl_left=left_ms / 1000 if left_ms > 0 else -1.0)
-    if state == 2:
-        return AcquireReply(LockState.LOCKED)
+    if state == 2:  # a sixth column: the tag clock, read with the lease (``acquire(clock=True)``)
+        return AcquireReply(LockState.LOCKED, since=int(row[5]) if len(row) > 5 else None)
     return AcquireReply(LockState.HELD, lease_left=left_ms / 1000, failed=bool(failed), holder=holder or "")
 
 
