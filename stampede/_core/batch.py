@@ -121,19 +121,24 @@ def together(
 
 
 def next_step(steps: dict[int, Effect]) -> One | Each:
-    """What goes next, by the rules of the order."""
+    """What goes next, by the rules of the order: one pass over the steps, each sorted
+    by its kind (effects are final classes: a step's kind is its type)."""
+    kinds: dict[type, list[One]] = {}
     for index, effect in steps.items():
-        if not isinstance(effect, (*GROUPED, *LAST)):
+        kind = type(effect)
+        if kind not in _ORDER:
             return One(index, effect)
+        kinds.setdefault(kind, []).append(One(index, effect))
     for kind in GROUPED:
-        group = tuple(One(index, effect) for index, effect in steps.items() if isinstance(effect, kind))
-        if group:
-            return Each(group)
+        if kind in kinds:
+            return Each(tuple(kinds[kind]))
     for waiting in LAST:
-        for index, effect in steps.items():
-            if isinstance(effect, waiting):
-                return One(index, effect)
+        if waiting in kinds:
+            return kinds[waiting][0]
     raise AssertionError(f"a step of no kind: {steps!r}")
+
+
+_ORDER = frozenset((*GROUPED, *LAST))
 
 
 def _clean_up(flow: Decision[Any], index: int, interruption: BaseException) -> Steps[None]:
