@@ -61,11 +61,8 @@ class Watchdog:
     @contextmanager
     def guard(self, store: Renewable, keys: EntryKeys, token: str, lease_ms: int) -> Iterator[WatchedLease]:
         """Keep the lease renewed for the duration of the ``with`` block."""
-        lease = self.watch(store, keys, token, lease_ms)
-        try:
+        with self.guard_many(store, [Lease(keys, token, lease_ms)]) as (lease,):
             yield lease
-        finally:
-            lease.active = False  # dropped from the heap when it comes due
 
     def watch(self, store: Renewable, keys: EntryKeys, token: str, lease_ms: int) -> WatchedLease:
         """Keep the lease renewed until its ``active`` is set False."""
@@ -80,7 +77,7 @@ class Watchdog:
             yield watched
         finally:
             for lease in watched:
-                lease.active = False
+                lease.active = False  # dropped from the heap when it comes due
 
     def _watch(self, store: Renewable, leases: Sequence[Lease]) -> list[WatchedLease]:
         due = time.monotonic()
@@ -188,11 +185,8 @@ class AsyncWatchdog:
     @contextmanager
     def guard(self, store: AsyncRenewable, keys: EntryKeys, token: str, lease_ms: int) -> Iterator[RenewingTask]:
         """Keep the lease renewed for the duration of the ``with`` block."""
-        renewing = self.watch(store, keys, token, lease_ms)
-        try:
+        with self.guard_many(store, [Lease(keys, token, lease_ms)]) as renewing:
             yield renewing
-        finally:
-            renewing.stop()
 
     def watch(self, store: AsyncRenewable, keys: EntryKeys, token: str, lease_ms: int) -> RenewingTask:
         """Keep the lease renewed until ``stop``."""
@@ -214,22 +208,14 @@ LOOP_WATCHDOG = AsyncWatchdog()
 async def keep_renewed(store: AsyncRenewable, keys: EntryKeys, token: str, lease_ms: int) -> None:
     """Renew the lease every lease/3 until cancelled or lost (the watchdog's rules), for
     an asyncio holder: a task on its loop rather than the thread."""
-    delay: float | None = lease_ms / 3000
-    while delay is not None:
-        await asyncio.sleep(delay)
-        outcome: bool | BackendUnavailable
-        try:
-            outcome = await store.renew(keys, token, lease_ms)
-        except BackendUnavailable as error:
-            outcome = error
-        delay = next_renewal(keys, lease_ms, outcome)
+    await keep_all_renewed(store, [Lease(keys, token, lease_ms)])
 
 
 async def keep_all_renewed(store: AsyncRenewable, leases: Sequence[Lease]) -> None:
-    """``keep_renewed`` for each of ``leases``, each on its own schedule, in one task. A
-    renewal runs as a task of its own only while it is sent, so that one waiting on a
-    slow or failed server (a cluster primary of its own) holds none of the others back;
-    a page whose loader returns within a third of the lease starts none."""
+    """``keep_renewed`` for each of ``leases``, each on its own schedule, in one task (a
+    batch's loads). A renewal runs as a task of its own only while it is sent, so that one
+    waiting on a slow or failed server (a cluster primary of its own) holds none of the
+    others back; a load that ends within a third of its lease starts none."""
     loop = asyncio.get_running_loop()
     now = loop.time()
     due = {index: now + lease.ms / 3000 for index, lease in enumerate(leases)}
