@@ -250,10 +250,12 @@ def test_a_tagged_put_joins_its_tag_unless_the_tag_was_invalidated_since(store: 
 
 
 def test_renewal_extends_only_the_holders_lease(store: Any, keys: EntryKeys) -> None:
-    store.acquire(keys, "a", 200, True)
+    # A first term of 2 s, not shorter: a stall of a loaded machine between the lease and
+    # its renewal must not let it run out (with 200 ms, a Redlock lease once did, in CI).
+    store.acquire(keys, "a", 2000, True)
     assert store.renew(keys, "a", LEASE_MS) is True
     held = store.acquire(keys, "b", LEASE_MS, True)
-    assert held.lease_left > 1.0  # reset to the renewed term, not the first 200 ms
+    assert held.lease_left > 2.5  # reset to the renewed term (5 s), not the first 2 s
     assert store.renew(keys, "b", LEASE_MS) is False
     assert store.release(keys, "a") is True
     assert store.renew(keys, "a", LEASE_MS) is False
