@@ -127,12 +127,16 @@ def build_app(
     )
 
 
+# Connections idle between a client's bursts stay open: with uvicorn's 5 s keep-alive, a
+# burst that took that long on a busy machine let the server close a connection just as
+# the client reused it ("Server disconnected without sending a response"; CI's suite).
+KEEP_ALIVE = 120
+
+
 async def check(app: Starlette, requests: int) -> bool:
     """Serve the app on a free port and show what a burst of requests costs."""
     port = free_port()
-    # Connections idle between the bursts stay open: uvicorn's 5 s keep-alive could close
-    # one just as the client reuses it (a ReadError on a busy machine).
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", timeout_keep_alive=120)
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", timeout_keep_alive=KEEP_ALIVE)
     server = uvicorn.Server(config)
     serving = asyncio.ensure_future(server.serve())
     while not server.started:
@@ -206,7 +210,8 @@ def main() -> None:
         # uvicorn raises a SIGTERM it caught again once it has shut down, and Python's own
         # handler would end the process there, before the throwaway server is stopped.
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-        uvicorn.run(app, host="127.0.0.1", port=options.port, log_level="warning", access_log=False)
+        uvicorn.run(app, host="127.0.0.1", port=options.port, log_level="warning", access_log=False,
+                    timeout_keep_alive=KEEP_ALIVE)  # fmt: skip
 
 
 if __name__ == "__main__":

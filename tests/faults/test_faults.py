@@ -254,7 +254,9 @@ def test_a_caller_arriving_after_an_invalidation_elsewhere_is_not_handed_an_earl
     the version 1 it loaded) whose reply the network holds back, when layer A updates the
     database to version 2 and invalidates. A caller in B who arrives after that joins B's
     flight; it must not be handed what the command carried: it reads again and gets 2."""
-    layer_b = make_layer(proxy.url, namespace="window", lock_ttl=30)
+    # The held reply must outlast any stall of a loaded machine: a read that timed out
+    # (after the default 2 s) would load version 2 for the first caller too.
+    layer_b = make_layer(proxy.url, namespace="window", lock_ttl=30, socket_timeout=30)
     layer_a = make_layer(namespace="window")
     database = {"version": 1}
     db = CountingLoader(result=lambda key: dict(database))
@@ -277,14 +279,14 @@ def test_a_caller_arriving_after_an_invalidation_elsewhere_is_not_handed_an_earl
             sent = commands_run(redis_client, command)
             proxy.stall_replies()
             db.release.set()
-        wait_until(lambda: commands_run(redis_client, command) > sent, f"B's {command} to run on the server")
+        wait_until(lambda: commands_run(redis_client, command) > sent, f"B's {command} to run", timeout=30)
         database["version"] = 2
         load_a.invalidate(1)  # completed: B's flight table does not hear of it
         late = pool.submit(load_b, 1)
-        wait_until(lambda: flights._flights[load_b.key(1)].done is not None, "the late caller to join")
+        wait_until(lambda: flights._flights[load_b.key(1)].done is not None, "the late caller to join", timeout=30)
         proxy.flow()
-        assert first.result(5) == {"version": 1}  # its call began before the invalidation
-        assert late.result(5) == {"version": 2}
+        assert first.result(30) == {"version": 1}  # its call began before the invalidation
+        assert late.result(30) == {"version": 2}
     assert load_a(1) == {"version": 2}
     assert db.calls[1] == 2
 
