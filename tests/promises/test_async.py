@@ -186,7 +186,8 @@ def test_a_task_arriving_after_an_invalidation_elsewhere_is_not_handed_an_earlie
     """As the blocking test in test_faults: B's GET (or write) has run on the server, its
     reply held back by the network, when A invalidates; a task of B arriving after that
     gets the new version, not the reply."""
-    layer_b = make_layer(proxy.url, namespace="window", lock_ttl=30)
+    # The held reply must outlast any stall of a loaded machine (as the blocking test's).
+    layer_b = make_layer(proxy.url, namespace="window", lock_ttl=30, socket_timeout=30)
     layer_a = make_layer(namespace="window")
     command = "get" if window == "read" else "evalsha"
 
@@ -214,12 +215,12 @@ def test_a_task_arriving_after_an_invalidation_elsewhere_is_not_handed_an_earlie
             sent = commands_run(redis_client, command)
             proxy.stall_replies()
             db.release.set()
-        await until(lambda: commands_run(redis_client, command) > sent, f"B's {command} to run on the server")
+        await until(lambda: commands_run(redis_client, command) > sent, f"B's {command} to run", timeout=30)
         version["n"] = 2
         await load_a.invalidate(1)
         late = asyncio.ensure_future(load_b(1))
         flights = layer_b._async_runner._loops[asyncio.get_running_loop()].flights  # type: ignore[union-attr]
-        await until(lambda: flights._flights[load_b.key(1)].done, "the late task to join")
+        await until(lambda: flights._flights[load_b.key(1)].done, "the late task to join", timeout=30)
         proxy.flow()
         assert await first == {"id": 1, "version": 1}  # its call began before the invalidation
         assert await late == {"id": 1, "version": 2}
