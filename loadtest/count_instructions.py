@@ -1,7 +1,12 @@
 """A warm hit's cost in instructions, which a shared machine's noise does not move:
 the client process's instructions per call of stampede's hit and of a bare redis-py
-GET + orjson.loads, and of a warm page of 50 ids (``cached_loader_many``) and a bare
-MGET + 50 orjson.loads, counted by valgrind's callgrind.
+GET + orjson.loads, of a warm page of 50 ids (``cached_loader_many``) and a bare
+MGET + 50 orjson.loads, and of a cold page of 50 ids never asked before against
+cache-aside with no protection (a bare MGET that finds none, the loader, 50 SETs in one
+pipeline), counted by valgrind's callgrind. A cold page's figure is per entry: what
+each cold id costs the client in a many-key load (its lease, its load's share, its
+write), which is what queues up on the cores when many callers miss at once
+(``bench_many.py``'s cold pages).
 
     python loadtest/count_instructions.py            # starts a throwaway server on 127.0.0.1
     python loadtest/count_instructions.py --quick    # fewer calls (CI)
@@ -25,6 +30,7 @@ import argparse
 import gc
 import json
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -40,8 +46,9 @@ from stampede import Stampede
 from stampede.testing import server_url
 
 VALUE = {"id": 42, "name": "category map", "children": [{"id": i, "name": f"c{i}"} for i in range(20)]}
-WORKLOADS = ("bare", "stampede", "bare page", "stampede page")
+WORKLOADS = ("bare", "stampede", "bare page", "stampede page", "bare cold page", "stampede cold page")
 PAGE = list(range(50))
+COLD_TTL_MS = 3_600_000
 
 
 def workload(url: str, name: str, calls: int) -> None:
@@ -64,13 +71,34 @@ def workload(url: str, name: str, calls: int) -> None:
             for raw in bare.mget(page_keys):
                 orjson.loads(raw)  # type: ignore[arg-type]
 
+        # Each call a page of ids never asked, in this process or another counted on the
+        # same server: from an offset of its own, every id of 15 digits.
+        offset = 10**14 + random.SystemRandom().randrange(8 * 10**14)
+        cold_ids = iter(range(offset, offset + 10**13, len(PAGE)))
+
+        def cold_page() -> list[int]:
+            start = next(cold_ids)
+            return list(range(start, start + len(PAGE)))
+
+        def bare_cold_page() -> None:
+            ids = cold_page()
+            keys = [f"count:cold:{id_}" for id_ in ids]
+            assert not any(bare.mget(keys))
+            values = dict.fromkeys(ids, VALUE)  # the loader's answer
+            pipeline = bare.pipeline(transaction=False)
+            for key, id_ in zip(keys, ids, strict=True):
+                pipeline.set(key, orjson.dumps(values[id_]), px=COLD_TTL_MS)
+            pipeline.execute()
+
         run = {
             "bare": lambda: orjson.loads(bare.get("count:raw")),  # type: ignore[arg-type]
             "stampede": lambda: load(42),
             "bare page": bare_page,
             "stampede page": lambda: load_many(PAGE),
+            "bare cold page": bare_cold_page,
+            "stampede cold page": lambda: load_many(cold_page()),
         }[name]
-        for _ in range(200):  # warm: the keys written, the path's code specialized
+        for _ in range(30 if name.endswith("cold page") else 200):  # warm: the keys written, the code specialized
             run()
         gc.collect()
         gc.disable()  # a collection costs millions: it would land on one count and not the other
@@ -112,8 +140,16 @@ def main() -> None:
     if options.quick:
         options.calls = 300  # fewer lets a one-off in redis-py's first calls show
     per_call = {}
-    # A page costs a dozen hits: a tenth as many pages keep the run short.
-    calls_of = {name: max(30, options.calls // 10) if name.endswith("page") else options.calls for name in WORKLOADS}
+    # A page costs a dozen hits, a cold one a hundred: a tenth and a thirtieth as many
+    # pages keep the run short.
+    calls_of = {
+        name: max(10, options.calls // 30)
+        if name.endswith("cold page")
+        else max(30, options.calls // 10)
+        if name.endswith("page")
+        else options.calls
+        for name in WORKLOADS
+    }
     runs = [(name, times * calls_of[name]) for name in WORKLOADS for times in (1, 3) for _ in range(options.repeats)]
     with server_url(options.redis) as url, ThreadPoolExecutor(os.cpu_count() or 2) as pool:
         # Side by side, a core each: callgrind counts instructions, which another process
@@ -127,6 +163,8 @@ def main() -> None:
         per_call[name] = (fewest[name, 3 * calls] - fewest[name, calls]) // (2 * calls)
     extra = per_call["stampede"] - per_call["bare"]
     extra_page = per_call["stampede page"] - per_call["bare page"]
+    bare_entry = per_call["bare cold page"] // len(PAGE)
+    cold_entry = per_call["stampede cold page"] // len(PAGE)
     print(f"\nA warm hit, client-side instructions per call (callgrind, {options.calls} and {3 * options.calls} calls)")
     print(f"   bare GET + orjson.loads   {per_call['bare']:>9,}")
     print(f"   stampede cached_loader    {per_call['stampede']:>9,}")
@@ -135,7 +173,12 @@ def main() -> None:
     print(f"   bare MGET + orjson.loads  {per_call['bare page']:>9,}")
     print(f"   cached_loader_many        {per_call['stampede page']:>9,}")
     print(f"   stampede's own            {extra_page:>+9,} ({extra_page / per_call['bare page']:+.1%})")
-    print(json.dumps({"instructions": per_call, "own": extra, "own_page": extra_page}))
+    print(f"A cold page of {len(PAGE)} ids, per entry (a thirtieth as many calls)")
+    print(f"   no protection             {bare_entry:>9,}   (MGET, loader, SET)")
+    print(f"   cached_loader_many        {cold_entry:>9,}   (MGET, lease, loader, write and release)")
+    print(f"   stampede's own            {cold_entry - bare_entry:>+9,} ({cold_entry / bare_entry:.1f}x)")
+    print(json.dumps({"instructions": per_call, "own": extra, "own_page": extra_page,
+                      "cold_entry": cold_entry, "bare_cold_entry": bare_entry}))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -208,10 +208,19 @@ class Runner(States):
         failed: BackendUnavailable | None,
         state: State,
         read: tuple[list[bytes | None], list[Any]] | None = None,
+        started_over: bool = False,
     ) -> list[Any]:
         """``call_many`` past the near cache: the entries ``wanted`` read (unless that
         read ``failed``, or was made already: ``read``, the bytes and what they decode to),
-        the rest in flights."""
+        the rest in flights.
+
+        An entry whose joined flight's outcome cannot be handed to this call (it must
+        start over: the value came from a command sent before it joined, or was not
+        written) is asked again once every joined flight is done, together with the
+        others that must, as a call of its own: one read for them all, not a single
+        call each, one after another (in a storm across processes, a tenth to a half of
+        a process's joins came to that). ``started_over``: this is that call, whose own
+        start-overs go one by one, so that it recurses once at most."""
         absent: set[int] = set()
         if wanted and not spec.reads_ttl and failed is None:
             try:
@@ -248,13 +257,22 @@ class Runner(States):
             raise
         if led:
             self._lead_many(keys, spec, load, led, values, state, failed, absent)
+        again = []
         for index, joiner, flight, waiter in waits:  # in flight here: waited for once this call's own are done
-            values[index] = self._wait_joined(keys[index], joiner, flight, waiter, state)
+            value = self._wait_joined(keys[index], joiner, flight, waiter, state)
+            if value is Outcome.START_OVER:
+                if not started_over:
+                    again.append(index)
+                    continue
+                value = self.call(keys[index], joiner.spec, (), {})  # its wait is bounded anew by wait_timeout
+            values[index] = value
+        if again:
+            self._call_many(keys, spec, load, values, again, None, state, started_over=True)
         return values
 
     def _wait_joined(self, value_key: str, joiner: Joiner, flight: Flight, waiter: Waiter, state: State) -> Any:
         """Wait for another caller's flight of one entry of a many-key call, as ``call``
-        waits: its value, or if it must start over, a single call of the entry."""
+        waits: its value, or ``Outcome.START_OVER`` if the entry must be asked again."""
         spec = joiner.spec
         try:
             joined = waiter.wait()
@@ -266,8 +284,6 @@ class Runner(States):
             ctx = self._context(value_key, spec)
             ctx.began = joiner.joined_first
             return self._drive(after_wait_timeout(ctx), ctx, spec.func, state)
-        if value is Outcome.START_OVER:
-            return self.call(value_key, spec, (), {})  # its wait is bounded anew by wait_timeout
         return value
 
     def _lead_many(

@@ -448,6 +448,37 @@ def test_a_cold_page_takes_its_leases_and_writes_in_one_round_trip_each(
     assert db.queries == [[0], list(range(1, 51))]
 
 
+def test_entries_a_page_must_ask_again_are_read_again_together(
+    make_layer: Callable[..., Stampede], redis_client: redis.Redis, mode: Blocking | OnALoop
+) -> None:
+    """Layer B's first caller waits for a page layer A is loading (B's flights subscribe
+    to A's wake-ups); a second caller in B joins those flights after that. The values
+    reach B in A's messages, written after the second caller joined, so they cannot be
+    handed to it: it asks for the ten entries again, in one MGET, not a GET each."""
+    layer_a, layer_b = make_layer(**PLAIN), make_layer(**PLAIN)
+    db, never = ManyDatabase(), ManyDatabase()
+    db.release.clear()
+    load_a, load_b = many_loader(layer_a, mode, db), many_loader(layer_b, mode, never)
+    page = list(range(10))
+    keys = [load_b.key(id_) for id_ in page]
+    loading = mode.start(load_a, page)
+    assert db.started.wait(TIMEOUT)
+    first = mode.start(load_b, page)
+    channels = [EntryKeys.for_value(key).channel for key in keys]
+    until(lambda: all(count >= 1 for _, count in redis_client.pubsub_numsub(*channels)))  # B's first caller waits
+    runner: Any = layer_b._runner if mode.name == "blocking" else layer_b._async_runner._loops[mode.loop]  # type: ignore[union-attr]
+    second = mode.start(load_b, page)
+    until(lambda: all(runner.flights._flights[key].done is not None for key in keys))  # the second caller joined
+    before, reads = commands_run(redis_client), layer_b.stats()["batch_reads"]
+    db.release.set()
+    expected = {id_: {"id": id_} for id_ in page}
+    assert loading.result(TIMEOUT) == first.result(TIMEOUT) == second.result(TIMEOUT) == expected
+    ran = commands_between(redis_client, before)
+    assert ran["mget"] == 1, ran  # the second caller's one read of the ten again (a GET each before)
+    assert layer_b.stats()["batch_reads"] == reads + 1
+    assert db.queries == [page] and never.queries == []
+
+
 def test_scripts_the_server_forgot_are_sent_again(
     make_layer: Callable[..., Stampede], redis_client: redis.Redis
 ) -> None:
