@@ -156,6 +156,8 @@ class ManyKeys:
             )
         ids = asked if type(asked) is list else list(asked)
         try:
+            if len(set(ids)) == len(ids):  # (a set is built faster than a dict: most pages repeat no id)
+                return ids[:] if ids is asked else ids  # a copy: the caller's list may change under a call
             return list(dict.fromkeys(ids))
         except TypeError:
             raise TypeError(

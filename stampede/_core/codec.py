@@ -29,13 +29,13 @@ import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import orjson
 
 from .._errors import SerializationError
 from .compression import BY_KIND, compressor
-from .results import Cached, _NotModified
+from .results import NOT_MODIFIED, Cached
 
 _HEADER = struct.Struct(">2sBBdf")
 _STALE_FOR = struct.Struct(">d")  # after the header, in version 2
@@ -211,13 +211,13 @@ class Codec:
         return header + payload, saved, plain
 
     def _payload(self, value: Any, key: str) -> bytes:
-        if isinstance(value, (Cached, _NotModified)):
+        if value is NOT_MODIFIED or isinstance(value, Cached):  # (an Enum's isinstance is slow: 0.3 us)
             raise SerializationError(
                 f"cannot cache {value!r} for {key!r}: "
                 + (
                     "NOT_MODIFIED answers a refresh (the loader keeps the value it refreshes); it is no value to "
                     "cache or set"
-                    if isinstance(value, _NotModified)
+                    if value is NOT_MODIFIED
                     else "a Cached holds a value, not another Cached: return Cached(value, ...) once"
                 )
                 + "; nothing was written",
@@ -274,8 +274,26 @@ class Codec:
     def decode_hits(self, raws: Sequence[bytes | None]) -> tuple[list[Any], int]:
         """``decode_hit`` of each of ``raws`` (None stays ``NOT_A_VALUE``), and how many
         were not hits: a many-key call's values, in one loop with no call per value but
-        the serializer's."""
+        the serializer's.
+
+        A warm page is every entry a plain value of one envelope version: one
+        comprehension decodes it, and anything else in it (a miss, a compressed or
+        unreadable entry: the comprehension raises or leaves it out) is told apart by
+        the loop below, entry by entry, as ``decode_hit`` would."""
         loads, header_size, values, missed = self.serializer.loads, _HEADER.size, [], 0
+        first = raws[0] if raws else None
+        if first is not None:
+            prefix = first[:4]
+            size = header_size if prefix == _VALUE_PREFIX else _HEADER_2_SIZE if prefix == _VALUE_PREFIX_2 else 0
+            if size:
+                page = cast("Sequence[bytes]", raws)  # a miss (None) raises in it: told apart below
+                try:
+                    values = [loads(raw[size:]) for raw in page if raw[:4] == prefix and len(raw) > size]
+                except Exception:  # a miss, or a payload that does not read
+                    values = []
+                if len(values) == len(raws):
+                    return values, 0
+                values = []
         for raw in raws:
             value: Any = NOT_A_VALUE
             if raw is not None:

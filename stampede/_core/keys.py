@@ -249,6 +249,13 @@ def _type_name(value: Any) -> str:
     return f"{kind.__module__}.{kind.__qualname__}"
 
 
+_INTS_ONLY = {int}  # the types of a page of plain int ids (a bool is not one)
+_INT_KEYS_KEPT = 4096  # a many-key loader's int ids whose keys it keeps printed (``KeyBuilder.value_keys``)
+# Ints shorter than this print in decimal under any limit Python allows (none is below
+# the threshold, 640 digits): a kept key never depends on sys.set_int_max_str_digits.
+_ALWAYS_DECIMAL = 10 ** (getattr(getattr(sys, "int_info", None), "str_digits_check_threshold", 640) - 1)
+
+
 def _max_int_digits() -> int:
     """The most decimal digits Python prints of an int (0: no limit)."""
     limit = getattr(sys, "get_int_max_str_digits", None)
@@ -312,6 +319,10 @@ class KeyBuilder:
         self._arity = len(self._names)
         self._unkeyed_first = self._names[:1] in (["self"], ["cls"]) and 0 not in self._fields
         self._prefix = f"{namespace}:{{"
+        # A many-key loader's page keys of plain int ids, by id (``value_keys``): printing
+        # an int costs more than the rest of a warm entry's own work. Bounded: emptied
+        # when full.
+        self._int_keys: dict[int, str] = {}
 
     def _render(self, value: Any, index: int) -> str:
         return render(value, name=f"argument {self._names[index]!r}")
@@ -364,12 +375,24 @@ class KeyBuilder:
                 keys.append(self.value_key(tuple(values), {}))
             return keys
         prefix, before, after, limit, text = self._prefix, self._before, self._after, self._max_length, self._text
+        ints = bool(ids) and {*map(type, ids)} == _INTS_ONLY  # (a bool is not one: True would find 1's key)
+        if ints:
+            try:
+                return list(map(self._int_keys.__getitem__, ids))
+            except KeyError:
+                pass
         digits = max(0, limit - len(before) - len(after) - 1)  # ints within it need no shortening,
         printable = _max_int_digits()  # nor another form (``_int_key``): one canonical form for both paths
         bound = 10 ** (min(digits, printable - 1) if printable else digits)
-        if ids and all(type(id_) is int for id_ in ids) and -bound < min(ids) and max(ids) < bound:  # one join each
+        if ints and -bound < (low := min(ids)) and (high := max(ids)) < bound:  # one join each
             head, tail = prefix + before, after + "}"
-            return [f"{head}{id_}{tail}" for id_ in ids]
+            keys = [f"{head}{id_}{tail}" for id_ in ids]
+            if -_ALWAYS_DECIMAL < low and high < _ALWAYS_DECIMAL:  # their keys are these under any limit
+                known = self._int_keys
+                if len(known) + len(keys) > _INT_KEYS_KEPT:
+                    known.clear()  # (another thread's page may be filling it too: a key is the same whoever prints it)
+                known.update(zip(ids, keys, strict=True))
+            return keys
         keys = []
         for id_ in ids:
             entry = before + text(id_, index) + after

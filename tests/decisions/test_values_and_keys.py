@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 import uuid
 from typing import Any
 
@@ -11,8 +12,8 @@ import redis
 import redis.asyncio
 
 from stampede import ConfigError, InvalidKey, SerializationError, Settings, Stampede
-from stampede._core.codec import Codec, Kind
-from stampede._core.keys import KeyBuilder, escape
+from stampede._core.codec import NOT_A_VALUE, Codec, Kind
+from stampede._core.keys import _INT_KEYS_KEPT, KeyBuilder, escape
 
 
 def build(func, template=None, max_len=200):  # type: ignore[no-untyped-def]
@@ -146,3 +147,77 @@ def test_a_many_key_loaders_keys_are_the_single_key_loaders(template: str) -> No
     keys = KeyBuilder(product, template, "ns", 64)
     ids = [1, -5, 0, 10**40, 10**70, -(10**70), "a b", 2.5, True, (1, 2), None]
     assert keys.value_keys(["north", None], 1, ids) == [keys.value_key(("north", id_), {}) for id_ in ids]
+
+
+def test_a_many_key_loaders_kept_int_keys_stay_the_single_key_loaders() -> None:
+    """Page keys of int ids are kept by id once printed: a later page, a bool beside an
+    int, more ids than are kept and a lowered int printing limit (ids it no longer
+    prints in decimal) all still get the keys the single-key loader builds, and what
+    is kept stays bounded."""
+
+    def product(product_id: Any) -> None:
+        pass
+
+    keys = KeyBuilder(product, "p:{product_id}", "ns", 2000)
+
+    def single(ids: list[Any]) -> list[str]:
+        return [keys.value_key((id_,), {}) for id_ in ids]
+
+    page = list(range(-25, 25))
+    assert keys.value_keys([None], 0, page) == single(page)
+    assert keys.value_keys([None], 0, page) == single(page)  # from what was kept
+    assert keys.value_keys([None], 0, [True, 2]) == single([True, 2]) != keys.value_keys([None], 0, [1, 2])
+    assert keys.value_keys([None], 0, [1.0, 2]) == single([1.0, 2])
+    for start in range(0, 3 * _INT_KEYS_KEPT, 50):
+        ids = list(range(start, start + 50))
+        assert keys.value_keys([None], 0, ids) == single(ids)
+        assert len(keys._int_keys) <= _INT_KEYS_KEPT
+    if hasattr(sys, "set_int_max_str_digits"):
+        long_ids = [10**700 + n for n in range(3)]
+        printed = keys.value_keys([None], 0, long_ids)
+        assert printed == single(long_ids) and str(long_ids[0]) in printed[0]
+        limit = sys.get_int_max_str_digits()
+        sys.set_int_max_str_digits(640)  # 701 digits no longer print in decimal
+        try:
+            assert keys.value_keys([None], 0, long_ids) == single(long_ids) != printed
+        finally:
+            sys.set_int_max_str_digits(limit)
+
+
+class _AnyBytes:
+    """A serializer that reads any bytes: a decoder that skipped a check would show."""
+
+    def dumps(self, value: Any) -> bytes:
+        return repr(value).encode()
+
+    def loads(self, data: bytes) -> str:
+        return data.decode("latin-1")
+
+
+@pytest.mark.parametrize("serializer", [None, _AnyBytes()], ids=["json", "any-bytes"])
+def test_a_pages_values_decode_as_each_entrys_would(serializer: Any) -> None:
+    """``decode_hits`` (a page's values, one comprehension when all are plain values of
+    one envelope version) agrees entry by entry with ``decode_hit`` on every mix: plain,
+    version 2, compressed, null, empty, corrupt and missing entries, first or later."""
+    codec = Codec(serializer, compress_above=64)
+    plain = [codec.encode({"id": n}, 1.0, 0.1, key="k") for n in range(3)]
+    second = [codec.encode({"id": n}, 1.0, 0.1, key="k", stale_for=30.0) for n in range(3)]
+    compressed = codec.encode({"id": "x" * 200}, 1.0, 0.1, key="k")
+    null = codec.encode(None, 1.0, 0.1, key="k")
+    kinds: list[bytes | None] = [
+        *plain, *second, compressed, null, plain[0][:16], plain[0][:16] + b"{", b"\xa7S", b"not an envelope", None,
+    ]  # fmt: skip
+    assert second[0][:4] != plain[0][:4] and compressed[:4] != plain[0][:4]
+
+    def one_by_one(raws: list[bytes | None]) -> tuple[list[Any], int]:
+        values = [NOT_A_VALUE if raw is None else codec.decode_hit(raw) for raw in raws]
+        return values, sum(value is NOT_A_VALUE for value in values)
+
+    assert codec.decode_hits(plain) == ([codec.decode_hit(raw) for raw in plain], 0)
+    assert codec.decode_hits(second) == ([codec.decode_hit(raw) for raw in second], 0)
+    assert codec.decode_hit(second[0]) == codec.decode_hit(plain[0]) is not NOT_A_VALUE
+    assert codec.decode_hits([]) == ([], 0)
+    for first in kinds:
+        for later in kinds:
+            for page in ([first, later], [first, *plain, later], [first, *second, later]):
+                assert codec.decode_hits(page) == one_by_one(page), page

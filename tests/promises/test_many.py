@@ -568,6 +568,23 @@ def test_a_page_while_the_server_is_down_loads_once_without_the_cache_or_raises(
         layer.close()
 
 
+def test_a_page_maps_the_ids_asked_though_the_callers_list_changes_during_the_call(
+    make_layer: Callable[..., Stampede],
+) -> None:
+    """The call keeps its own copy of the ids: a caller's list changed while its page
+    loads (here by the loader itself) never pairs one id with another's value."""
+    layer = make_layer(**PLAIN)
+    page = [1, 2, 3]
+
+    @layer.cached_loader_many("changing:{item_id}")
+    def load(item_ids: list[int]) -> dict[int, dict[str, int]]:
+        page[:] = [7, 8, 9]
+        return {id_: {"id": id_} for id_ in item_ids}
+
+    assert load(page) == {1: {"id": 1}, 2: {"id": 2}, 3: {"id": 3}}
+    assert load([1, 2, 3]) == {1: {"id": 1}, 2: {"id": 2}, 3: {"id": 3}}  # as written
+
+
 def test_an_id_whose_holder_died_is_taken_over(make_layer: Callable[..., Stampede], mode: Blocking | OnALoop) -> None:
     layer = make_layer(lock_ttl=0.3, near_cache=False)
     db = ManyDatabase()
