@@ -7,7 +7,8 @@ seconds every command fails at once (BackendUnavailable, "circuit open"), so cal
 go straight to the ``on_backend_error`` policy. Then one caller's command is let through
 as a probe. Its success closes the breaker, its failure opens it for another cool-down.
 Only failures to reach the server count (connection refused or reset, timeouts): an
-error reply means the server is there.
+error reply means the server is there, and a caller that timed out waiting for a free
+connection of the pool never asked it (the commands holding the connections count).
 
 Timeline, threshold 3, cool-down 5 s:
 

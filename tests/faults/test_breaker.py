@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import redis
 
 from stampede import BackendUnavailable, Stampede
 from stampede._backends.breaker import CircuitBreaker
@@ -170,3 +171,31 @@ def test_async_callers_share_the_layers_verdict(own_server: RedisServer) -> None
         assert asyncio.run(refused()) < 0.1  # no connection attempt at all
     finally:
         layer.close()
+
+
+def test_callers_who_only_waited_for_a_free_connection_leave_the_circuit_closed(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Every connection of the pool in use (here held outright): callers beyond it wait
+    the pool's timeout and are served without the cache, but the server was never asked,
+    so the breaker counts none of them. Counted, they opened the circuit of a healthy
+    server for its cool-down (a burst of 400 threads over 64 connections, in CI)."""
+    pool = redis.BlockingConnectionPool.from_url(redis_url, max_connections=2, timeout=0.05)
+    layer = Stampede(client=redis.Redis(connection_pool=pool), namespace="pool-wait",
+                     breaker_threshold=2, breaker_cooldown=60)  # fmt: skip
+    calls: list[int] = []
+    load = layer.cached_loader("item:{key}")(lambda key: calls.append(key) or key)
+    held = [pool.get_connection() for _ in range(2)]  # in use elsewhere in the process
+    try:
+        assert [load(key) for key in range(4)] == [0, 1, 2, 3]  # each after its wait, uncached
+        assert calls == [0, 1, 2, 3]
+    finally:
+        for connection in held:
+            pool.release(connection)
+    try:
+        calls.clear()
+        assert load(9) == 9 and load(9) == 9  # the circuit closed: the second is a hit
+        assert calls == [9]
+    finally:
+        layer.close()
+        pool.disconnect()

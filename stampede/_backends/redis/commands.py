@@ -69,10 +69,23 @@ def torn_down_error(error: Exception) -> redis.ConnectionError:
     return redis.ConnectionError(f"connection torn down mid-command ({type(error).__name__}: {error})")
 
 
+POOL_EXHAUSTED = "No connection available."
+"""What redis-py's blocking pools raise (a ``ConnectionError``) when every connection
+stayed in use for the pool's timeout: the command never went to the server."""
+
+
 def failure(breaker: CircuitBreaker, what: str, key: str, error: BaseException) -> BackendUnavailable:
     """Tell the breaker about a failed command (an error reply means the server is
-    there), and translate the error."""
-    breaker.failed(f"{type(error).__name__}: {error}") if isinstance(error, UNREACHABLE) else breaker.succeeded()
+    there), and translate the error. A caller that only waited for a free connection
+    tells it nothing: the commands holding the connections report for the server. (A
+    burst of threads beyond ``max_connections`` on a busy machine timed out waiting by
+    the hundred at once, and opened the circuit of a server answering every command.)"""
+    if isinstance(error, redis.ConnectionError) and str(error) == POOL_EXHAUSTED:
+        pass
+    elif isinstance(error, UNREACHABLE):
+        breaker.failed(f"{type(error).__name__}: {error}")
+    else:
+        breaker.succeeded()
     timed_out = isinstance(error, (redis.TimeoutError, TimeoutError, asyncio.TimeoutError))
     return BackendUnavailable(f"redis failed to {what} {key!r}: {error}", key=key, timed_out=timed_out)
 
