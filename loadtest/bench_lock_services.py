@@ -15,7 +15,11 @@ through a layer whose leases are ZooKeeper nodes beside Redis).
 3. Cold-key stampede: two layers (two processes, as far as in-process flights go) of 16
    threads each call one cold key whose loader takes 50 ms; the slowest caller minus the
    loader (ms, the median of ``--stampedes`` rounds) and the loads (must be 1 each round).
-4. Takeover: a holder process is SIGKILLed mid-load while a caller in this process waits
+4. Cold storm: one layer, 400 threads on 200 distinct cold keys (two threads a key, a
+   10 ms loader), all released at once; the slowest caller (ms, the median of
+   ``--storms`` rounds) and the keys loaded more than once (0 each round, or the lease
+   service fell behind its request timeout and some keys loaded without the cache).
+5. Takeover: a holder process is SIGKILLed mid-load while a caller in this process waits
    for its value; the time from the kill to the waiter's call returning (s, the median of
    ``--takeovers``), with the lease each service frees it by: a 1 s ``lock_ttl`` on Redis
    and PostgreSQL, a 2 s session timeout on ZooKeeper (whose holder's Redis key has 30 s).
@@ -34,6 +38,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -181,6 +186,48 @@ def one_stampede(layers: list[Stampede]) -> tuple[float, int]:
     return (max(finished) - LOADER_S) * 1000, len(calls)
 
 
+STORM_KEYS = 200
+STORM_LOADER_S = 0.01
+
+
+def cold_storm(make_layer: Callable[[], Stampede], rounds: int) -> tuple[float, list[int]]:
+    """The median over rounds of the slowest caller (ms), and each round's keys loaded twice."""
+    layer = make_layer()
+    try:
+        rounds_seen = [one_storm(layer) for _ in range(rounds)]
+    finally:
+        layer.close()
+    return statistics.median(slowest for slowest, _ in rounds_seen), [twice for _, twice in rounds_seen]
+
+
+def one_storm(layer: Stampede) -> tuple[float, int]:
+    calls: list[str] = []  # appended from many threads: an append is atomic, a += on a count is not
+    prefix = uuid.uuid4().hex
+
+    def load(name: str) -> dict[str, str]:
+        calls.append(name)
+        time.sleep(STORM_LOADER_S)
+        return {"name": name}
+
+    loader = layer.cached_loader("storm:{name}")(load)
+    names = [f"{prefix}-{index % STORM_KEYS}" for index in range(2 * STORM_KEYS)]
+    barrier = threading.Barrier(len(names))
+    finished: list[float] = []
+
+    def call(name: str) -> None:
+        barrier.wait()
+        start = time.perf_counter()
+        loader(name)
+        finished.append(time.perf_counter() - start)
+
+    threads = [threading.Thread(target=call, args=(name,)) for name in names]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return max(finished) * 1000, sum(1 for count in Counter(calls).values() if count > 1)
+
+
 def layer_lock(layer: Stampede, name: str) -> tuple[Callable[[], Any], Callable[[], Any]]:
     lock = layer.lock(name)
     return (lambda: lock.acquire(timeout=30)), lock.release
@@ -212,7 +259,9 @@ def measure_takeovers(found: dict[str, Any], rounds: int) -> dict[str, float]:
     return taken
 
 
-def measure(found: dict[str, Any], rounds: int, handoffs: int, stampedes: int) -> dict[str, dict[str, Any]]:
+def measure(
+    found: dict[str, Any], rounds: int, handoffs: int, stampedes: int, storms: int
+) -> dict[str, dict[str, Any]]:
     table: dict[str, dict[str, Any]] = {}
     redis_url = found["redis"][0].url
     urls = [server.url for server in found["redis"]]
@@ -224,6 +273,7 @@ def measure(found: dict[str, Any], rounds: int, handoffs: int, stampedes: int) -
         figures["handoff_ms"] = handoff(make_pair, handoffs)
         if make_layer is not None:
             figures["stampede_ms"], figures["loads"] = stampede(make_layer, stampedes)
+            figures["storm_ms"], figures["loaded_twice"] = cold_storm(make_layer, storms)
         table[name] = figures
         print(f"  measured {name}", flush=True)
 
@@ -284,19 +334,24 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=500)
     parser.add_argument("--handoffs", type=int, default=20)
     parser.add_argument("--stampedes", type=int, default=5)
+    parser.add_argument("--storms", type=int, default=3)
     parser.add_argument("--takeovers", type=int, default=3)
     options = parser.parse_args()
     if options.quick:
-        options.rounds, options.handoffs, options.stampedes, options.takeovers = 50, 3, 1, 1
+        options.rounds, options.handoffs, options.stampedes, options.storms, options.takeovers = 50, 3, 1, 1, 1
     with servers(options.quick) as found:
-        table = measure(found, options.rounds, options.handoffs, options.stampedes)
+        table = measure(found, options.rounds, options.handoffs, options.stampedes, options.storms)
         taken = measure_takeovers(found, options.takeovers)
     print()
-    print(f"{'service':<26} {'acquire+release':>16} {'hand-off':>10} {'stampede':>10}  loads")
+    print(f"{'service':<26} {'acquire+release':>16} {'hand-off':>10} {'stampede':>10}  loads  "
+          f"{'cold storm':>10}  loaded twice")  # fmt: skip
     for name, figures in table.items():
         stamp = f"{figures['stampede_ms']:>8.1f}ms" if "stampede_ms" in figures else f"{'-':>10}"
         loads = ",".join(str(n) for n in figures.get("loads", [])) or "-"
-        print(f"{name:<26} {figures['acquire_release_us']:>14.0f}us {figures['handoff_ms']:>8.2f}ms {stamp}  {loads}")
+        storm = f"{figures['storm_ms']:>8.0f}ms" if "storm_ms" in figures else f"{'-':>10}"
+        twice = ",".join(str(n) for n in figures.get("loaded_twice", [])) or "-"
+        print(f"{name:<26} {figures['acquire_release_us']:>14.0f}us {figures['handoff_ms']:>8.2f}ms {stamp}  "
+              f"{loads}  {storm}  {twice}")  # fmt: skip
     print()
     print("holder SIGKILLed mid-load: kill to the waiter's value")
     for name, seconds in taken.items():

@@ -678,58 +678,116 @@ def test_a_version_3_schema_is_brought_to_version_4_and_still_answers_version_3_
             layer.close()
 
 
-def test_a_late_release_after_an_invalidation_leaves_the_next_holders_node(zookeeper_server: ZooKeeperServer) -> None:
-    """An invalidation deletes every lease node and then the entry's empty parent, so the
-    next taker recreates the parent and ZooKeeper numbers its node from 0 again: the very
-    path the invalidated holder had. That holder's late release must not delete it (it
-    did: the next holder's write was refused, as if it had been invalidated too)."""
+@pytest.fixture
+def kazoo_client(zookeeper_server: ZooKeeperServer) -> Iterator[Any]:
+    """A started kazoo client of the session's ZooKeeper server (a 2 s session), stopped
+    after the test: for tests that drive the lock servers' store-level classes."""
     from kazoo.client import KazooClient
-
-    from stampede._backends.zookeeper.servers import ZooKeeperLockServers, ZooKeeperQueue
-    from stampede._core.keys import EntryKeys
 
     client = KazooClient(hosts=zookeeper_server.hosts, timeout=2)
     client.start(timeout=10)
     try:
-        servers = ZooKeeperLockServers(client)
-        keys = EntryKeys("zk-reuse:{row:1}", "zk-reuse:{row:1}:lock", "zk-reuse:{row:1}:notify")
-        assert servers.take(keys, "a" * 32, 30_000).agreed
-        assert servers.drop(keys).agreed  # an invalidation
-        assert servers.take(keys, "b" * 32, 30_000).agreed
-        servers.release(keys, "a" * 32)  # the invalidated holder, late
-        assert servers.renew(keys, "b" * 32, 30_000).agreed  # the new holder's node stands
-        assert servers.holders(keys) == [b"b" * 32]
-        servers.release(keys, "b" * 32)
-
-        queue = ZooKeeperQueue(servers)
-        lock = EntryKeys("zk-reuse:{job}:fence", "zk-reuse:{job}:lock", "zk-reuse:{job}:notify")
-        queue.enqueue(lock, "c" * 32)
-        for child in client.get_children(entry_path_of(lock)):  # its node goes (a session ended)
-            client.delete(f"{entry_path_of(lock)}/{child}")
-        client.delete(entry_path_of(lock))
-        queue.enqueue(lock, "d" * 32)  # first in a new line: the same node name as c's
-        assert not queue.holds(lock, "c" * 32)  # c's node is gone, whatever d's is called
-        queue.leave(lock, "c" * 32)
-        assert queue.holds(lock, "d" * 32)  # and c leaving did not take d's place
-        queue.leave(lock, "d" * 32)
+        yield client
     finally:
         client.stop()
         client.close()
 
 
+def test_a_late_release_after_an_invalidation_leaves_the_next_holders_node(kazoo_client: Any) -> None:
+    """An invalidation deletes every lease node and then the entry's empty parent, so the
+    next taker recreates the parent and ZooKeeper numbers its node from 0 again: the very
+    path the invalidated holder had. That holder's late release must not delete it (it
+    did: the next holder's write was refused, as if it had been invalidated too)."""
+    from stampede._backends.zookeeper.servers import ZooKeeperLockServers, ZooKeeperQueue
+    from stampede._core.keys import EntryKeys
+
+    client = kazoo_client
+    servers = ZooKeeperLockServers(client)
+    keys = EntryKeys("zk-reuse:{row:1}", "zk-reuse:{row:1}:lock", "zk-reuse:{row:1}:notify")
+    assert servers.take(keys, "a" * 32, 30_000).agreed
+    assert servers.drop(keys).agreed  # an invalidation
+    assert servers.take(keys, "b" * 32, 30_000).agreed
+    servers.release(keys, "a" * 32)  # the invalidated holder, late
+    assert servers.renew(keys, "b" * 32, 30_000).agreed  # the new holder's node stands
+    assert servers.holders(keys) == [b"b" * 32]
+    servers.release(keys, "b" * 32)
+
+    queue = ZooKeeperQueue(servers)
+    lock = EntryKeys("zk-reuse:{job}:fence", "zk-reuse:{job}:lock", "zk-reuse:{job}:notify")
+    queue.enqueue(lock, "c" * 32)
+    for child in client.get_children(entry_path_of(lock)):  # its node goes (a session ended)
+        client.delete(f"{entry_path_of(lock)}/{child}")
+    client.delete(entry_path_of(lock))
+    queue.enqueue(lock, "d" * 32)  # first in a new line: the same node name as c's
+    assert not queue.holds(lock, "c" * 32)  # c's node is gone, whatever d's is called
+    queue.leave(lock, "c" * 32)
+    assert queue.holds(lock, "d" * 32)  # and c leaving did not take d's place
+    queue.leave(lock, "d" * 32)
+
+
+class _Counted:
+    """A kazoo client that counts the requests sent through it, by method."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.sent: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._client, name)
+        if not name.endswith("_async"):
+            return method
+
+        def send(*args: Any, **kwargs: Any) -> Any:
+            self.sent.append(name.removesuffix("_async"))
+            return method(*args, **kwargs)
+
+        return send
+
+
+def test_a_cold_keys_lease_is_four_requests_and_a_refused_takers_four(kazoo_client: Any) -> None:
+    """A cold key's take makes the entry's parent and its node, and a node numbered 0 is
+    the lowest without asking (the number counts the parent's child changes); its release
+    deletes both. A cold storm of 200 keys queued nine requests a key on one session (a
+    parent made by kazoo's makepath after a failed create, its ancestors asked after, the
+    children listed), past the 2 s request timeout on a loaded machine. A second taker's
+    node is numbered 1: it lists the children, finds it is not the lowest, and deletes it."""
+    from stampede._backends.zookeeper.servers import ZooKeeperLockServers
+    from stampede._core.keys import EntryKeys
+
+    client = kazoo_client
+    counted = _Counted(client)
+    servers = ZooKeeperLockServers(counted)  # type: ignore[arg-type]
+    keys = EntryKeys("zk-count:{row:1}", "zk-count:{row:1}:lock", "zk-count:{row:1}:notify")
+    first = EntryKeys("zk-count:{row:0}", "zk-count:{row:0}:lock", "zk-count:{row:0}:notify")
+    assert servers.take(first, "z" * 32, 30_000).agreed and servers.release(first, "z" * 32).agreed
+    counted.sent.clear()  # the root made once, by the first take of a new ensemble
+
+    assert servers.take(keys, "a" * 32, 30_000).agreed
+    assert counted.sent == ["create", "create"]
+    counted.sent.clear()
+    assert not servers.take(keys, "b" * 32, 30_000).agreed  # held by a
+    assert counted.sent == ["create", "create", "get_children", "delete"]
+    assert servers.holders(keys) == [b"a" * 32]
+    counted.sent.clear()
+    assert servers.release(keys, "a" * 32).agreed
+    assert counted.sent == ["delete", "delete"] and not client.exists(entry_path_of(keys))
+
+
 class _AnswersLost:
-    """A kazoo client whose next create is applied by the server but whose answer does not
-    come back in time (the request times out client-side): a fault at the client's edge,
-    against a real server."""
+    """A kazoo client whose next create of a holder's node (a sequential one, not its
+    parent) is applied by the server but whose answer does not come back in time (the
+    request times out client-side): a fault at the client's edge, against a real server."""
 
     def __init__(self, client: Any) -> None:
         self._client = client
         self.lose_next = True
+        self.lost: list[str] = []
 
     def create_async(self, *args: Any, **kwargs: Any) -> Any:
         created = self._client.create_async(*args, **kwargs)
-        if not self.lose_next:
+        if not (self.lose_next and kwargs.get("sequence")):
             return created
+        self.lost.append(args[0])
         self.lose_next = False
         return _LostAnswer(created)
 
@@ -751,82 +809,70 @@ class _LostAnswer:
         self._created.rawlink(callback)
 
 
-def test_a_take_whose_answer_is_lost_leaves_no_node_holding_the_lease(zookeeper_server: ZooKeeperServer) -> None:
+def test_a_take_whose_answer_is_lost_leaves_no_node_holding_the_lease(kazoo_client: Any) -> None:
     """A take gave up on an unanswered create (a timeout, a lost connection), but the
     server had applied it: its node, the lowest, held the lease for as long as the
     session lived, with no load behind it, so every caller of the entry waited out
     ``wait_timeout`` and loaded uncached (seen once in CI: a burst of 200 cold keys, one
     loaded twice after a 30 s wait). The token is in the node's name: the take deletes
     it, and the next taker gets the lease."""
-    from kazoo.client import KazooClient
-
     from stampede._backends.zookeeper.servers import ZooKeeperLockServers
     from stampede._core.keys import EntryKeys
 
-    client = KazooClient(hosts=zookeeper_server.hosts, timeout=2)
-    client.start(timeout=10)
-    try:
-        lossy = _AnswersLost(client)
-        servers = ZooKeeperLockServers(lossy)  # type: ignore[arg-type]
-        keys = EntryKeys("zk-lost:{row:1}", "zk-lost:{row:1}:lock", "zk-lost:{row:1}:notify")
-        taken = servers.take(keys, "a" * 32, 30_000)
-        assert not taken.agreed and taken.failed == 1  # unanswered: the caller goes on without the cache
-        assert servers.holders(keys) == [None]  # and its node is gone
-        assert servers.take(keys, "b" * 32, 30_000).agreed
-        assert servers.holders(keys) == [b"b" * 32]
-        servers.release(keys, "b" * 32)
+    client = kazoo_client
+    lossy = _AnswersLost(client)
+    servers = ZooKeeperLockServers(lossy)  # type: ignore[arg-type]
+    keys = EntryKeys("zk-lost:{row:1}", "zk-lost:{row:1}:lock", "zk-lost:{row:1}:notify")
+    taken = servers.take(keys, "a" * 32, 30_000)
+    assert not taken.agreed and taken.failed == 1  # unanswered: the caller goes on without the cache
+    assert [path.rsplit("/", 1)[1][:6] for path in lossy.lost] == ["lease-"]  # the node's answer was lost
+    assert servers.holders(keys) == [None]  # and its node is gone
+    assert servers.take(keys, "b" * 32, 30_000).agreed
+    assert servers.holders(keys) == [b"b" * 32]
+    servers.release(keys, "b" * 32)
 
-        lossy.lose_next = True  # and a waiter that tries again with its token keeps the lease it gets
-        assert not servers.take(keys, "c" * 32, 30_000).agreed
-        assert servers.take(keys, "c" * 32, 30_000).agreed
-        servers._strays.add(entry_path_of(keys), "c" * 32)  # as a create answered late marks it
-        assert servers.take(EntryKeys("zk-lost:{row:2}", "zk-lost:{row:2}:lock", "zk-lost:{row:2}:notify"),
-                            "d" * 32, 30_000).agreed  # fmt: skip
-        assert servers.holders(keys) == [b"c" * 32]
-        assert servers.renew(keys, "c" * 32, 30_000).agreed
-    finally:
-        client.stop()
-        client.close()
+    lossy.lose_next = True  # and a waiter that tries again with its token keeps the lease it gets
+    assert not servers.take(keys, "c" * 32, 30_000).agreed
+    assert servers.take(keys, "c" * 32, 30_000).agreed
+    servers._strays.add(entry_path_of(keys), "c" * 32)  # as a create answered late marks it
+    assert servers.take(EntryKeys("zk-lost:{row:2}", "zk-lost:{row:2}:lock", "zk-lost:{row:2}:notify"),
+                        "d" * 32, 30_000).agreed  # fmt: skip
+    assert servers.holders(keys) == [b"c" * 32]
+    assert servers.renew(keys, "c" * 32, 30_000).agreed
 
 
 def test_a_place_in_line_whose_answer_is_lost_leaves_no_node_holding_the_named_lock(
-    zookeeper_server: ZooKeeperServer,
+    kazoo_client: Any,
 ) -> None:
     """Named locks: an enqueue gave up on an unanswered create the server had applied. Its
     node, first in line, held the lock for as long as the session lived while its caller
     had been told the service failed: every other caller waited out its timeout. The
     token is in the node's name: the enqueue deletes it, and the next caller is first."""
-    from kazoo.client import KazooClient
-
     from stampede._backends.zookeeper.servers import ZooKeeperLockServers, ZooKeeperQueue
     from stampede._core.keys import EntryKeys
     from stampede._errors import BackendUnavailable
 
-    client = KazooClient(hosts=zookeeper_server.hosts, timeout=2)
-    client.start(timeout=10)
-    try:
-        lossy = _AnswersLost(client)
-        queue = ZooKeeperQueue(ZooKeeperLockServers(lossy))  # type: ignore[arg-type]
-        lock = EntryKeys("zk-lost:{job}:fence", "zk-lost:{job}:lock", "zk-lost:{job}:notify")
-        with pytest.raises(BackendUnavailable):
-            queue.enqueue(lock, "a" * 32)
-        assert client.get_children(entry_path_of(lock)) == []  # its node is gone
-        _, before = queue.enqueue(lock, "b" * 32)
-        assert before is None and queue.holds(lock, "b" * 32)  # the next caller is first
-        queue.leave(lock, "b" * 32)
+    client = kazoo_client
+    lossy = _AnswersLost(client)
+    queue = ZooKeeperQueue(ZooKeeperLockServers(lossy))  # type: ignore[arg-type]
+    lock = EntryKeys("zk-lost:{job}:fence", "zk-lost:{job}:lock", "zk-lost:{job}:notify")
+    with pytest.raises(BackendUnavailable):
+        queue.enqueue(lock, "a" * 32)
+    assert [path.rsplit("/", 1)[1][:5] for path in lossy.lost] == ["lock-"]  # the node's answer was lost
+    assert client.get_children(entry_path_of(lock)) == []  # its node is gone
+    _, before = queue.enqueue(lock, "b" * 32)
+    assert before is None and queue.holds(lock, "b" * 32)  # the next caller is first
+    queue.leave(lock, "b" * 32)
 
-        lossy.lose_next = True  # a caller that tries again with its token keeps its place
-        with pytest.raises(BackendUnavailable):
-            queue.enqueue(lock, "c" * 32)
-        assert queue.enqueue(lock, "c" * 32)[1] is None
-        queue._strays.add(entry_path_of(lock), "c" * 32)  # as a create answered late marks it
-        queue.enqueue(lock, "d" * 32)  # sweeps: c's place stays
-        assert queue.holds(lock, "c" * 32) and queue.enqueue(lock, "c" * 32)[1] is None
-        queue.leave(lock, "c" * 32)
-        queue.leave(lock, "d" * 32)
-    finally:
-        client.stop()
-        client.close()
+    lossy.lose_next = True  # a caller that tries again with its token keeps its place
+    with pytest.raises(BackendUnavailable):
+        queue.enqueue(lock, "c" * 32)
+    assert queue.enqueue(lock, "c" * 32)[1] is None
+    queue._strays.add(entry_path_of(lock), "c" * 32)  # as a create answered late marks it
+    queue.enqueue(lock, "d" * 32)  # sweeps: c's place stays
+    assert queue.holds(lock, "c" * 32) and queue.enqueue(lock, "c" * 32)[1] is None
+    queue.leave(lock, "c" * 32)
+    queue.leave(lock, "d" * 32)
 
 
 def entry_path_of(keys: Any) -> str:

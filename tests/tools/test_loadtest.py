@@ -290,6 +290,7 @@ def test_the_lock_services_benchmark_short_form() -> None:
     for figures in table.values():
         assert figures["acquire_release_us"] > 0 and figures["handoff_ms"] > 0
         assert figures.get("loads", [1]) == [1]
+        assert figures.get("storm_ms", 1) > 0 and len(figures.get("loaded_twice", [0])) == 1  # one round each
 
 
 @pytest.mark.timeout(120)

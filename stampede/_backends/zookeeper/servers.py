@@ -145,27 +145,13 @@ class ZooKeeperLockServers:
         if self._strays:
             self._strays.sweep()
         try:
-            # A releaser may remove the parent between makepath's step and the create, as
-            # often as takers and releasers race: that is contention, not a failure of the
-            # ensemble, so try again until the request timeout (three tries were outrun
-            # by a burst of takers beside an invalidation's drop).
-            deadline = time.monotonic() + self.timeout
-            while True:
-                created = self.client.create_async(
-                    node_prefix(path, "lease", token), token.encode(), ephemeral=True, sequence=True, makepath=True
-                )
-                try:
-                    node = created.get(timeout=self.timeout)
-                    break
-                except (NoNodeError, NodeExistsError):
-                    if time.monotonic() >= deadline:
-                        return Round(0, 1)
-                except FAILURES:
-                    # Unanswered is not undone: the create may be applied (or be still to
-                    # come), and its node would hold the lease with no load behind it.
-                    self._strays.watch(created, path, token)
-                    raise
-            if self._lowest(path) == node:
+            node = self._create_lease(path, token)
+            if node is None:
+                return Round(0, 1)
+            # A node numbered 0 is the first its parent ever had (the number is the
+            # parent's count of child changes): the lowest without asking. A cold key's
+            # lease is then four requests (parent, node, and their deletes at release).
+            if _sequence(node) == 0 or self._lowest(path) == node:
                 with self._lock:
                     self._nodes[(path, token)] = node
                 return Round(1, 0)
@@ -175,6 +161,40 @@ class ZooKeeperLockServers:
             self._strays.add(path, token)
             self._strays.sweep()
             return Round(0, 1)
+
+    def _create_lease(self, path: str, token: str) -> str | None:
+        """Our node under ``path``, its parent made first (a released entry's parent is
+        deleted when empty, so a taker mostly finds none); ``None`` when takers and
+        releasers kept racing on the parent until the request timeout."""
+        # A releaser may remove the parent between its create and ours, as often as
+        # takers and releasers race: that is contention, not a failure of the ensemble,
+        # so try again until the request timeout (three tries were outrun by a burst of
+        # takers beside an invalidation's drop).
+        deadline = time.monotonic() + self.timeout
+        while True:
+            self._make_parent(path)
+            created = self.client.create_async(
+                node_prefix(path, "lease", token), token.encode(), ephemeral=True, sequence=True
+            )
+            try:
+                return str(created.get(timeout=self.timeout))
+            except NoNodeError:
+                if time.monotonic() >= deadline:
+                    return None
+            except FAILURES:
+                # Unanswered is not undone: the create may be applied (or be still to
+                # come), and its node would hold the lease with no load behind it.
+                self._strays.watch(created, path, token)
+                raise
+
+    def _make_parent(self, path: str) -> None:
+        try:
+            self.client.create_async(path).get(timeout=self.timeout)
+        except NodeExistsError:
+            pass
+        except NoNodeError:  # the root is missing: a new ensemble
+            self.client.ensure_path_async(ROOT).get(timeout=self.timeout)
+            self._make_parent(path)
 
     def release(self, keys: EntryKeys, token: str) -> Round:
         path = entry_path(keys)
