@@ -97,7 +97,7 @@ def test_set_overtakes_a_load_in_flight_which_is_not_written(
 
 
 def test_a_set_is_one_round_trip_and_readers_never_find_the_entry_absent() -> None:
-    """On one Redis server a set is one script: the seizure and the write together. So a
+    """On one Redis server a set is one script: the invalidation and the write together. So a
     reader sees the old value, then the new, never the entry gone between them (as two
     round trips showed it, for one round trip's time), and never waits for a set. (A
     server of its own: its command counts are this test's alone.)"""
@@ -109,14 +109,18 @@ def test_a_set_is_one_round_trip_and_readers_never_find_the_entry_absent() -> No
         row(1)
         assert row.set({"key": 1, "version": 1}, 1) is True  # the script loaded once
 
-        def scripts() -> int:
+        def calls(*names: str) -> int:
             stats = client.info("commandstats")
-            return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("evalsha", "eval"))
+            return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in names)
 
-        before = scripts()
+        before, writes_before = calls("evalsha", "eval"), calls("set")
         for version in range(10):
             assert row.set({"key": 1, "version": version}, 1) is True
-        assert scripts() - before == 10
+        assert calls("evalsha", "eval") - before == 10
+        # With no load in flight the value is the one key a set writes: no lease is taken
+        # and dropped inside the script (it was one more SET a set), and none is left.
+        assert calls("set") - writes_before == 10
+        assert not client.exists(EntryKeys.for_value(row.key(1)).lock)
         client.close()
         _readers_see_no_gap(layer, row)
 

@@ -555,12 +555,12 @@ _WAKE = "redis.call('PUBLISH', ARGV[1], '')\n"
 
 
 def _put(write: str) -> str:
-    """A write-through (set) in one script: SEIZE, then ``write`` (WRITE_AND_RELEASE or
-    WRITE_TAGGED) under the lease it took, with nothing between them, so that readers
-    see the old value and then the new one, never the entry absent. SEIZE's wake-up is
-    left out: the write's own message, sent in the same step, wakes the waiters (with
-    the value, where it goes inline), and an empty one first would send each of them to
-    read the entry for nothing."""
+    """A tagged write-through (set) in one script: SEIZE, then ``write`` (WRITE_TAGGED,
+    whose tags may refuse it) under the lease it took, with nothing between them, so
+    that readers see the old value and then the new one, never the entry absent (an
+    untagged one is ``PUT``). SEIZE's wake-up is left out: the write's own message, sent
+    in the same step, wakes the waiters (with the value, where it goes inline), and an
+    empty one first would send each of them to read the entry for nothing."""
     assert _SEIZE.count(_WAKE) == 1, "SEIZE's wake-up is not where _put looks for it"
     return (
         NEAR_REQUEST
@@ -588,8 +588,50 @@ return {write(write_keys, write_args), reply}
 
 
 def put_call(seize: Call, write: Call) -> Call:
-    """``PUT``'s (or ``PUT_TAGGED``'s) call: ``seize_call``'s, then the write's."""
+    """``PUT_TAGGED``'s call: ``seize_call``'s, then the write's."""
     return Call([*seize.keys, *write.keys], [len(seize.keys), len(seize.args), *seize.args, *write.args])
+
+
+PUT = (
+    NEAR_REQUEST
+    + """
+-- A write-through (set) of an untagged entry, in one step: what SEIZE and then
+-- WRITE_AND_RELEASE under the lease it took do together, less the lease's own steps
+-- (taken, found ours and dropped inside one script: nothing can come between them) and
+-- the deletion of the value the write replaces. Readers see the old value and then the
+-- new one, never the entry absent. A load in flight loses its lease, and the marker
+-- tells it an invalidation took it (as INVALIDATE's does), so it writes nothing.
+-- The near caches are asked to drop their copies before the waiters are woken, as SEIZE
+-- and the write did one after the other.
+-- KEYS as INVALIDATE's (value, lock, invalidation marker, failing marker, tags[, near
+-- caches' registry]); ARGV[1] channel, ARGV[2] envelope, ARGV[3] ttl in ms (0: keep
+-- nothing, as WRITE_AND_RELEASE's), ARGV[4] '1' to publish the envelope itself, '0' to
+-- publish '' (waiters read the key), ARGV[5..6] NEAR_REQUEST's
+-- Returns NEAR_REQUEST's reply: {1 (written), member, ms_left, ...}
+local lease = redis.call('PTTL', KEYS[2])
+if ARGV[3] == '0' then
+  redis.call('DEL', KEYS[1], KEYS[2], KEYS[4], KEYS[5])
+else
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  redis.call('DEL', KEYS[2], KEYS[4], KEYS[5])
+end
+if lease > 0 then redis.pcall('SET', KEYS[3], '1', 'PX', lease) end
+local reply = near_request(1, KEYS[6], ARGV[5], ARGV[6])
+if ARGV[4] == '1' then
+  redis.call('PUBLISH', ARGV[1], ARGV[2])
+else
+  redis.call('PUBLISH', ARGV[1], '')
+end
+return reply
+"""
+)
+
+
+def set_call(keys: EntryKeys, envelope: bytes, ttl_ms: int, inline: bool, near: NearChannel | None, nonce: str) -> Call:
+    """``PUT``'s call."""
+    invalidate = invalidate_call(keys, near, nonce)
+    channel, *asking = invalidate.args
+    return Call(invalidate.keys, [channel, envelope, ttl_ms, "1" if inline else "0", *asking])
 
 
 INVALIDATE = NEAR_REQUEST + INVALIDATE
@@ -880,7 +922,6 @@ def forget_members_call(tag: TagKeys, members: list[tuple[bytes, bytes]]) -> Cal
     return Call([tag.members], [part for pair in members for part in pair])
 
 
-PUT = _put(WRITE_AND_RELEASE)
 PUT_TAGGED = _put(WRITE_TAGGED)
 WRITE_TAGGED_EACH = for_each(WRITE_TAGGED, 5, 8)  # a page's admitted writes: no tag keys
 INVALIDATE_EACH = for_each(INVALIDATE, 5, 1)

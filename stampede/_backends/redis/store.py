@@ -553,20 +553,21 @@ class RedisStore(Sending):
         self, keys: EntryKeys, token: str, lease_ms: int, envelope: bytes, ttl_ms: int, inline: bool,
         tagged: Tagged | None = None,
     ) -> Written:  # fmt: skip
-        """One script: the seizure and the write. On a cluster a tagged entry's tags
-        admit it in their own slots between the two (``_write_tagged``), so there it is
-        the seizure, then the write, the lease released if the write fails."""
+        """One script: the seizure and the write (``PUT``, which needs no lease of its
+        own, or ``PUT_TAGGED``). On a cluster a tagged entry's tags admit it in their own
+        slots between the two (``_write_tagged``), so there it is the seizure, then the
+        write, the lease released if the write fails."""
         if tagged is not None and is_cluster(self.client):
             return put_in_steps(self, keys, token, lease_ms, envelope, ttl_ms, inline, tagged)
         nonce = new_nonce(self.near)
         with self._translated("write", keys.value):
-            seize = _scripts.seize_call(keys, token, lease_ms, self._near_in_script, nonce)
-            if tagged is None:
-                script, write = self._scripts.put, _scripts.write_release_call(keys, token, envelope, ttl_ms, inline)
+            if tagged is None:  # no lease to lose and no tag to refuse it: always written
+                call = _scripts.set_call(keys, envelope, ttl_ms, inline, self._near_in_script, nonce)
+                written, reply = 1, self._scripts.put(*call)
             else:
-                script = self._scripts.put_tagged
+                seize = _scripts.seize_call(keys, token, lease_ms, self._near_in_script, nonce)
                 write = _scripts.write_tagged_call(keys, token, envelope, ttl_ms, inline, tagged, True)
-            written, reply = script(*_scripts.put_call(seize, write))
+                written, reply = self._scripts.put_tagged(*_scripts.put_call(seize, write))
         self._await_near_caches(self._ask_near_caches(reply, keys, nonce), nonce)
         return Written(int(written))
 
