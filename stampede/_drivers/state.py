@@ -71,14 +71,18 @@ class AsyncState:
     async def aclose(self) -> None:
         if not self.closed:
             self.closed = True
-            await self.refresher.aclose()  # a cancelled refresh releases its lease as any load does
-            await self.verifier.aclose()
-            await finish_started(FINISH_TIMEOUT)  # their writes and releases, shielded, end first
+            # Each step whatever the one before raised: a store left open leaves its
+            # connections to be found by the garbage collector once the loop is gone.
             try:
-                await self.store.aclose()
+                await self.refresher.aclose()  # a cancelled refresh releases its lease as any load does
+                await self.verifier.aclose()
+                await finish_started(FINISH_TIMEOUT)  # their writes and releases, shielded, end first
             finally:
-                if self.leases.servers is not None:
-                    await self.leases.servers.aclose()
+                try:
+                    await self.store.aclose()
+                finally:
+                    if self.leases.servers is not None:
+                        await self.leases.servers.aclose()
 
 
 class States:

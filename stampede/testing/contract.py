@@ -362,9 +362,11 @@ def test_a_hot_set_counts_its_members_keeps_the_most_counted_and_runs_out(store:
 
 
 def test_a_slot_nobody_renews_runs_out_and_a_waiter_who_stops_trying_loses_its_place(store: Any) -> None:
+    # 1 s leases: b's take must come while a's slot lives (with 100 ms, a stalled CI
+    # machine let a's slot run out first, and b took it).
     keys = budget_keys("contract", f"budget-{uuid.uuid4().hex}", 200)
-    assert store.take_slot(keys, "a", 100, LEASE_MS, 1).state is LockState.LOCKED
-    assert store.take_slot(keys, "b", LEASE_MS, 100, 1).state is LockState.HELD  # b queues, then stops trying
+    assert store.take_slot(keys, "a", 1000, LEASE_MS, 1).state is LockState.LOCKED
+    assert store.take_slot(keys, "b", LEASE_MS, 1000, 1).state is LockState.HELD  # b queues, then stops trying
     deadline = time.monotonic() + 5
     while store.take_slot(keys, "c", LEASE_MS, LEASE_MS, 1).state is not LockState.LOCKED:
         assert time.monotonic() < deadline, "the dead holder's slot, or the dead waiter's place, never ran out"

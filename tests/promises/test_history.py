@@ -443,12 +443,25 @@ def test_stampede_keeps_every_promise_in_a_generated_workload_on_every_backend(
     grouped = Counter((r.kind, r.process, r.op) for r in recorder.records if r.kind in ("invalidate", "expire"))
     assert {kind for (kind, *_), keys in grouped.items() if keys == 4} == {"invalidate", "expire"}  # tags
     # A background refresh still loading when the run's loop shuts down is cancelled with it.
+    # Under a budget, a read whose load found no slot for its whole wait_timeout raises
+    # BudgetTimeout (docs/configuration.md): honest and bounded, and what a stalled machine
+    # gives (CI's, where 0 of 3 lock servers answered in 2 s and the queue of loads for two
+    # slots outlasted a read's 5 s). Not sooner than that wait, nor past the bound, nor
+    # more than a few times a run.
+    timed_out = [
+        r
+        for r in recorder.records
+        if r.outcome == "BudgetTimeout" and settings.get("max_concurrent_loads") and r.completed is not None
+        and 5.0 <= (r.completed - r.invoked) / 1e9 <= bound
+    ]  # fmt: skip
     failed = [
         r
         for r in recorder.records
-        if r.outcome != "ok" and not (r.outcome == "CancelledError" and r.kind == "load" and r.completed > ended[0] > 0)
-    ]
+        if r.outcome != "ok" and r not in timed_out
+        and not (r.outcome == "CancelledError" and r.kind == "load" and r.completed > ended[0] > 0)
+    ]  # fmt: skip
     assert not failed, failed[:5]
+    assert len(timed_out) <= 10, timed_out[:5]
     assert report.ok, str(report)
 
 

@@ -118,6 +118,10 @@ class AsyncSending:
         return result
 
     async def _sent(self, key: str, command: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        if self.closed:
+            # A task that outlived its loop's close (a write past the close's wait): sent,
+            # it would open a connection of a closed pool that nothing closes after.
+            raise BackendUnavailable(f"the layer's store for this event loop was closed before {key!r}", key=key)
         if not self._initialized:
             await self._ready()
         if self._switches.generation != self._followed:
@@ -191,7 +195,12 @@ class AsyncSending:
         for task in list(self._refreshes):
             task.cancel()
         await asyncio.gather(*self._refreshes, return_exceptions=True)
-        await self._subscriber.aclose()
+        try:
+            await self._subscriber.aclose()
+        finally:
+            await self._close_client()
+
+    async def _close_client(self) -> None:
         if not self._owns_client:
             return
         if is_cluster(self.client):
