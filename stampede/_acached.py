@@ -108,8 +108,11 @@ class AsyncCachedLoader(_Loader[P, R]):
         """Write ``value`` as the entry of these arguments (after a database write), as a
         load would have written it: a ``Cached`` sets its own ttl and tags. A load of the
         entry in flight, in any process, is not written afterwards, and its waiters get
-        this value. Returns True, or False if a load that began after this call (and so
-        read the database after it) holds the entry, or a tag invalidation came first.
+        this value. Returns True, or False if the write was refused: a tag invalidation
+        came first, or (with lock servers, whose seizure and write are two steps) a load
+        that began after this call, and so read the database after it, took the entry
+        between them. Untagged on one Redis server, Sentinel or a Cluster, one script
+        does both, and a set is always written.
 
         A value the serializer refuses raises ``SerializationError`` with nothing
         written. Raises BackendUnavailable if the store cannot be reached, whatever
