@@ -144,7 +144,14 @@ class AsyncSubscriber:
             if self._connection is not None or self._closed:
                 return
             connection = connect_pubsub(self._pool, self._timeout)
-            await connection.connect()
+            try:
+                await connection.connect()
+            except BaseException:  # a failed or cancelled connect leaves no socket open
+                await _disconnected(connection)
+                raise
+            if self._closed:  # closed while it connected: nobody would close it after
+                await _disconnected(connection)
+                return
             self._connection = connection
             if self._channels:  # after a reconnect: subscribe again to what is awaited
                 self._send(self._subscribe_command, *self._channels.resubscribe())
@@ -157,10 +164,7 @@ class AsyncSubscriber:
         self._connection = None
         self._outbox.clear()
         self._channels.on_connection_lost()
-        try:
-            await connection.disconnect(nowait=True)
-        except FAILURES:
-            pass
+        await _disconnected(connection)
         if self._on_lost is not None and not self._closed:
             await self._hand_over(None)
 
@@ -280,3 +284,11 @@ async def subscribe_each(
                 mailbox.close()
         raise
     return mailboxes
+
+
+async def _disconnected(connection: Any) -> None:
+    """Close ``connection``'s socket, however the connection was lost."""
+    try:
+        await connection.disconnect(nowait=True)
+    except FAILURES:
+        pass

@@ -121,7 +121,7 @@ class AsyncSending:
         if self.closed:
             # A task that outlived its loop's close (a write past the close's wait): sent,
             # it would open a connection of a closed pool that nothing closes after.
-            raise BackendUnavailable(f"the layer's store for this event loop was closed before {key!r}", key=key)
+            raise _closed_before(key)
         if not self._initialized:
             await self._ready()
         if self._switches.generation != self._followed:
@@ -139,6 +139,8 @@ class AsyncSending:
         else:
             await slots.acquire()
         try:
+            if self.closed:  # closed while this waited for a slot
+                raise _closed_before(key)
             return await command(*args, **kwargs)
         finally:
             slots.release()
@@ -210,6 +212,10 @@ class AsyncSending:
         manager = getattr(self.client.connection_pool, "sentinel_manager", None)
         for sentinel in getattr(manager, "sentinels", ()):  # a client through Sentinel: its sentinels too
             await sentinel.aclose()
+
+
+def _closed_before(key: str) -> BackendUnavailable:
+    return BackendUnavailable(f"the layer's store for this event loop was closed before {key!r}", key=key)
 
 
 __all__ = ["NO_SWITCHES", "AsyncSending", "Sending", "Switches", "cancel_requests"]
