@@ -3,12 +3,15 @@
     python loadtest/bench_many.py            # starts every server it needs on 127.0.0.1
     python loadtest/bench_many.py --quick    # fewer rounds and calls, for CI
     python loadtest/bench_many.py --plot loadtest/figures/many.png   # and its picture
+    python loadtest/bench_many.py --cold-only --rounds 5   # figure 1 alone, two ways
 
 1. Cold overlapping pages: ``--processes`` x ``--threads`` callers, each asking one page
    of ``--page`` ids drawn from ``--ids`` cold ids (the pages overlap), the loader
    sleeping ``--delay`` per call. For each way of caching: how often the database was
    asked for each id (its own count, summed over the processes), loader calls, ids per
-   loader call, and the slowest caller minus one load. Side by side: stampede's
+   loader call, the slowest caller minus one load, and the client's CPU per entry asked
+   (the processes' CPU time over the round, which queues up on the cores: what the
+   slowest caller waits for beyond its load). Side by side: stampede's
    many-key loader, a loop of its single-key loader, dogpile.cache's
    ``get_or_create_multi`` over its Redis backend (if installed), and no protection.
 2. A warm page in one thread: calls/s of the many-key loader against a bare redis-py
@@ -63,15 +66,16 @@ def worker(options: argparse.Namespace) -> None:
     get_page = page_getter(options.way, options.url, options.namespace, cluster, query)
     draw = random.Random(options.seed)
     pages = [draw.sample(range(options.ids), options.page) for _ in range(options.threads)]
-    get_page([options.ids + 1])  # connections open, scripts loaded
+    warm_up(options.threads, lambda number: get_page([options.ids + 1 + number]))  # connections open, scripts loaded
     database.clear()
     queries.clear()
     print("ready", flush=True)
     if sys.stdin.readline().strip() != "go":
         return
-    barrier = threading.Barrier(options.threads)
+    barrier = threading.Barrier(options.threads, action=lambda: cpu.append(time.process_time()))
     latencies: list[float] = []
     wrong = []
+    cpu: list[float] = []
 
     def call(page: list[int]) -> None:
         barrier.wait(30)
@@ -88,8 +92,26 @@ def worker(options: argparse.Namespace) -> None:
         thread.start()
     for thread in threads:
         thread.join()
-    print(json.dumps({"asked": dict(database), "queries": queries, "latencies": latencies, "wrong": len(wrong)}),
-          flush=True)  # fmt: skip
+    cpu_ms = (time.process_time() - cpu[0]) * 1000
+    print(json.dumps({"asked": dict(database), "queries": queries, "latencies": latencies, "wrong": len(wrong),
+                      "cpu_ms": cpu_ms, "entries": len(pages) * options.page}), flush=True)  # fmt: skip
+
+
+def warm_up(threads: int, call: Callable[[int], Any]) -> None:
+    """One call from each of ``threads`` threads at once, so that each finds a connection
+    of its own open (and the scripts loaded) when the timed round begins: opening one
+    costs the client more than a cold entry does."""
+    barrier = threading.Barrier(threads)
+
+    def one(number: int) -> None:
+        barrier.wait(30)
+        call(number)
+
+    workers = [threading.Thread(target=one, args=(number,)) for number in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
 
 
 def page_getter(
@@ -153,13 +175,15 @@ def cold_pages(url: str, cluster: bool, options: argparse.Namespace) -> dict[str
                 "ids": len(asked), "max_per_id": max(asked.values()), "id_loads": sum(asked.values()),
                 "loader_calls": len(queries), "ids_per_call": statistics.mean(queries),
                 "over_load_ms": (max(latencies) - options.delay) * 1000, "wrong": sum(r["wrong"] for r in results),
+                "cpu_us_per_entry": sum(r["cpu_ms"] for r in results) * 1000 / sum(r["entries"] for r in results),
             })  # fmt: skip
     where = "a 3-primary cluster" if cluster else "one server"
     print(f"\n{'3' if cluster else '1'}. Cold overlapping pages on {where}: {options.processes} processes x "
           f"{options.threads} threads, a page of {options.page} ids each from {options.ids} cold ids, loader "
           f"{options.delay * 1000:.0f} ms a call, {options.rounds} interleaved round(s), the worst shown")  # fmt: skip
-    header = ("", "ids asked", "max per id", "id loads", "loader calls", "ids/call", "slowest - load ms")
-    print("   {:<22} {:>9} {:>10} {:>9} {:>12} {:>9} {:>18}".format(*header))
+    header = ("", "ids asked", "max per id", "id loads", "loader calls", "ids/call", "slowest - load ms",
+              "CPU us/entry")  # fmt: skip
+    print("   {:<22} {:>9} {:>10} {:>9} {:>12} {:>9} {:>18} {:>13}".format(*header))
     summary = {}
     for way, results in rows.items():
         worst = {
@@ -167,11 +191,12 @@ def cold_pages(url: str, cluster: bool, options: argparse.Namespace) -> dict[str
             "id_loads": max(r["id_loads"] for r in results), "loader_calls": max(r["loader_calls"] for r in results),
             "ids_per_call": min(r["ids_per_call"] for r in results),
             "over_load_ms": max(r["over_load_ms"] for r in results), "wrong": max(r["wrong"] for r in results),
+            "cpu_us_per_entry": max(r["cpu_us_per_entry"] for r in results),
         }  # fmt: skip
         summary[way] = worst
-        print("   {:<22} {:>9} {:>10} {:>9} {:>12} {:>9.1f} {:>18.1f}".format(
+        print("   {:<22} {:>9} {:>10} {:>9} {:>12} {:>9.1f} {:>18.1f} {:>13.1f}".format(
             way, worst["ids"], worst["max_per_id"], worst["id_loads"], worst["loader_calls"],
-            worst["ids_per_call"], worst["over_load_ms"]))  # fmt: skip
+            worst["ids_per_call"], worst["over_load_ms"], worst["cpu_us_per_entry"]))  # fmt: skip
         assert worst["wrong"] == 0, f"{way}: a caller got a wrong value"
     assert summary["stampede many"]["max_per_id"] == 1, "the many-key loader loaded an id twice"
     return summary
@@ -332,6 +357,7 @@ def main() -> None:
     parser.add_argument("--warm-calls", type=int, default=2000)
     parser.add_argument("--quick", action="store_true", help="one round, fewer calls (CI)")
     parser.add_argument("--no-cluster", action="store_true", help="leave out figure 3")
+    parser.add_argument("--cold-only", action="store_true", help="figure 1 alone (stampede many, no protection)")
     parser.add_argument("--plot", help="also draw figures 1 and 2 beside the peers' to this PNG")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--half-worker", action="store_true", help=argparse.SUPPRESS)
@@ -356,6 +382,12 @@ def main() -> None:
         print("dogpile.cache is not installed (pip install -e '.[loadtest]'): its row is left out")
         options.ways.remove("dogpile multi")
     figures: dict[str, Any] = {}
+    if options.cold_only:
+        options.ways = ["stampede many", "no protection"]
+        with server_url(options.url) as url:
+            figures["cold"] = cold_pages(url, False, options)
+        print(json.dumps(figures))
+        return
     with server_url(options.url) as url:
         figures["cold"] = cold_pages(url, False, options)
         figures["warm"] = warm_page(url, False, [url], options)
