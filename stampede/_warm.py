@@ -20,6 +20,7 @@ rather than all waiting on the same few loads.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import random
 import threading
 import time
@@ -147,6 +148,19 @@ def hot_set_of(loader: Any) -> HotSet:
     return hot
 
 
+def _check_kinds(loaders: Sequence[Any], asynchronous: bool) -> None:
+    """Refuse, before anything is read or loaded, a loader of the other kind: ``warm``
+    calling an ``async def`` loader would take its unawaited coroutine for a cached
+    value (and report every call cached, loading nothing); ``awarm`` would await a
+    blocking loader's plain value (and report every call failed)."""
+    for loader in loaders:
+        hot_set_of(loader)
+        if inspect.iscoroutinefunction(loader.peek) != asynchronous:
+            kind, method = ("a blocking", "warm()") if asynchronous else ("an async def", "await awarm()")
+            called = "awarm()" if asynchronous else "warm()"
+            raise ConfigError(f"{called} was given {loader!r}, {kind} loader: warm it with {method}")
+
+
 def _check(concurrency: int, count: int) -> None:
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise ConfigError(f"concurrency must be an int of at least 1, got {concurrency!r}")
@@ -189,6 +203,7 @@ def warm(
 ) -> WarmReport:
     """``Stampede.warm``: blocking loaders, called from ``concurrency`` threads."""
     _check(concurrency, count)
+    _check_kinds(loaders, asynchronous=False)
     began = time.monotonic()
     jobs = _jobs(store, loaders, count, concurrency)
     tally = _Tally(WarmReport(calls=sum(job.size for job in jobs)), events, progress)
@@ -222,6 +237,7 @@ async def awarm(
 ) -> WarmReport:
     """``Stampede.awarm``: ``async def`` loaders, called from ``concurrency`` tasks."""
     _check(concurrency, count)
+    _check_kinds(loaders, asynchronous=True)
     began = time.monotonic()
     jobs = await asyncio.to_thread(_jobs, store, loaders, count, concurrency)
     tally = _Tally(WarmReport(calls=sum(job.size for job in jobs)), events, progress)

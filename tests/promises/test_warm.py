@@ -198,6 +198,52 @@ def test_bad_warm_settings_are_refused() -> None:
         layer.close()
 
 
+def test_a_loader_of_the_other_kind_is_refused_before_anything_is_warmed(redis_url: str) -> None:
+    """``warm`` given an ``async def`` loader took its unawaited ``peek`` for a cached
+    value (5 calls: cached 5, loaded 0, a fleet told it was warm); ``awarm`` given a
+    blocking one counted every call failed. Both are refused up front, naming the method."""
+    layer = Stampede.from_url(redis_url, namespace=f"kinds-{uuid.uuid4().hex[:8]}", hot_sample=1.0)
+    loaded: list[str] = []
+
+    async def fetch_async(key: str) -> str:
+        loaded.append(key)
+        return key
+
+    def fetch(key: str) -> str:
+        loaded.append(key)
+        return key
+
+    coroutines = layer.cached_loader("async:{key}")(fetch_async)
+    blocking = layer.cached_loader("blocking:{key}")(fetch)
+    try:
+        for key in "abcde":
+            blocking(key)
+            asyncio.run(coroutines(key))
+        layer.flush_hot_sets()
+        asyncio.run(layer.aclose())  # the asyncio client of the first loop, closed with it
+        asyncio.run(coroutines.invalidate("a"))
+        blocking.invalidate("a")
+        asyncio.run(layer.aclose())
+        loaded.clear()
+        with pytest.raises(ConfigError, match=r"warm\(\) was given .*async def loader: warm it with await awarm\(\)"):
+            layer.warm(blocking, coroutines)
+        with pytest.raises(ConfigError, match=r"awarm\(\) was given .*blocking loader: warm it with warm\(\)"):
+            asyncio.run(layer.awarm(coroutines, blocking))
+        assert loaded == []  # refused before any call
+        assert layer.warm(blocking).loaded == 1  # the right kind warms what the cache lacks
+
+        async def warm_async() -> WarmReport:
+            try:
+                return await layer.awarm(coroutines)
+            finally:
+                await layer.aclose()
+
+        assert asyncio.run(warm_async()).loaded == 1
+        assert sorted(loaded) == ["a", "a"]
+    finally:
+        layer.close()
+
+
 def test_a_store_that_fails_to_record_loses_that_sample_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
     """The recorder's thread never ends with an exception: a failed batch is counted and
     warned about, and the next one is recorded."""
