@@ -33,7 +33,9 @@ threads and times from the history's start, so a failing run explains itself.
 
 Recording costs one list append per operation and key (about a microsecond with the
 context manager), small beside a round trip to a server, so it can stay on in stress
-runs. A row that does not exist yet is version 0.
+runs. A row that does not exist yet is version 0, and every other version must have a
+recorded write: a read of version 3 of a key no write was recorded for is ``unwritten``
+(record the rows a run starts with as writes that ended before it).
 """
 
 from __future__ import annotations
@@ -449,7 +451,7 @@ def _check_key(
             yield Violation("wrong key", key, f"the value came from {read.source!r}", [read])
         index = bisect.bisect_left(began, read.completed + 1) - 1  # type: ignore[operator]
         possible = newest_began[index] if index >= 0 else 0
-        if began and read.version > possible:  # (a key no write was recorded for: not checked)
+        if read.version > possible:  # a key no write was recorded for has only version 0
             yield Violation("unwritten", key, f"version {read.version}: no write of it had begun", [read])
         required, by = hard.by(read.invoked)
         if read.version < required and by is not None:

@@ -94,6 +94,15 @@ def test_a_value_of_another_key_or_of_a_version_never_written() -> None:
     assert report.counts() == {"wrong key": 1, "unwritten": 1}
 
 
+def test_a_version_of_a_key_no_write_was_recorded_for_is_unwritten() -> None:
+    """A row that does not exist yet is version 0 (docs/testing.md): a read of version 2
+    of a key with no recorded write is as unwritten as one past the newest write (the
+    checker skipped such keys)."""
+    report = check(record("read", "k", 2, 0, 1), record("read", "k", 0, 0, 1), record("read", "j", 0, 2, 3))
+    assert report.counts() == {"unwritten": 1}
+    assert report.violations[0].key == "k" and report.violations[0].records[0].version == 2
+
+
 def test_a_second_load_of_one_entry_needs_a_reason() -> None:
     loads = [record("load", "k", 0, 10, 11), record("load", "k", 0, 15, 16)]
     assert check(*loads).counts() == {"extra load": 1}
@@ -117,6 +126,7 @@ def test_a_load_is_in_flight_from_its_calls_start_and_an_invalidation_then_voids
     """The call took the lease before the invalidation and ran the loader after it: the
     load is voided (it may have read the row before the write), and the next is due."""
     records = [
+        record("write", "k", 1, 0, 1, thread="w"),
         record("read", "k", 1, 10, 20, thread="a"),
         record("load", "k", 1, 13, 14, thread="a"),  # after the invalidation, for a call begun before it
         record("invalidate", "k", 1, 11, 12, thread="w"),
@@ -156,6 +166,7 @@ def test_a_refresh_asked_for_again_while_pending_is_in_flight_from_the_first_ask
     The first refresh is in flight from the first read that asked since the last load,
     so the expiry voids it and the next refresh is due, not one too many."""
     records = [
+        record("write", "k", 1, 0, 1, thread="w"),
         record("read", "k", 1, 2, 9, thread="a"),
         record("load", "k", 1, 3, 5, thread="a"),
         record("expire", "k", None, 10, 18, thread="w5"),
@@ -170,6 +181,7 @@ def test_a_refresh_asked_for_again_while_pending_is_in_flight_from_the_first_ask
     # An expiry begun before the last load ended may take effect after it (it returned
     # after): the reads after that load may be served stale, and ask for the refresh.
     overlapping = [
+        record("write", "k", 1, 0, 1, thread="w"),
         record("read", "k", 1, 2, 9, thread="a"),
         record("load", "k", 1, 3, 5, thread="a"),
         record("expire", "k", None, 4, 14, thread="w5"),
