@@ -219,7 +219,7 @@ def _sentinel_clients(
     # The sentinels' own clients take no retry from the master's settings: each is asked
     # once per lookup, so a lookup with no sentinel answering costs one socket timeout
     # per sentinel, not redis-py's default retries of each.
-    manager = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+    manager = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call, unused-ignore]  # typed from redis-py 8.2
         sentinel.addresses, sentinel_kwargs=dict(timeouts, retry=no_retries), retry=no_retries, **timeouts
     )
     try:
@@ -228,7 +228,7 @@ def _sentinel_clients(
         for one in manager.sentinels:
             one.close()
         raise
-    client: redis.Redis = manager.master_for(  # type: ignore[no-untyped-call]
+    client: redis.Redis = manager.master_for(  # type: ignore[no-untyped-call, unused-ignore]  # typed from redis-py 8.2
         sentinel.service,
         connection_pool_class=BlockingSentinelConnectionPool,
         queue_class=ConnectionQueue,
@@ -240,7 +240,7 @@ def _sentinel_clients(
 
     def make_async_client() -> redis.asyncio.Redis:
         no_async_retries = redis.asyncio.retry.Retry(NoBackoff(), 0)
-        async_manager = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        async_manager = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call, unused-ignore]  # typed from redis-py 8.2
             sentinel.addresses,
             sentinel_kwargs=dict(timeouts, retry=no_async_retries),
             retry=no_async_retries,

@@ -142,7 +142,7 @@ class SwitchWatch:
         """Subscribe at one sentinel, and follow each switch it announces until it fails
         or stays silent past ``SILENCE`` (a PING goes out halfway)."""
         client = redis.Redis(**settings, health_check_interval=0)
-        pubsub = client.pubsub()  # type: ignore[no-untyped-call]
+        pubsub = client.pubsub()  # type: ignore[no-untyped-call, unused-ignore]  # typed from redis-py 8.2
         self._pubsub = pubsub
         try:
             if self._closed.is_set():
