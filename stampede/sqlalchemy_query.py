@@ -21,7 +21,10 @@ answers the queries that ask for it::
   can write to the cache server can run code in every process that reads it, so the
   server must be trusted as the database is.
 * **Invalidation waits for the commit.** A cached query is tagged ``table:<name>`` for
-  each table it reads: its entities' and every one joined, in a subquery or aliased.
+  each table it reads: its entities' and every one joined, in a subquery or aliased,
+  and every table whose rows its result carries through an eager loader
+  (``joinedload``, ``selectinload``, ``subqueryload``: the related mappers' and the
+  association tables', at every level loaded).
   Every flushed insert, update and delete of an instance, and every ``update()``,
   ``delete()`` and ``insert()`` run through the session (of a mapped class or a table),
   queues the invalidation of its tables' tags for after the commit (``stampede.sqlalchemy``'s
@@ -49,7 +52,7 @@ from typing import Any
 
 from sqlalchemy import Table, event, inspect
 from sqlalchemy.engine import FrozenResult
-from sqlalchemy.orm import ORMExecuteState, Session, UserDefinedOption
+from sqlalchemy.orm import InstanceState, ORMExecuteState, Session, UserDefinedOption
 from sqlalchemy.orm.loading import merge_frozen_result
 from sqlalchemy.sql.util import find_tables
 
@@ -159,7 +162,7 @@ def _load_pending(digest: str) -> Any:
     """The loader of every entry: the query of the caller that leads the load."""
     pending = _pending.get()
     frozen: FrozenResult[Any] = pending.state.invoke_statement().freeze()
-    tables = {*_tables_of(pending.state.all_mappers), *_tables_in(pending.state.statement)}
+    tables = {*_tables_of(pending.state.all_mappers), *_tables_in(pending.state.statement), *_tables_carried(frozen)}
     tags = [TABLE_TAG.format(table=table) for table in sorted(tables)]
     return Cached(frozen, ttl=pending.option.ttl, tags=[*tags, *pending.option.tags])
 
@@ -183,6 +186,38 @@ def _tables_in(statement: Any) -> set[str]:
     statement's mappers name only its top-level entities)."""
     found = find_tables(statement, include_joins=True, check_columns=True)
     return {table.name for table in found if isinstance(table, Table)}
+
+
+def _tables_carried(frozen: FrozenResult[Any]) -> set[str]:
+    """Every table whose rows the result carries: its instances' and, through every
+    relationship an eager loader filled (``joinedload`` adds its JOIN when the statement
+    is compiled, ``selectinload`` and ``subqueryload`` run statements of their own:
+    neither shows in the statement), the related mapper's and the association table's,
+    loaded empty or not, down to the last level loaded. A relationship left unloaded
+    (lazy) is read afresh from the database when touched, so it carries nothing."""
+    tables: set[str] = set()
+    seen: set[int] = set()
+    found = [item for row in frozen.data for item in (row if isinstance(row, tuple) else (row,))]
+    while found:
+        state = inspect(found.pop(), raiseerr=False)
+        if not isinstance(state, InstanceState) or id(state) in seen:
+            continue
+        seen.add(id(state))
+        tables.update(table.name for table in state.mapper.tables)
+        for relationship in state.mapper.relationships:
+            if relationship.key not in state.dict:
+                continue
+            tables.update(table.name for table in relationship.mapper.tables)
+            if isinstance(relationship.secondary, Table):
+                tables.add(relationship.secondary.name)
+            loaded = state.dict[relationship.key]
+            if loaded is None:
+                continue
+            if not relationship.uselist:
+                found.append(loaded)
+            else:
+                found.extend(loaded.values() if isinstance(loaded, Mapping) else loaded)
+    return tables
 
 
 def _tables_of(mappers: Iterable[Any]) -> list[str]:

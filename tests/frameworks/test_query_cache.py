@@ -16,8 +16,19 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
-from sqlalchemy import Engine, create_engine, event, select, update
-from sqlalchemy.orm import Session, aliased, sessionmaker
+from sqlalchemy import Column, Engine, ForeignKey, Table, create_engine, event, select, update
+from sqlalchemy.orm import (
+    DeclarativeBase,
+    Mapped,
+    Session,
+    aliased,
+    joinedload,
+    mapped_column,
+    relationship,
+    selectinload,
+    sessionmaker,
+    subqueryload,
+)
 
 from stampede import Stampede
 from stampede.sqlalchemy_query import QueryCache
@@ -302,3 +313,93 @@ def test_a_write_to_a_table_read_only_in_a_join_or_subquery_invalidates_the_quer
         writer.commit()
     with sessions() as reader:
         assert [names(reader, statement) for statement in statements] == [[], []]
+
+
+class _Eager(DeclarativeBase):
+    pass
+
+
+_shelf = Table(
+    "shelf_authors", _Eager.metadata,
+    Column("shelf_id", ForeignKey("shelves.id"), primary_key=True),
+    Column("author_id", ForeignKey("authors.id"), primary_key=True),
+)  # fmt: skip
+
+
+class Shelf(_Eager):
+    __tablename__ = "shelves"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    authors: Mapped[list[Author]] = relationship(secondary=_shelf, order_by="Author.id")
+
+
+class Author(_Eager):
+    __tablename__ = "authors"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str]
+    books: Mapped[list[Book]] = relationship(back_populates="author", order_by="Book.id")
+
+
+class Book(_Eager):
+    __tablename__ = "books"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    title: Mapped[str]
+    author_id: Mapped[int] = mapped_column(ForeignKey("authors.id"))
+    author: Mapped[Author] = relationship(back_populates="books")
+    notes: Mapped[list[Note]] = relationship(order_by="Note.id")
+
+
+class Note(_Eager):
+    __tablename__ = "notes"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    text: Mapped[str]
+    book_id: Mapped[int] = mapped_column(ForeignKey("books.id"))
+
+
+@pytest.mark.parametrize("eager", [joinedload, selectinload, subqueryload])
+def test_a_query_is_invalidated_by_a_write_to_any_table_its_eager_loaders_carried(
+    eager: Any, tmp_path: Path, layer: Stampede
+) -> None:
+    """``joinedload`` adds its JOIN when the statement is compiled and ``selectinload``
+    runs a statement of its own: neither table shows in the statement, yet the result
+    carries their rows (the entry was tagged with the main table alone and served the
+    old books after a committed change to them). Every level an eager loader reached
+    tags it, a collection loaded empty and an association table too."""
+    engine = create_engine(f"sqlite:///{tmp_path / 'books.sqlite'}")
+    _Eager.metadata.create_all(engine)
+    sessions = sessionmaker(engine)
+    queries = QueryCache(layer, ttl=300)
+    queries.install(sessions)
+    with sessions() as session:
+        ada, bob = Author(id=1, name="ada"), Author(id=2, name="bob")
+        session.add_all([ada, bob, Shelf(id=1, authors=[ada])])
+        session.add(Book(id=1, title="one", author=ada, notes=[Note(id=1, text="n1")]))
+        session.commit()
+    authors = (
+        select(Author).order_by(Author.id).options(queries.cached(), eager(Author.books).options(eager(Book.notes)))
+    )
+    shelves = select(Shelf).options(queries.cached(), eager(Shelf.authors))
+
+    def read() -> tuple[list[tuple[str, list[tuple[str, list[str]]]]], list[list[str]]]:
+        with sessions() as session:
+            books = [
+                (a.name, [(b.title, [n.text for n in b.notes]) for b in a.books])
+                for a in session.scalars(authors).unique()
+            ]
+            shelved = [[a.name for a in shelf.authors] for shelf in session.scalars(shelves).unique()]
+            return books, shelved
+
+    def commit(change: Any) -> None:
+        with sessions() as session:
+            change(session)
+            session.commit()
+
+    assert read() == ([("ada", [("one", ["n1"])]), ("bob", [])], [["ada"]])
+    commit(lambda session: setattr(session.get(Book, 1), "title", "one, revised"))
+    assert read()[0] == [("ada", [("one, revised", ["n1"])]), ("bob", [])]  # a change to a joined row
+    commit(lambda session: session.add(Book(id=2, title="two", author_id=2)))
+    assert read()[0] == [("ada", [("one, revised", ["n1"])]), ("bob", [("two", [])])]  # to a collection loaded empty
+    commit(lambda session: setattr(session.get(Note, 1), "text", "n1, revised"))
+    assert read()[0][0] == ("ada", [("one, revised", ["n1, revised"])])  # two levels down
+    commit(lambda session: session.execute(_shelf.insert().values(shelf_id=1, author_id=2)))
+    assert read()[1] == [["ada", "bob"]]  # the association table, written through Core
+    engine.dispose()
