@@ -24,17 +24,26 @@ kept is handed to nobody: each waiting request then runs the endpoint itself.
 
 What is never shared: a request carrying ``Authorization`` or ``Cookie`` runs the endpoint
 itself unless the cache varies on that header (``vary=("authorization",)``): one user's
-page is never another's. Entries are tagged by their path, so ``cache_evict`` drops every
-query string and varied copy of a path. In tests, ``app.dependency_overrides[product_cache]
+page is never another's. Nor is one host's: the key holds the scheme, the ``Host`` and
+the headers frameworks build URLs from (``key_headers``: ``Forwarded``, ``X-Forwarded-Host``
+and their kin, as ``stampede.http`` keys them), so a page built with ``url_for`` for
+``Host: evil.example`` reaches nobody asking another host.
+
+One resource is one entry: the path in the key is the route's, formatted with its path
+parameters as the endpoint receives them (``/products/007`` and ``/products/7`` are
+product 7 of ``/products/{product_id: int}``), and ``cache_evict`` formats its paths
+with the write route's parameters the same way. Entries are tagged by that path, so
+``cache_evict`` drops every query string and varied copy of it. In tests, ``app.dependency_overrides[product_cache]
 = lambda: None`` turns a route's caching off, since the dependency decides everything.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import hashlib
 import urllib.parse
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +56,7 @@ from ._core.results import Cached
 from ._errors import BackendUnavailable, ConfigError
 from ._hosted import Lead, NotKept, aproduce
 from ._layer import Stampede
+from .http.policy import DEFAULT_KEY_HEADERS
 
 KEPT_STATUSES = (200,)
 NEVER_KEPT_HEADERS = {"set-cookie", "content-length", "etag", "cache-control", "connection", "transfer-encoding"}
@@ -128,22 +138,27 @@ def cache(
     vary: Iterable[str] = (),
     cache_control: str | None = None,
     statuses: Iterable[int] = KEPT_STATUSES,
+    key_headers: Sequence[str] = DEFAULT_KEY_HEADERS,
 ) -> Callable[[Request], Awaitable[None]]:
     """A dependency (``Depends(cache(ttl=60))``) that serves a GET endpoint's response
-    from the cache for ``ttl`` seconds, keyed by its path, query string and the request
-    headers named in ``vary`` (a HEAD request is answered from it too, with no body);
-    ``cache_control``: the ``Cache-Control`` sent with it (none unless given);
-    ``statuses``: the statuses kept (200)."""
+    from the cache for ``ttl`` seconds, keyed by its route's path with the path
+    parameters converted, the query string, the scheme, the host, the request headers
+    named in ``key_headers`` (the ones URLs are built from behind a proxy) and in
+    ``vary`` (a HEAD request is answered from it too, with no body); ``cache_control``:
+    the ``Cache-Control`` sent with it (none unless given); ``statuses``: the statuses
+    kept (200)."""
     if ttl <= 0:
         raise ConfigError(f"cache(ttl=...) must be > 0 seconds, got {ttl!r}")
-    varied = tuple(sorted(name.lower() for name in vary))
+    if isinstance(key_headers, str):
+        raise ConfigError(f"cache(key_headers=...) takes a sequence of header names, got the string {key_headers!r}")
+    varied = tuple(sorted({name.lower() for name in key_headers} | {name.lower() for name in vary}))
     kept_statuses = frozenset(statuses)
 
     async def cached_response(request: Request) -> None:
         if request.method not in ("GET", "HEAD") or any(h in request.headers and h not in varied for h in PERSONAL):
             return  # not shared: the endpoint runs
         state = _state(request)
-        path, variant = request.url.path, _variant(request, varied)
+        path, variant = _resource(request), _variant(request, varied)
         if request.method == "HEAD":  # answered from a kept GET; a miss leads nothing (no body to keep)
             try:
                 found = await state.load.peek(path, variant)
@@ -179,7 +194,8 @@ def cache_evict(*paths: str) -> Callable[[Request], Awaitable[None]]:
     async def evict_after(request: Request) -> None:
         _state(request)  # refused at once without caching()
         root = request.scope.get("root_path", "")  # an app served under a prefix keys its pages by the whole path
-        request.scope.setdefault(_EVICT, []).extend(root + path.format(**request.path_params) for path in paths)
+        params = _converted_params(request)
+        request.scope.setdefault(_EVICT, []).extend(root + path.format(**params) for path in paths)
 
     return evict_after
 
@@ -191,12 +207,83 @@ def _state(request: Request) -> _Caching:
     return found  # type: ignore[no-any-return]
 
 
+_path_fields: dict[int, tuple[Any, list[Any]]] = {}
+"""Each route's path parameters as FastAPI validates them, by the route's id (a route
+is not hashable), the route held so that its id names no other; emptied when it holds
+``_KEPT_ROUTES`` (apps made again and again, as tests make them)."""
+_KEPT_ROUTES = 4096
+
+
+def _converted_params(request: Request) -> dict[str, Any]:
+    """The request's path parameters as its route's endpoint receives them, each as text
+    (``"007"`` for an ``int`` is ``"7"``); a parameter the route does not type, or one
+    that fails its validation (the endpoint answers 422, kept by nobody), as received."""
+    params: dict[str, Any] = dict(request.path_params)
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    if not params or dependant is None:
+        return params
+    from fastapi.dependencies.utils import request_params_to_args
+
+    kept = _path_fields.get(id(route))
+    if kept is None:
+        if len(_path_fields) >= _KEPT_ROUTES:
+            _path_fields.clear()
+        kept = _path_fields[id(route)] = (route, _path_params_of(dependant))
+    fields = kept[1]
+    for alias, field in ((getattr(field, "alias", field.name), field) for field in fields):
+        if alias not in params:
+            continue
+        values, errors = request_params_to_args([field], {alias: params[alias]})
+        if not errors and field.name in values:
+            value = values[field.name]
+            params[alias] = str(value.value if isinstance(value, enum.Enum) else value)
+    return params
+
+
+def _path_params_of(dependant: Any) -> list[Any]:
+    """The path parameters of an endpoint and of every dependency it has, the first of
+    each name first (as FastAPI's own flattening finds them)."""
+    fields: dict[str, Any] = {}
+    pending = [dependant]
+    while pending:
+        found = pending.pop(0)
+        for field in getattr(found, "path_params", ()):
+            fields.setdefault(getattr(field, "alias", field.name), field)
+        pending += getattr(found, "dependencies", ())
+    return list(fields.values())
+
+
+def _resource(request: Request) -> str:
+    """The path of the entry: the route's path formatted with the converted parameters,
+    so that every spelling of one resource is one entry, or the path as received where
+    there is no route to read."""
+    route_path = getattr(request.scope.get("route"), "path_format", None)
+    if not isinstance(route_path, str) or not request.path_params:
+        return request.url.path
+    try:
+        return str(request.scope.get("root_path", "")) + route_path.format(**_converted_params(request))
+    except (KeyError, IndexError, ValueError):
+        return request.url.path
+
+
 def _variant(request: Request, varied: tuple[str, ...]) -> str:
-    """The query string (its pairs sorted) and the varied headers, hashed: a key of
-    bounded length whatever the request."""
+    """The scheme, the host, the query string (its pairs sorted) and the keyed and
+    varied headers, hashed: a key of bounded length whatever the request."""
     query = sorted(urllib.parse.parse_qsl(request.url.query, keep_blank_values=True))
-    parts = [urllib.parse.urlencode(query), *(f"{name}={request.headers.get(name, '')}" for name in varied)]
+    host = request.headers.get("host", "").lower()
+    parts = [request.url.scheme, host, urllib.parse.urlencode(query)]
+    parts += (f"{name}={','.join(request.headers.getlist(name))}" for name in varied)
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+
+
+def _matches(etag: str, if_none_match: str) -> bool:
+    """RFC 9110 13.1.2: ``*`` matches any current representation; otherwise the weak
+    comparison (``W/"x"`` matches ``"x"``), against each entity-tag of the list."""
+    if if_none_match.strip() == "*":
+        return True
+    ours = etag.removeprefix("W/")
+    return any(tag.strip().removeprefix("W/") == ours for tag in if_none_match.split(","))
 
 
 def _answer(
@@ -205,7 +292,7 @@ def _answer(
     headers = [*kept.headers, (b"etag", kept.etag.encode())]
     if cache_control:
         headers.append((b"cache-control", cache_control.encode()))
-    if if_none_match and kept.etag in (tag.strip() for tag in if_none_match.split(",")):
+    if if_none_match and _matches(kept.etag, if_none_match):
         return 304, [(name, value) for name, value in headers if name != b"content-type"], b""
     return kept.status, [*headers, (b"content-length", str(len(kept.body)).encode())], kept.body
 

@@ -19,7 +19,7 @@ from stampede.testing import RedisServer
 pytest.importorskip("fastapi", reason="FastAPI is not installed (the dev extra has it)")
 
 import httpx
-from fastapi import Depends, FastAPI, Response
+from fastapi import Depends, FastAPI, Request, Response
 
 from stampede.fastapi import cache, cache_evict, caching
 
@@ -213,5 +213,68 @@ def test_bad_settings_are_refused(redis_url: str) -> None:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as client:
             with pytest.raises(ConfigError, match="caching\\(app, layer\\)"):
                 await client.get("/")
+
+    asyncio.run(main())
+
+
+def test_the_host_and_the_headers_urls_are_built_from_are_in_the_key(redis_url: str) -> None:
+    """A page built from the request's host (``url_for``), first asked for with ``Host:
+    evil.example``, was served with that host's links to every later request: the key
+    holds the scheme, the host and ``Forwarded``/``X-Forwarded-*``, as ``stampede.http``'s
+    does."""
+
+    async def main() -> None:
+        async with client_of(redis_url) as (shop, client):
+
+            @shop.app.get("/links/{product_id}", dependencies=[Depends(shop.product_cache)])
+            async def links(product_id: int, request: Request) -> dict[str, str]:
+                shop.calls.append(f"links/{product_id}")
+                return {"self": str(request.url_for("product", product_id=product_id))}
+
+            poisoned = await client.get("/links/1", headers={"Host": "evil.example"})
+            assert poisoned.json()["self"] == "http://evil.example/products/1"
+            assert (await client.get("/links/1")).json()["self"] == "http://shop/products/1"
+            forwarded = await client.get("/links/1", headers={"X-Forwarded-Host": "evil.example"})
+            assert forwarded.json()["self"] == "http://shop/products/1"  # its own entry (FastAPI does not read it)
+            assert (await client.get("/links/1")).json()["self"] == "http://shop/products/1"
+            assert shop.calls == ["links/1"] * 3  # three keys: evil.example, shop, shop behind a forwarder
+        with pytest.raises(ConfigError, match="key_headers"):
+            cache(ttl=1, key_headers="x-forwarded-host")
+
+    asyncio.run(main())
+
+
+def test_every_spelling_of_one_resource_is_one_entry_and_evicted_as_one(redis_url: str) -> None:
+    """``/products/007`` is product 7 to the endpoint: it was cached apart from
+    ``/products/7``, and a write to ``/products/7`` left it serving the old page."""
+
+    async def main() -> None:
+        async with client_of(redis_url) as (shop, client):
+            shop.names[7] = "stool"
+            assert (await client.get("/products/007")).json()["name"] == "stool"
+            assert (await client.get("/products/7")).json()["name"] == "stool"
+            assert (await client.get("/products/+7")).json()["name"] == "stool"
+            assert shop.calls == ["7/1"]  # one entry
+            assert (await client.put("/products/7", params={"name": "bench"})).json() == {"renamed": True}
+            assert (await client.get("/products/007")).json()["name"] == "bench"
+            assert (await client.put("/products/0007", params={"name": "seat"})).json() == {"renamed": True}
+            assert (await client.get("/products/7")).json()["name"] == "seat"
+            assert shop.calls == ["7/1"] * 3
+            assert (await client.get("/products/seven")).status_code == 422  # not product 7, and not kept
+
+    asyncio.run(main())
+
+
+def test_a_weak_or_any_if_none_match_is_answered_304(redis_url: str) -> None:
+    """RFC 9110 13.1.2: If-None-Match compares weakly, and ``*`` matches any current
+    representation (both got a 200)."""
+
+    async def main() -> None:
+        async with client_of(redis_url) as (_, client):
+            etag = (await client.get("/products/1")).headers["etag"]
+            for header in (f"W/{etag}", "*", f'"other", W/{etag}', f" {etag} "):
+                answer = await client.get("/products/1", headers={"If-None-Match": header})
+                assert (answer.status_code, answer.content) == (304, b""), header
+            assert (await client.get("/products/1", headers={"If-None-Match": 'W/"other"'})).status_code == 200
 
     asyncio.run(main())
