@@ -218,6 +218,7 @@ class Stampede:
 
             events.add(OpenTelemetryMetrics(meter_provider))
         tracing = GLOBAL if tracer_provider is None else Tracing(tracer_provider)
+        tracing.ask_now()  # a global provider set before the layer traces its first calls, all of them
         options = BackendOptions(self.namespace, self.settings, max_entries, events.breaker_changed)
         self._backend = built = backend_for(
             options,

@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextvars
 import importlib.metadata
 import secrets
+import threading
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar
@@ -55,6 +56,7 @@ from .._core.results import Unkept
 from .._core.store import TRACE_MARK
 from .._drivers.observe import Events
 from .._errors import ConfigError
+from .._fork import reset_after_fork
 
 try:
     from opentelemetry import context as otel_context
@@ -115,43 +117,68 @@ class Tracing:
     traced (no provider, or the API's no-op one), and a call then goes on as if tracing did
     not exist.
 
-    The global provider is asked for with the public ``get_tracer_provider()``, which costs
-    about 1.5 us while none is set (it looks the environment up), most of a near hit: so
-    while ``asking``, a call counts down ``countdown`` and, every
-    ``CALLS_BETWEEN_CLOCKS`` calls, ``ask()`` reads the clock and asks if ``ASK_EVERY``
-    has passed. A provider set after a layer has served traces its calls from at most that
-    many calls and that long later (a layer's first call asks at once). Once set, the
-    global provider never changes (OpenTelemetry sets it once), so asking stops."""
+    The global provider is asked for when a layer is made (``ask_now``: a provider set
+    before it traces its first call, and every call of a first burst), then with the
+    public ``get_tracer_provider()``, which costs about 1.5 us while none is set (it looks
+    the environment up), most of a near hit: so while ``asking``, a call counts down
+    ``countdown`` and, every ``CALLS_BETWEEN_CLOCKS`` calls, ``ask()`` reads the clock and
+    asks if ``ASK_EVERY`` has passed. A provider set after a layer was made traces its
+    calls from at most that many calls and that long later. Callers that reach ``ask()``
+    together wait for the one asking (a first burst of threads is traced whole, not only
+    the thread that asked). Once set, the global provider never changes (OpenTelemetry
+    sets it once), so asking stops: ``tracer`` is set before ``asking`` is cleared, so a
+    call that reads ``asking`` cleared finds the tracer."""
 
-    __slots__ = ("asking", "asks_at", "countdown", "tracer")
+    __slots__ = ("__weakref__", "_asking_lock", "asking", "asks_at", "countdown", "tracer")
 
     def __init__(self, provider: object = None) -> None:
         self.tracer: Any = None
         self.asking = provider is None and otel_trace is not None  # the global provider, not found yet
         self.countdown = 0
         self.asks_at = 0.0
+        self._asking_lock = threading.Lock()
         if provider is not None:
             self.tracer = tracer_of(provider)
+        reset_after_fork(self)
 
     def ask(self) -> Any:
         """The global provider's tracer, if one is set now (else None, and ask again later)."""
-        self.countdown = CALLS_BETWEEN_CLOCKS
-        now = time.monotonic()
-        if now < self.asks_at:
-            return None
-        self.asks_at = now + ASK_EVERY
+        with self._asking_lock:
+            if not self.asking:
+                return self.tracer  # found (or set no-op) by a caller that asked first
+            now = time.monotonic()
+            if now < self.asks_at:
+                self.countdown = CALLS_BETWEEN_CLOCKS
+                return None
+            return self._asked(now)
+
+    def ask_now(self) -> None:
+        """Ask for the global provider at once, whenever it was last asked (a layer is
+        being made: its first calls must not wait for the clock to let them ask)."""
+        with self._asking_lock:
+            if self.asking:
+                self._asked(time.monotonic())
+
+    def _asked(self, now: float) -> Any:
         provider = otel_trace.get_tracer_provider()
         if isinstance(provider, otel_trace.ProxyTracerProvider):  # what the API answers while none is set
+            self.asks_at = now + ASK_EVERY
+            self.countdown = CALLS_BETWEEN_CLOCKS
             return None
-        self.asking = False
         self.tracer = tracer_of(provider)
+        self.asking = False
         return self.tracer
 
     def forget(self) -> None:
         """Ask for the global provider afresh at the next call. The API never unsets it: a
         test that does (as OpenTelemetry's own tests do) calls this after."""
-        self.tracer, self.asking = None, otel_trace is not None
-        self.countdown, self.asks_at = 0, 0.0
+        with self._asking_lock:
+            self.tracer, self.asking = None, otel_trace is not None
+            self.countdown, self.asks_at = 0, 0.0
+
+    def after_fork_in_child(self) -> None:
+        """A thread of the parent may have held the lock as it forked."""
+        self._asking_lock = threading.Lock()
 
 
 def tracer_of(provider: Any) -> Any:

@@ -130,6 +130,67 @@ def test_a_global_provider_set_after_the_first_calls_traces_the_next_ones_soon(
         provider.shutdown()
 
 
+def test_every_call_of_a_first_cold_burst_is_traced_when_the_provider_came_first(
+    exporter: InMemorySpanExporter, make_layer: Callable[..., Stampede]
+) -> None:
+    """The SDK set as the global provider before the layer is made (the exporter fixture
+    sets it): 20 threads calling one cold key at once left 1 ``stampede.get``, 1 wait and
+    no load (the first call asked for the provider, and the others, counting down, did
+    not wait for its answer). The layer asks when it is made, and every call is a span."""
+    layer = make_layer()
+    waits = WaitsBegun()
+    layer.observe(waits)
+    release = threading.Event()
+
+    @layer.cached_loader("burst:{n}")
+    def load(n: int) -> int:
+        assert release.wait(10)
+        return n
+
+    barrier = threading.Barrier(20)
+
+    def call() -> None:
+        barrier.wait(10)
+        assert load(1) == 1
+
+    callers = [threading.Thread(target=call) for _ in range(20)]
+    for caller in callers:
+        caller.start()
+    wait_until(lambda: waits.begun == 19, "19 callers waiting on the load", timeout=10)
+    release.set()
+    for caller in callers:
+        caller.join(10)
+    assert sorted(outcomes(exporter)) == ["joined"] * 19 + ["loaded"]
+    assert (len(named(exporter, "stampede.wait")), len(named(exporter, "stampede.load"))) == (19, 1)
+
+
+def test_callers_that_ask_for_the_provider_together_all_take_its_answer() -> None:
+    """Threads that reach ``ask()`` at once wait for the one asking: each gets the tracer,
+    none goes untraced for having asked a moment too late."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    set_global_provider(provider)
+    try:
+        asking = tracing.Tracing()
+        barrier = threading.Barrier(16)
+        got: list[Any] = []
+
+        def ask() -> None:
+            barrier.wait(10)
+            got.append(asking.ask())
+
+        threads = [threading.Thread(target=ask) for _ in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        assert len(got) == 16 and all(tracer is not None for tracer in got) and not asking.asking
+    finally:
+        set_global_provider(None)
+        provider.shutdown()
+
+
 def test_stampede_reads_no_private_name_of_opentelemetry() -> None:
     """Only the API's public names: a private one (``trace._TRACER_PROVIDER``) may change
     or go in any release of the API."""
