@@ -86,8 +86,7 @@ class AsyncCachedLoader(_Loader[P, R]):
         keys = self._keys.keys(args, kwargs)
         try:
             await self._runner.invalidate(keys)
-            if self._versions is not None:  # every version's entry (``_core.versions``)
-                await self._versions.drop(self._versions.tags.entry_tag(args, kwargs), False)
+            await self._reach_versions(args, kwargs, False)
         finally:
             self._forget(keys.value)
 
@@ -99,8 +98,7 @@ class AsyncCachedLoader(_Loader[P, R]):
         keys = self._keys.keys(args, kwargs)
         try:
             await self._runner.expire(keys)
-            if self._versions is not None:
-                await self._versions.drop(self._versions.tags.entry_tag(args, kwargs), True)
+            await self._reach_versions(args, kwargs, True)
         finally:
             self._forget(keys.value)
 
@@ -120,11 +118,27 @@ class AsyncCachedLoader(_Loader[P, R]):
         """
         value_key = self._keys.value_key(args, kwargs)
         try:
-            if self._versions is not None:  # the other versions' entries go first: none is left stale
-                await self._versions.drop(self._versions.tags.entry_tag(args, kwargs), False)
+            await self._reach_versions(args, kwargs, False)  # the other versions' entries go first: none is left stale
             return await self._runner.set(value_key, self._spec, args, kwargs, value)
         finally:
             self._forget(value_key)
+
+    async def _reach_versions(self, args: tuple[Any, ...], kwargs: dict[str, Any], soft: bool) -> None:
+        """Every other version of the entry (a versioned loader's, ``_core.versions``):
+        the entry of the loader without ``version=``, then every versioned one, through
+        the entry tag they carry; expired rather than dropped when ``soft``."""
+        versions = self._versions
+        if versions is None:
+            return
+        other = versions.family.unversioned(args, kwargs)
+        try:
+            if soft:
+                await self._runner.expire(other)
+            else:
+                await self._runner.invalidate(other)
+        finally:
+            self._forget(other.value)
+        await versions.drop(versions.family.tag(args, kwargs), soft)
 
     async def refresh(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Load the entry of these arguments now, and return the new value. Callers
@@ -229,9 +243,9 @@ class AsyncCachedManyLoader(_ManyLoader[K, V]):
                 await self._runner.invalidate(EntryKeys.for_value(key))
             finally:
                 self._forget(key)
-        for entry in entries:  # every version's entry (``_core.versions``)
-            assert self._drop_versions is not None
-            await self._drop_versions(entry, False)
+        if self._drop_versions is not None:
+            for entry in entries:  # every version's entry (``_core.versions``)
+                await self._drop_versions(entry, False)
 
     async def expire(self, *args: Any, **kwargs: Any) -> None:
         """``CachedLoader.expire`` of each of these ids' entries."""
@@ -241,6 +255,6 @@ class AsyncCachedManyLoader(_ManyLoader[K, V]):
                 await self._runner.expire(EntryKeys.for_value(key))
             finally:
                 self._forget(key)
-        for entry in entries:
-            assert self._drop_versions is not None
-            await self._drop_versions(entry, True)
+        if self._drop_versions is not None:
+            for entry in entries:
+                await self._drop_versions(entry, True)

@@ -83,8 +83,7 @@ class CachedLoader(_Loader[P, R]):
         keys = self._keys.keys(args, kwargs)
         try:
             self._runner.invalidate(keys)
-            if self._versions is not None:  # every version's entry (``_core.versions``)
-                self._versions.drop(self._versions.tags.entry_tag(args, kwargs), False)
+            self._reach_versions(args, kwargs, False)
         finally:
             self._forget(keys.value)
 
@@ -96,8 +95,7 @@ class CachedLoader(_Loader[P, R]):
         keys = self._keys.keys(args, kwargs)
         try:
             self._runner.expire(keys)
-            if self._versions is not None:
-                self._versions.drop(self._versions.tags.entry_tag(args, kwargs), True)
+            self._reach_versions(args, kwargs, True)
         finally:
             self._forget(keys.value)
 
@@ -117,11 +115,27 @@ class CachedLoader(_Loader[P, R]):
         """
         value_key = self._keys.value_key(args, kwargs)
         try:
-            if self._versions is not None:  # the other versions' entries go first: none is left stale
-                self._versions.drop(self._versions.tags.entry_tag(args, kwargs), False)
+            self._reach_versions(args, kwargs, False)  # the other versions' entries go first: none is left stale
             return self._runner.set(value_key, self._spec, args, kwargs, value)
         finally:
             self._forget(value_key)
+
+    def _reach_versions(self, args: tuple[Any, ...], kwargs: dict[str, Any], soft: bool) -> None:
+        """Every other version of the entry (a versioned loader's, ``_core.versions``):
+        the entry of the loader without ``version=``, then every versioned one, through
+        the entry tag they carry; expired rather than dropped when ``soft``."""
+        versions = self._versions
+        if versions is None:
+            return
+        other = versions.family.unversioned(args, kwargs)
+        try:
+            if soft:
+                self._runner.expire(other)
+            else:
+                self._runner.invalidate(other)
+        finally:
+            self._forget(other.value)
+        versions.drop(versions.family.tag(args, kwargs), soft)
 
     def refresh(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Load the entry of these arguments now, and return the new value. Callers
@@ -223,9 +237,9 @@ class CachedManyLoader(_ManyLoader[K, V]):
                 self._runner.invalidate(EntryKeys.for_value(key))
             finally:
                 self._forget(key)
-        for entry in entries:  # every version's entry (``_core.versions``)
-            assert self._drop_versions is not None
-            self._drop_versions(entry, False)
+        if self._drop_versions is not None:
+            for entry in entries:  # every version's entry (``_core.versions``)
+                self._drop_versions(entry, False)
 
     def expire(self, *args: Any, **kwargs: Any) -> None:
         """``CachedLoader.expire`` of each of these ids' entries."""
@@ -235,6 +249,6 @@ class CachedManyLoader(_ManyLoader[K, V]):
                 self._runner.expire(EntryKeys.for_value(key))
             finally:
                 self._forget(key)
-        for entry in entries:
-            assert self._drop_versions is not None
-            self._drop_versions(entry, True)
+        if self._drop_versions is not None:
+            for entry in entries:
+                self._drop_versions(entry, True)

@@ -49,7 +49,7 @@ from ._core.observer import Observer
 from ._core.patterns import entry_pattern
 from ._core.store import AsyncStore, Store
 from ._core.tags import TagKeys, TagTemplates, clock_key, tag_name
-from ._core.versions import version_of
+from ._core.versions import EntryFamily, version_of
 from ._drivers.abudget import AsyncBudgetSlots, abudgeted
 from ._drivers.arunner import AsyncRunner
 from ._drivers.budget import BudgetSlots, budgeted
@@ -645,8 +645,8 @@ class Stampede:
         return clock_key(self.namespace), TagKeys.of(self.namespace, name)
 
     def _drop_versions(self, name: str, soft: bool) -> int:
-        """Invalidate (or expire) the entry tag ``name`` every version of an entry shares
-        (``_core.versions``): its entries, in every version, and its loads in flight."""
+        """Invalidate (or expire) the entry tag ``name`` every versioned entry of an entry
+        carries (``_core.versions``): its entries, in every version, and its loads in flight."""
         store = self._blocking_store("invalidate", "ainvalidate")
         return self._tag_done(store.invalidate_tag(clock_key(self.namespace), TagKeys.of(self.namespace, name), soft))
 
@@ -883,8 +883,8 @@ class LoaderDecorator:
         if isinstance(codec.serializer, TypedSerializer):
             codec = codec.with_serializer(_typed_for(codec.serializer, func))
         tags = None
+        entry = KeyBuilder(func, self._template, layer.namespace, longest) if version else None
         if self._tags is not None or version:
-            entry = KeyBuilder(func, self._template, layer.namespace, longest) if version else None
             tags = TagTemplates(func, self._tags or [], set(keys.fields), layer.namespace, longest, entry)
         if keys.default_name is not None:
             layer._claim_name(keys.default_name, func)
@@ -904,11 +904,13 @@ class LoaderDecorator:
         loader: CachedLoader[P, Any] | AsyncCachedLoader[P, Any]
         if _is_async(func):
             assert layer._async_runner is not None
-            aversions = None if not version or tags is None else AsyncVersions(tags, layer._adrop_versions)
+            aversions = (
+                None if entry is None else AsyncVersions(EntryFamily(entry, layer.namespace), layer._adrop_versions)
+            )
             loader = AsyncCachedLoader(spec, layer._async_runner, keys, layer._forget, static, aversions)
         else:
             assert layer._runner is not None
-            versions = None if not version or tags is None else Versions(tags, layer._drop_versions)
+            versions = None if entry is None else Versions(EntryFamily(entry, layer.namespace), layer._drop_versions)
             loader = CachedLoader(spec, layer._runner, keys, layer._forget, static, versions)
         layer._hot_set(loader, keys.template)
         return loader

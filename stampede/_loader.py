@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from ._core.keys import KeyBuilder
-from ._core.tags import TagTemplates
+from ._core.versions import EntryFamily
 from ._drivers.observe import Events
 from .otel.traces import CallTrace, call_trace, entry_attributes
 
@@ -118,11 +118,10 @@ class AsyncBoundLoader(BoundLoader):
 
 @dataclass(frozen=True)
 class Versions:
-    """How a versioned loader reaches every version of an entry (``_core.versions``): the
-    entry tag its versions share, and the layer's invalidation (or, ``soft``, expiry) of
-    such a tag."""
+    """How a loader reaches every version of an entry (``_core.versions``): its family,
+    and the layer's invalidation (or, ``soft``, expiry) of the entry tag they share."""
 
-    tags: TagTemplates
+    family: EntryFamily
     drop: Callable[[str, bool], int]
 
 
@@ -130,7 +129,7 @@ class Versions:
 class AsyncVersions:
     """``Versions`` for an ``async def`` loader: the layer's drop is awaited."""
 
-    tags: TagTemplates
+    family: EntryFamily
     drop: Callable[[str, bool], Awaitable[int]]
 
 

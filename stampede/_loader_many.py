@@ -29,6 +29,7 @@ import orjson
 from ._core.hotset import Call, HotSet
 from ._core.keys import KeyBuilder
 from ._core.tags import TagSet, TagTemplates
+from ._core.versions import entry_tag_of
 from ._drivers.observe import Events
 from ._errors import ConfigError
 from ._loader import BoundLoader
@@ -108,6 +109,7 @@ class ManyKeys:
         self._shape = EntryShape(inspect.Signature(shape))
         self._keys = KeyBuilder(self._shape, template, namespace, max_key_length, version=version)
         self._entry = KeyBuilder(self._shape, template, namespace, max_key_length) if version else None
+        self._namespace = namespace
         self.versioned = bool(version)
         self.template = template  # what traces name the entries by
         self.tags: TagTemplates | None = None  # the entries' tags, if the loader has any (``tag``)
@@ -180,15 +182,20 @@ class ManyKeys:
         values[self._position] = id_
         return self.tags.render(tuple(values), {})
 
-    def entry_tags(self, call: dict[str, Any], ids: Sequence[Any]) -> list[str]:
-        """The tag every version of each id's entry shares (a versioned loader's)."""
-        assert self.tags is not None and self.versioned, "a loader without a version"
+    def family_of(self, call: dict[str, Any], ids: Sequence[Any]) -> tuple[list[str], list[str]]:
+        """What reaches every other version of each id's entry (a versioned loader's,
+        ``_core.versions``): the entry tag every versioned entry of it carries, and the
+        value key of its entry without ``version=``."""
+        if self._entry is None:
+            return [], []
         values = [call[name] for name in self.names]
-        tags = []
+        tags, unversioned = [], []
         for id_ in ids:
             values[self._position] = id_
-            tags.append(self.tags.entry_tag(tuple(values), {}))
-        return tags
+            key = self._entry.value_key(tuple(values), {})
+            tags.append(entry_tag_of(key, self._namespace))
+            unversioned.append(key)
+        return tags, unversioned
 
     def one_id_calls(self, call: dict[str, Any], ids: Sequence[Any]) -> Iterator[Call]:
         """``call`` as a call of each of its ids alone: what a hot set records of it, so
@@ -287,12 +294,13 @@ class _ManyLoader(Generic[K, V]):
         return dataclasses.replace(self._spec, tags=PageTags(self._keys, call, ids))
 
     def _invalidated(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[str], list[str]]:
-        """The value keys of these ids' entries, and (a versioned loader's) the tags every
-        version of each shares."""
+        """The value keys of these ids' entries, with (a versioned loader's) those of
+        their entries without ``version=``, and the entry tags every versioned entry of
+        each carries (``_core.versions``)."""
         call = self._keys.bind(args, kwargs)
         ids = self._keys.ids(call, single_allowed=True)
-        keys = self._keys.keys(call, ids)
-        return keys, self._keys.entry_tags(call, ids) if self._keys.versioned else []
+        entry_tags, unversioned = self._keys.family_of(call, ids)
+        return self._keys.keys(call, ids) + unversioned, entry_tags
 
     def __get__(self, instance: object, owner: type | None = None) -> Any:
         """Looked up on an instance, a many-key loader decorated as a method binds it as

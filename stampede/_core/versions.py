@@ -10,6 +10,15 @@ every entry is also tagged with its entry's name without the version (``entry_ta
 that an ``invalidate``, ``expire`` or ``set`` from either version reaches both versions'
 entries (and refuses a load of either begun before it), through the tags' promises.
 
+The entry of a loader without ``version=`` counts as one more version of the same entry
+(``EntryFamily``) for a versioned loader: in the deploy that first adopts ``version=`` (or
+drops it) the two run side by side, and the versioned side's ``invalidate``, ``expire`` and
+``set`` act on the unversioned entry too (its keys are the loader's without the version).
+The other way round is not reached: an unversioned loader cannot know that versioned
+entries exist without asking on every invalidation, and asking (the entry tag's
+invalidation) costs a ``set`` 2.7 times its time and needs the tag commands in a
+restricted ACL (docs/deploys.md says how to deploy around it).
+
 ``version=True`` derives the identity from the loader's return annotation: its JSON
 schema (msgspec's, for dataclasses, msgspec Structs, TypedDicts, and plain types; a
 pydantic model's own), hashed. A schema that does not change keeps the entries across
@@ -26,12 +35,38 @@ from collections.abc import Callable
 from typing import Any
 
 from .._errors import ConfigError
+from .keys import EntryKeys, KeyBuilder
 
 ENTRY_TAG = "~e:"
 """What the tag every version of an entry shares starts with: no tag a user names holds a
 ``~`` (``_core.tags.tag_name``), so it is never one of theirs."""
 
 _IDENTITY_CHARS = 12
+
+
+@dataclasses.dataclass(frozen=True)
+class EntryFamily:
+    """Every version of a versioned loader's entries: ``entry`` builds the keys of the
+    entry without ``version=``, whose name, past the namespace, is what the entry tag
+    every versioned entry carries names."""
+
+    entry: KeyBuilder
+    namespace: str
+
+    def tag(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """The entry tag every versioned entry of these arguments carries."""
+        return entry_tag_of(self.entry.value_key(args, kwargs), self.namespace)
+
+    def unversioned(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> EntryKeys:
+        """The keys of the entry a loader without ``version=`` keeps for these arguments."""
+        return self.entry.keys(args, kwargs)
+
+
+def entry_tag_of(unversioned_key: str, namespace: str) -> str:
+    """The entry tag of the entry whose unversioned value key is ``unversioned_key``
+    (``ns:{product:42}``: ``~e:product:42``), as ``_core.tags.TagTemplates.entry_tag``
+    names it."""
+    return ENTRY_TAG + unversioned_key[len(namespace) + 2 : -1]
 
 
 def version_of(version: str | bool, func: Callable[..., Any], value_type: Any = None) -> str:

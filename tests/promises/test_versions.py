@@ -175,6 +175,108 @@ def test_an_invalidation_or_expiry_from_either_many_key_version_reaches_both(
     assert (old.calls, new.calls) == ({7: 3, 8: 3}, {7: 3, 8: 2})
 
 
+def adopting(layer: Stampede, mode: Blocking | OnALoop, **tags: Any) -> tuple[Any, Any, Any, Any, Database, Database]:
+    """The deploy that first adopts ``version=``: the old pods' one-key and many-key
+    loaders have none, the new pods' the same templates with ``version=True`` (the same
+    type: the entries differ by key only)."""
+    old, new = (
+        Database(lambda key: {"id": key, "name": f"n{key}"}),
+        Database(lambda key: {"id": key, "name": f"n{key}"}),
+    )
+    old_load, new_load = mode.loader(old), mode.loader(new)
+    if isinstance(mode, Blocking):
+
+        def one_old(key: int) -> ProductV1:
+            return old_load(key)  # type: ignore[no-any-return]
+
+        def one_new(key: int) -> ProductV1:
+            return new_load(key)  # type: ignore[no-any-return]
+
+        def many_old(ids: list[int]) -> dict[int, ProductV1]:
+            return {key: old_load(key) for key in ids}
+
+        def many_new(ids: list[int]) -> dict[int, ProductV1]:
+            return {key: new_load(key) for key in ids}
+
+    else:
+
+        async def one_old(key: int) -> ProductV1:  # type: ignore[misc]
+            return await old_load(key)  # type: ignore[no-any-return]
+
+        async def one_new(key: int) -> ProductV1:  # type: ignore[misc]
+            return await new_load(key)  # type: ignore[no-any-return]
+
+        async def many_old(ids: list[int]) -> dict[int, ProductV1]:  # type: ignore[misc]
+            return {key: await old_load(key) for key in ids}
+
+        async def many_new(ids: list[int]) -> dict[int, ProductV1]:  # type: ignore[misc]
+            return {key: await new_load(key) for key in ids}
+
+    return (
+        layer.cached_loader("product:{key}", **tags)(one_old),
+        layer.cached_loader("product:{key}", version=True, **tags)(one_new),
+        layer.cached_loader_many("product:{key}", **tags)(many_old),
+        layer.cached_loader_many("product:{key}", version=True, **tags)(many_new),
+        old,
+        new,
+    )
+
+
+def test_the_deploy_that_adopts_a_version_reaches_the_unversioned_entries_from_the_new_side(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    """Old pods without ``version=``, new pods with it: after the new pod's ``invalidate``
+    returned, an old pod read the old value until the ttl. The unversioned entry counts as
+    one more version of a versioned loader's: its invalidate, expire and set, one-key or
+    many-key, reach the old side's entries (docs/deploys.md says why the old side's do not
+    reach the new side's, and how to deploy around it)."""
+    layer = layer_of_each_backend(namespace=f"adopt-{uuid.uuid4().hex[:8]}")
+    one_old, one_new, many_old, many_new, old, new = adopting(layer, mode)
+    assert one_old.key(1) != one_new.key(1)
+    mode(one_old, 1), mode(one_new, 1)
+    assert (old.calls, new.calls) == ({1: 1}, {1: 1})
+    for step, reach in enumerate((one_new.invalidate, one_new.expire), 2):
+        mode(reach, 1)
+        mode(one_old, 1), mode(one_new, 1)
+        assert (old.calls[1], new.calls[1]) == (step, step), reach
+    assert mode(one_new.set, {"id": 1, "name": "set new"}, 1) is True
+    assert mode(one_new, 1)["name"] == "set new" and mode(one_old, 1)["name"] == "n1"  # the old value went
+    assert old.calls[1] == 4
+    # many-key loaders, and across kinds
+    mode(many_old, [2, 3]), mode(one_old, 4), mode(many_new, [2, 3, 4])
+    mode(many_new.invalidate, [2, 3, 4])
+    mode(many_old, [2, 3]), mode(one_old, 4)
+    assert (old.calls[2], old.calls[3], old.calls[4]) == (2, 2, 2)
+    mode(many_new.expire, 3)
+    mode(many_old, [2, 3])
+    assert (old.calls[2], old.calls[3]) == (2, 3)
+    mode(one_new.invalidate, 2)  # a new one-key loader reaches the old many-key entries
+    mode(many_old, [2, 3])
+    assert (old.calls[2], old.calls[3]) == (3, 3)
+
+
+def test_tag_invalidations_reach_both_sides_and_a_load_in_flight_is_not_written(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    """A tag of both sides' entries is invalidated on both, from either; an old-side load
+    begun before the new side's invalidation is not written."""
+    layer = layer_of_each_backend(namespace=f"adopt-{uuid.uuid4().hex[:8]}")
+    one_old, one_new, _, _, old, new = adopting(layer, mode, tags=["shop:{key}"])
+    mode(one_old, 4), mode(one_new, 4)
+    mode(layer.invalidate_tag if isinstance(mode, Blocking) else layer.ainvalidate_tag, "shop:4")
+    mode(one_old, 4), mode(one_new, 4)
+    assert (old.calls, new.calls) == ({4: 2}, {4: 2})
+    old.release.clear()
+    old.started.clear()
+    loading = mode.start(one_old, 5)  # reads the row, then waits
+    assert old.started.wait(10)
+    mode(one_new.invalidate, 5)  # the row changed after that load read it
+    old.release.set()
+    loading.result(10)
+    mode(one_old, 5)
+    assert old.calls[5] == 2  # the load begun before was not kept
+
+
 def test_a_version_is_a_schema_or_a_name_and_bad_ones_are_refused_at_decoration() -> None:
     same = dataclasses.make_dataclass("ProductV1", [("id", int), ("name", str)])  # the next deploy's, unchanged
 
