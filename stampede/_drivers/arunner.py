@@ -516,6 +516,7 @@ class AsyncRunner(AsyncStates):
             if not agrees(codec, raw, await reload(), spec.verify_equal, value_key):
                 result = "superseded"
                 if unchanged(codec, raw, await state.store.get(value_key)):
+                    state.verifier.release()  # the wait asks nothing of the database (``_core.verify``)
                     await asyncio.sleep(spec.settings.verify_grace)  # a writer's invalidation on its way
                     if unchanged(codec, raw, await state.store.get(value_key)):
                         result = "mismatch"

@@ -55,10 +55,12 @@ class Refresher:
     def _reset(self) -> None:
         self._lock = threading.Lock()
         self._work_ready = threading.Condition(self._lock)
-        self._keys: set[str] = set()  # keys whose refresh is queued or running in this process
+        self._keys: dict[str, object] = {}  # keys whose refresh is queued or running here -> its job
         self._queue: deque[tuple[str, Callable[[], object]]] = deque()
         self._workers: set[threading.Thread] = set()  # started and not exited
         self._idle = 0  # of those, waiting for work
+        self._resting = 0  # of those, running a job that gave its place back (``release``)
+        self._current = threading.local()  # a worker's job: (key, job, released)
         self._closed = False
 
     def after_fork_in_child(self) -> None:
@@ -80,10 +82,10 @@ class Refresher:
                 if self._skipped is not None:
                     self._events.incr(self._skipped)
                 return False
-            self._keys.add(key)
             job = background(work)  # under a trace of its own, if this call is traced
+            self._keys[key] = job
             self._queue.append((key, job))
-            if self._idle >= len(self._queue) or len(self._workers) >= self._limit:
+            if self._idle >= len(self._queue) or len(self._workers) - self._resting >= self._limit:
                 self._work_ready.notify()  # an idle worker, or the next to finish, takes it
                 return True
             worker = threading.Thread(target=self._serve, name="stampede-refresh", daemon=True)
@@ -95,7 +97,7 @@ class Refresher:
                 self._workers.discard(worker)
                 if (key, job) in self._queue:
                     self._queue.remove((key, job))
-                    self._keys.discard(key)
+                    self._keys.pop(key, None)
                     if self._skipped is not None:
                         self._events.incr(self._skipped)
                     return False
@@ -114,13 +116,33 @@ class Refresher:
                         self._workers.discard(threading.current_thread())
                         return
                 key, work = self._queue.popleft()
+            self._current.job = [key, work, False]
             try:
                 work()
             except Exception as error:
                 warn_refresh_raised(self._warn, key, error)
             finally:
                 with self._lock:
-                    self._keys.discard(key)
+                    if self._keys.get(key) is work:
+                        del self._keys[key]
+                    if self._current.job[2]:
+                        self._resting -= 1
+                self._current.job = None
+
+    def release(self) -> None:
+        """Called by a job: give its place among the ``limit`` back while it goes on (a
+        verification waiting ``verify_grace``, which asks nothing of the database: the
+        limit bounds the load on it, and a mismatch must not hold a place longer than a
+        match does, or the hits sampled meanwhile would be skipped mostly among matches)."""
+        job = getattr(self._current, "job", None)
+        if job is None or job[2]:
+            return
+        with self._lock:
+            key, work, _ = job
+            if self._keys.get(key) is work:
+                del self._keys[key]
+            job[2] = True
+            self._resting += 1
 
     def close(self, timeout: float) -> None:
         """Start no more refreshes, let idle workers leave now, and wait up to ``timeout``
@@ -130,7 +152,7 @@ class Refresher:
         with self._lock:
             self._closed = True
             for key, _ in self._queue:
-                self._keys.discard(key)
+                self._keys.pop(key, None)
             self._queue.clear()
             self._work_ready.notify_all()
             threads = list(self._workers)
@@ -140,7 +162,8 @@ class Refresher:
                 thread.join(max(0.0, deadline - time.monotonic()))
 
     def running(self) -> int:
-        """Refreshes queued or running in this process."""
+        """Refreshes queued or running in this process and holding a place (``release``
+        gives one back)."""
         with self._lock:
             return len(self._keys)
 
@@ -158,6 +181,7 @@ class AsyncRefresher:
         self._warn = warn
         self._skipped = skipped
         self._tasks: dict[str, asyncio.Task[None]] = {}  # per key (or batch), queued or running
+        self._resting: set[asyncio.Task[None]] = set()  # running, their places given back (``release``)
         self._closed = False
 
     def busy(self, key: str) -> bool:
@@ -183,12 +207,29 @@ class AsyncRefresher:
         except Exception as error:
             warn_refresh_raised(self._warn, key, error)
         finally:
-            self._tasks.pop(key, None)
+            task = asyncio.current_task()
+            if self._tasks.get(key) is task:
+                del self._tasks[key]
+            self._resting.discard(task)
+
+    def running(self) -> int:
+        """Refreshes holding a place on this loop (``release`` gives one back)."""
+        return len(self._tasks)
+
+    def release(self) -> None:
+        """``Refresher.release``: the calling task's place among the ``limit`` is given
+        back while it goes on (it is still cancelled when the loop's state closes)."""
+        task = asyncio.current_task()
+        for key, running in self._tasks.items():
+            if running is task:
+                del self._tasks[key]
+                self._resting.add(task)
+                return
 
     async def aclose(self) -> None:
         """Start no more refreshes, cancel those under way, and wait until they end."""
         self._closed = True
-        tasks = list(self._tasks.values())
+        tasks = [*self._tasks.values(), *self._resting]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

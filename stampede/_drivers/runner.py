@@ -501,6 +501,7 @@ class Runner(States):
             if not agrees(codec, raw, reload(), spec.verify_equal, value_key):
                 result = "superseded"
                 if unchanged(codec, raw, state.store.get(value_key)):
+                    state.verifier.release()  # the wait asks nothing of the database (``_core.verify``)
                     time.sleep(spec.settings.verify_grace)  # a writer's invalidation on its way
                     if unchanged(codec, raw, state.store.get(value_key)):
                         result = "mismatch"
