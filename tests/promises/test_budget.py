@@ -126,6 +126,34 @@ def test_a_dead_holders_slot_comes_back_when_its_lease_runs_out(
     assert 0.2 <= time.monotonic() - began < 5  # it waited for the dead slot's lease, not for wait_timeout
 
 
+def test_a_holder_paused_past_its_slots_lease_resumes_holding_none_and_frees_none(
+    make_layer: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    """The bound is on slots granted (docs/budgets.md): a holder paused (SIGSTOP) past its
+    slot's lease loses the slot, and the next load takes it; a loader cannot be stopped,
+    so once resumed its own load may still be running beside that one. What it must not
+    do is hold or free a slot: its renewal and its release are refused, and the slot stays
+    the new holder's until that load returns (a third load queues meanwhile)."""
+    layer = make_layer(namespace=f"paused-{uuid.uuid4().hex[:8]}")
+    loads = Loads(delay=0.0)
+    loads.release.clear()
+    load = layer.cached_loader("item:{key}", max_concurrent_loads=1, wait_timeout=20)(loads.loader(mode))
+    keys = budget_keys(layer.namespace, "item:{key}", layer.settings.max_key_length)
+    store = layer.store()
+    assert store.take_slot(keys, "a paused holder", 300, 300, 1).state is LockState.LOCKED
+    successor = mode.start(load, "x")
+    assert loads.started.wait(10)  # the paused holder's slot ran out: x's load holds it
+    assert store.renew_slot(keys, "a paused holder", 10_000) is False  # resumed: it holds no slot
+    assert store.release_slot(keys, "a paused holder", 1, 10_000) is False  # and frees none
+    assert store.take_slot(keys, "a probe", 10_000, 0, 1).state is LockState.HELD  # still x's
+    third = mode.start(load, "y")
+    wait_until(lambda: layer.budget_loads().get("item:{key}", {}).get("queued") == 1, "y queued for the slot")
+    assert loads.calls == {"x": 1} and loads.peak == 1
+    loads.release.set()
+    assert successor.result(10) == {"id": "x"} and third.result(10) == {"id": "y"}
+    assert loads.peak == 1
+
+
 def test_loaders_naming_one_budget_share_it_and_the_layers_budget_covers_the_rest(mode: Blocking | OnALoop) -> None:
     layer = Stampede.from_url("memory://", max_concurrent_loads=2)
     try:
