@@ -18,6 +18,14 @@ the histogram ``stampede.budget.slot_wait.duration`` (a load's wait for a slot, 
 ``stampede.result``). Attributes: ``stampede.namespace``, and ``stampede.outcome`` on
 the histograms. Never a key. With no
 SDK configured, the API's no-op meter records nothing.
+
+After a fork the histograms go quiet in the child: the SDK's instruments keep locks of
+their own that a thread of the parent (its collection, its exporting reader) may have
+held at the fork, never to be released in the child (opentelemetry-python #3307,
+#4345), and a call that recorded a duration would wait for them forever. The counters
+stay: they are kept here and read by the SDK's collection, off the callers' path. Set
+the meter provider up in each process after the fork (gunicorn's ``post_fork``) and
+give the child's layers an observer of its own.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ try:
 except ImportError as error:  # pragma: no cover - the extra is missing
     raise ImportError("stampede.otel needs opentelemetry-api: pip install 'stampede-guard[otel]'") from error
 
+import logging
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -42,6 +51,8 @@ OUTCOME = "stampede.outcome"
 BUDGET = "stampede.budget"
 RESULT = "stampede.result"
 
+log = logging.getLogger("stampede.cache")
+
 
 class OpenTelemetryMetrics:
     """An observer (``stampede.Observer``) recording what layers do with instruments of
@@ -56,6 +67,8 @@ class OpenTelemetryMetrics:
         from .. import __version__
 
         self._lock = threading.Lock()
+        self._forked = False  # a child of the process that made it: no durations (``_record``)
+        self._told_forked = False
         reset_after_fork(self)
         self._counts: dict[str, dict[str, int]] = {name: {} for name in COUNTERS}  # event -> namespace -> n
         self._running: dict[str, dict[str, int]] = {
@@ -147,8 +160,23 @@ class OpenTelemetryMetrics:
 
     def after_fork_in_child(self) -> None:
         """A parent's thread may have held the lock at the fork (every call reports): the
-        child gets a new one, or its first call would wait forever."""
+        child gets a new one, or its first call would wait forever. The SDK's
+        histograms may be held the same way, out of reach: the child records none (see
+        the module's docstring), and says so once, at its first duration."""
         self._lock = threading.Lock()
+        self._forked = True
+
+    def _record(self, histogram: Any, seconds: float, attributes: dict[str, Any]) -> None:
+        """Record a duration, unless this is a forked child (``after_fork_in_child``)."""
+        if not self._forked:
+            histogram.record(seconds, attributes)
+        elif not self._told_forked:
+            self._told_forked = True
+            log.warning(
+                "stampede: OpenTelemetryMetrics in a forked child records no durations (the SDK's "
+                "instruments may hold locks of the parent's threads); set the meter provider up after the "
+                "fork and give this process's layers an observer of its own"
+            )
 
     def count(self, namespace: str, event: str, n: int) -> None:
         with self._lock:
@@ -170,7 +198,7 @@ class OpenTelemetryMetrics:
             running[namespace] = running.get(namespace, 0) + 1
 
     def budget_waited(self, namespace: str, budget: str, outcome: str, seconds: float) -> None:
-        self._slot_waits.record(seconds, {NAMESPACE: namespace, BUDGET: budget, OUTCOME: outcome})
+        self._record(self._slot_waits, seconds, {NAMESPACE: namespace, BUDGET: budget, OUTCOME: outcome})
 
     def ended(self, namespace: str, measure: Measure, outcome: str, seconds: float) -> None:
         with self._lock:
@@ -179,4 +207,4 @@ class OpenTelemetryMetrics:
         attributes = self._with_outcome.get((namespace, outcome))
         if attributes is None:
             attributes = self._with_outcome[namespace, outcome] = {NAMESPACE: namespace, OUTCOME: outcome}
-        self._durations[measure].record(seconds, attributes)
+        self._record(self._durations[measure], seconds, attributes)
