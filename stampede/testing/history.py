@@ -141,10 +141,13 @@ class Recorder:
         self._write(ended)
 
     def _write(self, records: list[Record]) -> None:
-        """One line, in one ``write`` to a file opened for appending: whole, whatever
-        becomes of the process after it returns."""
+        """One line, appended to a file opened for appending: whole, whatever becomes of
+        the process after it returns (a write cut short by a signal is finished; one cut
+        by the process's death leaves a last line ``History.load`` leaves out)."""
         if self._stream is not None:
-            os.write(self._stream, orjson.dumps([list(record) for record in records]) + b"\n")
+            line = memoryview(orjson.dumps([list(record) for record in records]) + b"\n")
+            while line:
+                line = line[os.write(self._stream, line) :]
 
 
 class Operation:
@@ -277,7 +280,10 @@ class History:
     @classmethod
     def load(cls, *paths: str | os.PathLike[str]) -> History:
         """The records ``Recorder.save`` wrote, or a ``Recorder``'s stream: there, an
-        operation's end replaces its beginning, and one with no end never returned."""
+        operation's end replaces its beginning, and one with no end never returned. A
+        stream's last line cut short (its process killed in that ``write``) is left out:
+        an end lost leaves its operation one that never returned, a beginning lost the
+        operation unrecorded, as if the kill had come a moment earlier."""
         records: dict[tuple[str, int, Any], Record] = {}
         for path in paths:
             text = Path(path).read_bytes()
@@ -286,7 +292,10 @@ class History:
             if b"\n" not in text:  # saved: one document
                 rows = orjson.loads(text)
             else:  # a stream: a line per operation begun or ended
-                rows = [row for line in text.splitlines() if line for row in orjson.loads(line)]
+                lines = text.split(b"\n")
+                if lines[-1]:  # cut short: the process was killed while writing its last line
+                    lines.pop()
+                rows = [row for line in lines if line for row in orjson.loads(line)]
             for row in rows:
                 record = Record(*row)
                 record = record._replace(key=_hashable(record.key), source=_hashable(record.source))

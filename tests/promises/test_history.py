@@ -288,6 +288,23 @@ def test_a_stream_keeps_what_a_killed_process_did_and_what_it_never_ended(tmp_pa
     assert History.load(stream, tmp_path / "reader.json").check().counts() == {"unwritten": 1}
 
 
+def test_a_streams_last_line_cut_short_by_a_kill_is_left_out(tmp_path: Any) -> None:
+    """Found in CI (check_histories.py --faults, a worker killed mid-load): a process killed
+    in the middle of writing a line left it cut short, and loading the stream raised
+    ``JSONDecodeError``. The cut line is left out; every whole line is read."""
+    stream = tmp_path / "killed.jsonl"
+    killed = Recorder("killed", stream=stream)
+    with killed.op("write", "k", version=1):
+        pass
+    killed.op("load", "k").__enter__()
+    killed.close()
+    whole = stream.read_bytes()
+    stream.write_bytes(whole + whole.splitlines()[-1][:40])  # the next line, cut by the kill
+    history = History.load(stream)
+    assert sorted((r.kind, r.completed is None) for r in history.records) == [("load", True), ("write", False)]
+    assert history.check().ok
+
+
 def test_rows_in_a_server_are_shared_and_a_reserved_version_never_written_is_never_read(
     redis_client: redis.Redis, redis_url: str
 ) -> None:
