@@ -401,8 +401,9 @@ def test_the_profile_workloads_run_and_share_their_time_out_by_package(path: str
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not on the PATH")
 def test_the_instruction_count_short_form_counts_both_hits() -> None:
     """``loadtest/count_instructions.py --quick``: both hits and both warm pages are
-    counted, and stampede adds work to the bare read's but less than the bare read itself
-    costs; a cold page's entry costs more than cache-aside's (a lease, its write and
+    counted; stampede adds work to the bare hit's but less than the bare hit itself
+    costs, and its warm page is within a tenth below and the bare page's count above;
+    a cold page's entry costs more than cache-aside's (a lease, its write and
     release), and the bare entry is a share of the bare page's count.
     Alone (timing), its counts side by side, a core each: run one after another they took
     about 250 s of a quiet 2-core machine, and past 400 s of a busy one (a CI run)."""
@@ -411,7 +412,10 @@ def test_the_instruction_count_short_form_counts_both_hits() -> None:
     bare, cached = counted["bare"], counted["stampede"]
     assert bare > 0 and 0 < figures["own"] == cached - bare < bare
     bare_page, cached_page = counted["bare page"], counted["stampede page"]
-    assert bare_page > bare and 0 < figures["own_page"] == cached_page - bare_page < bare_page
+    # With redis-py 8.2 the bare page counts 2.33M where it counted 2.06M (8.1), and the
+    # many-key loader's page 3-4% under it, old code and new alike: counted, not bounded
+    # below (loadtest/FIGURES.md; issue 74 asks where the difference comes from).
+    assert bare_page > bare and -bare_page // 10 < figures["own_page"] == cached_page - bare_page < bare_page
     bare_cold, cold = counted["bare cold page"], counted["stampede cold page"]
     assert figures["bare_cold_entry"] == bare_cold // 50 and figures["cold_entry"] == cold // 50
     assert 0 < figures["bare_cold_entry"] < figures["cold_entry"]
