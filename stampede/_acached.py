@@ -243,9 +243,9 @@ class AsyncCachedManyLoader(_ManyLoader[K, V]):
                 await self._runner.invalidate(EntryKeys.for_value(key))
             finally:
                 self._forget(key)
-        if self._drop_versions is not None:
-            for entry in entries:  # every version's entry (``_core.versions``)
-                await self._drop_versions(entry, False)
+        for entry in entries:  # every version's entry (``_core.versions``)
+            assert self._drop_versions is not None
+            await self._drop_versions(entry, False)
 
     async def expire(self, *args: Any, **kwargs: Any) -> None:
         """``CachedLoader.expire`` of each of these ids' entries."""
@@ -255,6 +255,6 @@ class AsyncCachedManyLoader(_ManyLoader[K, V]):
                 await self._runner.expire(EntryKeys.for_value(key))
             finally:
                 self._forget(key)
-        if self._drop_versions is not None:
-            for entry in entries:
-                await self._drop_versions(entry, True)
+        for entry in entries:
+            assert self._drop_versions is not None
+            await self._drop_versions(entry, True)

@@ -237,9 +237,9 @@ class CachedManyLoader(_ManyLoader[K, V]):
                 self._runner.invalidate(EntryKeys.for_value(key))
             finally:
                 self._forget(key)
-        if self._drop_versions is not None:
-            for entry in entries:  # every version's entry (``_core.versions``)
-                self._drop_versions(entry, False)
+        for entry in entries:  # every version's entry (``_core.versions``)
+            assert self._drop_versions is not None
+            self._drop_versions(entry, False)
 
     def expire(self, *args: Any, **kwargs: Any) -> None:
         """``CachedLoader.expire`` of each of these ids' entries."""
@@ -249,6 +249,6 @@ class CachedManyLoader(_ManyLoader[K, V]):
                 self._runner.expire(EntryKeys.for_value(key))
             finally:
                 self._forget(key)
-        if self._drop_versions is not None:
-            for entry in entries:
-                self._drop_versions(entry, True)
+        for entry in entries:
+            assert self._drop_versions is not None
+            self._drop_versions(entry, True)

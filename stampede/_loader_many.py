@@ -110,7 +110,6 @@ class ManyKeys:
         self._keys = KeyBuilder(self._shape, template, namespace, max_key_length, version=version)
         self._entry = KeyBuilder(self._shape, template, namespace, max_key_length) if version else None
         self._namespace = namespace
-        self.versioned = bool(version)
         self.template = template  # what traces name the entries by
         self.tags: TagTemplates | None = None  # the entries' tags, if the loader has any (``tag``)
         self.loader_name = f"{getattr(func, '__module__', '?')}.{name}"

@@ -56,7 +56,7 @@ from ._core.results import Cached
 from ._errors import BackendUnavailable, ConfigError
 from ._hosted import Lead, NotKept, aproduce
 from ._layer import Stampede
-from .http.policy import DEFAULT_KEY_HEADERS
+from .http.policy import DEFAULT_KEY_HEADERS, none_match
 
 KEPT_STATUSES = (200,)
 NEVER_KEPT_HEADERS = {"set-cookie", "content-length", "etag", "cache-control", "connection", "transfer-encoding"}
@@ -277,22 +277,13 @@ def _variant(request: Request, varied: tuple[str, ...]) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 
 
-def _matches(etag: str, if_none_match: str) -> bool:
-    """RFC 9110 13.1.2: ``*`` matches any current representation; otherwise the weak
-    comparison (``W/"x"`` matches ``"x"``), against each entity-tag of the list."""
-    if if_none_match.strip() == "*":
-        return True
-    ours = etag.removeprefix("W/")
-    return any(tag.strip().removeprefix("W/") == ours for tag in if_none_match.split(","))
-
-
 def _answer(
     kept: _Kept, cache_control: str | None, if_none_match: str | None
 ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
     headers = [*kept.headers, (b"etag", kept.etag.encode())]
     if cache_control:
         headers.append((b"cache-control", cache_control.encode()))
-    if if_none_match and _matches(kept.etag, if_none_match):
+    if if_none_match and none_match(kept.etag, if_none_match):
         return 304, [(name, value) for name, value in headers if name != b"content-type"], b""
     return kept.status, [*headers, (b"content-length", str(len(kept.body)).encode())], kept.body
 

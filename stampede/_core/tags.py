@@ -78,7 +78,7 @@ from typing import Any, Protocol
 
 from .._errors import ConfigError, InvalidKey
 from .keys import KeyBuilder, render, shorten
-from .versions import ENTRY_TAG
+from .versions import ENTRY_TAG, entry_tag_of
 
 _NOT_IN_A_TAG = re.compile(r"[{}#~\x00-\x20\x7f]")
 
@@ -217,7 +217,7 @@ class TagTemplates:
             names.append(None if entry.fixed_entry is None else ENTRY_TAG + entry.fixed_entry)
             self._builders.append(None if entry.fixed_entry is not None else entry)
         self._entry = entry
-        self._entry_start = len(namespace) + 2  # "<ns>:{"
+        self._namespace = namespace
         self._names = names
         self._fixed = self._tag_set(names) if all(name is not None for name in names) else None
 
@@ -230,17 +230,12 @@ class TagTemplates:
             [
                 name
                 if builder is None
-                else ENTRY_TAG + builder.value_key(args, kwargs)[self._entry_start : -1]
+                else entry_tag_of(builder.value_key(args, kwargs), self._namespace)
                 if builder is entry
                 else builder.value_key(args, kwargs)[prefix:-1]
                 for name, builder in zip(self._names, self._builders, strict=True)
             ]
         )
-
-    def entry_tag(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-        """The tag every version of the entry of these arguments shares."""
-        assert self._entry is not None, "a loader without a version"
-        return ENTRY_TAG + self._entry.value_key(args, kwargs)[self._entry_start : -1]
 
     def _tag_set(self, names: Sequence[str | None]) -> TagSet:
         unique = dict.fromkeys(name for name in names if name is not None)  # in order, once each

@@ -6,7 +6,7 @@ loader's value type changed, an old process must not read a new process's value 
 decode error, or a value of the wrong shape), nor the new one the old one's. With
 ``cached_loader(..., version=...)`` each version has entries of its own, so the two run
 side by side, each loading a key once and neither overwriting the other's values; and
-every entry is also tagged with its entry's name without the version (``entry_tag``), so
+every entry is also tagged with its entry's name without the version (``entry_tag_of``), so
 that an ``invalidate``, ``expire`` or ``set`` from either version reaches both versions'
 entries (and refuses a load of either begun before it), through the tags' promises.
 
@@ -64,8 +64,8 @@ class EntryFamily:
 
 def entry_tag_of(unversioned_key: str, namespace: str) -> str:
     """The entry tag of the entry whose unversioned value key is ``unversioned_key``
-    (``ns:{product:42}``: ``~e:product:42``), as ``_core.tags.TagTemplates.entry_tag``
-    names it."""
+    (``ns:{product:42}``: ``~e:product:42``): the tag ``_core.tags.TagTemplates`` gives
+    every versioned entry, and what its invalidation is asked for by."""
     return ENTRY_TAG + unversioned_key[len(namespace) + 2 : -1]
 
 

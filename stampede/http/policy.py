@@ -476,6 +476,15 @@ def entity_tags(value: str) -> list[str] | None:
     return tags
 
 
+def none_match(etag: str, condition: str) -> bool:
+    """Whether an ``If-None-Match`` list names the representation whose tag is ``etag``
+    (RFC 9110 section 13.1.2): ``*`` names any, and the weak comparison otherwise."""
+    if condition.strip() == "*":
+        return True
+    tags = entity_tags(condition)
+    return tags is not None and _opaque(etag) in {_opaque(tag) for tag in tags}
+
+
 def not_modified(stored: Stored, request: Request) -> bool:
     """Whether the client already holds ``stored`` (RFC 9110 section 13.1): ``If-None-Match``
     names its entity (the weak comparison), or, with no ``If-None-Match``, it was not
@@ -484,10 +493,7 @@ def not_modified(stored: Stored, request: Request) -> bool:
         return False
     condition = request.header("if-none-match")
     if condition is not None:
-        if condition.strip() == "*":
-            return True
-        tags = entity_tags(condition)
-        return tags is not None and _opaque(stored.etag) in {_opaque(tag) for tag in tags}
+        return none_match(stored.etag, condition)
     since = http_date(request.header("if-modified-since"))
     if since is None:
         return False
