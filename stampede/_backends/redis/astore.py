@@ -467,13 +467,15 @@ class AsyncRedisStore(AsyncSending):
                     await self._send(tag.members, self._scripts.forget_members, *call)
         # A member another invalidation deleted first is not "dropped" here, but a near
         # cache may still hold its copy: that invalidation may not have asked the near
-        # caches yet. So every member is asked for, as ``invalidate`` asks for its key.
+        # caches yet. So every member is asked for, as ``invalidate`` asks for its key,
+        # and this process's own near cache is waited for too: the layer drops its copies
+        # of the members returned, and only of those.
         if members_keys and self.near is not None:
             nonce = new_nonce(self.near)
             with self._translated("ask near caches to drop", self.near.members):
                 call = _scripts.request_near_call(self.near, nonce, *members_keys)
                 reply = await self._send(self.near.members, self._scripts.request_near, *call)
-            await self._await_near_caches(reply, nonce)
+            await self._await_near_caches(reply, nonce, own_too=len(done) < len(members_keys))
         return done
 
     async def entry_tags(self, keys: EntryKeys) -> list[str] | None:
@@ -598,10 +600,10 @@ class AsyncRedisStore(AsyncSending):
             call = _scripts.request_near_call(self.near, nonce, keys.value)
             return await self._send(self.near.members, self._scripts.request_near, *call)
 
-    async def _await_near_caches(self, reply: Any, nonce: str) -> None:
-        """Return once every near cache the script named has dropped its copy, or run
-        out of its lease (see ``_core.near``)."""
-        wait = near_wait(reply, self.near)
+    async def _await_near_caches(self, reply: Any, nonce: str, own_too: bool = False) -> None:
+        """Return once every near cache the script named (``own_too``: this process's as
+        well) has dropped its copy, or run out of its lease (see ``_core.near``)."""
+        wait = near_wait(reply, self.near, own_too)
         if wait is None or self.near is None:
             return
         ack_key = self.near.ack_key(nonce)

@@ -261,10 +261,12 @@ def warn_near(message: str, problem: object) -> None:
         log.warning(message, problem)
 
 
-def near_wait(reply: Any, near: NearChannel | None) -> AckWait | None:
+def near_wait(reply: Any, near: NearChannel | None, own_too: bool = False) -> AckWait | None:
     """What an invalidation's reply says to wait for: the near caches it named (see
-    ``_core.near``), or None. A reply that could not read their registry is warned of:
-    near caches of other processes were not asked to drop their copies."""
+    ``_core.near``), or None. ``own_too``: this process's as well, which an invalidator
+    leaves out where the layer drops its copies itself. A reply that could not read their
+    registry is warned of: near caches of other processes were not asked to drop their
+    copies."""
     problem = registry_problem(reply)
     if problem is not None:
         warn_near(
@@ -276,7 +278,7 @@ def near_wait(reply: Any, near: NearChannel | None) -> AckWait | None:
     members = members_in(reply)
     if not members or near is None:
         return None
-    return AckWait(members, time.monotonic(), near.own)
+    return AckWait(members, time.monotonic(), None if own_too else near.own)
 
 
 NOT_HEARD = (

@@ -664,7 +664,8 @@ EXPIRE = """
 -- holder's lease as INVALIDATE does, so a load in flight writes nothing that predates
 -- the change, and wake the waiters.
 -- KEYS and ARGV as INVALIDATE's
--- Returns 1 if there was a value, else 0, then NEAR_REQUEST's members
+-- Returns 1 if there was a value or a lease (as INVALIDATE's count: the caller forgets the
+-- entry's flight in its process), else 0, then NEAR_REQUEST's members
 local value = redis.call('GET', KEYS[1])
 if value then
   local keep = 0
@@ -683,7 +684,7 @@ local lease = redis.call('PTTL', KEYS[2])
 redis.call('DEL', KEYS[2], KEYS[4])
 redis.call('PUBLISH', ARGV[1], '')
 if lease > 0 then redis.pcall('SET', KEYS[3], '1', 'PX', lease) end
-if value then return near_request(1, KEYS[6], ARGV[2], ARGV[3]) end
+if value or lease > 0 then return near_request(1, KEYS[6], ARGV[2], ARGV[3]) end
 return near_request(0, KEYS[6], ARGV[2], ARGV[3])
 """
 
