@@ -21,8 +21,14 @@ two batches wait for each other:
   once every entry it leads is loaded and written. Two batches that each lead what the
   other waits for both load first, so neither waits on the other. Waiting for entries
   one after the other costs the longest of their waits, not their sum: a notice that
-  comes in meanwhile is kept by its subscription. (An entry whose notice came early is
-  finished only once the waits before it end.)
+  comes in meanwhile is kept by its subscription, and a wait (or a ``Pause``) is
+  performed for what is left of it since its flow asked for it. A wait whose time is
+  over goes before anything else (it costs nothing), so the silent waits of entries
+  whose holder went away end together, and their re-checks take the leases together and
+  load them in one call. (Charged one after the other, a page waiting on three dead
+  leases re-checked each once every three ``recheck_interval``, and took them over one
+  by one, a loader call each.) (An entry whose notice came early is finished only once
+  the waits before it end.)
 
 A flow that raises ends with its exception (``Failed``), not the batch. An interruption
 (a BaseException that is not an Exception: a cancelled task, a KeyboardInterrupt) is
@@ -32,6 +38,8 @@ does, and then goes on.
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -74,18 +82,26 @@ LAST = (Pause, AwaitNotice)  # the kinds that wait: after everything else
 
 
 def together(
-    flows: Sequence[Decision[Any]], ended: Callable[[int, Any], None] = lambda index, outcome: None
+    flows: Sequence[Decision[Any]],
+    ended: Callable[[int, Any], None] = lambda index, outcome: None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Steps[list[Any]]:
     """Drive ``flows`` together: the outcome of each, its value or the ``Failed`` it
     raised, in order. ``ended(index, outcome)`` is told of each as soon as its flow
-    ends, so that those waiting for that entry alone need not wait for the others."""
+    ends, so that those waiting for that entry alone need not wait for the others.
+    ``clock`` (the flows' own) times the waits asked for, which are performed for what
+    is left of them."""
     outcomes: list[Any] = [None] * len(flows)
     steps: dict[int, Effect] = {}  # each running flow's next step
+    asked: dict[int, float] = {}  # when the wait a flow asked for (AwaitNotice, Pause) ends
 
     def advance(index: int, reply: Any) -> None:
         flow = flows[index]
         try:
-            steps[index] = flow.throw(reply.error) if isinstance(reply, Failed) else flow.send(reply)
+            step = flow.throw(reply.error) if isinstance(reply, Failed) else flow.send(reply)
+            steps[index] = step
+            if type(step) in LAST:
+                asked[index] = clock() + _length(step)
             return
         except StopIteration as stop:
             outcomes[index] = stop.value
@@ -98,9 +114,13 @@ def together(
         steps[index] = None  # type: ignore[assignment]  # started by the first send
         advance(index, None)
     while steps:
-        batch = next_step(steps)
+        now = clock()
+        due = next((index for index, ends in asked.items() if ends <= now), None)
+        batch = One(due, steps[due]) if due is not None else next_step(steps)  # a wait that is over goes first
         try:
             if isinstance(batch, One):
+                if batch.index in asked:
+                    batch = One(batch.index, _lasting(batch.effect, max(0.0, asked.pop(batch.index) - now)))
                 try:
                     reply = yield batch  # a batch performer performs it
                 except Exception as error:
@@ -118,6 +138,23 @@ def together(
         for step, reply in zip(batch.steps, replies, strict=True):
             advance(step.index, reply)
     return outcomes
+
+
+def _length(wait: Effect) -> float:
+    """How long ``wait`` (an ``AwaitNotice`` or a ``Pause``) lasts."""
+    if isinstance(wait, AwaitNotice):
+        return wait.timeout
+    assert isinstance(wait, Pause)
+    return wait.seconds
+
+
+def _lasting(wait: Effect, seconds: float) -> Effect:
+    """``wait`` for ``seconds``: what is left of it (none once its time is over: a notice
+    that came meanwhile is still taken)."""
+    if isinstance(wait, AwaitNotice):
+        return dataclasses.replace(wait, timeout=seconds)
+    assert isinstance(wait, Pause)
+    return dataclasses.replace(wait, seconds=seconds)
 
 
 def next_step(steps: dict[int, Effect]) -> One | Each:

@@ -431,7 +431,7 @@ class AsyncRunner(AsyncStates):
 
         perform = AsyncBatchPerformer(entries, leases.store, load, watchdog, leases, self._events)
         with performers_for(entries, performer):
-            return await arun(together(flows, ended), perform)
+            return await arun(together(flows, ended, entries[0].ctx.clock), perform)  # waits timed by the flows' clock
 
     async def _read_for_near(
         self, near: NearCache, store: AsyncStore, value_key: str, spec: LoaderSpec

@@ -418,7 +418,7 @@ class Runner(States):
 
         perform = BatchPerformer(entries, leases.store, load, watchdog, leases, self._events)
         with performers_for(entries, performer):
-            return run(together(flows, ended), perform)
+            return run(together(flows, ended, entries[0].ctx.clock), perform)  # waits timed by the flows' clock
 
     def _read_for_near(
         self, near: NearCache, store: Store, value_key: str, spec: LoaderSpec

@@ -131,3 +131,32 @@ def test_real_flows_load_once_and_wait_for_another_holder_after_their_writes() -
     with pytest.raises(StopIteration) as stop:
         batch.send(envelope)  # woken with the value another holder wrote
     assert stop.value.value == ["value 0", "value 1", "value 2"]
+
+
+def test_waits_are_charged_for_what_is_left_of_them_and_a_wait_that_is_over_goes_first() -> None:
+    """Three flows wait one second each: performed one after the other, the first waits
+    its second, and then the others' are over: they are performed with nothing left, before
+    the first flow's next step, so that their re-checks go together with its own."""
+    now = [0.0]
+    flows = [script(AwaitNotice(1.0), Acquire()) for _ in range(3)]
+    batch = together(flows, clock=lambda: now[0])
+    performed: list[Any] = []
+    reply: Any = None
+    while True:
+        try:
+            step = batch.send(reply)
+        except StopIteration:
+            break
+        if isinstance(step, One):
+            performed.append((step.index, step.effect))
+            now[0] += step.effect.timeout  # the wait, in silence
+            reply = None
+        else:
+            performed.append([one.index for one in step.steps])
+            reply = ["r"] * len(step.steps)
+    assert performed == [
+        (0, AwaitNotice(1.0)),
+        (1, AwaitNotice(0.0)),
+        (2, AwaitNotice(0.0)),
+        [0, 1, 2],  # the re-checks, together
+    ]

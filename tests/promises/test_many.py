@@ -600,6 +600,27 @@ def test_an_id_whose_holder_died_is_taken_over(make_layer: Callable[..., Stamped
     assert layer.stats()["takeovers"] == 1
 
 
+def test_ids_whose_holder_died_are_taken_over_together(
+    make_layer: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    """A page that waits on several leases of a holder that died (a process killed, a
+    primary failed over with its leases) takes them over together once they run out: one
+    loader call for them all. Its waits were charged one after the other: each id was
+    re-checked once every three ``recheck_interval`` and taken over alone, a loader call
+    each, a second apart."""
+    layer = make_layer(lock_ttl=0.3, near_cache=False)
+    db = ManyDatabase()
+    load = many_loader(layer, mode, db)
+    assert layer._runner is not None
+    dead = [(EntryKeys.for_value(load.key(item)), "a dead holder", 1500, True, b"") for item in (5, 6, 7)]
+    # In one round trip, so that they run out together; never renewed (see the test above).
+    assert [reply.state.name for reply in layer._runner.store.acquire_many(dead)] == ["LOCKED"] * 3  # type: ignore[union-attr]
+
+    assert mode(load, [4, 5, 6, 7]) == {item: {"id": item} for item in (4, 5, 6, 7)}
+    assert db.queries == [[4], [5, 6, 7]]  # 5, 6 and 7 waited for their holder's leases, then were taken over
+    assert layer.stats()["takeovers"] == 3
+
+
 def test_prometheus_counts_a_page_per_id_and_per_loader_call(redis_url: str) -> None:
     prometheus_client = pytest.importorskip("prometheus_client")  # an extra: not in every install CI tests
     from stampede.prometheus import PrometheusMetrics
