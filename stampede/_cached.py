@@ -6,12 +6,15 @@ turn a function into. What they share with their twins is in ``_loader`` and
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._core.keys import EntryKeys, KeyBuilder
 from ._core.many import values_of
 from ._core.results import Cached
+from ._core.versions import entry_tag_of, versions_seen
 from ._drivers.refresh import reporting
 from ._loader import BoundLoader, Fetched, P, R, Versions, _Loader
 from ._loader_many import K, ManyKeys, V, _ManyLoader, chunks
@@ -43,8 +46,10 @@ class CachedLoader(_Loader[P, R]):
         static: bool = False,
         versions: Versions | None = None,
     ) -> None:
+        if versions is not None and versions.family is not None:  # its loads mark the entry without version=
+            spec = dataclasses.replace(spec, func=_marking(spec.func, versions, runner))
         super().__init__(spec, keys, forget, static)
-        self._versions = versions  # a versioned loader's reach to every version of an entry
+        self._versions = versions  # the loader's reach to every version of an entry
         self._runner = runner
         self._tracing: Tracing = runner.tracing
 
@@ -82,8 +87,9 @@ class CachedLoader(_Loader[P, R]):
         """
         keys = self._keys.keys(args, kwargs)
         try:
-            self._runner.invalidate(keys)
-            self._reach_versions(args, kwargs, False)
+            with versions_seen() as seen:
+                self._runner.invalidate(keys)
+            self._reach_versions(args, kwargs, False, seen)
         finally:
             self._forget(keys.value)
 
@@ -94,8 +100,9 @@ class CachedLoader(_Loader[P, R]):
         stale window it was written with. Without one, the same as ``invalidate``."""
         keys = self._keys.keys(args, kwargs)
         try:
-            self._runner.expire(keys)
-            self._reach_versions(args, kwargs, True)
+            with versions_seen() as seen:
+                self._runner.expire(keys)
+            self._reach_versions(args, kwargs, True, seen)
         finally:
             self._forget(keys.value)
 
@@ -114,18 +121,32 @@ class CachedLoader(_Loader[P, R]):
         ``on_backend_error`` says: the old value may be gone, the new one not written.
         """
         value_key = self._keys.value_key(args, kwargs)
+        versions = self._versions
         try:
-            self._reach_versions(args, kwargs, False)  # the other versions' entries go first: none is left stale
-            return self._runner.set(value_key, self._spec, args, kwargs, value)
+            if versions is not None and versions.family is not None:  # the other versions' entries go first
+                unversioned = versions.family.unversioned(args, kwargs)
+                self._runner.mark_versioned([unversioned], versions.marker_ms)  # as a load marks it
+                self._reach_versions(args, kwargs, False, [])
+            with versions_seen() as seen:
+                written: bool = self._runner.set(value_key, self._spec, args, kwargs, value)
+            if versions is not None and versions.family is None:  # a loader without version=: what marked it
+                self._reach_versions(args, kwargs, False, seen)
+            return written
         finally:
             self._forget(value_key)
 
-    def _reach_versions(self, args: tuple[Any, ...], kwargs: dict[str, Any], soft: bool) -> None:
-        """Every other version of the entry (a versioned loader's, ``_core.versions``):
-        the entry of the loader without ``version=``, then every versioned one, through
-        the entry tag they carry; expired rather than dropped when ``soft``."""
+    def _reach_versions(self, args: tuple[Any, ...], kwargs: dict[str, Any], soft: bool, seen: list[str]) -> None:
+        """Every other version of the entry (``_core.versions``). A loader without
+        ``version=``: every versioned one, through the entry tag they carry, if its store
+        found the entry marked (``seen``). A versioned loader (``seen`` is left alone): the
+        entry of the loader without ``version=``, then every versioned one. Expired rather
+        than dropped when ``soft``."""
         versions = self._versions
         if versions is None:
+            return
+        if versions.family is None:
+            for value_key in seen:
+                versions.drop(entry_tag_of(value_key, versions.namespace), soft)
             return
         other = versions.family.unversioned(args, kwargs)
         try:
@@ -174,10 +195,12 @@ class CachedManyLoader(_ManyLoader[K, V]):
         forget: Callable[[str], None],
         static: bool = False,
         drop_versions: Callable[[str, bool], int] | None = None,
+        marker_ms: int = 0,
     ) -> None:
         super().__init__(spec, keys, forget, static)
         self._runner = runner
-        self._drop_versions = drop_versions  # a versioned loader's reach to every version of an entry
+        self._drop_versions = drop_versions  # the reach to every version of an entry (``_core.versions``)
+        self._marker_ms = marker_ms  # a versioned loader's: how long the marks its loads leave last
         self._tracing: Tracing = runner.tracing
 
     def __call__(self, *args: Any, **kwargs: Any) -> dict[K, V]:
@@ -218,11 +241,14 @@ class CachedManyLoader(_ManyLoader[K, V]):
         return {id_: None if one is None else Fetched(*one) for id_, one in zip(ids, found, strict=True)}
 
     def _loading(self, call: dict[str, Any], ids: Sequence[Any]) -> Callable[[list[int]], list[Any]]:
-        func, keys = self._spec.func, self._keys
+        func, keys, runner, marker_ms = self._spec.func, self._keys, self._runner, self._marker_ms
 
         def load(positions: list[int]) -> list[Any]:
             asked = [ids[position] for position in positions]
             args, kwargs = keys.with_ids(call, asked)
+            if marker_ms:  # before the database is read: the entries without version= are marked
+                unversioned = keys.family_of(call, asked)[1]
+                runner.mark_versioned([EntryKeys.for_value(key) for key in unversioned], marker_ms)
             return values_of(func(*args, **kwargs), asked, keys.loader_name)
 
         return load
@@ -231,24 +257,36 @@ class CachedManyLoader(_ManyLoader[K, V]):
         """Drop the entries of these ids (a collection, or one id), as
         ``CachedLoader.invalidate`` drops one: once it returns, no caller in any process
         gets their old values, and no load in flight writes them."""
-        keys, entries = self._invalidated(args, kwargs)
-        for key in keys:
-            try:
-                self._runner.invalidate(EntryKeys.for_value(key))
-            finally:
-                self._forget(key)
-        for entry in entries:  # every version's entry (``_core.versions``)
-            assert self._drop_versions is not None
-            self._drop_versions(entry, False)
+        self._drop(args, kwargs, False)
 
     def expire(self, *args: Any, **kwargs: Any) -> None:
         """``CachedLoader.expire`` of each of these ids' entries."""
+        self._drop(args, kwargs, True)
+
+    def _drop(self, args: tuple[Any, ...], kwargs: dict[str, Any], soft: bool) -> None:
+        """``invalidate`` (``soft``: ``expire``) each of these ids' entries, then every
+        version of each (``_core.versions``)."""
         keys, entries = self._invalidated(args, kwargs)
-        for key in keys:
-            try:
-                self._runner.expire(EntryKeys.for_value(key))
-            finally:
-                self._forget(key)
-        for entry in entries:
+        step = self._runner.expire if soft else self._runner.invalidate
+        with versions_seen() as seen:
+            for key in keys:
+                try:
+                    step(EntryKeys.for_value(key))
+                finally:
+                    self._forget(key)
+        for entry in self._reached(entries, seen):
             assert self._drop_versions is not None
-            self._drop_versions(entry, True)
+            self._drop_versions(entry, soft)
+
+
+def _marking(func: Callable[..., Any], versions: Versions, runner: Runner) -> Callable[..., Any]:
+    """``func``, a versioned loader's, which first marks the entry of the loader without
+    ``version=`` (``_core.versions``): before it reads the database."""
+    family, marker_ms = versions.family, versions.marker_ms
+    assert family is not None
+
+    def marked(*args: Any, **kwargs: Any) -> Any:
+        runner.mark_versioned([family.unversioned(args, kwargs)], marker_ms)
+        return func(*args, **kwargs)
+
+    return functools.wraps(func)(marked)

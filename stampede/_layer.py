@@ -49,7 +49,7 @@ from ._core.observer import Observer
 from ._core.patterns import entry_pattern
 from ._core.store import AsyncStore, Store
 from ._core.tags import TagKeys, TagTemplates, clock_key, tag_name
-from ._core.versions import EntryFamily, version_of
+from ._core.versions import EntryFamily, entry_tag_of, marker_ms, version_of, versions_seen
 from ._drivers.abudget import AsyncBudgetSlots, abudgeted
 from ._drivers.arunner import AsyncRunner
 from ._drivers.budget import BudgetSlots, budgeted
@@ -581,7 +581,10 @@ class Stampede:
         tell = _every_tenth(on_progress, len(keys))
         for done, value_key in enumerate(keys, 1):
             try:
-                invalidate(EntryKeys.for_value(value_key))
+                with versions_seen() as seen:
+                    invalidate(EntryKeys.for_value(value_key))
+                for marked in seen:  # an entry a versioned loader marked: every version (``_core.versions``)
+                    self._drop_versions(entry_tag_of(marked, self.namespace), False)
             finally:
                 self._forget(value_key)
             tell(done)
@@ -597,7 +600,10 @@ class Stampede:
         tell = _every_tenth(on_progress, len(keys))
         for done, value_key in enumerate(keys, 1):
             try:
-                await invalidate(EntryKeys.for_value(value_key))
+                with versions_seen() as seen:
+                    await invalidate(EntryKeys.for_value(value_key))
+                for marked in seen:
+                    await self._adrop_versions(entry_tag_of(marked, self.namespace), False)
             finally:
                 self._forget(value_key)
             tell(done)
@@ -901,16 +907,16 @@ class LoaderDecorator:
             )
         loads = layer._budgeted(func, self._settings, self._own_budget, keys.template)
         spec = LoaderSpec(loads, self._settings, codec, tags, keys.template, self._verify_equal)
+        family = None if entry is None else EntryFamily(entry, layer.namespace)
+        marks = marker_ms(self._settings) if version else 0
         loader: CachedLoader[P, Any] | AsyncCachedLoader[P, Any]
         if _is_async(func):
             assert layer._async_runner is not None
-            aversions = (
-                None if entry is None else AsyncVersions(EntryFamily(entry, layer.namespace), layer._adrop_versions)
-            )
+            aversions = AsyncVersions(layer._adrop_versions, layer.namespace, family, marks)
             loader = AsyncCachedLoader(spec, layer._async_runner, keys, layer._forget, static, aversions)
         else:
             assert layer._runner is not None
-            versions = None if entry is None else Versions(EntryFamily(entry, layer.namespace), layer._drop_versions)
+            versions = Versions(layer._drop_versions, layer.namespace, family, marks)
             loader = CachedLoader(spec, layer._runner, keys, layer._forget, static, versions)
         layer._hot_set(loader, keys.template)
         return loader
@@ -970,15 +976,16 @@ class ManyLoaderDecorator:
             raise ConfigError(f"{func.__qualname__} is not async, and this layer has only an asyncio client")
         loads = layer._budgeted(func, self._settings, self._own_budget, keys.template)
         spec = LoaderSpec(loads, self._settings, codec, None, keys.template, self._verify_equal)
+        marks = marker_ms(self._settings) if version else 0
         loader: CachedManyLoader[Any, Any] | AsyncCachedManyLoader[Any, Any]
         if _is_async(func):
             assert layer._async_runner is not None
-            adrop = layer._adrop_versions if version else None
-            loader = AsyncCachedManyLoader(spec, layer._async_runner, keys, layer._forget, static, adrop)
+            adrop = layer._adrop_versions
+            loader = AsyncCachedManyLoader(spec, layer._async_runner, keys, layer._forget, static, adrop, marks)
         else:
             assert layer._runner is not None
-            drop = layer._drop_versions if version else None
-            loader = CachedManyLoader(spec, layer._runner, keys, layer._forget, static, drop)
+            drop = layer._drop_versions
+            loader = CachedManyLoader(spec, layer._runner, keys, layer._forget, static, drop, marks)
         layer._hot_set(loader, keys.template)
         return loader
 

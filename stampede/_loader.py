@@ -118,19 +118,25 @@ class AsyncBoundLoader(BoundLoader):
 
 @dataclass(frozen=True)
 class Versions:
-    """How a loader reaches every version of an entry (``_core.versions``): its family,
-    and the layer's invalidation (or, ``soft``, expiry) of the entry tag they share."""
+    """How a loader reaches every version of an entry (``_core.versions``): the layer's
+    invalidation (or, ``soft``, expiry) of the entry tag they share, in ``namespace``;
+    and, for a loader with ``version=``, its family and how long its marks last. A loader
+    without one reaches the versions of the entries its store found marked."""
 
-    family: EntryFamily
     drop: Callable[[str, bool], int]
+    namespace: str
+    family: EntryFamily | None = None
+    marker_ms: int = 0
 
 
 @dataclass(frozen=True)
 class AsyncVersions:
     """``Versions`` for an ``async def`` loader: the layer's drop is awaited."""
 
-    family: EntryFamily
     drop: Callable[[str, bool], Awaitable[int]]
+    namespace: str
+    family: EntryFamily | None = None
+    marker_ms: int = 0
 
 
 class _Loader(Generic[P, R]):

@@ -181,6 +181,15 @@ class ManyKeys:
         values[self._position] = id_
         return self.tags.render(tuple(values), {})
 
+    @property
+    def versioned(self) -> bool:
+        """Whether the loader has ``version=`` (``_core.versions``)."""
+        return self._entry is not None
+
+    def entry_tags_of(self, value_keys: Sequence[str]) -> list[str]:
+        """The entry tags of the entries (without ``version=``) of ``value_keys``."""
+        return [entry_tag_of(key, self._namespace) for key in value_keys]
+
     def family_of(self, call: dict[str, Any], ids: Sequence[Any]) -> tuple[list[str], list[str]]:
         """What reaches every other version of each id's entry (a versioned loader's,
         ``_core.versions``): the entry tag every versioned entry of it carries, and the
@@ -300,6 +309,12 @@ class _ManyLoader(Generic[K, V]):
         ids = self._keys.ids(call, single_allowed=True)
         entry_tags, unversioned = self._keys.family_of(call, ids)
         return self._keys.keys(call, ids) + unversioned, entry_tags
+
+    def _reached(self, entry_tags: list[str], seen: list[str]) -> list[str]:
+        """The entry tags an invalidation of these entries reaches: a versioned loader's
+        own (``entry_tags``), or, a loader without ``version=``, those of the entries its
+        store found marked by a versioned one (``seen``, ``_core.versions``)."""
+        return entry_tags if self._keys.versioned else self._keys.entry_tags_of(seen)
 
     def __get__(self, instance: object, owner: type | None = None) -> Any:
         """Looked up on an instance, a many-key loader decorated as a method binds it as

@@ -49,6 +49,7 @@ from .._errors import ConfigError, InvalidKey
 _ESCAPED = re.compile(r"[%:{}#~\x00-\x20\x7f\ud800-\udfff]")
 _FORBIDDEN_IN_TEMPLATE = re.compile(r"[{}#~\x00-\x20\x7f]")
 _HASH_CHARS = 40
+_VERSIONED_MARK = ":versioned"
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +80,12 @@ class EntryKeys:
     def tags(self) -> str:
         """The tags the value was written with, beside it for as long (see ``_core.tags``)."""
         return self.value + ":tags"
+
+    @property
+    def versioned(self) -> str:
+        """Set while a loader with ``version=`` may hold entries of this entry (the entry of
+        the loader without it): its invalidations must reach theirs too (``_core.versions``)."""
+        return self.value + _VERSIONED_MARK
 
     @property
     def failing(self) -> str:
@@ -114,13 +121,16 @@ def check_key(namespace: str) -> str:
 
 def entry_value_keys(keys: Iterable[bytes | str]) -> set[str]:
     """The value keys (``ns:{entry}``) of the cache entries that ``keys`` (values, leases,
-    markers, of one namespace) belong to. A named lock's, a budget's, a hot set's keys and
-    the check key left out."""
+    markers, of one namespace) belong to. A named lock's, a budget's, a hot set's keys, the
+    check key and the marks versioned loaders leave (``EntryKeys.versioned``: no entry of
+    its own) left out."""
     found = set()
     for key in keys:
         text = key.decode(errors="replace") if isinstance(key, bytes) else key
         close = text.find("}")
-        if close >= 0 and not any(mark in text[:close] for mark in ("{~lock:", "{~budget:", "{~hot:", "{~check")):
+        if close < 0 or text.endswith(_VERSIONED_MARK):
+            continue
+        if not any(mark in text[:close] for mark in ("{~lock:", "{~budget:", "{~hot:", "{~check")):
             found.add(text[: close + 1])
     return found
 

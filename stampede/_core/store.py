@@ -170,6 +170,12 @@ class EntryStore(Protocol):
         """Make the value stale but keep it for the stale window it was written with (or
         delete it, if none). Drop any lease and wake waiters, as ``invalidate`` does."""
 
+    def mark_versioned(self, keys: Sequence[EntryKeys], marker_ms: int) -> None:
+        """Mark each entry (of a loader without ``version=``) as one a versioned loader is
+        about to load a version of (``keys.versioned``), for ``marker_ms`` at least: its
+        ``invalidate``, ``expire``, ``seize`` and ``put`` from then on call
+        ``_core.versions.saw_versions`` with its value key, in the step they take."""
+
     def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         """Extend the lease if ``token`` still holds it."""
 
@@ -197,7 +203,8 @@ class EntryStore(Protocol):
 
     def invalidate(self, keys: EntryKeys) -> None:
         """Delete the value and any lease, and wake waiters to re-check. A holder's write
-        after it is ``REFUSED``."""
+        after it is ``REFUSED``. A versioned mark on the entry is reported
+        (``mark_versioned``)."""
 
     def seize(self, keys: EntryKeys, token: str, lease_ms: int) -> None:
         """``invalidate``, and take the lease for ``token``, in one step: a write-through's
@@ -343,6 +350,8 @@ class AsyncEntryStore(Protocol):
     async def hold(self, keys: EntryKeys, token: str, hold_ms: int, failing_ms: int) -> bool: ...
 
     async def expire(self, keys: EntryKeys) -> None: ...
+
+    async def mark_versioned(self, keys: Sequence[EntryKeys], marker_ms: int) -> None: ...
 
     async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool: ...
 

@@ -11,13 +11,21 @@ that an ``invalidate``, ``expire`` or ``set`` from either version reaches both v
 entries (and refuses a load of either begun before it), through the tags' promises.
 
 The entry of a loader without ``version=`` counts as one more version of the same entry
-(``EntryFamily``) for a versioned loader: in the deploy that first adopts ``version=`` (or
-drops it) the two run side by side, and the versioned side's ``invalidate``, ``expire`` and
-``set`` act on the unversioned entry too (its keys are the loader's without the version).
-The other way round is not reached: an unversioned loader cannot know that versioned
-entries exist without asking on every invalidation, and asking (the entry tag's
-invalidation) costs a ``set`` 2.7 times its time and needs the tag commands in a
-restricted ACL (docs/deploys.md says how to deploy around it).
+(``EntryFamily``): in the deploy that first adopts ``version=`` (or drops it) the two run
+side by side, and each side's ``invalidate``, ``expire`` and ``set`` reach the other's:
+
+* The versioned side's act on the unversioned entry too (its keys are the loader's
+  without the version), and on every versioned one through the entry tag.
+* The unversioned side cannot know that versioned entries exist without asking, and
+  asking on every invalidation (the entry tag's invalidation) would cost every ``set``
+  2.7 times its time and need the tag commands in a restricted ACL. So a versioned load first
+  **marks** the unversioned entry (``EntryKeys.versioned``, in its slot, for longer than
+  any value it writes lives: ``marker_ms``), before its loader reads the database; and the
+  stores' invalidate, expire, set and seizure report the marker in the step they take
+  anyway (``saw_versions``: no round trip more). Only an entry so marked costs its
+  invalidator the entry tag's invalidation. The race is closed: a versioned load whose
+  mark came after an invalidation read the database after it too; one whose mark came
+  before is seen, and its write is refused by the entry tag's invalidation.
 
 ``version=True`` derives the identity from the loader's return annotation: its JSON
 schema (msgspec's, for dataclasses, msgspec Structs, TypedDicts, and plain types; a
@@ -27,14 +35,17 @@ deploys. ``version="2"`` names it by hand, for loaders of plain JSON.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
 from .._errors import ConfigError
+from .config import Settings
 from .keys import EntryKeys, KeyBuilder
 
 ENTRY_TAG = "~e:"
@@ -42,6 +53,41 @@ ENTRY_TAG = "~e:"
 ``~`` (``_core.tags.tag_name``), so it is never one of theirs."""
 
 _IDENTITY_CHARS = 12
+
+MARK_BEYOND_MS = 86_400_000
+"""How long past the longest life of what a versioned loader writes its mark lasts: longer
+than any load runs (the mark is written as its loader starts)."""
+
+_SEEN: ContextVar[list[str] | None] = ContextVar("stampede_versions_seen", default=None)
+
+
+@contextlib.contextmanager
+def versions_seen() -> Iterator[list[str]]:
+    """Collect, while the block runs, the value keys of the entries a store's invalidate,
+    expire, set or seizure found marked by a versioned loader (``saw_versions``)."""
+    seen: list[str] = []
+    token = _SEEN.set(seen)
+    try:
+        yield seen
+    finally:
+        _SEEN.reset(token)
+
+
+def saw_versions(value_key: str) -> None:
+    """What a store calls when the entry of ``value_key`` is marked (``EntryKeys.versioned``)
+    in its invalidate, expire, put or seize: a caller collecting (``versions_seen``) then
+    reaches every versioned entry of it. Outside a collection (a tag's members), nothing."""
+    seen = _SEEN.get()
+    if seen is not None:
+        seen.append(value_key)
+
+
+def marker_ms(settings: Settings) -> int:
+    """How long a versioned loader's mark lasts: past the longest life of a value it writes
+    by its settings (the ttl or a null's, and both stale windows), by ``MARK_BEYOND_MS``. A
+    ``Cached(ttl=...)`` longer than that by a day is not covered (docs/deploys.md)."""
+    longest = max(settings.ttl, settings.null_ttl) + settings.stale_while_revalidate + settings.stale_if_error
+    return round(longest * 1000) + MARK_BEYOND_MS
 
 
 @dataclasses.dataclass(frozen=True)

@@ -556,6 +556,22 @@ class Runner(States):
     def invalidate(self, keys: EntryKeys) -> None:
         self.state.leases.invalidate(keys)
 
+    def mark_versioned(self, keys: list[EntryKeys], marker_ms: int) -> None:
+        """A versioned load's mark on the entries of its loader without ``version=``, before
+        its loader reads the database (``_core.versions``). A store that cannot take it is
+        warned of, and the load goes on: its value is not written where the store is down,
+        and elsewhere the mark is what an invalidation by the other side would miss."""
+        try:
+            self.state.store.mark_versioned(keys, marker_ms)
+        except BackendUnavailable as error:
+            self._warn.warning(
+                "stampede: a versioned load could not mark its entry (%s); an invalidation by a loader "
+                "without version= may not reach what it writes (docs/deploys.md)",
+                error,
+                key=keys[0].value if keys else "",
+                outcome="versions",
+            )
+
     def expire(self, keys: EntryKeys) -> None:
         self.state.leases.expire(keys)
 

@@ -41,6 +41,7 @@ from stampede._core.codec import Codec
 from stampede._core.keys import EntryKeys, budget_keys, lock_keys
 from stampede._core.store import GRANTED, LEASE_GONE, TRACE_MARK, AcquireReply, LockState, Written
 from stampede._core.tags import Tagged, TagKeys, TagSet, clock_key
+from stampede._core.versions import saw_versions, versions_seen
 
 __all__ = [  # what a star import takes: the fixtures and every test
     "contract_view",
@@ -52,6 +53,7 @@ __all__ = [  # what a star import takes: the fixtures and every test
     "test_a_write_without_the_lease_is_refused_and_writes_nothing",
     "test_an_invalidation_drops_value_and_lease_and_refuses_the_holders_write",
     "test_a_put_replaces_the_value_and_any_holders_lease_in_one_step",
+    "test_a_versioned_loaders_mark_is_reported_by_every_step_that_invalidates_the_entry",
     "test_a_tagged_put_joins_its_tag_unless_the_tag_was_invalidated_since",
     "test_renewal_extends_only_the_holders_lease",
     "test_a_lease_nobody_renews_runs_out_and_is_taken_over",
@@ -87,10 +89,14 @@ class OnLoop:
         self._store, self._loop = store, loop
 
     def _call(self, name: str, *args: Any, **options: Any) -> Any:
-        async def call() -> Any:
-            return await getattr(self._store, name)(*args, **options)
+        async def call() -> tuple[Any, list[str]]:
+            with versions_seen() as seen:  # reported on the loop: told again here
+                return await getattr(self._store, name)(*args, **options), seen
 
-        return asyncio.run_coroutine_threadsafe(call(), self._loop).result(timeout=20)
+        result, seen = asyncio.run_coroutine_threadsafe(call(), self._loop).result(timeout=20)
+        for value_key in seen:
+            saw_versions(value_key)
+        return result
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         if name == "subscribe":
@@ -236,6 +242,30 @@ def test_a_put_replaces_the_value_and_any_holders_lease_in_one_step(store: Any, 
     assert store.put(keys, "d", LEASE_MS, b"newer", 60_000, False) == Written.YES  # over a value
     assert store.get(keys.value) == b"newer" and store.holder(keys) is None
     assert store.acquire(keys, "e", LEASE_MS, True).state is LockState.VALUE
+
+
+def test_a_versioned_loaders_mark_is_reported_by_every_step_that_invalidates_the_entry(
+    store: Any, keys: EntryKeys
+) -> None:
+    """A loader with ``version=`` marks the entry of the loader without it before it loads
+    (``mark_versioned``); that entry's invalidate, expire, seizure and put report the mark
+    (``_core.versions.saw_versions``) in the step they take. Unmarked, none reports it."""
+
+    def seen_by(step: Callable[[], Any]) -> list[str]:
+        with versions_seen() as seen:
+            step()
+        return seen
+
+    assert seen_by(lambda: store.invalidate(keys)) == []
+    assert seen_by(lambda: store.put(keys, "a", LEASE_MS, ENVELOPE, 60_000, False)) == []
+    store.mark_versioned([keys], 60_000)
+    assert seen_by(lambda: store.invalidate(keys)) == [keys.value]
+    assert seen_by(lambda: store.expire(keys)) == [keys.value]
+    assert seen_by(lambda: store.seize(keys, "b", LEASE_MS)) == [keys.value]
+    assert store.release(keys, "b")
+    assert seen_by(lambda: store.put(keys, "c", LEASE_MS, ENVELOPE, 60_000, False)) == [keys.value]
+    assert store.get(keys.value) == ENVELOPE  # the mark changes nothing else
+    assert seen_by(lambda: store.mark_versioned([], 60_000)) == []
 
 
 def test_a_tagged_put_joins_its_tag_unless_the_tag_was_invalidated_since(store: Any, keys: EntryKeys) -> None:

@@ -12,9 +12,12 @@ from collections.abc import Callable
 from typing import Any, TypedDict
 
 import pytest
+import redis
 
 from stampede import ConfigError, Stampede
 from stampede._core.versions import type_identity
+from stampede.testing import RedisServer
+from stampede.testing.servers import find_server_binary
 
 from ..modes import Blocking, Database, OnALoop
 
@@ -253,6 +256,78 @@ def test_the_deploy_that_adopts_a_version_reaches_the_unversioned_entries_from_t
     mode(one_new.invalidate, 2)  # a new one-key loader reaches the old many-key entries
     mode(many_old, [2, 3])
     assert (old.calls[2], old.calls[3]) == (3, 3)
+
+
+def test_the_deploy_that_adopts_a_version_reaches_the_versioned_entries_from_the_old_side(
+    layer_of_each_backend: Callable[..., Stampede], mode: Blocking | OnALoop
+) -> None:
+    """The other way round: after the old pod's ``invalidate`` returned, a new pod read the
+    old value until the ttl. A versioned load marks the entry without ``version=`` before it
+    reads the database, and the old side's invalidate, expire and set, one-key or
+    many-key, find the mark in their own step and reach every versioned entry (and keep a
+    versioned load in flight from writing)."""
+    layer = layer_of_each_backend(namespace=f"adopt-{uuid.uuid4().hex[:8]}")
+    one_old, one_new, many_old, many_new, old, new = adopting(layer, mode)
+    mode(one_old, 1), mode(one_new, 1)
+    for step, reach in enumerate((one_old.invalidate, one_old.expire), 2):
+        mode(reach, 1)
+        mode(one_old, 1), mode(one_new, 1)
+        assert (old.calls[1], new.calls[1]) == (step, step), reach
+    assert mode(one_old.set, {"id": 1, "name": "set old"}, 1) is True
+    assert mode(one_old, 1)["name"] == "set old" and mode(one_new, 1)["name"] == "n1"  # the new side's went
+    assert new.calls[1] == 4
+    # many-key loaders, and across kinds
+    mode(many_new, [2, 3]), mode(one_new, 4), mode(many_old, [2, 3, 4])
+    mode(many_old.invalidate, [2, 3, 4])
+    mode(many_new, [2, 3]), mode(one_new, 4)
+    assert (new.calls[2], new.calls[3], new.calls[4]) == (2, 2, 2)
+    mode(many_old.expire, 3)
+    mode(many_new, [2, 3])
+    assert (new.calls[2], new.calls[3]) == (2, 3)
+    mode(one_old.invalidate, 2)  # an old one-key loader reaches the new many-key entries
+    mode(many_new, [2, 3])
+    assert (new.calls[2], new.calls[3]) == (3, 3)
+    # A new-side load begun before the old side's invalidation is not written.
+    new.release.clear()
+    new.started.clear()
+    loading = mode.start(one_new, 5)  # marks the entry, reads the row, then waits
+    assert new.started.wait(10)
+    mode(one_old.invalidate, 5)  # the row changed after that load read it
+    new.release.set()
+    loading.result(10)
+    mode(one_new, 5)
+    assert new.calls[5] == 2
+    # The layer's invalidation of the entries a pattern names reaches their versions too.
+    mode(one_old, 6), mode(one_new, 6)
+    matching = layer.invalidate_matching if isinstance(mode, Blocking) else layer.ainvalidate_matching
+    assert mode(matching, "product:6") == 1
+    mode(one_new, 6)
+    assert new.calls[6] == 2
+
+
+def test_an_entry_no_versioned_loader_marked_costs_its_invalidations_nothing_more() -> None:
+    """A loader without ``version=`` whose entries no versioned loader loaded invalidates,
+    expires and sets in one script each, as before versions reached it: the mark is read
+    in the script it sends anyway. (A server of its own: its command counts are this
+    test's alone.)"""
+    if find_server_binary() is None:
+        pytest.skip("no server binary to start a server of its own")
+    with RedisServer() as server, Stampede.from_url(server.url, namespace="plain") as layer:
+        client = redis.Redis.from_url(server.url)
+        plain = layer.cached_loader("plain:{key}")(lambda key: {"id": key})
+        plain(1)
+        plain.invalidate(1), plain.expire(1), plain.set({"id": 1}, 1)  # the scripts loaded once
+
+        def scripts() -> int:  # a tag invalidation's steps are scripts too
+            stats = client.info("commandstats")
+            return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("evalsha", "eval"))
+
+        before = scripts()
+        plain.invalidate(1)
+        plain.expire(1)
+        plain.set({"id": 1}, 1)
+        assert scripts() - before == 3
+        client.close()
 
 
 def test_tag_invalidations_reach_both_sides_and_a_load_in_flight_is_not_written(

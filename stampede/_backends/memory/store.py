@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from cachetools import TLRUCache
 
@@ -29,6 +29,7 @@ from ..._core.store import (
     Written,
 )
 from ..._core.tags import Tagged, TagKeys
+from ..._core.versions import saw_versions
 from ..._fork import reset_after_fork
 from ..channels import Mailbox, Waiting
 from ..each import AsyncOneByOne, OneByOne
@@ -173,6 +174,7 @@ class MemoryStore(OneByOne):
     def expire(self, keys: EntryKeys) -> None:
         now = self._clock()
         with self._lock:
+            self._report_versions(keys, now)
             item = self._values.get(keys.value)
             if item is not None:
                 keep = stale_window_of(item[0])
@@ -333,6 +335,7 @@ class MemoryStore(OneByOne):
 
     def invalidate(self, keys: EntryKeys) -> None:
         with self._lock:
+            self._report_versions(keys, self._clock())
             self._values.pop(keys.value, None)
             self._leases.pop(keys.lock, None)
             self._failing.pop(keys.failing, None)
@@ -343,6 +346,7 @@ class MemoryStore(OneByOne):
             self._seize(keys, token, lease_ms)
 
     def _seize(self, keys: EntryKeys, token: str, lease_ms: int) -> None:
+        self._report_versions(keys, self._clock())
         self._values.pop(keys.value, None)
         self._failing.pop(keys.failing, None)
         self._leases[keys.lock] = (token, self._clock() + lease_ms / 1000)
@@ -356,6 +360,20 @@ class MemoryStore(OneByOne):
         with self._lock:
             self._seize(keys, token, lease_ms)
             return self._write_release(keys, token, envelope, ttl_ms, inline, tagged)
+
+    def mark_versioned(self, keys: Sequence[EntryKeys], marker_ms: int) -> None:
+        now = self._clock()
+        with self._lock:
+            for entry in keys:
+                item = self._values.get(entry.versioned)
+                if item is None or item[1] < now + marker_ms / 1000:
+                    self._values[entry.versioned] = (b"1", now + marker_ms / 1000)
+
+    def _report_versions(self, keys: EntryKeys, now: float) -> None:
+        """Report a versioned loader's mark on the entry (``_core.versions``)."""
+        item = self._values.get(keys.versioned)
+        if item is not None and item[1] > now:
+            saw_versions(keys.value)
 
     def tag_clock(self, key: str) -> int:
         with self._lock:
@@ -451,6 +469,9 @@ class AsyncMemoryStore(AsyncOneByOne):
 
     async def expire(self, keys: EntryKeys) -> None:
         self._store.expire(keys)
+
+    async def mark_versioned(self, keys: Sequence[EntryKeys], marker_ms: int) -> None:
+        self._store.mark_versioned(keys, marker_ms)
 
     async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         return self._store.renew(keys, token, lease_ms)

@@ -32,7 +32,7 @@ crash finds its lease gone and its write refused).
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from ..._core.codec import stale_window_of
@@ -833,17 +833,32 @@ def hold(keys: EntryKeys, token: str, hold_ms: int, failing_ms: int) -> Statemen
     )
 
 
+_VERSIONED = "EXISTS (SELECT 1 FROM stampede_values WHERE key = %s AND expires_at > clock_timestamp())"
+"""Whether a versioned loader marked the entry (``_core.versions``): the second column of
+an invalidation's, an expiry's and a seizure's row, read in the same statement."""
+
+
 def seize(keys: EntryKeys, token: str, lease_ms: int) -> Statement:
     return Statement(
-        "SELECT stampede_seize(%s, %s, %s, %s, %s, %s, %s)",
-        (keys.value, keys.lock, keys.invalidated, keys.failing, keys.channel, token, lease_ms),
+        f"SELECT stampede_seize(%s, %s, %s, %s, %s, %s, %s), {_VERSIONED}",
+        (keys.value, keys.lock, keys.invalidated, keys.failing, keys.channel, token, lease_ms, keys.versioned),
     )
 
 
 def invalidate(keys: EntryKeys, keep_stale: bool) -> Statement:
     return Statement(
-        "SELECT stampede_invalidate(%s, %s, %s, %s, %s, %s)",
-        (keys.value, keys.lock, keys.invalidated, keys.failing, keys.channel, keep_stale),
+        f"SELECT stampede_invalidate(%s, %s, %s, %s, %s, %s), {_VERSIONED}",
+        (keys.value, keys.lock, keys.invalidated, keys.failing, keys.channel, keep_stale, keys.versioned),
+    )
+
+
+def mark_versioned(keys: Sequence[EntryKeys], marker_ms: int) -> Statement:
+    """A versioned load's marks (``_core.versions``), each lasting at least ``marker_ms``."""
+    return Statement(
+        "INSERT INTO stampede_values (key, value, expires_at) "
+        "SELECT key, '\\x31', clock_timestamp() + %s * interval '1 millisecond' FROM unnest(%s::text[]) AS key "
+        "ON CONFLICT (key) DO UPDATE SET expires_at = GREATEST(stampede_values.expires_at, EXCLUDED.expires_at)",
+        (marker_ms, sorted({entry.versioned for entry in keys})),
     )
 
 

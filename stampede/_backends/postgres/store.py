@@ -25,6 +25,7 @@ import psycopg.errors
 from ..._core.keys import EntryKeys, check_key, entry_value_keys, failing_key
 from ..._core.store import AcquireReply, Subscription, Written
 from ..._core.tags import Tagged, TagKeys
+from ..._core.versions import saw_versions
 from ..._errors import BackendUnavailable
 from ..breaker import CircuitBreaker
 from ..each import OneByOne
@@ -191,7 +192,11 @@ class PostgresStore(OneByOne):
         return bool(row and row[0])
 
     def expire(self, keys: EntryKeys) -> None:
-        self._one("expire", keys.value, sql.invalidate(keys, keep_stale=True))
+        _seen(keys, self._one("expire", keys.value, sql.invalidate(keys, keep_stale=True)))
+
+    def mark_versioned(self, keys: Sequence[EntryKeys], marker_ms: int) -> None:
+        if keys:
+            self._count("mark", keys[0].value, sql.mark_versioned(keys, marker_ms))
 
     def tag_clock(self, key: str) -> int:
         """The database's one tag clock (a sequence): ``key`` names the namespace's on Redis."""
@@ -209,13 +214,13 @@ class PostgresStore(OneByOne):
         return None if raw is None else raw.decode().split(" ")
 
     def invalidate(self, keys: EntryKeys) -> None:
-        self._one("invalidate", keys.value, sql.invalidate(keys, keep_stale=False))
+        _seen(keys, self._one("invalidate", keys.value, sql.invalidate(keys, keep_stale=False)))
 
     def seize(self, keys: EntryKeys, token: str, lease_ms: int) -> None:
         """``invalidate``, and the lease taken for ``token``, in one function
         (``stampede_seize``): the waiters it wakes (at the commit) find the lease taken,
         and its rows are locked in the order every writer of the entry locks them."""
-        self._one("invalidate", keys.value, sql.seize(keys, token, lease_ms))
+        _seen(keys, self._one("invalidate", keys.value, sql.seize(keys, token, lease_ms)))
 
     def put(
         self, keys: EntryKeys, token: str, lease_ms: int, envelope: bytes, ttl_ms: int, inline: bool,
@@ -301,3 +306,10 @@ class PostgresStore(OneByOne):
         self.listener.close()
         if self._owns_pool:
             self.pool.close()
+
+
+def _seen(keys: EntryKeys, row: tuple[Any, ...] | None) -> None:
+    """Report a versioned mark an invalidation's, an expiry's or a seizure's row found on
+    the entry (``_core.versions.saw_versions``)."""
+    if row is not None and row[-1]:
+        saw_versions(keys.value)

@@ -22,6 +22,7 @@ from ..._core.keys import EntryKeys, check_key, entry_value_keys, failing_key
 from ..._core.near import NearChannel
 from ..._core.store import AcquireCall, AcquireReply, AsyncSubscription, LockState, WriteCall, Written
 from ..._core.tags import Tagged, TagKeys
+from ..._core.versions import saw_versions
 from ..._errors import BackendUnavailable
 from ..asteps import put_in_steps
 from ..breaker import CircuitBreaker, NodeBreakers
@@ -496,8 +497,21 @@ class AsyncRedisStore(AsyncSending):
         nonce = new_nonce(self.near)
         with self._translated("expire", keys.value):
             call = _scripts.expire_call(keys, self._near_in_script, nonce)
-            reply = await self._send(keys.value, self._scripts.expire, *call)
+            reply = _seen(keys, await self._send(keys.value, self._scripts.expire, *call))
         await self._await_near_caches(await self._ask_near_caches(reply, keys, nonce), nonce)
+
+    async def mark_versioned(self, keys: Sequence[EntryKeys], marker_ms: int) -> None:
+        if not keys:
+            return
+        if len(keys) == 1:  # no pipeline: a script call
+            with self._translated("mark", keys[0].value):
+                await self._send(keys[0].versioned, self._scripts.marks.one, [keys[0].versioned], [marker_ms])
+            return
+        calls = [_scripts.Call([entry.versioned], [marker_ms]) for entry in keys]
+        replies = await self._run_scripts(self._scripts.marks, calls, "mark", keys[0].value)
+        for reply, entry in zip(replies, keys, strict=True):
+            if isinstance(reply, Exception):
+                raise batches.error_reply("mark", entry.value, reply)
 
     async def holder(self, keys: EntryKeys) -> str | None:
         with self._translated("read the lock of", keys.lock):
@@ -557,14 +571,14 @@ class AsyncRedisStore(AsyncSending):
         nonce = new_nonce(self.near)
         with self._translated("invalidate", keys.value):
             call = _scripts.invalidate_call(keys, self._near_in_script, nonce)
-            reply = await self._send(keys.value, self._scripts.invalidate, *call)
+            reply = _seen(keys, await self._send(keys.value, self._scripts.invalidate, *call))
         await self._await_near_caches(await self._ask_near_caches(reply, keys, nonce), nonce)
 
     async def seize(self, keys: EntryKeys, token: str, lease_ms: int) -> None:
         nonce = new_nonce(self.near)
         with self._translated("invalidate", keys.value):
             call = _scripts.seize_call(keys, token, lease_ms, self._near_in_script, nonce)
-            reply = await self._send(keys.value, self._scripts.seize, *call)
+            reply = _seen(keys, await self._send(keys.value, self._scripts.seize, *call))
         await self._await_near_caches(await self._ask_near_caches(reply, keys, nonce), nonce)
 
     async def put(
@@ -588,7 +602,7 @@ class AsyncRedisStore(AsyncSending):
                 written, reply = await self._send(
                     keys.value, self._scripts.put_tagged, *_scripts.put_call(seize, write)
                 )
-        await self._await_near_caches(await self._ask_near_caches(reply, keys, nonce), nonce)
+        await self._await_near_caches(await self._ask_near_caches(_seen(keys, reply), keys, nonce), nonce)
         return Written(int(written))
 
     async def _ask_near_caches(self, reply: Any, keys: EntryKeys, nonce: str) -> Any:
@@ -624,3 +638,11 @@ class AsyncRedisStore(AsyncSending):
 
     async def subscribe_many(self, keys: Sequence[EntryKeys]) -> Sequence[AsyncSubscription | BackendUnavailable]:
         return list(await self._subscriber.subscribe_many([entry.channel for entry in keys]))
+
+
+def _seen(keys: EntryKeys, reply: Any) -> Any:
+    """An INVALIDATE, EXPIRE, SEIZE or PUT reply, once a versioned mark it found on the
+    entry is reported (``_core.versions.saw_versions``)."""
+    if tagging.entry_reply(reply)[1]:
+        saw_versions(keys.value)
+    return reply

@@ -242,6 +242,7 @@ class Scripts:
         self.admit_tags = register(_scripts.ADMIT_TAGS)
         self.mark_tag = register(_scripts.MARK_TAG)
         self.forget_members = register(_scripts.FORGET_MEMBERS)
+        self.marks = batches.Pair(register(_scripts.MARK_VERSIONED), register(_scripts.MARK_VERSIONED_EACH))
         self.invalidates = batches.Pair(self.invalidate, register(_scripts.INVALIDATE_EACH))
         self.expires = batches.Pair(self.expire, register(_scripts.EXPIRE_EACH))
         self.admissions = batches.Pair(self.admit_tags, self.admit_tags)  # one call each: their keys vary

@@ -495,19 +495,27 @@ INVALIDATE = """
 -- invalidation from an eviction (best effort: a marker refused under OOM is not needed).
 -- The failing marker goes too: what is loaded next is loaded afresh.
 -- KEYS[1] value key, KEYS[2] lock key, KEYS[3] invalidation marker, KEYS[4] failing marker,
--- KEYS[5] the value's tags (see WRITE_TAGGED), KEYS[6] near caches' registry (optional:
--- see NEAR_REQUEST); ARGV[1] channel, ARGV[2..3] NEAR_REQUEST's
--- Returns the number of keys deleted, then NEAR_REQUEST's members
+-- KEYS[5] the value's tags (see WRITE_TAGGED), KEYS[6] the versioned marker (see
+-- NEAR_REQUEST's versioned: read, never changed), KEYS[7] near caches' registry (optional: see
+-- NEAR_REQUEST); ARGV[1] channel, ARGV[2..3] NEAR_REQUEST's
+-- Returns {the number of keys deleted, 1 if the versioned marker is there else 0}, then
+-- NEAR_REQUEST's members
 local lease = redis.call('PTTL', KEYS[2])
 local deleted = redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('DEL', KEYS[4], KEYS[5])
 redis.call('PUBLISH', ARGV[1], '')
 if lease > 0 then redis.pcall('SET', KEYS[3], '1', 'PX', lease) end
-return near_request(deleted, KEYS[6], ARGV[2], ARGV[3])
+return near_request({deleted, versioned(KEYS[6])}, KEYS[7], ARGV[2], ARGV[3])
 """
 
 
 NEAR_REQUEST = """
+-- 1 if a versioned loader marked the entry (see _core.versions), else 0. PTTL, not EXISTS:
+-- an ACL user of an older README may run the scripts' commands only.
+local function versioned(marker)
+  if redis.call('PTTL', marker) == -2 then return 0 end
+  return 1
+end
 -- Ask the near caches of the namespace to drop the value (see _core.near): if
 -- ``registry`` (their sorted set) has live members, publish ``message`` (a nonce and the
 -- value key) on ``channel``, and return them, each with the milliseconds left of its
@@ -603,11 +611,12 @@ PUT = (
 -- tells it an invalidation took it (as INVALIDATE's does), so it writes nothing.
 -- The near caches are asked to drop their copies before the waiters are woken, as SEIZE
 -- and the write did one after the other.
--- KEYS as INVALIDATE's (value, lock, invalidation marker, failing marker, tags[, near
--- caches' registry]); ARGV[1] channel, ARGV[2] envelope, ARGV[3] ttl in ms (0: keep
--- nothing, as WRITE_AND_RELEASE's), ARGV[4] '1' to publish the envelope itself, '0' to
--- publish '' (waiters read the key), ARGV[5..6] NEAR_REQUEST's
--- Returns NEAR_REQUEST's reply: {1 (written), member, ms_left, ...}
+-- KEYS as INVALIDATE's (value, lock, invalidation marker, failing marker, tags, versioned
+-- marker[, near caches' registry]); ARGV[1] channel, ARGV[2] envelope, ARGV[3] ttl in ms
+-- (0: keep nothing, as WRITE_AND_RELEASE's), ARGV[4] '1' to publish the envelope itself,
+-- '0' to publish '' (waiters read the key), ARGV[5..6] NEAR_REQUEST's
+-- Returns NEAR_REQUEST's reply: {{1 (written), the versioned marker as INVALIDATE's},
+-- member, ms_left, ...}
 local lease = redis.call('PTTL', KEYS[2])
 if ARGV[3] == '0' then
   redis.call('DEL', KEYS[1], KEYS[2], KEYS[4], KEYS[5])
@@ -616,7 +625,7 @@ else
   redis.call('DEL', KEYS[2], KEYS[4], KEYS[5])
 end
 if lease > 0 then redis.pcall('SET', KEYS[3], '1', 'PX', lease) end
-local reply = near_request(1, KEYS[6], ARGV[5], ARGV[6])
+local reply = near_request({1, versioned(KEYS[6])}, KEYS[7], ARGV[5], ARGV[6])
 if ARGV[4] == '1' then
   redis.call('PUBLISH', ARGV[1], ARGV[2])
 else
@@ -642,7 +651,10 @@ def invalidate_call(keys: EntryKeys, near: NearChannel | None = None, nonce: str
     script (on one server, on a cluster the registry is in another slot: ``REQUEST_NEAR``
     asks them in a second step)."""
     return _with_near(
-        Call([keys.value, keys.lock, keys.invalidated, keys.failing, keys.tags], [keys.channel]), keys, near, nonce
+        Call([keys.value, keys.lock, keys.invalidated, keys.failing, keys.tags, keys.versioned], [keys.channel]),
+        keys,
+        near,
+        nonce,
     )
 
 
@@ -664,8 +676,9 @@ EXPIRE = """
 -- holder's lease as INVALIDATE does, so a load in flight writes nothing that predates
 -- the change, and wake the waiters.
 -- KEYS and ARGV as INVALIDATE's
--- Returns 1 if there was a value or a lease (as INVALIDATE's count: the caller forgets the
--- entry's flight in its process), else 0, then NEAR_REQUEST's members
+-- Returns {1 if there was a value or a lease (as INVALIDATE's count: the caller forgets
+-- the entry's flight in its process) else 0, the versioned marker as INVALIDATE's}, then
+-- NEAR_REQUEST's members
 local value = redis.call('GET', KEYS[1])
 if value then
   local keep = 0
@@ -684,8 +697,9 @@ local lease = redis.call('PTTL', KEYS[2])
 redis.call('DEL', KEYS[2], KEYS[4])
 redis.call('PUBLISH', ARGV[1], '')
 if lease > 0 then redis.pcall('SET', KEYS[3], '1', 'PX', lease) end
-if value or lease > 0 then return near_request(1, KEYS[6], ARGV[2], ARGV[3]) end
-return near_request(0, KEYS[6], ARGV[2], ARGV[3])
+local marked = versioned(KEYS[6])
+if value or lease > 0 then return near_request({1, marked}, KEYS[7], ARGV[2], ARGV[3]) end
+return near_request({0, marked}, KEYS[7], ARGV[2], ARGV[3])
 """
 
 EXPIRE = NEAR_REQUEST + EXPIRE
@@ -925,5 +939,12 @@ def forget_members_call(tag: TagKeys, members: list[tuple[bytes, bytes]]) -> Cal
 
 PUT_TAGGED = _put(WRITE_TAGGED)
 WRITE_TAGGED_EACH = for_each(WRITE_TAGGED, 5, 8)  # a page's admitted writes: no tag keys
-INVALIDATE_EACH = for_each(INVALIDATE, 5, 1)
-EXPIRE_EACH = for_each(EXPIRE, 5, 1)
+MARK_VERSIONED = """
+-- A versioned load marks the entry of its loader without version= (see _core.versions)
+-- before its loader reads the database: for at least ARGV[1] ms. KEYS[1] the marker
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], '1', 'PX', ARGV[1]) end
+return 1
+"""
+MARK_VERSIONED_EACH = for_each(MARK_VERSIONED, 1, 1)
+INVALIDATE_EACH = for_each(INVALIDATE, 6, 1)
+EXPIRE_EACH = for_each(EXPIRE, 6, 1)

@@ -22,6 +22,7 @@ from ..._core.keys import EntryKeys, check_key, entry_value_keys, failing_key
 from ..._core.near import NearChannel
 from ..._core.store import AcquireCall, AcquireReply, LockState, Subscription, WriteCall, Written
 from ..._core.tags import Tagged, TagKeys
+from ..._core.versions import saw_versions
 from ..._errors import BackendUnavailable
 from ..breaker import CircuitBreaker, NodeBreakers
 from ..steps import put_in_steps
@@ -480,8 +481,21 @@ class RedisStore(Sending):
         nonce = new_nonce(self.near)
         with self._translated("expire", keys.value):
             call = _scripts.expire_call(keys, self._near_in_script, nonce)
-            reply = self._scripts.expire(*call)
+            reply = _seen(keys, self._scripts.expire(*call))
         self._await_near_caches(self._ask_near_caches(reply, keys, nonce), nonce)
+
+    def mark_versioned(self, keys: Sequence[EntryKeys], marker_ms: int) -> None:
+        if not keys:
+            return
+        if len(keys) == 1:  # no pipeline: a script call
+            with self._translated("mark", keys[0].value):
+                self._scripts.marks.one([keys[0].versioned], [marker_ms])
+            return
+        calls = [_scripts.Call([entry.versioned], [marker_ms]) for entry in keys]
+        replies = self._run_scripts(self._scripts.marks, calls, "mark", keys[0].value)
+        for reply, entry in zip(replies, keys, strict=True):
+            if isinstance(reply, Exception):
+                raise batches.error_reply("mark", entry.value, reply)
 
     def holder(self, keys: EntryKeys) -> str | None:
         with self._translated("read the lock of", keys.lock):
@@ -541,14 +555,14 @@ class RedisStore(Sending):
         nonce = new_nonce(self.near)
         with self._translated("invalidate", keys.value):
             call = _scripts.invalidate_call(keys, self._near_in_script, nonce)
-            reply = self._scripts.invalidate(*call)
+            reply = _seen(keys, self._scripts.invalidate(*call))
         self._await_near_caches(self._ask_near_caches(reply, keys, nonce), nonce)
 
     def seize(self, keys: EntryKeys, token: str, lease_ms: int) -> None:
         nonce = new_nonce(self.near)
         with self._translated("invalidate", keys.value):
             call = _scripts.seize_call(keys, token, lease_ms, self._near_in_script, nonce)
-            reply = self._scripts.seize(*call)
+            reply = _seen(keys, self._scripts.seize(*call))
         self._await_near_caches(self._ask_near_caches(reply, keys, nonce), nonce)
 
     def put(
@@ -570,7 +584,7 @@ class RedisStore(Sending):
                 seize = _scripts.seize_call(keys, token, lease_ms, self._near_in_script, nonce)
                 write = _scripts.write_tagged_call(keys, token, envelope, ttl_ms, inline, tagged, True)
                 written, reply = self._scripts.put_tagged(*_scripts.put_call(seize, write))
-        self._await_near_caches(self._ask_near_caches(reply, keys, nonce), nonce)
+        self._await_near_caches(self._ask_near_caches(_seen(keys, reply), keys, nonce), nonce)
         return Written(int(written))
 
     def _ask_near_caches(self, reply: Any, keys: EntryKeys, nonce: str) -> Any:
@@ -606,3 +620,11 @@ class RedisStore(Sending):
 
     def subscribe_many(self, keys: Sequence[EntryKeys]) -> Sequence[Subscription | BackendUnavailable]:
         return list(self._subscriber.subscribe_many([entry.channel for entry in keys]))
+
+
+def _seen(keys: EntryKeys, reply: Any) -> Any:
+    """An INVALIDATE, EXPIRE, SEIZE or PUT reply, once a versioned mark it found on the
+    entry is reported (``_core.versions.saw_versions``)."""
+    if tagging.entry_reply(reply)[1]:
+        saw_versions(keys.value)
+    return reply

@@ -59,9 +59,16 @@ def dropped(replies: list[Any], keys: list[str], what: str) -> list[str]:
     for reply, key in zip(replies, keys, strict=True):
         if isinstance(reply, Exception):
             raise error_reply(what, key, reply)
-        if int(reply[0] if isinstance(reply, list) else reply) > 0:
+        if entry_reply(reply)[0] > 0:
             found.append(key)
     return found
+
+
+def entry_reply(reply: Any) -> tuple[int, bool]:
+    """What an INVALIDATE, EXPIRE or PUT reply (or SEIZE's, which is INVALIDATE's) says of
+    its entry: its count, and whether the versioned marker is there (``_core.versions``)."""
+    count, versioned = reply[0]
+    return int(count), bool(int(versioned))
 
 
 def names_of(raw: Any) -> list[str] | None:
