@@ -250,6 +250,21 @@ def test_the_tags_benchmark_short_form() -> None:
 
 @pytest.mark.timeout(120)
 @pytest.mark.timing
+def test_the_versions_benchmark_short_form() -> None:
+    """``loadtest/bench_versions.py --quick``: what reaching the other side's entries costs
+    in the deploy that adopts ``version=``. What holds on any machine: every figure ran,
+    and an entry no versioned loader marked is set and invalidated in the league of an
+    unversioned loader before versions reached it (one script each: the mark is read in
+    it), while a marked one pays the entry tag's invalidation."""
+    figures = short_form("bench_versions.py", timeout=110)
+    assert all(value > 0 for value in figures["us_per_call"].values())
+    ratios = figures["ratios"]
+    assert ratios["unmarked set / raw SET"] < 4 and ratios["unmarked invalidate / raw DEL"] < 4
+    assert ratios["marked invalidate / unmarked invalidate"] > 1
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.timing
 def test_the_values_benchmark_short_form() -> None:
     """``loadtest/bench_values.py --quick``: compression of a category map and a 1 MB
     value, and set and peek beside a raw SET and GET. What holds on any machine: each
