@@ -23,6 +23,9 @@ from urllib.parse import urlsplit
 
 from ._backends.each import AsyncOneByOne as AsyncOneByOne  # stampede.backends shows them
 from ._backends.each import OneByOne as OneByOne
+from ._backends.mailbox import LoopMailbox as LoopMailbox  # the simulator's (stampede.testing.simulation)
+from ._backends.memory.store import AsyncMemoryStore as AsyncMemoryStore
+from ._backends.memory.store import MemoryStore as MemoryStore
 from ._backends.redis.alock_servers import AsyncRedisLockServers
 from ._backends.redis.lock_servers import RedisLockServers
 from ._core.backend import DEFAULT_CONNECT_TIMEOUT, DEFAULT_SOCKET_TIMEOUT, Backend, BackendOptions, LeaseService

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from ._core import world
 from ._core.acquiring import Acquiring, acquiring
 from ._core.effects import Lease, milliseconds
 from ._core.keys import EntryKeys
@@ -217,7 +217,7 @@ class Lock(LockContextManager):
         store = self._blocking_store()
         if self._reenter(thread_owner):
             return True
-        token = secrets.token_hex(16)
+        token = world.token(16)
         with Performer(self._lease(token), store=store) as performer:
             fence = run(self._acquiring(blocking, timeout), performer)
         if fence is None:
@@ -262,7 +262,7 @@ class Lock(LockContextManager):
         store = self._loop_store()
         if self._reenter(task_owner):
             return True
-        token = secrets.token_hex(16)
+        token = world.token(16)
         with AsyncPerformer(self._lease(token), store=store) as performer:
             fence = await arun(self._acquiring(blocking, timeout), performer)
         if fence is None:
@@ -310,6 +310,7 @@ class Lock(LockContextManager):
             self.retry_interval,
             self.retries,
             self._recheck_interval,
+            world.monotonic,
             queue_lease=self.ttl if self.fair else 0.0,
         )
 

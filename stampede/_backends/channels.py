@@ -164,18 +164,21 @@ class Channels:
 class Waiting:
     """The mailboxes on each channel of a store that wakes its own waiters, with no
     SUBSCRIBE to send or confirm: the embedded store, and PostgreSQL's listener. Not
-    thread-safe: the store calls it under its lock."""
+    thread-safe: the store calls it under its lock. Each channel's mailboxes are kept in
+    the order they came (a dict, not a set, whose order would follow their addresses):
+    waiters are woken first come, first served, and a simulated run wakes them in the
+    same order every time (``stampede.testing.simulation``)."""
 
     def __init__(self) -> None:
-        self._members: dict[str, set[Mailbox]] = {}
+        self._members: dict[str, dict[Mailbox, None]] = {}
 
     def add(self, mailbox: Mailbox) -> None:
-        self._members.setdefault(mailbox.channel, set()).add(mailbox)
+        self._members.setdefault(mailbox.channel, {})[mailbox] = None
 
     def remove(self, mailbox: Mailbox) -> None:
         members = self._members.get(mailbox.channel)
         if members is not None:
-            members.discard(mailbox)
+            members.pop(mailbox, None)
             if not members:
                 del self._members[mailbox.channel]
 

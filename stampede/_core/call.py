@@ -23,10 +23,10 @@ A caller's life around a flight::
 from __future__ import annotations
 
 import enum
-import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from . import world
 from .codec import NOT_A_VALUE
 from .flight import Flight, refuse_recursion, take_shared
 from .flow import FailedRead, LoaderSpec, Miss, WarningLog, fresh_read, past_the_hit
@@ -65,14 +65,14 @@ class Joiner:
     __slots__ = ("_clock", "_events", "_joined_at", "deadline", "early", "spec", "wait")
 
     def __init__(
-        self, key: str, spec: LoaderSpec, events: JoinReporter, clock: Callable[[], float] = time.monotonic
+        self, key: str, spec: LoaderSpec, events: JoinReporter, clock: Callable[[], float] | None = None
     ) -> None:
         # Once, before the wait is reported begun: a recursion never waits. Whether this
         # context runs the key's loader does not change while the call waits.
         refuse_recursion(key)
         self.spec = spec
         self._events = events
-        self._clock = clock
+        self._clock = clock = world.monotonic if clock is None else clock
         self._joined_at: int | None = None
         self.deadline = clock() + spec.settings.wait_timeout
         self.wait = events.waiting()

@@ -43,8 +43,6 @@ import enum
 import functools
 import logging
 import math
-import random
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -58,6 +56,7 @@ from .._errors import (
     ValueTooLarge,
     WaitTimeout,
 )
+from . import world
 from .codec import NOT_A_VALUE, Codec, Kind, identity, loaded_at_of
 from .config import Settings
 from .effects import (
@@ -202,11 +201,11 @@ def new_context(
         spec.codec,
         events,
         warn,
-        time.monotonic,
-        time.time,
-        random.uniform,
+        world.monotonic,
+        world.wall,
+        world.uniform,
         tags=tags,
-        began=time.monotonic(),
+        began=world.monotonic(),
     )
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 
 from .._errors import ConfigError
+from . import world
 from .keys import escape, shorten
 
 
@@ -145,7 +146,7 @@ class Countdown:
         if not 0 < rate <= 1:
             raise ConfigError(f"hot_sample must be a fraction above 0 and at most 1, got {rate!r}")
         self._log = math.log1p(-rate) if rate < 1 else 0.0
-        self._random = draw or random.Random()
+        self._random = draw or random.Random(world.random())
         self.left = self.next()
 
     def next(self) -> int:

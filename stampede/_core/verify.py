@@ -31,10 +31,10 @@ from __future__ import annotations
 import contextvars
 import logging
 import math
-import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
+from . import world
 from .codec import Codec, loaded_at_of
 from .observer import log_extra
 
@@ -80,10 +80,10 @@ class Sample:
 
     __slots__ = ("_countdown", "_draw", "_log_miss", "rate")
 
-    def __init__(self, rate: float, draw: Callable[[], float] = random.random) -> None:
+    def __init__(self, rate: float, draw: Callable[[], float] | None = None) -> None:
         self.rate = rate
         self._log_miss = math.log1p(-rate) if rate < 1 else 0.0
-        self._draw = draw
+        self._draw = world.random if draw is None else draw
         self._countdown = self._gap()
 
     def _gap(self) -> int:

@@ -30,12 +30,11 @@ for asyncio callers), so an outage does not lift the bound altogether.
 from __future__ import annotations
 
 import functools
-import secrets
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, cast
 
+from .._core import world
 from .._core.acquiring import acquiring
 from .._core.budget import HOLDING, LoadBudget
 from .._core.effects import AwaitNotice, Effect, LeaseLost, LeaveQueue, Release, Subscribe, TakeLock
@@ -146,14 +145,14 @@ class BudgetSlots:
         store = self._store()
         if not callable(getattr(store, "take_slot", None)):  # a store of one's own, without BudgetStore
             raise ConfigError(f"max_concurrent_loads needs a store with load budgets; {type(store).__name__} has none")
-        token = secrets.token_hex(16)
+        token = world.token(16)
         lease_held = LEASE_HELD.get()
         checked = lease_held if _checks_lease(store, lease_held) else None
         performer = _SlotPerformer(budget, store, token, checked)
         decision = acquiring(
             True, budget.wait_timeout, None, None, budget.recheck_interval, queue_lease=budget.lease_ms / 1000
         )
-        started = time.monotonic()
+        started = world.monotonic()
         events = self._events
         events.began("budget_wait")
         events.budget(budget.name, 1, 0)
@@ -174,7 +173,7 @@ class BudgetSlots:
             if outcome == "error":
                 outcome = "slot" if taken is not None else "timeout"
         finally:
-            waited = time.monotonic() - started
+            waited = world.monotonic() - started
             events.ended("budget_wait", outcome, waited)
             events.budget_waited(budget.name, outcome, waited)
             events.budget(budget.name, -1, 1 if outcome == "slot" else 0)
@@ -216,7 +215,7 @@ class BudgetSlots:
         at once, waiting what is left of wait_timeout for one."""
         budget = self.budget
         self._events.incr("budget_unreachable")
-        left = max(budget.wait_timeout - (time.monotonic() - started), 0.0)
+        left = max(budget.wait_timeout - (world.monotonic() - started), 0.0)
         local = self._local.threads
         if not local.acquire(timeout=left):
             self._events.incr("budget_timeouts")

@@ -23,11 +23,11 @@ from __future__ import annotations
 import enum
 import math
 import threading
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from .._core import world
 from .._core.codec import NOT_A_VALUE, Codec, Kind
 from .._core.flow import LoaderSpec
 from .._fork import reset_after_fork
@@ -91,7 +91,7 @@ class NearCache:
 
     def get(self, key: str, codec: Codec, shared: bool) -> Any:
         """The value of ``key``'s fresh copy, or ``MISSING``."""
-        now = time.monotonic()
+        now = world.monotonic()
         if now >= self.lease_until:
             if not self._started:
                 self._started = True
@@ -121,7 +121,7 @@ class NearCache:
 
     def begin(self, key: str) -> Ticket:
         """Call before sending the read whose reply may fill ``key``."""
-        ticket = Ticket(key, time.monotonic())
+        ticket = Ticket(key, world.monotonic())
         with self._lock:
             self._reading.setdefault(key, []).append(ticket)
         return ticket
@@ -192,14 +192,14 @@ class NearCache:
     def renew(self, until: float) -> None:
         """A lease that ran out before this renewal came drops every copy first: while it
         was out this process was not waited for (``_core.near``)."""
-        if 0 < self.lease_until < time.monotonic():
+        if 0 < self.lease_until < world.monotonic():
             self._events.incr("near_lease_lapses")
             with self._lock:
                 self._flush()
         self.lease_until = until
 
     def revoke(self) -> None:
-        if self.lease_until > time.monotonic():
+        if self.lease_until > world.monotonic():
             self._events.incr("near_lease_lapses")
         self.lease_until = 0.0
         with self._lock:

@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from .._core import world
 from .._core.observer import COUNTERS, UNOBSERVED, BudgetObserver, Measure, Observer, Wait, log_extra
 from .._errors import ConfigError
 from .._fork import reset_after_fork
@@ -95,7 +96,7 @@ class Events:
         """A caller's wait, reported begun (``UNOBSERVED`` while no observer is added)."""
         if not self._observers:
             return UNOBSERVED
-        wait = Wait(self, time.monotonic)
+        wait = Wait(self, world.monotonic)
         wait.begin()
         return wait
 

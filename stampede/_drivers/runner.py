@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import functools
 import math
-import random
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .._core import world
 from .._core.batch import together
 from .._core.call import DECIDED, Joiner, Outcome, read_found
 from .._core.codec import NOT_A_VALUE
@@ -147,7 +147,7 @@ class Runner(States):
         except BackendUnavailable as error:
             found: Any = failed_read(self._events, self._warn, error)
         else:
-            found = read_found(flight, spec, raw, ttl_left, failing, self._events, self._warn, value_key, random.random)
+            found = read_found(flight, spec, raw, ttl_left, failing, self._events, self._warn, value_key, world.random)
             if type(found) not in DECIDED:
                 if spec.verify is not None and raw is not None and spec.verify.due():
                     self._verify(state, value_key, spec, functools.partial(spec.func, *args, **kwargs), raw)
@@ -320,7 +320,7 @@ class Runner(States):
                     self._events.incr("batch_reads")
                 found = read_many(
                     unread, [led[index] for index in unread], spec, reads, unread_keys, self._events, self._warn,
-                    random.random,
+                    world.random,
                 )  # fmt: skip
             found.absent([index for index in led if index in absent], self._events)
             for index, value in found.values.items():
@@ -594,7 +594,7 @@ class Runner(States):
                     raise flight.error
                 return flight.value
             # It began after that load did: the next one is its own, led or shared.
-        flight.opened_at = time.monotonic()
+        flight.opened_at = world.monotonic()
         try:
             value = load()
         except BaseException as error:

@@ -45,12 +45,12 @@ from __future__ import annotations
 
 import contextvars
 import importlib.metadata
-import secrets
 import threading
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
+from .._core import world
 from .._core.observer import Measure
 from .._core.results import Unkept
 from .._core.store import TRACE_MARK
@@ -146,7 +146,7 @@ class Tracing:
         with self._asking_lock:
             if not self.asking:
                 return self.tracer  # found (or set no-op) by a caller that asked first
-            now = time.monotonic()
+            now = world.monotonic()
             if now < self.asks_at:
                 self.countdown = CALLS_BETWEEN_CLOCKS
                 return None
@@ -157,7 +157,7 @@ class Tracing:
         being made: its first calls must not wait for the clock to let them ask)."""
         with self._asking_lock:
             if self.asking:
-                self._asked(time.monotonic())
+                self._asked(world.monotonic())
 
     def _asked(self, now: float) -> Any:
         provider = otel_trace.get_tracer_provider()
@@ -428,7 +428,7 @@ def lease_token(ctx: HoldsHolder, flight: Any = None) -> str:
     The call's trace keeps ``ctx``, the flow's context, to learn whose lease it waited on,
     and the ``flight`` it leads (``_core.flight.Flight``), if any, keeps the trace for the
     callers who join it (``joining``)."""
-    token = secrets.token_hex(16)
+    token = world.token(16)
     trace = _current.get()
     if trace is None:
         return token

@@ -103,12 +103,20 @@ class Recorder:
     ``op("verify", key)`` a verification's loader call (``verify_sample``).
     """
 
-    def __init__(self, process: str | None = None, *, stream: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        process: str | None = None,
+        *,
+        stream: str | os.PathLike[str] | None = None,
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
         """``stream``: a file each operation is also appended to as it begins and as it
         ends (a line of JSON each time, in one ``write``), so that what a process did
         survives its being killed (``History.load`` reads it; an operation it began and
-        never ended is one that never returned)."""
+        never ended is one that never returned). ``clock``: nanoseconds, the same for
+        every recorder of a history (a simulation's virtual time)."""
         self.process = process or str(os.getpid())
+        self.clock = clock
         self.records: list[Record] = []
         self._numbers = itertools.count().__next__  # atomic under the GIL
         self._stream: int | None = None
@@ -176,7 +184,7 @@ class Operation:
             self._sources[key] = source
 
     def __enter__(self) -> Operation:
-        self._invoked = time.monotonic_ns()
+        self._invoked = self._recorder.clock()
         recorder = self._recorder
         if recorder._stream is not None:  # begun: a record that never returned, until it does
             recorder._write(
@@ -188,7 +196,7 @@ class Operation:
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
     ) -> None:
-        completed = time.monotonic_ns()
+        completed = self._recorder.clock()
         outcome = "ok" if kind is None else kind.__name__
         detail = "" if error is None else str(error)[:300]
         thread = _caller_name()

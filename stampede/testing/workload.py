@@ -23,6 +23,7 @@ plain subject gives it nothing to wait for.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import os
 import random
@@ -45,15 +46,21 @@ def _kind() -> str:
     return "verify" if verifying() else "load"
 
 
+class DatabaseError(Exception):
+    """A load that ``Rows(fails=...)`` failed."""
+
+
 class Rows:
     """Versioned rows, thread-safe. ``load`` and ``load_many`` are loaders (``aload`` and
     ``aload_many`` their ``async`` forms): each run is recorded as a "load" of the versions
     it read (a "verify" when a verification calls it: ``stampede.verifying()``), after
-    ``delay`` seconds of "query"."""
+    ``delay`` seconds of "query". ``fails``: asked after each query whether it failed (a
+    ``DatabaseError``, recorded as the load's outcome)."""
 
-    def __init__(self, recorder: Recorder, delay: float = 0.0) -> None:
+    def __init__(self, recorder: Recorder, delay: float = 0.0, fails: Callable[[], bool] | None = None) -> None:
         self.recorder = recorder
         self.delay = delay
+        self.fails = fails
         self._versions: dict[Any, int] = {}
         self._lock = threading.Lock()
 
@@ -93,6 +100,8 @@ class Rows:
             time.sleep(self.delay)
 
     def _read(self, op: Operation, keys: Sequence[Any]) -> dict[Any, Row]:
+        if self.fails is not None and self.fails():
+            raise DatabaseError(f"the query of {list(keys)!r} failed")
         found = {key: {"key": key, "version": version} for key, version in zip(keys, self._current(keys), strict=True)}
         for key, row in found.items():
             op.saw(row["version"], key=key)
@@ -316,9 +325,9 @@ async def _grouped(plan: _Plan, recorder: Recorder, name: str) -> None:
     """A tag's write path or its expiry, over every key, under every key's lock (taken in
     one order, so that two never wait for each other)."""
     keys = plan.keys
-    for key in keys:
-        await plan.writing[key].__aenter__()
-    try:
+    async with contextlib.AsyncExitStack() as held:  # those taken are let go, even if a wait is cancelled
+        for key in keys:
+            await held.enter_async_context(plan.writing[key])
         if name == "update_tag":
             with recorder.op("invalidate", *keys) as op:
                 versions = await _settled(plan.subject.update_tag(keys))  # type: ignore[misc]
@@ -327,9 +336,6 @@ async def _grouped(plan: _Plan, recorder: Recorder, name: str) -> None:
         else:
             with recorder.op("expire", *keys):
                 await _settled(plan.subject.expire_tag(keys))  # type: ignore[misc]
-    finally:
-        for key in reversed(keys):
-            await plan.writing[key].__aexit__(None, None, None)
 
 
 class _entered:
@@ -414,4 +420,4 @@ async def arun_workload(
     return plan.ran()
 
 
-__all__ = ["Mix", "Rows", "ServerRows", "Subject", "arun_workload", "layer_subject", "run_workload"]
+__all__ = ["DatabaseError", "Mix", "Rows", "ServerRows", "Subject", "arun_workload", "layer_subject", "run_workload"]

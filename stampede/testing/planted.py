@@ -1,0 +1,64 @@
+"""Defects planted on purpose, each the way a real bug broke a promise, to prove that the
+simulator (``stampede.testing.simulation``) finds what real bugs look like: a run with one
+planted must fail within a few seeds (tests/simulation, loadtest/bench_simulation.py).
+
+    with planted(*DEFECTS["a write that does not check its lease"]):
+        result = Simulation(seed=1).run()   # not result.ok
+
+Each defect is ``(target, attribute, replacement)``: ``planted`` swaps the attribute for
+the ``with`` block and puts it back after.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from .._backend import MemoryStore
+from .._core.flight import Flight
+
+_WRITE = MemoryStore._write_release
+_DECIDED = Flight.decided
+
+
+def _careless_write(store: MemoryStore, keys: Any, token: str, *args: Any) -> Any:
+    """The write takes the lease, whoever held it (an invalidation's deletion is undone)."""
+    store._leases[keys.lock] = (token, store._clock() + 1.0)
+    return _WRITE(store, keys, token, *args)
+
+
+def _unproven_wake_up(flight: Flight, unwritten: bool, via_notice: bool, *args: Any) -> None:
+    """A value that came in a wake-up goes to every joiner, even those who came after the
+    subscription: nothing proves it was written after they began."""
+    _DECIDED(flight, unwritten, False, *args)
+
+
+def _late_release(store: MemoryStore, keys: Any, token: str) -> bool:
+    """A release deletes the lease whoever holds it now (a path reused after an
+    invalidation: the next holder's lease goes with the late holder's release)."""
+    with store._lock:
+        store._leases.pop(keys.lock, None)
+        store._publish(keys, b"")
+        return True
+
+
+DEFECTS: dict[str, tuple[Any, str, Any]] = {
+    "a write that does not check its lease": (MemoryStore, "_write_release", _careless_write),
+    "a wake-up taken as the value without proof": (Flight, "decided", _unproven_wake_up),
+    "a late release deletes the next holder's lease": (MemoryStore, "release", _late_release),
+}
+
+
+@contextmanager
+def planted(target: Any, name: str, replacement: Any) -> Iterator[None]:
+    """``target.name`` replaced for the ``with`` block."""
+    kept = getattr(target, name)
+    setattr(target, name, replacement)
+    try:
+        yield
+    finally:
+        setattr(target, name, kept)
+
+
+__all__ = ["DEFECTS", "planted"]

@@ -1,0 +1,609 @@
+"""Deterministic simulation: the package's own asyncio layer, for several simulated
+processes at once, in one thread, on virtual time, with faults drawn from a seed.
+
+    result = Simulation(seed=7).run()
+    assert result.report.ok, result.explain()
+
+A run is a function of its seed. Every simulated process is a real ``Stampede`` layer
+(its runner, flight tables, budgets, watchdog, refreshes and subscribers: the code users
+run), and all of them share one store that lives in the event loop: the embedded store
+behind a ``SimulatedStore`` that charges each command a latency, and may lose its reply
+after it acted, cut it before it reached the store, and delay, drop or repeat a
+wake-up, as the seed decides. A nemesis task pauses processes (their commands wait, as
+a stopped process's would), kills them (nothing of theirs reaches the store again, and
+what their callers had under way is recorded as never returned) and restarts the store empty. The
+event loop's clock is virtual: a wait advances it at once, so a run of minutes of
+simulated time takes a second of one core.
+
+What the layer reads of time and chance it reads from ``stampede._core.world``: for a
+run, the loop's clock (each process's wall clock skewed by its own offset) and one
+``random.Random`` of the seed. The workload (``stampede.testing.workload``) draws from
+the seed too, and one ``Recorder`` on the loop's clock records it; ``History.check``
+judges it, with each fault's span weakening what the documentation says it may
+(docs/failures.md): a lost reply, a pause, a kill or an empty restart may cost an extra
+load and a slow call, never a stale or a wrong value.
+
+``digest`` is a hash of the whole history: the same seed gives the same digest on any
+machine. A failed run says its seed and the command that replays it::
+
+    python -m stampede.testing.simulation --seed 7 [--options of the run]
+
+which prints the first violation and the operations around it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextvars
+import hashlib
+import logging
+import math
+import random
+import selectors
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from .. import Stampede
+from .._backend import AsyncMemoryStore, LoopMailbox, MemoryStore
+from .._core import world
+from .._core.backend import Backend, BackendOptions
+from .._core.keys import EntryKeys
+from .._errors import BackendUnavailable
+from .history import History, Record, Recorder, Report
+from .workload import Mix, Rows, Subject, _caller, _Plan, layer_subject
+
+EPOCH = 1_800_000_000.0  # the wall clock of virtual time 0 (2027), before each process's skew
+NS = 1_000_000_000
+
+
+class Killed(BaseException):
+    """Raised by every store command of a killed process: nothing of it reaches the store
+    again, and whatever it had under way ends at its next command (a ``BaseException``,
+    as a dead process's code stops without handling anything)."""
+
+
+class Stuck(RuntimeError):
+    """The simulated run waits for something no time and no event can bring: a hang."""
+
+
+class _JumpingSelector(selectors.DefaultSelector):
+    """A selector that never blocks and never asks the kernel: a wait of ``timeout``
+    seconds moves the loop's virtual clock on by that much instead. Nothing outside the
+    loop can happen meanwhile: the simulation has no sockets and no threads (a thread's
+    ``call_soon_threadsafe`` still lands in the loop's queue, and is run next)."""
+
+    loop: VirtualLoop
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if timeout is None:
+            waiting = "\n".join(_where(task) for task in asyncio.all_tasks(self.loop))
+            raise Stuck(f"every task of the simulation waits, and none with a timeout:\n{waiting}")
+        self.loop.now += timeout
+        return []
+
+
+def _where(task: asyncio.Task[Any]) -> str:
+    """A task's name and the line it waits at."""
+    frames = task.get_stack()
+    where = f"{frames[-1].f_code.co_filename}:{frames[-1].f_lineno}" if frames else "?"
+    return f"  {task.get_name()} at {where}"
+
+
+class VirtualLoop(asyncio.SelectorEventLoop):
+    """An event loop on virtual time (``time()``), naming its tasks in the order they
+    are made (``sim-1``, ...), so that two runs of a seed name them alike."""
+
+    def __init__(self) -> None:
+        selector = _JumpingSelector()
+        super().__init__(selector)
+        selector.loop = self
+        self.now = 0.0
+        self._named = 0
+        self.set_task_factory(self._task)
+
+    def time(self) -> float:
+        return self.now
+
+    def _write_to_self(self) -> None:
+        """Nothing to wake: the loop never sleeps in the kernel."""
+
+    def _task(self, loop: asyncio.AbstractEventLoop, coro: Any, **options: Any) -> asyncio.Task[Any]:
+        self._named += 1
+        return asyncio.Task(coro, loop=loop, name=f"sim-{self._named}", **options)
+
+
+@dataclass(frozen=True)
+class Faults:
+    """What may go wrong in a run, and how often. Each chance is per store command (or
+    per wake-up message); the process faults strike at random moments, one at a time,
+    ``nemesis_interval`` seconds apart on average. ``Faults.none()``: only latency."""
+
+    latency: float = 0.0003
+    """Mean seconds of a store command's round trip (exponentially distributed)."""
+    slow: float = 0.01
+    """The chance a command takes 20 to 200 times the mean (a busy server)."""
+    lost_reply: float = 0.002
+    """The chance a command acts and its reply never comes (``BackendUnavailable``)."""
+    cut: float = 0.002
+    """The chance a command is cut before it reaches the store (``BackendUnavailable``)."""
+    message_delay: float = 0.001
+    """Mean seconds a wake-up takes to arrive (exponential: wake-ups are reordered)."""
+    message_drop: float = 0.02
+    message_duplicate: float = 0.02
+    nemesis_interval: float = 0.5
+    """Mean seconds between two process faults (``math.inf``: none)."""
+    pause: float = 0.6
+    """Of the process faults: the share that pauses a process (for up to twice its leases)."""
+    kill: float = 0.2
+    """... that kills one (never the last one alive)."""
+    restart: float = 0.2
+    """... that restarts the store empty."""
+    skew: float = 0.5
+    """The largest offset of a process's wall clock, in seconds, either way."""
+
+    @classmethod
+    def none(cls) -> Faults:
+        """Latency alone: no command fails, no message is lost, no process stops."""
+        return cls(slow=0.0, lost_reply=0.0, cut=0.0, message_drop=0.0, message_duplicate=0.0,
+                   nemesis_interval=math.inf, skew=0.0)  # fmt: skip
+
+
+WEAKENS = ("extra load", "slow")
+"""What a fault may cost (docs/failures.md): a second load of an entry, a call that
+outlasts its bound. Never a stale, unwritten or wrong value."""
+
+
+@dataclass
+class _Process:
+    name: str
+    skew: float
+    layer: Stampede | None = None
+    subject: Subject | None = None
+    paused_until: float = 0.0
+    killed: bool = False
+    callers: list[asyncio.Task[None]] = field(default_factory=list)
+
+
+class SimulatedStore:
+    """One simulated process's view of the shared store: each command of the embedded
+    store's asyncio view (the store contract), after a drawn latency, perhaps cut before
+    it acts or with its reply lost after; wake-ups relayed with the drawn delays, drops
+    and repeats. A paused process's commands wait for the pause to end; a killed one's
+    raise ``Killed``."""
+
+    def __init__(self, simulation: Simulation, process: _Process) -> None:
+        self._simulation = simulation
+        self._process = process
+        self._inner = AsyncMemoryStore(simulation.shared)
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._inner, name)
+        if not callable(found) or name.startswith("_") or name == "aclose":
+            return found
+
+        async def command(*args: Any, **options: Any) -> Any:
+            simulation, process = self._simulation, self._process
+            await simulation.before(process, name)
+            outcome = found(*args, **options)
+            if asyncio.iscoroutine(outcome):
+                outcome = await outcome
+            simulation.after(process, name)
+            return outcome
+
+        setattr(self, name, command)  # found here from now on, not through __getattr__
+        return command
+
+    async def subscribe(self, keys: EntryKeys) -> LoopMailbox:
+        simulation, process = self._simulation, self._process
+        await simulation.before(process, "subscribe")
+        shared = simulation.shared
+        relay: _Relay
+        mailbox = LoopMailbox(keys.channel, asyncio.get_running_loop(), lambda _: shared.detach(relay))
+        relay = _Relay(simulation, process, mailbox)
+        shared.attach(relay)
+        simulation.after(process, "subscribe")
+        return mailbox
+
+    async def aclose(self) -> None:
+        pass
+
+
+class _Relay:
+    """A wake-up's way from the store to one waiter's mailbox, through the faults."""
+
+    __slots__ = ("_mailbox", "_process", "_simulation", "channel")
+
+    def __init__(self, simulation: Simulation, process: _Process, mailbox: LoopMailbox) -> None:
+        self._simulation, self._process, self._mailbox = simulation, process, mailbox
+        self.channel = mailbox.channel
+
+    def deliver(self, message: bytes) -> None:
+        self._simulation.relay(self._process, self._mailbox, message)
+
+    def confirm(self, ok: bool) -> None:
+        self._mailbox.confirm(ok)
+
+
+@dataclass
+class Result:
+    """What one run did and what the checker found."""
+
+    seed: int
+    report: Report
+    digest: str  # of the history, record by record: the same for the same seed
+    operations: int  # the workload's operations that ran
+    virtual_seconds: float
+    cpu_seconds: float
+    faults: dict[str, int]
+    replay: str  # the command that runs this seed again
+    errors: list[str]  # exceptions in tasks nobody awaited (each a failure)
+
+    @property
+    def ok(self) -> bool:
+        """No violation, and no task failed unseen."""
+        return self.report.ok and not self.errors
+
+    def explain(self) -> str:
+        """The first violation (the operations around it), the errors, and how to replay."""
+        lines = [f"seed {self.seed}: {self.report.summary()}"]
+        if self.report.violations:
+            lines += ["first violation:", self.report.violations[0].describe(self.report.start)]
+        lines += [f"error in a task: {error}" for error in self.errors]
+        if not self.ok:
+            lines.append(f"replay: {self.replay}")
+        return "\n".join(lines)
+
+
+@dataclass
+class Simulation:
+    """``processes`` layers x ``callers`` tasks each, running ``operations`` of the
+    workload (``stampede.testing.workload``) over ``keys`` keys, with ``faults``, on
+    ``seed``. ``settings`` are every loader's (``cached_loader``'s keywords);
+    ``prepare(layer)``, if given, is called on each simulated process's layer before
+    the run (a place to plant a fault of one's own, or observe it)."""
+
+    seed: int = 0
+    processes: int = 3
+    callers: int = 4
+    operations: int = 2_000
+    keys: int = 4
+    faults: Faults = Faults()
+    mix: Mix = field(default_factory=Mix)
+    query: float = 0.002  # seconds a loader's database read takes
+    failures: float = 0.02  # the chance a loader's database read fails
+    horizon: float = 600.0  # simulated seconds after which a run that has not ended is stuck
+    settings: dict[str, Any] = field(default_factory=dict)
+    prepare: Callable[[Stampede], None] | None = None
+
+    def __post_init__(self) -> None:
+        self.settings = {"lock_ttl": 1.0, "wait_timeout": 5.0, "recheck_interval": 0.2, **self.settings}
+        self.loop: VirtualLoop | None = None
+        self.shared = MemoryStore(100_000)
+        self.spans: list[tuple[int, int]] = []
+        self.counts: dict[str, int] = {}
+        self.errors: list[str] = []  # what went wrong in tasks nobody awaited
+        self._draw = random.Random(f"faults:{self.seed}")
+        self._skew: contextvars.ContextVar[float] = contextvars.ContextVar("skew", default=0.0)
+
+    # --- the run -----------------------------------------------------------------------
+
+    def run(self) -> Result:
+        started = time.process_time()
+        loop = self.loop = VirtualLoop()
+        loop.set_exception_handler(self._failed)
+        self.shared = MemoryStore(100_000, clock=loop.time)
+        chance = random.Random(f"layer:{self.seed}")
+        try:
+            with world.installed(
+                monotonic=loop.time,
+                wall=lambda: EPOCH + loop.time() + self._skew.get(),
+                random=chance.random,
+                uniform=chance.uniform,
+                token=lambda nbytes: f"{chance.getrandbits(8 * nbytes):0{2 * nbytes}x}",
+            ):
+                recorder = Recorder("sim", clock=lambda: round(loop.time() * NS))
+                ran = loop.run_until_complete(self._run(recorder))
+        finally:
+            loop.close()
+        self._unreturned(recorder)
+        ttl = self.settings.get("ttl", 300.0) * (1 - self.settings.get("jitter", 0.1))  # the shortest life
+        report = History.of(recorder).check(
+            ttl=ttl,
+            stale_window=self.settings.get("stale_while_revalidate", 0.0),
+            wait_bound=self._wait_bound(),
+            weakened=self.spans,
+            weakens=WEAKENS,
+        )
+        return Result(
+            self.seed, report, digest(recorder.records), ran, loop.now, time.process_time() - started,
+            dict(sorted(self.counts.items())), self.replay(), self.errors,
+        )  # fmt: skip
+
+    def replay(self) -> str:
+        """The command that runs this simulation again (its seed and its options)."""
+        words = [f"--seed {self.seed}"]
+        for name, default in (("processes", 3), ("callers", 4), ("operations", 2_000), ("keys", 4)):
+            if getattr(self, name) != default:
+                words.append(f"--{name} {getattr(self, name)}")
+        if self.faults == Faults.none():
+            words.append("--no-faults")
+        elif self.faults != Faults():
+            words.append("# with the Faults the test gave")
+        return "python -m stampede.testing.simulation " + " ".join(words)
+
+    async def _run(self, recorder: Recorder) -> int:
+        failing = random.Random(f"database:{self.seed}")
+        rows = Rows(recorder, delay=self.query, fails=lambda: failing.random() < self.failures)
+        draw = random.Random(f"processes:{self.seed}")
+        processes = [_Process(f"p{number}", draw.uniform(-self.faults.skew, self.faults.skew))
+                     for number in range(self.processes)]  # fmt: skip
+        for process in processes:
+            self._skew.set(process.skew)  # its tasks (and theirs) read their wall clock skewed
+            process.layer = Stampede(backend=self._backend(process), namespace="sim", **self.settings)
+            if self.prepare is not None:
+                self.prepare(process.layer)
+            process.subject = layer_subject(process.layer, rows, asynchronous=True)
+        self._skew.set(0.0)
+        self.processes_of = processes
+        plan = _Plan(self._routed(processes), list(range(self.keys)), self.operations, None, self.mix, asyncio.Lock)
+        for number in range(self.processes * self.callers):
+            process = processes[number % self.processes]
+            self._skew.set(process.skew)
+            rng = random.Random(self.seed * 1000 + number)
+            name = f"{process.name}.c{number // self.processes}"
+            process.callers.append(asyncio.get_running_loop().create_task(_caller(plan, recorder, rng), name=name))
+        self._skew.set(0.0)
+        nemesis = asyncio.get_running_loop().create_task(self._nemesis(processes, plan), name="nemesis")
+        alive = [task for process in processes for task in process.callers]
+        loop = asyncio.get_running_loop()
+        while alive:
+            left = self.horizon - loop.time()
+            if left <= 0:
+                waiting = "\n".join(_where(task) for task in alive)
+                raise Stuck(f"the workload's callers still run after {self.horizon} s of simulated time:\n{waiting}")
+            await asyncio.wait(alive, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            alive = [task for process in processes if not process.killed for task in process.callers if not task.done()]
+        nemesis.cancel()
+        for process in processes:  # what a killed process had under way stays so
+            for task in process.callers:
+                task.cancel()
+        for process in processes:
+            if not process.killed and process.layer is not None:
+                await _closed(process.layer)
+        await self._ended()
+        return plan.operations - max(plan.left, 0)
+
+    async def _ended(self) -> None:
+        """Every task left (a killed process's, the nemesis) cancelled, and waited for."""
+        left = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in left:
+            task.cancel()
+        if left:
+            await asyncio.wait(left, timeout=self.horizon)
+        for task in left:
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved: a Killed one's is expected, others were reported
+
+    def _failed(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """The loop's exception handler: an error in a task nobody awaited is a failure of
+        the run (``Result.errors``), unless it is a killed process's ``Killed``."""
+        if not isinstance(context.get("exception"), Killed):
+            self.errors.append(str(context.get("message")) + ": " + repr(context.get("exception")))
+
+    def _routed(self, processes: list[_Process]) -> Subject:
+        """One subject whose calls go to the layer of the calling task's process."""
+        by_name = {process.name: process for process in processes}
+
+        def route(name: str) -> Callable[..., Any]:
+            async def call(*args: Any) -> Any:
+                task = asyncio.current_task()
+                process = by_name[task.get_name().split(".")[0]] if task is not None else processes[0]
+                return await getattr(process.subject, name)(*args)
+
+            return call
+
+        names = ("read", "update", "read_many", "expire", "set", "update_tag", "expire_tag")
+        return Subject(**{name: route(name) for name in names})
+
+    def _backend(self, process: _Process) -> Callable[[BackendOptions], Backend]:
+        def build(options: BackendOptions) -> Backend:
+            return Backend(name="simulated", store=None, make_async_store=lambda: SimulatedStore(self, process))
+
+        return build
+
+    def _wait_bound(self) -> float:
+        settings = self.settings
+        return float(settings["wait_timeout"] + settings["lock_ttl"] + settings.get("stale_if_error", 0.0) + 1.0)
+
+    def _unreturned(self, recorder: Recorder) -> None:
+        """What a killed process's callers had under way never returned (they were
+        cancelled when it died): recorded so."""
+        killed = {process.name for process in self.processes_of if process.killed}
+        recorder.records[:] = [
+            record._replace(completed=None, outcome="never returned")
+            if record.outcome in ("CancelledError", "Killed") and record.thread.split(".")[0] in killed
+            else record
+            for record in recorder.records
+        ]
+
+    # --- faults ------------------------------------------------------------------------
+
+    def _count(self, fault: str) -> None:
+        self.counts[fault] = self.counts.get(fault, 0) + 1
+
+    def _weaken(self, seconds: float) -> None:
+        """A fault now may cost an extra load or a slow call until ``seconds`` from now,
+        and a lease it upset lapses within ``lock_ttl`` more."""
+        now = self._now()
+        self.spans.append((round(now * NS), round((now + seconds + self.settings["lock_ttl"] + 1.0) * NS)))
+
+    def _now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    async def before(self, process: _Process, command: str) -> None:
+        """A command's way to the store and back (its round trip is waited before it
+        acts: one timer a command), unless it is cut on the way."""
+        faults, draw = self.faults, self._draw
+        latency = draw.expovariate(1 / faults.latency) if faults.latency else 0.0
+        if draw.random() < faults.slow:
+            latency *= draw.uniform(20, 200)
+        await asyncio.sleep(latency)
+        if process.paused_until or process.killed:
+            await self._alive(process)
+        if draw.random() < faults.cut:
+            self._count("cut")
+            self._weaken(0.0)
+            raise BackendUnavailable(f"simulated: the connection was cut before {command}")
+
+    def after(self, process: _Process, command: str) -> None:
+        """A command's reply, perhaps lost after the command acted."""
+        if self._draw.random() < self.faults.lost_reply:
+            self._count("lost reply")
+            self._weaken(0.0)
+            raise BackendUnavailable(f"simulated: {command} acted, and its reply was lost")
+
+    async def _alive(self, process: _Process) -> None:
+        """Return once the process may act: after its pause; ``Killed`` once it is dead."""
+        loop = asyncio.get_running_loop()
+        while process.paused_until > loop.time():
+            await asyncio.sleep(process.paused_until - loop.time())
+        if process.killed:
+            raise Killed(process.name)
+
+    def relay(self, process: _Process, mailbox: LoopMailbox, message: bytes) -> None:
+        """A wake-up on its way to ``process``: delayed, perhaps dropped or repeated."""
+        faults, draw = self.faults, self._draw
+        if process.killed:
+            return
+        if draw.random() < faults.message_drop:
+            self._count("wake-up dropped")
+            return
+        times = 2 if draw.random() < faults.message_duplicate else 1
+        if times == 2:
+            self._count("wake-up repeated")
+        loop = mailbox._loop  # the waiter's: the store's publish runs in a command on it
+        for _ in range(times):
+            delay = draw.expovariate(1 / faults.message_delay) if faults.message_delay else 0.0
+            delay = max(delay, process.paused_until - loop.time())
+            loop.call_later(delay, mailbox._fire, message)
+
+    async def _nemesis(self, processes: list[_Process], plan: _Plan) -> None:
+        """One process fault at a time (a pause lasts before the next is drawn), while the
+        workload has operations left to take."""
+        faults, draw = self.faults, self._draw
+        if math.isinf(faults.nemesis_interval):
+            return
+        lease = self.settings["lock_ttl"]
+        while True:
+            await asyncio.sleep(draw.expovariate(1 / faults.nemesis_interval))
+            if plan.left <= 0:
+                return
+            living = [process for process in processes if not process.killed]
+            choice = draw.choices(("pause", "kill", "restart"), (faults.pause, faults.kill, faults.restart))[0]
+            if choice == "kill" and len(living) < 2:
+                choice = "pause"
+            if choice == "pause":
+                process = draw.choice(living)
+                seconds = draw.uniform(0.05, 2 * lease)
+                process.paused_until = self._now() + seconds
+                self._count("process paused")
+                self._weaken(seconds)
+                await asyncio.sleep(seconds)
+            elif choice == "kill":
+                process = draw.choice(living)
+                process.killed = True
+                for task in process.callers:
+                    task.cancel()
+                self._count("process killed")
+                self._weaken(lease)
+            else:
+                self._restart_store()
+                self._count("store restarted empty")
+                self._weaken(lease)
+
+    def _restart_store(self) -> None:
+        """The store comes back empty: values, leases, tags, budgets and marks gone. Its
+        subscribers keep their subscriptions (their clients subscribe again at once)."""
+        assert self.loop is not None
+        fresh = MemoryStore(100_000, clock=self.loop.time)
+        waiting = self.shared._waiting
+        vars(self.shared).update(vars(fresh))
+        self.shared._waiting = waiting
+
+
+def simulated_backend(
+    simulation: Simulation, process: str = "p0", *, blocking: bool = True
+) -> Callable[[BackendOptions], Backend]:
+    """A backend of ``simulation``'s store as one simulated process sees it, for
+    ``Stampede(backend=...)`` on any event loop (the store contract runs over it, see
+    tests/promises/test_store_contract.py). ``blocking``: give the layer the shared
+    embedded store itself as its blocking store (no faults there)."""
+    seen = _Process(process, 0.0)
+
+    def build(options: BackendOptions) -> Backend:
+        return Backend(
+            name="simulated",
+            store=simulation.shared if blocking else None,
+            make_async_store=lambda: SimulatedStore(simulation, seen),
+        )
+
+    return build
+
+
+async def _closed(layer: Stampede) -> None:
+    """``layer.aclose()`` without its thread (nothing here blocks: the store is in the loop)."""
+    if layer._async_runner is not None:
+        await layer._async_runner.aclose()
+    layer.close()
+
+
+def digest(records: Sequence[Record]) -> str:
+    """A hash of a history, record by record in the order they were made."""
+    hashed = hashlib.sha256()
+    for record in records:
+        hashed.update(orjson.dumps(list(record), option=orjson.OPT_NON_STR_KEYS))
+    return hashed.hexdigest()
+
+
+def seeds(first: int, count: int, **options: Any) -> Iterator[Result]:
+    """The runs of ``count`` seeds from ``first``, each a ``Simulation(seed, **options)``."""
+    for seed in range(first, first + count):
+        yield Simulation(seed=seed, **options).run()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m stampede.testing.simulation", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=0, help="the first seed")
+    parser.add_argument("--seeds", type=int, default=1, help="how many seeds, from --seed")
+    parser.add_argument("--processes", type=int, default=3)
+    parser.add_argument("--callers", type=int, default=4, help="tasks per process")
+    parser.add_argument("--operations", type=int, default=2_000, help="per seed")
+    parser.add_argument("--keys", type=int, default=4)
+    parser.add_argument("--no-faults", action="store_true", help="latency alone")
+    options = parser.parse_args(argv)
+    logging.getLogger("stampede").setLevel(logging.ERROR)  # the faults' warnings are expected
+    faults = Faults.none() if options.no_faults else Faults()
+    total, cpu = 0, 0.0
+    for result in seeds(options.seed, options.seeds, processes=options.processes, callers=options.callers,
+                        operations=options.operations, keys=options.keys, faults=faults):  # fmt: skip
+        total, cpu = total + result.operations, cpu + result.cpu_seconds
+        if not result.ok:
+            print(result.explain())
+            return 1
+        print(f"seed {result.seed}: {result.operations} operations, {result.virtual_seconds:.1f} s simulated, "
+              f"{result.cpu_seconds:.2f} s, faults {result.faults}, digest {result.digest[:16]}")  # fmt: skip
+    print(f"{total} operations checked in {cpu:.1f} s of CPU: {total / max(cpu, 1e-9):,.0f} per second")
+    return 0
+
+
+__all__ = ["EPOCH", "WEAKENS", "Faults", "Killed", "Result", "SimulatedStore", "Simulation", "Stuck",
+           "VirtualLoop", "digest", "seeds", "simulated_backend"]  # fmt: skip
+
+if __name__ == "__main__":
+    sys.exit(main())
