@@ -115,7 +115,9 @@ class VirtualLoop(asyncio.SelectorEventLoop):
 
     def _task(self, loop: asyncio.AbstractEventLoop, coro: Any, **options: Any) -> asyncio.Task[Any]:
         self._named += 1
-        return asyncio.Task(coro, loop=loop, name=f"sim-{self._named}", **options)
+        if options.get("name") is None:  # (a newer Python passes the name asked for here)
+            options["name"] = f"sim-{self._named}"
+        return asyncio.Task(coro, loop=loop, **options)
 
 
 @dataclass(frozen=True)
