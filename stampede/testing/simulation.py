@@ -2,7 +2,7 @@
 processes at once, in one thread, on virtual time, with faults drawn from a seed.
 
     result = Simulation(seed=7).run()
-    assert result.report.ok, result.explain()
+    assert result.ok, result.explain()
 
 A run is a function of its seed. Every simulated process is a real ``Stampede`` layer
 (its runner, flight tables, budgets, watchdog, refreshes and subscribers: the code users
@@ -11,9 +11,9 @@ behind a ``SimulatedStore`` that charges each command a latency, and may lose it
 after it acted, cut it before it reached the store, and delay, drop or repeat a
 wake-up, as the seed decides. A nemesis task pauses processes (their commands wait, as
 a stopped process's would), kills them (nothing of theirs reaches the store again, and
-what their callers had under way is recorded as never returned) and restarts the store empty. The
-event loop's clock is virtual: a wait advances it at once, so a run of minutes of
-simulated time takes a second of one core.
+what their callers had under way is recorded as never returned) and restarts the store
+empty. The event loop's clock is virtual: a wait advances it at once, so a run of
+minutes of simulated time takes a second of one core.
 
 What the layer reads of time and chance it reads from ``stampede._core.world``: for a
 run, the loop's clock (each process's wall clock skewed by its own offset) and one
@@ -26,7 +26,7 @@ load and a slow call, never a stale or a wrong value.
 ``digest`` is a hash of the whole history: the same seed gives the same digest on any
 machine. A failed run says its seed and the command that replays it::
 
-    python -m stampede.testing.simulation --seed 7 [--options of the run]
+    python -m stampede.testing.simulation --seed 7 [--settings JSON] [--faults JSON] ...
 
 which prints the first violation and the operations around it.
 """
@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextvars
+import dataclasses
 import hashlib
 import logging
 import math
@@ -266,7 +267,7 @@ class Result:
 class Simulation:
     """``processes`` layers x ``callers`` tasks each, running ``operations`` of the
     workload (``stampede.testing.workload``) over ``keys`` keys, with ``faults``, on
-    ``seed``. ``settings`` are every loader's (``cached_loader``'s keywords);
+    ``seed``. ``settings`` are each process's layer's (``Stampede``'s keywords);
     ``prepare(layer)``, if given, is called on each simulated process's layer before
     the run (a place to plant a fault of one's own, or observe it)."""
 
@@ -284,6 +285,8 @@ class Simulation:
     prepare: Callable[[Stampede], None] | None = None
 
     def __post_init__(self) -> None:
+        self.given = dict(self.settings)  # what the replay command passes on
+        self.processes_of: list[_Process] = []
         self.settings = {"lock_ttl": 1.0, "wait_timeout": 5.0, "recheck_interval": 0.2, **self.settings}
         self.loop: VirtualLoop | None = None
         self.shared = MemoryStore(100_000)
@@ -328,15 +331,23 @@ class Simulation:
         )  # fmt: skip
 
     def replay(self) -> str:
-        """The command that runs this simulation again (its seed and its options)."""
+        """The command that runs this simulation again: its seed and every option given
+        that is not the default (a ``prepare`` hook cannot be said on a command line)."""
         words = [f"--seed {self.seed}"]
-        for name, default in (("processes", 3), ("callers", 4), ("operations", 2_000), ("keys", 4)):
-            if getattr(self, name) != default:
+        for name in ("processes", "callers", "operations", "keys", "query", "failures", "horizon"):
+            if getattr(self, name) != getattr(Simulation, name):
                 words.append(f"--{name} {getattr(self, name)}")
+        if self.given:
+            words.append(f"--settings '{orjson.dumps(self.given).decode()}'")
         if self.faults == Faults.none():
             words.append("--no-faults")
         elif self.faults != Faults():
-            words.append("# with the Faults the test gave")
+            faults = {
+                name: None if math.isinf(value) else value for name, value in dataclasses.asdict(self.faults).items()
+            }
+            words.append(f"--faults '{orjson.dumps(faults).decode()}'")  # null: never
+        if self.mix != Mix() or self.prepare is not None:
+            words.append("# and the mix or prepare hook the run was given")
         return "python -m stampede.testing.simulation " + " ".join(words)
 
     async def _run(self, recorder: Recorder) -> int:
@@ -583,17 +594,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stampede.testing.simulation", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=0, help="the first seed")
     parser.add_argument("--seeds", type=int, default=1, help="how many seeds, from --seed")
-    parser.add_argument("--processes", type=int, default=3)
-    parser.add_argument("--callers", type=int, default=4, help="tasks per process")
-    parser.add_argument("--operations", type=int, default=2_000, help="per seed")
-    parser.add_argument("--keys", type=int, default=4)
+    parser.add_argument("--processes", type=int, default=Simulation.processes)
+    parser.add_argument("--callers", type=int, default=Simulation.callers, help="tasks per process")
+    parser.add_argument("--operations", type=int, default=Simulation.operations, help="per seed")
+    parser.add_argument("--keys", type=int, default=Simulation.keys)
+    parser.add_argument("--query", type=float, default=Simulation.query, help="seconds of a loader's read")
+    parser.add_argument("--failures", type=float, default=Simulation.failures, help="the chance a load fails")
+    parser.add_argument("--horizon", type=float, default=Simulation.horizon)
+    parser.add_argument("--settings", type=orjson.loads, default={}, help="the layers' settings, as JSON")
+    parser.add_argument("--faults", type=orjson.loads, default=None, help="Faults' fields, as JSON")
     parser.add_argument("--no-faults", action="store_true", help="latency alone")
     options = parser.parse_args(argv)
     logging.getLogger("stampede").setLevel(logging.ERROR)  # the faults' warnings are expected
-    faults = Faults.none() if options.no_faults else Faults()
+    asked = {name: math.inf if value is None else value for name, value in (options.faults or {}).items()}
+    faults = Faults.none() if options.no_faults else Faults(**asked)
     total, cpu = 0, 0.0
-    for result in seeds(options.seed, options.seeds, processes=options.processes, callers=options.callers,
-                        operations=options.operations, keys=options.keys, faults=faults):  # fmt: skip
+    given = {name: getattr(options, name) for name in ("processes", "callers", "operations", "keys", "query",
+                                                        "failures", "horizon", "settings")}  # fmt: skip
+    for result in seeds(options.seed, options.seeds, faults=faults, **given):
         total, cpu = total + result.operations, cpu + result.cpu_seconds
         if not result.ok:
             print(result.explain())

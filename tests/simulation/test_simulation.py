@@ -15,7 +15,9 @@ default, across the modes; CI's simulate step asks for 1,000,000, docs/developme
 
 from __future__ import annotations
 
+import math
 import os
+import shlex
 import subprocess
 import sys
 from typing import Any
@@ -131,3 +133,18 @@ def test_the_command_line_runs_and_replays_seeds() -> None:
     lines = ran.stdout.splitlines()
     assert lines[0].startswith("seed 3: 500 operations") and lines[1].startswith("seed 4: 500 operations")
     assert "1000 operations checked" in lines[-1]
+
+
+def test_the_replay_command_runs_the_same_simulation(capsys: pytest.CaptureFixture[str]) -> None:
+    """Settings, faults and sizes given to a run are in its replay command, and the command
+    runs the same history (the digest the command line prints)."""
+    from stampede.testing.simulation import Faults, main
+
+    for simulation in (
+        Simulation(seed=5, operations=500, settings={"ttl": 0.5, "stale_while_revalidate": 1.0}),
+        Simulation(seed=6, operations=400, processes=2, faults=Faults(cut=0.05, nemesis_interval=math.inf)),
+        Simulation(seed=7, operations=300, faults=Faults.none(), failures=0.1),
+    ):
+        result = simulation.run()
+        assert main(shlex.split(result.replay)[3:]) == 0
+        assert f"digest {result.digest[:16]}" in capsys.readouterr().out
