@@ -372,3 +372,24 @@ def test_a_task_cancelled_while_its_subscription_asks_the_sentinels_is_cancelled
         await pool.disconnect()
 
     asyncio.run(main())
+
+
+def test_closing_a_layer_ends_its_sentinel_watch(sentinel_servers: SentinelServers) -> None:
+    """The layer's watch of ``+switch-master`` leaves the sentinels when it closes, and its
+    thread ends. (Its close no longer waits for a read of a second to end: its connection
+    has no retry of redis-py's own, which read on after close() shut its socket; a bound
+    of that duration would not survive a stalled machine, so none is asserted.)"""
+
+    def watching() -> int:
+        subscribed = 0
+        for sentinel in sentinel_servers.sentinels:
+            with redis.Redis.from_url(sentinel.url, socket_timeout=2) as client:
+                subscribed += sum(1 for found in client.client_list() if found.get("sub") == "1")
+        return subscribed
+
+    assert watching() == 0  # the layers of the tests before this one are closed
+    layer = Stampede.from_url(sentinel_servers.url, namespace="closing")
+    until(lambda: watching() == 1)
+    layer.close()
+    assert watching() == 0
+    assert not [thread for thread in threading.enumerate() if thread.name == "stampede-sentinel-switches"]

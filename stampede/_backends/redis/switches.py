@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from ..._fork import reset_after_fork
 
@@ -141,7 +143,10 @@ class SwitchWatch:
     def _listen(self, settings: dict[str, Any]) -> None:
         """Subscribe at one sentinel, and follow each switch it announces until it fails
         or stays silent past ``SILENCE`` (a PING goes out halfway)."""
-        client = redis.Redis(**settings, health_check_interval=0)
+        # No retry of redis-py's own: close() shuts the socket to end a read at once, and a
+        # retry would connect again and read on (a layer's close took READ_INTERVAL); a
+        # failure goes to _run, which tries the next sentinel.
+        client = redis.Redis(**{**settings, "retry": Retry(NoBackoff(), 0)}, health_check_interval=0)
         pubsub = client.pubsub()  # type: ignore[no-untyped-call, unused-ignore]  # typed from redis-py 8.2
         self._pubsub = pubsub
         try:
