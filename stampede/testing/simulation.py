@@ -605,7 +605,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--faults", type=orjson.loads, default=None, help="Faults' fields, as JSON")
     parser.add_argument("--no-faults", action="store_true", help="latency alone")
     options = parser.parse_args(argv)
-    logging.getLogger("stampede").setLevel(logging.ERROR)  # the faults' warnings are expected
     asked = {name: math.inf if value is None else value for name, value in (options.faults or {}).items()}
     faults = Faults.none() if options.no_faults else Faults(**asked)
     total, cpu = 0, 0.0
@@ -626,4 +625,7 @@ __all__ = ["EPOCH", "WEAKENS", "Faults", "Killed", "Result", "SimulatedStore", "
            "VirtualLoop", "digest", "seeds", "simulated_backend"]  # fmt: skip
 
 if __name__ == "__main__":
+    # The faults' warnings are expected. Here, not in main(): a test that calls main()
+    # would silence the rest of its process.
+    logging.getLogger("stampede").setLevel(logging.ERROR)
     sys.exit(main())

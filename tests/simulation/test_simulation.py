@@ -15,6 +15,7 @@ default, across the modes; CI's simulate step asks for 1,000,000, docs/developme
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shlex
@@ -140,6 +141,7 @@ def test_the_replay_command_runs_the_same_simulation(capsys: pytest.CaptureFixtu
     runs the same history (the digest the command line prints)."""
     from stampede.testing.simulation import Faults, main
 
+    level = logging.getLogger("stampede").level
     for simulation in (
         Simulation(seed=5, operations=500, settings={"ttl": 0.5, "stale_while_revalidate": 1.0}),
         Simulation(seed=6, operations=400, processes=2, faults=Faults(cut=0.05, nemesis_interval=math.inf)),
@@ -148,3 +150,4 @@ def test_the_replay_command_runs_the_same_simulation(capsys: pytest.CaptureFixtu
         result = simulation.run()
         assert main(shlex.split(result.replay)[3:]) == 0
         assert f"digest {result.digest[:16]}" in capsys.readouterr().out
+    assert logging.getLogger("stampede").level == level  # main() leaves the process's logging as it was
