@@ -11,10 +11,14 @@ write), which is what queues up on the cores when many callers miss at once
     python loadtest/count_instructions.py            # starts a throwaway server on 127.0.0.1
     python loadtest/count_instructions.py --quick    # fewer calls (CI)
 
-Each workload runs in a process of its own under callgrind with ``--calls`` and with
-three times as many (the fewest of ``--repeats`` counts of each); the difference over
-the extra calls is the cost of one, with the process's start, imports and warm-up
-cancelled out. Only the client's instructions count, on the calling thread (the server
+Each workload runs under callgrind, warmed up, then ``--calls`` calls, then three times
+as many, each run counted apart (callgrind dumps its counts each time the process calls
+``getpgrp``, which it calls only there); the difference over the extra calls is the cost
+of one, with the process's start, imports and warm-up left out and what a run costs
+besides its calls cancelled out. The bare workloads run one after another in one
+process, stampede's in another (Python's start under callgrind, a quarter of a minute,
+is paid twice, not once a workload), side by side; the fewest of ``--repeats`` counts
+of each is taken. Only the client's instructions count, on the calling thread (the server
 is another process, the layer's idle threads are left out, and the kernel's work is not
 seen), so this says how much more work stampede's own code adds to a hit, not how long
 the hit takes: the round trip, which this leaves out, is most of that
@@ -47,12 +51,24 @@ from stampede.testing import server_url
 
 VALUE = {"id": 42, "name": "category map", "children": [{"id": i, "name": f"c{i}"} for i in range(20)]}
 WORKLOADS = ("bare", "stampede", "bare page", "stampede page", "bare cold page", "stampede cold page")
+PROCESSES = (WORKLOADS[0::2], WORKLOADS[1::2])  # the bare ones in one, stampede's in the other
 PAGE = list(range(50))
 COLD_TTL_MS = 3_600_000
 
 
+def calls_of(name: str, calls: int) -> int:
+    """The calls of a run of ``name``: a page costs a dozen hits, a cold one a hundred,
+    so a tenth and a thirtieth as many pages keep the run short."""
+    if name.endswith("cold page"):
+        return max(10, calls // 30)
+    if name.endswith("page"):
+        return max(30, calls // 10)
+    return calls
+
+
 def workload(url: str, name: str, calls: int) -> None:
-    """Run ``calls`` warm hits of one kind (in the process callgrind watches)."""
+    """Run ``calls`` warm calls of one kind, then ``3 * calls``, each run between two
+    marks (in the process callgrind watches)."""
     bare = redis.Redis.from_url(url, socket_timeout=5)
     bare.set("count:raw", orjson.dumps(VALUE))
     page_keys = [f"count:raw:{id_}" for id_ in PAGE]
@@ -102,25 +118,43 @@ def workload(url: str, name: str, calls: int) -> None:
             run()
         gc.collect()
         gc.disable()  # a collection costs millions: it would land on one count and not the other
-        for _ in range(calls):
-            run()
+        os.getpgrp()  # the mark: callgrind dumps what came before (the start, imports, warm-up)
+        for times in (1, 3):
+            for _ in range(times * calls):
+                run()
+            os.getpgrp()  # and each run's count
+        gc.enable()
     bare.close()
 
 
-def instructions(url: str, name: str, calls: int) -> int:
-    """The instructions callgrind counted on the main thread of a process running
-    ``workload``: the layer's own threads (the watchdog) wake on the clock, and under
-    valgrind's slowness that would count as work of the calls."""
+def instructions(url: str, names: tuple[str, ...], calls: int) -> dict[str, tuple[int, int]]:
+    """The instructions callgrind counted on the main thread of a process running the
+    ``workload`` of each of ``names`` in turn, in each one's run of its calls and its run
+    of three times as many: the layer's own threads (the watchdog) wake on the clock,
+    and under valgrind's slowness that would count as work of the calls."""
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "callgrind.out"
+        workloads = [arg for name in names for arg in ("--workload", name)]
         subprocess.run(
-            ["valgrind", "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={out}",
-             sys.executable, __file__, "--workload", name, "--calls", str(calls), "--redis", url],
+            ["valgrind", "--tool=callgrind", "--separate-threads=yes", "--dump-before=getpgrp",
+             f"--callgrind-out-file={out}",
+             sys.executable, __file__, *workloads, "--calls", str(calls), "--redis", url],
             capture_output=True, text=True, env=dict(os.environ, PYTHONHASHSEED="0"), check=True,
         )  # fmt: skip
-        main_thread = Path(f"{out}-01").read_text()
-    found = re.search(r"^totals: (\d+)", main_thread, re.MULTILINE)
-    assert found, main_thread[-2000:]
+        # Three dumps a workload (its warm-up, its two runs), numbered from 1; one more
+        # would say something else called getpgrp, and the runs could not be told apart.
+        dumps = {path.name for path in Path(folder).glob("callgrind.out.*-01")}
+        assert dumps == {f"callgrind.out.{dump}-01" for dump in range(1, 3 * len(names) + 1)}, sorted(dumps)
+        return {
+            name: (_totals(Path(f"{out}.{3 * at + 2}-01")), _totals(Path(f"{out}.{3 * at + 3}-01")))
+            for at, name in enumerate(names)
+        }
+
+
+def _totals(dump: Path) -> int:
+    text = dump.read_text()
+    found = re.search(r"^totals: (\d+)", text, re.MULTILINE)
+    assert found, text[-2000:]
     return int(found.group(1))
 
 
@@ -130,37 +164,30 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=1, help="counts of each, the fewest taken")
     parser.add_argument("--quick", action="store_true", help="fewer calls and counts (CI)")
-    parser.add_argument("--workload", choices=WORKLOADS, help=argparse.SUPPRESS)  # the counted process
+    parser.add_argument("--workload", choices=WORKLOADS, action="append", help=argparse.SUPPRESS)  # counted
     options = parser.parse_args()
     if options.workload:
-        workload(options.redis, options.workload, options.calls)
+        for name in options.workload:
+            workload(options.redis, name, calls_of(name, options.calls))
         return
     if shutil.which("valgrind") is None:
         sys.exit("valgrind is not on the PATH (Debian: apt-get install valgrind)")
     if options.quick:
         options.calls = 300  # fewer lets a one-off in redis-py's first calls show
     per_call = {}
-    # A page costs a dozen hits, a cold one a hundred: a tenth and a thirtieth as many
-    # pages keep the run short.
-    calls_of = {
-        name: max(10, options.calls // 30)
-        if name.endswith("cold page")
-        else max(30, options.calls // 10)
-        if name.endswith("page")
-        else options.calls
-        for name in WORKLOADS
-    }
-    runs = [(name, times * calls_of[name]) for name in WORKLOADS for times in (1, 3) for _ in range(options.repeats)]
+    processes = [names for names in PROCESSES for _ in range(options.repeats)]
     with server_url(options.redis) as url, ThreadPoolExecutor(os.cpu_count() or 2) as pool:
         # Side by side, a core each: callgrind counts instructions, which another process
-        # on the machine does not change (most of each run is valgrind starting Python).
-        counted = list(pool.map(lambda run: instructions(url, *run), runs))
-    fewest: dict[tuple[str, int], int] = {}  # what varies only ever adds instructions
-    for run, count in zip(runs, counted, strict=True):
-        fewest[run] = min(count, fewest.get(run, count))
+        # on the machine does not change.
+        counted = list(pool.map(lambda names: instructions(url, names, options.calls), processes))
+    fewest: dict[str, tuple[int, int]] = {}  # what varies only ever adds instructions
+    for counts in counted:
+        for name, (once, thrice) in counts.items():
+            least = fewest.get(name, (once, thrice))
+            fewest[name] = (min(once, least[0]), min(thrice, least[1]))
     for name in WORKLOADS:
-        calls = calls_of[name]
-        per_call[name] = (fewest[name, 3 * calls] - fewest[name, calls]) // (2 * calls)
+        once, thrice = fewest[name]
+        per_call[name] = (thrice - once) // (2 * calls_of(name, options.calls))
     extra = per_call["stampede"] - per_call["bare"]
     extra_page = per_call["stampede page"] - per_call["bare page"]
     bare_entry = per_call["bare cold page"] // len(PAGE)

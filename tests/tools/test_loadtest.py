@@ -349,7 +349,7 @@ def test_the_tracing_benchmark_short_form_times_a_hit_under_every_mode() -> None
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.timing  # alone: its servers and failovers would slow the instruction count beside it
+@pytest.mark.timing  # alone: failovers under a busy machine's stalls run past their waits, and fewer operations
 def test_the_history_checks_under_faults_find_no_violation_outside_the_faults_spans() -> None:
     """``loadtest/check_histories.py --faults --quick``: the workload under nemeses on
     every backend family (servers paused, connections cut, Sentinel failovers, a Cluster
@@ -411,26 +411,24 @@ def test_the_profile_workloads_run_and_share_their_time_out_by_package(path: str
     assert sum(shares.values()) == pytest.approx(1.0, abs=0.01)
 
 
-@pytest.mark.timeout(420)
-@pytest.mark.timing
+@pytest.mark.timeout(300)
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not on the PATH")
 def test_the_instruction_count_short_form_counts_both_hits() -> None:
     """``loadtest/count_instructions.py --quick``: both hits and both warm pages are
-    counted; stampede adds work to the bare hit's but less than the bare hit itself
-    costs, and its warm page is within a tenth below and the bare page's count above;
-    a cold page's entry costs more than cache-aside's (a lease, its write and
-    release), and the bare entry is a share of the bare page's count.
-    Alone (timing), its counts side by side, a core each: run one after another they took
-    about 250 s of a quiet 2-core machine, and past 400 s of a busy one (a CI run)."""
-    figures = short_form("count_instructions.py", timeout=400)
+    counted; stampede adds work to the bare hit's and to the bare page's, less than
+    each costs; a cold page's entry costs more than cache-aside's (a lease, its write
+    and release), and the bare entry is a share of the bare page's count.
+    Counts do not move with the machine's load, so it runs beside others (not timing):
+    two processes under callgrind, about 40 s of a quiet 2-core machine."""
+    figures = short_form("count_instructions.py", timeout=280)
     counted = figures["instructions"]
     bare, cached = counted["bare"], counted["stampede"]
     assert bare > 0 and 0 < figures["own"] == cached - bare < bare
     bare_page, cached_page = counted["bare page"], counted["stampede page"]
-    # With redis-py 8.2 the bare page counts 2.33M where it counted 2.06M (8.1), and the
-    # many-key loader's page 3-4% under it, old code and new alike: counted, not bounded
-    # below (loadtest/FIGURES.md; issue 74 asks where the difference comes from).
-    assert bare_page > bare and -bare_page // 10 < figures["own_page"] == cached_page - bare_page < bare_page
+    # Counted as two processes, one run each (before 2026-12-05), the many-key loader's
+    # page came out 3-4% under the bare page; each run counted apart in one process, it
+    # is 17-18% over it (loadtest/FIGURES.md, "The instruction count in one process").
+    assert bare_page > bare and 0 < figures["own_page"] == cached_page - bare_page < bare_page
     bare_cold, cold = counted["bare cold page"], counted["stampede cold page"]
     assert figures["bare_cold_entry"] == bare_cold // 50 and figures["cold_entry"] == cold // 50
     assert 0 < figures["bare_cold_entry"] < figures["cold_entry"]
