@@ -22,7 +22,7 @@ import json
 import logging
 import time
 
-from stampede.testing.planted import DEFECTS, planted
+from stampede.testing.planted import DEFECTS, OPTIONS, planted
 from stampede.testing.simulation import Simulation
 
 
@@ -49,7 +49,7 @@ def first_failure(defect: str, seeds: int) -> dict[str, object]:
     started = time.process_time()
     with planted(*DEFECTS[defect]):
         for seed in range(seeds):
-            result = Simulation(seed=seed).run()
+            result = Simulation(seed=seed, **OPTIONS.get(defect, {})).run()
             if not result.ok:
                 rule = result.report.violations[0].rule if result.report.violations else "error"
                 return {"defect": defect, "seeds": seed + 1, "cpu_s": round(time.process_time() - started, 2),

@@ -22,7 +22,12 @@ parent merges the recorders (``History.load`` reads those saved by other process
   lease, and one in flight at an invalidation is voided) to the second load, no failed
   load, and the second begun within ``ttl`` seconds of the first one's end (an entry
   lives at least ``ttl``);
-* ``slow``: a call that took longer than ``wait_bound`` seconds.
+* ``slow``: a call that took longer than ``wait_bound`` seconds;
+* ``gave up``, asked for with ``gave_up=True``: a call that raised ``WaitTimeout`` or
+  ``BudgetTimeout`` (it waited its ``wait_timeout`` for another's load or a budget's
+  slot). On real servers a busy machine may make one; on the simulator's virtual time,
+  with loads of milliseconds, only a fault can, or a lease or slot that is never given
+  back (a defect the other rules cannot see: the values stay right, the calls fail).
 
 Where the documentation says a promise weakens (a failover may cost an extra load, or
 undo an invalidation acknowledged within the replication lag), pass the fault's time
@@ -56,6 +61,7 @@ from typing import Any, NamedTuple
 import orjson
 
 KINDS = ("read", "load", "write", "set", "invalidate", "expire", "verify")
+GIVING_UP = ("WaitTimeout", "BudgetTimeout")  # the outcomes of a call that waited its wait_timeout out
 # "verify": a verification's call of the loader (``stampede.verifying()``): it reads the
 # database and writes nothing, so no rule counts it as a load.
 HARD = ("invalidate", "set")  # after these return, no older version is served
@@ -321,6 +327,7 @@ class History:
         wait_bound: float | None = None,
         weakened: Sequence[tuple[int, int]] = (),
         weakens: Collection[str] = ("extra load",),
+        gave_up: bool = False,
     ) -> Report:
         """Check every key's records (see the module's docstring for the rules).
         ``ttl``: the shortest life of an entry, in seconds (None: entries outlive the run);
@@ -328,7 +335,8 @@ class History:
         ``wait_bound``: the longest a call may take (None: not checked); ``weakened``:
         spans of ``time.monotonic_ns()`` in which a violation of the rules ``weakens``
         is counted apart (a fault may cost an extra load; a failover may also undo an
-        invalidation: add "stale")."""
+        invalidation: add "stale"); ``gave_up``: a call that gave up waiting is a
+        violation."""
         done = [record for record in self.records if record.completed is not None]
         start = min((record.invoked for record in self.records), default=0)
         by_key: dict[Any, list[Record]] = defaultdict(list)
@@ -343,7 +351,8 @@ class History:
         for key, records in by_key.items():
             records.sort(key=lambda record: record.invoked)
             invoked = [record.invoked for record in records]
-            for violation in _check_key(key, records, unended[key], report, ttl, stale_window, wait_bound):
+            checked = _check_key(key, records, unended[key], report, ttl, stale_window, wait_bound, gave_up)
+            for violation in checked:
                 violation.nearby = _nearby(records, invoked, violation.records)
                 last = max(violation.records, key=lambda record: record.invoked).invoked
                 apart = violation.rule in weakens and _within(spans, last)
@@ -426,6 +435,7 @@ def _check_key(
     ttl: float | None,
     stale_window: float,
     wait_bound: float | None,
+    gave_up: bool = False,
 ) -> Iterator[Violation]:
     """The violations of one key's ``records``, sorted by invocation (so is each kind's
     list); ``unended``: operations begun that never returned (their process was killed),
@@ -454,6 +464,8 @@ def _check_key(
     served_stale: list[int] = []
     for read in kinds["read"]:
         if read.outcome != "ok":
+            if gave_up and read.outcome in GIVING_UP:
+                yield Violation("gave up", key, f"the call raised {read.outcome}: {read.detail}", [read])
             continue
         report.reads += 1
         took = (read.completed - read.invoked) / 1e9  # type: ignore[operator]

@@ -6,7 +6,9 @@ planted must fail within a few seeds (tests/simulation, loadtest/bench_simulatio
         result = Simulation(seed=1).run()   # not result.ok
 
 Each defect is ``(target, attribute, replacement)``: ``planted`` swaps the attribute for
-the ``with`` block and puts it back after.
+the ``with`` block and puts it back after. ``OPTIONS`` holds what a defect needs of the
+simulation to show (a budget's slot needs a budget, and loads long enough that a kill
+finds one held): ``Simulation(seed=N, **OPTIONS.get(name, {}))``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from .._core.flight import Flight
 
 _WRITE = MemoryStore._write_release
 _DECIDED = Flight.decided
+_TAKE_SLOT = MemoryStore._take_slot
 
 
 def _careless_write(store: MemoryStore, keys: Any, token: str, *args: Any) -> Any:
@@ -43,10 +46,25 @@ def _late_release(store: MemoryStore, keys: Any, token: str) -> bool:
         return True
 
 
+def _slot_kept_by_the_dead(
+    store: MemoryStore, keys: Any, token: str, lease_ms: int, queue_ms: int, slots: int, now: float
+) -> Any:
+    """A budget's slot outlives its term: a holder that died holding it keeps it, and the
+    budget never counts it free again (its living holders still give theirs back)."""
+    holders = store._slots.setdefault(keys.lock, {})
+    for holder in holders:
+        holders[holder] = max(holders[holder], now + 3600.0)
+    return _TAKE_SLOT(store, keys, token, lease_ms, queue_ms, slots, now)
+
+
 DEFECTS: dict[str, tuple[Any, str, Any]] = {
     "a write that does not check its lease": (MemoryStore, "_write_release", _careless_write),
     "a wake-up taken as the value without proof": (Flight, "decided", _unproven_wake_up),
     "a late release deletes the next holder's lease": (MemoryStore, "release", _late_release),
+    "a killed holder's budget slot never returned": (MemoryStore, "_take_slot", _slot_kept_by_the_dead),
+}
+OPTIONS: dict[str, dict[str, Any]] = {
+    "a killed holder's budget slot never returned": {"settings": {"max_concurrent_loads": 1}, "query": 0.05},
 }
 
 
@@ -61,4 +79,4 @@ def planted(target: Any, name: str, replacement: Any) -> Iterator[None]:
         setattr(target, name, kept)
 
 
-__all__ = ["DEFECTS", "planted"]
+__all__ = ["DEFECTS", "OPTIONS", "planted"]

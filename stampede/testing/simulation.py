@@ -157,9 +157,10 @@ class Faults:
                    nemesis_interval=math.inf, skew=0.0)  # fmt: skip
 
 
-WEAKENS = ("extra load", "slow")
+WEAKENS = ("extra load", "slow", "gave up")
 """What a fault may cost (docs/failures.md): a second load of an entry, a call that
-outlasts its bound. Never a stale, unwritten or wrong value."""
+outlasts its bound or waits its wait_timeout out. Never a stale, unwritten or wrong
+value."""
 
 
 @dataclass
@@ -324,6 +325,7 @@ class Simulation:
             wait_bound=self._wait_bound(),
             weakened=self.spans,
             weakens=WEAKENS,
+            gave_up=True,  # with loads of milliseconds, only a fault makes a call wait its wait_timeout out
         )
         return Result(
             self.seed, report, digest(recorder.records), ran, loop.now, time.process_time() - started,

@@ -232,6 +232,17 @@ def test_slow_calls_and_weakened_spans_are_told_apart() -> None:
     assert stale.counts() == {"stale": 1}  # a span weakens only the rules it is given (extra loads)
 
 
+def test_a_call_that_gave_up_waiting_is_a_violation_only_when_asked_and_a_span_weakens_it() -> None:
+    gave_up = [record("read", "k", None, 0, 5000, outcome="BudgetTimeout"), record("read", "j", None, 0, 5000,
+               outcome="WaitTimeout"), record("read", "i", None, 0, 1, outcome="DatabaseError")]  # fmt: skip
+    assert check(*gave_up).ok  # off unless asked: a busy machine's real servers may make one
+    asked = check(*gave_up, gave_up=True)
+    assert asked.counts() == {"gave up": 2}  # the loader's own error is not a wait given up
+    assert "raised BudgetTimeout" in str(asked)
+    weakened = check(*gave_up, gave_up=True, weakened=[(0, MS)], weakens=("gave up",))
+    assert weakened.ok and len(weakened.weakened) == 2
+
+
 def test_an_operation_that_never_returned_is_not_checked() -> None:
     assert check(record("write", "k", 2, 0, 1), record("invalidate", "k", 2, 1, None), record("read", "k", 1, 5, 6)).ok
 

@@ -199,21 +199,18 @@ def test_the_near_cache_benchmark_short_form() -> None:
     assert figures["lease"]["max_ms"] <= 100 + 20  # a stalled stream stops copies within its lease
 
 
-@pytest.mark.timeout(150)
-@pytest.mark.timing
-@pytest.mark.bench  # in .ci/run's bench step, beside the other benchmarks, not in the README's command
+@pytest.mark.timeout(240)  # beside the other benchmarks: it bounds counts, not times
 def test_the_warm_start_benchmark_short_form_loads_each_hot_key_once_within_the_budget() -> None:
     """``loadtest/bench_warm.py --quick``: 4 processes boot on an empty cache with a hot
     set of 300 keys. Warming together they load each key once, at most 8 at once (the
     script's own checks); starting cold, the traffic loads the same keys."""
-    done = short_form("bench_warm.py", timeout=120)
+    done = short_form("bench_warm.py", timeout=220)
     warm, cold = done["figures"]["warm start"], done["figures"]["cold start"]
     assert done["recorded"] == 300 and warm["loads"] == 300 and warm["max_per_key"] == 1 and warm["peak"] <= 8
     assert cold["loads"] > 0 and warm["wrong"] == cold["wrong"] == 0
 
 
-@pytest.mark.timeout(240)
-@pytest.mark.timing
+@pytest.mark.timeout(300)  # beside the other benchmarks: it bounds counts (and reads by the thousand in 5 s)
 def test_the_fleet_benchmark_short_form_keeps_the_budget_where_nothing_else_does() -> None:
     """``loadtest/bench_fleet.py --quick``: a storm of 400 cold keys from 4 processes x 8
     threads. Under the fleet budget of 8 (and the bare Redis semaphore beside it) the
@@ -221,7 +218,7 @@ def test_the_fleet_benchmark_short_form_keeps_the_budget_where_nothing_else_does
     per-process limit of 8 they do; every key is loaded once in every way. Then two
     versions of a loader side by side: no decode error, no value of the other type,
     nothing stale after either's invalidation."""
-    done = short_form("bench_fleet.py", timeout=200)
+    done = short_form("bench_fleet.py", timeout=280)
     figures, budget = done["figures"], done["budget"]
     assert figures["fleet budget"]["peak"] <= budget and figures["bare semaphore"]["peak"] <= budget
     assert figures["fleet budget"]["over"] == 0  # seconds with more than the budget running, on the timelines
@@ -349,7 +346,7 @@ def test_the_tracing_benchmark_short_form_times_a_hit_under_every_mode() -> None
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.timing  # alone: failovers under a busy machine's stalls run past their waits, and fewer operations
+# Beside the other benchmarks (not timing): it bounds what broke and what ran, not how fast.
 def test_the_history_checks_under_faults_find_no_violation_outside_the_faults_spans() -> None:
     """``loadtest/check_histories.py --faults --quick``: the workload under nemeses on
     every backend family (servers paused, connections cut, Sentinel failovers, a Cluster
@@ -434,15 +431,15 @@ def test_the_instruction_count_short_form_counts_both_hits() -> None:
     assert 0 < figures["bare_cold_entry"] < figures["cold_entry"]
 
 
-@pytest.mark.timeout(200)
-@pytest.mark.timing  # alone: two Locust runs of 15 s, each with a web app and two worker processes
+@pytest.mark.timeout(300)
+# Beside the other benchmarks (not timing): two Locust runs of 15 s, counts bounded far below what they reach.
 def test_the_locust_shops_verifications_agree_with_the_history_checker() -> None:
     """``loadtest/locust_consistency.py --quick``: the Locust shop with a writer. Correct
     (update, then invalidate): every product hit of the Locust processes verified, no
     mismatch, and the history recorded in every process has no violation. Broken (no
     invalidation): the verifications' mismatch rate agrees with the checker's stale rate
     of the same run (within the script's tolerance, or it exits 1)."""
-    figures = short_form("locust_consistency.py", 190)
+    figures = short_form("locust_consistency.py", 280)
     correct, broken = figures["correct"], figures["broken"]
     assert correct["writes"] > 20 and correct["direct_reads"] > 300 and correct["web_reads"] > 300
     assert correct["checks"]["match"] > 200 and correct["checks"]["mismatch"] == 0 and correct["violations"] == {}
@@ -501,3 +498,4 @@ def test_the_simulation_benchmark_short_form_finds_the_planted_defects() -> None
     found = {found["defect"]: found["seeds"] for found in figures["defects"]}
     assert found["a write that does not check its lease"] is not None
     assert found["a wake-up taken as the value without proof"] is not None
+    assert found["a killed holder's budget slot never returned"] is not None
