@@ -51,6 +51,125 @@ class Noted(Q):
     note: str
 
 
+# The longest first: four workers start them at once, and the short ones fill in after.
+
+
+@pytest.mark.timeout(300)
+# Beside the other benchmarks (not timing): it bounds what broke and what ran, not how fast.
+def test_the_history_checks_under_faults_find_no_violation_outside_the_faults_spans() -> None:
+    """``loadtest/check_histories.py --faults --quick``: the workload under nemeses on
+    every backend family (servers paused, connections cut, Sentinel failovers, a Cluster
+    slot moved and a primary killed, a worker process killed mid-load): every profile ran
+    its faults, and no promise broke outside their spans (the script exits 1 on a
+    violation); a killed worker broke none even inside them."""
+    figures = short_form("check_histories.py", 280, "--faults")
+    assert {name.partition(":")[0] for name in figures} >= {"redis", "sentinel", "cluster", "redlock"}
+    for name, row in figures.items():
+        assert row["violations"] == {}, (name, row)
+        assert sum(row["faults"].values()) > 0, (name, row)  # the nemesis did strike
+        assert row["operations"] > 200 and row["loads"] > 0, (name, row)  # a busy machine runs fewer
+    killing = figures["redis: a worker killed"]  # a worker killed weakens nothing
+    assert killing["killed_mid_load"] >= 1 and killing["weakened"] == {} and killing["most_loads_per_epoch"] == 1
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not on the PATH")
+def test_the_instruction_count_short_form_counts_both_hits() -> None:
+    """``loadtest/count_instructions.py --quick``: both hits and both warm pages are
+    counted; stampede adds work to the bare hit's and to the bare page's, less than
+    each costs; a cold page's entry costs more than cache-aside's (a lease, its write
+    and release), and the bare entry is a share of the bare page's count.
+    Counts do not move with the machine's load, so it runs beside others (not timing):
+    two processes under callgrind, about 40 s of a quiet 2-core machine."""
+    figures = short_form("count_instructions.py", timeout=280)
+    counted = figures["instructions"]
+    bare, cached = counted["bare"], counted["stampede"]
+    assert bare > 0 and 0 < figures["own"] == cached - bare < bare
+    bare_page, cached_page = counted["bare page"], counted["stampede page"]
+    # Counted as two processes, one run each (before 2026-12-05), the many-key loader's
+    # page came out 3-4% under the bare page; each run counted apart in one process, it
+    # is 17-18% over it (loadtest/FIGURES.md, "The instruction count in one process").
+    assert bare_page > bare and 0 < figures["own_page"] == cached_page - bare_page < bare_page
+    bare_cold, cold = counted["bare cold page"], counted["stampede cold page"]
+    assert figures["bare_cold_entry"] == bare_cold // 50 and figures["cold_entry"] == cold // 50
+    assert 0 < figures["bare_cold_entry"] < figures["cold_entry"]
+
+
+@pytest.mark.timeout(180)  # about 56 s on 2 cores: three failovers, each awaited
+def test_the_cluster_benchmark_short_form_loads_once_and_recovers_from_each_failover() -> None:
+    """``loadtest/bench_cluster.py --quick``: the cold key on one server and on a cluster,
+    and a failover of each kind under traffic, as CI can afford them. The figures are the
+    script's; this checks what holds at any size."""
+    figures = short_form("bench_cluster.py", timeout=240)["figures"]
+    assert figures["cold key"]["one server"]["loads"] == figures["cold key"]["cluster"]["loads"] == 1
+    for name, runs in figures["failover"].items():
+        for run in runs:
+            assert run["recovery"] < 15, name
+            assert run["normal"] < run["recovery"] + 3, name  # no breaker cool-down past the promotion
+            if name.endswith(", load"):
+                assert run["errors"] == 0, name  # on_backend_error="load": nobody sees an error
+    assert all(follow < 1.0 for follow in figures["follow"])  # Sentinel: the subscriber on the new master
+
+
+@pytest.mark.timeout(300)
+# Beside the other benchmarks (not timing): two Locust runs of 15 s, counts bounded far below what they reach.
+def test_the_locust_shops_verifications_agree_with_the_history_checker() -> None:
+    """``loadtest/locust_consistency.py --quick``: the Locust shop with a writer. Correct
+    (update, then invalidate): every product hit of the Locust processes verified, no
+    mismatch, and the history recorded in every process has no violation. Broken (no
+    invalidation): the verifications' mismatch rate agrees with the checker's stale rate
+    of the same run (within the script's tolerance, or it exits 1)."""
+    figures = short_form("locust_consistency.py", 280)
+    correct, broken = figures["correct"], figures["broken"]
+    assert correct["writes"] > 20 and correct["direct_reads"] > 300 and correct["web_reads"] > 300
+    assert correct["checks"]["match"] > 200 and correct["checks"]["mismatch"] == 0 and correct["violations"] == {}
+    assert broken["checks"]["mismatch"] > 20 and broken["stale_reads"] > 20
+    assert abs(figures["ratio"] - 1) <= figures["tolerance"] <= 0.5
+
+
+@pytest.mark.timeout(300)  # about 40 s of one core, beside the other benchmarks
+def test_the_simulation_benchmark_short_form_finds_the_planted_defects() -> None:
+    """``loadtest/bench_simulation.py --quick``: the simulator's speed, and the seed that
+    finds each planted defect (the late release needs more than 100 seeds: FIGURES.md)."""
+    figures = short_form("bench_simulation.py", 280)
+    assert figures["speed"]["operations"] == 20 * 2000
+    found = {found["defect"]: found["seeds"] for found in figures["defects"]}
+    assert found["a write that does not check its lease"] is not None
+    assert found["a wake-up taken as the value without proof"] is not None
+    assert found["a killed holder's budget slot never returned"] is not None
+
+
+@pytest.mark.timeout(240)  # beside the other benchmarks: it bounds counts, not times
+def test_the_warm_start_benchmark_short_form_loads_each_hot_key_once_within_the_budget() -> None:
+    """``loadtest/bench_warm.py --quick``: 4 processes boot on an empty cache with a hot
+    set of 300 keys. Warming together they load each key once, at most 8 at once (the
+    script's own checks); starting cold, the traffic loads the same keys."""
+    done = short_form("bench_warm.py", timeout=220)
+    warm, cold = done["figures"]["warm start"], done["figures"]["cold start"]
+    assert done["recorded"] == 300 and warm["loads"] == 300 and warm["max_per_key"] == 1 and warm["peak"] <= 8
+    assert cold["loads"] > 0 and warm["wrong"] == cold["wrong"] == 0
+
+
+@pytest.mark.timeout(300)  # beside the other benchmarks: it bounds counts (and reads by the thousand in 5 s)
+def test_the_fleet_benchmark_short_form_keeps_the_budget_where_nothing_else_does() -> None:
+    """``loadtest/bench_fleet.py --quick``: a storm of 400 cold keys from 4 processes x 8
+    threads. Under the fleet budget of 8 (and the bare Redis semaphore beside it) the
+    loads at once never pass 8 (the script's own check), with no budget and with a
+    per-process limit of 8 they do; every key is loaded once in every way. Then two
+    versions of a loader side by side: no decode error, no value of the other type,
+    nothing stale after either's invalidation."""
+    done = short_form("bench_fleet.py", timeout=280)
+    figures, budget = done["figures"], done["budget"]
+    assert figures["fleet budget"]["peak"] <= budget and figures["bare semaphore"]["peak"] <= budget
+    assert figures["fleet budget"]["over"] == 0  # seconds with more than the budget running, on the timelines
+    assert figures["no budget"]["peak"] > budget and figures["per-process limit"]["peak"] > budget
+    assert all(row["max_per_key"] == 1 and row["keys"] == 400 for row in figures.values())
+    # The deploy: two versions side by side for 5 s, each invalidating the other's entries too.
+    for row in done["deploy"].values():
+        assert row["reads"] > 1000 and row["invalidations"] > 20, row
+        assert row["errors"] == row["wrong_type"] == row["stale"] == 0 and row["max_loads_per_key_between"] == 1
+
+
 def test_queries_of_one_key_while_its_first_load_runs_share_its_window() -> None:
     # A stampede without protection: three callers miss at once and all query.
     log = [Q(10.00, 10.05, "k"), Q(10.01, 10.06, "k"), Q(10.04, 10.09, "k"), Q(10.02, 10.07, "other")]
@@ -170,22 +289,6 @@ def test_the_freshness_benchmark_short_form_serves_hot_keys_without_a_wait_or_an
     assert outage["keys not reloaded"] == 0 and outage["recovery s"] < 1.0 + 0.5
 
 
-@pytest.mark.timeout(180)  # about 56 s on 2 cores: three failovers, each awaited
-def test_the_cluster_benchmark_short_form_loads_once_and_recovers_from_each_failover() -> None:
-    """``loadtest/bench_cluster.py --quick``: the cold key on one server and on a cluster,
-    and a failover of each kind under traffic, as CI can afford them. The figures are the
-    script's; this checks what holds at any size."""
-    figures = short_form("bench_cluster.py", timeout=240)["figures"]
-    assert figures["cold key"]["one server"]["loads"] == figures["cold key"]["cluster"]["loads"] == 1
-    for name, runs in figures["failover"].items():
-        for run in runs:
-            assert run["recovery"] < 15, name
-            assert run["normal"] < run["recovery"] + 3, name  # no breaker cool-down past the promotion
-            if name.endswith(", load"):
-                assert run["errors"] == 0, name  # on_backend_error="load": nobody sees an error
-    assert all(follow < 1.0 for follow in figures["follow"])  # Sentinel: the subscriber on the new master
-
-
 @pytest.mark.timeout(120)
 @pytest.mark.timing
 def test_the_near_cache_benchmark_short_form() -> None:
@@ -197,37 +300,6 @@ def test_the_near_cache_benchmark_short_form() -> None:
     assert figures["hit_path"]["near"]["ratio"] > 5 and figures["hit_path"]["near shared"]["ratio"] > 5
     assert figures["invalidate"]["1"]["median_ms"] < 50  # acknowledged: the lease is 100 ms
     assert figures["lease"]["max_ms"] <= 100 + 20  # a stalled stream stops copies within its lease
-
-
-@pytest.mark.timeout(240)  # beside the other benchmarks: it bounds counts, not times
-def test_the_warm_start_benchmark_short_form_loads_each_hot_key_once_within_the_budget() -> None:
-    """``loadtest/bench_warm.py --quick``: 4 processes boot on an empty cache with a hot
-    set of 300 keys. Warming together they load each key once, at most 8 at once (the
-    script's own checks); starting cold, the traffic loads the same keys."""
-    done = short_form("bench_warm.py", timeout=220)
-    warm, cold = done["figures"]["warm start"], done["figures"]["cold start"]
-    assert done["recorded"] == 300 and warm["loads"] == 300 and warm["max_per_key"] == 1 and warm["peak"] <= 8
-    assert cold["loads"] > 0 and warm["wrong"] == cold["wrong"] == 0
-
-
-@pytest.mark.timeout(300)  # beside the other benchmarks: it bounds counts (and reads by the thousand in 5 s)
-def test_the_fleet_benchmark_short_form_keeps_the_budget_where_nothing_else_does() -> None:
-    """``loadtest/bench_fleet.py --quick``: a storm of 400 cold keys from 4 processes x 8
-    threads. Under the fleet budget of 8 (and the bare Redis semaphore beside it) the
-    loads at once never pass 8 (the script's own check), with no budget and with a
-    per-process limit of 8 they do; every key is loaded once in every way. Then two
-    versions of a loader side by side: no decode error, no value of the other type,
-    nothing stale after either's invalidation."""
-    done = short_form("bench_fleet.py", timeout=280)
-    figures, budget = done["figures"], done["budget"]
-    assert figures["fleet budget"]["peak"] <= budget and figures["bare semaphore"]["peak"] <= budget
-    assert figures["fleet budget"]["over"] == 0  # seconds with more than the budget running, on the timelines
-    assert figures["no budget"]["peak"] > budget and figures["per-process limit"]["peak"] > budget
-    assert all(row["max_per_key"] == 1 and row["keys"] == 400 for row in figures.values())
-    # The deploy: two versions side by side for 5 s, each invalidating the other's entries too.
-    for row in done["deploy"].values():
-        assert row["reads"] > 1000 and row["invalidations"] > 20, row
-        assert row["errors"] == row["wrong_type"] == row["stale"] == 0 and row["max_loads_per_key_between"] == 1
 
 
 @pytest.mark.timeout(120)
@@ -345,24 +417,6 @@ def test_the_tracing_benchmark_short_form_times_a_hit_under_every_mode() -> None
     assert figures["recording"]["near_ratio"] > 1.0
 
 
-@pytest.mark.timeout(300)
-# Beside the other benchmarks (not timing): it bounds what broke and what ran, not how fast.
-def test_the_history_checks_under_faults_find_no_violation_outside_the_faults_spans() -> None:
-    """``loadtest/check_histories.py --faults --quick``: the workload under nemeses on
-    every backend family (servers paused, connections cut, Sentinel failovers, a Cluster
-    slot moved and a primary killed, a worker process killed mid-load): every profile ran
-    its faults, and no promise broke outside their spans (the script exits 1 on a
-    violation); a killed worker broke none even inside them."""
-    figures = short_form("check_histories.py", 280, "--faults")
-    assert {name.partition(":")[0] for name in figures} >= {"redis", "sentinel", "cluster", "redlock"}
-    for name, row in figures.items():
-        assert row["violations"] == {}, (name, row)
-        assert sum(row["faults"].values()) > 0, (name, row)  # the nemesis did strike
-        assert row["operations"] > 200 and row["loads"] > 0, (name, row)  # a busy machine runs fewer
-    killing = figures["redis: a worker killed"]  # a worker killed weakens nothing
-    assert killing["killed_mid_load"] >= 1 and killing["weakened"] == {} and killing["most_loads_per_epoch"] == 1
-
-
 @pytest.mark.timeout(120)
 @pytest.mark.timing
 def test_the_verification_benchmark_short_form_verifies_about_the_sample_rate() -> None:
@@ -408,45 +462,6 @@ def test_the_profile_workloads_run_and_share_their_time_out_by_package(path: str
     assert sum(shares.values()) == pytest.approx(1.0, abs=0.01)
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not on the PATH")
-def test_the_instruction_count_short_form_counts_both_hits() -> None:
-    """``loadtest/count_instructions.py --quick``: both hits and both warm pages are
-    counted; stampede adds work to the bare hit's and to the bare page's, less than
-    each costs; a cold page's entry costs more than cache-aside's (a lease, its write
-    and release), and the bare entry is a share of the bare page's count.
-    Counts do not move with the machine's load, so it runs beside others (not timing):
-    two processes under callgrind, about 40 s of a quiet 2-core machine."""
-    figures = short_form("count_instructions.py", timeout=280)
-    counted = figures["instructions"]
-    bare, cached = counted["bare"], counted["stampede"]
-    assert bare > 0 and 0 < figures["own"] == cached - bare < bare
-    bare_page, cached_page = counted["bare page"], counted["stampede page"]
-    # Counted as two processes, one run each (before 2026-12-05), the many-key loader's
-    # page came out 3-4% under the bare page; each run counted apart in one process, it
-    # is 17-18% over it (loadtest/FIGURES.md, "The instruction count in one process").
-    assert bare_page > bare and 0 < figures["own_page"] == cached_page - bare_page < bare_page
-    bare_cold, cold = counted["bare cold page"], counted["stampede cold page"]
-    assert figures["bare_cold_entry"] == bare_cold // 50 and figures["cold_entry"] == cold // 50
-    assert 0 < figures["bare_cold_entry"] < figures["cold_entry"]
-
-
-@pytest.mark.timeout(300)
-# Beside the other benchmarks (not timing): two Locust runs of 15 s, counts bounded far below what they reach.
-def test_the_locust_shops_verifications_agree_with_the_history_checker() -> None:
-    """``loadtest/locust_consistency.py --quick``: the Locust shop with a writer. Correct
-    (update, then invalidate): every product hit of the Locust processes verified, no
-    mismatch, and the history recorded in every process has no violation. Broken (no
-    invalidation): the verifications' mismatch rate agrees with the checker's stale rate
-    of the same run (within the script's tolerance, or it exits 1)."""
-    figures = short_form("locust_consistency.py", 280)
-    correct, broken = figures["correct"], figures["broken"]
-    assert correct["writes"] > 20 and correct["direct_reads"] > 300 and correct["web_reads"] > 300
-    assert correct["checks"]["match"] > 200 and correct["checks"]["mismatch"] == 0 and correct["violations"] == {}
-    assert broken["checks"]["mismatch"] > 20 and broken["stale_reads"] > 20
-    assert abs(figures["ratio"] - 1) <= figures["tolerance"] <= 0.5
-
-
 @pytest.mark.timeout(120)
 def test_the_history_checks_short_form_finds_no_violation() -> None:
     """``loadtest/check_histories.py --quick``: every profile ran its operations, with
@@ -488,15 +503,3 @@ def test_the_many_keys_benchmark_short_form_loads_each_id_once(tmp_path: Path) -
     assert figures["warm"]["commands"] == {"mget": 1}
     assert figures["half_in_flight"]["second"] == [25]
     assert is_png(tmp_path / "many.png")
-
-
-@pytest.mark.timeout(300)  # about 40 s of one core, beside the other benchmarks
-def test_the_simulation_benchmark_short_form_finds_the_planted_defects() -> None:
-    """``loadtest/bench_simulation.py --quick``: the simulator's speed, and the seed that
-    finds each planted defect (the late release needs more than 100 seeds: FIGURES.md)."""
-    figures = short_form("bench_simulation.py", 280)
-    assert figures["speed"]["operations"] == 20 * 2000
-    found = {found["defect"]: found["seeds"] for found in figures["defects"]}
-    assert found["a write that does not check its lease"] is not None
-    assert found["a wake-up taken as the value without proof"] is not None
-    assert found["a killed holder's budget slot never returned"] is not None
