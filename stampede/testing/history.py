@@ -61,9 +61,9 @@ from typing import Any, NamedTuple
 import orjson
 
 KINDS = ("read", "load", "write", "set", "invalidate", "expire", "verify")
-GIVING_UP = ("WaitTimeout", "BudgetTimeout")  # the outcomes of a call that waited its wait_timeout out
 # "verify": a verification's call of the loader (``stampede.verifying()``): it reads the
 # database and writes nothing, so no rule counts it as a load.
+GIVING_UP = ("WaitTimeout", "BudgetTimeout")  # the outcomes of a call that waited its wait_timeout out
 HARD = ("invalidate", "set")  # after these return, no older version is served
 BOUNDARIES = ("invalidate", "set", "expire")  # a load after one of these is of a new entry
 
