@@ -94,6 +94,22 @@ def parse_request(data: bytes) -> tuple[str, list[str]] | None:
     return (nonce, value_keys) if nonce and value_keys and all(value_keys) else None
 
 
+def asked_of_a_tag(members: list[str], dropped: list[str], tag_key: str) -> tuple[list[str], bool]:
+    """What a tag invalidation asks the near caches to drop, and whether it waits for this
+    process's own cache too (``dropped``: the members this invalidation deleted).
+
+    Every member, dropped here or not: a member another invalidation deleted first may
+    still be copied somewhere, as that invalidation may not have asked the near caches
+    yet (asking is a step after the deletions, and it may fail or never come). A member
+    another *tag* invalidation deleted and forgot is no longer named at all, so the
+    request is sent even when no member is left (naming the tag's own key), and every
+    live cache is waited for, this process's too: a cache acknowledges a request after
+    it has read every message its connection carried before it, the tracking message of
+    each earlier deletion among them (on one server; a cluster's tracking messages come
+    on one connection per primary, in no order with the request)."""
+    return list(members) or [tag_key], True
+
+
 def members_in(reply: Any) -> list[tuple[str, float]]:
     """The live members an invalidation script named, each with the seconds left of its
     registration: the reply is ``[result, member, ms_left, member, ms_left, ...]``."""

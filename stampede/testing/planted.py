@@ -13,16 +13,21 @@ finds one held): ``Simulation(seed=N, **OPTIONS.get(name, {}))``.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from .. import Stampede
 from .._backend import MemoryStore
+from .._core import near
 from .._core.flight import Flight
+from .workload import Mix
 
 _WRITE = MemoryStore._write_release
 _DECIDED = Flight.decided
 _TAKE_SLOT = MemoryStore._take_slot
+_FORGET = Stampede._forget
 
 
 def _careless_write(store: MemoryStore, keys: Any, token: str, *args: Any) -> Any:
@@ -57,14 +62,39 @@ def _slot_kept_by_the_dead(
     return _TAKE_SLOT(store, keys, token, lease_ms, queue_ms, slots, now)
 
 
+def _only_the_dropped(members: list[str], dropped: list[str], tag_key: str) -> tuple[list[str], bool]:
+    """A tag invalidation asks the near caches about the members it dropped itself: one
+    another invalidation deleted first, which has not asked them yet, stays copied."""
+    return list(dropped), False
+
+
+def _near_copy_dropped_late(layer: Stampede, key: str) -> None:
+    """The layer drops its own near copy of an invalidated entry after the invalidation
+    has returned (at the event loop's next turn), not before."""
+    copies, layer._near = layer._near, None
+    try:
+        _FORGET(layer, key)
+    finally:
+        layer._near = copies
+    if copies is not None:
+        asyncio.get_running_loop().call_soon(copies.drop, [key])
+
+
 DEFECTS: dict[str, tuple[Any, str, Any]] = {
     "a write that does not check its lease": (MemoryStore, "_write_release", _careless_write),
     "a wake-up taken as the value without proof": (Flight, "decided", _unproven_wake_up),
     "a late release deletes the next holder's lease": (MemoryStore, "release", _late_release),
     "a killed holder's budget slot never returned": (MemoryStore, "_take_slot", _slot_kept_by_the_dead),
+    "invalidate_tag skips the near caches of entries already deleted": (near, "asked_of_a_tag", _only_the_dropped),
+    "a near copy dropped after the invalidation returns": (Stampede, "_forget", _near_copy_dropped_late),
 }
 OPTIONS: dict[str, dict[str, Any]] = {
     "a killed holder's budget slot never returned": {"settings": {"max_concurrent_loads": 1}, "query": 0.05},
+    "invalidate_tag skips the near caches of entries already deleted": {
+        "settings": {"near_cache": True},
+        "mix": Mix(update_tag=8),
+    },
+    "a near copy dropped after the invalidation returns": {"settings": {"near_cache": True}},
 }
 
 

@@ -26,9 +26,11 @@ load and a slow call, never a stale or a wrong value.
 ``digest`` is a hash of the whole history: the same seed gives the same digest on any
 machine. A failed run says its seed and the command that replays it::
 
-    python -m stampede.testing.simulation --seed 7 [--settings JSON] [--faults JSON] ...
+    python -m stampede.testing.simulation --seed 7 --until 1.234567 [--settings JSON] ...
 
-which prints the first violation and the operations around it.
+which runs it to the moment its first violation could be seen, and prints that
+violation and the operations around it. ``settings={"near_cache": True}`` gives every
+process a near cache, Redis's part of their agreement played by ``stampede.testing.near``.
 """
 
 from __future__ import annotations
@@ -55,8 +57,10 @@ from .._backend import AsyncMemoryStore, LoopMailbox, MemoryStore
 from .._core import world
 from .._core.backend import Backend, BackendOptions
 from .._core.keys import EntryKeys
+from .._core.tags import TagKeys
 from .._errors import BackendUnavailable
-from .history import History, Record, Recorder, Report
+from .history import History, Record, Recorder, Report, Violation
+from .near import NearServer, SimulatedTracker, ask_of_a_tag
 from .workload import Mix, Rows, Subject, _caller, _Plan, layer_subject
 
 EPOCH = 1_800_000_000.0  # the wall clock of virtual time 0 (2027), before each process's skew
@@ -157,6 +161,10 @@ class Faults:
                    nemesis_interval=math.inf, skew=0.0)  # fmt: skip
 
 
+ASKS_NEAR_CACHES = ("invalidate", "expire", "seize", "put")
+"""The store commands after which the near caches are asked to drop the entry's copies
+(with ``near_cache``: ``stampede.testing.near``). A tag's invalidation asks too."""
+
 WEAKENS = ("extra load", "slow", "gave up")
 """What a fault may cost (docs/failures.md): a second load of an entry, a call that
 outlasts its bound or waits its wait_timeout out. Never a stale, unwritten or wrong
@@ -198,10 +206,23 @@ class SimulatedStore:
             if asyncio.iscoroutine(outcome):
                 outcome = await outcome
             simulation.after(process, name)
+            if name in ASKS_NEAR_CACHES and simulation.near is not None:
+                await simulation.near.ask(process, process.name, [args[0].value])
             return outcome
 
         setattr(self, name, command)  # found here from now on, not through __getattr__
         return command
+
+    async def invalidate_tag(self, clock: str, tag: TagKeys, soft: bool) -> list[str]:
+        """The tag's step, then (with near caches) asking them to drop its members."""
+        simulation, process = self._simulation, self._process
+        await simulation.before(process, "invalidate_tag")
+        members, dropped = simulation.shared.invalidate_tagged(clock, tag, soft)
+        simulation.after(process, "invalidate_tag")
+        if simulation.near is not None:
+            asked, own_too = ask_of_a_tag(members, dropped, tag.members)
+            await simulation.near.ask(process, process.name, asked, own_too)
+        return dropped
 
     async def subscribe(self, keys: EntryKeys) -> LoopMailbox:
         simulation, process = self._simulation, self._process
@@ -245,8 +266,9 @@ class Result:
     virtual_seconds: float
     cpu_seconds: float
     faults: dict[str, int]
-    replay: str  # the command that runs this seed again
+    replay: str  # the command that runs this seed again (to its first violation, if it has one)
     errors: list[str]  # exceptions in tasks nobody awaited (each a failure)
+    first: Violation | None = None  # the violation seen first in virtual time
 
     @property
     def ok(self) -> bool:
@@ -256,8 +278,8 @@ class Result:
     def explain(self) -> str:
         """The first violation (the operations around it), the errors, and how to replay."""
         lines = [f"seed {self.seed}: {self.report.summary()}"]
-        if self.report.violations:
-            lines += ["first violation:", self.report.violations[0].describe(self.report.start)]
+        if self.first is not None:
+            lines += ["first violation:", self.first.describe(self.report.start)]
         lines += [f"error in a task: {error}" for error in self.errors]
         if not self.ok:
             lines.append(f"replay: {self.replay}")
@@ -282,6 +304,9 @@ class Simulation:
     query: float = 0.002  # seconds a loader's database read takes
     failures: float = 0.02  # the chance a loader's database read fails
     horizon: float = 600.0  # simulated seconds after which a run that has not ended is stuck
+    until: float | None = None
+    """Stop at this moment of virtual time (seconds): a replay ends at its first violation
+    (the calls then under way are recorded as never returned)."""
     settings: dict[str, Any] = field(default_factory=dict)
     prepare: Callable[[Stampede], None] | None = None
 
@@ -290,10 +315,12 @@ class Simulation:
         self.processes_of: list[_Process] = []
         self.settings = {"lock_ttl": 1.0, "wait_timeout": 5.0, "recheck_interval": 0.2, **self.settings}
         self.loop: VirtualLoop | None = None
+        self.near: NearServer | None = None  # with near_cache: the store's side of their agreement
         self.shared = MemoryStore(100_000)
         self.spans: list[tuple[int, int]] = []
         self.counts: dict[str, int] = {}
         self.errors: list[str] = []  # what went wrong in tasks nobody awaited
+        self.stopped = False  # at ``until``, before the workload's end
         self._draw = random.Random(f"faults:{self.seed}")
         self._skew: contextvars.ContextVar[float] = contextvars.ContextVar("skew", default=0.0)
 
@@ -304,6 +331,9 @@ class Simulation:
         loop = self.loop = VirtualLoop()
         loop.set_exception_handler(self._failed)
         self.shared = MemoryStore(100_000, clock=loop.time)
+        if self.settings.get("near_cache"):
+            self.near = NearServer(self, loop)
+            self.near.watch(self.shared)
         chance = random.Random(f"layer:{self.seed}")
         try:
             with world.installed(
@@ -313,7 +343,7 @@ class Simulation:
                 uniform=chance.uniform,
                 token=lambda nbytes: f"{chance.getrandbits(8 * nbytes):0{2 * nbytes}x}",
             ):
-                recorder = Recorder("sim", clock=lambda: round(loop.time() * NS))
+                recorder = Recorder("sim", clock=_ticking(loop))
                 ran = loop.run_until_complete(self._run(recorder))
         finally:
             loop.close()
@@ -327,18 +357,23 @@ class Simulation:
             weakens=WEAKENS,
             gave_up=True,  # with loads of milliseconds, only a fault makes a call wait its wait_timeout out
         )
+        first = min(report.violations, key=_seen_at, default=None)
+        stop = None if first is None or self.until is not None else math.ceil(_seen_at(first) / 1000) / 1e6 + 1e-6
         return Result(
             self.seed, report, digest(recorder.records), ran, loop.now, time.process_time() - started,
-            dict(sorted(self.counts.items())), self.replay(), self.errors,
+            dict(sorted(self.counts.items())), self.replay(stop), self.errors, first,
         )  # fmt: skip
 
-    def replay(self) -> str:
+    def replay(self, until: float | None = None) -> str:
         """The command that runs this simulation again: its seed and every option given
-        that is not the default (a ``prepare`` hook cannot be said on a command line)."""
+        that is not the default (a ``prepare`` hook cannot be said on a command line),
+        stopping at ``until`` (virtual seconds) if given."""
         words = [f"--seed {self.seed}"]
-        for name in ("processes", "callers", "operations", "keys", "query", "failures", "horizon"):
+        for name in ("processes", "callers", "operations", "keys", "query", "failures", "horizon", "until"):
             if getattr(self, name) != getattr(Simulation, name):
                 words.append(f"--{name} {getattr(self, name)}")
+        if until is not None:
+            words.append(f"--until {until:.6f}")
         if self.given:
             words.append(f"--settings '{orjson.dumps(self.given).decode()}'")
         if self.faults == Faults.none():
@@ -348,8 +383,10 @@ class Simulation:
                 name: None if math.isinf(value) else value for name, value in dataclasses.asdict(self.faults).items()
             }
             words.append(f"--faults '{orjson.dumps(faults).decode()}'")  # null: never
-        if self.mix != Mix() or self.prepare is not None:
-            words.append("# and the mix or prepare hook the run was given")
+        if self.mix != Mix():
+            words.append(f"--mix '{orjson.dumps(dataclasses.asdict(self.mix)).decode()}'")
+        if self.prepare is not None:
+            words.append("# and the prepare hook the run was given")
         return "python -m stampede.testing.simulation " + " ".join(words)
 
     async def _run(self, recorder: Recorder) -> int:
@@ -378,10 +415,15 @@ class Simulation:
         alive = [task for process in processes for task in process.callers]
         loop = asyncio.get_running_loop()
         while alive:
+            if self.until is not None and loop.time() >= self.until:
+                self.stopped = True
+                break
             left = self.horizon - loop.time()
             if left <= 0:
                 waiting = "\n".join(_where(task) for task in alive)
                 raise Stuck(f"the workload's callers still run after {self.horizon} s of simulated time:\n{waiting}")
+            if self.until is not None:
+                left = min(left, max(self.until - loop.time(), 1e-6))
             await asyncio.wait(alive, timeout=left, return_when=asyncio.FIRST_COMPLETED)
             alive = [task for process in processes if not process.killed for task in process.callers if not task.done()]
         nemesis.cancel()
@@ -427,8 +469,17 @@ class Simulation:
         return Subject(**{name: route(name) for name in names})
 
     def _backend(self, process: _Process) -> Callable[[BackendOptions], Backend]:
+        near = self.near
+
         def build(options: BackendOptions) -> Backend:
-            return Backend(name="simulated", store=None, make_async_store=lambda: SimulatedStore(self, process))
+            return Backend(
+                name="simulated",
+                store=None,
+                make_async_store=lambda: SimulatedStore(self, process),
+                make_tracker=(lambda copies, lease: SimulatedTracker(self, near, process, copies, lease))
+                if near is not None
+                else None,
+            )
 
         return build
 
@@ -438,8 +489,9 @@ class Simulation:
 
     def _unreturned(self, recorder: Recorder) -> None:
         """What a killed process's callers had under way never returned (they were
-        cancelled when it died): recorded so."""
-        killed = {process.name for process in self.processes_of if process.killed}
+        cancelled when it died), nor what every caller had under way at ``until``:
+        recorded so."""
+        killed = {process.name for process in self.processes_of if process.killed or self.stopped}
         recorder.records[:] = [
             record._replace(completed=None, outcome="never returned")
             if record.outcome in ("CancelledError", "Killed") and record.thread.split(".")[0] in killed
@@ -483,11 +535,16 @@ class Simulation:
             self._weaken(0.0)
             raise BackendUnavailable(f"simulated: {command} acted, and its reply was lost")
 
+    def delay(self) -> float:
+        """A message's drawn delay on its way (a wake-up's, a near cache's)."""
+        mean = self.faults.message_delay
+        return self._draw.expovariate(1 / mean) if mean else 0.0
+
     async def _alive(self, process: _Process) -> None:
         """Return once the process may act: after its pause; ``Killed`` once it is dead."""
         loop = asyncio.get_running_loop()
         while process.paused_until > loop.time():
-            await asyncio.sleep(process.paused_until - loop.time())
+            await asyncio.sleep(max(process.paused_until - loop.time(), 1e-6))  # (a wait that moves the clock)
         if process.killed:
             raise Killed(process.name)
 
@@ -504,8 +561,7 @@ class Simulation:
             self._count("wake-up repeated")
         loop = mailbox._loop  # the waiter's: the store's publish runs in a command on it
         for _ in range(times):
-            delay = draw.expovariate(1 / faults.message_delay) if faults.message_delay else 0.0
-            delay = max(delay, process.paused_until - loop.time())
+            delay = max(self.delay(), process.paused_until - loop.time())
             loop.call_later(delay, mailbox._fire, message)
 
     async def _nemesis(self, processes: list[_Process], plan: _Plan) -> None:
@@ -550,6 +606,30 @@ class Simulation:
         waiting = self.shared._waiting
         vars(self.shared).update(vars(fresh))
         self.shared._waiting = waiting
+        if self.near is not None:
+            self.near.watch(self.shared)
+            self.near.restarted()
+
+
+def _seen_at(violation: Violation) -> int:
+    """When a violation could first be seen: the end of the last of its operations (its
+    start if it never ended), in the recorder's nanoseconds."""
+    return max(record.invoked if record.completed is None else record.completed for record in violation.records)
+
+
+def _ticking(loop: VirtualLoop) -> Callable[[], int]:
+    """The recorder's clock: the loop's, in nanoseconds, a nanosecond on at each reading
+    within one instant of virtual time. Many steps run at one instant (virtual time moves
+    only when every task waits), and the checker's rules ask whether one operation began
+    after another returned: the order they ran in says so, as a real clock would."""
+    last = -1
+
+    def clock() -> int:
+        nonlocal last
+        last = max(last + 1, round(loop.time() * NS))
+        return last
+
+    return clock
 
 
 def simulated_backend(
@@ -603,16 +683,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--query", type=float, default=Simulation.query, help="seconds of a loader's read")
     parser.add_argument("--failures", type=float, default=Simulation.failures, help="the chance a load fails")
     parser.add_argument("--horizon", type=float, default=Simulation.horizon)
+    parser.add_argument("--until", type=float, default=None, help="stop at this virtual second (a replay's end)")
     parser.add_argument("--settings", type=orjson.loads, default={}, help="the layers' settings, as JSON")
     parser.add_argument("--faults", type=orjson.loads, default=None, help="Faults' fields, as JSON")
     parser.add_argument("--no-faults", action="store_true", help="latency alone")
+    parser.add_argument("--mix", type=orjson.loads, default={}, help="the workload's Mix fields, as JSON")
     options = parser.parse_args(argv)
     asked = {name: math.inf if value is None else value for name, value in (options.faults or {}).items()}
     faults = Faults.none() if options.no_faults else Faults(**asked)
     total, cpu = 0, 0.0
     given = {name: getattr(options, name) for name in ("processes", "callers", "operations", "keys", "query",
-                                                        "failures", "horizon", "settings")}  # fmt: skip
-    for result in seeds(options.seed, options.seeds, faults=faults, **given):
+                                                        "failures", "horizon", "until", "settings")}  # fmt: skip
+    for result in seeds(options.seed, options.seeds, faults=faults, mix=Mix(**options.mix), **given):
         total, cpu = total + result.operations, cpu + result.cpu_seconds
         if not result.ok:
             print(result.explain())

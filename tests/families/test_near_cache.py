@@ -25,6 +25,7 @@ from stampede._core.codec import Codec
 from stampede._core.config import Settings
 from stampede._core.flow import LoaderSpec
 from stampede._core.near import NEAR_LEASE
+from stampede._core.tags import TagKeys
 from stampede._drivers.near import MISSING, NearCache
 from stampede._drivers.observe import Events, RateLimitedLog
 from stampede.testing import CommandMonitor, FaultProxy, RedisServer
@@ -67,6 +68,35 @@ def copied(layer: Stampede, load: Any, *args: Any) -> None:
         return held(layer, load.key(*args))
 
     until(settled)
+
+
+def held_up(layer: Stampede) -> tuple[threading.Event, threading.Event]:
+    """Hold ``layer``'s tracker up at the next message it reads (as a busy process's may
+    be): ``reading`` is set once it is held there, and it reads on once ``go_on`` is."""
+    tracker = layer._backend.tracker
+    assert tracker is not None
+    handle, reading, go_on = tracker._handle, threading.Event(), threading.Event()
+
+    def holding(reply: Any, nonces: list[str]) -> bool:
+        if isinstance(reply, list) and reply and reply[0] == b"message" and not go_on.is_set():
+            reading.set()
+            go_on.wait(30)
+        return handle(reply, nonces)
+
+    tracker._handle = holding  # type: ignore[method-assign]
+    return reading, go_on
+
+
+def returned(call: Callable[..., Any], *args: Any, go_on: threading.Event) -> None:
+    """Run ``call(*args)`` in a thread until it returns: if it still waits after a second
+    (for this process's tracker, held up by ``held_up``), let the tracker go on."""
+    calling = threading.Thread(target=call, args=args)
+    calling.start()
+    calling.join(1.0)
+    if calling.is_alive():
+        go_on.set()
+        calling.join(30)
+    assert not calling.is_alive()
 
 
 def versioned(layer: Stampede, versions: dict[int, int], **options: Any) -> Any:
@@ -213,31 +243,42 @@ def test_expire_tag_drops_this_process_s_copy_of_a_member_another_change_emptied
     load = versioned(layer, versions, tags=["all"])
     tracked(layer)
     copied(layer, load, 1)
-    tracker = layer._backend.tracker
-    assert tracker is not None
-    handle, reading, go_on = tracker._handle, threading.Event(), threading.Event()
-
-    def held_up(reply: Any, nonces: list[str]) -> bool:
-        if isinstance(reply, list) and reply and reply[0] == b"message" and not go_on.is_set():
-            reading.set()
-            go_on.wait(30)
-        return handle(reply, nonces)
-
-    tracker._handle = held_up  # type: ignore[method-assign]
+    reading, go_on = held_up(layer)
     versions[1] = 2
     redis_client.delete(load.key(1))  # a change by anything else: its message is held up
     assert reading.wait(10)
-    expiring = threading.Thread(target=layer.expire_tag, args=("all",))
-    expiring.start()
-    expiring.join(1.0)
-    if expiring.is_alive():  # waiting for this process's tracker, held up: let it go on
-        go_on.set()
-        expiring.join(30)
-    assert not expiring.is_alive()
+    returned(layer.expire_tag, "all", go_on=go_on)
     fetched = load.fetch(1)
     go_on.set()
     assert (fetched.value["version"], fetched.stale) != (1, False), "a copy served fresh after expire_tag returned"
     assert fetched.value["version"] == 2
+
+
+def test_invalidate_tag_drops_the_copy_of_a_member_an_earlier_one_deleted_and_forgot(
+    make_layer: Callable[..., Stampede], redis_client: redis.Redis
+) -> None:
+    """An earlier tag invalidation deleted a member and dropped it from the tag, then
+    failed (or its process died) before it asked the near caches. The next tag
+    invalidation finds no member, yet this process's copy of it may not have heard of the
+    deletion: once ``invalidate_tag`` returns, the copy is gone all the same. (The
+    simulator found it: a copy served right after the return.) This process's tracker is
+    held up while it reads the deletion's message, as a busy process's may be."""
+    layer = make_layer(near_cache=True, near_lease=5)  # the lease outlives the hold-up
+    versions = {1: 1}
+    load = versioned(layer, versions, tags=["all"])
+    tracked(layer)
+    copied(layer, load, 1)
+    reading, go_on = held_up(layer)
+    versions[1] = 2
+    members = TagKeys.of(layer.namespace, "all").members
+    assert redis_client.zscore(members, load.key(1)) is not None
+    with redis_client.pipeline() as earlier:  # what the earlier invalidation did before it failed
+        earlier.delete(load.key(1)).zrem(members, load.key(1)).execute()
+    assert reading.wait(10)
+    returned(layer.invalidate_tag, "all", go_on=go_on)
+    served = load(1)
+    go_on.set()
+    assert served["version"] == 2, "a copy served after invalidate_tag returned"
 
 
 def test_a_value_past_its_ttl_is_not_served_from_the_near_cache(make_layer: Callable[..., Stampede]) -> None:

@@ -40,6 +40,8 @@ MODES: dict[str, dict[str, Any]] = {
     "load budget": {"max_concurrent_loads": 1},
     "backend errors raised": {"on_backend_error": "raise"},
     "no jitter, long leases": {"jitter": 0.0, "lock_ttl": 5.0},
+    "near caches": {"near_cache": True},
+    "near caches, stale-while-revalidate": {"near_cache": True, "ttl": 0.5, "stale_while_revalidate": 1.0},
 }
 
 
@@ -88,6 +90,22 @@ def test_a_seed_gives_the_same_history_byte_for_byte_in_another_process() -> Non
         )  # fmt: skip
         assert elsewhere.stdout.strip() == here.digest
     assert Simulation(seed=12, operations=PER_SEED).run().digest != here.digest
+    near = {"near_cache": True}  # the trackers' messages and acknowledgements drawn from the seed too
+    assert Simulation(seed=11, settings=near).run().digest == Simulation(seed=11, settings=near).run().digest
+
+
+def test_near_caches_serve_hits_and_obey_every_invalidation() -> None:
+    """With near_cache the simulated processes serve most reads from their copies, the
+    copies are dropped as the store's changes reach them, and leases lapse and come back
+    (a run where no copy served would prove nothing of them)."""
+    simulation = Simulation(seed=5, settings={"near_cache": True})
+    result = simulation.run()
+    assert result.ok, result.explain()
+    stats = [process.layer.stats() for process in simulation.processes_of if process.layer is not None]
+    hits = sum(counts.get("near_hits", 0) for counts in stats)
+    assert hits > result.report.reads // 5, stats
+    assert sum(counts.get("near_invalidations", 0) for counts in stats) > 0
+    assert sum(counts.get("near_fills", 0) for counts in stats) > 0
 
 
 @pytest.mark.timeout(300)
@@ -108,6 +126,24 @@ def test_a_planted_defect_is_found_and_its_seed_replays_it(defect: str) -> None:
     assert replayed.digest == failed.digest
     assert replayed.explain() == failed.explain()
     assert Simulation(seed=failed.seed, **options).run().ok  # the defect, not the seed
+
+
+def test_a_replay_stops_at_the_first_violation_and_shows_it_again() -> None:
+    """A failure's replay command ends the run at its first violation (``--until``): the
+    same violation, with the same operations, and nothing of the workload after it."""
+    defect = "a write that does not check its lease"
+    with planted(*DEFECTS[defect]):
+        failed = next(result for seed in range(50) if not (result := Simulation(seed=seed).run()).ok)
+        words = shlex.split(failed.replay)
+        until = float(words[words.index("--until") + 1])
+        replayed = Simulation(seed=failed.seed, until=until).run()
+    assert failed.first is not None and replayed.first is not None
+    assert (replayed.first.rule, replayed.first.key, replayed.first.why) == (
+        failed.first.rule, failed.first.key, failed.first.why,
+    )  # fmt: skip
+    assert replayed.first.records == failed.first.records
+    assert replayed.operations < failed.operations
+    assert all(record.invoked <= until * 1e9 for record in replayed.first.nearby)
 
 
 def test_a_wait_nothing_can_end_is_reported_as_stuck_not_hung() -> None:

@@ -137,6 +137,9 @@ def test_the_simulation_benchmark_short_form_finds_the_planted_defects() -> None
     assert found["a write that does not check its lease"] is not None
     assert found["a wake-up taken as the value without proof"] is not None
     assert found["a killed holder's budget slot never returned"] is not None
+    assert found["invalidate_tag skips the near caches of entries already deleted"] is not None
+    assert found["a near copy dropped after the invalidation returns"] is not None
+    assert figures["speed_near"]["operations"] == 20 * 2000
 
 
 @pytest.mark.timeout(240)  # beside the other benchmarks: it bounds counts, not times

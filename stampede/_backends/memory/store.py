@@ -380,14 +380,20 @@ class MemoryStore(OneByOne):
             return self._tags.clock(key)
 
     def invalidate_tag(self, clock: str, tag: TagKeys, soft: bool) -> list[str]:
-        """One step under the store's lock: nothing can come between (see ``_core.tags``)."""
+        return self.invalidate_tagged(clock, tag, soft)[1]
+
+    def invalidate_tagged(self, clock: str, tag: TagKeys, soft: bool) -> tuple[list[str], list[str]]:
+        """``invalidate_tag``: every live member of the tag, and those it dropped (a value
+        or a lease). The tag's mark is one step under the store's lock: nothing can come
+        between (see ``_core.tags``). Both lists are what a near cache's agreement needs
+        (``_core.near.asked_of_a_tag``): the simulated store's (``stampede.testing``)."""
         now = self._clock()
         with self._lock:
             members = self._tags.mark(clock, tag, now, forget=not soft)
             held = [key for key in members if key in self._values or EntryKeys.for_value(key).lock in self._leases]
         for value_key in members:
             (self.expire if soft else self.invalidate)(EntryKeys.for_value(value_key))
-        return held
+        return members, held
 
     def entry_tags(self, keys: EntryKeys) -> list[str] | None:
         with self._lock:

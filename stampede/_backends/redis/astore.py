@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from ..._core.keys import EntryKeys, check_key, entry_value_keys, failing_key
-from ..._core.near import NearChannel
+from ..._core.near import NearChannel, asked_of_a_tag
 from ..._core.store import AcquireCall, AcquireReply, AsyncSubscription, LockState, WriteCall, Written
 from ..._core.tags import Tagged, TagKeys
 from ..._core.versions import saw_versions
@@ -466,17 +466,13 @@ class AsyncRedisStore(AsyncSending):
                 with self._translated("forget the members of", tag.members):
                     call = _scripts.forget_members_call(tag, chunk)
                     await self._send(tag.members, self._scripts.forget_members, *call)
-        # A member another invalidation deleted first is not "dropped" here, but a near
-        # cache may still hold its copy: that invalidation may not have asked the near
-        # caches yet. So every member is asked for, as ``invalidate`` asks for its key,
-        # and this process's own near cache is waited for too: the layer drops its copies
-        # of the members returned, and only of those.
-        if members_keys and self.near is not None:
+        if self.near is not None:
+            asked, own_too = asked_of_a_tag(members_keys, done, tag.members)
             nonce = new_nonce(self.near)
             with self._translated("ask near caches to drop", self.near.members):
-                call = _scripts.request_near_call(self.near, nonce, *members_keys)
+                call = _scripts.request_near_call(self.near, nonce, *asked)
                 reply = await self._send(self.near.members, self._scripts.request_near, *call)
-            await self._await_near_caches(reply, nonce, own_too=len(done) < len(members_keys))
+            await self._await_near_caches(reply, nonce, own_too=own_too)
         return done
 
     async def entry_tags(self, keys: EntryKeys) -> list[str] | None:
