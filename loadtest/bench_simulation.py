@@ -51,7 +51,8 @@ def first_failure(defect: str, seeds: int) -> dict[str, object]:
         for seed in range(seeds):
             result = Simulation(seed=seed, **OPTIONS.get(defect, {})).run()
             if not result.ok:
-                rule = result.report.violations[0].rule if result.report.violations else "error"
+                broken = [*result.report.violations, *result.locks]  # the cache's promise, then the lock's
+                rule = broken[0].rule if broken else "error"
                 return {"defect": defect, "seeds": seed + 1, "cpu_s": round(time.process_time() - started, 2),
                         "rule": rule}  # fmt: skip
     return {"defect": defect, "seeds": None, "cpu_s": round(time.process_time() - started, 2), "rule": None}

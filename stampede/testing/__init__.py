@@ -12,8 +12,8 @@ backends to run theirs on.
   processes too (``Workers``, ``workers``), and faults strike while it runs
   (``stampede.testing.nemesis``).
 * The deterministic simulator: the layer for several processes on virtual time, with
-  faults and near caches from a seed (``stampede.testing.simulation``, ``near``,
-  ``planted``: each imported on its own).
+  faults, near caches and named locks from a seed (``stampede.testing.simulation``,
+  ``near``, ``locks``, ``planted``: each imported on its own).
 * The store contract suite, for pytest (``stampede.testing.contract``, imported on its
   own, since it needs pytest).
 """

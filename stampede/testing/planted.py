@@ -8,19 +8,21 @@ planted must fail within a few seeds (tests/simulation, loadtest/bench_simulatio
 Each defect is ``(target, attribute, replacement)``: ``planted`` swaps the attribute for
 the ``with`` block and puts it back after. ``OPTIONS`` holds what a defect needs of the
 simulation to show (a budget's slot needs a budget, and loads long enough that a kill
-finds one held): ``Simulation(seed=N, **OPTIONS.get(name, {}))``.
+finds one held; a lock's defects, tasks that take the named lock; the near caches'
+defects, near caches): ``Simulation(seed=N, **OPTIONS.get(name, {}))``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from .. import Stampede
 from .._backend import MemoryStore
-from .._core import near
+from .._core import near, world
 from .._core.flight import Flight
 from .workload import Mix
 
@@ -28,6 +30,7 @@ _WRITE = MemoryStore._write_release
 _DECIDED = Flight.decided
 _TAKE_SLOT = MemoryStore._take_slot
 _FORGET = Stampede._forget
+_TAKE_LOCK = MemoryStore.take_lock
 
 
 def _careless_write(store: MemoryStore, keys: Any, token: str, *args: Any) -> Any:
@@ -80,6 +83,13 @@ def _near_copy_dropped_late(layer: Stampede, key: str) -> None:
         asyncio.get_running_loop().call_soon(copies.drop, [key])
 
 
+def _fence_of_the_holder_s_clock(store: MemoryStore, keys: Any, token: str, lease_ms: int, queue_ms: int = 0) -> Any:
+    """A named lock's fence drawn from the acquirer's own clock (a timestamp), not from
+    the store's counter: processes' clocks disagree, so a later holder may get a lower one."""
+    reply = _TAKE_LOCK(store, keys, token, lease_ms, queue_ms)
+    return dataclasses.replace(reply, fence=int(world.wall() * 1_000_000)) if reply.fence else reply
+
+
 DEFECTS: dict[str, tuple[Any, str, Any]] = {
     "a write that does not check its lease": (MemoryStore, "_write_release", _careless_write),
     "a wake-up taken as the value without proof": (Flight, "decided", _unproven_wake_up),
@@ -87,6 +97,7 @@ DEFECTS: dict[str, tuple[Any, str, Any]] = {
     "a killed holder's budget slot never returned": (MemoryStore, "_take_slot", _slot_kept_by_the_dead),
     "invalidate_tag skips the near caches of entries already deleted": (near, "asked_of_a_tag", _only_the_dropped),
     "a near copy dropped after the invalidation returns": (Stampede, "_forget", _near_copy_dropped_late),
+    "a named lock's fence drawn from the holder's clock": (MemoryStore, "take_lock", _fence_of_the_holder_s_clock),
 }
 OPTIONS: dict[str, dict[str, Any]] = {
     "a killed holder's budget slot never returned": {"settings": {"max_concurrent_loads": 1}, "query": 0.05},
@@ -95,6 +106,8 @@ OPTIONS: dict[str, dict[str, Any]] = {
         "mix": Mix(update_tag=8),
     },
     "a near copy dropped after the invalidation returns": {"settings": {"near_cache": True}},
+    "a named lock's fence drawn from the holder's clock": {"lockers": 1},
+    "a late release deletes the next holder's lease": {"lockers": 1},  # the lock's checker sees two holders
 }
 
 

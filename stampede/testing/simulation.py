@@ -57,9 +57,11 @@ from .._backend import AsyncMemoryStore, LoopMailbox, MemoryStore
 from .._core import world
 from .._core.backend import Backend, BackendOptions
 from .._core.keys import EntryKeys
+from .._core.store import AcquireReply, LockState
 from .._core.tags import TagKeys
 from .._errors import BackendUnavailable
 from .history import History, Record, Recorder, Report, Violation
+from .locks import Hold, LockViolation, check_holds
 from .near import NearServer, SimulatedTracker, ask_of_a_tag
 from .workload import Mix, Rows, Subject, _caller, _Plan, layer_subject
 
@@ -213,6 +215,20 @@ class SimulatedStore:
         setattr(self, name, command)  # found here from now on, not through __getattr__
         return command
 
+    async def acquire(
+        self, keys: EntryKeys, token: str, lease_ms: int, check_value: bool, stale: bytes = b"", clock: str = ""
+    ) -> AcquireReply:
+        """The lease, and a tagged load's tag clock read in the same step once it is taken
+        (as Redis's ``ACQUIRE_READING_CLOCK``: no round trip between them, in which an
+        invalidation could void the lease before the load begins unseen)."""
+        simulation, process = self._simulation, self._process
+        await simulation.before(process, "acquire")
+        reply = simulation.shared.acquire(keys, token, lease_ms, check_value, stale, clock)
+        if clock and reply.state is LockState.LOCKED:
+            reply = dataclasses.replace(reply, since=simulation.shared.tag_clock(clock))
+        simulation.after(process, "acquire")
+        return reply
+
     async def invalidate_tag(self, clock: str, tag: TagKeys, soft: bool) -> list[str]:
         """The tag's step, then (with near caches) asking them to drop its members."""
         simulation, process = self._simulation, self._process
@@ -269,17 +285,22 @@ class Result:
     replay: str  # the command that runs this seed again (to its first violation, if it has one)
     errors: list[str]  # exceptions in tasks nobody awaited (each a failure)
     first: Violation | None = None  # the violation seen first in virtual time
+    locks: list[LockViolation] = field(default_factory=list)  # of the named lock's holds (``lockers``)
+    holds: int = 0  # the named lock's acquisitions asked for
 
     @property
     def ok(self) -> bool:
-        """No violation, and no task failed unseen."""
-        return self.report.ok and not self.errors
+        """No violation (of the cache's promise or the named lock's), and no task failed unseen."""
+        return self.report.ok and not self.locks and not self.errors
 
     def explain(self) -> str:
         """The first violation (the operations around it), the errors, and how to replay."""
         lines = [f"seed {self.seed}: {self.report.summary()}"]
         if self.first is not None:
             lines += ["first violation:", self.first.describe(self.report.start)]
+        if self.locks:
+            lines.append(f"named lock: {len(self.locks)} violations; the first:")
+            lines.append(self.locks[0].describe(self.report.start))
         lines += [f"error in a task: {error}" for error in self.errors]
         if not self.ok:
             lines.append(f"replay: {self.replay}")
@@ -304,9 +325,14 @@ class Simulation:
     query: float = 0.002  # seconds a loader's database read takes
     failures: float = 0.02  # the chance a loader's database read fails
     horizon: float = 600.0  # simulated seconds after which a run that has not ended is stuck
+    lockers: int = 0
+    """Tasks per process that take the named lock ``"job"`` in turn (``layer.lock``), hold
+    it for a load's time and release it, each acquisition recorded and every history
+    checked by ``stampede.testing.locks.check_holds`` (two holders at once, a fence
+    that went back)."""
     until: float | None = None
     """Stop at this moment of virtual time (seconds): a replay ends at its first violation
-    (the calls then under way are recorded as never returned)."""
+    (the calls then under way end there, cancelled)."""
     settings: dict[str, Any] = field(default_factory=dict)
     prepare: Callable[[Stampede], None] | None = None
 
@@ -318,9 +344,11 @@ class Simulation:
         self.near: NearServer | None = None  # with near_cache: the store's side of their agreement
         self.shared = MemoryStore(100_000)
         self.spans: list[tuple[int, int]] = []
+        self.pauses: dict[str, list[tuple[int, int]]] = {}  # process -> the spans it was paused
         self.counts: dict[str, int] = {}
         self.errors: list[str] = []  # what went wrong in tasks nobody awaited
         self.stopped = False  # at ``until``, before the workload's end
+        self.holds: list[Hold] = []  # the named lock's acquisitions, with ``lockers``
         self._draw = random.Random(f"faults:{self.seed}")
         self._skew: contextvars.ContextVar[float] = contextvars.ContextVar("skew", default=0.0)
 
@@ -330,7 +358,7 @@ class Simulation:
         started = time.process_time()
         loop = self.loop = VirtualLoop()
         loop.set_exception_handler(self._failed)
-        self.shared = MemoryStore(100_000, clock=loop.time)
+        self.shared = MemoryStore(100_000, clock=loop.time, wall=lambda: EPOCH + loop.time())
         if self.settings.get("near_cache"):
             self.near = NearServer(self, loop)
             self.near.watch(self.shared)
@@ -357,11 +385,15 @@ class Simulation:
             weakens=WEAKENS,
             gave_up=True,  # with loads of milliseconds, only a fault makes a call wait its wait_timeout out
         )
+        self._stalled(report)
         first = min(report.violations, key=_seen_at, default=None)
-        stop = None if first is None or self.until is not None else math.ceil(_seen_at(first) / 1000) / 1e6 + 1e-6
+        locks = check_holds(self.holds)
+        seen = [_seen_at(first)] if first is not None else []
+        seen += [max(hold.acquired or hold.asked for hold in violation.holds) for violation in locks[:1]]
+        stop = None if not seen or self.until is not None else math.ceil(min(seen) / 1000) / 1e6 + 1e-6
         return Result(
-            self.seed, report, digest(recorder.records), ran, loop.now, time.process_time() - started,
-            dict(sorted(self.counts.items())), self.replay(stop), self.errors, first,
+            self.seed, report, digest(recorder.records, self.holds), ran, loop.now, time.process_time() - started,
+            dict(sorted(self.counts.items())), self.replay(stop), self.errors, first, locks, len(self.holds),
         )  # fmt: skip
 
     def replay(self, until: float | None = None) -> str:
@@ -369,7 +401,7 @@ class Simulation:
         that is not the default (a ``prepare`` hook cannot be said on a command line),
         stopping at ``until`` (virtual seconds) if given."""
         words = [f"--seed {self.seed}"]
-        for name in ("processes", "callers", "operations", "keys", "query", "failures", "horizon", "until"):
+        for name in ("processes", "callers", "lockers", "operations", "keys", "query", "failures", "horizon", "until"):
             if getattr(self, name) != getattr(Simulation, name):
                 words.append(f"--{name} {getattr(self, name)}")
         if until is not None:
@@ -410,6 +442,13 @@ class Simulation:
             rng = random.Random(self.seed * 1000 + number)
             name = f"{process.name}.c{number // self.processes}"
             process.callers.append(asyncio.get_running_loop().create_task(_caller(plan, recorder, rng), name=name))
+        for number in range(self.processes * self.lockers):
+            process = processes[number % self.processes]
+            self._skew.set(process.skew)
+            rng = random.Random(f"locker:{self.seed}:{number}")
+            locker = self._locker(process, plan, recorder.clock, rng)
+            name = f"{process.name}.l{number // self.processes}"
+            process.callers.append(asyncio.get_running_loop().create_task(locker, name=name))
         self._skew.set(0.0)
         nemesis = asyncio.get_running_loop().create_task(self._nemesis(processes, plan), name="nemesis")
         alive = [task for process in processes for task in process.callers]
@@ -435,6 +474,30 @@ class Simulation:
                 await _closed(process.layer)
         await self._ended()
         return plan.operations - max(plan.left, 0)
+
+    async def _locker(self, process: _Process, plan: _Plan, clock: Callable[[], int], rng: random.Random) -> None:
+        """Take the named lock, hold it for a load's time, release it; again until the
+        workload has no operation left. Each acquisition is a ``Hold``."""
+        assert process.layer is not None
+        task = asyncio.current_task()
+        holder = task.get_name() if task is not None else process.name
+        while plan.left > 0:
+            lock = process.layer.lock("job", ttl=self.settings["lock_ttl"], timeout=self.settings["wait_timeout"])
+            hold = Hold(holder, clock())
+            self.holds.append(hold)
+            try:
+                if not await lock.aacquire():
+                    hold.outcome = "not acquired"
+                    continue
+                hold.acquired, hold.fence = clock(), lock.fence
+                await asyncio.sleep(rng.expovariate(1 / self.query))  # the work it guards
+                hold.releasing = clock()
+                await lock.arelease()
+                hold.released, hold.outcome = clock(), "ok"
+            except Exception as error:  # recorded: a release that failed is no clean hold
+                hold.released = None if hold.releasing is None else clock()
+                hold.outcome = type(error).__name__
+            await asyncio.sleep(rng.expovariate(1 / self.query))
 
     async def _ended(self) -> None:
         """Every task left (a killed process's, the nemesis) cancelled, and waited for."""
@@ -489,9 +552,9 @@ class Simulation:
 
     def _unreturned(self, recorder: Recorder) -> None:
         """What a killed process's callers had under way never returned (they were
-        cancelled when it died), nor what every caller had under way at ``until``:
-        recorded so."""
-        killed = {process.name for process in self.processes_of if process.killed or self.stopped}
+        cancelled when it died): recorded so. (What callers had under way at ``until``
+        ended there, cancelled, as it would look had it failed at that moment.)"""
+        killed = {process.name for process in self.processes_of if process.killed}
         recorder.records[:] = [
             record._replace(completed=None, outcome="never returned")
             if record.outcome in ("CancelledError", "Killed") and record.thread.split(".")[0] in killed
@@ -504,11 +567,27 @@ class Simulation:
     def _count(self, fault: str) -> None:
         self.counts[fault] = self.counts.get(fault, 0) + 1
 
-    def _weaken(self, seconds: float) -> None:
+    def _weaken(self, seconds: float, paused: _Process | None = None) -> None:
         """A fault now may cost an extra load or a slow call until ``seconds`` from now,
-        and a lease it upset lapses within ``lock_ttl`` more."""
+        and a lease it upset lapses within ``lock_ttl`` more. A pause of ``paused`` for
+        those seconds may also make slow a call of its own already under way."""
         now = self._now()
         self.spans.append((round(now * NS), round((now + seconds + self.settings["lock_ttl"] + 1.0) * NS)))
+        if paused is not None:
+            self.pauses.setdefault(paused.name, []).append((round(now * NS), round((now + seconds) * NS)))
+
+    def _stalled(self, report: Report) -> None:
+        """A ``slow`` or ``gave up`` call whose own process was paused while it ran is
+        counted apart, as the pause's cost, though it began before the pause did."""
+        kept: list[Violation] = []
+        for violation in report.violations:
+            stalled = violation.rule in ("slow", "gave up") and any(
+                start <= (record.completed or record.invoked) and record.invoked <= end
+                for record in violation.records
+                for start, end in self.pauses.get(record.thread.split(".")[0], ())
+            )
+            (report.weakened if stalled else kept).append(violation)
+        report.violations[:] = kept
 
     def _now(self) -> float:
         return asyncio.get_running_loop().time()
@@ -584,7 +663,7 @@ class Simulation:
                 seconds = draw.uniform(0.05, 2 * lease)
                 process.paused_until = self._now() + seconds
                 self._count("process paused")
-                self._weaken(seconds)
+                self._weaken(seconds, paused=process)
                 await asyncio.sleep(seconds)
             elif choice == "kill":
                 process = draw.choice(living)
@@ -602,7 +681,8 @@ class Simulation:
         """The store comes back empty: values, leases, tags, budgets and marks gone. Its
         subscribers keep their subscriptions (their clients subscribe again at once)."""
         assert self.loop is not None
-        fresh = MemoryStore(100_000, clock=self.loop.time)
+        loop = self.loop
+        fresh = MemoryStore(100_000, clock=loop.time, wall=lambda: EPOCH + loop.time())
         waiting = self.shared._waiting
         vars(self.shared).update(vars(fresh))
         self.shared._waiting = waiting
@@ -658,11 +738,14 @@ async def _closed(layer: Stampede) -> None:
     layer.close()
 
 
-def digest(records: Sequence[Record]) -> str:
-    """A hash of a history, record by record in the order they were made."""
+def digest(records: Sequence[Record], holds: Sequence[Hold] = ()) -> str:
+    """A hash of a history, record by record in the order they were made, then the named
+    lock's holds."""
     hashed = hashlib.sha256()
     for record in records:
         hashed.update(orjson.dumps(list(record), option=orjson.OPT_NON_STR_KEYS))
+    for hold in holds:
+        hashed.update(orjson.dumps(dataclasses.astuple(hold)))
     return hashed.hexdigest()
 
 
@@ -678,6 +761,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=1, help="how many seeds, from --seed")
     parser.add_argument("--processes", type=int, default=Simulation.processes)
     parser.add_argument("--callers", type=int, default=Simulation.callers, help="tasks per process")
+    parser.add_argument("--lockers", type=int, default=Simulation.lockers, help="named-lock tasks per process")
     parser.add_argument("--operations", type=int, default=Simulation.operations, help="per seed")
     parser.add_argument("--keys", type=int, default=Simulation.keys)
     parser.add_argument("--query", type=float, default=Simulation.query, help="seconds of a loader's read")
@@ -692,8 +776,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     asked = {name: math.inf if value is None else value for name, value in (options.faults or {}).items()}
     faults = Faults.none() if options.no_faults else Faults(**asked)
     total, cpu = 0, 0.0
-    given = {name: getattr(options, name) for name in ("processes", "callers", "operations", "keys", "query",
-                                                        "failures", "horizon", "until", "settings")}  # fmt: skip
+    names = ["processes", "callers", "lockers", "operations", "keys", "query", "failures", "horizon", "until"]
+    names.append("settings")
+    given = {name: getattr(options, name) for name in names}
     for result in seeds(options.seed, options.seeds, faults=faults, mix=Mix(**options.mix), **given):
         total, cpu = total + result.operations, cpu + result.cpu_seconds
         if not result.ok:

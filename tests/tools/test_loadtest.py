@@ -130,7 +130,7 @@ def test_the_locust_shops_verifications_agree_with_the_history_checker() -> None
 @pytest.mark.timeout(300)  # about 40 s of one core, beside the other benchmarks
 def test_the_simulation_benchmark_short_form_finds_the_planted_defects() -> None:
     """``loadtest/bench_simulation.py --quick``: the simulator's speed, and the seed that
-    finds each planted defect (the late release needs more than 100 seeds: FIGURES.md)."""
+    finds each planted defect."""
     figures = short_form("bench_simulation.py", 280)
     assert figures["speed"]["operations"] == 20 * 2000
     found = {found["defect"]: found["seeds"] for found in figures["defects"]}
@@ -139,6 +139,8 @@ def test_the_simulation_benchmark_short_form_finds_the_planted_defects() -> None
     assert found["a killed holder's budget slot never returned"] is not None
     assert found["invalidate_tag skips the near caches of entries already deleted"] is not None
     assert found["a near copy dropped after the invalidation returns"] is not None
+    assert found["a named lock's fence drawn from the holder's clock"] is not None
+    assert found["a late release deletes the next holder's lease"] is not None
     assert figures["speed_near"]["operations"] == 20 * 2000
 
 

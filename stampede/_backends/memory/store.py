@@ -40,8 +40,17 @@ from .tags import Tags
 class MemoryStore(OneByOne):
     """A Store in memory. Thread-safe. Shared by every loader of one layer."""
 
-    def __init__(self, max_entries: int = 10_000, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        max_entries: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        """``clock``: the store's monotonic clock (expiries, leases); ``wall``: its wall
+        clock, which fences and tag clocks never fall behind (as Redis's ``TIME``), so
+        that they keep growing across a restart. The simulator gives its virtual ones."""
         self._clock = clock
+        self._wall = wall
         self._lock = threading.Lock()
         # item = (envelope, expires_at). TLRUCache drops it at expires_at
         self._values: TLRUCache[str, tuple[bytes, float]] = TLRUCache(
@@ -59,12 +68,16 @@ class MemoryStore(OneByOne):
         self._slot_leases: dict[str, dict[str, tuple[EntryKeys, str]]] = {}
         self._hot: dict[str, tuple[dict[bytes, float], float]] = {}  # a hot set's key -> (counts, expires_at)
         self._waiting = Waiting()
-        self._tags = Tags()
+        self._tags = Tags(self._wall_us)
         # value key -> (its tags, expires_at), bounded like the values
         self._entry_tags: TLRUCache[str, tuple[list[str], float]] = TLRUCache(
             maxsize=max_entries, ttu=lambda _key, item, _now: item[1], timer=clock
         )
         reset_after_fork(self)
+
+    def _wall_us(self) -> int:
+        """The store's wall clock in microseconds (as Redis's ``TIME``)."""
+        return int(self._wall() * 1_000_000)
 
     def after_fork_in_child(self) -> None:
         """The child keeps the values. The parent's loads and waiters are not here."""
@@ -215,7 +228,7 @@ class MemoryStore(OneByOne):
                     return AcquireReply(LockState.HELD, lease_left=-0.002)
                 del queue[token]
             self._leases[keys.lock] = (token, now + lease_ms / 1000)
-            fence = self._last_fence = max(self._last_fence + 1, time.time_ns() // 1000)
+            fence = self._last_fence = max(self._last_fence + 1, self._wall_us())
             return AcquireReply(LockState.LOCKED, fence=fence)
 
     def note_hot(self, key: str, counts: Mapping[bytes, int], limit: int, ttl_ms: int) -> None:

@@ -4,20 +4,25 @@ and the write it admits are one step, as in one Redis script."""
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 
 from ..._core.tags import GENERATION_KEEP_MS, MEMBER_MARGIN_MS, Tagged, TagKeys
 
 
 class Tags:
-    def __init__(self) -> None:
+    def __init__(self, wall_us: Callable[[], int]) -> None:
+        self._wall_us = wall_us  # the store's wall clock, in microseconds
         self._clocks: dict[str, int] = {}  # clock key -> the last value drawn
         self._generations: dict[str, tuple[int, float]] = {}  # generation key -> (value, kept until)
         self._members: dict[str, dict[str, float]] = {}  # members key -> {value key: may live until}
 
     def clock(self, key: str) -> int:
-        """The clock a tagged load reads before it begins (never drawn: the time in µs)."""
-        return self._clocks.get(key) or time.time_ns() // 1000
+        """The clock a tagged load reads before it begins (never drawn: the time in µs,
+        kept as the last value, so that a draw in the same microsecond still exceeds it)."""
+        value = self._clocks.get(key)
+        if value is None:
+            value = self._clocks[key] = self._wall_us()
+        return value
 
     def admit(self, tagged: Tagged, value_key: str, now: float, expires_at: float) -> bool:
         """Whether every tag admits the write (none was invalidated after the load
@@ -36,7 +41,7 @@ class Tags:
     def mark(self, clock: str, tag: TagKeys, now: float, forget: bool) -> list[str]:
         """Draw the clock, set the tag's generation, and return its live members (gone
         from the tag if ``forget``)."""
-        drawn = self._clocks[clock] = max(self._clocks.get(clock, 0) + 1, time.time_ns() // 1000)
+        drawn = self._clocks[clock] = max(self._clocks.get(clock, 0) + 1, self._wall_us())
         self._generations = {key: kept for key, kept in self._generations.items() if kept[1] > now}
         self._generations[tag.generation] = (drawn, now + GENERATION_KEEP_MS / 1000)
         members = self._members.get(tag.members, {})
