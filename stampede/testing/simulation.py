@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextvars
+import copy
 import dataclasses
 import hashlib
 import logging
@@ -153,6 +154,12 @@ class Faults:
     """... that kills one (never the last one alive)."""
     restart: float = 0.2
     """... that restarts the store empty."""
+    failover: float = 0.0
+    """... that fails the store over to its replica, which lost the last writes: what it
+    held up to ``replication_lag`` seconds before (the documented weakening, and only
+    there: an invalidation or ``set`` acknowledged in that window may be undone)."""
+    replication_lag: float = 0.05
+    """How far behind the replica is: it copies the store every so many seconds."""
     skew: float = 0.5
     """The largest offset of a process's wall clock, in seconds, either way."""
 
@@ -345,6 +352,8 @@ class Simulation:
         self.shared = MemoryStore(100_000)
         self.spans: list[tuple[int, int]] = []
         self.pauses: dict[str, list[tuple[int, int]]] = {}  # process -> the spans it was paused
+        self.lost_writes: list[tuple[int, int]] = []  # the spans of writes a failover lost
+        self._replica: tuple[float, dict[str, Any]] = (0.0, {})
         self.counts: dict[str, int] = {}
         self.errors: list[str] = []  # what went wrong in tasks nobody awaited
         self.stopped = False  # at ``until``, before the workload's end
@@ -385,7 +394,9 @@ class Simulation:
             weakens=WEAKENS,
             gave_up=True,  # with loads of milliseconds, only a fault makes a call wait its wait_timeout out
         )
-        self._stalled(report)
+        apart = [violation for violation in report.violations if self._stalled(violation) or self._undone(violation)]
+        report.weakened += apart  # what the simulation's faults may cost, by what they struck
+        report.violations[:] = [violation for violation in report.violations if violation not in apart]
         first = min(report.violations, key=_seen_at, default=None)
         locks = check_holds(self.holds)
         seen = [_seen_at(first)] if first is not None else []
@@ -451,6 +462,8 @@ class Simulation:
             process.callers.append(asyncio.get_running_loop().create_task(locker, name=name))
         self._skew.set(0.0)
         nemesis = asyncio.get_running_loop().create_task(self._nemesis(processes, plan), name="nemesis")
+        if self.faults.failover and not math.isinf(self.faults.nemesis_interval):
+            asyncio.get_running_loop().create_task(self._replicate(), name="replica")
         alive = [task for process in processes for task in process.callers]
         loop = asyncio.get_running_loop()
         while alive:
@@ -576,18 +589,14 @@ class Simulation:
         if paused is not None:
             self.pauses.setdefault(paused.name, []).append((round(now * NS), round((now + seconds) * NS)))
 
-    def _stalled(self, report: Report) -> None:
-        """A ``slow`` or ``gave up`` call whose own process was paused while it ran is
-        counted apart, as the pause's cost, though it began before the pause did."""
-        kept: list[Violation] = []
-        for violation in report.violations:
-            stalled = violation.rule in ("slow", "gave up") and any(
-                start <= (record.completed or record.invoked) and record.invoked <= end
-                for record in violation.records
-                for start, end in self.pauses.get(record.thread.split(".")[0], ())
-            )
-            (report.weakened if stalled else kept).append(violation)
-        report.violations[:] = kept
+    def _stalled(self, violation: Violation) -> bool:
+        """A ``slow`` or ``gave up`` call whose own process was paused while it ran: the
+        pause's cost, though the call began before the pause did."""
+        return violation.rule in ("slow", "gave up") and any(
+            start <= (record.completed or record.invoked) and record.invoked <= end
+            for record in violation.records
+            for start, end in self.pauses.get(record.thread.split(".")[0], ())
+        )
 
     def _now(self) -> float:
         return asyncio.get_running_loop().time()
@@ -655,7 +664,8 @@ class Simulation:
             if plan.left <= 0:
                 return
             living = [process for process in processes if not process.killed]
-            choice = draw.choices(("pause", "kill", "restart"), (faults.pause, faults.kill, faults.restart))[0]
+            weights = (faults.pause, faults.kill, faults.restart, faults.failover)
+            choice = draw.choices(("pause", "kill", "restart", "failover"), weights)[0]
             if choice == "kill" and len(living) < 2:
                 choice = "pause"
             if choice == "pause":
@@ -672,19 +682,60 @@ class Simulation:
                     task.cancel()
                 self._count("process killed")
                 self._weaken(lease)
-            else:
+            elif choice == "restart":
                 self._restart_store()
                 self._count("store restarted empty")
                 self._weaken(lease)
+            else:
+                self._fail_over()
+                self._count("failover lost the last writes")
+                self._weaken(lease)
+
+    async def _replicate(self) -> None:
+        """The replica: a copy of the store every ``replication_lag`` seconds."""
+        while True:
+            self._replica = (self._now(), self._copy_of_store())
+            await asyncio.sleep(self.faults.replication_lag)
+
+    def _copy_of_store(self) -> dict[str, Any]:
+        """What the store holds, copied (not its lock, nor who listens to it)."""
+        shared = self.shared
+        kept = {name: value for name, value in vars(shared).items() if name not in ("_lock", "_waiting")}
+        return copy.deepcopy(kept, self._same())
+
+    def _same(self) -> dict[int, Any]:
+        """What a copy of the store refers to and shares with it (deepcopy's memo)."""
+        return {id(self.shared): self.shared, id(self.near): self.near, id(self.loop): self.loop}
+
+    def _fail_over(self) -> None:
+        """The replica takes over, without the writes since its last copy: the store as
+        it was then (a copy of it: the replica goes on copying), every tracking connection
+        cut. The writes lost, and when, are kept to judge what they undo."""
+        copied_at, state = self._replica
+        vars(self.shared).update(copy.deepcopy(state, self._same()))
+        self.lost_writes.append((round(copied_at * NS), round(self._now() * NS)))
+        if self.near is not None:
+            self.near.restarted()
+
+    def _undone(self, violation: Violation) -> bool:
+        """A stale value served because a failover undid the invalidation or ``set`` that
+        had dropped it (the store acted on it within the replication lag before the
+        failover: sometime while the call ran, which may return after the failover, as
+        one that waited for the near caches does): the documented weakening."""
+        return violation.rule in ("stale", "stale window") and any(
+            record.kind in ("invalidate", "set", "expire")
+            and record.completed is not None
+            and any(record.invoked <= end and start <= record.completed for start, end in self.lost_writes)
+            for record in violation.records
+        )
 
     def _restart_store(self) -> None:
         """The store comes back empty: values, leases, tags, budgets and marks gone. Its
         subscribers keep their subscriptions (their clients subscribe again at once)."""
         assert self.loop is not None
         loop = self.loop
-        fresh = MemoryStore(100_000, clock=loop.time, wall=lambda: EPOCH + loop.time())
         waiting = self.shared._waiting
-        vars(self.shared).update(vars(fresh))
+        MemoryStore.__init__(self.shared, 100_000, clock=loop.time, wall=lambda: EPOCH + loop.time())
         self.shared._waiting = waiting
         if self.near is not None:
             self.near.watch(self.shared)
