@@ -52,7 +52,7 @@ def first_failure(defect: str, seeds: int) -> dict[str, object]:
             result = Simulation(seed=seed, **OPTIONS.get(defect, {})).run()
             if not result.ok:
                 broken = [*result.report.violations, *result.locks]  # the cache's promise, then the lock's
-                rule = broken[0].rule if broken else "error"
+                rule = broken[0].rule if broken else result.errors[0].split(":")[0]  # "stuck": a hang
                 return {"defect": defect, "seeds": seed + 1, "cpu_s": round(time.process_time() - started, 2),
                         "rule": rule}  # fmt: skip
     return {"defect": defect, "seeds": None, "cpu_s": round(time.process_time() - started, 2), "rule": None}

@@ -24,6 +24,7 @@ from .. import Stampede
 from .._backend import MemoryStore
 from .._core import near, world
 from .._core.flight import Flight
+from .simulation import Faults
 from .workload import Mix
 
 _WRITE = MemoryStore._write_release
@@ -100,14 +101,20 @@ DEFECTS: dict[str, tuple[Any, str, Any]] = {
     "a named lock's fence drawn from the holder's clock": (MemoryStore, "take_lock", _fence_of_the_holder_s_clock),
 }
 OPTIONS: dict[str, dict[str, Any]] = {
-    "a killed holder's budget slot never returned": {"settings": {"max_concurrent_loads": 1}, "query": 0.05},
+    "a killed holder's budget slot never returned": {  # killed at its commands, with no restart to free the slot
+        "settings": {"max_concurrent_loads": 1},
+        "query": 0.05,
+        "operations": 500,
+        "horizon": 60.0,
+        "faults": Faults(restart=0.0, crash=0.001),
+    },
     "invalidate_tag skips the near caches of entries already deleted": {
         "settings": {"near_cache": True},
         "mix": Mix(update_tag=8),
     },
     "a near copy dropped after the invalidation returns": {"settings": {"near_cache": True}},
     "a named lock's fence drawn from the holder's clock": {"lockers": 1},
-    "a late release deletes the next holder's lease": {"lockers": 1},  # the lock's checker sees two holders
+    "a late release deletes the next holder's lease": {"lockers": 2},  # the lock's checker sees two holders
 }
 
 

@@ -47,6 +47,7 @@ import random
 import selectors
 import sys
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -113,6 +114,7 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         selector.loop = self
         self.now = 0.0
         self._named = 0
+        self.made: weakref.WeakKeyDictionary[asyncio.Task[Any], int] = weakref.WeakKeyDictionary()  # the order made
         self.set_task_factory(self._task)
 
     def time(self) -> float:
@@ -125,7 +127,9 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         self._named += 1
         if options.get("name") is None:  # (a newer Python passes the name asked for here)
             options["name"] = f"sim-{self._named}"
-        return asyncio.Task(coro, loop=loop, **options)
+        task = asyncio.Task(coro, loop=loop, **options)
+        self.made[task] = self._named
+        return task
 
 
 @dataclass(frozen=True)
@@ -142,6 +146,10 @@ class Faults:
     """The chance a command acts and its reply never comes (``BackendUnavailable``)."""
     cut: float = 0.002
     """The chance a command is cut before it reaches the store (``BackendUnavailable``)."""
+    crash: float = 0.0001
+    """The chance a process dies at a store command, before the command acts or just
+    after it did (mid-load, mid-write, holding a lease or a budget's slot: wherever its
+    commands are), never the last one alive."""
     message_delay: float = 0.001
     """Mean seconds a wake-up takes to arrive (exponential: wake-ups are reordered)."""
     message_drop: float = 0.02
@@ -357,6 +365,7 @@ class Simulation:
         self.counts: dict[str, int] = {}
         self.errors: list[str] = []  # what went wrong in tasks nobody awaited
         self.stopped = False  # at ``until``, before the workload's end
+        self._plan: _Plan | None = None
         self.holds: list[Hold] = []  # the named lock's acquisitions, with ``lockers``
         self._draw = random.Random(f"faults:{self.seed}")
         self._skew: contextvars.ContextVar[float] = contextvars.ContextVar("skew", default=0.0)
@@ -381,7 +390,12 @@ class Simulation:
                 token=lambda nbytes: f"{chance.getrandbits(8 * nbytes):0{2 * nbytes}x}",
             ):
                 recorder = Recorder("sim", clock=_ticking(loop))
-                ran = loop.run_until_complete(self._run(recorder))
+                try:
+                    ran = loop.run_until_complete(self._run(recorder))
+                except Stuck as stuck:  # a hang is a failure of the run, with its seed and replay
+                    self.errors.append(f"stuck: {stuck}")
+                    ran = self._plan.operations - max(self._plan.left, 0) if self._plan is not None else 0
+                    loop.run_until_complete(self._ended())
         finally:
             loop.close()
         self._unreturned(recorder)
@@ -446,7 +460,9 @@ class Simulation:
             process.subject = layer_subject(process.layer, rows, asynchronous=True)
         self._skew.set(0.0)
         self.processes_of = processes
-        plan = _Plan(self._routed(processes), list(range(self.keys)), self.operations, None, self.mix, asyncio.Lock)
+        plan = self._plan = _Plan(
+            self._routed(processes), list(range(self.keys)), self.operations, None, self.mix, asyncio.Lock
+        )
         for number in range(self.processes * self.callers):
             process = processes[number % self.processes]
             self._skew.set(process.skew)
@@ -513,8 +529,11 @@ class Simulation:
             await asyncio.sleep(rng.expovariate(1 / self.query))
 
     async def _ended(self) -> None:
-        """Every task left (a killed process's, the nemesis) cancelled, and waited for."""
+        """Every task left (a killed process's, the nemesis) cancelled, in the order they
+        were made, and waited for."""
+        made = self.loop.made if self.loop is not None else {}
         left = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        left.sort(key=lambda task: made.get(task, 0))
         for task in left:
             task.cancel()
         if left:
@@ -611,13 +630,17 @@ class Simulation:
         await asyncio.sleep(latency)
         if process.paused_until or process.killed:
             await self._alive(process)
+        if faults.crash and draw.random() < faults.crash and self._dies(process):
+            raise Killed(f"{process.name}, before {command}")
         if draw.random() < faults.cut:
             self._count("cut")
             self._weaken(0.0)
             raise BackendUnavailable(f"simulated: the connection was cut before {command}")
 
     def after(self, process: _Process, command: str) -> None:
-        """A command's reply, perhaps lost after the command acted."""
+        """A command's reply, perhaps lost after the command acted (or its process dead)."""
+        if self.faults.crash and self._draw.random() < self.faults.crash and self._dies(process):
+            raise Killed(f"{process.name}, after {command}")
         if self._draw.random() < self.faults.lost_reply:
             self._count("lost reply")
             self._weaken(0.0)
@@ -627,6 +650,22 @@ class Simulation:
         """A message's drawn delay on its way (a wake-up's, a near cache's)."""
         mean = self.faults.message_delay
         return self._draw.expovariate(1 / mean) if mean else 0.0
+
+    def _dies(self, process: _Process) -> bool:
+        """Kill ``process`` at one of its commands, unless it is the last one alive (or
+        no process of the run: the store contract's)."""
+        if process not in self.processes_of or sum(not other.killed for other in self.processes_of) < 2:
+            return False
+        self._kill(process)
+        self._count("process killed at a command")
+        return True
+
+    def _kill(self, process: _Process) -> None:
+        """Nothing of ``process`` reaches the store again; its callers are cancelled."""
+        process.killed = True
+        for task in process.callers:
+            task.cancel()
+        self._weaken(self.settings["lock_ttl"])
 
     async def _alive(self, process: _Process) -> None:
         """Return once the process may act: after its pause; ``Killed`` once it is dead."""
@@ -676,12 +715,8 @@ class Simulation:
                 self._weaken(seconds, paused=process)
                 await asyncio.sleep(seconds)
             elif choice == "kill":
-                process = draw.choice(living)
-                process.killed = True
-                for task in process.callers:
-                    task.cancel()
+                self._kill(draw.choice(living))
                 self._count("process killed")
-                self._weaken(lease)
             elif choice == "restart":
                 self._restart_store()
                 self._count("store restarted empty")

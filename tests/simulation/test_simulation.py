@@ -74,8 +74,8 @@ def test_faults_strike_and_cost_nothing_the_documentation_does_not_allow() -> No
         weakened += len(result.report.weakened)
         assert {violation.rule for violation in result.report.weakened} <= set(WEAKENS)
     assert set(struck) == {
-        "cut", "lost reply", "process killed", "process paused", "store restarted empty",
-        "wake-up dropped", "wake-up repeated",
+        "cut", "lost reply", "process killed", "process killed at a command", "process paused",
+        "store restarted empty", "wake-up dropped", "wake-up repeated",
     }, struck  # fmt: skip
 
 
