@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -23,7 +24,9 @@ from typing import Any
 from .. import Stampede
 from .._backend import MemoryStore
 from .._core import near, world
+from .._core.effects import Acquire, Subscribe
 from .._core.flight import Flight
+from .._drivers.aperform import AsyncPerformer
 from .simulation import Faults
 from .workload import Mix
 
@@ -32,6 +35,7 @@ _DECIDED = Flight.decided
 _TAKE_SLOT = MemoryStore._take_slot
 _FORGET = Stampede._forget
 _TAKE_LOCK = MemoryStore.take_lock
+_PERFORM = AsyncPerformer.__call__
 
 
 def _careless_write(store: MemoryStore, keys: Any, token: str, *args: Any) -> Any:
@@ -91,6 +95,23 @@ def _fence_of_the_holder_s_clock(store: MemoryStore, keys: Any, token: str, leas
     return dataclasses.replace(reply, fence=int(world.wall() * 1_000_000)) if reply.fence else reply
 
 
+_LATE_SUBSCRIBERS: weakref.WeakSet[AsyncPerformer] = weakref.WeakSet()
+
+
+async def _subscribed_after_the_recheck(performer: AsyncPerformer, effect: Any) -> Any:
+    """A waiter subscribes to the entry's wake-ups after its re-check, not before it: a
+    wake-up published in between is missed, and the waiter waits a re-check out."""
+    if isinstance(effect, Subscribe):
+        _LATE_SUBSCRIBERS.add(performer)
+        return None
+    if performer in _LATE_SUBSCRIBERS and isinstance(effect, Acquire):
+        reply = await _PERFORM(performer, effect)
+        _LATE_SUBSCRIBERS.discard(performer)
+        await _PERFORM(performer, Subscribe())
+        return reply
+    return await _PERFORM(performer, effect)
+
+
 DEFECTS: dict[str, tuple[Any, str, Any]] = {
     "a write that does not check its lease": (MemoryStore, "_write_release", _careless_write),
     "a wake-up taken as the value without proof": (Flight, "decided", _unproven_wake_up),
@@ -99,6 +120,7 @@ DEFECTS: dict[str, tuple[Any, str, Any]] = {
     "invalidate_tag skips the near caches of entries already deleted": (near, "asked_of_a_tag", _only_the_dropped),
     "a near copy dropped after the invalidation returns": (Stampede, "_forget", _near_copy_dropped_late),
     "a named lock's fence drawn from the holder's clock": (MemoryStore, "take_lock", _fence_of_the_holder_s_clock),
+    "a waiter that subscribes after its re-check": (AsyncPerformer, "__call__", _subscribed_after_the_recheck),
 }
 OPTIONS: dict[str, dict[str, Any]] = {
     "a killed holder's budget slot never returned": {  # killed at its commands, with no restart to free the slot
@@ -114,6 +136,11 @@ OPTIONS: dict[str, dict[str, Any]] = {
     },
     "a near copy dropped after the invalidation returns": {"settings": {"near_cache": True}},
     "a named lock's fence drawn from the holder's clock": {"lockers": 1},
+    "a waiter that subscribes after its re-check": {  # no fault: every wait ends with a wake-up, well within 0.1 s
+        "faults": Faults.none(),
+        "failures": 0.0,
+        "wait_bound": 0.1,
+    },
     "a late release deletes the next holder's lease": {"lockers": 2},  # the lock's checker sees two holders
 }
 

@@ -174,7 +174,7 @@ class Faults:
     @classmethod
     def none(cls) -> Faults:
         """Latency alone: no command fails, no message is lost, no process stops."""
-        return cls(slow=0.0, lost_reply=0.0, cut=0.0, message_drop=0.0, message_duplicate=0.0,
+        return cls(slow=0.0, lost_reply=0.0, cut=0.0, crash=0.0, message_drop=0.0, message_duplicate=0.0,
                    nemesis_interval=math.inf, skew=0.0)  # fmt: skip
 
 
@@ -340,6 +340,11 @@ class Simulation:
     query: float = 0.002  # seconds a loader's database read takes
     failures: float = 0.02  # the chance a loader's database read fails
     horizon: float = 600.0  # simulated seconds after which a run that has not ended is stuck
+    wait_bound: float | None = None
+    """The longest a call may take (the checker's ``slow``): by default ``wait_timeout``
+    plus a lease (and ``stale_if_error``) and a second. Without faults a call waits for
+    no lease to run out, and a bound under ``recheck_interval`` says that no wake-up was
+    missed (a waiter that missed one waits a re-check out)."""
     lockers: int = 0
     """Tasks per process that take the named lock ``"job"`` in turn (``layer.lock``), hold
     it for a load's time and release it, each acquisition recorded and every history
@@ -426,9 +431,10 @@ class Simulation:
         that is not the default (a ``prepare`` hook cannot be said on a command line),
         stopping at ``until`` (virtual seconds) if given."""
         words = [f"--seed {self.seed}"]
-        for name in ("processes", "callers", "lockers", "operations", "keys", "query", "failures", "horizon", "until"):
+        names = ("processes", "callers", "lockers", "operations", "keys", "query", "failures", "horizon")
+        for name in (*names, "wait_bound", "until"):
             if getattr(self, name) != getattr(Simulation, name):
-                words.append(f"--{name} {getattr(self, name)}")
+                words.append(f"--{name.replace('_', '-')} {getattr(self, name)}")
         if until is not None:
             words.append(f"--until {until:.6f}")
         if self.given:
@@ -579,6 +585,8 @@ class Simulation:
         return build
 
     def _wait_bound(self) -> float:
+        if self.wait_bound is not None:
+            return self.wait_bound
         settings = self.settings
         return float(settings["wait_timeout"] + settings["lock_ttl"] + settings.get("stale_if_error", 0.0) + 1.0)
 
@@ -854,6 +862,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--failures", type=float, default=Simulation.failures, help="the chance a load fails")
     parser.add_argument("--horizon", type=float, default=Simulation.horizon)
     parser.add_argument("--until", type=float, default=None, help="stop at this virtual second (a replay's end)")
+    parser.add_argument("--wait-bound", type=float, default=None, help="the longest a call may take, in seconds")
     parser.add_argument("--settings", type=orjson.loads, default={}, help="the layers' settings, as JSON")
     parser.add_argument("--faults", type=orjson.loads, default=None, help="Faults' fields, as JSON")
     parser.add_argument("--no-faults", action="store_true", help="latency alone")
@@ -863,7 +872,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     faults = Faults.none() if options.no_faults else Faults(**asked)
     total, cpu = 0, 0.0
     names = ["processes", "callers", "lockers", "operations", "keys", "query", "failures", "horizon", "until"]
-    names.append("settings")
+    names += ["wait_bound", "settings"]
     given = {name: getattr(options, name) for name in names}
     for result in seeds(options.seed, options.seeds, faults=faults, mix=Mix(**options.mix), **given):
         total, cpu = total + result.operations, cpu + result.cpu_seconds

@@ -141,6 +141,7 @@ def test_the_simulation_benchmark_short_form_finds_the_planted_defects() -> None
     assert found["a near copy dropped after the invalidation returns"] is not None
     assert found["a named lock's fence drawn from the holder's clock"] is not None
     assert found["a late release deletes the next holder's lease"] is not None
+    assert found["a waiter that subscribes after its re-check"] is not None
     assert figures["speed_near"]["operations"] == 20 * 2000
 
 
