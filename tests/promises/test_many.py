@@ -454,8 +454,11 @@ def test_entries_a_page_must_ask_again_are_read_again_together(
     """Layer B's first caller waits for a page layer A is loading (B's flights subscribe
     to A's wake-ups); a second caller in B joins those flights after that. The values
     reach B in A's messages, written after the second caller joined, so they cannot be
-    handed to it: it asks for the ten entries again, in one MGET, not a GET each."""
-    layer_a, layer_b = make_layer(**PLAIN), make_layer(**PLAIN)
+    handed to it: it asks for the ten entries again, in one MGET, not a GET each. (B's
+    re-checks wait a minute: a re-check of its own that found the values would hand them
+    over by a command sent after the second caller joined, with nothing to ask again,
+    which a stalled machine made happen once at the default second.)"""
+    layer_a, layer_b = make_layer(**PLAIN), make_layer(**PLAIN, recheck_interval=60.0)
     db, never = ManyDatabase(), ManyDatabase()
     db.release.clear()
     load_a, load_b = many_loader(layer_a, mode, db), many_loader(layer_b, mode, never)
