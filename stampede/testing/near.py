@@ -26,9 +26,10 @@ ones as one thread on virtual time allows:
 
 The faults reach all of it: a paused process reads nothing until its pause ends (its
 lease runs out meanwhile), a killed one's tracker stops (the invalidators wait for its
-deadline), and a store restarted empty forgets the registry and cuts every tracking
-connection, each tracker learning it (and revoking its lease) before the store answers
-again, as a restarted server's closed sockets tell a client before it is back.
+deadline), and a store restarted empty (or failed over) forgets the registry and cuts
+every tracking connection, each tracker learning it (and revoking its lease) before the
+store answers again, as a restarted server's closed sockets tell a client before it is
+back.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ class NearServer:
 
     def watch(self, store: Any) -> None:
         """Send every change of ``store``'s values to the trackers (called again after a
-        restart, whose store is new)."""
+        restart, whose values are new; a failover's copy of them keeps watching)."""
         assert not store._values, "watched from the start: a store new or restarted empty"
         store._values = _Watched(store._values.maxsize, lambda _key, item, _now: item[1], store._clock, self.changed)
 

@@ -369,7 +369,6 @@ class Simulation:
         self._replica: tuple[float, dict[str, Any]] = (0.0, {})
         self.counts: dict[str, int] = {}
         self.errors: list[str] = []  # what went wrong in tasks nobody awaited
-        self.stopped = False  # at ``until``, before the workload's end
         self._plan: _Plan | None = None
         self.holds: list[Hold] = []  # the named lock's acquisitions, with ``lockers``
         self._draw = random.Random(f"faults:{self.seed}")
@@ -399,7 +398,7 @@ class Simulation:
                     ran = loop.run_until_complete(self._run(recorder))
                 except Stuck as stuck:  # a hang is a failure of the run, with its seed and replay
                     self.errors.append(f"stuck: {stuck}")
-                    ran = self._plan.operations - max(self._plan.left, 0) if self._plan is not None else 0
+                    ran = self._ran()
                     loop.run_until_complete(self._ended())
         finally:
             loop.close()
@@ -432,11 +431,12 @@ class Simulation:
         stopping at ``until`` (virtual seconds) if given."""
         words = [f"--seed {self.seed}"]
         names = ("processes", "callers", "lockers", "operations", "keys", "query", "failures", "horizon")
-        for name in (*names, "wait_bound", "until"):
+        for name in (*names, "wait_bound"):
             if getattr(self, name) != getattr(Simulation, name):
                 words.append(f"--{name.replace('_', '-')} {getattr(self, name)}")
-        if until is not None:
-            words.append(f"--until {until:.6f}")
+        stop = self.until if until is None else until
+        if stop is not None:
+            words.append(f"--until {stop:.6f}")
         if self.given:
             words.append(f"--settings '{orjson.dumps(self.given).decode()}'")
         if self.faults == Faults.none():
@@ -490,7 +490,6 @@ class Simulation:
         loop = asyncio.get_running_loop()
         while alive:
             if self.until is not None and loop.time() >= self.until:
-                self.stopped = True
                 break
             left = self.horizon - loop.time()
             if left <= 0:
@@ -508,7 +507,12 @@ class Simulation:
             if not process.killed and process.layer is not None:
                 await _closed(process.layer)
         await self._ended()
-        return plan.operations - max(plan.left, 0)
+        return self._ran()
+
+    def _ran(self) -> int:
+        """How many of the workload's operations were taken."""
+        plan = self._plan
+        return 0 if plan is None else plan.operations - max(plan.left, 0)
 
     async def _locker(self, process: _Process, plan: _Plan, clock: Callable[[], int], rng: random.Random) -> None:
         """Take the named lock, hold it for a load's time, release it; again until the
