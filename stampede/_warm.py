@@ -23,12 +23,12 @@ import asyncio
 import inspect
 import random
 import threading
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._core import world
 from ._core.hotset import EXPORT_FORMAT, Call, HotSet, decode_call, exported, imported_counts, ranked, scored
 from ._core.store import HotSetStore
 from ._drivers.hotset import WARMING
@@ -105,7 +105,7 @@ def export_hot_sets(store: HotSetStore, loaders: Sequence[Any], count: int | Non
     """``Stampede.export_hot_sets``: each loader's hot set, ranked, as JSON-ready data."""
     if count is not None:
         _check(1, count)
-    moment = time.time()
+    moment = world.wall()
     sets: dict[str, list[list[Any]]] = {}
     for loader in loaders:
         hot = hot_set_of(loader)
@@ -120,7 +120,7 @@ def import_hot_sets(store: HotSetStore, loaders: Sequence[Any], snapshot: Any) -
     holds nothing (this period's and the last one's empty). Returns the calls imported."""
     counts = imported_counts(snapshot)
     hot_sets = [hot_set_of(loader) for loader in loaders]
-    moment, imported = time.time(), 0
+    moment, imported = world.wall(), 0
     for hot in hot_sets:
         found = counts.get(hot.name)
         if not found or store.hot_members(hot.key(moment), 1) or store.hot_members(hot.key(moment, 1), 1):
@@ -204,7 +204,7 @@ def warm(
     """``Stampede.warm``: blocking loaders, called from ``concurrency`` threads."""
     _check(concurrency, count)
     _check_kinds(loaders, asynchronous=False)
-    began = time.monotonic()
+    began = world.monotonic()
     jobs = _jobs(store, loaders, count, concurrency)
     tally = _Tally(WarmReport(calls=sum(job.size for job in jobs)), events, progress)
 
@@ -223,7 +223,7 @@ def warm(
 
     with ThreadPoolExecutor(concurrency, thread_name_prefix="stampede-warm") as pool:
         list(pool.map(one, jobs))
-    tally.report.seconds = time.monotonic() - began
+    tally.report.seconds = world.monotonic() - began
     return tally.report
 
 
@@ -238,7 +238,7 @@ async def awarm(
     """``Stampede.awarm``: ``async def`` loaders, called from ``concurrency`` tasks."""
     _check(concurrency, count)
     _check_kinds(loaders, asynchronous=True)
-    began = time.monotonic()
+    began = world.monotonic()
     jobs = await asyncio.to_thread(_jobs, store, loaders, count, concurrency)
     tally = _Tally(WarmReport(calls=sum(job.size for job in jobs)), events, progress)
     queue = iter(jobs)
@@ -256,14 +256,14 @@ async def awarm(
                 tally.add(cached, failed=size, error=error)
 
     await asyncio.gather(*(worker() for _ in range(min(concurrency, max(len(jobs), 1)))))
-    tally.report.seconds = time.monotonic() - began
+    tally.report.seconds = world.monotonic() - began
     return tally.report
 
 
 def _jobs(store: HotSetStore, loaders: Sequence[Any], count: int, concurrency: int) -> list[_Job]:
     """Each loader's hottest calls, in shuffled tiers; a many-key loader's gathered into
     pages of ``max_batch`` ids first."""
-    moment, draw = time.time(), random.Random()
+    moment, draw = world.wall(), random.Random(world.random())  # the tiers' order: the layer's chance
     jobs: list[_Job] = []
     for loader in loaders:
         calls = hot_calls(store, hot_set_of(loader), count, moment)
