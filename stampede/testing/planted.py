@@ -5,8 +5,9 @@ planted must fail within a few seeds (tests/simulation, loadtest/bench_simulatio
     with planted(*DEFECTS["a write that does not check its lease"]):
         result = Simulation(seed=1).run()   # not result.ok
 
-Each defect is ``(target, attribute, replacement)``: ``planted`` swaps the attribute for
-the ``with`` block and puts it back after. ``OPTIONS`` holds what a defect needs of the
+Each defect is ``(target, attribute, replacement)``, or several such triples (a defect
+of two steps): ``planted`` swaps the attributes for the ``with`` block and puts them back
+after. ``OPTIONS`` holds what a defect needs of the
 simulation to show (a budget's slot needs a budget, and loads long enough that a kill
 finds one held; a lock's defects, tasks that take the named lock; the near caches'
 defects, near caches): ``Simulation(seed=N, **OPTIONS.get(name, {}))``.
@@ -24,9 +25,10 @@ from typing import Any
 from .. import Stampede
 from .._backend import MemoryStore
 from .._core import near, world
-from .._core.effects import Acquire, Subscribe
+from .._core.effects import Decision
 from .._core.flight import Flight
-from .._drivers.aperform import AsyncPerformer
+from .._core.leases import OneServerSteps
+from .._core.store import AcquireReply
 from .simulation import Faults
 from .workload import Mix
 
@@ -35,7 +37,8 @@ _DECIDED = Flight.decided
 _TAKE_SLOT = MemoryStore._take_slot
 _FORGET = Stampede._forget
 _TAKE_LOCK = MemoryStore.take_lock
-_PERFORM = AsyncPerformer.__call__
+_STEP_SUBSCRIBE = OneServerSteps.subscribe
+_STEP_ACQUIRE = OneServerSteps.acquire
 
 
 def _careless_write(store: MemoryStore, keys: Any, token: str, *args: Any) -> Any:
@@ -95,24 +98,31 @@ def _fence_of_the_holder_s_clock(store: MemoryStore, keys: Any, token: str, leas
     return dataclasses.replace(reply, fence=int(world.wall() * 1_000_000)) if reply.fence else reply
 
 
-_LATE_SUBSCRIBERS: weakref.WeakSet[AsyncPerformer] = weakref.WeakSet()
+_PUT_OFF: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()  # the waiters whose subscription waits
 
 
-async def _subscribed_after_the_recheck(performer: AsyncPerformer, effect: Any) -> Any:
-    """A waiter subscribes to the entry's wake-ups after its re-check, not before it: a
-    wake-up published in between is missed, and the waiter waits a re-check out."""
-    if isinstance(effect, Subscribe):
-        _LATE_SUBSCRIBERS.add(performer)
-        return None
-    if performer in _LATE_SUBSCRIBERS and isinstance(effect, Acquire):
-        reply = await _PERFORM(performer, effect)
-        _LATE_SUBSCRIBERS.discard(performer)
-        await _PERFORM(performer, Subscribe())
-        return reply
-    return await _PERFORM(performer, effect)
+def _subscription_put_off(steps: OneServerSteps) -> Decision[None]:
+    """A waiter's subscription, put off until after its re-check (``_resubscribed``)."""
+    task = asyncio.current_task()
+    if task is not None:
+        _PUT_OFF.add(task)
+    return
+    yield  # a decision of no effect
 
 
-DEFECTS: dict[str, tuple[Any, str, Any]] = {
+def _resubscribed(steps: OneServerSteps, check_value: bool, stale: bytes = b"") -> Decision[AcquireReply]:
+    """The lease's step, then the subscription put off before it: a wake-up published
+    between the re-check and the subscription is missed, and the waiter waits a re-check
+    out."""
+    reply: AcquireReply = yield from _STEP_ACQUIRE(steps, check_value, stale)
+    task = asyncio.current_task()
+    if task is not None and task in _PUT_OFF:
+        _PUT_OFF.discard(task)
+        yield from _STEP_SUBSCRIBE(steps)
+    return reply
+
+
+DEFECTS: dict[str, tuple[Any, ...]] = {
     "a write that does not check its lease": (MemoryStore, "_write_release", _careless_write),
     "a wake-up taken as the value without proof": (Flight, "decided", _unproven_wake_up),
     "a late release deletes the next holder's lease": (MemoryStore, "release", _late_release),
@@ -120,7 +130,10 @@ DEFECTS: dict[str, tuple[Any, str, Any]] = {
     "invalidate_tag skips the near caches of entries already deleted": (near, "asked_of_a_tag", _only_the_dropped),
     "a near copy dropped after the invalidation returns": (Stampede, "_forget", _near_copy_dropped_late),
     "a named lock's fence drawn from the holder's clock": (MemoryStore, "take_lock", _fence_of_the_holder_s_clock),
-    "a waiter that subscribes after its re-check": (AsyncPerformer, "__call__", _subscribed_after_the_recheck),
+    "a waiter that subscribes after its re-check": (
+        (OneServerSteps, "subscribe", _subscription_put_off),
+        (OneServerSteps, "acquire", _resubscribed),
+    ),
 }
 OPTIONS: dict[str, dict[str, Any]] = {
     "a killed holder's budget slot never returned": {  # killed at its commands, with no restart to free the slot
@@ -146,14 +159,18 @@ OPTIONS: dict[str, dict[str, Any]] = {
 
 
 @contextmanager
-def planted(target: Any, name: str, replacement: Any) -> Iterator[None]:
-    """``target.name`` replaced for the ``with`` block."""
-    kept = getattr(target, name)
-    setattr(target, name, replacement)
+def planted(*patch: Any) -> Iterator[None]:
+    """``target.name`` replaced by ``replacement`` for the ``with`` block: one patch
+    ``(target, name, replacement)``, or several such triples (a defect of two steps)."""
+    patches = [patch] if len(patch) == 3 and not isinstance(patch[0], tuple) else list(patch)
+    kept = [(target, name, getattr(target, name)) for target, name, _ in patches]
+    for target, name, replacement in patches:
+        setattr(target, name, replacement)
     try:
         yield
     finally:
-        setattr(target, name, kept)
+        for target, name, original in reversed(kept):
+            setattr(target, name, original)
 
 
 __all__ = ["DEFECTS", "OPTIONS", "planted"]

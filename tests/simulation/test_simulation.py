@@ -137,9 +137,8 @@ def test_near_caches_serve_hits_and_obey_every_invalidation() -> None:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("defect", DEFECTS)
 def test_a_planted_defect_is_found_and_its_seed_replays_it(defect: str) -> None:
-    target, name, replacement = DEFECTS[defect]
     options = {"operations": PER_SEED, **OPTIONS.get(defect, {})}
-    with planted(target, name, replacement):
+    with planted(*DEFECTS[defect]):
         failed = next(
             (result for seed in range(200) if not (result := Simulation(seed=seed, **options).run()).ok), None
         )
