@@ -228,7 +228,7 @@ class SimulatedTracker:
         self._connection: _Connection | None = None
         self._task: asyncio.Task[None] | None = None
         self._pong: float | None = None  # when the registration of the PING in flight was sent
-        self._ended = asyncio.Event()  # set when the connection is lost, to wake the task
+        self._woken = asyncio.Event()  # set by a PONG or a lost connection, to wake the task
         self._closed = False
 
     def start(self) -> None:
@@ -261,7 +261,6 @@ class SimulatedTracker:
         simulation = self.simulation
         connection = self._connection = _Connection(self)
         self.server.connected[self.member] = connection
-        self._ended.clear()
         self.copies.flush()  # from here on every change reaches us
         while connection.open:
             registered_at = self.loop.time()
@@ -270,20 +269,21 @@ class SimulatedTracker:
             simulation.after(self.process, "register")
             self._pong = registered_at
             connection.send(("pong", registered_at))
-            try:
-                await asyncio.wait_for(self._ended.wait(), self.lease / RENEWALS_PER_LEASE)
-                return
-            except asyncio.TimeoutError:
-                pass
-            waited = self.loop.time() - registered_at
-            if self._pong is not None and waited < PONG_TIMEOUT:
-                try:  # not answered yet: no new registration before it is, or the timeout
-                    await asyncio.wait_for(self._ended.wait(), max(PONG_TIMEOUT - waited, 1e-6))
-                    return
-                except asyncio.TimeoutError:
-                    pass
-            if self._pong is not None:
-                return  # no PONG within the timeout: the connection is taken for lost
+            next_renewal = registered_at + self.lease / RENEWALS_PER_LEASE
+            while connection.open and (self._pong is not None or self.loop.time() < next_renewal):
+                # the next renewal once this one is answered; none while it is not, up to the timeout
+                until = registered_at + PONG_TIMEOUT if self._pong is not None else next_renewal
+                if until <= self.loop.time():
+                    return  # no PONG within the timeout: the connection is taken for lost
+                await self._wake(until)
+
+    async def _wake(self, until: float) -> None:
+        """Wait for a PONG, a lost connection, or the loop's clock to reach ``until``."""
+        self._woken.clear()
+        try:  # (at least a microsecond: a wait too short to move the clock would never end)
+            await asyncio.wait_for(self._woken.wait(), max(until - self.loop.time(), 1e-6))
+        except asyncio.TimeoutError:
+            pass
 
     def read(self, message: tuple[str, Any]) -> None:
         """One message off the connection."""
@@ -298,6 +298,7 @@ class SimulatedTracker:
                 self.loop.create_task(self._acknowledge(nonce), name=f"{self.process.name}.ack")
         elif kind == "pong" and data == self._pong:
             self._pong = None
+            self._woken.set()
             self.copies.renew(data + self.lease)
 
     async def _acknowledge(self, nonce: str) -> None:
@@ -312,7 +313,7 @@ class SimulatedTracker:
         """The connection was cut: the lease goes at once, and the task connects again."""
         self.copies.revoke()
         self._pong = None
-        self._ended.set()
+        self._woken.set()
 
     def _disconnect(self) -> None:
         connection, self._connection = self._connection, None
