@@ -16,9 +16,9 @@ from ._core.many import values_of
 from ._core.results import Cached
 from ._core.versions import entry_tag_of, versions_seen
 from ._drivers.refresh import reporting
+from ._drivers.tracing import Tracing
 from ._loader import AsyncBoundLoader, AsyncVersions, Fetched, P, R, _Loader
 from ._loader_many import K, ManyKeys, V, _ManyLoader, chunks
-from .otel.traces import Tracing
 
 if TYPE_CHECKING:
     from ._core.flow import LoaderSpec

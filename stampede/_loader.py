@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 from ._core.keys import KeyBuilder
 from ._core.versions import EntryFamily
 from ._drivers.observe import Events
-from .otel.traces import CallTrace, call_trace, entry_attributes
+from ._drivers.tracing import CallTrace, call_trace, entry_attributes
 
 if TYPE_CHECKING:
     from ._core.flow import LoaderSpec
@@ -161,7 +161,7 @@ class _Loader(Generic[P, R]):
         return self._keys.value_key(args, kwargs)
 
     def _trace(self, traces: Any, events: Events, value_key: str) -> CallTrace:
-        """The trace of one call (``stampede.otel.traces``), fed by the layer's reports."""
+        """The trace of one call (``_drivers.tracing``), fed by the layer's reports."""
         if self._trace_attributes is None:
             self._trace_attributes = entry_attributes(events.namespace, self._keys.template)
         own = {"stampede.key": value_key} if self._spec.settings.trace_keys else None

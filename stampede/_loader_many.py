@@ -31,9 +31,9 @@ from ._core.keys import KeyBuilder
 from ._core.tags import TagSet, TagTemplates
 from ._core.versions import entry_tag_of
 from ._drivers.observe import Events
+from ._drivers.tracing import CallTrace, call_trace, entry_attributes
 from ._errors import ConfigError
 from ._loader import BoundLoader
-from .otel.traces import CallTrace, call_trace, entry_attributes
 
 if TYPE_CHECKING:
     from ._core.flow import LoaderSpec
@@ -275,7 +275,7 @@ class _ManyLoader(Generic[K, V]):
         self._hot: HotSampler | None = None  # its sampling of calls into it (``hot_sample``)
 
     def _trace(self, traces: Any, events: Events, keys: list[str]) -> CallTrace:
-        """The trace of one call (``stampede.otel.traces``): how many entries it asked for, and
+        """The trace of one call (``_drivers.tracing``): how many entries it asked for, and
         their keys with ``trace_keys``."""
         if self._trace_attributes is None:
             self._trace_attributes = entry_attributes(events.namespace, self._keys.template)

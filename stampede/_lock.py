@@ -33,13 +33,14 @@ from typing import Any, TypeVar
 from ._core import world
 from ._core.acquiring import Acquiring, acquiring
 from ._core.effects import Lease, milliseconds
-from ._core.keys import EntryKeys
+from ._core.keys import EntryKeys, lock_keys
 from ._core.store import AsyncStore, Store
 from ._drivers.aperform import AsyncPerformer, arun
 from ._drivers.perform import Performer, run
 from ._drivers.watchdog import Watchdog, WatchedLease, keep_renewed
 from ._errors import ConfigError, LockLost, LockNotOwned, WaitTimeout
 from ._fork import reset_after_fork
+from ._parts import LayerParts
 
 log = logging.getLogger("stampede.lock")
 
@@ -380,3 +381,46 @@ class Lock(LockContextManager):
         if self._async_store is None:
             raise ConfigError(f"lock {self.name!r}: this layer has no asyncio client; use the blocking methods")
         return self._async_store()
+
+
+class Locks:
+    """A layer's named locks (``Stampede.lock``) and PostgreSQL's advisory locks
+    (``Stampede.advisory_lock``), over the layer's parts: where its backend keeps named
+    locks (a lock service's queue makes every lock fair), its watchdog, and the
+    reentrant holds of this process."""
+
+    def __init__(self, parts: LayerParts) -> None:
+        self._parts = parts
+        self._reentrant_holds = ReentrantHolds()
+
+    def lock(self, name: str, ttl: float | None, fair: bool, **options: Any) -> Lock:
+        """``Stampede.lock``: ``options`` are ``Lock``'s, as the caller gave them."""
+        parts = self._parts
+        settings, backend = parts.settings, parts.backend
+        return Lock(
+            name,
+            lock_keys(parts.namespace, name, settings.max_key_length),
+            ttl=settings.lock_ttl if ttl is None else ttl,
+            fair=fair or backend.lock_queue is not None,
+            recheck_interval=settings.recheck_interval,
+            store=backend.named_lock_store(parts.runner.store) if parts.runner is not None else None,
+            async_store=self._async_store if parts.async_runner is not None else None,
+            watchdog=parts.watchdog,
+            reentrant_holds=self._reentrant_holds,
+            **options,
+        )
+
+    def advisory_lock(self, name: str, blocking: bool, timeout: float | None) -> Any:
+        parts = self._parts
+        make = parts.backend.advisory_lock
+        if make is None:
+            raise ConfigError("advisory_lock() needs a layer whose store is PostgreSQL")
+        loop_store = parts.async_runner.loop_store if parts.async_runner is not None else None
+        return make(parts.namespace, name, blocking=blocking, timeout=timeout, loop_store=loop_store)
+
+    def _async_store(self) -> AsyncStore:
+        """The running loop's store for named locks (a lock service's, where it has one)."""
+        parts = self._parts
+        assert parts.async_runner is not None
+        store: AsyncStore = parts.backend.async_named_lock_store(parts.async_runner.loop_store())
+        return store

@@ -12,11 +12,12 @@ A backend outside stampede is a ``Backend`` whose ``store`` implements ``Store``
 ``make_async_store`` makes an ``AsyncStore`` per event loop): leases with a token and an
 expiry, writes only under the writer's lease, waiters woken, named locks. ``Store`` is
 the sum of its roles (``EntryStore``, ``ManyKeyStore``, ``TagStore``, ``NamedLockStore``,
-``BudgetStore``, ``HotSetStore``, ``StoreAdmin``); a store without ``BudgetStore``'s
-methods serves every loader but those with ``max_concurrent_loads``, and one without
-``HotSetStore``'s every loader but those with ``hot_sample``, which it refuses at
-decoration. A budget store whose entries' leases live beside its slots may also be a
-``SlotLeaseStore``: a budgeted load then learns with its slot that its lease still
+``BudgetStore``, ``HotSetStore``, ``StoreAdmin``). The last two are optional: a store
+declares the ones it has in ``optional_roles`` (``Roles.BUDGETS | Roles.HOT_SETS``); one
+without ``Roles.BUDGETS`` serves every loader but those with ``max_concurrent_loads``,
+and one without ``Roles.HOT_SETS`` every loader but those with ``hot_sample``, which it
+refuses at decoration. A budget store whose entries' leases live beside its slots may
+also declare ``Roles.SLOT_LEASES`` (``SlotLeaseStore``): a budgeted load then learns with its slot that its lease still
 holds, instead of asking after. A store
 may take the many-key role from ``OneByOne``, which sends one single-entry command per
 entry. It must pass
@@ -58,6 +59,7 @@ from ._core.store import (
     LockState,
     ManyKeyStore,
     NamedLockStore,
+    Roles,
     SlotLeaseStore,
     Store,
     StoreAdmin,
@@ -65,6 +67,7 @@ from ._core.store import (
     TagStore,
     WriteCall,
     Written,
+    roles_of,
 )
 
 __all__ = [
@@ -90,6 +93,8 @@ __all__ = [
     "SlotLeaseStore",
     "HotSetStore",
     "StoreAdmin",
+    "Roles",
+    "roles_of",
     "OneByOne",
     "AsyncStore",
     "AsyncEntryStore",

@@ -56,7 +56,7 @@ from ._core.results import Cached
 from ._errors import BackendUnavailable, ConfigError
 from ._hosted import Lead, NotKept, aproduce
 from ._layer import Stampede
-from .http.policy import DEFAULT_KEY_HEADERS, none_match
+from .http._policy import DEFAULT_KEY_HEADERS, none_match
 
 KEPT_STATUSES = (200,)
 NEVER_KEPT_HEADERS = {"set-cookie", "content-length", "etag", "cache-control", "connection", "transfer-encoding"}

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from stampede._core.effects import Decision, Lease
 from stampede._core.keys import EntryKeys
-from stampede._core.store import AcquireReply, Written
+from stampede._core.store import AcquireReply, Roles, Written, roles_of
 from stampede._core.tags import Tagged
 from stampede._drivers.aleases import AsyncLeases
 from stampede._drivers.aperform import AsyncPerformer, arun
@@ -30,7 +30,7 @@ class AsyncLeasedStore:
         self.session_leases = getattr(leases.policy, "session_leases", False)
         # The leases are the policy's, not the store's: a budget grants slots without
         # them, and a load asks after its slot (as a layer's does: _drivers.abudget).
-        self.checks_slot_leases = False
+        self.optional_roles = roles_of(leases.store) & ~Roles.SLOT_LEASES
 
     async def _run(self, decision: Decision[T], lease: Lease) -> T:
         return await arun(decision, AsyncPerformer(lease, store=self._leases.store, servers=self._leases.servers))

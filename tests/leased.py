@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from stampede._core.effects import Decision, Lease
 from stampede._core.keys import EntryKeys
-from stampede._core.store import AcquireReply, Written
+from stampede._core.store import AcquireReply, Roles, Written, roles_of
 from stampede._core.tags import Tagged
 from stampede._drivers.leases import Leases
 from stampede._drivers.perform import Performer, run
@@ -31,7 +31,7 @@ class LeasedStore:
         self.session_leases = getattr(leases.policy, "session_leases", False)
         # The leases are the policy's, not the store's: a budget grants slots without
         # them, and a load asks after its slot (as a layer's does: _drivers.budget).
-        self.checks_slot_leases = False
+        self.optional_roles = roles_of(leases.store) & ~Roles.SLOT_LEASES
 
     def _run(self, decision: Decision[T], lease: Lease) -> T:
         return run(decision, Performer(lease, store=self._leases.store, servers=self._leases.servers))

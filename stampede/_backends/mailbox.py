@@ -11,10 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-
-def settle(future: asyncio.Future[bool], result: bool) -> None:
-    if not future.done():
-        future.set_result(result)
+from .._futures import settle
 
 
 class ThreadMailbox:

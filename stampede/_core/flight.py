@@ -70,7 +70,7 @@ class Flight:
     stale = False  # the value is stale (served while refreshed, or instead of an error). Set before done
     codec: Any = None  # the leader's Codec. Set when it leads
     raw: bytes | None = None  # the envelope the value was read from or written as. Set before done
-    trace: Any = None  # the leader's call trace, if traced, for its joiners' links (``stampede.otel.traces``)
+    trace: Any = None  # the leader's call trace, if traced, for its joiners' links (``_drivers.tracing``)
     opened_at = 0.0  # a load without the lease (``fallback_key``): when it began (monotonic)
 
     def count(self, effect: Effect) -> None:

@@ -12,7 +12,11 @@ every server and is answered with a ``Round``, a server's failure counted, not r
 The contract is split into the roles it has, so that a capability touches one:
 ``EntryStore`` (one entry, its lease, its waiters), ``ManyKeyStore`` (many entries at
 once, which ``OneByOne`` builds from the first), ``TagStore``, ``NamedLockStore`` and
-``StoreAdmin``. ``Store`` is all of them.
+``StoreAdmin`` every store has; ``BudgetStore`` (load budgets), ``HotSetStore`` (hot
+sets) and ``SlotLeaseStore`` (a budget that reads the entries' leases) only the stores
+that declare them in ``optional_roles`` (``Roles``), so that a store of one's own need
+not write them, and a capability that needs one is refused at decoration, by name.
+``Store`` is all of them, and ``AsyncStore`` the same, awaited.
 
 Rules of the imports: this module, like the decisions, imports nothing of a client
 library, of threading or of asyncio. Backends implement it, drivers call it.
@@ -42,6 +46,21 @@ WriteCall = tuple[EntryKeys, str, bytes, int, bool, Tagged | None]
 envelope, ttl_ms, inline, tagged."""
 
 
+class Roles(enum.Flag):
+    """The optional roles a store has, as it declares them (``optional_roles``)."""
+
+    NONE = 0
+    BUDGETS = enum.auto()  # ``BudgetStore``: load budgets (``max_concurrent_loads``)
+    HOT_SETS = enum.auto()  # ``HotSetStore``: hot sets (``hot_sample``, warm starts)
+    SLOT_LEASES = enum.auto()  # ``SlotLeaseStore``: a slot granted only while the entry's lease holds
+
+
+def roles_of(store: object) -> Roles:
+    """The optional roles ``store`` declares (none, for a store that declares nothing)."""
+    roles = getattr(store, "optional_roles", Roles.NONE)
+    return roles if isinstance(roles, Roles) else Roles.NONE
+
+
 class LockState(enum.Enum):
     VALUE = "value"  # the value is there. No lock taken
     LOCKED = "locked"  # the lock is ours
@@ -60,7 +79,7 @@ have been handed to it but the lease of the entry it would load was gone
 
 TRACE_MARK = "."
 """What a lease token that carries its holder's trace holds, between its random part and
-the trace's ids (``stampede.otel.traces``): never a hex digit. A store tells a caller
+the trace's ids (``stampede._drivers.tracing``): never a hex digit. A store tells a caller
 refused a lease who holds it (``AcquireReply.holder``) only if the holder's token holds
 this mark, so that an untraced holder's token never leaves the server. Each store takes it
 from here: the Redis scripts as an argument, PostgreSQL's schema and the in-memory store
@@ -408,10 +427,8 @@ class SlotLeaseStore(Protocol):
     slot is for is still the caller's, so that a load need not ask after its slot came
     (one round trip on the path from one load to the next: ``_drivers.abudget``). Only
     where the budget and the entries' leases live in one store that a single step can
-    read both in: ``checks_slot_leases`` says so (False on a Redis Cluster, whose budget
-    lives in a slot of its own)."""
-
-    checks_slot_leases: bool
+    read both in: such a store declares ``Roles.SLOT_LEASES`` (a Redis Cluster's does
+    not: its budget lives in a slot of its own)."""
 
     def take_slot_for(
         self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: int, entry: EntryKeys, lease: str
@@ -445,8 +462,6 @@ class AsyncBudgetStore(Protocol):
 
 class AsyncSlotLeaseStore(Protocol):
     """``SlotLeaseStore`` for the tasks of one event loop."""
-
-    checks_slot_leases: bool
 
     async def take_slot_for(
         self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: int, entry: EntryKeys, lease: str

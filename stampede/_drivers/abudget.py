@@ -48,10 +48,12 @@ from .._core.store import (
     AsyncStore,
     AsyncSubscription,
     LockState,
+    Roles,
+    roles_of,
 )
 from .._errors import BackendUnavailable, BudgetTimeout, ConfigError
 from .aperform import LEASE_HELD, AsyncHeldLease, arun
-from .budgets import LocalCount
+from .budget_table import LocalCount
 from .watchdog import AsyncWatchdog
 
 
@@ -143,7 +145,7 @@ class AsyncBudgetSlots:
             yield
             return
         store = self._store()
-        if not callable(getattr(store, "take_slot", None)):  # a store of one's own, without BudgetStore
+        if Roles.BUDGETS not in roles_of(store):  # a store of one's own, without BudgetStore
             raise ConfigError(f"max_concurrent_loads needs a store with load budgets; {type(store).__name__} has none")
         token = world.token(16)
         lease_held = LEASE_HELD.get()
@@ -244,7 +246,7 @@ class AsyncBudgetSlots:
 def _checks_lease(store: AsyncStore, lease: AsyncHeldLease | None) -> bool:
     """Whether ``store`` can make sure of ``lease`` as it grants a slot: the lease is the
     store's own (not a lease service's) and the store reads leases in its budget's steps."""
-    return lease is not None and lease.home is store and getattr(store, "checks_slot_leases", False) is True
+    return lease is not None and lease.home is store and Roles.SLOT_LEASES in roles_of(store)
 
 
 async def _lease_gone(lease_held: Callable[[], Awaitable[bool]]) -> bool:

@@ -55,7 +55,6 @@ from .._core.verify import (
     verification_failed,
 )
 from .._errors import BackendUnavailable
-from ..otel.traces import joining, lease_token
 from .abatched import AsyncBatchPerformer
 from .aperform import AsyncPerformer, arun
 from .batch import Entry, new_entry, performers_for
@@ -64,6 +63,7 @@ from .near import MISSING, NearCache
 from .refresh import report_stale
 from .singleflight import AsyncWaiter
 from .state import AsyncState, AsyncStates
+from .tracing import joining, lease_token
 
 
 class AsyncRunner(AsyncStates):

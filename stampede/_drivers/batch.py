@@ -18,9 +18,9 @@ from .._core.batch import Failed, One
 from .._core.effects import Acquire, Effect, Lease, Load, ReadTagClock, WriteRelease, milliseconds
 from .._core.flight import Flight
 from .._core.flow import Context
-from ..otel.traces import lease_token
 from .aperform import AsyncPerformer
 from .perform import Performer
+from .tracing import lease_token
 
 T = TypeVar("T")
 

@@ -45,12 +45,14 @@ from .._core.store import (
     LEASE_GONE,
     AcquireReply,
     LockState,
+    Roles,
     SlotLeaseStore,
     Store,
     Subscription,
+    roles_of,
 )
 from .._errors import BackendUnavailable, BudgetTimeout, ConfigError
-from .budgets import LocalCount
+from .budget_table import LocalCount
 from .perform import LEASE_HELD, HeldLease, run
 from .watchdog import Watchdog
 
@@ -143,7 +145,7 @@ class BudgetSlots:
             yield
             return
         store = self._store()
-        if not callable(getattr(store, "take_slot", None)):  # a store of one's own, without BudgetStore
+        if Roles.BUDGETS not in roles_of(store):  # a store of one's own, without BudgetStore
             raise ConfigError(f"max_concurrent_loads needs a store with load budgets; {type(store).__name__} has none")
         token = world.token(16)
         lease_held = LEASE_HELD.get()
@@ -233,7 +235,7 @@ class BudgetSlots:
 def _checks_lease(store: Store, lease: HeldLease | None) -> bool:
     """Whether ``store`` can make sure of ``lease`` as it grants a slot: the lease is the
     store's own (not a lease service's) and the store reads leases in its budget's steps."""
-    return lease is not None and lease.home is store and getattr(store, "checks_slot_leases", False) is True
+    return lease is not None and lease.home is store and Roles.SLOT_LEASES in roles_of(store)
 
 
 def _lease_gone(lease_held: Callable[[], bool]) -> bool:

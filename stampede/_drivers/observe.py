@@ -74,7 +74,7 @@ class Events:
             self._budget_wait_observers = (*self._budget_wait_observers, observer)  # type: ignore[arg-type]
 
     def feed(self, observer: Observer) -> None:
-        """Add ``observer`` unless it is added: how traces hear a layer (``stampede.otel.traces``),
+        """Add ``observer`` unless it is added: how traces hear a layer (``_drivers.tracing``),
         once its first traced call begins."""
         if observer not in self._observers:
             with self._adding:

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._fork import reset_after_fork
-from ..otel.traces import abackground, background
 from .observe import Events, RateLimitedLog
+from .tracing import abackground, background
 
 
 class Refresher:

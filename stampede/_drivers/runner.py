@@ -54,7 +54,6 @@ from .._core.verify import (
     verification_failed,
 )
 from .._errors import BackendUnavailable
-from ..otel.traces import joining, lease_token
 from .batch import Entry, new_entry, performers_for
 from .batched import BatchPerformer
 from .many import batch_name, finish_entry, first_failure, near_many, one_of, refreshed
@@ -63,6 +62,7 @@ from .perform import Performer, run
 from .refresh import report_stale
 from .singleflight import Waiter
 from .state import State, States
+from .tracing import joining, lease_token
 
 
 class Runner(States):

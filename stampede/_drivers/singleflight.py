@@ -26,6 +26,7 @@ from typing import Any
 
 from .._core.flight import Flight
 from .._fork import reset_after_fork
+from .._futures import settle
 
 
 class FlightTable:
@@ -159,8 +160,3 @@ class AsyncFlightTable:
 
 
 EXPIRY_SLACK = 0.001  # a loop may run a timer up to its clock resolution early
-
-
-def settle(future: asyncio.Future[bool], result: bool) -> None:
-    if not future.done():
-        future.set_result(result)

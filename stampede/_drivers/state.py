@@ -27,7 +27,6 @@ from .._core.leases import ONE_SERVER, LeasePolicy
 from .._core.store import AsyncLockServers, AsyncStore, LockServers, Store
 from .._core.verify import VERIFICATIONS_AT_ONCE
 from .._fork import reset_after_fork
-from ..otel.traces import GLOBAL, Tracing
 from .aleases import AsyncLeases
 from .leases import Leases
 from .near import NearCache
@@ -35,6 +34,7 @@ from .observe import Events, RateLimitedLog
 from .refresh import AsyncRefresher, Refresher, SharedVerdicts
 from .singleflight import AsyncFlightTable, FlightTable
 from .timeouts import finish_started
+from .tracing import GLOBAL, Tracing
 from .watchdog import LOOP_WATCHDOG, AsyncWatchdog, Watchdog
 
 FINISH_TIMEOUT = 5.0  # the longest a loop's close waits for writes and releases under way
@@ -103,7 +103,7 @@ class States:
         self.state = State(store, Leases(policy, store, servers), watchdog, refresher, verifier)
         self.near: NearCache | None = None  # the layer's, if it has one
         self._events = events
-        self.events = events  # what its calls' traces hear (``stampede.otel.traces``)
+        self.events = events  # what its calls' traces hear (``_drivers.tracing``)
         self.tracing: Tracing = GLOBAL  # which tracer its loaders' calls take (the layer's)
         self._warn = warn
 
@@ -150,7 +150,7 @@ class AsyncStates:
         self._refresh_limit = refreshes
         self.near: NearCache | None = None  # the layer's, if it has one
         self._events = events
-        self.events = events  # what its calls' traces hear (``stampede.otel.traces``)
+        self.events = events  # what its calls' traces hear (``_drivers.tracing``)
         self.tracing: Tracing = GLOBAL  # which tracer its loaders' calls take (the layer's)
         self._warn = warn
         self._lock = threading.Lock()  # loops may run in several threads

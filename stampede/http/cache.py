@@ -34,7 +34,7 @@ from .._acached import AsyncCachedLoader
 from .._cached import CachedLoader
 from .._core.results import Cached, Unkept, previous
 from .._layer import Stampede
-from .policy import (
+from ._policy import (
     DEFAULT_KEY_HEADERS,
     DEFAULT_STATUS_TTLS,
     DEFAULT_TAG_HEADERS,

@@ -12,9 +12,9 @@ from typing import Any
 from urllib.parse import quote
 
 from .._core.results import Cached
+from ._flow import Handover, Learn, Loaded, LoadResponse, Pass, ReadShape, Serve, respond
+from ._policy import Request, Stored, answer, invalidated, keep, revalidated, stored, validators
 from .cache import ResponseCache, Unshared, UpstreamError, masks_errors, page_tags, refreshed_page
-from .flow import Handover, Learn, Loaded, LoadResponse, Pass, ReadShape, Serve, respond
-from .policy import Request, Stored, answer, invalidated, keep, revalidated, stored, validators
 
 Environ = dict[str, Any]
 StartResponse = Callable[..., Callable[[bytes], object]]

@@ -39,7 +39,7 @@ import pytest
 from stampede import ConfigError, Stampede
 from stampede._core.codec import Codec
 from stampede._core.keys import EntryKeys, budget_keys, lock_keys
-from stampede._core.store import GRANTED, LEASE_GONE, TRACE_MARK, AcquireReply, LockState, Written
+from stampede._core.store import GRANTED, LEASE_GONE, TRACE_MARK, AcquireReply, LockState, Roles, Written, roles_of
 from stampede._core.tags import Tagged, TagKeys, TagSet, clock_key
 from stampede._core.versions import saw_versions, versions_seen
 
@@ -107,7 +107,7 @@ class OnLoop:
                 for each in self._call(name, keys)
             ]
         attribute = getattr(self._store, name)
-        if not callable(attribute):  # a capability the store says it has (checks_slot_leases)
+        if not callable(attribute):  # the roles the store says it has (optional_roles)
             return attribute  # type: ignore[no-any-return]
         return lambda *args, **options: self._call(name, *args, **options)
 
@@ -355,6 +355,7 @@ def test_named_locks_draw_growing_fences_and_queue_fairly(store: Any) -> None:
 
 
 def test_a_budgets_slots_go_to_its_size_of_holders_then_to_waiters_in_arrival_order(store: Any) -> None:
+    _needs(store, Roles.BUDGETS)
     keys = budget_keys("contract", f"budget-{uuid.uuid4().hex}", 200)
     assert [store.take_slot(keys, token, LEASE_MS, LEASE_MS, 2).state for token in "ab"] == [LockState.LOCKED] * 2
     held = store.take_slot(keys, "c", LEASE_MS, LEASE_MS, 2)  # c queues first
@@ -375,6 +376,7 @@ def test_a_budgets_slots_go_to_its_size_of_holders_then_to_waiters_in_arrival_or
 
 
 def test_a_hot_set_counts_its_members_keeps_the_most_counted_and_runs_out(store: Any) -> None:
+    _needs(store, Roles.HOT_SETS)
     key = f"contract:{{~hot:{uuid.uuid4().hex}}}:1"
     assert store.hot_members(key, 10) == []
     store.note_hot(key, {b"a": 1, b"b": 3, b"c": 2}, 10, LEASE_MS)
@@ -396,6 +398,7 @@ def test_a_hot_set_counts_its_members_keeps_the_most_counted_and_runs_out(store:
 
 
 def test_a_slot_nobody_renews_runs_out_and_a_waiter_who_stops_trying_loses_its_place(store: Any) -> None:
+    _needs(store, Roles.BUDGETS)
     # 1 s leases: b's take must come while a's slot lives (with 100 ms, a stalled CI
     # machine let a's slot run out first, and b took it).
     keys = budget_keys("contract", f"budget-{uuid.uuid4().hex}", 200)
@@ -410,6 +413,7 @@ def test_a_slot_nobody_renews_runs_out_and_a_waiter_who_stops_trying_loses_its_p
 
 
 def test_a_released_slot_is_handed_to_the_first_waiter_in_line_and_only_it_is_woken(store: Any) -> None:
+    _needs(store, Roles.BUDGETS)
     keys = budget_keys("contract", f"budget-{uuid.uuid4().hex}", 200)
     assert store.take_slot(keys, "a", LEASE_MS, LEASE_MS, 1).state is LockState.LOCKED
     assert [store.take_slot(keys, token, LEASE_MS, LEASE_MS, 1).state for token in "bcd"] == [LockState.HELD] * 3
@@ -434,8 +438,7 @@ def test_a_slot_for_an_entry_goes_to_its_waiter_only_while_the_entrys_lease_is_i
     grants it only while the lease is its own. A waiter whose lease an invalidation took
     is told ``LEASE_GONE`` in its turn and the slot goes to the next in line; asked
     again, it is refused at once and does not queue."""
-    if not getattr(store, "checks_slot_leases", False):
-        pytest.skip("this store's budget does not read the entries' leases: a load asks after its slot")
+    _needs(store, Roles.SLOT_LEASES)
     budget = budget_keys("contract", f"budget-{uuid.uuid4().hex}", 200)
     a, b, c = (EntryKeys.for_value(f"contract:{{item:{uuid.uuid4().hex}}}") for _ in range(3))
     for entry, token in ((a, "lease-a"), (b, "lease-b"), (c, "lease-c")):
@@ -693,3 +696,9 @@ def test_a_lease_taken_with_the_tag_clock_reads_it_as_a_load_about_to_begin(stor
     assert store.write_release(keys, "c", ENVELOPE, 60_000, True, Tagged(tags, later)) == Written.YES
     found = store.acquire(keys, "d", LEASE_MS, True, clock=tags.clock)
     assert found.state is LockState.VALUE and found.raw == ENVELOPE and found.since is None
+
+
+def _needs(store: Any, role: Roles) -> None:
+    """Skip a test of an optional role the store does not declare (``optional_roles``)."""
+    if role not in roles_of(store):
+        pytest.skip(f"this store does not declare {role}: a loader that needs it is refused at decoration")

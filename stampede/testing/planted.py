@@ -22,20 +22,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .. import Stampede
 from .._backend import MemoryStore
 from .._core import near, world
 from .._core.effects import Decision
 from .._core.flight import Flight
 from .._core.leases import OneServerSteps
 from .._core.store import AcquireReply
+from .._parts import LayerParts
 from .simulation import Faults
 from .workload import Mix
 
 _WRITE = MemoryStore._write_release
 _DECIDED = Flight.decided
 _TAKE_SLOT = MemoryStore._take_slot
-_FORGET = Stampede._forget
+_FORGET = LayerParts.forget
 _TAKE_LOCK = MemoryStore.take_lock
 _STEP_SUBSCRIBE = OneServerSteps.subscribe
 _STEP_ACQUIRE = OneServerSteps.acquire
@@ -79,14 +79,14 @@ def _only_the_dropped(members: list[str], dropped: list[str], tag_key: str) -> t
     return list(dropped), False
 
 
-def _near_copy_dropped_late(layer: Stampede, key: str) -> None:
+def _near_copy_dropped_late(parts: LayerParts, key: str) -> None:
     """The layer drops its own near copy of an invalidated entry after the invalidation
     has returned (at the event loop's next turn), not before."""
-    copies, layer._near = layer._near, None
+    copies, parts.near = parts.near, None
     try:
-        _FORGET(layer, key)
+        _FORGET(parts, key)
     finally:
-        layer._near = copies
+        parts.near = copies
     if copies is not None:
         asyncio.get_running_loop().call_soon(copies.drop, [key])
 
@@ -128,7 +128,7 @@ DEFECTS: dict[str, tuple[Any, ...]] = {
     "a late release deletes the next holder's lease": (MemoryStore, "release", _late_release),
     "a killed holder's budget slot never returned": (MemoryStore, "_take_slot", _slot_kept_by_the_dead),
     "invalidate_tag skips the near caches of entries already deleted": (near, "asked_of_a_tag", _only_the_dropped),
-    "a near copy dropped after the invalidation returns": (Stampede, "_forget", _near_copy_dropped_late),
+    "a near copy dropped after the invalidation returns": (LayerParts, "forget", _near_copy_dropped_late),
     "a named lock's fence drawn from the holder's clock": (MemoryStore, "take_lock", _fence_of_the_holder_s_clock),
     "a waiter that subscribes after its re-check": (
         (OneServerSteps, "subscribe", _subscription_put_off),

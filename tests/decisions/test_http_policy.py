@@ -1,4 +1,4 @@
-"""The HTTP cache's decisions (``stampede.http.policy`` and ``flow``), with no I/O."""
+"""The HTTP cache's decisions (``stampede.http._policy`` and ``flow``), with no I/O."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from stampede.http.flow import Learn, Loaded, LoadResponse, Pass, ReadShape, Serve, respond
-from stampede.http.policy import (
+from stampede.http._flow import Learn, Loaded, LoadResponse, Pass, ReadShape, Serve, respond
+from stampede.http._policy import (
     Keep,
     Request,
     Rules,
@@ -158,7 +158,7 @@ def test_the_flow_passes_what_it_cannot_share() -> None:
 
 
 def test_http_dates_in_their_three_forms_and_nothing_else() -> None:
-    from stampede.http.freshness import format_http_date, http_date
+    from stampede.http._freshness import format_http_date, http_date
 
     moment = 784111777.0  # Sun, 06 Nov 1994 08:49:37 GMT (RFC 9110's example)
     assert http_date("Sun, 06 Nov 1994 08:49:37 GMT") == moment
@@ -184,7 +184,7 @@ def test_http_dates_in_their_three_forms_and_nothing_else() -> None:
      (["1.5"], None), (["7;x=1"], None), (["0", "0"], None)],
 )  # fmt: skip
 def test_an_age_that_cannot_be_read_is_none(lines: list[str], age: float | None) -> None:
-    from stampede.http.freshness import age_of
+    from stampede.http._freshness import age_of
 
     assert age_of([("age", line) for line in lines]) == age
 
@@ -202,14 +202,14 @@ def test_freshness_counts_the_age_a_response_came_with() -> None:
 
 
 def test_if_none_match_reads_entity_tags_with_commas() -> None:
-    from stampede.http.policy import entity_tags
+    from stampede.http._policy import entity_tags
 
     assert entity_tags('"a,b", W/"c"') == ['"a,b"', 'W/"c"']
     assert entity_tags('"a", nonsense') is None
 
 
 def test_an_unsafe_method_invalidates_its_target_and_same_origin_locations() -> None:
-    from stampede.http.policy import invalidated
+    from stampede.http._policy import invalidated
 
     post = request("POST")
     headers = [("location", "https://example.com/new?x=1"), ("content-location", "https://other.example/p")]

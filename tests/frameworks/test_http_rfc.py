@@ -331,7 +331,7 @@ def test_a_404_made_explicitly_stale_is_not_kept_by_the_status_ttl(site: tuple[S
 
 
 def test_the_origins_date_is_kept(site: tuple[Site, Client]) -> None:
-    from stampede.http.freshness import format_http_date
+    from stampede.http._freshness import format_http_date
 
     served, client = site
     date = format_http_date(time.time() - 5)
@@ -509,7 +509,7 @@ def test_a_vary_learnt_in_one_worker_costs_another_no_extra_call(redis_url: str,
 
 
 def json_base(target: str) -> str:
-    from stampede.http.policy import Request, Rules, base_key
+    from stampede.http._policy import Request, Rules, base_key
 
     return base_key(Request("GET", "http", "site.test", target, "", [("host", "site.test")]), Rules())
 

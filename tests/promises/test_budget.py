@@ -20,7 +20,7 @@ import redis
 
 from stampede import BudgetTimeout, ConfigError, Stampede
 from stampede._core.keys import EntryKeys, budget_keys
-from stampede._core.store import LockState
+from stampede._core.store import LockState, Roles, roles_of
 from stampede.testing.servers import free_port
 
 from ..modes import Blocking, OnALoop
@@ -445,7 +445,7 @@ def test_a_budgeted_load_asks_after_its_lease_only_where_its_store_could_not_gra
         assert [load(key) for key in "abc"] == [{"id": key} for key in "abc"]
     finally:
         del store.renew
-    assert getattr(store, "checks_slot_leases", False) is (ASKED_AFTER_THE_SLOT[family] == 0)
+    assert (Roles.SLOT_LEASES in roles_of(store)) is (ASKED_AFTER_THE_SLOT[family] == 0)
     assert len(asked) == 3 * ASKED_AFTER_THE_SLOT[family], asked
     assert _slots_held(layer, "item:{key}") == 0
 

@@ -177,7 +177,10 @@ def test_a_lease_service_is_composed_into_a_new_backend_not_written_into_one(red
 
 
 class WithoutBudgets(Metered):
-    """A store of one's own that implements no ``BudgetStore``."""
+    """A store of one's own that implements no ``BudgetStore``, and so declares only hot
+    sets among the optional roles (``stampede.backends.Roles``)."""
+
+    optional_roles = backends.Roles.HOT_SETS
 
     def __getattr__(self, name: str) -> Any:
         if name in ("take_slot", "renew_slot", "release_slot"):

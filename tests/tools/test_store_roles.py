@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import inspect
 
-from stampede import backends
+from stampede import Stampede, backends
 
 ROLES = [
     backends.EntryStore, backends.ManyKeyStore, backends.TagStore, backends.NamedLockStore, backends.BudgetStore,
@@ -41,3 +41,23 @@ def test_each_async_role_has_its_blocking_roles_commands() -> None:
 def test_one_by_one_is_the_many_key_role() -> None:
     assert _own(backends.OneByOne) == _own(backends.ManyKeyStore)
     assert _own(backends.AsyncOneByOne) == _own(backends.AsyncManyKeyStore)
+
+
+def test_a_store_declares_its_optional_roles_and_has_their_commands(redis_url: str) -> None:
+    """Budgets, hot sets and slot leases are the optional roles (``backends.Roles``): a
+    shipped store declares each it has, and a role declared is a role implemented."""
+    every = backends.Roles.BUDGETS | backends.Roles.HOT_SETS | backends.Roles.SLOT_LEASES
+    commands = {
+        backends.Roles.BUDGETS: _own(backends.BudgetStore),
+        backends.Roles.HOT_SETS: _own(backends.HotSetStore),
+        backends.Roles.SLOT_LEASES: _own(backends.SlotLeaseStore),
+    }
+    for layer in (Stampede(namespace="roles"), Stampede.from_url(redis_url, namespace="roles")):
+        try:
+            store = layer.store()
+            assert backends.roles_of(store) == every
+            for role, names in commands.items():
+                assert role in backends.roles_of(store) and all(callable(getattr(store, name)) for name in names)
+        finally:
+            layer.close()
+    assert backends.roles_of(object()) == backends.Roles.NONE  # a store that declares nothing has none

@@ -30,7 +30,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 from stampede import Stampede
 from stampede._core.keys import EntryKeys
-from stampede.otel import traces as tracing
+from stampede._drivers import tracing
 
 from ..scenarios import LineWorker, WaitsBegun, wait_until
 
@@ -545,7 +545,7 @@ class Refuse:
 
 sys.meta_path.insert(0, Refuse())
 from stampede import Stampede
-from stampede.otel import traces
+from stampede._drivers import tracing as traces
 
 assert traces.otel_trace is None and traces.GLOBAL.tracer is None and not traces.GLOBAL.asking
 layer = Stampede(namespace="untraced")

@@ -25,6 +25,7 @@ from ..._core.store import (
     AcquireReply,
     AsyncSubscription,
     LockState,
+    Roles,
     Subscription,
     Written,
 )
@@ -39,6 +40,8 @@ from .tags import Tags
 
 class MemoryStore(OneByOne):
     """A Store in memory. Thread-safe. Shared by every loader of one layer."""
+
+    optional_roles = Roles.BUDGETS | Roles.HOT_SETS | Roles.SLOT_LEASES
 
     def __init__(
         self,
@@ -252,8 +255,6 @@ class MemoryStore(OneByOne):
                 return []
             ranked = sorted(scores.items(), key=lambda item: (item[1], item[0]), reverse=True)
         return ranked[:count]
-
-    checks_slot_leases = True  # SlotLeaseStore: the entries' leases are here too
 
     def take_slot(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: int) -> AcquireReply:
         now = self._clock()
@@ -469,6 +470,8 @@ class AsyncMemoryStore(AsyncOneByOne):
     asyncio callers of one layer share entries, leases and wake-ups), its brief
     in-memory steps called directly from the loop."""
 
+    optional_roles = MemoryStore.optional_roles
+
     def __init__(self, store: MemoryStore) -> None:
         self._store = store
 
@@ -526,8 +529,6 @@ class AsyncMemoryStore(AsyncOneByOne):
 
     async def take_slot(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: int) -> AcquireReply:
         return self._store.take_slot(keys, token, lease_ms, queue_ms, slots)
-
-    checks_slot_leases = True
 
     async def take_slot_for(
         self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: int, entry: EntryKeys, lease: str

@@ -24,7 +24,7 @@ import psycopg
 import psycopg.errors
 
 from ..._core.keys import EntryKeys, check_key, entry_value_keys, failing_key
-from ..._core.store import AcquireReply, AsyncSubscription, Written
+from ..._core.store import AcquireReply, AsyncSubscription, Roles, Written
 from ..._core.tags import Tagged, TagKeys
 from ..._core.versions import saw_versions
 from ..._errors import BackendUnavailable
@@ -49,7 +49,9 @@ from .pools import (
 
 class AsyncPostgresStore(AsyncOneByOne):
     """A store in a PostgreSQL database, over ``pool``. It closes the pool on close if
-    ``owns_pool``."""
+    ``owns_pool``. Its budgets' slots read the entries' leases, rows of the same database."""
+
+    optional_roles = Roles.BUDGETS | Roles.HOT_SETS | Roles.SLOT_LEASES
 
     def __init__(
         self,
@@ -253,8 +255,6 @@ class AsyncPostgresStore(AsyncOneByOne):
     async def take_slot(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: int) -> AcquireReply:
         statement = sql.take_slot(keys, token, lease_ms, queue_ms, slots)
         return sql.take_slot_reply(await self._one("take a slot of", keys.value, statement))
-
-    checks_slot_leases = True  # SlotLeaseStore: the leases are rows of this database too
 
     async def take_slot_for(
         self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: int, entry: EntryKeys, lease: str

@@ -20,7 +20,15 @@ from typing import Any, TypeVar
 
 from ..._core.keys import EntryKeys, check_key, entry_value_keys, failing_key
 from ..._core.near import NearChannel, asked_of_a_tag
-from ..._core.store import AcquireCall, AcquireReply, AsyncSubscription, LockState, WriteCall, Written
+from ..._core.store import (
+    AcquireCall,
+    AcquireReply,
+    AsyncSubscription,
+    LockState,
+    Roles,
+    WriteCall,
+    Written,
+)
 from ..._core.tags import Tagged, TagKeys
 from ..._core.versions import saw_versions
 from ..._errors import BackendUnavailable
@@ -87,7 +95,7 @@ class AsyncRedisStore(AsyncSending):
         self._near_in_script = near if not is_cluster(client) else None
         # One server: a budget's scripts read the lease of the entry a slot is for
         # (SlotLeaseStore). A cluster: the budget's keys live in a slot of their own.
-        self.checks_slot_leases = not is_cluster(client)
+        self.optional_roles = Roles.BUDGETS | Roles.HOT_SETS | (Roles.NONE if is_cluster(client) else Roles.SLOT_LEASES)
         self._blmpop = True  # until a server (before Redis 7) says it has no BLMPOP
         self._start_sending(owns_client, slots, slot_timeout, switches)
         self._subscriber: AsyncSubscriber | AsyncShardedSubscriber = (
@@ -538,7 +546,7 @@ class AsyncRedisStore(AsyncSending):
     async def take_slot_for(
         self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int, slots: int, entry: EntryKeys, lease: str
     ) -> AcquireReply:
-        assert self.checks_slot_leases, "a cluster's budget cannot read an entry's lease"
+        assert Roles.SLOT_LEASES in self.optional_roles, "a cluster's budget cannot read an entry's lease"
         with self._translated("take a slot of", keys.lock):
             call = _scripts.take_slot_call(keys, token, lease_ms, queue_ms, slots, entry, lease)
             return acquire_reply(await self._send(keys.lock, self._scripts.take_slot, *call))

@@ -7,7 +7,7 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
-from .policy import (
+from ._policy import (
     SAFE_METHODS,
     Answer,
     Request,

@@ -41,7 +41,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .freshness import (
+from ._freshness import (
     Headers,
     control,
     delta_seconds,
