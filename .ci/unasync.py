@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # (asyncio source, blocking module), from the repository's root.
 GENERATED = [
     ("stampede/_acached.py", "stampede/_cached.py"),
+    ("stampede/_backends/aeach.py", "stampede/_backends/each.py"),
     ("stampede/_backends/asteps.py", "stampede/_backends/steps.py"),
     ("stampede/_backends/postgres/astore.py", "stampede/_backends/postgres/store.py"),
     ("stampede/_backends/redis/alock_servers.py", "stampede/_backends/redis/lock_servers.py"),
@@ -50,9 +51,13 @@ GENERATED = [
     ("stampede/_backends/zookeeper/alocks.py", "stampede/_backends/zookeeper/locks.py"),
     ("stampede/_drivers/abatched.py", "stampede/_drivers/batched.py"),
     ("stampede/_drivers/abudget.py", "stampede/_drivers/budget.py"),
+    ("stampede/_drivers/adrive.py", "stampede/_drivers/drive.py"),
     ("stampede/_drivers/aleases.py", "stampede/_drivers/leases.py"),
+    ("stampede/_drivers/amany_keys.py", "stampede/_drivers/many_keys.py"),
+    ("stampede/_drivers/aone_key.py", "stampede/_drivers/one_key.py"),
     ("stampede/_drivers/aperform.py", "stampede/_drivers/perform.py"),
     ("stampede/_drivers/arunner.py", "stampede/_drivers/runner.py"),
+    ("stampede/_drivers/averify.py", "stampede/_drivers/verify.py"),
     ("tests/aleased.py", "tests/leased.py"),
 ]
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from ._backends.each import AsyncOneByOne as AsyncOneByOne  # stampede.backends shows them
+from ._backends.aeach import AsyncOneByOne as AsyncOneByOne  # stampede.backends shows them
 from ._backends.each import OneByOne as OneByOne
 from ._backends.mailbox import LoopMailbox as LoopMailbox  # the simulator's (stampede.testing.simulation)
 from ._backends.memory.store import AsyncMemoryStore as AsyncMemoryStore

@@ -1,3 +1,5 @@
+# Generated from aeach.py by .ci/unasync.py: do not edit.
+# Edit the asyncio source, then run `python .ci/unasync.py`.
 """The many-key commands of a store that sends one command per entry: the embedded
 store, whose commands are steps in memory with no round trip to save, and PostgreSQL,
 which reads a page in one statement (its own ``get_many``) but takes leases and writes
@@ -12,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .._core.keys import EntryKeys
-from .._core.store import AcquireCall, AcquireReply, AsyncSubscription, Subscription, WriteCall, Written
+from .._core.store import AcquireCall, AcquireReply, Subscription, WriteCall, Written
 from .._errors import BackendUnavailable
 
 
@@ -48,47 +50,6 @@ class OneByOne:
         try:
             for entry in keys:
                 subscriptions.append(self.subscribe(entry))  # type: ignore[attr-defined]
-        except BaseException:
-            for subscription in subscriptions:
-                subscription.close()
-            raise
-        return subscriptions
-
-
-class AsyncOneByOne:
-    """``AsyncStore``'s many-key commands, one single-key command per entry."""
-
-    async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
-        return [await self.get(key) for key in keys]  # type: ignore[attr-defined]
-
-    async def get_many_with_ttl(
-        self, keys: Sequence[str], failing: bool = False
-    ) -> list[tuple[bytes | None, float, bool]]:
-        return [await self.get_with_ttl(key, failing) for key in keys]  # type: ignore[attr-defined]
-
-    async def acquire_many(self, calls: Sequence[AcquireCall]) -> list[AcquireReply | BackendUnavailable]:
-        replies: list[AcquireReply | BackendUnavailable] = []
-        for call in calls:
-            try:
-                replies.append(await self.acquire(*call))  # type: ignore[attr-defined]
-            except BackendUnavailable as error:
-                replies.append(error)
-        return replies
-
-    async def write_release_many(self, calls: Sequence[WriteCall]) -> list[Written | BackendUnavailable]:
-        replies: list[Written | BackendUnavailable] = []
-        for call in calls:
-            try:
-                replies.append(await self.write_release(*call))  # type: ignore[attr-defined]
-            except BackendUnavailable as error:
-                replies.append(error)
-        return replies
-
-    async def subscribe_many(self, keys: Sequence[EntryKeys]) -> Sequence[AsyncSubscription | BackendUnavailable]:
-        subscriptions: list[AsyncSubscription] = []
-        try:
-            for entry in keys:
-                subscriptions.append(await self.subscribe(entry))  # type: ignore[attr-defined]
         except BaseException:
             for subscription in subscriptions:
                 subscription.close()

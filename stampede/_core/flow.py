@@ -45,7 +45,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from .._errors import (
     BackendUnavailable,
@@ -84,6 +84,7 @@ from .tags import TAGGED_LOAD_LIMIT, Tagged, Tagging, TagSet
 from .verify import Sample
 
 Flow = Decision[Any]
+T = TypeVar("T")
 
 
 class WarningLog(Protocol):
@@ -306,135 +307,166 @@ def fill(ctx: Context, miss: Miss | FailedRead | Stale = Miss.ABSENT) -> Flow:
         wait.end("error")  # still open: an exception or an interruption ended it
 
 
+@dataclass
+class _Filling:
+    """What one caller's fill knows between two acquisitions (``_fill``'s loop)."""
+
+    deadline: float  # the caller's wait_timeout runs out (``ctx.clock``)
+    fallback: Stale | None  # what a failed load serves, within stale_if_error
+    check_value: bool  # the next acquisition reads the value (not after a corrupt one)
+    taken_over: bytes  # the lease is taken over this value only (a stale one's identity)
+    subscribed: bool = False  # to the entry's channel: no wake-up can be missed now
+    load_deadline: float = math.inf  # nobody waits longer for one load (set when the wait begins)
+    silent_wait: bool = False  # the last wait ended with no message: a dead holder is possible
+
+
+class _Step(enum.Enum):
+    AGAIN = "again"  # a step's outcome when the fill must acquire again
+
+
+_AGAIN = _Step.AGAIN
+
+
 def _fill(ctx: Context, miss: Miss | Stale, wait: Wait) -> Flow:
-    settings, key = ctx.settings, ctx.keys.value
-    deadline = ctx.clock() + settings.wait_timeout
+    """Acquire until the call has its value: found on a re-check (``_found``), loaded
+    under the lease (``_locked``), or waited for while another holder loads (``_held``).
+    Each step returns the call's value, or ``_AGAIN``."""
     stale = miss if isinstance(miss, Stale) else None
-    fallback = stale if stale is not None and stale.on_error else None
-    check_value = miss is not Miss.CORRUPT
-    taken_over = stale.identity if stale is not None else b""  # the lease is taken over this value only
+    filling = _Filling(
+        deadline=ctx.clock() + ctx.settings.wait_timeout,
+        fallback=stale if stale is not None and stale.on_error else None,
+        check_value=miss is not Miss.CORRUPT,
+        taken_over=stale.identity if stale is not None else b"",
+    )
     if stale is not None and stale.raw is not None:
         ctx.previous = stale.raw
-    subscribed = False
-    load_deadline = math.inf  # set when the wait begins, with a load timeout
-    silent_wait = False  # the last wait ended with no message: a dead holder is possible
     while True:
-        try:
-            reply: AcquireReply = yield from ctx.leases.acquire(check_value, taken_over)
-        except BackendUnavailable as error:
+        reply = yield from _guarded(ctx, ctx.leases.acquire(filling.check_value, filling.taken_over))
+        if isinstance(reply, BackendUnavailable):
             wait.end("error")
-            return (yield from _backend_failed(ctx, error))
-        except GeneratorExit:
-            raise
-        except BaseException:
-            # Interrupted (a cancelled task) with the command possibly run: the lock may
-            # be ours. Releasing by token is safe either way, and waiters need not wait
-            # out a lease nobody renews.
-            yield from _release(ctx)
-            raise
-
+            return (yield from _backend_failed(ctx, reply))
         if reply.state is LockState.VALUE:
-            assert reply.raw is not None
-            decoded = ctx.codec.decode(reply.raw)
-            if decoded.kind is not Kind.CORRUPT and 0 <= reply.ttl_left <= decoded.stale_for:
-                # Past its ttl (an expire() since the first read): never fresh again. The
-                # lease is taken over it as after a stale first read, and within
-                # stale_if_error it is what a failed load serves.
-                log.debug("%s: the value found on re-check is past its ttl; refreshing it", key)
-                stale = Stale(
-                    decoded.value,
-                    identity(reply.raw),
-                    on_error=decoded.stale_for - reply.ttl_left < settings.stale_if_error,
-                    raw=reply.raw,
-                )
-                taken_over, ctx.previous = stale.identity, reply.raw
-                if fallback is None and stale.on_error:
-                    fallback = stale
-                continue
-            if decoded.kind is not Kind.CORRUPT:
-                log.debug("%s: value found on re-check", key)
-                wait.end("value")
-                ctx.raw = reply.raw
-                return decoded.value
-            _corrupt(ctx, decoded.problem)
-            check_value = False
-            continue
+            outcome = _found(ctx, filling, reply, wait)
+        elif reply.state is LockState.LOCKED:
+            outcome = yield from _locked(ctx, filling, reply, wait)
+        else:
+            outcome = yield from _held(ctx, filling, reply, wait)
+        if outcome is not _AGAIN:
+            return outcome
 
-        if reply.state is LockState.LOCKED:
-            if subscribed:
-                value = yield from _settle(ctx)
-                if value is not NOT_A_VALUE:
-                    wait.end("value")
-                    return value
-            wait.end("takeover")
-            if silent_wait:
-                ctx.events.incr("takeovers")
-                log.info(
-                    "%s: the holder's lease ran out with nothing written; taking over",
-                    key,
-                    extra=log_extra(key, "takeover"),
-                )
-            hold = settings.stale_retry_interval if fallback is not None else 0.0
-            value = yield from _load_and_write(ctx, hold, fallback=fallback, deadline=load_deadline, since=reply.since)
-            if value is LEASE_LOST:  # invalidated while its load waited for a budget slot
-                check_value = True  # start over: another caller may be loading the key now
-                continue
-            if value is LOAD_FAILED:
-                if fallback is None:  # a load cancelled at load_timeout: its hold keeps the lease
-                    assert ctx.load_error is not None
-                    raise ctx.load_error
-                return _serve_stale(ctx, fallback, "the load failed")
+
+def _found(ctx: Context, filling: _Filling, reply: AcquireReply, wait: Wait) -> Any:
+    """A value on re-check: the call's, unless it is corrupt (read past) or past its ttl
+    (an expire() since the first read: never fresh again, so the lease is taken over it
+    as after a stale first read, and within stale_if_error a failed load serves it)."""
+    assert reply.raw is not None
+    key = ctx.keys.value
+    decoded = ctx.codec.decode(reply.raw)
+    if decoded.kind is Kind.CORRUPT:
+        _corrupt(ctx, decoded.problem)
+        filling.check_value = False
+        return _AGAIN
+    if 0 <= reply.ttl_left <= decoded.stale_for:
+        log.debug("%s: the value found on re-check is past its ttl; refreshing it", key)
+        on_error = decoded.stale_for - reply.ttl_left < ctx.settings.stale_if_error
+        stale = Stale(decoded.value, identity(reply.raw), on_error=on_error, raw=reply.raw)
+        filling.taken_over, ctx.previous = stale.identity, reply.raw
+        if filling.fallback is None and stale.on_error:
+            filling.fallback = stale
+        return _AGAIN
+    log.debug("%s: value found on re-check", key)
+    wait.end("value")
+    ctx.raw = reply.raw
+    return decoded.value
+
+
+def _locked(ctx: Context, filling: _Filling, reply: AcquireReply, wait: Wait) -> Flow:
+    """The lease is this caller's: a waiter first takes a value its last holder sent only
+    in its message (``_settle``), else it loads and writes (a takeover, if the holder it
+    waited for went silent)."""
+    if filling.subscribed:
+        value = yield from _settle(ctx)
+        if value is not NOT_A_VALUE:
+            wait.end("value")
             return value
+    wait.end("takeover")
+    if filling.silent_wait:
+        ctx.events.incr("takeovers")
+        log.info(
+            "%s: the holder's lease ran out with nothing written; taking over",
+            ctx.keys.value,
+            extra=log_extra(ctx.keys.value, "takeover"),
+        )
+    fallback = filling.fallback
+    hold = ctx.settings.stale_retry_interval if fallback is not None else 0.0
+    value = yield from _load_and_write(ctx, hold, fallback=fallback, deadline=filling.load_deadline, since=reply.since)
+    if value is LEASE_LOST:  # invalidated while its load waited for a budget slot
+        filling.check_value = True  # start over: another caller may be loading the key now
+        return _AGAIN
+    if value is LOAD_FAILED:
+        if fallback is None:  # a load cancelled at load_timeout: its hold keeps the lease
+            assert ctx.load_error is not None
+            raise ctx.load_error
+        return _serve_stale(ctx, fallback, "the load failed")
+    return value
 
-        if fallback is not None and reply.failed:
-            wait.end("error")
-            return _serve_stale(ctx, fallback, "a failed load's hold is on the lease")
-        # Another holder is loading. What it writes is fresh, so read it on re-checks.
-        check_value = True
-        if reply.holder:
-            ctx.holder = reply.holder
-        if not subscribed:
-            ctx.events.incr("lock_waits")
-            wait.begin()
-            bound = _load_bound(settings, fallback)
-            if bound:  # nobody waits longer than that for one load (see _core.effects.Load),
-                # from when the call began: a caller that started over (its leader's stale
-                # value was read before it arrived) does not wait the bound a second time.
-                load_deadline = min(ctx.clock(), ctx.began or math.inf) + bound
-            log.debug("%s: lock held elsewhere (%.3f s left); subscribing", key, reply.lease_left)
-            try:
-                yield from ctx.leases.subscribe()
-            except BackendUnavailable as error:
-                wait.end("error")
-                return (yield from _backend_failed(ctx, error))
-            subscribed = True
-            continue  # re-check now that no wake-up can be missed
-        if ctx.clock() >= load_deadline:
-            wait.end("timeout")
-            return _load_timed_out(ctx, fallback, "the load it waited for ran past")
-        remaining = min(deadline, load_deadline) - ctx.clock()
-        if remaining <= 0:
-            wait.end("timeout")
-            if fallback is not None:
-                ctx.events.incr("wait_timeouts")
-                return _serve_stale(ctx, fallback, "the wait for another load timed out")
-            return (yield from after_wait_timeout(ctx))
-        lease_left = reply.lease_left if reply.lease_left > 0 else settings.lock_ttl
-        timeout = min(remaining, lease_left + LEASE_MARGIN, settings.recheck_interval)
+
+def _held(ctx: Context, filling: _Filling, reply: AcquireReply, wait: Wait) -> Flow:
+    """Another holder is loading, and what it writes is fresh: subscribe to its message
+    once (then re-check, so that no wake-up is missed), and after that wait for it within
+    every bound (the call's wait_timeout, the load's bound, the holder's lease,
+    recheck_interval). A value in the message is the call's; any other wake-up, or none,
+    means acquire again."""
+    settings, fallback = ctx.settings, filling.fallback
+    if fallback is not None and reply.failed:
+        wait.end("error")
+        return _serve_stale(ctx, fallback, "a failed load's hold is on the lease")
+    filling.check_value = True
+    if reply.holder:
+        ctx.holder = reply.holder
+    if not filling.subscribed:
+        ctx.events.incr("lock_waits")
+        wait.begin()
+        bound = _load_bound(settings, fallback)
+        if bound:  # nobody waits longer than that for one load (see _core.effects.Load),
+            # from when the call began: a caller that started over (its leader's stale
+            # value was read before it arrived) does not wait the bound a second time.
+            filling.load_deadline = min(ctx.clock(), ctx.began or math.inf) + bound
+        log.debug("%s: lock held elsewhere (%.3f s left); subscribing", ctx.keys.value, reply.lease_left)
         try:
-            notice = yield AwaitNotice(timeout)
+            yield from ctx.leases.subscribe()
         except BackendUnavailable as error:
             wait.end("error")
             return (yield from _backend_failed(ctx, error))
-        silent_wait = notice is None
-        if notice:
-            decoded = ctx.codec.decode(notice)
-            if decoded.kind is not Kind.CORRUPT:
-                log.debug("%s: woken with the value", key)
-                wait.end("value")
-                ctx.via_notice, ctx.raw = True, notice
-                return decoded.value
-        log.debug("%s: %s; re-checking", key, "no message" if notice is None else "state changed")
+        filling.subscribed = True
+        return _AGAIN  # re-check now that no wake-up can be missed
+    if ctx.clock() >= filling.load_deadline:
+        wait.end("timeout")
+        return _load_timed_out(ctx, fallback, "the load it waited for ran past")
+    remaining = min(filling.deadline, filling.load_deadline) - ctx.clock()
+    if remaining <= 0:
+        wait.end("timeout")
+        if fallback is not None:
+            ctx.events.incr("wait_timeouts")
+            return _serve_stale(ctx, fallback, "the wait for another load timed out")
+        return (yield from after_wait_timeout(ctx))
+    lease_left = reply.lease_left if reply.lease_left > 0 else settings.lock_ttl
+    timeout = min(remaining, lease_left + LEASE_MARGIN, settings.recheck_interval)
+    try:
+        notice = yield AwaitNotice(timeout)
+    except BackendUnavailable as error:
+        wait.end("error")
+        return (yield from _backend_failed(ctx, error))
+    filling.silent_wait = notice is None
+    if notice:
+        decoded = ctx.codec.decode(notice)
+        if decoded.kind is not Kind.CORRUPT:
+            log.debug("%s: woken with the value", ctx.keys.value)
+            wait.end("value")
+            ctx.via_notice, ctx.raw = True, notice
+            return decoded.value
+    log.debug("%s: %s; re-checking", ctx.keys.value, "no message" if notice is None else "state changed")
+    return _AGAIN
 
 
 def _settle(ctx: Context) -> Flow:
@@ -443,16 +475,8 @@ def _settle(ctx: Context) -> Flow:
     its message may still be on its way: take the value from it (it was written after
     this caller subscribed) and give the lease back, rather than load again.
     ``NOT_A_VALUE``: nothing came, the lease is kept, and the caller loads."""
-    try:
-        notice = yield SettleNotice()
-    except BackendUnavailable:
-        return NOT_A_VALUE
-    except GeneratorExit:
-        raise
-    except BaseException:
-        yield from _release(ctx)  # interrupted while the lease is ours
-        raise
-    if not notice:
+    notice = yield from _guarded(ctx, _asked(SettleNotice()))
+    if isinstance(notice, BackendUnavailable) or not notice:
         return NOT_A_VALUE
     decoded = ctx.codec.decode(notice)
     if decoded.kind is Kind.CORRUPT:
@@ -461,6 +485,39 @@ def _settle(ctx: Context) -> Flow:
     yield from _release(ctx)
     ctx.via_notice, ctx.raw = True, notice
     return decoded.value
+
+
+def _guarded(ctx: Context, step: Decision[T]) -> Decision[T | BackendUnavailable]:
+    """``step``, taken while the lease may be this caller's. A failure of the store comes
+    back as the error, for the caller to decide what it means there. An interruption (a
+    cancelled task, KeyboardInterrupt), with the command possibly run, releases the lease
+    by token before it goes on: releasing is safe either way, and waiters need not wait
+    out a lease nobody renews. A closed flow (``GeneratorExit``) yields nothing more."""
+    try:
+        return (yield from step)
+    except BackendUnavailable as error:
+        return error
+    except GeneratorExit:
+        raise
+    except BaseException:
+        yield from _release(ctx)
+        raise
+
+
+def _asked(effect: Effect) -> Flow:
+    """One effect as a step: its reply."""
+    return (yield effect)
+
+
+def _unwritten(ctx: Context, error: BackendUnavailable, value: Any) -> Flow:
+    """A write (or a touch) the store failed to answer: ``value`` is this caller's, not
+    its joiners' (the write may have run or not), and the lease is released unless the
+    store timed out (a stalled server would hold this caller for another timeout)."""
+    _count_backend_error(ctx, error)
+    ctx.unwritten = True
+    if not error.timed_out:
+        yield from _release(ctx)
+    return value
 
 
 def _load_uncached(ctx: Context) -> Flow:
@@ -520,16 +577,10 @@ def refresh(ctx: Context, stale: bytes, life_left: float = -1.0, previous: bytes
     key = ctx.keys.value
     ctx.previous = previous
     gone_at = math.inf if life_left < 0 else ctx.clock() + life_left
-    try:
-        reply: AcquireReply = yield from ctx.leases.acquire(True, stale)
-    except BackendUnavailable as error:
-        _count_backend_error(ctx, error)
+    reply = yield from _guarded(ctx, ctx.leases.acquire(True, stale))
+    if isinstance(reply, BackendUnavailable):
+        _count_backend_error(ctx, reply)
         return
-    except GeneratorExit:
-        raise
-    except BaseException:
-        yield from _release(ctx)
-        raise
     if reply.state is not LockState.LOCKED:
         log.debug("%s: no refresh: %s", key, "already refreshed" if reply.raw else "the lease is held")
         return
@@ -618,16 +669,11 @@ def _load_and_write(
     if ctx.tags is None:
         since = 0
     elif since is None:
-        try:
-            since = yield ReadTagClock(ctx.tags.clock)  # the load begins now (see _core.tags)
-        except BackendUnavailable as error:
+        clock = yield from _guarded(ctx, _asked(ReadTagClock(ctx.tags.clock)))  # the load begins now (_core.tags)
+        if isinstance(clock, BackendUnavailable):
             yield from _release(ctx)
-            return (yield from _backend_failed(ctx, error))
-        except GeneratorExit:
-            raise
-        except BaseException:
-            yield from _release(ctx)
-            raise
+            return (yield from _backend_failed(ctx, clock))
+        since = clock
     loaded_at, started = ctx.wall_clock(), ctx.clock()
     ctx.events.incr("loads")
     ctx.events.began("load")
@@ -704,25 +750,15 @@ def _write_loaded(ctx: Context, value: Any, since: int, loaded_at: float, starte
             yield from _release(ctx)
             return value
         tagged = Tagged(write.tags, since)
-    try:
-        written = yield from ctx.leases.write_release(write.envelope, write.ttl_ms, write.inline, tagged)
-    except BackendUnavailable as error:
+    written = yield from _guarded(ctx, ctx.leases.write_release(write.envelope, write.ttl_ms, write.inline, tagged))
+    if isinstance(written, BackendUnavailable):
         # The value is good for this caller. But whether the write ran, or was refused
         # because an invalidation took the lease, is unknown: not for the joiners. An error
         # reply (OOM) ran nothing, and a cut connection may not have: release the lease so
         # that waiters elsewhere retry now rather than after it runs out (by token: if the
         # write did run, the lease is gone and nothing is released). Not after a timeout:
         # a stalled server would hold this caller for another one. The lease runs out.
-        _count_backend_error(ctx, error)
-        ctx.unwritten = True
-        if not error.timed_out:
-            yield from _release(ctx)
-        return value
-    except GeneratorExit:
-        raise
-    except BaseException:
-        yield from _release(ctx)  # interrupted: the write may not have run
-        raise
+        return (yield from _unwritten(ctx, written, value))
     if written != Written.YES:  # the stores reply a Written (an int: True and False also do)
         # The lease was lost during the load: invalidated, or expired while this holder
         # was paused. The value is returned to this caller, whose call began before. But
@@ -781,19 +817,9 @@ def _keep_previous(ctx: Context, since: int, started: float, rules: Cached[Any] 
         ttl = rules.ttl
     ttl_ms = milliseconds(_jittered(ctx, ttl) + decoded.stale_for)
     ctx.raw = raw
-    try:
-        kept = yield from ctx.leases.touch(identity(raw), ttl_ms)
-    except BackendUnavailable as error:
-        _count_backend_error(ctx, error)
-        ctx.unwritten = True
-        if not error.timed_out:
-            yield from _release(ctx)
-        return decoded.value
-    except GeneratorExit:
-        raise
-    except BaseException:
-        yield from _release(ctx)
-        raise
+    kept = yield from _guarded(ctx, ctx.leases.touch(identity(raw), ttl_ms))
+    if isinstance(kept, BackendUnavailable):
+        return (yield from _unwritten(ctx, kept, decoded.value))
     if kept != Written.YES:
         ctx.unwritten = True  # invalidated meanwhile, or the value is another: not for the joiners
         log.info("%s: the value kept as not modified was gone or replaced; nothing kept", key)

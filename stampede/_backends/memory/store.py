@@ -32,8 +32,9 @@ from ..._core.store import (
 from ..._core.tags import Tagged, TagKeys
 from ..._core.versions import saw_versions
 from ..._fork import reset_after_fork
+from ..aeach import AsyncOneByOne
 from ..channels import Mailbox, Waiting
-from ..each import AsyncOneByOne, OneByOne
+from ..each import OneByOne
 from ..mailbox import LoopMailbox, ThreadMailbox
 from .tags import Tags
 

@@ -28,9 +28,9 @@ from ..._core.store import AcquireReply, AsyncSubscription, Roles, Written
 from ..._core.tags import Tagged, TagKeys
 from ..._core.versions import saw_versions
 from ..._errors import BackendUnavailable
+from ..aeach import AsyncOneByOne
 from ..asteps import put_in_steps
 from ..breaker import CircuitBreaker
-from ..each import AsyncOneByOne
 from ..mailbox import LoopMailbox, ThreadMailbox
 from . import schema as sql
 from .listener import PostgresListener
