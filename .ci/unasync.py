@@ -9,8 +9,7 @@ The conversion is textual, as httpcore's ``scripts/unasync.py`` and psycopg's
 ``tools/async_to_sync.py`` do:
 
 - ``async def``/``async with``/``async for`` lose ``async``; ``await`` is dropped;
-  ``Awaitable[X]`` is ``X``, ``asyncio.to_thread(f, args)`` is ``f(args)``, and a
-  store's ``self._send(key, command, args)`` is ``command(args)``;
+  ``Awaitable[X]`` is ``X``, ``asyncio.to_thread(f, args)`` is ``f(args)``;
 - ``Async<Name>`` becomes ``<Name>`` (``AsyncStore`` -> ``Store``), every name in
   ``SUBSTITUTIONS`` its blocking twin (``arun`` -> ``run``, ``asyncio.sleep`` ->
   ``time.sleep``), and the ``a<name>`` modules of ``GENERATED`` their blocking modules;
@@ -24,7 +23,15 @@ The conversion is textual, as httpcore's ``scripts/unasync.py`` and psycopg's
   The blocking module keeps only the ``else`` branch (none: nothing). ``if True`` costs
   the asyncio module nothing: the compiler drops it. A line ending in ``# ASYNC`` is
   left out of the blocking module, and a comment ``# SYNC: <line>`` is put in as
-  ``<line>`` (an import only the blocking module needs).
+  ``<line>`` (an import only the blocking module needs);
+- what one module names of its own is rewritten by that module, which declares it in a
+  comment of its own (the converter knows Python, not modules; the comment is left
+  out of the blocking module):
+
+      # UNASYNC: self._state() -> self.state      this text becomes that one (whole words)
+      # UNASYNC: unwrap self._send 1              self._send(key, command, args) becomes
+                                                  command(args): the call unwrapped, its
+                                                  first argument dropped
 
 Imports the blocking module no longer uses are removed and the rest sorted (``ruff
 check --select I,F401 --fix``), the text formatted by ``ruff format``; it opens with a
@@ -43,6 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # (asyncio source, blocking module), from the repository's root.
 GENERATED = [
     ("stampede/_acached.py", "stampede/_cached.py"),
+    ("stampede/_awarm.py", "stampede/_warm.py"),
     ("stampede/_backends/aeach.py", "stampede/_backends/each.py"),
     ("stampede/_backends/asteps.py", "stampede/_backends/steps.py"),
     ("stampede/_backends/postgres/astore.py", "stampede/_backends/postgres/store.py"),
@@ -66,6 +74,7 @@ SUBSTITUTIONS = {
     "arun": "run",
     "abounded": "bounded",
     "abudgeted": "budgeted",
+    "awarm": "warm",
     "afinish": "finish",
     "asyncio.sleep": "time.sleep",
     "ano_load": "no_load",
@@ -73,7 +82,6 @@ SUBSTITUTIONS = {
     "asynccontextmanager": "contextmanager",
     "aclose": "close",
     "redis.asyncio.Redis": "redis.Redis",
-    "self._state()": "self.state",  # a loop's state, the process's (``_drivers/state.py``)
 }
 
 # Hand-written twin modules a source imports from: their asyncio module -> blocking one.
@@ -85,6 +93,7 @@ HEADER = (
 )
 
 _ASYNC_BLOCK = re.compile(r"^(?P<indent>[ ]*)if True:  # ASYNC$")
+_DECLARED = re.compile(r"^# UNASYNC: (?:unwrap (?P<callee>\S+) (?P<dropped>\d+)|(?P<old>.+?) -> (?P<new>.+))$", re.M)
 _SYNC_LINE = re.compile(r"^(?P<indent>[ ]*)# SYNC: (?P<line>.*)$")
 _KEYWORDS = [
     (re.compile(r"\basync (def|with|for)\b"), r"\1"),
@@ -166,31 +175,42 @@ def _closing(text: str, opening: int) -> int:
         index += 1
 
 
-def call_threads_directly(text: str) -> str:
-    """Every ``asyncio.to_thread(f, args)`` replaced by ``f(args)``: what a task hands to a
-    worker thread, a thread calls."""
-    while (start := text.find("asyncio.to_thread(")) != -1:
-        opening = start + len("asyncio.to_thread")
+def unwrap(text: str, callee: str, dropped: int) -> tuple[str, int]:
+    """Every ``callee(a1, ..., f, args)`` with ``dropped`` arguments before ``f`` replaced
+    by ``f(args)``, and how many: ``asyncio.to_thread(f, args)`` is ``f(args)`` (what a
+    task hands to a worker thread, a thread calls), and a module may declare its own."""
+    count = 0
+    while (start := _call_of(text, callee)) != -1:
+        opening = start + len(callee)
         closing = _closing(text, opening)
-        inner = text[opening + 1 : closing]
-        comma = _top_level_comma(inner)
-        callee, args = inner[:comma].strip(), inner[comma + 1 :].strip()
-        text = text[:start] + f"{callee}({args})" + text[closing + 1 :]
-    return text
+        rest = text[opening + 1 : closing]
+        for _ in range(dropped):
+            rest = rest[_top_level_comma(rest) + 1 :].strip()
+        comma = _top_level_comma(rest)
+        function, args = rest[:comma].strip(), rest[comma + 1 :].strip()
+        text = text[:start] + f"{function}({args})" + text[closing + 1 :]
+        count += 1
+    return text, count
 
 
-def send_directly(text: str) -> str:
-    """Every ``self._send(key, command, args)`` replaced by ``command(args)``: the asyncio
-    store sends through its connection slots, the blocking store as redis-py's pool does,
-    without a call of its own on the hit path."""
-    while (start := text.find("self._send(")) != -1:
-        opening = start + len("self._send")
-        closing = _closing(text, opening)
-        key_end = _top_level_comma(text[opening + 1 : closing])
-        rest = text[opening + 1 : closing][key_end + 1 :].strip()
-        command_end = _top_level_comma(rest)
-        command, args = rest[:command_end].strip(), rest[command_end + 1 :].strip()
-        text = text[:start] + f"{command}({args})" + text[closing + 1 :]
+def _call_of(text: str, callee: str) -> int:
+    """Where the first call of ``callee`` begins in ``text`` (-1: none)."""
+    found = re.search(rf"(?<![\w.]){re.escape(callee)}\(", text)
+    return -1 if found is None else found.start()
+
+
+def declared(text: str, path: str, unused: list[str]) -> str:
+    """``text`` with the rewrites it declares (``# UNASYNC:``) made, and their lines left
+    out. A declaration that rewrites nothing is added to ``unused``."""
+    declarations = list(_DECLARED.finditer(text))
+    text = re.sub(r"^# UNASYNC: .*\n", "", text, flags=re.M)
+    for found in declarations:
+        if found["callee"]:
+            text, count = unwrap(text, found["callee"], int(found["dropped"]))
+        else:
+            text, count = _word(found["old"]).subn(found["new"], text)
+        if not count:
+            unused.append(f"{path}: {found[0]}")
     return text
 
 
@@ -204,10 +224,12 @@ def _top_level_comma(inner: str) -> int:
     return len(inner)
 
 
-def convert(text: str, used: set[str] | None = None) -> str:
+def convert(text: str, used: set[str] | None = None, path: str = "", unused: list[str] | None = None) -> str:
     """The blocking module ``text``, an asyncio module, makes (unformatted). The
-    substitutions that changed something are added to ``used``."""
-    text = send_directly(call_threads_directly(unwrap_awaitables(keep_blocking_branches(text))))
+    substitutions that changed something are added to ``used``, the declarations of the
+    module that changed nothing to ``unused``."""
+    text = declared(text, path, [] if unused is None else unused)
+    text = unwrap(unwrap_awaitables(keep_blocking_branches(text)), "asyncio.to_thread", 0)[0]
     for pattern, replacement in _KEYWORDS:
         text = pattern.sub(replacement, text)
     for pattern, replacement in substitutions():
@@ -236,18 +258,19 @@ def formatted(text: str, path: str) -> str:
     return text
 
 
-def generate(used: set[str] | None = None) -> dict[str, str]:
+def generate(used: set[str] | None = None, unused: list[str] | None = None) -> dict[str, str]:
     """Blocking module path -> the text its source makes."""
     made = {}
     for source, blocking in GENERATED:
-        text = convert((ROOT / source).read_text(), used)
+        text = convert((ROOT / source).read_text(), used, source, unused)
         made[blocking] = HEADER.format(source=Path(source).name) + formatted(text, blocking)
     return made
 
 
 def main(argv: list[str]) -> int:
     used: set[str] = set()
-    made = generate(used)
+    unused_declared: list[str] = []
+    made = generate(used, unused_declared)
     if argv == ["--check"]:
         stale = [path for path, text in made.items() if (ROOT / path).read_text() != text]
         unused = [name for name in SUBSTITUTIONS if _word(name).pattern not in used]
@@ -255,7 +278,9 @@ def main(argv: list[str]) -> int:
             print(f"{path} differs from what its asyncio source makes: run python .ci/unasync.py")
         for name in unused:
             print(f"a substitution no source uses: {name} (remove it from .ci/unasync.py)")
-        return 1 if stale or unused else 0
+        for declaration in unused_declared:
+            print(f"a declared rewrite that rewrites nothing: {declaration}")
+        return 1 if stale or unused or unused_declared else 0
     if argv:
         print(__doc__)
         return 2

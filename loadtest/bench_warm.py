@@ -106,7 +106,7 @@ def record(url: str, namespace: str, keys: int) -> int:
         for key in [*range(keys), *zipf(keys, keys * 10, random.Random(0))]:
             load(key)
         layer.flush_hot_sets()
-        from stampede._warm import hot_calls
+        from stampede._warming import hot_calls
 
         return len(hot_calls(layer.store(), load.hot_set, keys, time.time()))
     finally:

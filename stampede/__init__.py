@@ -27,7 +27,7 @@ from ._layer import Stampede, cached_loader, cached_loader_many, default_layer
 from ._loader import Fetched
 from ._lock import Lock
 from ._redlock import Redlock, RedlockLock
-from ._warm import WarmReport
+from ._warming import WarmReport
 
 __version__ = "0.8.0.dev0"
 

@@ -28,6 +28,7 @@ from ._backends.memory.store import AsyncMemoryStore as AsyncMemoryStore
 from ._backends.memory.store import MemoryStore as MemoryStore
 from ._backends.redis.alock_servers import AsyncRedisLockServers
 from ._backends.redis.lock_servers import RedisLockServers
+from ._backends.threaded import ThreadedAsyncStore as ThreadedAsyncStore
 from ._core.backend import DEFAULT_CONNECT_TIMEOUT, DEFAULT_SOCKET_TIMEOUT, Backend, BackendOptions, LeaseService
 from ._core.store import Store
 from ._errors import ConfigError

@@ -1,5 +1,5 @@
 """A layer's hot sets: what each loader's sampled calls (``hot_sample``) are recorded
-into, and the warm starts, exports and imports that read them (``_warm``,
+into, and the warm starts, exports and imports that read them (``_warming``,
 docs/budgets.md). Hot sets are read and recorded through the blocking store, and only a
 store with the ``HotSetStore`` role keeps them: refused at decoration otherwise."""
 
@@ -8,13 +8,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ._awarm import awarm
 from ._core.hotset import HotSet
 from ._core.store import HotSetStore, Roles, roles_of
 from ._drivers.hotset import HotSampler, HotSetRecorder
 from ._drivers.runner import Runner
 from ._errors import ConfigError
 from ._parts import LayerParts
-from ._warm import Progress, WarmReport, awarm, export_hot_sets, import_hot_sets, warm
+from ._warm import warm
+from ._warming import Progress, WarmReport, export_hot_sets, import_hot_sets
 
 
 class HotSets:

@@ -62,7 +62,7 @@ from ._lock import Lock, Locks
 from ._options import LAYER_KEYWORDS, LayerOptions, Options
 from ._parts import LayerParts
 from ._redact import redacted
-from ._warm import Progress, WarmReport
+from ._warming import Progress, WarmReport
 
 if typing.TYPE_CHECKING:
     import redis

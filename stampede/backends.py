@@ -20,7 +20,9 @@ refuses at decoration. A budget store whose entries' leases live beside its slot
 also declare ``Roles.SLOT_LEASES`` (``SlotLeaseStore``): a budgeted load then learns with its slot that its lease still
 holds, instead of asking after. A store
 may take the many-key role from ``OneByOne``, which sends one single-entry command per
-entry. It must pass
+entry. A backend written once, blocking, serves ``async def`` loaders too through
+``ThreadedAsyncStore`` (``make_async_store=lambda: ThreadedAsyncStore(store)``: each
+command in a worker thread, the event loop never blocked). It must pass
 the contract suite unchanged (``stampede.testing.contract``, docs/development.md), which
 runs over a layer built with ``Stampede(backend=your_builder)``. A backend may also wrap
 one of the shipped ones: build it, then replace its stores.
@@ -34,7 +36,16 @@ built backend into a new one with ``Backend.with_leases``, never by rewriting it
 
 from __future__ import annotations
 
-from ._backend import AsyncOneByOne, BackendBuilder, Connections, OneByOne, Opened, Opener, register_scheme
+from ._backend import (
+    AsyncOneByOne,
+    BackendBuilder,
+    Connections,
+    OneByOne,
+    Opened,
+    Opener,
+    ThreadedAsyncStore,
+    register_scheme,
+)
 from ._backend import memory_builder as memory
 from ._backend import postgres_builder as postgres
 from ._backend import redis_builder as redis
@@ -106,6 +117,7 @@ __all__ = [
     "AsyncHotSetStore",
     "AsyncStoreAdmin",
     "AsyncOneByOne",
+    "ThreadedAsyncStore",
     "Subscription",
     "AsyncSubscription",
     "AcquireCall",

@@ -5,6 +5,7 @@ rest in one round trip or one loader call.
 """
 
 # many_keys.py, the blocking twin, is generated from this module by .ci/unasync.py.  # ASYNC
+# UNASYNC: self._state() -> self.state
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence

@@ -10,6 +10,7 @@ joiner only ends its own wait.
 """
 
 # one_key.py, the blocking twin, is generated from this module by .ci/unasync.py.  # ASYNC
+# UNASYNC: self._state() -> self.state
 from __future__ import annotations
 
 import functools

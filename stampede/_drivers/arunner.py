@@ -14,6 +14,7 @@ perform I/O.
 """
 
 # runner.py, the blocking twin, is generated from this module by .ci/unasync.py.  # ASYNC
+# UNASYNC: self._state() -> self.state
 from __future__ import annotations
 
 import functools

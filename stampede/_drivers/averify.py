@@ -4,6 +4,7 @@ again in the background and compared with what was served, one per key in this p
 """
 
 # verify.py, the blocking twin, is generated from this module by .ci/unasync.py.  # ASYNC
+# UNASYNC: self._state() -> self.state
 from __future__ import annotations
 
 import asyncio

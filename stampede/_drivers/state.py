@@ -11,7 +11,8 @@ loop closed without finalizing its async generators has its state dropped when t
 loop arrives.
 
 The asyncio runner reaches its state through ``self._state()``, which the generated
-blocking runner reads as ``self.state``; both are built through the constructor here (a
+blocking runner reads as ``self.state`` (each room of the runner declares the rewrite:
+``# UNASYNC: self._state() -> self.state``); both are built through the constructor here (a
 store against a maker of stores, one per loop).
 """
 

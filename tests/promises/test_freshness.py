@@ -518,7 +518,7 @@ def test_a_writer_whose_clock_is_minutes_off_changes_nothing(
 ) -> None:
     """The envelope's loaded_at is the writer's wall clock; freshness is decided by the
     server's TTL alone, so a writer ten minutes ahead (or behind) is served on time."""
-    from stampede._drivers import runner as blocking
+    from stampede._drivers import drive as blocking  # where the runner makes a miss's context
 
     made = blocking.new_context
     for skew in (600.0, -600.0):

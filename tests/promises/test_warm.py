@@ -21,7 +21,7 @@ import redis.asyncio
 
 from stampede import BackendUnavailable, ConfigError, Fetched, Stampede, WarmReport
 from stampede._core.hotset import Countdown, HotSet, decode_call, encode_call, ranked
-from stampede._warm import hot_calls, tiered
+from stampede._warming import hot_calls, tiered
 
 from ..modes import Blocking, Database, OnALoop
 

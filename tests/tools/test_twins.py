@@ -102,26 +102,38 @@ def test_the_blocking_modules_are_what_their_asyncio_sources_make() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_the_converter_sends_a_blocking_stores_commands_directly() -> None:
-    """``self._send(key, command, args)`` (the asyncio store's connection slots) becomes
-    ``command(args)`` in the blocking store: no call of the store's own on the hit path,
-    whatever the arguments hold."""
+def _converter() -> Any:
     if not UNASYNC.exists():
         pytest.skip("no converter beside these tests (a wheel's run)")
     spec = importlib.util.spec_from_file_location("unasync", UNASYNC)
     assert spec is not None and spec.loader is not None
     unasync = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(unasync)
+    return unasync
+
+
+def test_a_module_declares_the_call_it_unwraps_and_the_converter_unwraps_it_whatever_its_arguments() -> None:
+    """The Redis store declares ``self._send(key, command, args)`` (the asyncio store's
+    connection slots) unwrapped: ``command(args)`` in the blocking store, no call of the
+    store's own on the hit path. The converter knows no store: the module says it."""
     source = (
+        "# UNASYNC: unwrap self._send 1\n"
         "raw = await self._send(key, self.client.get, key)\n"
         "done = await self._send(keys[0], pipeline.execute)\n"
         "reply = await self._send(f(a, b), self._scripts.hold, *call, raise_on_error=g(c, [d, e]))\n"
     )
-    assert unasync.convert(source) == (
+    assert _converter().convert(source) == (
         "raw = self.client.get(key)\n"
         "done = pipeline.execute()\n"
         "reply = self._scripts.hold(*call, raise_on_error=g(c, [d, e]))\n"
     )
+
+
+def test_a_declared_rewrite_that_rewrites_nothing_is_reported_and_the_declarations_are_left_out() -> None:
+    unused: list[str] = []
+    source = "# UNASYNC: self._state() -> self.state\n# UNASYNC: self._none() -> self.none\nx = self._state()\n"
+    assert _converter().convert(source, None, "m.py", unused) == "x = self.state\n"
+    assert unused == ["m.py: # UNASYNC: self._none() -> self.none"]
 
 
 def test_twin_bodies_differ_only_as_recorded() -> None:

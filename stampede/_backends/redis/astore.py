@@ -9,6 +9,7 @@ READONLY) leaves a store as ``BackendUnavailable``, which the flow turns into po
 """
 
 # store.py, the blocking twin, is generated from this module by .ci/unasync.py.  # ASYNC
+# UNASYNC: unwrap self._send 1
 from __future__ import annotations
 
 import asyncio
