@@ -32,6 +32,8 @@ The conversion is textual, as httpcore's ``scripts/unasync.py`` and psycopg's
       # UNASYNC: unwrap self._send 1              self._send(key, command, args) becomes
                                                   command(args): the call unwrapped, its
                                                   first argument dropped
+      # UNASYNC: module notify_async -> notify    a hand-written twin module imported
+                                                  (``from .notify_async import``)
 
 Imports the blocking module no longer uses are removed and the rest sorted (``ruff
 check --select I,F401 --fix``), the text formatted by ``ruff format``; it opens with a
@@ -84,8 +86,6 @@ SUBSTITUTIONS = {
     "redis.asyncio.Redis": "redis.Redis",
 }
 
-# Hand-written twin modules a source imports from: their asyncio module -> blocking one.
-TWIN_MODULES = {"anotify": "notify", "ashards": "shards"}
 
 HEADER = (
     "# Generated from {source} by .ci/unasync.py: do not edit.\n"
@@ -93,7 +93,9 @@ HEADER = (
 )
 
 _ASYNC_BLOCK = re.compile(r"^(?P<indent>[ ]*)if True:  # ASYNC$")
-_DECLARED = re.compile(r"^# UNASYNC: (?:unwrap (?P<callee>\S+) (?P<dropped>\d+)|(?P<old>.+?) -> (?P<new>.+))$", re.M)
+_DECLARED = re.compile(
+    r"^# UNASYNC: (?:unwrap (?P<callee>\S+) (?P<dropped>\d+)|(?P<module>module )?(?P<old>.+?) -> (?P<new>.+))$", re.M
+)
 _SYNC_LINE = re.compile(r"^(?P<indent>[ ]*)# SYNC: (?P<line>.*)$")
 _KEYWORDS = [
     (re.compile(r"\basync (def|with|for)\b"), r"\1"),
@@ -104,7 +106,7 @@ _KEYWORDS = [
 
 def _module_names() -> dict[str, str]:
     """``a<name>`` -> ``<name>`` for every generated module and hand-written twin (imports)."""
-    return {Path(source).stem: Path(blocking).stem for source, blocking in GENERATED} | TWIN_MODULES
+    return {Path(source).stem: Path(blocking).stem for source, blocking in GENERATED}
 
 
 def _indent(line: str) -> int:
@@ -207,6 +209,8 @@ def declared(text: str, path: str, unused: list[str]) -> str:
     for found in declarations:
         if found["callee"]:
             text, count = unwrap(text, found["callee"], int(found["dropped"]))
+        elif found["module"]:
+            text, count = re.subn(rf"(?<!\w){re.escape(found['old'])}(?!\w)", found["new"], text)
         else:
             text, count = _word(found["old"]).subn(found["new"], text)
         if not count:

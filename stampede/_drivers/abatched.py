@@ -15,7 +15,7 @@ from .._core.effects import Acquire, ReadTagClock, Subscribe, WriteRelease
 from .._core.flight import loading_all
 from .._core.store import AsyncRenewable, AsyncStore
 from .aperform import AsyncPerformer, lease_held
-from .batch import Entry, acquire_calls, clock_keys, leased, replies, subscribed, to_the_end, write_calls
+from .batch_entries import Entry, acquire_calls, clock_keys, leased, replies, subscribed, to_the_end, write_calls
 from .observe import Events
 from .watchdog import AsyncWatchdog
 

@@ -29,7 +29,7 @@ from .._errors import BackendUnavailable
 from .abatched import AsyncBatchPerformer
 from .aone_key import AsyncOneKey
 from .aperform import AsyncPerformer, arun
-from .batch import Entry, new_entry, performers_for
+from .batch_entries import Entry, new_entry, performers_for
 from .many import aone_of, batch_name, finish_entry, first_failure, near_many, refreshed
 from .near import MISSING
 from .singleflight import AsyncWaiter

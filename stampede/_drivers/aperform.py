@@ -177,7 +177,7 @@ class AsyncPerformer:
         return self
 
     def subscribed(self, subscription: AsyncSubscription) -> None:
-        """The lease's subscription, made for it with others' (``_drivers.batch``): as if
+        """The lease's subscription, made for it with others' (``_drivers.batch_entries``): as if
         its ``Subscribe`` had run here, and closed on exit as its own would be."""
         self._subscription = subscription
 

@@ -15,7 +15,7 @@ from .._core.batch import Each, One
 from .._core.effects import Acquire, ReadTagClock, Subscribe, WriteRelease
 from .._core.flight import loading_all
 from .._core.store import Renewable, Store
-from .batch import Entry, acquire_calls, clock_keys, leased, replies, subscribed, write_calls
+from .batch_entries import Entry, acquire_calls, clock_keys, leased, replies, subscribed, write_calls
 from .observe import Events
 from .perform import Performer, lease_held
 from .watchdog import Watchdog

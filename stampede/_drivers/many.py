@@ -13,7 +13,7 @@ from .._core.flight import Flight
 from .._core.flow import LoaderSpec
 from .._core.freshness import Served
 from .._core.tags import FixedTags
-from .batch import Entry
+from .batch_entries import Entry
 from .near import MISSING, NearCache
 
 

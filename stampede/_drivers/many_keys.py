@@ -26,7 +26,7 @@ from .._core.flow import (
 from .._core.freshness import Served
 from .._core.many import Found, failed_reads, read_many, take_hits
 from .._errors import BackendUnavailable
-from .batch import Entry, new_entry, performers_for
+from .batch_entries import Entry, new_entry, performers_for
 from .batched import BatchPerformer
 from .many import batch_name, finish_entry, first_failure, near_many, one_of, refreshed
 from .near import MISSING

@@ -26,8 +26,8 @@ from redis.crc import key_slot
 import stampede.testing.topologies as topologies
 from stampede import BackendUnavailable, ConfigError, Stampede
 from stampede._backends.mailbox import LoopMailbox, ThreadMailbox
-from stampede._backends.redis.ashards import AsyncShardedSubscriber
 from stampede._backends.redis.shards import REHOME_PAUSES, ShardedSubscriber
+from stampede._backends.redis.shards_async import AsyncShardedSubscriber
 from stampede._core.keys import EntryKeys
 from stampede.testing import ClusterServers, RedisServer
 

@@ -339,7 +339,7 @@ def test_a_task_cancelled_while_its_subscription_asks_the_sentinels_is_cancelled
     cancellation there must end the task: redis-py's lookup, its read from one sentinel
     cut, asks the next one and returns normally, and a waiter whose cancellation was
     lost so went on waiting for a lock it had given up (seen under CI load)."""
-    from stampede._backends.redis.anotify import AsyncSubscriber
+    from stampede._backends.redis.notify_async import AsyncSubscriber
 
     async def main() -> None:
         manager = redis.asyncio.sentinel.Sentinel(sentinel_servers.addresses, socket_timeout=2.0)

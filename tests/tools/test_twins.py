@@ -64,10 +64,10 @@ if importlib.util.find_spec("kazoo"):
     STORE_PAIRS.append((ZooKeeperLockServers, AsyncZooKeeperLockServers))
 
 
-from stampede._backends.redis.anotify import AsyncSubscriber  # noqa: E402
-from stampede._backends.redis.ashards import AsyncShardedSubscriber  # noqa: E402
 from stampede._backends.redis.notify import Subscriber  # noqa: E402
+from stampede._backends.redis.notify_async import AsyncSubscriber  # noqa: E402
 from stampede._backends.redis.shards import ShardedSubscriber  # noqa: E402
+from stampede._backends.redis.shards_async import AsyncShardedSubscriber  # noqa: E402
 from stampede._drivers.singleflight import AsyncFlightTable, FlightTable  # noqa: E402
 
 from ..twin_bodies import current, recorded, recorded_on, this_python  # noqa: E402

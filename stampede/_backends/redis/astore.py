@@ -10,6 +10,8 @@ READONLY) leaves a store as ``BackendUnavailable``, which the flow turns into po
 
 # store.py, the blocking twin, is generated from this module by .ci/unasync.py.  # ASYNC
 # UNASYNC: unwrap self._send 1
+# UNASYNC: module notify_async -> notify
+# UNASYNC: module shards_async -> shards
 from __future__ import annotations
 
 import asyncio
@@ -37,8 +39,6 @@ from ..asteps import put_in_steps
 from ..breaker import CircuitBreaker, NodeBreakers
 from . import batches, tagging
 from . import scripts as _scripts
-from .anotify import AsyncSubscriber
-from .ashards import AsyncShardedSubscriber
 from .commands import (
     FAILURES,
     NOT_HEARD,
@@ -59,8 +59,10 @@ from .commands import (
     warn_near,
     without_blmpop,
 )
+from .notify_async import AsyncSubscriber
 from .replies import acquire_reading_clock_reply, acquire_reply, asks_failing, marked, queue_read_with_ttl, with_ttl
 from .sending import NO_SWITCHES, AsyncSending, Switches
+from .shards_async import AsyncShardedSubscriber
 
 T = TypeVar("T")
 

@@ -4,7 +4,7 @@ A write script SPUBLISHes on the entry's channel, which shares the entry's hash 
 the message stays in the shard of the entry's slot. A waiter subscribes (SSUBSCRIBE) on
 the connection to the primary that owns that slot, per process for blocking waiters
 (``ShardedSubscriber``, one ``Subscriber`` thread per primary) and per event loop for
-asyncio ones (``_backends.redis.ashards``). Commands per stampede still grow with
+asyncio ones (``_backends.redis.shards_async``). Commands per stampede still grow with
 processes (and loops), not with threads or coroutines: waiters of one channel share one
 subscription.
 

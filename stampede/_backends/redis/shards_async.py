@@ -11,7 +11,7 @@ from typing import Any
 
 from ..._errors import BackendUnavailable
 from ..mailbox import LoopMailbox
-from .anotify import AsyncSubscriber, confirm_all, subscribe_each
+from .notify_async import AsyncSubscriber, confirm_all, subscribe_each
 from .shards import REHOME_PAUSES
 
 log = logging.getLogger("stampede.wakeups")
