@@ -11,7 +11,7 @@ namespace, its settings, the report of its circuit breaker)::
 A backend outside stampede is a ``Backend`` whose ``store`` implements ``Store`` (and
 ``make_async_store`` makes an ``AsyncStore`` per event loop): leases with a token and an
 expiry, writes only under the writer's lease, waiters woken, named locks. ``Store`` is
-the sum of its roles (``EntryStore``, ``ManyKeyStore``, ``TagStore``, ``NamedLockStore``,
+the sum of its roles (``EntryStore``, ``ControlStore``, ``ManyKeyStore``, ``TagStore``, ``NamedLockStore``,
 ``BudgetStore``, ``HotSetStore``, ``StoreAdmin``). The last two are optional: a store
 declares the ones it has in ``optional_roles`` (``Roles.BUDGETS | Roles.HOT_SETS``); one
 without ``Roles.BUDGETS`` serves every loader but those with ``max_concurrent_loads``,
@@ -55,6 +55,7 @@ from ._core.store import (
     AcquireCall,
     AcquireReply,
     AsyncBudgetStore,
+    AsyncControlStore,
     AsyncEntryStore,
     AsyncHotSetStore,
     AsyncManyKeyStore,
@@ -65,6 +66,7 @@ from ._core.store import (
     AsyncSubscription,
     AsyncTagStore,
     BudgetStore,
+    ControlStore,
     EntryStore,
     HotSetStore,
     LockState,
@@ -97,6 +99,7 @@ __all__ = [
     # what a store implements, role by role, and the replies it gives
     "Store",
     "EntryStore",
+    "ControlStore",
     "ManyKeyStore",
     "TagStore",
     "NamedLockStore",
@@ -109,6 +112,7 @@ __all__ = [
     "OneByOne",
     "AsyncStore",
     "AsyncEntryStore",
+    "AsyncControlStore",
     "AsyncManyKeyStore",
     "AsyncTagStore",
     "AsyncNamedLockStore",

@@ -10,8 +10,9 @@ Lock servers (Redlock's majority) have a contract of their own: each command goe
 every server and is answered with a ``Round``, a server's failure counted, not raised.
 
 The contract is split into the roles it has, so that a capability touches one:
-``EntryStore`` (one entry, its lease, its waiters), ``ManyKeyStore`` (many entries at
-once, which ``OneByOne`` builds from the first), ``TagStore``, ``NamedLockStore`` and
+``EntryStore`` (one entry's value, its load's lease, its waiters), ``ControlStore``
+(invalidations and writes from outside a load), ``ManyKeyStore`` (many entries at once,
+which ``OneByOne`` builds from the first), ``TagStore``, ``NamedLockStore`` and
 ``StoreAdmin`` every store has; ``BudgetStore`` (load budgets), ``HotSetStore`` (hot
 sets) and ``SlotLeaseStore`` (a budget that reads the entries' leases) only the stores
 that declare them in ``optional_roles`` (``Roles``), so that a store of one's own need
@@ -185,16 +186,6 @@ class EntryStore(Protocol):
         failing (``keys.failing``) for ``failing_ms``, and wake waiters. A successful
         ``write_release``, ``invalidate`` and ``expire`` remove the mark."""
 
-    def expire(self, keys: EntryKeys) -> None:
-        """Make the value stale but keep it for the stale window it was written with (or
-        delete it, if none). Drop any lease and wake waiters, as ``invalidate`` does."""
-
-    def mark_versioned(self, keys: Sequence[EntryKeys], marker_ms: int) -> None:
-        """Mark each entry (of a loader without ``version=``) as one a versioned loader is
-        about to load a version of (``keys.versioned``), for ``marker_ms`` at least: its
-        ``invalidate``, ``expire``, ``seize`` and ``put`` from then on call
-        ``_core.versions.saw_versions`` with its value key, in the step they take."""
-
     def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool:
         """Extend the lease if ``token`` still holds it."""
 
@@ -220,6 +211,25 @@ class EntryStore(Protocol):
     def holder(self, keys: EntryKeys) -> str | None:
         """The token holding the lease, or None."""
 
+    def subscribe(self, keys: EntryKeys) -> Subscription:
+        """A confirmed mailbox on the entry's channel."""
+
+
+class ControlStore(Protocol):
+    """What is done to an entry from outside its load: the controls (``invalidate``,
+    ``expire``, ``set``'s seizure and write) and the mark a versioned load leaves. Each
+    drops or takes over the entry's lease and wakes its waiters."""
+
+    def expire(self, keys: EntryKeys) -> None:
+        """Make the value stale but keep it for the stale window it was written with (or
+        delete it, if none). Drop any lease and wake waiters, as ``invalidate`` does."""
+
+    def mark_versioned(self, keys: Sequence[EntryKeys], marker_ms: int) -> None:
+        """Mark each entry (of a loader without ``version=``) as one a versioned loader is
+        about to load a version of (``keys.versioned``), for ``marker_ms`` at least: its
+        ``invalidate``, ``expire``, ``seize`` and ``put`` from then on call
+        ``_core.versions.saw_versions`` with its value key, in the step they take."""
+
     def invalidate(self, keys: EntryKeys) -> None:
         """Delete the value and any lease, and wake waiters to re-check. A holder's write
         after it is ``REFUSED``. A versioned mark on the entry is reported
@@ -237,9 +247,6 @@ class EntryStore(Protocol):
         (``set``), in one step where the store can (one script on Redis), so that readers
         see the old value and then the new, never the entry absent between them. Where it
         is two steps, a failure between them releases the lease."""
-
-    def subscribe(self, keys: EntryKeys) -> Subscription:
-        """A confirmed mailbox on the entry's channel."""
 
 
 class ManyKeyStore(Protocol):
@@ -351,7 +358,9 @@ class StoreAdmin(Protocol):
         """Release connections and threads the store started."""
 
 
-class Store(EntryStore, ManyKeyStore, TagStore, NamedLockStore, BudgetStore, HotSetStore, StoreAdmin, Protocol):
+class Store(
+    EntryStore, ControlStore, ManyKeyStore, TagStore, NamedLockStore, BudgetStore, HotSetStore, StoreAdmin, Protocol
+):
     """Every role: what a backend's blocking store implements (``stampede.backends``)."""
 
 
@@ -368,10 +377,6 @@ class AsyncEntryStore(Protocol):
 
     async def hold(self, keys: EntryKeys, token: str, hold_ms: int, failing_ms: int) -> bool: ...
 
-    async def expire(self, keys: EntryKeys) -> None: ...
-
-    async def mark_versioned(self, keys: Sequence[EntryKeys], marker_ms: int) -> None: ...
-
     async def renew(self, keys: EntryKeys, token: str, lease_ms: int) -> bool: ...
 
     async def write_release(
@@ -384,6 +389,16 @@ class AsyncEntryStore(Protocol):
 
     async def holder(self, keys: EntryKeys) -> str | None: ...
 
+    async def subscribe(self, keys: EntryKeys) -> AsyncSubscription: ...
+
+
+class AsyncControlStore(Protocol):
+    """``ControlStore`` for the tasks of one event loop."""
+
+    async def expire(self, keys: EntryKeys) -> None: ...
+
+    async def mark_versioned(self, keys: Sequence[EntryKeys], marker_ms: int) -> None: ...
+
     async def invalidate(self, keys: EntryKeys) -> None: ...
 
     async def seize(self, keys: EntryKeys, token: str, lease_ms: int) -> None: ...
@@ -392,8 +407,6 @@ class AsyncEntryStore(Protocol):
         self, keys: EntryKeys, token: str, lease_ms: int, envelope: bytes, ttl_ms: int, inline: bool,
         tagged: Tagged | None = None,
     ) -> Written: ...  # fmt: skip
-
-    async def subscribe(self, keys: EntryKeys) -> AsyncSubscription: ...
 
 
 class AsyncManyKeyStore(Protocol):
@@ -488,6 +501,7 @@ class AsyncStoreAdmin(Protocol):
 
 class AsyncStore(
     AsyncEntryStore,
+    AsyncControlStore,
     AsyncManyKeyStore,
     AsyncTagStore,
     AsyncNamedLockStore,

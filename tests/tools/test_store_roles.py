@@ -9,12 +9,12 @@ import inspect
 from stampede import Stampede, backends
 
 ROLES = [
-    backends.EntryStore, backends.ManyKeyStore, backends.TagStore, backends.NamedLockStore, backends.BudgetStore,
-    backends.HotSetStore, backends.StoreAdmin,
+    backends.EntryStore, backends.ControlStore, backends.ManyKeyStore, backends.TagStore, backends.NamedLockStore,
+    backends.BudgetStore, backends.HotSetStore, backends.StoreAdmin,
 ]  # fmt: skip
 ASYNC_ROLES = [
-    backends.AsyncEntryStore, backends.AsyncManyKeyStore, backends.AsyncTagStore, backends.AsyncNamedLockStore,
-    backends.AsyncBudgetStore, backends.AsyncHotSetStore, backends.AsyncStoreAdmin,
+    backends.AsyncEntryStore, backends.AsyncControlStore, backends.AsyncManyKeyStore, backends.AsyncTagStore,
+    backends.AsyncNamedLockStore, backends.AsyncBudgetStore, backends.AsyncHotSetStore, backends.AsyncStoreAdmin,
 ]  # fmt: skip
 
 
@@ -61,3 +61,9 @@ def test_a_store_declares_its_optional_roles_and_has_their_commands(redis_url: s
         finally:
             layer.close()
     assert backends.roles_of(object()) == backends.Roles.NONE  # a store that declares nothing has none
+
+
+def test_no_role_asks_more_than_twelve_commands() -> None:
+    """A role is one capability's: one that grew past a dozen commands holds two."""
+    for role in ROLES + ASYNC_ROLES:
+        assert len(_own(role)) <= 12, (role.__name__, sorted(_own(role)))
