@@ -45,7 +45,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from .._errors import (
     BackendUnavailable,
@@ -84,7 +84,6 @@ from .tags import TAGGED_LOAD_LIMIT, Tagged, Tagging, TagSet
 from .verify import Sample
 
 Flow = Decision[Any]
-T = TypeVar("T")
 
 
 class WarningLog(Protocol):
@@ -307,7 +306,7 @@ def fill(ctx: Context, miss: Miss | FailedRead | Stale = Miss.ABSENT) -> Flow:
         wait.end("error")  # still open: an exception or an interruption ended it
 
 
-@dataclass
+@dataclass(slots=True)
 class _Filling:
     """What one caller's fill knows between two acquisitions (``_fill``'s loop)."""
 
@@ -329,8 +328,9 @@ _AGAIN = _Step.AGAIN
 
 def _fill(ctx: Context, miss: Miss | Stale, wait: Wait) -> Flow:
     """Acquire until the call has its value: found on a re-check (``_found``), loaded
-    under the lease (``_locked``), or waited for while another holder loads (``_held``).
-    Each step returns the call's value, or ``_AGAIN``."""
+    under the lease (``_taking_over``, ``_load_and_write``, ``_loaded``: the load is
+    driven from here, one generator less between it and the performer), or waited for
+    while another holder loads (``_held``). Each step gives the call's value, or ``_AGAIN``."""
     stale = miss if isinstance(miss, Stale) else None
     filling = _Filling(
         deadline=ctx.clock() + ctx.settings.wait_timeout,
@@ -341,14 +341,24 @@ def _fill(ctx: Context, miss: Miss | Stale, wait: Wait) -> Flow:
     if stale is not None and stale.raw is not None:
         ctx.previous = stale.raw
     while True:
-        reply = yield from _guarded(ctx, ctx.leases.acquire(filling.check_value, filling.taken_over))
-        if isinstance(reply, BackendUnavailable):
+        try:
+            reply = yield from ctx.leases.acquire(filling.check_value, filling.taken_over)
+        except BaseException as error:
+            failure = yield from _interrupted(ctx, error)
             wait.end("error")
-            return (yield from _backend_failed(ctx, reply))
+            return (yield from _backend_failed(ctx, failure))
         if reply.state is LockState.VALUE:
             outcome = _found(ctx, filling, reply, wait)
         elif reply.state is LockState.LOCKED:
-            outcome = yield from _locked(ctx, filling, reply, wait)
+            if filling.subscribed:  # a waiter's: its last holder's value may be in its message
+                settled = yield from _settle(ctx)
+                if settled is not NOT_A_VALUE:
+                    wait.end("value")
+                    return settled
+            hold = _taking_over(ctx, filling, wait)
+            since, fallback, deadline = reply.since, filling.fallback, filling.load_deadline
+            loaded = yield from _load_and_write(ctx, hold, fallback=fallback, deadline=deadline, since=since)
+            outcome = _loaded(ctx, filling, loaded)
         else:
             outcome = yield from _held(ctx, filling, reply, wait)
         if outcome is not _AGAIN:
@@ -380,15 +390,9 @@ def _found(ctx: Context, filling: _Filling, reply: AcquireReply, wait: Wait) -> 
     return decoded.value
 
 
-def _locked(ctx: Context, filling: _Filling, reply: AcquireReply, wait: Wait) -> Flow:
-    """The lease is this caller's: a waiter first takes a value its last holder sent only
-    in its message (``_settle``), else it loads and writes (a takeover, if the holder it
-    waited for went silent)."""
-    if filling.subscribed:
-        value = yield from _settle(ctx)
-        if value is not NOT_A_VALUE:
-            wait.end("value")
-            return value
+def _taking_over(ctx: Context, filling: _Filling, wait: Wait) -> float:
+    """The lease is this caller's, to load under (a takeover, if the holder it waited
+    for went silent): how long a failed load's hold keeps it."""
     wait.end("takeover")
     if filling.silent_wait:
         ctx.events.incr("takeovers")
@@ -397,17 +401,20 @@ def _locked(ctx: Context, filling: _Filling, reply: AcquireReply, wait: Wait) ->
             ctx.keys.value,
             extra=log_extra(ctx.keys.value, "takeover"),
         )
-    fallback = filling.fallback
-    hold = ctx.settings.stale_retry_interval if fallback is not None else 0.0
-    value = yield from _load_and_write(ctx, hold, fallback=fallback, deadline=filling.load_deadline, since=reply.since)
+    return ctx.settings.stale_retry_interval if filling.fallback is not None else 0.0
+
+
+def _loaded(ctx: Context, filling: _Filling, value: Any) -> Any:
+    """What the load under the lease comes to: its value, the stale value a failed load
+    serves, its error, or ``_AGAIN`` (the lease was lost before it began)."""
     if value is LEASE_LOST:  # invalidated while its load waited for a budget slot
         filling.check_value = True  # start over: another caller may be loading the key now
         return _AGAIN
     if value is LOAD_FAILED:
-        if fallback is None:  # a load cancelled at load_timeout: its hold keeps the lease
+        if filling.fallback is None:  # a load cancelled at load_timeout: its hold keeps the lease
             assert ctx.load_error is not None
             raise ctx.load_error
-        return _serve_stale(ctx, fallback, "the load failed")
+        return _serve_stale(ctx, filling.fallback, "the load failed")
     return value
 
 
@@ -475,8 +482,12 @@ def _settle(ctx: Context) -> Flow:
     its message may still be on its way: take the value from it (it was written after
     this caller subscribed) and give the lease back, rather than load again.
     ``NOT_A_VALUE``: nothing came, the lease is kept, and the caller loads."""
-    notice = yield from _guarded(ctx, _asked(SettleNotice()))
-    if isinstance(notice, BackendUnavailable) or not notice:
+    try:
+        notice = yield SettleNotice()
+    except BaseException as error:
+        yield from _interrupted(ctx, error)
+        return NOT_A_VALUE
+    if not notice:
         return NOT_A_VALUE
     decoded = ctx.codec.decode(notice)
     if decoded.kind is Kind.CORRUPT:
@@ -487,26 +498,20 @@ def _settle(ctx: Context) -> Flow:
     return decoded.value
 
 
-def _guarded(ctx: Context, step: Decision[T]) -> Decision[T | BackendUnavailable]:
-    """``step``, taken while the lease may be this caller's. A failure of the store comes
-    back as the error, for the caller to decide what it means there. An interruption (a
-    cancelled task, KeyboardInterrupt), with the command possibly run, releases the lease
-    by token before it goes on: releasing is safe either way, and waiters need not wait
-    out a lease nobody renews. A closed flow (``GeneratorExit``) yields nothing more."""
-    try:
-        return (yield from step)
-    except BackendUnavailable as error:
+def _interrupted(ctx: Context, error: BaseException) -> Decision[BackendUnavailable]:
+    """What ``error``, raised at a step taken while the lease may be this caller's, means:
+    a failure of the store comes back, for the step's caller to decide what it means
+    there. An interruption (a cancelled task, KeyboardInterrupt), with the command
+    possibly run, releases the lease by token and goes on: releasing is safe either way,
+    and waiters need not wait out a lease nobody renews. A closed flow (``GeneratorExit``)
+    yields nothing more. Called from the step's ``except``, so that the step itself runs
+    with no generator between it and its performer (the ladder costs nothing until it is
+    climbed)."""
+    if isinstance(error, BackendUnavailable):
         return error
-    except GeneratorExit:
-        raise
-    except BaseException:
+    if not isinstance(error, GeneratorExit):
         yield from _release(ctx)
-        raise
-
-
-def _asked(effect: Effect) -> Flow:
-    """One effect as a step: its reply."""
-    return (yield effect)
+    raise error
 
 
 def _unwritten(ctx: Context, error: BackendUnavailable, value: Any) -> Flow:
@@ -577,9 +582,10 @@ def refresh(ctx: Context, stale: bytes, life_left: float = -1.0, previous: bytes
     key = ctx.keys.value
     ctx.previous = previous
     gone_at = math.inf if life_left < 0 else ctx.clock() + life_left
-    reply = yield from _guarded(ctx, ctx.leases.acquire(True, stale))
-    if isinstance(reply, BackendUnavailable):
-        _count_backend_error(ctx, reply)
+    try:
+        reply = yield from ctx.leases.acquire(True, stale)
+    except BaseException as error:
+        _count_backend_error(ctx, (yield from _interrupted(ctx, error)))
         return
     if reply.state is not LockState.LOCKED:
         log.debug("%s: no refresh: %s", key, "already refreshed" if reply.raw else "the lease is held")
@@ -669,11 +675,12 @@ def _load_and_write(
     if ctx.tags is None:
         since = 0
     elif since is None:
-        clock = yield from _guarded(ctx, _asked(ReadTagClock(ctx.tags.clock)))  # the load begins now (_core.tags)
-        if isinstance(clock, BackendUnavailable):
+        try:
+            since = yield ReadTagClock(ctx.tags.clock)  # the load begins now (see _core.tags)
+        except BaseException as error:
+            failure = yield from _interrupted(ctx, error)
             yield from _release(ctx)
-            return (yield from _backend_failed(ctx, clock))
-        since = clock
+            return (yield from _backend_failed(ctx, failure))
     loaded_at, started = ctx.wall_clock(), ctx.clock()
     ctx.events.incr("loads")
     ctx.events.began("load")
@@ -750,15 +757,17 @@ def _write_loaded(ctx: Context, value: Any, since: int, loaded_at: float, starte
             yield from _release(ctx)
             return value
         tagged = Tagged(write.tags, since)
-    written = yield from _guarded(ctx, ctx.leases.write_release(write.envelope, write.ttl_ms, write.inline, tagged))
-    if isinstance(written, BackendUnavailable):
+    try:
+        written = yield from ctx.leases.write_release(write.envelope, write.ttl_ms, write.inline, tagged)
+    except BaseException as error:
+        failure = yield from _interrupted(ctx, error)
         # The value is good for this caller. But whether the write ran, or was refused
         # because an invalidation took the lease, is unknown: not for the joiners. An error
         # reply (OOM) ran nothing, and a cut connection may not have: release the lease so
         # that waiters elsewhere retry now rather than after it runs out (by token: if the
         # write did run, the lease is gone and nothing is released). Not after a timeout:
         # a stalled server would hold this caller for another one. The lease runs out.
-        return (yield from _unwritten(ctx, written, value))
+        return (yield from _unwritten(ctx, failure, value))
     if written != Written.YES:  # the stores reply a Written (an int: True and False also do)
         # The lease was lost during the load: invalidated, or expired while this holder
         # was paused. The value is returned to this caller, whose call began before. But
@@ -817,9 +826,10 @@ def _keep_previous(ctx: Context, since: int, started: float, rules: Cached[Any] 
         ttl = rules.ttl
     ttl_ms = milliseconds(_jittered(ctx, ttl) + decoded.stale_for)
     ctx.raw = raw
-    kept = yield from _guarded(ctx, ctx.leases.touch(identity(raw), ttl_ms))
-    if isinstance(kept, BackendUnavailable):
-        return (yield from _unwritten(ctx, kept, decoded.value))
+    try:
+        kept = yield from ctx.leases.touch(identity(raw), ttl_ms)
+    except BaseException as error:
+        return (yield from _unwritten(ctx, (yield from _interrupted(ctx, error)), decoded.value))
     if kept != Written.YES:
         ctx.unwritten = True  # invalidated meanwhile, or the value is another: not for the joiners
         log.info("%s: the value kept as not modified was gone or replaced; nothing kept", key)
