@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .servers import free_port, spawn, stop_process
+from .servers import _PortTaken, _taken, free_port, spawn, stop_process
 
 
 def find_postgres() -> str | None:
@@ -87,6 +87,7 @@ class PostgresServer:
             raise RuntimeError("no PostgreSQL binaries: pip install pgserver, or apt-get install postgresql")
         self.bindir = folder
         self.port = port or free_port()
+        self._port_chosen = port is None  # given up for another if taken before the bind
         self.process: subprocess.Popen[bytes] | None = None
         self._dir: str | None = None
         self._user: dict[str, Any] = {}
@@ -104,7 +105,10 @@ class PostgresServer:
 
     def start(self, timeout: float = 30.0) -> PostgresServer:
         """Create the cluster (first start only) and start the server. Return once it
-        accepts connections. A second start reuses the cluster: a restart."""
+        accepts connections, its own (another server on the port would accept them too).
+        A second start reuses the cluster and the port: a restart. A port this object
+        chose that another process took between the choice and the server's bind is
+        given up for another, up to 5 times, as ``RedisServer.start`` does."""
         self._user = self._as_user()
         if self._dir is None:
             self._dir = tempfile.mkdtemp(prefix="stampede-pg-")
@@ -118,6 +122,15 @@ class PostgresServer:
                 cwd=self._dir,  # a folder the server's user can enter
                 **self._user,
             )
+        for _ in range(4 if self._port_chosen else 0):
+            try:
+                return self._start(timeout)
+            except _PortTaken:
+                self.port = free_port()
+        return self._start(timeout)
+
+    def _start(self, timeout: float) -> PostgresServer:
+        assert self._dir is not None
         data = os.path.join(self._dir, "data")
         command = [
             os.path.join(self.bindir, "postgres"), "-D", data, "-p", str(self.port),
@@ -131,22 +144,35 @@ class PostgresServer:
             cwd=self._dir,
             **self._user,
         )
-        _wait_port(self.port, self.process, timeout, "postgres")
-        self._wait_ready(timeout)
+        self._wait_ready(data, timeout)
+        self._port_chosen = False  # its URL is known now: a restart keeps its port
         return self
 
-    def _wait_ready(self, timeout: float) -> None:
+    def _wait_ready(self, data: str, timeout: float) -> None:
+        """Until the server this object started answers on its port (its data folder is
+        ``data``): ``_PortTaken`` if it exited with the port taken by another process."""
         import psycopg
 
+        process = self.process
+        assert process is not None
         deadline = time.monotonic() + timeout
         while True:
+            if process.poll() is not None:
+                self.process = None
+                if _taken(self.port):
+                    raise _PortTaken(f"postgres exited with {process.returncode}: port {self.port} is taken")
+                raise RuntimeError(f"postgres exited with {process.returncode}")
             try:
-                psycopg.connect(self.url, connect_timeout=2).close()
-                return
-            except psycopg.OperationalError:  # "the database system is starting up"
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+                with psycopg.connect(self.url, connect_timeout=2) as connection:
+                    row = connection.execute("SHOW data_directory").fetchone()
+                if row is not None and os.path.realpath(row[0]) == os.path.realpath(data):
+                    return
+            except psycopg.Error:  # "the database system is starting up", or not a postgres
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"postgres did not answer on port {self.port} within {timeout} s")
+            time.sleep(0.05)
 
     def stop(self, mode: str = "fast") -> None:
         """Stop the server: ``fast`` (SIGINT: roll back, disconnect everyone), ``smart``
