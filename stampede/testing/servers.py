@@ -22,9 +22,10 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, TypeVar
 
 import redis
 
@@ -91,8 +92,23 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+T = TypeVar("T")
+
+
 class _PortTaken(RuntimeError):
     """The server could not bind its port: another process has it."""
+
+
+def on_a_free_port(server: Any, start: Callable[[float], T], timeout: float) -> T:
+    """``start(timeout)``, where a port ``server`` chose (``server._port_chosen``) that
+    another process took between the choice and the server's bind (``_PortTaken``) is
+    given up for another (``server.port``), up to 5 times."""
+    for _ in range(4 if server._port_chosen else 0):
+        try:
+            return start(timeout)
+        except _PortTaken:
+            server.port = free_port()
+    return start(timeout)
 
 
 def _taken(port: int) -> bool:
@@ -153,12 +169,7 @@ class RedisServer:
         is free only until someone binds it) is given up for another, up to 5 times."""
         if self.process is not None and self.process.poll() is None:
             return self  # running: ``with RedisServer().start() as server`` starts it once
-        for _ in range(4 if self._port_chosen else 0):
-            try:
-                return self._start(timeout)
-            except _PortTaken:
-                self.port = free_port()
-        return self._start(timeout)
+        return on_a_free_port(self, self._start, timeout)
 
     def _started(self) -> RedisServer:
         self._port_chosen = False  # its URL is known now: a restart keeps its port

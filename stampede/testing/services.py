@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .servers import _PortTaken, _taken, free_port, spawn, stop_process
+from .servers import _PortTaken, _taken, free_port, on_a_free_port, spawn, stop_process
 
 
 def find_postgres() -> str | None:
@@ -122,12 +122,7 @@ class PostgresServer:
                 cwd=self._dir,  # a folder the server's user can enter
                 **self._user,
             )
-        for _ in range(4 if self._port_chosen else 0):
-            try:
-                return self._start(timeout)
-            except _PortTaken:
-                self.port = free_port()
-        return self._start(timeout)
+        return on_a_free_port(self, self._start, timeout)
 
     def _start(self, timeout: float) -> PostgresServer:
         assert self._dir is not None
