@@ -36,36 +36,31 @@ class HotSets:
         )
         if not settings.hot_sample:
             return
-        store = parts.runner.store if parts.runner is not None else None
-        if store is None or Roles.HOT_SETS not in roles_of(store):
-            raise ConfigError(
-                "hot_sample needs a blocking client (Stampede.from_url gives one) and a store that keeps hot "
-                f"sets; {parts.backend.name} has none"
-            )
+        self.store("hot_sample")  # refused at decoration, not at the first sampled call
         loader._hot = HotSampler(loader.hot_set, settings.hot_sample, self.recorder)
 
     def warm(self, loaders: Sequence[Any], count: int, concurrency: int, on_progress: Progress | None) -> WarmReport:
-        return warm(self.store("warm"), self._parts.events, loaders, count, concurrency, on_progress)
+        return warm(self.store("warm()"), self._parts.events, loaders, count, concurrency, on_progress)
 
     async def awarm(
         self, loaders: Sequence[Any], count: int, concurrency: int, on_progress: Progress | None
     ) -> WarmReport:
-        return await awarm(self.store("awarm"), self._parts.events, loaders, count, concurrency, on_progress)
+        return await awarm(self.store("awarm()"), self._parts.events, loaders, count, concurrency, on_progress)
 
     def export(self, loaders: Sequence[Any], count: int | None) -> dict[str, Any]:
-        return export_hot_sets(self.store("export_hot_sets"), loaders, count)
+        return export_hot_sets(self.store("export_hot_sets()"), loaders, count)
 
     def import_(self, snapshot: dict[str, Any], loaders: Sequence[Any]) -> int:
-        return import_hot_sets(self.store("import_hot_sets"), loaders, snapshot)
+        return import_hot_sets(self.store("import_hot_sets()"), loaders, snapshot)
 
-    def store(self, method: str) -> HotSetStore:
-        """The store that keeps the hot sets, or a ``ConfigError`` saying what ``method``
-        needs."""
+    def store(self, what: str) -> HotSetStore:
+        """The store that keeps the hot sets, or a ``ConfigError`` saying what ``what``
+        (a setting, or a method) needs."""
         parts = self._parts
         store = parts.runner.store if parts.runner is not None else None
         if store is None or Roles.HOT_SETS not in roles_of(store):
             raise ConfigError(
-                f"{method}() needs a blocking client (Stampede.from_url gives one; hot sets are read and "
+                f"{what} needs a blocking client (Stampede.from_url gives one; hot sets are read and "
                 f"recorded through it) and a store that keeps hot sets; {parts.backend.name} has none"
             )
         return store
