@@ -52,6 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # (asyncio source, blocking module), from the repository's root.
 GENERATED = [
     ("stampede/_acached.py", "stampede/_cached.py"),
+    ("stampede/_astream.py", "stampede/_stream.py"),
     ("stampede/_awarm.py", "stampede/_warm.py"),
     ("stampede/_backends/aeach.py", "stampede/_backends/each.py"),
     ("stampede/_backends/asteps.py", "stampede/_backends/steps.py"),

@@ -1,6 +1,7 @@
 """stampede: one load per cache miss, across threads, processes and machines."""
 
 from ._acached import AsyncCachedLoader, AsyncCachedManyLoader
+from ._astream import AsyncCachedStream
 from ._cached import CachedLoader, CachedManyLoader
 from ._core.codec import JsonSerializer, Serializer, TypedSerializer
 from ._core.config import Settings
@@ -20,6 +21,7 @@ from ._errors import (
     RecursiveLoad,
     SerializationError,
     StampedeError,
+    StreamInterrupted,
     ValueTooLarge,
     WaitTimeout,
 )
@@ -27,6 +29,7 @@ from ._layer import Stampede, cached_loader, cached_loader_many, default_layer
 from ._loader import Fetched
 from ._lock import Lock
 from ._redlock import Redlock, RedlockLock
+from ._stream import CachedStream
 from ._warming import WarmReport
 
 __version__ = "0.8.0.dev0"
@@ -41,6 +44,8 @@ __all__ = [  # grouped, not sorted
     "CachedManyLoader",
     "AsyncCachedManyLoader",
     "cached_loader_many",
+    "CachedStream",
+    "AsyncCachedStream",
     "default_layer",
     "Settings",
     "WarmReport",
@@ -74,6 +79,7 @@ __all__ = [  # grouped, not sorted
     "BudgetTimeout",
     "LoadTimeout",
     "RecursiveLoad",
+    "StreamInterrupted",
     "BackendUnavailable",
     "LockNotOwned",
     "LockLost",

@@ -14,17 +14,19 @@ from __future__ import annotations
 import inspect
 import threading
 import typing
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
 from ._acached import AsyncCachedLoader, AsyncCachedManyLoader
+from ._astream import AsyncCachedStream
 from ._cached import CachedLoader, CachedManyLoader
 from ._core.budget import budget_name
 from ._core.codec import Codec, Serializer, TypedSerializer
 from ._core.config import Settings
 from ._core.flow import LoaderSpec
 from ._core.keys import KeyBuilder
+from ._core.leases import ONE_SERVER
 from ._core.store import Roles, roles_of
 from ._core.tags import TagTemplates
 from ._core.versions import EntryFamily, marker_ms, version_of
@@ -38,6 +40,8 @@ from ._invalidation import Invalidation
 from ._loader import AsyncVersions, P, Versions
 from ._loader_many import ManyKeys
 from ._parts import LayerParts
+from ._stream import CachedStream
+from ._streaming import OnLeave, StreamSpec, whole_codec
 
 R = TypeVar("R")
 
@@ -308,6 +312,87 @@ class ManyLoaderDecorator(_Decorator):
         return CachedManyLoader(spec, parts.runner, keys, parts.forget, made.static, drop, made.marks)
 
 
+class StreamDecorator:
+    """What ``cached_stream(...)`` returns: applied to a generator function it makes a
+    ``CachedStream``, to an async generator function an ``AsyncCachedStream``."""
+
+    name = "cached_stream"
+
+    def __init__(
+        self,
+        making: Decorating,
+        template: str | None,
+        settings: Settings,
+        serializer: Serializer | None,
+        on_leave: OnLeave,
+    ) -> None:
+        if on_leave not in ("finish", "stop"):
+            raise ConfigError(f'on_leave must be "finish" or "stop", got {on_leave!r}')
+        self._making = making
+        self._template = template
+        self._settings = settings
+        self._codec = making.codec_for(serializer, settings)
+        self._on_leave: OnLeave = on_leave
+
+    @overload
+    def __call__(self, func: Callable[P, AsyncIterator[R]]) -> AsyncCachedStream[R]: ...
+
+    @overload
+    def __call__(self, func: Callable[P, Iterator[R]]) -> CachedStream[R]: ...
+
+    def __call__(self, func: Any) -> Any:
+        parts, settings = self._making.parts, self._settings
+        if isinstance(func, classmethod):
+            raise ConfigError(
+                f"cached_stream cannot decorate the classmethod {func.__func__.__qualname__}: write "
+                "@classmethod above @cached_stream"
+            )
+        static = isinstance(func, staticmethod)
+        if static:
+            func = func.__func__
+        asynchronous = inspect.isasyncgenfunction(func)
+        if not asynchronous and not inspect.isgeneratorfunction(func):
+            raise ConfigError(
+                f"cached_stream decorates a generator function (a def or an async def that yields its chunks), "
+                f"got {getattr(func, '__qualname__', func)!r}: for a function that returns its value, use cached_loader"
+            )
+        backend = parts.backend
+        if backend.lease_policy is not ONE_SERVER:
+            raise ConfigError(
+                f"cached_stream cannot stream on {backend.name}: a run's relay follows the lease on the store, "
+                "and this layer holds its leases on lock servers beside it"
+            )
+        store = parts.runner.store if parts.runner is not None else None
+        # An asyncio-only layer's store is made in its event loop: checked at its first call.
+        if store is not None and Roles.STREAMS not in roles_of(store):
+            raise ConfigError(f"cached_stream needs a store that relays streams; {backend.name} has none")
+        if asynchronous and parts.async_runner is None:
+            raise ConfigError(
+                f"{func.__qualname__} is an async generator, and this layer has no asyncio client: "
+                "pass async_client= to Stampede, or use Stampede.from_url"
+            )
+        if not asynchronous and store is None:
+            raise ConfigError(
+                f"{func.__qualname__} is a generator, and this layer has only an asyncio client: "
+                "pass a blocking client too, or use Stampede.from_url"
+            )
+        keys = KeyBuilder(func, self._template, parts.namespace, settings.max_key_length)
+        if keys.default_name is not None:
+            self._making.claim_name(keys.default_name, func)
+        chunks = self._codec.serializer
+        if isinstance(chunks, TypedSerializer):
+            chunks = chunks.for_type(Any)
+        whole = whole_codec(self._codec)
+        spec = StreamSpec(func, keys, settings, chunks, whole, parts.events, parts.warn, self._on_leave, static)
+        if asynchronous:
+            runner = parts.async_runner
+            assert runner is not None
+            return AsyncCachedStream(spec, runner.loop_store, LOOP_WATCHDOG)
+        assert store is not None
+        blocking_store = store
+        return CachedStream(spec, lambda: blocking_store, parts.watchdog)
+
+
 def refuse_generator(decorator: str, func: Callable[..., Any]) -> None:
     """A generator function returns before its values are made: there is no one value
     to cache, and an async generator would pass for a blocking loader."""
@@ -316,7 +401,7 @@ def refuse_generator(decorator: str, func: Callable[..., Any]) -> None:
         raise ConfigError(
             f"{decorator} cannot decorate {func.__qualname__}, {kind} function: its values are made while "
             "the caller iterates, after the call returned, so there is no one value to cache. Return a list "
-            "(from a def or an async def) instead"
+            "(from a def or an async def) instead, or decorate it with cached_stream to share its chunks as they come"
         )
 
 

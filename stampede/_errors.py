@@ -55,6 +55,16 @@ class LoadTimeout(StampedeError, TimeoutError):
     lease and writes its value when it ends: nobody starts a second load meanwhile."""
 
 
+class StreamInterrupted(StampedeError, RuntimeError):
+    """The streamed load a caller was receiving stopped before its end: its leader raised,
+    was cancelled, or lost its lease (its process died). ``received``: the chunks this
+    caller had been given. Nothing of that run was kept; a later call starts a new one."""
+
+    def __init__(self, message: str, *, key: str | None = None, received: int = 0) -> None:
+        super().__init__(message, key=key)
+        self.received = received
+
+
 class RecursiveLoad(StampedeError, RuntimeError):
     """A loader called itself for the same key (directly, or through other loaders, in the
     same thread or task): it would wait for its own load. Raised at once."""

@@ -18,10 +18,11 @@ import logging
 import os
 import threading
 import typing
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar, Union, overload
 
 from ._acached import AsyncCachedLoader
+from ._astream import AsyncCachedStream
 from ._backend import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_MAX_CONNECTIONS,
@@ -37,9 +38,11 @@ from ._core.codec import Codec, Serializer
 from ._core.config import (
     LOADER_SETTING_NAMES,
     MANY_LOADER_SETTING_NAMES,
+    STREAM_SETTING_NAMES,
     LoaderSettings,
     ManyLoaderSettings,
     Settings,
+    StreamSettings,
     check_count,
     check_seconds,
     refuse_unknown,
@@ -47,7 +50,7 @@ from ._core.config import (
 )
 from ._core.observer import Observer
 from ._core.store import AsyncStore, Store
-from ._decorators import Decorating, LoaderDecorator, ManyLoaderDecorator
+from ._decorators import Decorating, LoaderDecorator, ManyLoaderDecorator, StreamDecorator
 from ._drivers.arunner import AsyncRunner
 from ._drivers.near import NearCache
 from ._drivers.observe import Events, RateLimitedLog
@@ -62,6 +65,8 @@ from ._lock import Lock, Locks
 from ._options import LAYER_KEYWORDS, LayerOptions, Options
 from ._parts import LayerParts
 from ._redact import redacted
+from ._stream import CachedStream
+from ._streaming import OnLeave
 from ._warming import Progress, WarmReport
 
 if typing.TYPE_CHECKING:
@@ -324,6 +329,47 @@ class Stampede:
                 raise ConfigError(f"a key template must be a str, got {template!r}")
             return LoaderDecorator(making, None, loader_settings, serializer, None, None, False, None)(template)
         return LoaderDecorator(making, template, loader_settings, serializer, tags, verify_equal, own_budget, version)
+
+    @overload
+    def cached_stream(self, template: Callable[P, AsyncIterator[R]], /) -> AsyncCachedStream[R]: ...
+
+    @overload
+    def cached_stream(self, template: Callable[P, Iterator[R]], /) -> CachedStream[R]: ...
+
+    @overload
+    def cached_stream(
+        self,
+        template: str | None = None,
+        *,
+        serializer: Serializer | None = None,
+        on_leave: OnLeave = "finish",
+        **settings: Unpack[StreamSettings],
+    ) -> StreamDecorator: ...
+
+    @_layer_method(STREAM_SETTING_NAMES)
+    def cached_stream(
+        self,
+        template: str | Callable[..., Any] | None = None,
+        *,
+        serializer: Serializer | None = None,
+        on_leave: OnLeave = "finish",
+        **settings: Unpack[StreamSettings],
+    ) -> Any:
+        """Decorate a generator function, plain or ``async def``, whose chunks (``bytes``,
+        or values of ``serializer``: a token's str, an event's dict) concurrent callers for
+        one key share as they are made, in any process (docs/streams.md). One caller runs
+        it, every other receives each chunk from the first, and the whole stream is kept
+        under ``ttl`` and replayed, chunk by chunk, to later callers. ``template`` names
+        the entry as ``cached_loader``'s does. ``on_leave``: when the leader's own caller
+        stops iterating, "finish" runs the generator to its end for its listeners (and
+        keeps the stream), "stop" stops it (its listeners get ``StreamInterrupted``)."""
+        making = self._decorating
+        stream_settings = making.settings_for(dict(settings), None)
+        if template is not None and not isinstance(template, str):
+            if not callable(template):
+                raise ConfigError(f"a key template must be a str, got {template!r}")
+            return StreamDecorator(making, None, stream_settings, serializer, on_leave)(template)
+        return StreamDecorator(making, template, stream_settings, serializer, on_leave)
 
     @_layer_method(MANY_LOADER_SETTING_NAMES)
     def cached_loader_many(

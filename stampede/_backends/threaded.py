@@ -23,7 +23,7 @@ import contextvars
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from .._core.keys import EntryKeys
 from .._core.store import (
@@ -31,6 +31,7 @@ from .._core.store import (
     AcquireReply,
     Roles,
     Store,
+    StreamStore,
     Subscription,
     WriteCall,
     Written,
@@ -119,6 +120,16 @@ class ThreadedAsyncStore:
 
     async def holder(self, keys: EntryKeys) -> str | None:
         return await self._run(self._store.holder, keys)
+
+    async def relay_add(
+        self, keys: EntryKeys, token: str, records: Sequence[bytes], first: int, linger_ms: int
+    ) -> None:
+        store = cast(StreamStore, self._store)
+        return await self._run(store.relay_add, keys, token, records, first, linger_ms)
+
+    async def relay_read(self, keys: EntryKeys, token: str, after: int, block_ms: int) -> list[bytes]:
+        store = cast(StreamStore, self._store)  # a read that waits, among the waits
+        return await self._run(store.relay_read, keys, token, after, block_ms, executor=self._waits)
 
     async def invalidate(self, keys: EntryKeys) -> None:
         return await self._run(self._store.invalidate, keys)

@@ -239,7 +239,21 @@ class LayerSettings(ManyLoaderSettings, total=False):
     trace_keys: bool
 
 
+class StreamSettings(TypedDict, total=False):
+    """The settings a streamed loader may give for itself (``cached_stream(...)``): those
+    a run reads. Its freshness, near cache, budgets and load timeouts are not a stream's."""
+
+    ttl: float
+    lock_ttl: float
+    wait_timeout: float
+    on_backend_error: Policy
+    max_value_bytes: int
+    compress_above: int
+    compression: Compression
+
+
 LOADER_SETTING_NAMES = frozenset(LoaderSettings.__optional_keys__)
+STREAM_SETTING_NAMES = frozenset(StreamSettings.__optional_keys__)
 MANY_LOADER_SETTING_NAMES = frozenset(ManyLoaderSettings.__optional_keys__)
 
 

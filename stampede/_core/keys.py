@@ -93,6 +93,11 @@ class EntryKeys:
         ``failing_key``)."""
         return failing_key(self.value)
 
+    def relay(self, token: str) -> str:
+        """The relay of the streamed load that holds lease ``token`` (``StreamStore``):
+        one per run, beside the lock, in its slot."""
+        return f"{self.lock}:relay:{token}"
+
     @property
     def on_lock_servers(self) -> EntryKeys:
         """The keys of a load's lease on Redlock's lock servers: a lock key (and a channel,

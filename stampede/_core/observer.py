@@ -90,6 +90,13 @@ DESCRIPTIONS: dict[str, str] = {  # what each counter counts (the help text of e
     "consistency_superseded": "A sampled hit was loaded again, and the entry changed meanwhile: no verdict",
     "consistency_error": "A sampled hit's verification failed (the loader raised, or its value did not encode)",
     "consistency_skipped": "A sampled hit was not verified: the limit of verifications at once was reached",
+    "streams_led": "A streamed load ran its generator, relaying each chunk to its listeners",
+    "streams_joined": "A streamed call followed another caller's run, receiving its chunks as they were made",
+    "streams_replayed": "A streamed call found the whole stream kept and replayed it",
+    "streams_interrupted": "A streamed load stopped before its end (raised, cancelled, or left): nothing was kept",
+    "streams_not_kept": "A streamed load grew past max_value_bytes: relayed to its listeners, not kept",
+    "stream_chunks": "A chunk a streamed load made was relayed",
+    "stream_bytes": "Bytes of the chunks streamed loads relayed",
 }
 COUNTERS = tuple(DESCRIPTIONS)
 

@@ -14,7 +14,8 @@ The contract is split into the roles it has, so that a capability touches one:
 (invalidations and writes from outside a load), ``ManyKeyStore`` (many entries at once,
 which ``OneByOne`` builds from the first), ``TagStore``, ``NamedLockStore`` and
 ``StoreAdmin`` every store has; ``BudgetStore`` (load budgets), ``HotSetStore`` (hot
-sets) and ``SlotLeaseStore`` (a budget that reads the entries' leases) only the stores
+sets), ``SlotLeaseStore`` (a budget that reads the entries' leases) and ``StreamStore``
+(a streamed load's relay) only the stores
 that declare them in ``optional_roles`` (``Roles``), so that a store of one's own need
 not write them, and a capability that needs one is refused at decoration, by name.
 ``Store`` is all of them, and ``AsyncStore`` the same, awaited.
@@ -54,6 +55,7 @@ class Roles(enum.Flag):
     BUDGETS = enum.auto()  # ``BudgetStore``: load budgets (``max_concurrent_loads``)
     HOT_SETS = enum.auto()  # ``HotSetStore``: hot sets (``hot_sample``, warm starts)
     SLOT_LEASES = enum.auto()  # ``SlotLeaseStore``: a slot granted only while the entry's lease holds
+    STREAMS = enum.auto()  # ``StreamStore``: a streamed load's chunks relayed to its listeners
 
 
 def roles_of(store: object) -> Roles:
@@ -344,6 +346,21 @@ class HotSetStore(Protocol):
         (of equal counts, the highest bytes first). Empty once the set ran out."""
 
 
+class StreamStore(Protocol):
+    """A streamed load's relay: the records its leader (the holder of lease ``token``)
+    appends, in order, for listeners in any process to read as they come. A run's relay
+    is its own (``EntryKeys.relay``): two runs never share one, so a listener that follows
+    the holder it read never receives another run's records."""
+
+    def relay_add(self, keys: EntryKeys, token: str, records: Sequence[bytes], first: int, linger_ms: int) -> None:
+        """Append ``records`` (the run's ``first``-th onwards, counted from 0) to the run's
+        relay, which the store keeps ``linger_ms`` past this call."""
+
+    def relay_read(self, keys: EntryKeys, token: str, after: int, block_ms: int) -> list[bytes]:
+        """The run's records from the ``after``-th on (counted from 0), waiting up to
+        ``block_ms`` for one if there is none yet (0: do not wait). An empty list: none."""
+
+
 class StoreAdmin(Protocol):
     """What the layer and the command line ask of a store as a whole."""
 
@@ -487,6 +504,16 @@ class AsyncHotSetStore(Protocol):
     async def note_hot(self, key: str, counts: Mapping[bytes, int], limit: int, ttl_ms: int) -> None: ...
 
     async def hot_members(self, key: str, count: int) -> list[tuple[bytes, float]]: ...
+
+
+class AsyncStreamStore(Protocol):
+    """``StreamStore`` for a task."""
+
+    async def relay_add(
+        self, keys: EntryKeys, token: str, records: Sequence[bytes], first: int, linger_ms: int
+    ) -> None: ...
+
+    async def relay_read(self, keys: EntryKeys, token: str, after: int, block_ms: int) -> list[bytes]: ...
 
 
 class AsyncStoreAdmin(Protocol):

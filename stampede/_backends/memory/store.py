@@ -36,13 +36,14 @@ from ..aeach import AsyncOneByOne
 from ..channels import Mailbox, Waiting
 from ..each import OneByOne
 from ..mailbox import LoopMailbox, ThreadMailbox
+from .relays import Relays
 from .tags import Tags
 
 
 class MemoryStore(OneByOne):
     """A Store in memory. Thread-safe. Shared by every loader of one layer."""
 
-    optional_roles = Roles.BUDGETS | Roles.HOT_SETS | Roles.SLOT_LEASES
+    optional_roles = Roles.BUDGETS | Roles.HOT_SETS | Roles.SLOT_LEASES | Roles.STREAMS
 
     def __init__(
         self,
@@ -77,6 +78,7 @@ class MemoryStore(OneByOne):
         self._entry_tags: TLRUCache[str, tuple[list[str], float]] = TLRUCache(
             maxsize=max_entries, ttu=lambda _key, item, _now: item[1], timer=clock
         )
+        self.relays = Relays(clock)
         reset_after_fork(self)
 
     def _wall_us(self) -> int:
@@ -87,6 +89,7 @@ class MemoryStore(OneByOne):
         """The child keeps the values. The parent's loads and waiters are not here."""
         self._lock = threading.Lock()
         self._leases, self._waiting = {}, Waiting()
+        self.relays = Relays(self._clock)
 
     def get(self, key: str) -> bytes | None:
         with self._lock:
@@ -213,6 +216,12 @@ class MemoryStore(OneByOne):
         with self._lock:
             lease = self._live_lease(keys, self._clock())
         return None if lease is None else lease[0]
+
+    def relay_add(self, keys: EntryKeys, token: str, records: Sequence[bytes], first: int, linger_ms: int) -> None:
+        self.relays.add(keys.relay(token), records, first, linger_ms)
+
+    def relay_read(self, keys: EntryKeys, token: str, after: int, block_ms: int) -> list[bytes]:
+        return self.relays.wait(keys.relay(token), after, block_ms / 1000)
 
     def take_lock(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int = 0) -> AcquireReply:
         now = self._clock()
@@ -518,6 +527,14 @@ class AsyncMemoryStore(AsyncOneByOne):
 
     async def release(self, keys: EntryKeys, token: str) -> bool:
         return self._store.release(keys, token)
+
+    async def relay_add(
+        self, keys: EntryKeys, token: str, records: Sequence[bytes], first: int, linger_ms: int
+    ) -> None:
+        self._store.relay_add(keys, token, records, first, linger_ms)
+
+    async def relay_read(self, keys: EntryKeys, token: str, after: int, block_ms: int) -> list[bytes]:
+        return await self._store.relays.await_records(keys.relay(token), after, block_ms / 1000)
 
     async def take_lock(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int = 0) -> AcquireReply:
         return self._store.take_lock(keys, token, lease_ms, queue_ms)

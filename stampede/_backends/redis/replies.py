@@ -66,3 +66,32 @@ def asks_failing(read: tuple[bytes | None, float, bool], failing: bool) -> bool:
 def marked(read: tuple[bytes | None, float, bool], exists: Any) -> tuple[bytes | None, float, bool]:
     """``read``, with what the EXISTS of its failing marker replied."""
     return read[0], read[1], bool(exists)
+
+
+def relayed(reply: Any, after: int) -> list[bytes]:
+    """The records of one relay's ``XREAD`` reply from place ``after`` on, in order, as
+    long as their places follow each other: a relay whose first records expired reads as
+    empty from the start, never as a stream that begins in its middle. RESP2 answers a
+    list of ``[stream, entries]``, RESP3 a map of stream to entries, a read that found
+    nothing None."""
+    if not reply:
+        return []
+    streams = reply.values() if isinstance(reply, dict) else [entries for _, entries in reply]
+    records: list[bytes] = []
+    for entries in streams:
+        for place, fields in entries or ():
+            if _place(place) != after + len(records) + 1:
+                return records
+            if not isinstance(fields, dict):  # a flat field list
+                fields = dict(zip(fields[::2], fields[1::2], strict=True))
+            record = fields.get(b"r", fields.get("r"))
+            if record is None:
+                return records
+            records.append(record if isinstance(record, bytes) else str(record).encode())
+    return records
+
+
+def _place(entry_id: Any) -> int:
+    """The place of a relay's record from its stream entry id (``0-<place>``)."""
+    text = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+    return int(text.partition("-")[2] or -1)

@@ -57,7 +57,15 @@ from .commands import (
     without_blmpop,
 )
 from .notify import Subscriber
-from .replies import acquire_reading_clock_reply, acquire_reply, asks_failing, marked, queue_read_with_ttl, with_ttl
+from .replies import (
+    acquire_reading_clock_reply,
+    acquire_reply,
+    asks_failing,
+    marked,
+    queue_read_with_ttl,
+    relayed,
+    with_ttl,
+)
 from .sending import NO_SWITCHES, Sending, Switches
 from .shards import ShardedSubscriber
 
@@ -95,7 +103,9 @@ class RedisStore(Sending):
         self._near_in_script = near if not is_cluster(client) else None
         # One server: a budget's scripts read the lease of the entry a slot is for
         # (SlotLeaseStore). A cluster: the budget's keys live in a slot of their own.
-        self.optional_roles = Roles.BUDGETS | Roles.HOT_SETS | (Roles.NONE if is_cluster(client) else Roles.SLOT_LEASES)
+        self.optional_roles = (
+            Roles.BUDGETS | Roles.HOT_SETS | Roles.STREAMS | (Roles.NONE if is_cluster(client) else Roles.SLOT_LEASES)
+        )
         self._blmpop = True  # until a server (before Redis 7) says it has no BLMPOP
         self._start_sending(owns_client, slots, slot_timeout, switches)
         self._subscriber: Subscriber | ShardedSubscriber = (
@@ -505,6 +515,23 @@ class RedisStore(Sending):
         with self._translated("read the lock of", keys.lock):
             token = self.client.get(keys.lock)
         return None if token is None else bytes(token).decode(errors="replace")
+
+    def relay_add(self, keys: EntryKeys, token: str, records: Sequence[bytes], first: int, linger_ms: int) -> None:
+        # A Redis stream whose entry ids are the records' places (0-1, 0-2, ...): a listener
+        # reads on from the last place it got, and a record added twice is refused.
+        relay = keys.relay(token)
+        with self._translated("relay the stream of", keys.value):
+            pipeline = self.client.pipeline(transaction=False)
+            for place, record in enumerate(records, first + 1):
+                pipeline.xadd(relay, {b"r": record}, id=f"0-{place}")
+            pipeline.pexpire(relay, linger_ms)
+            pipeline.execute()
+
+    def relay_read(self, keys: EntryKeys, token: str, after: int, block_ms: int) -> list[bytes]:
+        relay = keys.relay(token)
+        with self._translated("read the relayed stream of", keys.value):
+            reply = self.client.xread({relay: f"0-{after}"}, None, block_ms or None)
+        return relayed(reply, after)
 
     def take_lock(self, keys: EntryKeys, token: str, lease_ms: int, queue_ms: int = 0) -> AcquireReply:
         with self._translated("lock", keys.lock):
