@@ -18,7 +18,9 @@ without ``Roles.BUDGETS`` serves every loader but those with ``max_concurrent_lo
 and one without ``Roles.HOT_SETS`` every loader but those with ``hot_sample``, which it
 refuses at decoration. A budget store whose entries' leases live beside its slots may
 also declare ``Roles.SLOT_LEASES`` (``SlotLeaseStore``): a budgeted load then learns with its slot that its lease still
-holds, instead of asking after. A store
+holds, instead of asking after. A store that declares ``Roles.STREAMS`` (``StreamStore``:
+a run's relay, appended and read in order) serves ``cached_stream``, which a store
+without it refuses at decoration. A store
 may take the many-key role from ``OneByOne``, which sends one single-entry command per
 entry. A backend written once, blocking, serves ``async def`` loaders too through
 ``ThreadedAsyncStore`` (``make_async_store=lambda: ThreadedAsyncStore(store)``: each
@@ -63,6 +65,7 @@ from ._core.store import (
     AsyncSlotLeaseStore,
     AsyncStore,
     AsyncStoreAdmin,
+    AsyncStreamStore,
     AsyncSubscription,
     AsyncTagStore,
     BudgetStore,
@@ -76,6 +79,7 @@ from ._core.store import (
     SlotLeaseStore,
     Store,
     StoreAdmin,
+    StreamStore,
     Subscription,
     TagStore,
     WriteCall,
@@ -106,6 +110,7 @@ __all__ = [
     "BudgetStore",
     "SlotLeaseStore",
     "HotSetStore",
+    "StreamStore",
     "StoreAdmin",
     "Roles",
     "roles_of",
@@ -119,6 +124,7 @@ __all__ = [
     "AsyncBudgetStore",
     "AsyncSlotLeaseStore",
     "AsyncHotSetStore",
+    "AsyncStreamStore",
     "AsyncStoreAdmin",
     "AsyncOneByOne",
     "ThreadedAsyncStore",

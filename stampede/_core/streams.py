@@ -23,6 +23,7 @@ FAILED = b"x"  # the run stopped; what went wrong follows, as text
 _BYTES = b"b"  # a chunk that is bytes, as it is
 _VALUE = b"v"  # a chunk that is a value, as the serializer wrote it
 _LENGTH = struct.Struct(">I")
+_WHOLE = b"S"  # what a whole stream's payload begins with
 
 
 def chunk_record(chunk: Any, serializer: Serializer) -> bytes:
@@ -53,17 +54,20 @@ def chunk_of(record: bytes, serializer: Serializer) -> Any:
 
 
 class FramedChunks:
-    """The serializer of a whole stream as its entry keeps it: the chunk records (each
-    with its kind, without the ``CHUNK`` mark), each behind its length. A frame that does
-    not add up reads as no value (the entry is then a miss)."""
+    """The serializer of a whole stream as its entry keeps it: a mark, then the chunk
+    records (each with its kind, without the ``CHUNK`` mark), each behind its length. The
+    mark makes an empty stream a payload too. A payload without it, or whose frames do not
+    add up, reads as no value (the entry is then a miss)."""
 
     reads_back = True
 
     def dumps(self, value: Iterable[bytes]) -> bytes:
-        return b"".join(_LENGTH.pack(len(record)) + record for record in value)
+        return _WHOLE + b"".join(_LENGTH.pack(len(record)) + record for record in value)
 
     def loads(self, data: bytes) -> list[bytes]:
-        records, at, size = [], 0, len(data)
+        if data[:1] != _WHOLE:
+            raise ValueError("not a stream's payload")
+        records, at, size = [], 1, len(data)
         view = memoryview(data)
         while at < size:
             if at + _LENGTH.size > size:

@@ -28,6 +28,7 @@ event loop in a thread of its own, so one test body serves both.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 import uuid
@@ -36,7 +37,7 @@ from typing import Any
 
 import pytest
 
-from stampede import ConfigError, Stampede
+from stampede import BackendUnavailable, ConfigError, Stampede
 from stampede._core.codec import Codec
 from stampede._core.keys import EntryKeys, budget_keys, lock_keys
 from stampede._core.store import GRANTED, LEASE_GONE, TRACE_MARK, AcquireReply, LockState, Roles, Written, roles_of
@@ -77,6 +78,9 @@ __all__ = [  # what a star import takes: the fixtures and every test
     "test_a_tagged_write_of_a_load_begun_before_its_tags_invalidation_is_refused",
     "test_a_soft_tag_invalidation_keeps_stale_values_as_members",
     "test_a_lease_taken_with_the_tag_clock_reads_it_as_a_load_about_to_begin",
+    "test_a_runs_relay_hands_out_its_records_in_order_from_any_place",
+    "test_a_relay_read_waits_for_the_next_record",
+    "test_a_relay_runs_out_after_its_linger_and_never_reads_from_its_middle",
 ]
 LEASE_MS = 5_000
 ENVELOPE = Codec().encode({"v": 1}, 1.0, 0.0, key="k")
@@ -696,6 +700,46 @@ def test_a_lease_taken_with_the_tag_clock_reads_it_as_a_load_about_to_begin(stor
     assert store.write_release(keys, "c", ENVELOPE, 60_000, True, Tagged(tags, later)) == Written.YES
     found = store.acquire(keys, "d", LEASE_MS, True, clock=tags.clock)
     assert found.state is LockState.VALUE and found.raw == ENVELOPE and found.since is None
+
+
+def test_a_runs_relay_hands_out_its_records_in_order_from_any_place(store: Any, keys: EntryKeys) -> None:
+    _needs(store, Roles.STREAMS)
+    token, other = uuid.uuid4().hex, uuid.uuid4().hex
+    assert store.relay_read(keys, token, 0, 0) == []  # nothing relayed yet, and no wait asked
+    store.relay_add(keys, token, [b"c\x00a", b"cb"], 0, LEASE_MS)
+    store.relay_add(keys, token, [b"cc", b"e"], 2, LEASE_MS)
+    assert store.relay_read(keys, token, 0, 0) == [b"c\x00a", b"cb", b"cc", b"e"]  # any bytes, in order
+    assert store.relay_read(keys, token, 3, 0) == [b"e"]
+    assert store.relay_read(keys, token, 4, 0) == []
+    with contextlib.suppress(BackendUnavailable):  # a place taken already: refused, or ignored
+        store.relay_add(keys, token, [b"cx"], 1, LEASE_MS)
+    assert store.relay_read(keys, token, 0, 0) == [b"c\x00a", b"cb", b"cc", b"e"]
+    assert store.relay_read(keys, other, 0, 0) == []  # each run's relay is its own
+
+
+def test_a_relay_read_waits_for_the_next_record(store: Any, keys: EntryKeys) -> None:
+    _needs(store, Roles.STREAMS)
+    token = uuid.uuid4().hex
+    store.relay_add(keys, token, [b"c1"], 0, LEASE_MS)
+    read: list[list[bytes]] = []
+    reader = threading.Thread(target=lambda: read.append(store.relay_read(keys, token, 1, 15_000)))
+    reader.start()
+    store.relay_add(keys, token, [b"c2"], 1, LEASE_MS)
+    reader.join(timeout=30)
+    assert read == [[b"c2"]]  # had it slept its 15 s through, the test would have timed out first
+
+
+def test_a_relay_runs_out_after_its_linger_and_never_reads_from_its_middle(store: Any, keys: EntryKeys) -> None:
+    _needs(store, Roles.STREAMS)
+    token = uuid.uuid4().hex
+    store.relay_add(keys, token, [b"c1", b"c2"], 0, 100)
+    deadline = time.monotonic() + 10
+    while store.relay_read(keys, token, 0, 0):
+        assert time.monotonic() < deadline, "the relay never ran out"
+        time.sleep(0.02)
+    store.relay_add(keys, token, [b"c3"], 2, LEASE_MS)  # a run that goes on after its relay ran out
+    assert store.relay_read(keys, token, 0, 0) == []  # its first records are gone: none, not c3 as the first
+    assert store.relay_read(keys, token, 2, 0) == [b"c3"]
 
 
 def _needs(store: Any, role: Roles) -> None:

@@ -44,13 +44,15 @@ def test_one_by_one_is_the_many_key_role() -> None:
 
 
 def test_a_store_declares_its_optional_roles_and_has_their_commands(redis_url: str) -> None:
-    """Budgets, hot sets and slot leases are the optional roles (``backends.Roles``): a
-    shipped store declares each it has, and a role declared is a role implemented."""
-    every = backends.Roles.BUDGETS | backends.Roles.HOT_SETS | backends.Roles.SLOT_LEASES
+    """Budgets, hot sets, slot leases and stream relays are the optional roles
+    (``backends.Roles``): a shipped store declares each it has, and a role declared is a
+    role implemented, blocking and asyncio alike."""
+    every = backends.Roles.BUDGETS | backends.Roles.HOT_SETS | backends.Roles.SLOT_LEASES | backends.Roles.STREAMS
     commands = {
         backends.Roles.BUDGETS: _own(backends.BudgetStore),
         backends.Roles.HOT_SETS: _own(backends.HotSetStore),
         backends.Roles.SLOT_LEASES: _own(backends.SlotLeaseStore),
+        backends.Roles.STREAMS: _own(backends.StreamStore),
     }
     for layer in (Stampede(namespace="roles"), Stampede.from_url(redis_url, namespace="roles")):
         try:
@@ -61,6 +63,10 @@ def test_a_store_declares_its_optional_roles_and_has_their_commands(redis_url: s
         finally:
             layer.close()
     assert backends.roles_of(object()) == backends.Roles.NONE  # a store that declares nothing has none
+
+
+def test_the_stream_role_is_the_same_awaited() -> None:
+    assert _own(backends.StreamStore) == _own(backends.AsyncStreamStore) == {"relay_add", "relay_read"}
 
 
 def test_no_role_asks_more_than_twelve_commands() -> None:
