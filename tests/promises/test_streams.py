@@ -32,7 +32,9 @@ FAMILIES = ["redis", "memory", "cluster", "sentinel"]
 
 
 @pytest.fixture(params=FAMILIES)
-def stream_layer(request: pytest.FixtureRequest, make_layer: Callable[..., Stampede]) -> Iterator[Callable[..., Stampede]]:
+def stream_layer(
+    request: pytest.FixtureRequest, make_layer: Callable[..., Stampede]
+) -> Iterator[Callable[..., Stampede]]:
     """Layers of one family that relays streams: one Redis server, the embedded store, a
     Redis Cluster, Sentinel's master (the last two in CI's extended step)."""
     made: list[Stampede] = []
@@ -402,7 +404,9 @@ def test_a_stream_past_max_value_bytes_is_relayed_whole_but_not_kept(stream_laye
     assert layer.stats()["streams_not_kept"] == 2
 
 
-def test_a_corrupt_entry_is_a_miss_streamed_over(make_layer: Callable[..., Stampede], redis_client: redis.Redis) -> None:
+def test_a_corrupt_entry_is_a_miss_streamed_over(
+    make_layer: Callable[..., Stampede], redis_client: redis.Redis
+) -> None:
     layer = make_layer()
     runs: list[int] = []
 
@@ -419,7 +423,9 @@ def test_a_corrupt_entry_is_a_miss_streamed_over(make_layer: Callable[..., Stamp
 def test_callers_across_processes_share_one_run(redis_url: str, redis_client: redis.Redis) -> None:
     workers = Workers()
     try:
-        processes = [workers.start(redis_url, "--threads", "4", "--chunks", "20", script=STREAM_WORKER) for _ in range(4)]
+        processes = [
+            workers.start(redis_url, "--threads", "4", "--chunks", "20", script=STREAM_WORKER) for _ in range(4)
+        ]
         for process in processes:
             workers.expect(process, "ready")
         workers.go(processes)
@@ -533,7 +539,9 @@ def test_a_layer_that_cannot_relay_a_stream_refuses_it_at_decoration(
             yield "x"
 
 
-def test_decoration_refuses_what_is_no_generator_and_points_generators_to_it(make_layer: Callable[..., Stampede]) -> None:
+def test_decoration_refuses_what_is_no_generator_and_points_generators_to_it(
+    make_layer: Callable[..., Stampede],
+) -> None:
     layer = make_layer()
     with pytest.raises(ConfigError, match="generator function"):
 
