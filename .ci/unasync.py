@@ -53,6 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 GENERATED = [
     ("stampede/_acached.py", "stampede/_cached.py"),
     ("stampede/_astream.py", "stampede/_stream.py"),
+    ("stampede/_atap.py", "stampede/_tap.py"),
     ("stampede/_awarm.py", "stampede/_warm.py"),
     ("stampede/_backends/aeach.py", "stampede/_backends/each.py"),
     ("stampede/_backends/asteps.py", "stampede/_backends/steps.py"),

@@ -30,6 +30,7 @@ from ._streaming import (
     in_background_thread,
     is_run,
 )
+from ._tap import Taps
 
 C = TypeVar("C")
 
@@ -46,6 +47,7 @@ class CachedStream(Generic[C]):
         self._spec = spec
         self._store_of = store_of
         self._watchdog = watchdog  # renews a leader's lease while its run goes on
+        self._taps = Taps()  # the runs this process's callers follow
         self.settings = spec.settings
 
     def __get__(self, instance: object, owner: type | None = None) -> Any:
@@ -149,38 +151,38 @@ class CachedStream(Generic[C]):
 
     def _follow(self, store: Store, keys: EntryKeys, holder: str, listening: Listening) -> Iterator[C]:
         """The chunks of the run that holds the lease as ``holder``, from its first, as its
-        relay gets them, until its end (``listening`` says which)."""
+        relay gets them, until its end (``listening`` says which). This process's
+        listeners of the run read its relay together (``Tap``)."""
         spec = self._spec
-        relay = cast(StreamStore, store)
         spec.events.incr("streams_joined")
-        after, heard = 0, world.monotonic()
-        while True:
-            records = relay.relay_read(keys, holder, after, milliseconds(RELAY_WAIT))
-            if not records:
-                if store.holder(keys) != holder:  # the run ended, or its leader is gone
-                    records = relay.relay_read(keys, holder, after, 0)
-                    if not records:
+        tap = self._taps.join(store, cast(StreamStore, store), keys, holder)
+        try:
+            after, heard = 0, world.monotonic()
+            while True:
+                records = tap.after(after, RELAY_WAIT)
+                if not records:
+                    if tap.lost:  # the run ended short, or its leader is gone
                         listening.ended = "lost"
                         return
-                elif world.monotonic() - heard > spec.settings.wait_timeout:
-                    raise WaitTimeout(
-                        f"the stream of {keys.value!r} sent nothing for {spec.settings.wait_timeout}s", key=keys.value
-                    )
-                else:
+                    if world.monotonic() - heard > spec.settings.wait_timeout:
+                        waited = spec.settings.wait_timeout
+                        raise WaitTimeout(f"the stream of {keys.value!r} sent nothing for {waited}s", key=keys.value)
                     continue
-            heard = world.monotonic()
-            for record in records:
-                after += 1
-                kind = record[:1]
-                if kind == CHUNK:
-                    listening.received += 1
-                    yield chunk_of(record[1:], spec.chunks)
-                elif kind == END:
-                    listening.ended = "end"
-                    return
-                else:
-                    listening.ended, listening.why = "failed", record[1:].decode(errors="replace")
-                    return
+                heard = world.monotonic()
+                for record in records:
+                    after += 1
+                    kind = record[:1]
+                    if kind == CHUNK:
+                        listening.received += 1
+                        yield chunk_of(record[1:], spec.chunks)
+                    elif kind == END:
+                        listening.ended = "end"
+                        return
+                    else:
+                        listening.ended, listening.why = "failed", record[1:].decode(errors="replace")
+                        return
+        finally:
+            self._taps.leave(tap, keys, holder)
 
 
 class _Run:
