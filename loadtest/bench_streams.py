@@ -174,7 +174,8 @@ def run(args: argparse.Namespace, url: str) -> dict[str, dict[str, Any]]:
         for way in WAYS:
             namespace = f"bench-streams-{uuid.uuid4().hex[:8]}"
             command = [sys.executable, __file__, "--worker", "--url", url, "--way", way, "--namespace", namespace,
-                       "--threads", str(args.threads), "--chunks", str(args.chunks), "--pause", str(args.pause)]  # fmt: skip
+                       "--threads", str(args.threads), "--chunks", str(args.chunks),
+                       "--pause", str(args.pause)]  # fmt: skip
             results = run_processes(command, args.processes, timeout=120 + 2 * args.chunks * args.pause)
             callers = [noted for result in results for noted in result]
             runs = int(counter.get(f"{namespace}:runs") or 0)
