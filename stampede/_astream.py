@@ -1,18 +1,21 @@
 """The streamed loaders applications call: what ``@cached_stream`` turns a generator
 function into. How a run is led and followed, and why no listener can receive two runs'
-chunks, is ``_streaming``'s docstring; this module performs it.
+chunks, is ``_streaming``'s docstring. This module performs it.
 
-A call returns an iterator at once (a key that cannot be built is refused then); the
+A call returns an iterator at once (a key that cannot be built is refused then). The
 store is first asked when the caller begins to iterate.
 """
 
 # _stream.py, the blocking twin, is generated from this module by .ci/unasync.py.  # ASYNC
+# UNASYNC: aclosing -> closing
 from __future__ import annotations
 
 import asyncio  # ASYNC
+import contextlib
 import functools
 import time
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from typing import Any, Generic, TypeVar, cast
 
 from ._atap import AsyncTaps
@@ -25,6 +28,8 @@ from ._core.streams import CHUNK, END, chunk_of, chunk_record, failed_record
 from ._errors import BackendUnavailable, ConfigError, SerializationError, StreamInterrupted, WaitTimeout
 from ._streaming import (
     RELAY_WAIT,
+    AsyncChunks,
+    FirstChunk,
     Kept,
     Listening,
     StreamSpec,
@@ -40,7 +45,7 @@ class AsyncCachedStream(Generic[C]):
     """A generator function whose concurrent calls for one key, in any process, share one
     run: ``async for chunk in stream(*args)``. One caller runs the generator, every other
     receives its chunks as they are made, and the whole stream is kept (same chunks, same
-    boundaries) for later callers. ``invalidate(*args)`` drops the entry; a run in flight
+    boundaries) for later callers. ``invalidate(*args)`` drops the entry: a run in flight
     for it is then not kept."""
 
     def __init__(self, spec: StreamSpec, store_of: Callable[[], AsyncStore], watchdog: Any) -> None:
@@ -53,7 +58,7 @@ class AsyncCachedStream(Generic[C]):
 
     def __get__(self, instance: object, owner: type | None = None) -> Any:
         """Looked up on an instance, a stream decorated as a method binds it (``self`` is
-        not part of the key); one over ``@staticmethod`` is never bound."""
+        not part of the key). One over ``@staticmethod`` is never bound."""
         return self if instance is None or self._spec.static else functools.partial(self, instance)
 
     def __repr__(self) -> str:
@@ -78,7 +83,21 @@ class AsyncCachedStream(Generic[C]):
             raise ConfigError(f"{type(store).__name__} cannot relay a stream (it declares no Roles.STREAMS)")
         return store
 
-    async def _stream(self, keys: EntryKeys, args: tuple[Any, ...], kwargs: dict[str, Any]) -> AsyncIterator[C]:
+    async def _stream(self, keys: EntryKeys, args: tuple[Any, ...], kwargs: dict[str, Any]) -> AsyncChunks:
+        first = FirstChunk(self._spec.events)
+        try:
+            async with aclosing(self._chunks(keys, args, kwargs, first)) as chunks:
+                async for chunk in chunks:
+                    first.got()
+                    yield chunk
+        except BaseException:
+            first.ended("error")
+            raise
+        first.ended("empty")
+
+    async def _chunks(
+        self, keys: EntryKeys, args: tuple[Any, ...], kwargs: dict[str, Any], first: FirstChunk
+    ) -> AsyncChunks:
         spec = self._spec
         store = self._store()
         deadline = world.monotonic() + spec.settings.wait_timeout
@@ -92,8 +111,10 @@ class AsyncCachedStream(Generic[C]):
                 if spec.settings.on_backend_error == "raise":
                     raise
                 spec.warn.warning("the store failed: %s streams uncollapsed, nothing kept", keys.value, key=keys.value)
-                async for chunk in spec.func(*args, **kwargs):
-                    yield chunk
+                first.way = "uncollapsed"
+                async with aclosing(spec.func(*args, **kwargs)) as produced:
+                    async for chunk in produced:
+                        yield chunk
                 return
             if reply is not None and reply.state is LockState.VALUE:
                 raw = reply.raw
@@ -104,19 +125,24 @@ class AsyncCachedStream(Generic[C]):
                     stale = identity(raw)
                     continue
                 spec.events.incr("streams_replayed")
+                first.way = "replayed"
                 for record in records:
                     yield chunk_of(record, spec.chunks)
                 return
             assert reply is not None
             if reply.state is LockState.LOCKED:
-                async for chunk in self._lead(store, keys, token, args, kwargs):
-                    yield chunk
+                first.way = "led"
+                async with aclosing(self._lead(store, keys, token, args, kwargs)) as led:
+                    async for chunk in led:
+                        yield chunk
                 return
             holder = await store.holder(keys)
             if holder is not None and is_run(holder):
                 listening = Listening()
-                async for chunk in self._follow(store, keys, holder, listening):
-                    yield chunk
+                first.way = "joined"
+                async with aclosing(self._follow(store, keys, holder, listening)) as followed:
+                    async for chunk in followed:
+                        yield chunk
                 if listening.ended == "end":
                     return
                 raise _interrupted(keys, listening)
@@ -132,7 +158,7 @@ class AsyncCachedStream(Generic[C]):
 
     async def _lead(
         self, store: AsyncStore, keys: EntryKeys, token: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> AsyncIterator[C]:
+    ) -> AsyncChunks:
         spec = self._spec
         spec.events.incr("streams_led")
         run = _AsyncRun(spec, store, keys, token, self._watchdog.watch(store, keys, token, spec.lease_ms))
@@ -156,10 +182,12 @@ class AsyncCachedStream(Generic[C]):
             raise
         except BaseException as error:
             await run.fail(error)
+            with contextlib.suppress(Exception):  # a chunk the store failed to relay: stop the generator
+                await produced.aclose()
             raise
         await run.finish()
 
-    async def _follow(self, store: AsyncStore, keys: EntryKeys, holder: str, listening: Listening) -> AsyncIterator[C]:
+    async def _follow(self, store: AsyncStore, keys: EntryKeys, holder: str, listening: Listening) -> AsyncChunks:
         """The chunks of the run that holds the lease as ``holder``, from its first, as its
         relay gets them, until its end (``listening`` says which). This process's
         listeners of the run read its relay together (``AsyncTap``)."""
@@ -285,7 +313,7 @@ class _AsyncRun:
         try:
             await self._relay.relay_add(self._keys, self._token, records, first, linger_ms)
         except BackendUnavailable as error:
-            # The caller still gets the stream; its listeners learn the run is lost when
+            # The caller still gets the stream. Its listeners learn the run is lost when
             # its lease goes (the relay stays short of its end).
             self._relaying = False
             self._spec.warn.warning(

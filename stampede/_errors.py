@@ -58,7 +58,7 @@ class LoadTimeout(StampedeError, TimeoutError):
 class StreamInterrupted(StampedeError, RuntimeError):
     """The streamed load a caller was receiving stopped before its end: its leader raised,
     was cancelled, or lost its lease (its process died). ``received``: the chunks this
-    caller had been given. Nothing of that run was kept; a later call starts a new one."""
+    caller had been given. Nothing of that run was kept: a later call starts a new one."""
 
     def __init__(self, message: str, *, key: str | None = None, received: int = 0) -> None:
         super().__init__(message, key=key)

@@ -2,17 +2,19 @@
 # Edit the asyncio source, then run `python .ci/unasync.py`.
 """The streamed loaders applications call: what ``@cached_stream`` turns a generator
 function into. How a run is led and followed, and why no listener can receive two runs'
-chunks, is ``_streaming``'s docstring; this module performs it.
+chunks, is ``_streaming``'s docstring. This module performs it.
 
-A call returns an iterator at once (a key that cannot be built is refused then); the
+A call returns an iterator at once (a key that cannot be built is refused then). The
 store is first asked when the caller begins to iterate.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from typing import Any, Generic, TypeVar, cast
 
 from ._core import world
@@ -24,6 +26,8 @@ from ._core.streams import CHUNK, END, chunk_of, chunk_record, failed_record
 from ._errors import BackendUnavailable, ConfigError, SerializationError, StreamInterrupted, WaitTimeout
 from ._streaming import (
     RELAY_WAIT,
+    Chunks,
+    FirstChunk,
     Kept,
     Listening,
     StreamSpec,
@@ -39,7 +43,7 @@ class CachedStream(Generic[C]):
     """A generator function whose concurrent calls for one key, in any process, share one
     run: ``for chunk in stream(*args)``. One caller runs the generator, every other
     receives its chunks as they are made, and the whole stream is kept (same chunks, same
-    boundaries) for later callers. ``invalidate(*args)`` drops the entry; a run in flight
+    boundaries) for later callers. ``invalidate(*args)`` drops the entry: a run in flight
     for it is then not kept."""
 
     def __init__(self, spec: StreamSpec, store_of: Callable[[], Store], watchdog: Any) -> None:
@@ -52,7 +56,7 @@ class CachedStream(Generic[C]):
 
     def __get__(self, instance: object, owner: type | None = None) -> Any:
         """Looked up on an instance, a stream decorated as a method binds it (``self`` is
-        not part of the key); one over ``@staticmethod`` is never bound."""
+        not part of the key). One over ``@staticmethod`` is never bound."""
         return self if instance is None or self._spec.static else functools.partial(self, instance)
 
     def __repr__(self) -> str:
@@ -77,7 +81,19 @@ class CachedStream(Generic[C]):
             raise ConfigError(f"{type(store).__name__} cannot relay a stream (it declares no Roles.STREAMS)")
         return store
 
-    def _stream(self, keys: EntryKeys, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[C]:
+    def _stream(self, keys: EntryKeys, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Chunks:
+        first = FirstChunk(self._spec.events)
+        try:
+            with closing(self._chunks(keys, args, kwargs, first)) as chunks:
+                for chunk in chunks:
+                    first.got()
+                    yield chunk
+        except BaseException:
+            first.ended("error")
+            raise
+        first.ended("empty")
+
+    def _chunks(self, keys: EntryKeys, args: tuple[Any, ...], kwargs: dict[str, Any], first: FirstChunk) -> Chunks:
         spec = self._spec
         store = self._store()
         deadline = world.monotonic() + spec.settings.wait_timeout
@@ -91,8 +107,10 @@ class CachedStream(Generic[C]):
                 if spec.settings.on_backend_error == "raise":
                     raise
                 spec.warn.warning("the store failed: %s streams uncollapsed, nothing kept", keys.value, key=keys.value)
-                for chunk in spec.func(*args, **kwargs):
-                    yield chunk
+                first.way = "uncollapsed"
+                with closing(spec.func(*args, **kwargs)) as produced:
+                    for chunk in produced:
+                        yield chunk
                 return
             if reply is not None and reply.state is LockState.VALUE:
                 raw = reply.raw
@@ -103,19 +121,24 @@ class CachedStream(Generic[C]):
                     stale = identity(raw)
                     continue
                 spec.events.incr("streams_replayed")
+                first.way = "replayed"
                 for record in records:
                     yield chunk_of(record, spec.chunks)
                 return
             assert reply is not None
             if reply.state is LockState.LOCKED:
-                for chunk in self._lead(store, keys, token, args, kwargs):
-                    yield chunk
+                first.way = "led"
+                with closing(self._lead(store, keys, token, args, kwargs)) as led:
+                    for chunk in led:
+                        yield chunk
                 return
             holder = store.holder(keys)
             if holder is not None and is_run(holder):
                 listening = Listening()
-                for chunk in self._follow(store, keys, holder, listening):
-                    yield chunk
+                first.way = "joined"
+                with closing(self._follow(store, keys, holder, listening)) as followed:
+                    for chunk in followed:
+                        yield chunk
                 if listening.ended == "end":
                     return
                 raise _interrupted(keys, listening)
@@ -126,9 +149,7 @@ class CachedStream(Generic[C]):
             time.sleep(pause)
             pause = min(pause * 2, spec.settings.recheck_interval)
 
-    def _lead(
-        self, store: Store, keys: EntryKeys, token: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Iterator[C]:
+    def _lead(self, store: Store, keys: EntryKeys, token: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Chunks:
         spec = self._spec
         spec.events.incr("streams_led")
         run = _Run(spec, store, keys, token, self._watchdog.watch(store, keys, token, spec.lease_ms))
@@ -146,10 +167,12 @@ class CachedStream(Generic[C]):
             raise
         except BaseException as error:
             run.fail(error)
+            with contextlib.suppress(Exception):  # a chunk the store failed to relay: stop the generator
+                produced.aclose()
             raise
         run.finish()
 
-    def _follow(self, store: Store, keys: EntryKeys, holder: str, listening: Listening) -> Iterator[C]:
+    def _follow(self, store: Store, keys: EntryKeys, holder: str, listening: Listening) -> Chunks:
         """The chunks of the run that holds the lease as ``holder``, from its first, as its
         relay gets them, until its end (``listening`` says which). This process's
         listeners of the run read its relay together (``Tap``)."""
@@ -275,7 +298,7 @@ class _Run:
         try:
             self._relay.relay_add(self._keys, self._token, records, first, linger_ms)
         except BackendUnavailable as error:
-            # The caller still gets the stream; its listeners learn the run is lost when
+            # The caller still gets the stream. Its listeners learn the run is lost when
             # its lease goes (the relay stays short of its end).
             self._relaying = False
             self._spec.warn.warning(

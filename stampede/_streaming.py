@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncGenerator, Callable, Coroutine, Generator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ._core import world
 from ._core.codec import Codec, Serializer
 from ._core.config import Settings
 from ._core.effects import milliseconds
@@ -32,6 +33,8 @@ from ._core.streams import FramedChunks
 from ._drivers.observe import Events, RateLimitedLog
 
 OnLeave = Literal["finish", "stop"]
+AsyncChunks = AsyncGenerator[Any, None]  # a streamed call's chunks, closed when its caller leaves
+Chunks = Generator[Any, None, None]
 
 RELAY_WAIT = 0.25
 """The longest one read of a relay blocks (seconds), under the client's socket timeout: a
@@ -70,6 +73,31 @@ class StreamSpec:
         return milliseconds(self.settings.lock_ttl)
 
 
+class FirstChunk:
+    """A streamed call's wait for its first chunk, reported as the ``first_chunk`` measure
+    (``_core.observer``): begun with the call's iteration, ended once, by the way its first
+    chunk came (``way``: led, joined, replayed, uncollapsed), or by none (empty, error)."""
+
+    __slots__ = ("_began", "_events", "_open", "way")
+
+    def __init__(self, events: Events) -> None:
+        self._events = events
+        self._began = world.monotonic()
+        self._open = True
+        self.way = "led"
+        events.began("first_chunk")
+
+    def got(self) -> None:
+        """A chunk reached the caller: the first ends the wait."""
+        if self._open:
+            self.ended(self.way)
+
+    def ended(self, outcome: str) -> None:
+        if self._open:
+            self._open = False
+            self._events.ended("first_chunk", outcome, world.monotonic() - self._began)
+
+
 def whole_codec(codec: Codec) -> Codec:
     """The codec of a whole stream: ``codec``'s settings, its payload the framed records."""
     return codec.with_serializer(FramedChunks())
@@ -93,7 +121,7 @@ class Kept:
     size: int = 0
 
     def add(self, record: bytes) -> bool:
-        """Keep ``record``; False the first time the stream grows past ``limit``."""
+        """Keep ``record``, or say False the first time the stream grows past ``limit``."""
         if self.records is None:
             return True
         self.size += len(record) + 4

@@ -5,8 +5,8 @@ event loop) share one ``Tap``, so that the store sends each record to the proces
 whoever of them reads, and the others wait in memory for what it read. Memory per run
 is the run's own records, however many listen.
 
-Invariants, under ``_changed``'s lock: ``records`` only grows, in the relay's order; at
-most one listener reads the store at a time (``_reading``), from ``len(records)``; a
+Invariants, under ``_changed``'s lock. ``records`` only grows, in the relay's order. At
+most one listener reads the store at a time (``_reading``), from ``len(records)``. A
 listener that waits for it is woken when it is done, records or none.
 """
 
@@ -57,7 +57,7 @@ class Tap:
         return self.records[after:]
 
     def _read(self, place: int, wait: float) -> list[bytes]:
-        """The store's next records; after a silence, whether the run still holds its
+        """The store's next records. After a silence, whether the run still holds its
         lease (if not, one more read: its last records may have come meanwhile)."""
         keys, holder = self._keys, self._holder
         got = self._relay.relay_read(keys, holder, place, milliseconds(wait))

@@ -55,6 +55,8 @@ _MEASURE_HELP = {
     "(value, takeover, timeout, error, retry)",
     "budget_wait": "Seconds a load waited for a slot of its load budget (max_concurrent_loads), by outcome "
     "(slot, timeout, error, local, lease_lost)",
+    "first_chunk": "Seconds a streamed call waited for its first chunk, by how it came "
+    "(led, joined, replayed, uncollapsed) or why none did (empty, error)",
 }
 
 

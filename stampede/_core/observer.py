@@ -100,8 +100,8 @@ DESCRIPTIONS: dict[str, str] = {  # what each counter counts (the help text of e
 }
 COUNTERS = tuple(DESCRIPTIONS)
 
-Measure = Literal["load", "wait", "budget_wait"]
-MEASURES: tuple[Measure, ...] = ("load", "wait", "budget_wait")
+Measure = Literal["load", "wait", "budget_wait", "first_chunk"]
+MEASURES: tuple[Measure, ...] = ("load", "wait", "budget_wait", "first_chunk")
 
 OUTCOMES: dict[Measure, tuple[str, ...]] = {
     # the loader returned a value, returned None (the null sentinel is cached), or raised
@@ -112,6 +112,10 @@ OUTCOMES: dict[Measure, tuple[str, ...]] = {
     # at wait_timeout, failed on the store, took one of its process's own (store down),
     # or was told with its turn that an invalidation had taken its entry's lease
     "budget_wait": ("slot", "timeout", "error", "local", "lease_lost"),
+    # a streamed call's first chunk: the call ran the stream, followed another's run,
+    # replayed the kept stream, ran it alone (the store down), or none came (an empty
+    # stream, an error, or the caller stopped before it)
+    "first_chunk": ("led", "joined", "replayed", "uncollapsed", "empty", "error"),
 }
 
 

@@ -18,7 +18,7 @@ from .codec import Serializer
 
 CHUNK = b"c"  # a chunk follows
 END = b"e"  # the run made its whole stream
-FAILED = b"x"  # the run stopped; what went wrong follows, as text
+FAILED = b"x"  # the run stopped, and what went wrong follows, as text
 
 _BYTES = b"b"  # a chunk that is bytes, as it is
 _VALUE = b"v"  # a chunk that is a value, as the serializer wrote it

@@ -323,7 +323,7 @@ class CallTrace:
             self._wait_kind = "lease"
 
     def began(self, measure: Measure) -> None:
-        if measure == "budget_wait":  # inside the load's span: its duration is the load's
+        if measure in ("budget_wait", "first_chunk"):  # inside the load's span, or a stream's own
             return
         if measure == "wait":
             self._waits_open += 1
@@ -341,7 +341,7 @@ class CallTrace:
         self._load_token = otel_context.attach(otel_trace.set_span_in_context(load))
 
     def ended(self, measure: Measure, outcome: str, seconds: float) -> None:
-        if measure == "budget_wait":
+        if measure in ("budget_wait", "first_chunk"):
             return
         if measure == "wait":
             self._waits_open -= 1

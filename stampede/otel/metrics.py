@@ -75,6 +75,7 @@ class OpenTelemetryMetrics:
             "load": {},
             "wait": {},
             "budget_wait": {},
+            "first_chunk": {},
             "breakers": {},
         }  # -> namespace -> now
         meter = metrics.get_meter("stampede", __version__, meter_provider=meter_provider)

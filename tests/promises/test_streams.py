@@ -579,3 +579,43 @@ def test_with_the_store_down_a_stream_runs_uncollapsed_or_raises_as_asked(make_l
                 list(story(1))
         else:
             assert list(story(1)) == expect
+
+
+def test_each_callers_wait_for_its_first_chunk_is_reported_by_how_it_came(make_layer: Callable[..., Stampede]) -> None:
+    reports: list[tuple[str, str]] = []
+    begun: list[str] = []
+
+    class Observer:
+        def count(self, namespace: str, event: str, n: int) -> None:
+            pass
+
+        def began(self, namespace: str, measure: str) -> None:
+            begun.append(measure)
+
+        def ended(self, namespace: str, measure: str, outcome: str, seconds: float) -> None:
+            reports.append((measure, outcome))
+
+    layer = make_layer()
+    layer.observe(Observer())
+    listening = threading.Event()
+
+    @layer.cached_stream("observed:{n}")
+    def story(n: int) -> Iterator[str]:
+        yield "once"
+        assert listening.wait(30)
+        yield "upon"
+
+    @layer.cached_stream("nothing:{n}")
+    def nothing(n: int) -> Iterator[str]:
+        yield from ()
+
+    leader = story(1)
+    assert next(leader) == "once"
+    thread = threading.Thread(target=lambda: [listening.set() for _ in story(1)])
+    thread.start()
+    assert listening.wait(30)
+    assert list(leader) == ["upon"]
+    thread.join(30)
+    assert list(story(1)) == ["once", "upon"] and list(nothing(1)) == []
+    firsts = [outcome for measure, outcome in reports if measure == "first_chunk"]
+    assert sorted(firsts) == ["empty", "joined", "led", "replayed"] and begun.count("first_chunk") == 4

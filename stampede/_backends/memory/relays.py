@@ -84,7 +84,7 @@ class Relays:
             return self._read(relay, after)
 
     def _read(self, relay: str, after: int) -> list[bytes]:
-        """The records from place ``after`` on; none if the relay begins past it."""
+        """The records from place ``after`` on (none if the relay begins past it)."""
         item = self._live(relay, self._clock())
         if item is None or item[1] > after:
             return []
