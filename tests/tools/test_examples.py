@@ -53,6 +53,13 @@ def test_the_http_pages_example_calls_the_view_once_for_a_burst_across_workers(s
     assert "view calls: 1, statuses: [200], distinct bodies: 1" in out
 
 
+def test_the_llm_gateway_calls_the_model_once_for_a_burst_and_every_client_streams_live() -> None:
+    out = run("examples/llm_gateway.py", "--clients", "32")
+    assert "model calls: 1, statuses: [200]" in out
+    assert "in order: True (and a later request, replayed: True)" in out
+    assert "while the model was still streaming: True" in out
+
+
 def test_the_flask_caching_example_renders_once_where_flask_caching_renders_for_each() -> None:
     out = run("examples/flask_caching_app.py")
     assert "page renders: 1, report renders: 1" in out and out.rstrip().endswith("OK")
