@@ -46,7 +46,7 @@ from stampede.testing import RedisServer, find_server_binary, free_port
 HERE = Path(__file__).parent
 TOKENS = int(os.environ.get("MODEL_TOKENS", "40"))
 TOKEN_PAUSE = float(os.environ.get("MODEL_TOKEN_PAUSE", "0.02"))
-TTL = 60.0
+TTL = float(os.environ.get("GATEWAY_TTL", "60"))
 
 
 def model_app() -> Any:
@@ -62,6 +62,7 @@ def model_app() -> Any:
         body = await request.json()
         await counter.incr("model:calls")
         prompt = body["messages"][-1]["content"]
+        started = time.time()
 
         async def events() -> AsyncIterator[bytes]:
             for index in range(TOKENS):
@@ -70,6 +71,8 @@ def model_app() -> Any:
                 chunk = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta}]}
                 yield f"data: {json.dumps(chunk)}\n\n".encode()
             yield b"data: [DONE]\n\n"
+            # each call's span, for the load test's windows (loadtest/locust_gateway.py)
+            await counter.rpush("model:log", json.dumps({"what": prompt, "started": started, "finished": time.time()}))
 
         return StreamingResponse(events(), media_type="text/event-stream")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from ..._futures import settle
 
@@ -24,6 +25,15 @@ class Relays:
         # relay -> (records, the place of its first, expires_at)
         self._relays: dict[str, tuple[list[bytes], int, float]] = {}
         self._readers: dict[str, list[Callable[[], None]]] = {}  # relay -> wake-ups of its waiting readers
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Relays:
+        """The records, not the lock nor the readers (a replica of the store: the simulator's)."""
+        copied = Relays(self._clock)
+        with self._lock:
+            copied._relays = {
+                relay: (list(records), base, expires) for relay, (records, base, expires) in self._relays.items()
+            }
+        return copied
 
     def add(self, relay: str, records: Sequence[bytes], first: int, linger_ms: int) -> None:
         now = self._clock()
