@@ -3,9 +3,9 @@ event loop) share one ``Tap``, so that the store sends each record to the proces
 whoever of them reads, and the others wait in memory for what it read. Memory per run
 is the run's own records, however many listen.
 
-Invariants, under ``_changed``'s lock. ``records`` only grows, in the relay's order. At
-most one listener reads the store at a time (``_reading``), from ``len(records)``. A
-listener that waits for it is woken when it is done, records or none.
+Invariants, under ``_lock``. ``records`` only grows, in the relay's order. At most one
+listener reads the store at a time (``_reading``), from ``len(records)``. A listener
+that waits for it is woken when it is done (its event set), records or none.
 """
 
 # _tap.py, the blocking twin, is generated from this module by .ci/unasync.py.  # ASYNC
@@ -32,38 +32,42 @@ class AsyncTap:
         self.records: list[bytes] = []
         self.lost = False  # the run's lease went, and its relay ended short of its end
         self.listeners = 0  # in this process, under the table's lock (``AsyncTaps``)
-        self._reading = False
-        if True:  # ASYNC
-            self._changed = asyncio.Condition()
-        else:
-            self._changed = threading.Condition()
+        self._lock = threading.Lock()  # held for no await: a task's steps, a thread's
+        self._reading: Any = None  # the read under way: an event set when it is done
 
     async def after(self, after: int, wait: float) -> list[bytes]:
         """The records from place ``after`` on: those read already, or else those the
         next read of the store brings (it waits up to ``wait`` seconds for one). An
         empty list: nothing came (``lost`` says whether the run is gone)."""
-        async with self._changed:
+        with self._lock:
             if len(self.records) > after or self.lost:
                 return self.records[after:]
-            if self._reading:  # another listener reads: wait for what it brings
+            reading, leads = self._reading, self._reading is None
+            if leads:
                 if True:  # ASYNC
-                    try:
-                        await asyncio.wait_for(self._changed.wait(), wait + 1.0)
-                    except asyncio.TimeoutError:
-                        pass
+                    reading = self._reading = asyncio.Event()
                 else:
-                    self._changed.wait(wait + 1.0)
+                    reading = self._reading = threading.Event()
+        if not leads:  # another listener reads: wait for what it brings
+            if True:  # ASYNC
+                try:
+                    await asyncio.wait_for(reading.wait(), wait + 1.0)
+                except asyncio.TimeoutError:
+                    pass
+            else:
+                reading.wait(wait + 1.0)
+            with self._lock:
                 return self.records[after:]
-            self._reading = True
         got: list[bytes] = []
         try:
             got = await self._read(len(self.records), wait)
         finally:
-            async with self._changed:
-                self._reading = False
+            with self._lock:
                 self.records.extend(got)
-                self._changed.notify_all()
-        return self.records[after:]
+                self._reading = None
+            reading.set()
+        with self._lock:
+            return self.records[after:]
 
     async def _read(self, place: int, wait: float) -> list[bytes]:
         """The store's next records. After a silence, whether the run still holds its

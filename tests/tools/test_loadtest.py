@@ -111,6 +111,30 @@ def test_the_cluster_benchmark_short_form_loads_once_and_recovers_from_each_fail
     assert all(follow < 1.0 for follow in figures["follow"])  # Sentinel: the subscriber on the new master
 
 
+@pytest.mark.timeout(150)
+def test_the_streams_benchmark_short_form_runs_the_stream_once_for_every_caller() -> None:
+    """``loadtest/bench_streams.py --quick``: one run of the stream for the fleet (each
+    caller receiving every chunk in order), one generator per caller with no protection,
+    and the whole value's first chunk no sooner than its whole stream. The lags are the
+    script's figures (a benchmark's, not a test's)."""
+    figures = short_form("bench_streams.py", 120)
+    rows, callers = figures["figures"], figures["processes"] * figures["threads"]
+    for way in ("stampede stream", "stream, gc.freeze()", "whole value"):
+        assert rows[way]["runs"] == 1 and rows[way]["every chunk in order"] and rows[way]["callers"] == callers
+    assert rows["no protection"]["runs"] == callers
+    assert rows["whole value"]["first chunk p50"] >= figures["chunks"] * figures["pause"] * 1000
+
+
+@pytest.mark.timeout(180)
+def test_the_gateway_under_locust_calls_the_model_once_per_cold_prompt_per_window() -> None:
+    """``loadtest/locust_gateway.py --quick``: streaming users through the LLM gateway,
+    prompts going cold every 3 s: at most one model call per prompt's window (it exits 1
+    otherwise), no failed request."""
+    figures = short_form("locust_gateway.py", 170)
+    assert figures["max model calls per window"] == 1 and figures["failures"] == 0
+    assert figures["requests"] > 50 and figures["windows"] >= 8
+
+
 @pytest.mark.timeout(300)
 # Beside the other benchmarks (not timing): two Locust runs of 15 s, counts bounded far below what they reach.
 def test_the_locust_shops_verifications_agree_with_the_history_checker() -> None:
