@@ -25,6 +25,7 @@ from ._core.effects import milliseconds
 from ._core.keys import EntryKeys
 from ._core.store import AsyncStore, AsyncStreamStore, LockState, Roles, Written, roles_of
 from ._core.streams import CHUNK, END, chunk_of, chunk_record, failed_record
+from ._drivers.tracing import StreamTrace, stream_trace
 from ._errors import BackendUnavailable, ConfigError, SerializationError, StreamInterrupted, WaitTimeout
 from ._streaming import (
     RELAY_WAIT,
@@ -84,26 +85,39 @@ class AsyncCachedStream(Generic[C]):
         return store
 
     async def _stream(self, keys: EntryKeys, args: tuple[Any, ...], kwargs: dict[str, Any]) -> AsyncChunks:
-        first = FirstChunk(self._spec.events)
+        spec = self._spec
+        first = FirstChunk(spec.events)
+        trace = stream_trace(spec.tracing, spec.attributes)
+        received = 0
         try:
-            async with aclosing(self._chunks(keys, args, kwargs, first)) as chunks:
+            async with aclosing(self._chunks(keys, args, kwargs, first, trace)) as chunks:
                 async for chunk in chunks:
                     first.got()
+                    received += 1
                     yield chunk
-        except BaseException:
+        except BaseException as error:
             first.ended("error")
+            if trace is not None:
+                trace.ended(first.way, received, error)
             raise
         first.ended("empty")
+        if trace is not None:
+            trace.ended(first.way, received, None)
 
     async def _chunks(
-        self, keys: EntryKeys, args: tuple[Any, ...], kwargs: dict[str, Any], first: FirstChunk
+        self,
+        keys: EntryKeys,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        first: FirstChunk,
+        trace: StreamTrace | None,
     ) -> AsyncChunks:
         spec = self._spec
         store = self._store()
         deadline = world.monotonic() + spec.settings.wait_timeout
         stale, pause = b"", 0.002
         while True:
-            token = world.token(16)
+            token = world.token(16) if trace is None else trace.token(world.token(16))
             try:
                 raw = await store.get(keys.value) if not stale else None
                 reply = None if raw is not None else await store.acquire(keys, token, spec.lease_ms, True, stale)
@@ -140,6 +154,8 @@ class AsyncCachedStream(Generic[C]):
             if holder is not None and is_run(holder):
                 listening = Listening()
                 first.way = "joined"
+                if trace is not None:
+                    trace.follows(holder)
                 async with aclosing(self._follow(store, keys, holder, listening)) as followed:
                     async for chunk in followed:
                         yield chunk

@@ -33,6 +33,7 @@ from ._core.versions import EntryFamily, marker_ms, version_of
 from ._drivers.abudget import AsyncBudgetSlots, abudgeted
 from ._drivers.budget import BudgetSlots, budgeted
 from ._drivers.budget_table import Budgets
+from ._drivers.tracing import entry_attributes
 from ._drivers.watchdog import LOOP_WATCHDOG
 from ._errors import ConfigError
 from ._hot_sets import HotSets
@@ -383,11 +384,24 @@ class StreamDecorator:
         if isinstance(chunks, TypedSerializer):
             chunks = chunks.for_type(Any)
         whole = whole_codec(self._codec)
-        spec = StreamSpec(func, keys, settings, chunks, whole, parts.events, parts.warn, self._on_leave, static)
+        runner: Any = parts.runner if parts.runner is not None else parts.async_runner
+        attributes = entry_attributes(parts.namespace, keys.template)
+        spec = StreamSpec(
+            func,
+            keys,
+            settings,
+            chunks,
+            whole,
+            parts.events,
+            parts.warn,
+            self._on_leave,
+            runner.tracing,
+            attributes,
+            static,
+        )
         if asynchronous:
-            runner = parts.async_runner
-            assert runner is not None
-            return AsyncCachedStream(spec, runner.loop_store, LOOP_WATCHDOG)
+            assert parts.async_runner is not None
+            return AsyncCachedStream(spec, parts.async_runner.loop_store, LOOP_WATCHDOG)
         assert store is not None
         blocking_store = store
         return CachedStream(spec, lambda: blocking_store, parts.watchdog)

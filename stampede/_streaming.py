@@ -31,6 +31,7 @@ from ._core.effects import milliseconds
 from ._core.keys import KeyBuilder
 from ._core.streams import FramedChunks
 from ._drivers.observe import Events, RateLimitedLog
+from ._drivers.tracing import Tracing
 
 OnLeave = Literal["finish", "stop"]
 AsyncChunks = AsyncGenerator[Any, None]  # a streamed call's chunks, closed when its caller leaves
@@ -55,6 +56,8 @@ class StreamSpec:
     events: Events
     warn: RateLimitedLog
     on_leave: OnLeave  # what a run does when its own caller stops iterating
+    tracing: Tracing  # the layer's: a ``stampede.stream`` span per call, once a provider is set
+    attributes: dict[str, Any]  # its spans' (``entry_attributes``)
     static: bool = False
 
     @property

@@ -499,6 +499,55 @@ def call_trace(
     return CallTrace(tracer, name, {**attributes, **own} if own else attributes, keys_shown=keys_shown)
 
 
+# --- streamed calls ---------------------------------------------------------------------
+
+
+class StreamTrace:
+    """One streamed call's span, ``stampede.stream``: begun when the caller begins to
+    iterate, ended when it stops, with how its chunks came (``stampede.stream.role``: led,
+    joined, replayed, uncollapsed) and how many (``stampede.stream.chunks``). Never made
+    current: a generator's context is its consumer's between chunks. A leader's lease
+    token carries the span's ids (``token``), and a listener's ``stampede.stream.follow``
+    span, begun when it finds the run, links to the leader's, in whichever process."""
+
+    __slots__ = ("_tracer", "span")
+
+    def __init__(self, tracer: Any, attributes: dict[str, Any]) -> None:
+        self._tracer = tracer
+        self.span = tracer.start_span("stampede.stream", attributes=attributes)
+
+    def token(self, token: str) -> str:
+        """A leader's lease ``token``, naming this span to its listeners if it is sampled in."""
+        if not self.span.is_recording():
+            return token
+        ids = self.span.get_span_context()
+        return f"{token}{TRACE_MARK}{ids.trace_id:032x}{ids.span_id:016x}{int(ids.trace_flags):02x}"
+
+    def follows(self, holder: str) -> None:
+        """The call follows the run that holds the lease as ``holder``: a span of the
+        follow, linked to the leader's stream span when the token names it."""
+        leader = held_by(holder)
+        links = [otel_trace.Link(leader)] if leader is not None else None
+        context = otel_trace.set_span_in_context(self.span)
+        self._tracer.start_span("stampede.stream.follow", context=context, links=links).end()
+
+    def ended(self, role: str, chunks: int, error: BaseException | None) -> None:
+        span = self.span
+        span.set_attribute("stampede.stream.role", role)
+        span.set_attribute("stampede.stream.chunks", chunks)
+        if error is not None and not isinstance(error, GeneratorExit):
+            span.set_status(otel_trace.Status(otel_trace.StatusCode.ERROR, type(error).__name__))
+        span.end()
+
+
+def stream_trace(tracing: Tracing, attributes: dict[str, Any]) -> StreamTrace | None:
+    """A streamed call's trace, or None while nothing is traced."""
+    tracer = tracing.tracer
+    if tracer is None and tracing.asking:
+        tracer = tracing.ask()
+    return None if tracer is None else StreamTrace(tracer, attributes)
+
+
 # --- background refreshes ---------------------------------------------------------------
 
 

@@ -16,6 +16,11 @@ a call costs one attribute read. The spans (``docs/operating.md`` shows them in 
       stampede.load    the loader's call; the loader's own spans are its children
     stampede.refresh   a background refresh: a trace of its own (root), linked to the call
                        that started it, which links to it in turn where the API can
+    stampede.stream    a streamed call (cached_stream), from its first iteration to its
+                       last: stampede.stream.role (led, joined, replayed, uncollapsed) and
+                       stampede.stream.chunks
+      stampede.stream.follow   a listener found the run it follows: linked to the leader's
+                       stampede.stream span, in whichever process it runs
 
 How the spans are made, and how a waiter in another process finds the load it waits
 for, is the drivers' (``stampede._drivers.tracing``): this module is the public face.

@@ -626,3 +626,36 @@ def test_over_every_backend_a_wait_on_another_layers_lease_links_to_its_load(
     links = [(link.context.trace_id, link.context.span_id) for link in wait.links]
     expected = [(load.context.trace_id, load.context.span_id)]  # type: ignore[union-attr]
     assert links == ([] if backend in ("redlock", "zookeeper") else expected), backend
+
+
+def test_a_streamed_calls_span_says_how_its_chunks_came_and_a_listener_links_to_its_leader(
+    exporter: InMemorySpanExporter, make_layer: Callable[..., Stampede]
+) -> None:
+    """``stampede.stream``: one per streamed call, its role and chunks; a listener's
+    ``stampede.stream.follow`` links to the leader's stream span through the lease token."""
+    import threading
+
+    layer = make_layer()
+    listening = threading.Event()
+
+    @layer.cached_stream("story:{n}")
+    def story(n: int) -> Any:
+        yield "once"
+        assert listening.wait(30)
+        yield "upon"
+
+    leader = story(1)
+    assert next(leader) == "once"
+    thread = threading.Thread(target=lambda: [listening.set() for _ in story(1)])
+    thread.start()
+    assert listening.wait(30)
+    assert list(leader) == ["upon"]
+    thread.join(30)
+    assert list(story(1)) == ["once", "upon"]
+    streams = named(exporter, "stampede.stream")
+    roles = sorted((str(span.attributes["stampede.stream.role"]), span.attributes["stampede.stream.chunks"])  # type: ignore[index]
+                   for span in streams)  # fmt: skip
+    assert roles == [("joined", 2), ("led", 2), ("replayed", 2)]
+    led = next(span for span in streams if span.attributes["stampede.stream.role"] == "led")  # type: ignore[index]
+    (follow,) = named(exporter, "stampede.stream.follow")
+    assert [link.context.span_id for link in follow.links] == [led.context.span_id]  # type: ignore[union-attr]
