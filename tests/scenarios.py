@@ -187,3 +187,26 @@ class LineWorker:
         if self.process.poll() is None:
             self.process.kill()
         self.process.communicate(timeout=10)
+
+
+def lead_join_replay(layer: Stampede, template: str) -> None:
+    """One streamed call of each role on a cold key of ``template``: a leader, a listener
+    in another thread that joins once the leader has made its first chunk, then a replay
+    of the kept stream. Each receives ["once", "upon"]."""
+    listening = threading.Event()
+
+    @layer.cached_stream(template)
+    def story(n: int) -> Any:
+        yield "once"
+        assert listening.wait(30)
+        yield "upon"
+
+    leader = story(1)
+    assert next(leader) == "once"
+    heard: list[str] = []
+    thread = threading.Thread(target=lambda: [(heard.append(chunk), listening.set()) for chunk in story(1)])
+    thread.start()
+    assert listening.wait(30)
+    assert list(leader) == ["upon"]
+    thread.join(30)
+    assert heard == ["once", "upon"] and list(story(1)) == ["once", "upon"]

@@ -25,6 +25,7 @@ from stampede import ConfigError, Stampede, StreamInterrupted
 from stampede._core.keys import EntryKeys
 from stampede.backends import Roles, roles_of
 
+from ..scenarios import lead_join_replay
 from .test_processes import Workers
 
 STREAM_WORKER = str(__import__("pathlib").Path(__file__).resolve().parent.parent / "stream_worker.py")
@@ -597,25 +598,12 @@ def test_each_callers_wait_for_its_first_chunk_is_reported_by_how_it_came(make_l
 
     layer = make_layer()
     layer.observe(Observer())
-    listening = threading.Event()
-
-    @layer.cached_stream("observed:{n}")
-    def story(n: int) -> Iterator[str]:
-        yield "once"
-        assert listening.wait(30)
-        yield "upon"
+    lead_join_replay(layer, "observed:{n}")
 
     @layer.cached_stream("nothing:{n}")
     def nothing(n: int) -> Iterator[str]:
         yield from ()
 
-    leader = story(1)
-    assert next(leader) == "once"
-    thread = threading.Thread(target=lambda: [listening.set() for _ in story(1)])
-    thread.start()
-    assert listening.wait(30)
-    assert list(leader) == ["upon"]
-    thread.join(30)
-    assert list(story(1)) == ["once", "upon"] and list(nothing(1)) == []
+    assert list(nothing(1)) == []
     firsts = [outcome for measure, outcome in reports if measure == "first_chunk"]
     assert sorted(firsts) == ["empty", "joined", "led", "replayed"] and begun.count("first_chunk") == 4

@@ -32,7 +32,7 @@ from stampede import Stampede
 from stampede._core.keys import EntryKeys
 from stampede._drivers import tracing
 
-from ..scenarios import LineWorker, WaitsBegun, wait_until
+from ..scenarios import LineWorker, WaitsBegun, lead_join_replay, wait_until
 
 HERE = Path(__file__).parent
 
@@ -633,25 +633,7 @@ def test_a_streamed_calls_span_says_how_its_chunks_came_and_a_listener_links_to_
 ) -> None:
     """``stampede.stream``: one per streamed call, its role and chunks; a listener's
     ``stampede.stream.follow`` links to the leader's stream span through the lease token."""
-    import threading
-
-    layer = make_layer()
-    listening = threading.Event()
-
-    @layer.cached_stream("story:{n}")
-    def story(n: int) -> Any:
-        yield "once"
-        assert listening.wait(30)
-        yield "upon"
-
-    leader = story(1)
-    assert next(leader) == "once"
-    thread = threading.Thread(target=lambda: [listening.set() for _ in story(1)])
-    thread.start()
-    assert listening.wait(30)
-    assert list(leader) == ["upon"]
-    thread.join(30)
-    assert list(story(1)) == ["once", "upon"]
+    lead_join_replay(make_layer(), "story:{n}")
     streams = named(exporter, "stampede.stream")
     roles = sorted((str(span.attributes["stampede.stream.role"]), span.attributes["stampede.stream.chunks"])  # type: ignore[index]
                    for span in streams)  # fmt: skip
