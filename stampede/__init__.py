@@ -9,6 +9,7 @@ from ._core.msgspec_serializer import MsgspecSerializer
 from ._core.observer import COUNTERS, OUTCOMES, BudgetObserver, Observer
 from ._core.pydantic_serializer import PydanticSerializer
 from ._core.results import NOT_MODIFIED, Cached, Previous, previous
+from ._core.streams import STREAM_RESTARTED
 from ._core.verify import verifying
 from ._errors import (
     BackendUnavailable,
@@ -46,6 +47,7 @@ __all__ = [  # grouped, not sorted
     "cached_loader_many",
     "CachedStream",
     "AsyncCachedStream",
+    "STREAM_RESTARTED",
     "default_layer",
     "Settings",
     "WarmReport",

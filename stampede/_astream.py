@@ -24,10 +24,11 @@ from ._core.codec import NOT_A_VALUE, identity
 from ._core.effects import milliseconds
 from ._core.keys import EntryKeys
 from ._core.store import AsyncStore, AsyncStreamStore, LockState, Roles, Written, roles_of
-from ._core.streams import CHUNK, END, chunk_of, chunk_record, failed_record
+from ._core.streams import CHUNK, END, STREAM_RESTARTED, chunk_of, chunk_record, failed_record
 from ._drivers.tracing import StreamTrace, stream_trace
 from ._errors import BackendUnavailable, ConfigError, SerializationError, StreamInterrupted, WaitTimeout
 from ._streaming import (
+    MAX_RESTARTS,
     RELAY_WAIT,
     AsyncChunks,
     FirstChunk,
@@ -93,7 +94,7 @@ class AsyncCachedStream(Generic[C]):
             async with aclosing(self._chunks(keys, args, kwargs, first, trace)) as chunks:
                 async for chunk in chunks:
                     first.got()
-                    received += 1
+                    received += chunk is not STREAM_RESTARTED
                     yield chunk
         except BaseException as error:
             first.ended("error")
@@ -115,7 +116,7 @@ class AsyncCachedStream(Generic[C]):
         spec = self._spec
         store = self._store()
         deadline = world.monotonic() + spec.settings.wait_timeout
-        stale, pause = b"", 0.002
+        stale, pause, restarts, failed = b"", 0.002, 0, ""
         while True:
             token = world.token(16) if trace is None else trace.token(world.token(16))
             try:
@@ -151,7 +152,7 @@ class AsyncCachedStream(Generic[C]):
                         yield chunk
                 return
             holder = await store.holder(keys)
-            if holder is not None and is_run(holder):
+            if holder is not None and is_run(holder) and holder != failed:
                 listening = Listening()
                 first.way = "joined"
                 if trace is not None:
@@ -161,7 +162,16 @@ class AsyncCachedStream(Generic[C]):
                         yield chunk
                 if listening.ended == "end":
                     return
-                raise _interrupted(keys, listening)
+                if spec.on_leader_failure == "raise" or restarts == MAX_RESTARTS:
+                    raise _interrupted(keys, listening)
+                # A new run: this caller leads it, or follows another's (not the one that
+                # stopped, whose lease may be given back a moment after its relay ended).
+                restarts, failed = restarts + 1, holder
+                spec.events.incr("streams_restarted")
+                if listening.received:
+                    yield STREAM_RESTARTED
+                deadline = world.monotonic() + spec.settings.wait_timeout
+                continue
             if world.monotonic() >= deadline:
                 raise WaitTimeout(
                     f"waited {spec.settings.wait_timeout}s for the stream of {keys.value!r}", key=keys.value

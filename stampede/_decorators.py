@@ -42,7 +42,7 @@ from ._loader import AsyncVersions, P, Versions
 from ._loader_many import ManyKeys
 from ._parts import LayerParts
 from ._stream import CachedStream
-from ._streaming import OnLeave, StreamSpec, whole_codec
+from ._streaming import OnLeaderFailure, OnLeave, StreamSpec, whole_codec
 
 R = TypeVar("R")
 
@@ -326,9 +326,13 @@ class StreamDecorator:
         settings: Settings,
         serializer: Serializer | None,
         on_leave: OnLeave,
+        on_leader_failure: OnLeaderFailure,
     ) -> None:
         if on_leave not in ("finish", "stop"):
             raise ConfigError(f'on_leave must be "finish" or "stop", got {on_leave!r}')
+        if on_leader_failure not in ("raise", "restart"):
+            raise ConfigError(f'on_leader_failure must be "raise" or "restart", got {on_leader_failure!r}')
+        self._on_leader_failure: OnLeaderFailure = on_leader_failure
         self._making = making
         self._template = template
         self._settings = settings
@@ -395,6 +399,7 @@ class StreamDecorator:
             parts.events,
             parts.warn,
             self._on_leave,
+            self._on_leader_failure,
             runner.tracing,
             attributes,
             static,

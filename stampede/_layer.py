@@ -66,7 +66,7 @@ from ._options import LAYER_KEYWORDS, LayerOptions, Options
 from ._parts import LayerParts
 from ._redact import redacted
 from ._stream import CachedStream
-from ._streaming import OnLeave
+from ._streaming import OnLeaderFailure, OnLeave
 from ._warming import Progress, WarmReport
 
 if typing.TYPE_CHECKING:
@@ -343,6 +343,7 @@ class Stampede:
         *,
         serializer: Serializer | None = None,
         on_leave: OnLeave = "finish",
+        on_leader_failure: OnLeaderFailure = "raise",
         **settings: Unpack[StreamSettings],
     ) -> StreamDecorator: ...
 
@@ -353,6 +354,7 @@ class Stampede:
         *,
         serializer: Serializer | None = None,
         on_leave: OnLeave = "finish",
+        on_leader_failure: OnLeaderFailure = "raise",
         **settings: Unpack[StreamSettings],
     ) -> Any:
         """Decorate a generator function, plain or ``async def``, whose chunks (``bytes``,
@@ -362,14 +364,18 @@ class Stampede:
         under ``ttl`` and replayed, chunk by chunk, to later callers. ``template`` names
         the entry as ``cached_loader``'s does. ``on_leave``: when the leader's own caller
         stops iterating, "finish" runs the generator to its end for its listeners (and
-        keeps the stream), "stop" stops it (its listeners get ``StreamInterrupted``)."""
+        keeps the stream), "stop" stops it (its listeners get ``StreamInterrupted``).
+        ``on_leader_failure``: when the run a listener follows stops short (its leader
+        raised, left or died), "raise" raises ``StreamInterrupted``, "restart" begins
+        another run (this caller leads it, or follows another's) and hands the caller
+        ``STREAM_RESTARTED`` before the new run's first chunk if it had received any."""
         making = self._decorating
         stream_settings = making.settings_for(dict(settings), None)
         if template is not None and not isinstance(template, str):
             if not callable(template):
                 raise ConfigError(f"a key template must be a str, got {template!r}")
-            return StreamDecorator(making, None, stream_settings, serializer, on_leave)(template)
-        return StreamDecorator(making, template, stream_settings, serializer, on_leave)
+            return StreamDecorator(making, None, stream_settings, serializer, on_leave, on_leader_failure)(template)
+        return StreamDecorator(making, template, stream_settings, serializer, on_leave, on_leader_failure)
 
     @_layer_method(MANY_LOADER_SETTING_NAMES)
     def cached_loader_many(

@@ -22,10 +22,11 @@ from ._core.codec import NOT_A_VALUE, identity
 from ._core.effects import milliseconds
 from ._core.keys import EntryKeys
 from ._core.store import LockState, Roles, Store, StreamStore, Written, roles_of
-from ._core.streams import CHUNK, END, chunk_of, chunk_record, failed_record
+from ._core.streams import CHUNK, END, STREAM_RESTARTED, chunk_of, chunk_record, failed_record
 from ._drivers.tracing import StreamTrace, stream_trace
 from ._errors import BackendUnavailable, ConfigError, SerializationError, StreamInterrupted, WaitTimeout
 from ._streaming import (
+    MAX_RESTARTS,
     RELAY_WAIT,
     Chunks,
     FirstChunk,
@@ -91,7 +92,7 @@ class CachedStream(Generic[C]):
             with closing(self._chunks(keys, args, kwargs, first, trace)) as chunks:
                 for chunk in chunks:
                     first.got()
-                    received += 1
+                    received += chunk is not STREAM_RESTARTED
                     yield chunk
         except BaseException as error:
             first.ended("error")
@@ -113,7 +114,7 @@ class CachedStream(Generic[C]):
         spec = self._spec
         store = self._store()
         deadline = world.monotonic() + spec.settings.wait_timeout
-        stale, pause = b"", 0.002
+        stale, pause, restarts, failed = b"", 0.002, 0, ""
         while True:
             token = world.token(16) if trace is None else trace.token(world.token(16))
             try:
@@ -149,7 +150,7 @@ class CachedStream(Generic[C]):
                         yield chunk
                 return
             holder = store.holder(keys)
-            if holder is not None and is_run(holder):
+            if holder is not None and is_run(holder) and holder != failed:
                 listening = Listening()
                 first.way = "joined"
                 if trace is not None:
@@ -159,7 +160,16 @@ class CachedStream(Generic[C]):
                         yield chunk
                 if listening.ended == "end":
                     return
-                raise _interrupted(keys, listening)
+                if spec.on_leader_failure == "raise" or restarts == MAX_RESTARTS:
+                    raise _interrupted(keys, listening)
+                # A new run: this caller leads it, or follows another's (not the one that
+                # stopped, whose lease may be given back a moment after its relay ended).
+                restarts, failed = restarts + 1, holder
+                spec.events.incr("streams_restarted")
+                if listening.received:
+                    yield STREAM_RESTARTED
+                deadline = world.monotonic() + spec.settings.wait_timeout
+                continue
             if world.monotonic() >= deadline:
                 raise WaitTimeout(
                     f"waited {spec.settings.wait_timeout}s for the stream of {keys.value!r}", key=keys.value

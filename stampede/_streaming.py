@@ -34,6 +34,11 @@ from ._drivers.observe import Events, RateLimitedLog
 from ._drivers.tracing import Tracing
 
 OnLeave = Literal["finish", "stop"]
+OnLeaderFailure = Literal["raise", "restart"]
+
+MAX_RESTARTS = 3
+"""The most runs a call starts over on (``on_leader_failure="restart"``): a generator that
+fails every time is told to its callers, not retried for ever."""
 AsyncChunks = AsyncGenerator[Any, None]  # a streamed call's chunks, closed when its caller leaves
 Chunks = Generator[Any, None, None]
 
@@ -56,6 +61,7 @@ class StreamSpec:
     events: Events
     warn: RateLimitedLog
     on_leave: OnLeave  # what a run does when its own caller stops iterating
+    on_leader_failure: OnLeaderFailure  # what a listener does when the run it follows stops short
     tracing: Tracing  # the layer's: a ``stampede.stream`` span per call, once a provider is set
     attributes: dict[str, Any]  # its spans' (``entry_attributes``)
     static: bool = False

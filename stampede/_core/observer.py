@@ -94,6 +94,7 @@ DESCRIPTIONS: dict[str, str] = {  # what each counter counts (the help text of e
     "streams_joined": "A streamed call followed another caller's run, receiving its chunks as they were made",
     "streams_replayed": "A streamed call found the whole stream kept and replayed it",
     "streams_interrupted": "A streamed load stopped before its end (raised, cancelled, or left): nothing was kept",
+    "streams_restarted": 'A streamed call\'s run stopped short and it began another (on_leader_failure="restart")',
     "streams_not_kept": "A streamed load grew past max_value_bytes: relayed to its listeners, not kept",
     "stream_chunks": "A chunk a streamed load made was relayed",
     "stream_bytes": "Bytes of the chunks streamed loads relayed",

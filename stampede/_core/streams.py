@@ -10,6 +10,7 @@ framed, each behind its length, so that a replay hands out the chunks the leader
 
 from __future__ import annotations
 
+import enum
 import struct
 from collections.abc import Iterable
 from typing import Any
@@ -19,6 +20,16 @@ from .codec import Serializer
 CHUNK = b"c"  # a chunk follows
 END = b"e"  # the run made its whole stream
 FAILED = b"x"  # the run stopped, and what went wrong follows, as text
+
+
+class _Restarted(enum.Enum):
+    STREAM_RESTARTED = "stream restarted"
+
+
+STREAM_RESTARTED = _Restarted.STREAM_RESTARTED
+"""What a streamed call with ``on_leader_failure="restart"`` hands its caller, between two
+chunks, when the run it was receiving stopped and a new one began: drop what came
+before it, the next chunk is the new run's first."""
 
 _BYTES = b"b"  # a chunk that is bytes, as it is
 _VALUE = b"v"  # a chunk that is a value, as the serializer wrote it

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import redis
 
-from stampede import ConfigError, Stampede, StreamInterrupted
+from stampede import STREAM_RESTARTED, ConfigError, Stampede, StreamInterrupted
 from stampede._core.keys import EntryKeys
 from stampede.backends import Roles, roles_of
 
@@ -220,6 +220,50 @@ def test_a_leader_that_raises_tells_every_listener_at_once_and_keeps_nothing(
     assert lease_left(layer, failing, 1) is None
     assert list(failing(1)) == ["first", "second"] and runs == [1, 1]  # nothing was kept: run again
     assert layer.stats()["streams_interrupted"] == 1
+
+
+def test_with_restart_a_listener_takes_over_a_failed_run_and_says_so_before_the_new_one(
+    stream_layer: Callable[..., Stampede],
+) -> None:
+    layer = stream_layer()
+    callers, runs = 5, []
+    gate = Gate(callers)
+
+    @layer.cached_stream("restarted:{n}", on_leader_failure="restart")
+    def flaky(n: int) -> Iterator[str]:
+        runs.append(n)
+        run = len(runs)
+        yield f"run {run} first"
+        if run == 1:
+            gate.wait()
+            raise ValueError("the model went away")
+        yield f"run {run} second"
+
+    outcomes: dict[int, Any] = {}
+
+    def caller(slot: int) -> None:
+        got: list[Any] = []
+        try:
+            for chunk in flaky(1):
+                got.append(chunk)
+                if len(got) == 1:
+                    gate.got_first()
+        except ValueError as error:
+            got.append(str(error))
+        outcomes[slot] = got
+
+    threads = [threading.Thread(target=caller, args=(slot,)) for slot in range(callers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    restarted = ["run 1 first", STREAM_RESTARTED, "run 2 first", "run 2 second"]
+    assert sorted(map(str, outcomes.values())) == sorted(
+        [str(["run 1 first", "the model went away"])] + [str(restarted)] * (callers - 1)
+    )
+    assert runs == [1, 1]  # one listener took over: the rest followed its run
+    assert list(flaky(1)) == ["run 2 first", "run 2 second"] and runs == [1, 1]
+    assert layer.stats()["streams_restarted"] == callers - 1
 
 
 def test_a_leaders_caller_that_leaves_lets_the_run_finish_for_its_listeners(
