@@ -51,6 +51,7 @@ import redis
 from . import Stampede, __version__
 from ._core.codec import Codec, Kind, stale_window_of
 from ._core.keys import EntryKeys
+from ._core.observer import MEASURES
 from ._core.patterns import entry_pattern
 from ._core.tags import TagKeys, tag_name
 from ._errors import BackendUnavailable, ConfigError, InvalidKey
@@ -338,7 +339,7 @@ def _human(command: str, result: Any) -> str:
         lines = [f"namespace {result['namespace']!r}, from {result['metrics_url']}"]
         for name, count in sorted(result.get("counters", {}).items()):
             lines.append(f"  {name:<24} {count:>12.0f}")
-        for measure in ("load", "wait", "budget_wait"):
+        for measure in MEASURES:
             series = result.get(measure, {})
             for key in sorted(k for k in series if k.startswith("count[")):
                 outcome = key[len("count[") : -1]
