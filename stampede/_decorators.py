@@ -169,14 +169,7 @@ class _Decorator:
 
     def __call__(self, func: Any) -> Any:
         making, parts, settings = self._making, self._making.parts, self._settings
-        if isinstance(func, classmethod):
-            raise ConfigError(
-                f"{self.name} cannot decorate the classmethod {func.__func__.__qualname__}: write "
-                f"@classmethod above @{self.name}{self.classmethod_hint}"
-            )
-        static = isinstance(func, staticmethod)
-        if static:
-            func = func.__func__  # called as it is, from the class or an instance: nothing is bound
+        func, static = unwrapped(func, self.name, self.classmethod_hint)
         if not callable(func):
             raise ConfigError(f"{self.name} decorates a function, got {func!r}")
         refuse_generator(self.name, func)
@@ -186,16 +179,7 @@ class _Decorator:
         if isinstance(codec.serializer, TypedSerializer):
             codec = codec.with_serializer(self._typed(codec.serializer, func))
         asynchronous = is_async(func)
-        if asynchronous and parts.async_runner is None:
-            raise ConfigError(
-                f"{func.__qualname__} is async, and this layer has no asyncio client: "
-                "pass async_client= to Stampede, or use Stampede.from_url"
-            )
-        if not asynchronous and parts.runner is None:
-            raise ConfigError(
-                f"{func.__qualname__} is not async, and this layer has only an asyncio client: "
-                "pass a blocking client too, or use Stampede.from_url"
-            )
+        check_client(parts, func, asynchronous, "async")
         loads = making.budgeted(func, settings, self._own_budget, named.template)
         marks = marker_ms(settings) if version else 0
         loader = self._loader(_Made(named, loads, codec, static, asynchronous, marks))
@@ -347,14 +331,7 @@ class StreamDecorator:
 
     def __call__(self, func: Any) -> Any:
         parts, settings = self._making.parts, self._settings
-        if isinstance(func, classmethod):
-            raise ConfigError(
-                f"cached_stream cannot decorate the classmethod {func.__func__.__qualname__}: write "
-                "@classmethod above @cached_stream"
-            )
-        static = isinstance(func, staticmethod)
-        if static:
-            func = func.__func__
+        func, static = unwrapped(func, self.name)
         asynchronous = inspect.isasyncgenfunction(func)
         if not asynchronous and not inspect.isgeneratorfunction(func):
             raise ConfigError(
@@ -371,16 +348,7 @@ class StreamDecorator:
         # An asyncio-only layer's store is made in its event loop: checked at its first call.
         if store is not None and Roles.STREAMS not in roles_of(store):
             raise ConfigError(f"cached_stream needs a store that relays streams; {backend.name} has none")
-        if asynchronous and parts.async_runner is None:
-            raise ConfigError(
-                f"{func.__qualname__} is an async generator, and this layer has no asyncio client: "
-                "pass async_client= to Stampede, or use Stampede.from_url"
-            )
-        if not asynchronous and store is None:
-            raise ConfigError(
-                f"{func.__qualname__} is a generator, and this layer has only an asyncio client: "
-                "pass a blocking client too, or use Stampede.from_url"
-            )
+        check_client(parts, func, asynchronous, "an async generator")
         keys = KeyBuilder(func, self._template, parts.namespace, settings.max_key_length)
         if keys.default_name is not None:
             self._making.claim_name(keys.default_name, func)
@@ -410,6 +378,34 @@ class StreamDecorator:
         assert store is not None
         blocking_store = store
         return CachedStream(spec, lambda: blocking_store, parts.watchdog)
+
+
+def unwrapped(func: Any, decorator: str, hint: str = "") -> tuple[Any, bool]:
+    """The function under a staticmethod (called as it is, from the class or an instance:
+    nothing is bound), and whether it was one. A classmethod is refused: its ``cls``
+    would be bound after the decorator, in the key."""
+    if isinstance(func, classmethod):
+        raise ConfigError(
+            f"{decorator} cannot decorate the classmethod {func.__func__.__qualname__}: write "
+            f"@classmethod above @{decorator}{hint}"
+        )
+    if isinstance(func, staticmethod):
+        return func.__func__, True
+    return func, False
+
+
+def check_client(parts: LayerParts, func: Callable[..., Any], asynchronous: bool, kind: str) -> None:
+    """Refuse a loader of a kind (``kind``: async, or not) the layer has no client for."""
+    if asynchronous and parts.async_runner is None:
+        raise ConfigError(
+            f"{func.__qualname__} is {kind}, and this layer has no asyncio client: "
+            "pass async_client= to Stampede, or use Stampede.from_url"
+        )
+    if not asynchronous and parts.runner is None:
+        raise ConfigError(
+            f"{func.__qualname__} is not {kind}, and this layer has only an asyncio client: "
+            "pass a blocking client too, or use Stampede.from_url"
+        )
 
 
 def refuse_generator(decorator: str, func: Callable[..., Any]) -> None:
