@@ -13,7 +13,9 @@ once the generator ends, as a value is: an invalidation meanwhile refuses the wr
 A listener learns of a leader's end from its relay: ``END``, or ``FAILED`` with why. A
 leader that died writes nothing: its lease lapses (no watchdog renews it), and a
 listener that reads another holder (or none) after a silence reads the relay once more
-and raises ``StreamInterrupted`` if the end is not there.
+and raises ``StreamInterrupted`` if the end is not there (or, as ``on_leader_failure``
+says, begins another run). The listeners of a run in one process read its relay
+together (``_atap``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ._core.codec import Codec, Serializer
 from ._core.config import Settings
 from ._core.effects import milliseconds
 from ._core.keys import KeyBuilder
+from ._core.store import FAILED_HOLD
 from ._core.streams import FramedChunks
 from ._drivers.observe import Events, RateLimitedLog
 from ._drivers.tracing import Tracing
@@ -144,7 +147,7 @@ class Kept:
 def is_run(holder: str | None) -> bool:
     """Whether a lock's holder is a load's token, whose relay a listener can follow (not
     a failed load's hold, nor nothing)."""
-    return bool(holder) and holder is not None and holder[:1] != "!"
+    return bool(holder) and holder != FAILED_HOLD
 
 
 def in_background(coroutine: Coroutine[Any, Any, None]) -> None:
