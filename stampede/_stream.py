@@ -21,7 +21,7 @@ from ._core import world
 from ._core.codec import NOT_A_VALUE, identity
 from ._core.effects import milliseconds
 from ._core.keys import EntryKeys
-from ._core.store import LockState, Roles, Store, StreamStore, Written, roles_of
+from ._core.store import TRACE_MARK, LockState, Roles, Store, StreamStore, Written, roles_of
 from ._core.streams import CHUNK, END, STREAM_RESTARTED, chunk_of, chunk_record, failed_record
 from ._drivers.tracing import StreamTrace, stream_trace
 from ._errors import BackendUnavailable, ConfigError, SerializationError, StreamInterrupted, WaitTimeout
@@ -116,7 +116,9 @@ class CachedStream(Generic[C]):
         deadline = world.monotonic() + spec.settings.wait_timeout
         stale, pause, restarts, failed = b"", 0.002, 0, ""
         while True:
-            token = world.token(16) if trace is None else trace.token(world.token(16))
+            # The mark tells a store to name this run's token to a caller it refuses (as a
+            # traced load's): a listener learns whose relay to follow with its refusal.
+            token = world.token(16) + TRACE_MARK if trace is None else trace.token(world.token(16))
             try:
                 raw = store.get(keys.value) if not stale else None
                 reply = None if raw is not None else store.acquire(keys, token, spec.lease_ms, True, stale)
@@ -149,7 +151,7 @@ class CachedStream(Generic[C]):
                     for chunk in led:
                         yield chunk
                 return
-            holder = store.holder(keys)
+            holder = reply.holder or store.holder(keys)
             if holder is not None and is_run(holder) and holder != failed:
                 listening = Listening()
                 first.way = "joined"

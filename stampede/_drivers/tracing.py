@@ -517,9 +517,10 @@ class StreamTrace:
         self.span = tracer.start_span("stampede.stream", attributes=attributes)
 
     def token(self, token: str) -> str:
-        """A leader's lease ``token``, naming this span to its listeners if it is sampled in."""
+        """A leader's lease ``token``, naming this span to its listeners if it is sampled in
+        (and carrying ``TRACE_MARK`` either way: a store names it to its listeners)."""
         if not self.span.is_recording():
-            return token
+            return token + TRACE_MARK
         ids = self.span.get_span_context()
         return f"{token}{TRACE_MARK}{ids.trace_id:032x}{ids.span_id:016x}{int(ids.trace_flags):02x}"
 
