@@ -25,7 +25,7 @@ from stampede import STREAM_RESTARTED, ConfigError, Stampede, StreamInterrupted
 from stampede._core.keys import EntryKeys
 from stampede.backends import Roles, roles_of
 
-from ..scenarios import lead_join_replay
+from ..scenarios import lead_join_replay, until
 from .test_processes import Workers
 
 STREAM_WORKER = str(__import__("pathlib").Path(__file__).resolve().parent.parent / "stream_worker.py")
@@ -651,3 +651,46 @@ def test_each_callers_wait_for_its_first_chunk_is_reported_by_how_it_came(make_l
     assert list(nothing(1)) == []
     firsts = [outcome for measure, outcome in reports if measure == "first_chunk"]
     assert sorted(firsts) == ["empty", "joined", "led", "replayed"] and begun.count("first_chunk") == 4
+
+
+def test_a_listener_cancelled_while_it_reads_for_its_process_costs_the_others_nothing(
+    stream_layer: Callable[..., Stampede],
+) -> None:
+    """A process's listeners share one reader of the run's relay (``_atap``): cancelling
+    listeners one by one, whichever reads at the time, leaves the rest every chunk."""
+    layer = stream_layer()
+
+    async def main() -> list[list[str]]:
+        step = asyncio.Event()
+
+        @layer.cached_stream("shared:{n}")
+        async def story(n: int) -> Any:
+            for index in range(6):
+                if index:  # each part after the first once the test lets it go
+                    await asyncio.wait_for(step.wait(), 30)
+                    step.clear()
+                yield f"part {index}"
+
+        async def listen() -> list[str]:
+            return [chunk async for chunk in story(1)]
+
+        leader = story(1)
+        assert await leader.__anext__() == "part 0"
+        listeners = [asyncio.ensure_future(listen()) for _ in range(8)]
+        await until(lambda: layer.stats()["streams_joined"] >= 8, "every listener following", 30)
+        rest: list[str] = []
+        for doomed in listeners[:4]:
+            await asyncio.sleep(0.01)  # most listeners waiting on a read when one goes (whichever: the same outcome)
+            doomed.cancel()
+            step.set()
+            rest.append(await leader.__anext__())
+        step.set()
+        rest.extend([chunk async for chunk in leader])
+        assert rest == [f"part {index}" for index in range(1, 6)]
+        for doomed in listeners[:4]:
+            with pytest.raises(asyncio.CancelledError):
+                await doomed
+        return list(await asyncio.gather(*listeners[4:]))
+
+    heard = asyncio.run(main())
+    assert heard == [[f"part {index}" for index in range(6)]] * 4
