@@ -33,7 +33,8 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,24 @@ def serve(factory: str, url: str, port: int, workers: int, upstream: str = "") -
     return subprocess.Popen(command, env=env)
 
 
+@contextmanager
+def running(url: str, workers: int) -> Iterator[str]:
+    """The fake model and the gateway (``workers`` uvicorn workers) over the Redis server
+    at ``url``, each on a free 127.0.0.1 port, up: the gateway's base URL. Both are
+    stopped (by PID) on exit."""
+    model_port, gateway_port = free_port(), free_port()
+    model = serve("model_app", url, model_port, 1)
+    gateway = serve("gateway_app", url, gateway_port, workers, f"http://127.0.0.1:{model_port}")
+    try:
+        wait_until_up(f"http://127.0.0.1:{model_port}", model)
+        wait_until_up(f"http://127.0.0.1:{gateway_port}", gateway)
+        yield f"http://127.0.0.1:{gateway_port}"
+    finally:
+        for process in (gateway, model):
+            process.terminate()
+            process.wait(15)
+
+
 def wait_until_up(base: str, process: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
     """Wait until the server answers (a 405 to a GET of the endpoint will do)."""
     deadline = time.monotonic() + timeout
@@ -158,20 +177,10 @@ def main() -> None:
     options = parser.parse_args()
     body = {"model": "fake-1", "stream": True, "temperature": 0,
             "messages": [{"role": "user", "content": "why do caches stampede"}]}  # fmt: skip
-    with RedisServer(find_server_binary()) as server:
-        model_port, gateway_port = free_port(), free_port()
-        model = serve("model_app", server.url, model_port, 1)
-        gateway = serve("gateway_app", server.url, gateway_port, options.workers, f"http://127.0.0.1:{model_port}")
-        try:
-            wait_until_up(f"http://127.0.0.1:{model_port}", model)
-            wait_until_up(f"http://127.0.0.1:{gateway_port}", gateway)
-            results = asyncio.run(clients(f"http://127.0.0.1:{gateway_port}", body, options.clients))
-            replay = asyncio.run(clients(f"http://127.0.0.1:{gateway_port}", body, 1))[0]
-            calls = int(redis.Redis.from_url(server.url).get("model:calls") or 0)
-        finally:
-            for process in (gateway, model):
-                process.terminate()
-                process.wait(15)
+    with RedisServer(find_server_binary()) as server, running(server.url, options.workers) as base:
+        results = asyncio.run(clients(base, body, options.clients))
+        replay = asyncio.run(clients(base, body, 1))[0]
+        calls = int(redis.Redis.from_url(server.url).get("model:calls") or 0)
     expected = results[0]["tokens"]
     whole = len(expected) == TOKENS and all(result["tokens"] == expected for result in [*results, replay])
     firsts = sorted(result["first"] for result in results)

@@ -87,30 +87,24 @@ def main() -> None:
     import httpx  # noqa: F401  (the gateway's client: present, or fail here)
     import redis
     from expiry_windows import expiry_windows, summarize
-    from llm_gateway import TOKEN_PAUSE, TOKENS, serve, wait_until_up
+    from llm_gateway import TOKEN_PAUSE, TOKENS, running
 
     from stampede.testing import RedisServer, find_server_binary, free_port
 
     os.environ["GATEWAY_TTL"] = str(options.ttl)
     os.environ["GATEWAY_PROMPTS"] = str(options.prompts)
-    with RedisServer(find_server_binary()) as server, tempfile.TemporaryDirectory() as out:
-        model_port, gateway_port = free_port(), free_port()
-        model = serve("model_app", server.url, model_port, 1)
-        gateway = serve("gateway_app", server.url, gateway_port, options.workers, f"http://127.0.0.1:{model_port}")
-        try:
-            wait_until_up(f"http://127.0.0.1:{model_port}", model)
-            wait_until_up(f"http://127.0.0.1:{gateway_port}", gateway)
-            command = [sys.executable, "-m", "locust", "-f", __file__, "--headless", "--host",
-                       f"http://127.0.0.1:{gateway_port}", "-u", str(options.users), "-r", str(options.users),
-                       "-t", f"{options.seconds}s", "--csv", f"{out}/gateway", "--only-summary",
-                       "--master-bind-port", str(free_port())]  # fmt: skip
-            done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=options.seconds + 120)
-            log = [json.loads(line) for line in redis.Redis.from_url(server.url).lrange("model:log", 0, -1)]
-            stats = {row["Name"]: row for row in csv.DictReader(open(f"{out}/gateway_stats.csv"))}
-        finally:
-            for process in (gateway, model):
-                process.terminate()
-                process.wait(15)
+    with (
+        RedisServer(find_server_binary()) as server,
+        tempfile.TemporaryDirectory() as out,
+        running(server.url, options.workers) as base,
+    ):
+        command = [sys.executable, "-m", "locust", "-f", __file__, "--headless", "--host", base,
+                   "-u", str(options.users), "-r", str(options.users), "-t", f"{options.seconds}s",
+                   "--csv", f"{out}/gateway", "--only-summary", "--master-bind-port", str(free_port())]  # fmt: skip
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=options.seconds + 120)
+        log = [json.loads(line) for line in redis.Redis.from_url(server.url).lrange("model:log", 0, -1)]
+        with open(f"{out}/gateway_stats.csv") as table:
+            stats = {row["Name"]: row for row in csv.DictReader(table)}
 
     class Call:
         def __init__(self, entry: dict[str, Any]) -> None:

@@ -96,9 +96,7 @@ class AsyncTaps:
         self._taps = {}
 
     def join(self, store: AsyncStore, relay: AsyncStreamStore, keys: EntryKeys, holder: str) -> AsyncTap:
-        name: Any = keys.relay(holder)
-        if True:  # ASYNC
-            name = (name, asyncio.get_running_loop())  # a Condition is its loop's
+        name = _name(keys, holder)
         with self._lock:
             tap = self._taps.get(name)
             if tap is None:
@@ -107,10 +105,16 @@ class AsyncTaps:
         return tap
 
     def leave(self, tap: AsyncTap, keys: EntryKeys, holder: str) -> None:
-        name: Any = keys.relay(holder)
-        if True:  # ASYNC
-            name = (name, asyncio.get_running_loop())
+        name = _name(keys, holder)
         with self._lock:
             tap.listeners -= 1
             if tap.listeners == 0 and self._taps.get(name) is tap:
                 del self._taps[name]
+
+
+def _name(keys: EntryKeys, holder: str) -> Any:
+    """A tap's name in the table: its run's relay (and event loop: an Event is its loop's)."""
+    if True:  # ASYNC
+        return keys.relay(holder), asyncio.get_running_loop()
+    else:
+        return keys.relay(holder)

@@ -87,7 +87,7 @@ class Taps:
         self._taps = {}
 
     def join(self, store: Store, relay: StreamStore, keys: EntryKeys, holder: str) -> Tap:
-        name: Any = keys.relay(holder)
+        name = _name(keys, holder)
         with self._lock:
             tap = self._taps.get(name)
             if tap is None:
@@ -96,8 +96,13 @@ class Taps:
         return tap
 
     def leave(self, tap: Tap, keys: EntryKeys, holder: str) -> None:
-        name: Any = keys.relay(holder)
+        name = _name(keys, holder)
         with self._lock:
             tap.listeners -= 1
             if tap.listeners == 0 and self._taps.get(name) is tap:
                 del self._taps[name]
+
+
+def _name(keys: EntryKeys, holder: str) -> Any:
+    """A tap's name in the table: its run's relay (and event loop: an Event is its loop's)."""
+    return keys.relay(holder)

@@ -18,13 +18,9 @@ import time
 from typing import Any
 
 import redis
+from worker import say  # tests/, this script's folder, is first on its path
 
 from stampede import Stampede, StreamInterrupted
-
-
-def say(line: str) -> None:
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ stream ended.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import threading
 import time
@@ -75,6 +76,16 @@ class Gate:
         assert self.all_in.wait(30), f"only {self.received} of {self.expected} callers got the first chunk"
 
 
+def in_threads(*targets: Callable[[], None], timeout: float = 60) -> None:
+    """Run each of ``targets`` in a thread of its own, all at once, and wait for them."""
+    threads = [threading.Thread(target=target) for target in targets]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+        assert not thread.is_alive(), "a caller never finished"
+
+
 def lease_left(layer: Stampede, stream: Any, *args: Any) -> str | None:
     return layer.store().holder(EntryKeys.for_value(stream.key(*args)))
 
@@ -104,11 +115,7 @@ def test_concurrent_callers_share_one_run_and_receive_each_chunk_as_it_is_made(
                 gate.got_first()
         received[slot] = pages
 
-    threads = [threading.Thread(target=caller, args=(slot,)) for slot in range(callers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    in_threads(*(functools.partial(caller, slot) for slot in range(callers)))
     whole = [f"page {page}" for page in range(5)]
     assert runs == [7]
     assert received == dict.fromkeys(range(callers), whole)
@@ -206,11 +213,7 @@ def test_a_leader_that_raises_tells_every_listener_at_once_and_keeps_nothing(
         else:
             outcomes[slot] = (got, None, "", None)
 
-    threads = [threading.Thread(target=caller, args=(slot,)) for slot in range(callers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    in_threads(*(functools.partial(caller, slot) for slot in range(callers)))
     kinds = sorted(outcome[1] for outcome in outcomes.values())
     assert kinds == ["StreamInterrupted"] * (callers - 1) + ["ValueError"]  # the leader's own caller: its error
     for got, kind, message, received in outcomes.values():
@@ -252,11 +255,7 @@ def test_with_restart_a_listener_takes_over_a_failed_run_and_says_so_before_the_
             got.append(str(error))
         outcomes[slot] = got
 
-    threads = [threading.Thread(target=caller, args=(slot,)) for slot in range(callers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    in_threads(*(functools.partial(caller, slot) for slot in range(callers)))
     restarted = ["run 1 first", STREAM_RESTARTED, "run 2 first", "run 2 second"]
     assert sorted(map(str, outcomes.values())) == sorted(
         [str(["run 1 first", "the model went away"])] + [str(restarted)] * (callers - 1)
@@ -437,11 +436,7 @@ def test_a_stream_past_max_value_bytes_is_relayed_whole_but_not_kept(stream_laye
                 gate.got_first()
         received.append(chunks)
 
-    threads = [threading.Thread(target=caller) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    in_threads(caller, caller)
     whole = [b"x" * 100] + [b"y" * 100] * 20
     assert received == [whole, whole] and runs == [1]
     assert lease_left(layer, export, 1) is None
@@ -550,11 +545,7 @@ def test_histories_of_streams_and_invalidations_hold_the_promise(stream_layer: C
             with clock:
                 invalidations.append((invoked, time.monotonic()))
 
-    threads = [threading.Thread(target=reader) for _ in range(6)] + [threading.Thread(target=invalidator)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
+    in_threads(*[reader] * 6, invalidator, timeout=120)
     assert len(history) == 150
     for start, chunks in history:
         runs = {chunk.split(":")[0] for chunk in chunks}
